@@ -1,0 +1,119 @@
+#include "common/file_util.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+namespace weft {
+namespace {
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+}  // namespace
+
+Result<MappedFile> MappedFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    auto code = errno == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument;
+    return Status(code, path + ": cannot open: " + ErrnoText());
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return InvalidArgument(path + ": cannot stat: " + error);
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(path + ": not a regular file");
+  }
+  MappedFile file;
+  file.path_ = path;
+  file.size_ = static_cast<size_t>(info.st_size);
+  if (file.size_ > 0) {
+    void* address = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (address == MAP_FAILED) {
+      std::string error = ErrnoText();
+      ::close(fd);
+      return InvalidArgument(path + ": cannot map: " + error);
+    }
+    file.data_ = static_cast<const uint8_t*>(address);
+  }
+  ::close(fd);
+  return file;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    path_ = std::move(other.path_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what) {
+  while (!bytes.empty()) {
+    ssize_t written = ::write(fd, bytes.data(), bytes.size());
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return Unavailable(what + ": write failed: " + ErrnoText());
+    }
+    bytes = bytes.subspan(static_cast<size_t>(written));
+  }
+  return Status::Ok();
+}
+
+Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write) {
+  std::filesystem::path target(path);
+  std::filesystem::path directory = target.parent_path();
+  if (directory.empty()) directory = ".";
+  std::string temp_name = ".";
+  temp_name += target.filename().string();
+  temp_name += ".tmp-XXXXXX";
+  std::string temp = (directory / temp_name).string();
+  int fd = ::mkstemp(temp.data());
+  if (fd < 0) return InvalidArgument(path + ": cannot create a temporary file: " + ErrnoText());
+  auto fail = [&](Status status) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    return status;
+  };
+  Status status = write(fd);
+  if (!status.ok()) return fail(status.WithContext(path));
+  if (::fchmod(fd, 0644) != 0) return fail(Unavailable(path + ": chmod failed: " + ErrnoText()));
+  if (::fsync(fd) != 0) return fail(Unavailable(path + ": fsync failed: " + ErrnoText()));
+  if (::close(fd) != 0) {
+    ::unlink(temp.c_str());
+    return Unavailable(path + ": close failed: " + ErrnoText());
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    std::string error = ErrnoText();
+    ::unlink(temp.c_str());
+    return Unavailable(path + ": rename failed: " + error);
+  }
+  int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+  return Status::Ok();
+}
+
+}  // namespace weft

@@ -1,0 +1,46 @@
+// File helpers with Status errors that name the path.
+//
+// MappedFile maps a file read-only (the bytes stay valid while the object lives; movable, not
+// copyable). WriteFileAtomic writes to a temporary file beside the target, fsyncs it, renames it
+// over the target and fsyncs the directory, so a reader sees either the old file or the whole new
+// one, never a torn write.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+
+namespace weft {
+
+class MappedFile {
+ public:
+  static Result<MappedFile> Open(const std::string& path);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Calls `write(fd)` on a temporary file, then makes the result durable and visible at `path`.
+// `write` returns a Status; on any error the temporary file is removed and `path` is untouched.
+Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write);
+
+// Writes all of `bytes` to `fd`, retrying short writes.
+Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what);
+
+}  // namespace weft

@@ -1,0 +1,21 @@
+// Internal: the SIMD conversion kernels behind sync/convert.h. Use convert.h instead.
+//
+// On x86-64 these are compiled for AVX2 + F16C with per-function target attributes and are only
+// called when CpuHasAvx2F16c() is true. Elsewhere CpuHasAvx2F16c() is false and the kernels are
+// the scalar references.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "sync/convert.h"
+
+namespace weft::sync::detail {
+
+bool CpuHasAvx2F16c();
+void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out);
+void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out);
+void ConvertFp8Avx2(std::span<const float> in, std::span<uint8_t> out, Fp8Format format,
+                    Saturation saturation, float divisor);
+
+}  // namespace weft::sync::detail

@@ -1,0 +1,166 @@
+// The delta codec: lossless, chunked, adaptive deltas between two versions of served tensors.
+//
+// Byte format: docs/formats.md, "Delta files" (format version 1). A ModelDelta is a list of
+// TensorDeltas; each carries the tensor's name, dtype and shape, the state digests of the base it
+// applies to and of the result it produces, and one chunk per `chunk_elements` coded units. A
+// chunk is unchanged, sparse (the changed positions and values, entropy-coded: chunk_codec.h), or
+// raw (the new bytes, when that is smaller). Every chunk and tensor header carries a checksum.
+//
+// Guarantees:
+//  - Lossless: applying Encode(old, new) to old gives new bit for bit, for every dtype and every
+//    bit pattern (NaN payloads, infinities, signed zeros, subnormals).
+//  - Safe: ApplyTensorDelta decodes and checks every chunk, and proves that the result's digest
+//    equals the delta's result digest, before it writes a single byte of served memory. A
+//    truncated, corrupted or hostile delta is rejected with kDataLoss (malformed) or kConflict
+//    (valid, but made for a different base); the served tensor is then unchanged.
+//  - Composable: SquashTensorDeltas(d1, d2) equals a delta from d1's base to d2's result, computed
+//    without the base weights.
+//  - Large: element counts and indices are 64-bit; tensors over 2^32 elements work.
+//  - Parallel: encode, apply and squash split the work by chunk over `threads` threads.
+//
+// Ownership: a TensorDelta's chunk payloads either own their bytes (after encoding or squashing)
+// or point into the buffer passed to ParseModelDelta, which must outlive the parsed delta.
+// TensorDeltas are movable, not copyable. Functions are thread-safe on distinct arguments.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "sync/chunk_codec.h"
+#include "sync/convert.h"
+#include "sync/digest.h"
+#include "sync/dtype.h"
+#include "sync/fp8_scaling.h"
+
+namespace weft::sync {
+
+inline constexpr uint16_t kDeltaFormatVersion = 1;
+inline constexpr int kMinChunkLog2 = 10;
+inline constexpr int kMaxChunkLog2 = 26;
+inline constexpr int kDefaultChunkLog2 = 20;
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+inline constexpr int kMaxRank = 8;
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;
+
+  uint64_t element_count() const;
+  // Number of coded units (elements, or bytes for bytewise-coded dtypes).
+  uint64_t unit_count() const { return element_count() * Info(dtype).size / CodedWidth(dtype); }
+  uint64_t byte_count() const { return element_count() * Info(dtype).size; }
+};
+
+enum class ChunkMode : uint8_t { kUnchanged = 0, kSparse = 1, kRaw = 2 };
+
+struct DeltaChunk {
+  ChunkMode mode = ChunkMode::kUnchanged;
+  SparseHeader sparse;                // kSparse only
+  std::span<const uint8_t> payload;   // sparse streams, or the chunk's new bytes (kRaw)
+  std::vector<uint8_t> owned;         // backing store of `payload` when the chunk owns it
+
+  DeltaChunk() = default;
+  DeltaChunk(DeltaChunk&&) = default;
+  DeltaChunk& operator=(DeltaChunk&&) = default;
+  DeltaChunk(const DeltaChunk&) = delete;
+  DeltaChunk& operator=(const DeltaChunk&) = delete;
+
+  void Own(std::vector<uint8_t> bytes) {
+    owned = std::move(bytes);
+    payload = owned;
+  }
+};
+
+struct TensorDelta {
+  TensorSpec spec;
+  int chunk_log2 = kDefaultChunkLog2;
+  Digest base_digest;
+  Digest result_digest;
+  std::vector<DeltaChunk> chunks;
+
+  uint64_t chunk_units() const { return uint64_t{1} << chunk_log2; }
+  // Units in chunk c (the last chunk may be short).
+  uint32_t UnitsInChunk(size_t c) const;
+};
+
+struct ModelDelta {
+  std::vector<TensorDelta> tensors;
+
+  const TensorDelta* Find(const std::string& name) const;
+};
+
+struct CodecOptions {
+  int chunk_log2 = kDefaultChunkLog2;
+  int threads = 1;
+};
+
+// Delta from `old_bytes` to `new_bytes` (both spec.byte_count() long). `base_digest` is the digest
+// of old_bytes if the caller already knows it (a publisher tracks it); otherwise it is computed.
+Result<TensorDelta> EncodeTensorDelta(const TensorSpec& spec, std::span<const uint8_t> old_bytes,
+                                      std::span<const uint8_t> new_bytes,
+                                      const CodecOptions& options,
+                                      std::optional<Digest> base_digest = std::nullopt);
+
+// How FP32 master weights become the served tensor in the fused path.
+struct ServeFormat {
+  DType dtype = DType::kBF16;  // kBF16, kF16, kF8E4M3 or kF8E5M2
+  Saturation saturation = Saturation::kSaturateFinite;  // FP8 only
+  const BlockScaling* scaling = nullptr;                // FP8 only: the tiles of `scales`
+  std::span<const float> scales;                        // FP8 only: divisor per tile
+};
+
+// The fused path: converts `master` to the serving format, diffs it against `served` (the
+// previously served tensor, updated in place to the new one), and encodes the delta, in one
+// streaming pass. `served_digest` must be the digest of `served` on entry; it is the new digest
+// on return. Elements that do not change are not written.
+Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const float> master,
+                                     const ServeFormat& format, std::span<uint8_t> served,
+                                     Digest* served_digest, const CodecOptions& options);
+
+// Applies `delta` to `served` in place. `served_digest` is the digest of `served` if known (it is
+// computed otherwise); it must equal the delta's base digest. On success `served` holds the
+// result and `*served_digest_out` (if not null) its digest, equal to delta.result_digest. On any
+// error `served` is unchanged.
+Status ApplyTensorDelta(const TensorDelta& delta, std::span<uint8_t> served,
+                        std::optional<Digest> served_digest, int threads,
+                        Digest* served_digest_out = nullptr);
+
+// d1: A -> B and d2: B -> C for the same tensor gives A -> C, without A, B or C.
+Result<TensorDelta> SquashTensorDeltas(const TensorDelta& first, const TensorDelta& second,
+                                       int threads);
+// Squashes tensor by tensor; both deltas must cover the same tensors.
+Result<ModelDelta> SquashModelDeltas(const ModelDelta& first, const ModelDelta& second,
+                                     int threads);
+
+// Serialises to the byte format of docs/formats.md.
+std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta);
+// Parses and checks structure and every checksum. Sparse payloads are decoded (and checked in
+// full) by ApplyTensorDelta and SquashTensorDeltas. The result points into `bytes`.
+Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes);
+
+// Statistics for `weft delta inspect` and the benchmarks.
+struct DeltaStats {
+  uint64_t units = 0;             // coded units over all tensors
+  uint64_t unchanged_chunks = 0;
+  uint64_t sparse_chunks = 0;
+  uint64_t raw_chunks = 0;
+  uint64_t sparse_units = 0;      // units in sparse or unchanged chunks
+  uint64_t raw_units = 0;
+  uint64_t changes = 0;           // changed units in sparse chunks
+  uint64_t big_changes = 0;       // of which magnitude > 1
+  uint64_t header_bytes = 0;      // file header, tensor headers, chunk headers and checksums
+  uint64_t gap_bytes = 0;
+  uint64_t sign_bytes = 0;
+  uint64_t big_bytes = 0;
+  uint64_t magnitude_bytes = 0;
+  uint64_t raw_bytes = 0;
+  uint64_t total_bytes = 0;       // serialised size
+};
+DeltaStats ComputeStats(const ModelDelta& delta);
+
+}  // namespace weft::sync

@@ -1,0 +1,45 @@
+#include "sync/fp8_scaling.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace weft::sync {
+
+std::vector<uint64_t> BlockScaling::scale_shape() const {
+  if (block == 0) return {};
+  return {block_rows(), block_cols()};
+}
+
+BlockScaling ScalingForShape(std::span<const uint64_t> shape, uint32_t block) {
+  BlockScaling scaling;
+  scaling.block = block;
+  scaling.cols = shape.empty() ? 1 : shape.back();
+  scaling.rows = 1;
+  for (size_t d = 0; d + 1 < shape.size(); ++d) scaling.rows *= shape[d];
+  return scaling;
+}
+
+std::vector<float> ComputeScales(std::span<const float> weights, const BlockScaling& scaling,
+                                 Fp8Format format) {
+  std::vector<float> amax(scaling.scale_count(), 0.0f);
+  ForEachScaleRun(scaling, amax, 0, weights.size(), [&](uint64_t begin, uint64_t end, float) {
+    uint64_t row = begin / std::max<uint64_t>(scaling.cols, 1);
+    uint64_t col = begin % std::max<uint64_t>(scaling.cols, 1);
+    float& tile = amax[scaling.ScaleIndex(row, col)];
+    for (uint64_t i = begin; i < end; ++i) tile = std::fmax(tile, std::fabs(weights[i]));
+  });
+  const float max_finite = Fp8MaxFinite(format);
+  for (float& value : amax) value = value == 0.0f ? 1.0f : value / max_finite;
+  return amax;
+}
+
+void QuantizeFp8(std::span<const float> weights, const BlockScaling& scaling,
+                 std::span<const float> scales, Fp8Format format, Saturation saturation,
+                 std::span<uint8_t> out) {
+  ForEachScaleRun(scaling, scales, 0, weights.size(), [&](uint64_t begin, uint64_t end, float s) {
+    ConvertFp8(weights.subspan(begin, end - begin), out.subspan(begin, end - begin), format,
+               saturation, s);
+  });
+}
+
+}  // namespace weft::sync

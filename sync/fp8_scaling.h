@@ -1,0 +1,69 @@
+// Scaled FP8: quantising FP32 weights to FP8 with per-tensor or per-block scales, as block-scaled
+// FP8 checkpoints (DeepSeek-V3 style) are served.
+//
+// A 2-D weight [rows, cols] (higher-rank tensors are viewed as [product of leading dims, last])
+// is split into block x block tiles; tile t has scale s_t = amax_t / max_finite (amax over the
+// tile's non-NaN |w|; s_t = 1 when amax is 0), served as the FP32 tensor "<name>_scale_inv" of
+// shape [ceil(rows / block), ceil(cols / block)]. Each element is served as fp8(w / s_t), with the
+// division in FP32 and the conversion of sync/convert.h, so w ~= fp8 * s_t. block == 0 means a
+// single scale for the whole tensor (shape []). Scales are served tensors like any other and are
+// diffed by the delta codec. Functions are pure and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "sync/convert.h"
+
+namespace weft::sync {
+
+struct BlockScaling {
+  uint64_t rows = 0;
+  uint64_t cols = 0;
+  uint32_t block = 0;  // 0: one scale per tensor
+
+  uint64_t block_rows() const { return block == 0 ? 1 : (rows + block - 1) / block; }
+  uint64_t block_cols() const { return block == 0 ? 1 : (cols + block - 1) / block; }
+  uint64_t scale_count() const { return block_rows() * block_cols(); }
+  // Shape of the scale tensor: [] for per-tensor, [block_rows, block_cols] for per-block.
+  std::vector<uint64_t> scale_shape() const;
+  // The scale index of element (row, col).
+  uint64_t ScaleIndex(uint64_t row, uint64_t col) const {
+    return block == 0 ? 0 : (row / block) * block_cols() + col / block;
+  }
+};
+
+// The [rows, cols] view of a tensor shape (a 1-D shape is one row; a scalar is 1 x 1).
+BlockScaling ScalingForShape(std::span<const uint64_t> shape, uint32_t block);
+
+// s_t = amax_t / max_finite for every tile.
+std::vector<float> ComputeScales(std::span<const float> weights, const BlockScaling& scaling,
+                                 Fp8Format format);
+
+// Quantises every element with its tile's scale. `out.size() == weights.size()`.
+void QuantizeFp8(std::span<const float> weights, const BlockScaling& scaling,
+                 std::span<const float> scales, Fp8Format format, Saturation saturation,
+                 std::span<uint8_t> out);
+
+// Calls fn(begin, end, scale) for maximal runs of consecutive elements in [begin, end) that share
+// a scale, in order. Used by the quantiser and the fused encoder.
+template <typename Fn>
+void ForEachScaleRun(const BlockScaling& scaling, std::span<const float> scales, uint64_t begin,
+                     uint64_t end, Fn&& fn) {
+  if (scaling.block == 0) {
+    if (begin < end) fn(begin, end, scales[0]);
+    return;
+  }
+  uint64_t i = begin;
+  while (i < end) {
+    uint64_t row = i / scaling.cols;
+    uint64_t col = i % scaling.cols;
+    uint64_t run_end_col = std::min<uint64_t>(scaling.cols, (col / scaling.block + 1) * scaling.block);
+    uint64_t run_end = std::min<uint64_t>(end, row * scaling.cols + run_end_col);
+    fn(i, run_end, scales[scaling.ScaleIndex(row, col)]);
+    i = run_end;
+  }
+}
+
+}  // namespace weft::sync
