@@ -1,6 +1,7 @@
 #include "sync/convert_simd.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -11,9 +12,18 @@ namespace weft::sync::detail {
 #define WEFT_AVX2 __attribute__((target("avx2,f16c,fma,bmi,bmi2")))
 
 bool CpuHasAvx2F16c() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-         __builtin_cpu_supports("bmi2");
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const bool f16c = ecx & (1u << 29);
+  const bool osxsave = ecx & (1u << 27);
+  if (!f16c || !osxsave) return false;
+  // The OS must save the YMM registers (XCR0 bits 1 and 2).
+  unsigned xcr0_low, xcr0_high;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  if ((xcr0_low & 0x6) != 0x6) return false;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool avx2 = ebx & (1u << 5), bmi1 = ebx & (1u << 3), bmi2 = ebx & (1u << 8);
+  return avx2 && bmi1 && bmi2;
 }
 
 namespace {

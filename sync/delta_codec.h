@@ -125,10 +125,29 @@ Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const flo
 // Applies `delta` to `served` in place. `served_digest` is the digest of `served` if known (it is
 // computed otherwise); it must equal the delta's base digest. On success `served` holds the
 // result and `*served_digest_out` (if not null) its digest, equal to delta.result_digest. On any
-// error `served` is unchanged.
+// error `served` is unchanged. Equivalent to PrepareTensorDelta followed by CommitTensorDelta.
 Status ApplyTensorDelta(const TensorDelta& delta, std::span<uint8_t> served,
                         std::optional<Digest> served_digest, int threads,
                         Digest* served_digest_out = nullptr);
+
+// A delta decoded, checked and proven (by digest) against a served tensor, ready to be written.
+// It refers to the TensorDelta it was prepared from, which must outlive it.
+struct PreparedTensorDelta {
+  const TensorDelta* delta = nullptr;
+  std::vector<ChangeList> changes;  // per chunk: offsets and new values (sparse), offsets (raw)
+  Digest result_digest;
+};
+
+// The first half of ApplyTensorDelta: reads `served`, writes nothing. Fails with kConflict when
+// `served` is not the delta's base, kDataLoss when the delta is malformed or would not produce its
+// result digest. Staging the next version this way while the current one is being served leaves
+// only CommitTensorDelta for the pause.
+Result<PreparedTensorDelta> PrepareTensorDelta(const TensorDelta& delta,
+                                               std::span<const uint8_t> served,
+                                               std::optional<Digest> served_digest, int threads);
+// The second half: writes the prepared changes. `served` must be the tensor it was prepared on,
+// unchanged since.
+void CommitTensorDelta(const PreparedTensorDelta& prepared, std::span<uint8_t> served, int threads);
 
 // d1: A -> B and d2: B -> C for the same tensor gives A -> C, without A, B or C.
 Result<TensorDelta> SquashTensorDeltas(const TensorDelta& first, const TensorDelta& second,

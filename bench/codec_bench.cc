@@ -1,0 +1,313 @@
+// The delta codec on a synthetic RL fine-tuning workload, next to the baselines other systems use.
+//
+// Workload: FP32 master weights ~ N(0, 0.02) in realistic shapes, Adam (betas 0.9 / 0.999) on
+// noisy gradients (examples/synthetic_adam.h), warmed up for 10 steps, then one more step; the
+// served tensors before and after that step are what gets diffed. Served as BF16 and as FP8 E4M3
+// with 128 x 128 block scales, at learning rates 3e-7, 1e-6, 3e-6 and 1e-5.
+//
+// Sizes (bits per changed element): weft; u32 index + raw value; XOR of the two versions + zstd
+// level 1; and the iid floor: sum over tensors of n * H(p) plus, per change, the empirical entropy
+// of the change in the order-preserving integer view, divided by the number of changes.
+// Times (Google Benchmark, real time, same run): fused cast + diff + encode (ServedModel::Update,
+// including serialisation), apply (decode, check, write in place, update the digest), a plain
+// streaming read of the encoder's inputs (FP32 master + previous served tensor), a memcpy of the
+// served tensors, and XOR + zstd-1 of the served tensors. Encode and apply alternate between the
+// forward and the backward step so that each iteration is a real delta of the same density.
+//
+// Usage: build/bench/codec_bench [--benchmark_filter=...] [--quick]
+#include <benchmark/benchmark.h>
+#include <zstd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/parallel.h"
+#include "examples/synthetic_adam.h"
+#include "sync/served_model.h"
+
+namespace {
+
+using namespace weft;
+using namespace weft::sync;
+
+struct Case {
+  std::string name;  // "bf16 lr=1e-06"
+  DType dtype;
+  double learning_rate;
+  std::vector<examples::SyntheticTensor> shapes;
+  std::vector<std::vector<float>> before, after;  // master weights at step t and t + 1
+  std::unique_ptr<ServedModel> publisher, replica;
+  std::vector<uint8_t> before_bytes, after_bytes;  // all served tensors, concatenated
+  ModelDelta forward, backward;
+  // Sizes.
+  double density = 0, weft_bits = 0, index_bits = 0, zstd_bits = 0, floor_bits = 0;
+  uint64_t changes = 0, elements = 0;
+};
+
+std::vector<MasterTensor> View(const Case& c, const std::vector<std::vector<float>>& weights) {
+  std::vector<MasterTensor> view;
+  for (size_t t = 0; t < c.shapes.size(); ++t) view.push_back({c.shapes[t].name, c.shapes[t].shape, weights[t]});
+  return view;
+}
+
+std::vector<uint8_t> Concatenate(const ServedModel& model) {
+  std::vector<uint8_t> bytes;
+  for (const auto& t : model.tensors()) bytes.insert(bytes.end(), t.bytes.begin(), t.bytes.end());
+  return bytes;
+}
+
+double Entropy(const std::map<int64_t, uint64_t>& histogram, uint64_t total) {
+  double h = 0;
+  for (const auto& [value, count] : histogram) {
+    double p = static_cast<double>(count) / total;
+    h -= p * std::log2(p);
+  }
+  return h;
+}
+
+double BinaryEntropy(double p) { return p <= 0 || p >= 1 ? 0 : -p * std::log2(p) - (1 - p) * std::log2(1 - p); }
+
+template <typename T>
+void CountChanges(const uint8_t* a, const uint8_t* b, uint64_t n, KeyKind kind, uint64_t* changes,
+                  std::map<int64_t, uint64_t>* histogram) {
+  for (uint64_t i = 0; i < n; ++i) {
+    T x, y;
+    std::memcpy(&x, a + i * sizeof(T), sizeof(T));
+    std::memcpy(&y, b + i * sizeof(T), sizeof(T));
+    if (x == y) continue;
+    ++*changes;
+    T residual = Residual<T>(kind, x, y);
+    int64_t signed_residual = static_cast<std::make_signed_t<T>>(residual);
+    ++(*histogram)[signed_residual];
+  }
+}
+
+// Sizes of every coding of the step before -> after, in bits per changed element.
+void MeasureSizes(Case& c, const ServedModel& before_model, const ServedModel& after_model) {
+  double floor_total = 0;
+  uint64_t index_total = 0;
+  for (size_t t = 0; t < before_model.tensors().size(); ++t) {
+    const auto& a = before_model.tensors()[t];
+    const auto& b = after_model.tensors()[t];
+    const uint64_t n = a.spec.element_count();
+    uint64_t changes = 0;
+    std::map<int64_t, uint64_t> histogram;
+    const KeyKind kind = KeyKindFor(a.spec.dtype);
+    switch (Info(a.spec.dtype).size) {
+      case 1: CountChanges<uint8_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram); break;
+      case 2: CountChanges<uint16_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram); break;
+      default: CountChanges<uint32_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram); break;
+    }
+    c.changes += changes;
+    c.elements += n;
+    index_total += changes * (32 + 8 * Info(a.spec.dtype).size);
+    if (changes > 0) {
+      floor_total += n * BinaryEntropy(static_cast<double>(changes) / n) + changes * Entropy(histogram, changes);
+    }
+  }
+  c.density = static_cast<double>(c.changes) / c.elements;
+  c.index_bits = static_cast<double>(index_total) / c.changes;
+  c.floor_bits = floor_total / c.changes;
+  c.weft_bits = 8.0 * SerializeModelDelta(c.forward).size() / c.changes;
+  std::vector<uint8_t> x(c.before_bytes.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = c.before_bytes[i] ^ c.after_bytes[i];
+  std::vector<uint8_t> out(ZSTD_compressBound(x.size()));
+  size_t compressed = ZSTD_compress(out.data(), out.size(), x.data(), x.size(), 1);
+  c.zstd_bits = 8.0 * compressed / c.changes;
+}
+
+std::vector<std::unique_ptr<Case>> MakeCases(bool quick) {
+  // Attention and MLP projections of a 4096-wide model, and a norm vector.
+  std::vector<examples::SyntheticTensor> shapes = {
+      {"attn.q_proj.weight", {4096, 4096}}, {"attn.k_proj.weight", {1024, 4096}}, {"input_norm.weight", {4096}}};
+  if (quick) shapes = {{"attn.q_proj.weight", {1024, 1024}}, {"input_norm.weight", {1024}}};
+  std::vector<std::unique_ptr<Case>> cases;
+  const int threads = HardwareThreads();
+  for (double lr : {3e-7, 1e-6, 3e-6, 1e-5}) {
+    examples::AdamConfig config;
+    config.learning_rate = lr;
+    examples::SyntheticAdam adam(shapes, config, 42, threads);
+    for (int i = 0; i < 10; ++i) adam.Step(threads);
+    std::vector<std::vector<float>> before, after;
+    for (size_t t = 0; t < adam.tensor_count(); ++t) before.emplace_back(adam.weights(t).begin(), adam.weights(t).end());
+    adam.Step(threads);
+    for (size_t t = 0; t < adam.tensor_count(); ++t) after.emplace_back(adam.weights(t).begin(), adam.weights(t).end());
+    for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+      auto c = std::make_unique<Case>();
+      char name[64];
+      std::snprintf(name, sizeof(name), "%s lr=%.0e", dtype == DType::kBF16 ? "bf16" : "fp8-block128", lr);
+      c->name = name;
+      c->dtype = dtype;
+      c->learning_rate = lr;
+      c->shapes = shapes;
+      c->before = before;
+      c->after = after;
+      ServingPlan plan{dtype, 128, Saturation::kSaturateFinite};
+      auto before_model = ServedModel::FromMaster(View(*c, before), plan, threads);
+      auto after_model = ServedModel::FromMaster(View(*c, after), plan, threads);
+      c->publisher = std::make_unique<ServedModel>(*before_model);
+      c->replica = std::make_unique<ServedModel>(*before_model);
+      c->before_bytes = Concatenate(*before_model);
+      c->after_bytes = Concatenate(*after_model);
+      c->forward = std::move(c->publisher->Update(View(*c, after), CodecOptions{kDefaultChunkLog2, threads})).value();
+      c->backward = std::move(c->publisher->Update(View(*c, before), CodecOptions{kDefaultChunkLog2, threads})).value();
+      MeasureSizes(*c, *before_model, *after_model);
+      cases.push_back(std::move(c));
+    }
+  }
+  return cases;
+}
+
+// Reads the encoder's inputs (FP32 master and the served tensors) as fast as the machine can.
+uint64_t StreamRead(const Case& c, int threads) {
+  std::vector<std::pair<const uint8_t*, size_t>> ranges;
+  for (const auto& w : c.after) ranges.push_back({reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4});
+  for (const auto& t : c.publisher->tensors()) ranges.push_back({t.bytes.data(), t.bytes.size()});
+  constexpr size_t kBlock = 1 << 20;
+  std::vector<std::pair<const uint8_t*, size_t>> blocks;
+  for (auto [p, n] : ranges) {
+    for (size_t o = 0; o < n; o += kBlock) blocks.push_back({p + o, std::min(kBlock, n - o)});
+  }
+  std::vector<uint64_t> sums(blocks.size());
+  ParallelFor(blocks.size(), threads, [&](size_t b) {
+    uint64_t sum = 0;
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(blocks[b].first);
+    for (size_t i = 0; i < blocks[b].second / 8; ++i) sum ^= words[i];
+    sums[b] = sum;
+  });
+  uint64_t total = 0;
+  for (uint64_t s : sums) total ^= s;
+  return total;
+}
+
+void CopyAll(const std::vector<uint8_t>& from, std::vector<uint8_t>& to, int threads) {
+  constexpr size_t kBlock = 1 << 20;
+  size_t blocks = (from.size() + kBlock - 1) / kBlock;
+  ParallelFor(blocks, threads, [&](size_t b) {
+    size_t n = std::min(kBlock, from.size() - b * kBlock);
+    std::memcpy(to.data() + b * kBlock, from.data() + b * kBlock, n);
+  });
+}
+
+std::vector<std::unique_ptr<Case>>* g_cases = nullptr;
+
+// Collects real times by benchmark name for the summary table.
+class Collector : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) times[run.benchmark_name()] = run.GetAdjustedRealTime();
+    ConsoleReporter::ReportRuns(runs);
+  }
+  std::map<std::string, double> times;  // milliseconds
+};
+
+void Configure(benchmark::internal::Benchmark* benchmark) {
+  benchmark->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
+}
+
+void Register() {
+  for (auto& owned : *g_cases) {
+    Case* c = owned.get();
+    for (int threads : {1, 2}) {
+      const std::string suffix = "/" + c->name + "/threads:" + std::to_string(threads);
+      Configure(benchmark::RegisterBenchmark(("read_inputs" + suffix).c_str(), [c, threads](benchmark::State& state) {
+        for (auto _ : state) benchmark::DoNotOptimize(StreamRead(*c, threads));
+      }));
+      Configure(benchmark::RegisterBenchmark(("memcpy_served" + suffix).c_str(), [c, threads](benchmark::State& state) {
+        std::vector<uint8_t> to(c->before_bytes.size(), 1);
+        for (auto _ : state) {
+          CopyAll(c->before_bytes, to, threads);
+          benchmark::ClobberMemory();
+        }
+      }));
+      Configure(benchmark::RegisterBenchmark(("encode_fused" + suffix).c_str(), [c, threads](benchmark::State& state) {
+        bool forward = true;
+        for (auto _ : state) {
+          auto delta = c->publisher->Update(View(*c, forward ? c->after : c->before), CodecOptions{kDefaultChunkLog2, threads});
+          benchmark::DoNotOptimize(SerializeModelDelta(*delta).size());
+          forward = !forward;
+        }
+        if (!forward) (void)c->publisher->Update(View(*c, c->before), CodecOptions{kDefaultChunkLog2, threads});
+      }));
+      Configure(benchmark::RegisterBenchmark(("apply" + suffix).c_str(), [c, threads](benchmark::State& state) {
+        bool forward = true;
+        for (auto _ : state) {
+          weft::Status status = c->replica->Apply(forward ? c->forward : c->backward, threads);
+          if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+          forward = !forward;
+        }
+        if (!forward) (void)c->replica->Apply(c->backward, threads);
+      }));
+    }
+    Configure(benchmark::RegisterBenchmark(("xor_zstd1/" + c->name + "/threads:1").c_str(), [c](benchmark::State& state) {
+      std::vector<uint8_t> x(c->before_bytes.size());
+      std::vector<uint8_t> out(ZSTD_compressBound(x.size()));
+      ZSTD_CCtx* context = ZSTD_createCCtx();
+      for (auto _ : state) {
+        for (size_t i = 0; i < x.size(); ++i) x[i] = c->before_bytes[i] ^ c->after_bytes[i];
+        benchmark::DoNotOptimize(ZSTD_compressCCtx(context, out.data(), out.size(), x.data(), x.size(), 1));
+      }
+      ZSTD_freeCCtx(context);
+    }));
+  }
+}
+
+void PrintSummary(const Collector& collector) {
+  auto time = [&](const std::string& name) {
+    auto it = collector.times.find(name);
+    return it == collector.times.end() ? NAN : it->second;
+  };
+  std::printf("\nSizes: bits per changed element (all served tensors, FP8 scales included)\n");
+  std::printf("%-22s %8s %8s %9s %9s %8s %11s %11s\n", "case", "density", "weft", "u32+raw", "xor+zstd1", "floor",
+              "weft/floor", "zstd/weft");
+  for (const auto& c : *g_cases) {
+    std::printf("%-22s %7.3f%% %8.2f %9.2f %9.2f %8.2f %10.3fx %10.2fx\n", c->name.c_str(), 100 * c->density,
+                c->weft_bits, c->index_bits, c->zstd_bits, c->floor_bits, c->weft_bits / c->floor_bits,
+                c->zstd_bits / c->weft_bits);
+  }
+  std::printf("\nTimes: milliseconds per step (real time), ratios against baselines measured in this run\n");
+  std::printf("%-22s %3s %9s %9s %9s %9s %10s %11s %9s %11s\n", "case", "thr", "read in", "encode", "apply", "memcpy",
+              "xor+zstd1", "enc/read", "zstd/enc", "apply/mcpy");
+  for (const auto& c : *g_cases) {
+    for (int threads : {1, 2}) {
+      const std::string suffix = "/" + c->name + "/threads:" + std::to_string(threads);
+      double read = time("read_inputs" + suffix), encode = time("encode_fused" + suffix);
+      double apply = time("apply" + suffix), copy = time("memcpy_served" + suffix);
+      double zstd = time("xor_zstd1/" + c->name + "/threads:1");
+      std::printf("%-22s %3d %9.2f %9.2f %9.2f %9.2f %10.2f %10.2fx %8.2fx %10.2fx\n", c->name.c_str(), threads, read,
+                  encode, apply, copy, zstd, encode / read, zstd / encode, apply / copy);
+    }
+  }
+  std::printf("\nTargets: BF16 weft/floor <= 1.15 at 0.5-10%% density and zstd/weft >= 2; enc/read <= 1.5 and "
+              "zstd/enc >= 3; apply/mcpy <= 0.5 at 2%% density.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") {
+      quick = true;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  std::fprintf(stderr, "codec_bench: preparing the synthetic Adam workload...\n");
+  auto cases = MakeCases(quick);
+  g_cases = &cases;
+  Register();
+  Collector collector;
+  benchmark::RunSpecifiedBenchmarks(&collector);
+  PrintSummary(collector);
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,25 @@
+// weft: one binary, one subcommand per job. See `weft --help`.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft: reinforcement learning across datacenters"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "weft 0.1.0");
+  weft::cli::Action action;
+  weft::cli::RegisterCast(app, &action);
+  weft::cli::RegisterDelta(app, &action);
+  weft::cli::RegisterDemo(app, &action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  weft::Status status = action ? action() : weft::Internal("no command ran");
+  if (!status.ok()) {
+    std::fprintf(stderr, "weft: error: %s\n", status.message().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages weft needs (when missing) and builds everything into build/.
+# Usage: ./setup.sh        (as root, or with sudo available)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+packages=(
+  build-essential cmake ninja-build pkg-config git   # toolchain
+  clang libclang-rt-14-dev                            # sanitizers and libFuzzer for the test suite
+  libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
+  doctest-dev libbenchmark-dev
+)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+cmake --build build
+echo "setup: built build/cli/weft"

@@ -1,0 +1,115 @@
+#include "sync/served_model.h"
+
+#include <cstring>
+
+namespace weft::sync {
+namespace {
+
+constexpr const char* kScaleSuffix = "_scale_inv";
+
+Fp8Format Fp8Of(DType dtype) { return dtype == DType::kF8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2; }
+
+std::span<const uint8_t> AsBytes(const std::vector<float>& values) {
+  return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(float)};
+}
+
+}  // namespace
+
+Result<ServedModel> ServedModel::FromMaster(const std::vector<MasterTensor>& master,
+                                            const ServingPlan& plan, int threads) {
+  if (plan.dtype != DType::kBF16 && plan.dtype != DType::kF16 && Info(plan.dtype).size != 1) {
+    return InvalidArgument("serving format must be BF16, F16 or FP8");
+  }
+  ServedModel model;
+  model.plan_ = plan;
+  for (const MasterTensor& m : master) {
+    TensorSpec spec{m.name, plan.dtype, m.shape};
+    if (spec.element_count() != m.weights.size()) {
+      return InvalidArgument("master tensor '" + m.name + "' does not match its shape");
+    }
+    Tensor values{spec, std::vector<uint8_t>(spec.byte_count()), {}};
+    const uint64_t n = m.weights.size();
+    if (plan.dtype == DType::kBF16) {
+      ConvertBf16(m.weights, {reinterpret_cast<uint16_t*>(values.bytes.data()), n});
+    } else if (plan.dtype == DType::kF16) {
+      ConvertF16(m.weights, {reinterpret_cast<uint16_t*>(values.bytes.data()), n});
+    } else {
+      BlockScaling scaling = ScalingForShape(m.shape, plan.fp8_block);
+      std::vector<float> scales = ComputeScales(m.weights, scaling, Fp8Of(plan.dtype));
+      QuantizeFp8(m.weights, scaling, scales, Fp8Of(plan.dtype), plan.saturation, values.bytes);
+      TensorSpec scale_spec{m.name + kScaleSuffix, DType::kF32, scaling.scale_shape()};
+      std::span<const uint8_t> scale_bytes = AsBytes(scales);
+      model.tensors_.push_back({scale_spec, std::vector<uint8_t>(scale_bytes.begin(), scale_bytes.end()),
+                                TensorDigest(DType::kF32, scale_bytes)});
+    }
+    values.digest = TensorDigest(plan.dtype, values.bytes, threads);
+    model.tensors_.push_back(std::move(values));
+  }
+  return model;
+}
+
+Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
+                                       const CodecOptions& options) {
+  ModelDelta delta;
+  for (const MasterTensor& m : master) {
+    Tensor* values = Find(m.name);
+    if (values == nullptr || values->spec.shape != m.shape) {
+      return InvalidArgument("master tensor '" + m.name + "' is not served by this model");
+    }
+    ServeFormat format{plan_.dtype, plan_.saturation, nullptr, {}};
+    BlockScaling scaling;
+    std::vector<float> scales;
+    if (is_fp8()) {
+      Tensor* scale = Find(m.name + kScaleSuffix);
+      scaling = ScalingForShape(m.shape, plan_.fp8_block);
+      scales = ComputeScales(m.weights, scaling, Fp8Of(plan_.dtype));
+      std::span<const uint8_t> scale_bytes = AsBytes(scales);
+      WEFT_ASSIGN_OR_RETURN(TensorDelta scale_delta,
+                            EncodeTensorDelta(scale->spec, scale->bytes, scale_bytes, options, scale->digest));
+      std::memcpy(scale->bytes.data(), scale_bytes.data(), scale_bytes.size());
+      scale->digest = scale_delta.result_digest;
+      delta.tensors.push_back(std::move(scale_delta));
+      format.scaling = &scaling;
+      format.scales = scales;
+    }
+    WEFT_ASSIGN_OR_RETURN(TensorDelta value_delta,
+                          EncodeFromMaster(values->spec, m.weights, format, values->bytes, &values->digest, options));
+    delta.tensors.push_back(std::move(value_delta));
+  }
+  return delta;
+}
+
+Status ServedModel::Apply(const ModelDelta& delta, int threads) {
+  // Prepare every tensor (decode, check, prove the result digest) before writing any of them.
+  std::vector<std::pair<Tensor*, PreparedTensorDelta>> staged;
+  for (const TensorDelta& t : delta.tensors) {
+    Tensor* tensor = Find(t.spec.name);
+    if (tensor == nullptr) return InvalidArgument("delta changes unknown tensor '" + t.spec.name + "'");
+    if (tensor->spec.dtype != t.spec.dtype || tensor->spec.shape != t.spec.shape) {
+      return InvalidArgument("tensor '" + t.spec.name + "': the delta has a different dtype or shape");
+    }
+    WEFT_ASSIGN_OR_RETURN(PreparedTensorDelta prepared,
+                          PrepareTensorDelta(t, tensor->bytes, tensor->digest, threads));
+    staged.emplace_back(tensor, std::move(prepared));
+  }
+  for (auto& [tensor, prepared] : staged) {
+    CommitTensorDelta(prepared, tensor->bytes, threads);
+    tensor->digest = prepared.result_digest;
+  }
+  return Status::Ok();
+}
+
+uint64_t ServedModel::byte_count() const {
+  uint64_t total = 0;
+  for (const Tensor& t : tensors_) total += t.bytes.size();
+  return total;
+}
+
+ServedModel::Tensor* ServedModel::Find(const std::string& name) {
+  for (Tensor& t : tensors_) {
+    if (t.spec.name == name) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace weft::sync

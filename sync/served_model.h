@@ -1,0 +1,66 @@
+// ServedModel: the served copy of a model (the bytes an inference engine holds, in its serving
+// format) with a state digest per tensor, kept current by deltas.
+//
+// A publisher builds one from FP32 master weights and calls Update() after every optimiser step:
+// the fused path converts, diffs and encodes each tensor in one pass and returns the ModelDelta.
+// A consumer holds another copy and calls Apply() with that delta; its digests then equal the
+// publisher's, which is the proof that both serve identical bytes.
+//
+// Each master tensor becomes one served tensor of the plan's dtype; for FP8 it also gets the FP32
+// scale tensor "<name>_scale_inv" (fp8_scaling.h), recomputed and diffed at every update.
+// Not thread-safe; Update() and Apply() use `threads` threads internally.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "sync/delta_codec.h"
+
+namespace weft::sync {
+
+struct MasterTensor {
+  std::string name;
+  std::vector<uint64_t> shape;
+  std::span<const float> weights;
+};
+
+struct ServingPlan {
+  DType dtype = DType::kBF16;  // kBF16, kF16, kF8E4M3 or kF8E5M2
+  uint32_t fp8_block = 128;    // FP8 scale tiles; 0 for one scale per tensor
+  Saturation saturation = Saturation::kSaturateFinite;
+};
+
+class ServedModel {
+ public:
+  struct Tensor {
+    TensorSpec spec;
+    std::vector<uint8_t> bytes;
+    Digest digest;
+  };
+
+  static Result<ServedModel> FromMaster(const std::vector<MasterTensor>& master,
+                                        const ServingPlan& plan, int threads);
+
+  // Moves every served tensor to the new master weights (same names and shapes as FromMaster)
+  // and returns the delta from the previous state.
+  Result<ModelDelta> Update(const std::vector<MasterTensor>& master, const CodecOptions& options);
+
+  // Applies a delta made from this state; on error nothing is changed.
+  Status Apply(const ModelDelta& delta, int threads);
+
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  const ServingPlan& plan() const { return plan_; }
+  uint64_t byte_count() const;
+
+ private:
+  bool is_fp8() const { return Info(plan_.dtype).size == 1; }
+  Tensor* Find(const std::string& name);
+
+  ServingPlan plan_;
+  std::vector<Tensor> tensors_;
+};
+
+}  // namespace weft::sync

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds everything and runs the whole test suite:
+#   1. the doctest suites and the CLI end-to-end test (ctest, release build);
+#   2. the common and sync suites again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. the libFuzzer targets (delta files, sparse chunks, safetensors) for a bounded time each.
+# Usage: ./test.sh      (FUZZ_SECONDS=N to change the fuzzing time per target; default 30)
+set -euo pipefail
+cd "$(dirname "$0")"
+./setup.sh
+
+echo "== unit and end-to-end tests"
+ctest --test-dir build --output-on-failure -j2
+
+echo "== sanitizers: address, undefined"
+cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_BENCH=OFF > /dev/null
+cmake --build build-asan --target weft_common_tests weft_sync_tests
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+build-asan/tests/weft_common_tests
+build-asan/tests/weft_sync_tests
+
+echo "== fuzzing, ${FUZZ_SECONDS:-30} s per target"
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_FUZZ=ON -DWEFT_BUILD_TESTS=OFF -DWEFT_BUILD_BENCH=OFF > /dev/null
+cmake --build build-fuzz --target weft_fuzz_targets
+tests/fuzz/run_fuzzers.sh build-fuzz build/cli/weft build/tests/weft_make_test_model "${FUZZ_SECONDS:-30}"
+
+echo "test.sh: all tests passed"

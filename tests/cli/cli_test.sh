@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# End-to-end tests of the weft CLI on real safetensors files: cast, delta encode / apply / squash /
+# inspect round trips bit for bit in every dtype and serving format, and clear errors on bad input.
+# Usage: cli_test.sh WEFT MAKE_TEST_MODEL WORKDIR
+set -uo pipefail
+weft=$1 make_model=$2 work=$3
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+run() { "$@" > out.txt 2> err.txt; }
+expect_ok() { if run "$@"; then ok; else fail "$* exited non-zero: $(cat err.txt)"; fi; }
+# expect_error PATTERN command...: non-zero exit and PATTERN in stderr.
+expect_error() {
+  local pattern=$1; shift
+  if run "$@"; then fail "$* succeeded, expected an error"; return; fi
+  if grep -q -- "$pattern" err.txt; then ok; else fail "$*: stderr lacks '$pattern': $(cat err.txt)"; fi
+}
+same() { if cmp -s "$1" "$2"; then ok; else fail "$1 and $2 differ"; fi; }
+
+for v in 0 1 2 3; do "$make_model" m$v.safetensors 7 $v || exit 1; done
+
+# Every dtype in the files (F32 weights and one tensor of each other dtype) round-trips.
+expect_ok "$weft" delta encode m0.safetensors m1.safetensors -o d01
+expect_ok "$weft" delta apply m0.safetensors d01 -o r1.safetensors
+same m1.safetensors r1.safetensors
+expect_ok "$weft" delta encode m1.safetensors m2.safetensors -o d12 --chunk-log2 10 --threads 2
+expect_ok "$weft" delta apply m1.safetensors d12 -o r2.safetensors --threads 1
+same m2.safetensors r2.safetensors
+
+# Every serving format: cast each version, diff the served files, apply, compare bit for bit.
+for target in bf16 fp16 fp8-e4m3 fp8-e5m2 "fp8-e4m3 --block 128" "fp8-e5m2 --block 64" "fp8-e4m3 --no-saturate"; do
+  tag=${target// /_}
+  for v in 0 1 2 3; do expect_ok "$weft" cast m$v.safetensors --to $target -o s$v.$tag; done
+  expect_ok "$weft" delta encode s0.$tag s1.$tag -o d01.$tag
+  expect_ok "$weft" delta encode s1.$tag s2.$tag -o d12.$tag
+  expect_ok "$weft" delta encode s2.$tag s3.$tag -o d23.$tag
+  expect_ok "$weft" delta apply s0.$tag d01.$tag -o r1.$tag
+  same s1.$tag r1.$tag
+  # Squash three deltas; the catch-up from version 0 lands on version 3 exactly.
+  expect_ok "$weft" delta squash d01.$tag d12.$tag d23.$tag -o d03.$tag
+  expect_ok "$weft" delta apply s0.$tag d03.$tag -o r3.$tag
+  same s3.$tag r3.$tag
+  expect_ok "$weft" delta inspect d03.$tag
+done
+grep -q "bits per change" out.txt && ok || fail "inspect output lacks bits per change"
+expect_ok "$weft" delta inspect --json --tensors d01
+grep -q '"density"' out.txt && ok || fail "inspect --json lacks density"
+
+# FP8 casts carry their scale tensors.
+expect_ok "$weft" cast m0.safetensors --to fp8-e4m3 --block 128 -o blocked
+grep -aq 'q_proj.weight_scale_inv' blocked && ok || fail "no scale tensor in the FP8 file"
+
+# Errors: clear, non-zero, naming the file and the problem; no output file left behind.
+expect_error "is not the version" "$weft" delta apply m1.safetensors d01 -o bad.safetensors
+expect_error "digest" "$weft" delta apply m1.safetensors d01 -o bad.safetensors
+[ ! -e bad.safetensors ] && ok || fail "a refused apply wrote its output"
+cp d01 corrupt && printf '\x55' | dd of=corrupt bs=1 seek=200 conv=notrunc 2>/dev/null
+expect_error "corrupt" "$weft" delta apply m0.safetensors corrupt -o bad.safetensors
+head -c 100 d01 > truncated
+expect_error "truncated" "$weft" delta apply m0.safetensors truncated -o bad.safetensors
+expect_error "not a weft delta" "$weft" delta inspect m0.safetensors
+head -c 50 m0.safetensors > short.safetensors
+expect_error "short.safetensors" "$weft" delta encode short.safetensors m1.safetensors -o x
+expect_error "exceeds the file size" "$weft" cast short.safetensors --to bf16 -o x
+expect_error "different dtype or shape" "$weft" delta encode m0.safetensors s0.bf16 -o x
+expect_error "starts from digest" "$weft" delta squash d12.bf16 d01.bf16 -o x
+expect_error "chunk size" "$weft" delta squash d01 d12 -o x
+[ ! -e bad.safetensors ] && ok || fail "a failed command wrote its output"
+if run "$weft" cast m0.safetensors --to int3 -o x; then fail "bad --to accepted"; else ok; fi
+
+echo "cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
