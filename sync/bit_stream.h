@@ -1,46 +1,43 @@
 // Bit-level writer and reader for the delta codec's streams (LSB-first within little-endian
 // bytes, docs/formats.md "Bit streams").
 //
-// BitWriter appends to a byte vector. BitReader never reads outside its span: reading past the end
-// yields zero bits and sets failed(), which decoders check before trusting anything they read.
-// Neither is thread-safe; use one per stream.
+// BitWriter writes into a buffer the caller sized exactly, plus kBitWriterSlack bytes: every Put
+// stores a whole 64-bit word, which keeps it free of branches. BitReader never reads outside its
+// span: consuming more bits than the stream holds sets failed() and yields zeros, and decoders
+// check failed() before they trust anything they read. Neither is thread-safe.
 #pragma once
 
 #include <bit>
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <vector>
 
 namespace weft::sync {
 
+inline constexpr size_t kBitWriterSlack = 8;
+
 class BitWriter {
  public:
-  explicit BitWriter(std::vector<uint8_t>* out) : out_(out) {}
+  explicit BitWriter(uint8_t* out) : start_(out), out_(out) {}
 
-  // Appends the low `count` bits of `value`, count <= 32.
+  // Appends the low `count` bits of `value` (count <= 56; higher bits of value must be zero).
   void Put(uint64_t value, int count) {
     accumulator_ |= value << filled_;
     filled_ += count;
-    if (filled_ >= 32) {
-      uint8_t bytes[4];
-      for (int i = 0; i < 4; ++i) bytes[i] = static_cast<uint8_t>(accumulator_ >> (8 * i));
-      out_->insert(out_->end(), bytes, bytes + 4);
-      accumulator_ >>= 32;
-      filled_ -= 32;
-    }
+    uint64_t word = accumulator_;
+    if constexpr (std::endian::native == std::endian::big) word = __builtin_bswap64(word);
+    std::memcpy(out_, &word, 8);
+    const int bytes = filled_ >> 3;
+    out_ += bytes;
+    accumulator_ >>= 8 * bytes;  // bytes <= 7
+    filled_ &= 7;
   }
-  // Writes the last partial byte, zero-padded. The writer must not be used afterwards.
-  void Finish() {
-    while (filled_ > 0) {
-      out_->push_back(static_cast<uint8_t>(accumulator_));
-      accumulator_ >>= 8;
-      filled_ = filled_ > 8 ? filled_ - 8 : 0;
-    }
-  }
+  // Bytes written, counting a final partial byte (its unused high bits are zero).
+  size_t bytes() const { return static_cast<size_t>(out_ - start_) + (filled_ > 0 ? 1 : 0); }
 
  private:
-  std::vector<uint8_t>* out_;
+  uint8_t* start_;
+  uint8_t* out_;
   uint64_t accumulator_ = 0;
   int filled_ = 0;
 };
@@ -49,51 +46,14 @@ class BitReader {
  public:
   explicit BitReader(std::span<const uint8_t> bytes) : bytes_(bytes) { Refill(); }
 
-  // The next `count` bits (count <= 32) without consuming them; zeros past the end.
-  uint64_t Peek(int count) {
-    if (available_ < count) Refill();
-    return accumulator_ & ((uint64_t{1} << count) - 1);
-  }
-  void Skip(int count) {
-    if (available_ < count) {
-      Refill();
-      if (available_ < count) {
-        failed_ = true;
-        accumulator_ = 0;
-        available_ = 0;
-        return;
-      }
-    }
-    accumulator_ >>= count;
-    available_ -= count;
-  }
-  uint64_t Get(int count) {
-    uint64_t value = Peek(count);
-    Skip(count);
-    return value;
-  }
-  // Number of zero bits before the next one bit, looking at most `limit` (<= 32) bits ahead;
-  // returns `limit` if all of them are zero. Consumes nothing.
-  int CountZeros(int limit) {
-    if (available_ < limit) Refill();
-    uint64_t window = accumulator_ | (uint64_t{1} << limit);
-    return std::countr_zero(window);
-  }
-
-  bool failed() const { return failed_; }
-  // True when every byte was consumed except zero padding in the final partial byte.
-  bool ConsumedExactly() const {
-    return !failed_ && position_ == bytes_.size() && available_ < 8 && accumulator_ == 0;
-  }
-
- private:
+  // Buffers at least 56 bits, or everything left in the stream.
   void Refill() {
     if (position_ + 8 <= bytes_.size()) {
       uint64_t word;
       std::memcpy(&word, bytes_.data() + position_, 8);
       if constexpr (std::endian::native == std::endian::big) word = __builtin_bswap64(word);
       accumulator_ |= word << available_;
-      int take = (63 - available_) >> 3;
+      const int take = (63 - available_) >> 3;
       position_ += static_cast<size_t>(take);
       available_ += take * 8;
       return;
@@ -103,7 +63,35 @@ class BitReader {
       available_ += 8;
     }
   }
+  // The buffered bits, next bit lowest. Bits beyond available() are the stream's following bits
+  // or zero; they are only valid to act on after a Consume that stays within available().
+  uint64_t bits() const { return accumulator_; }
+  int available() const { return available_; }
+  void Consume(int count) {
+    if (count > available_) {
+      failed_ = true;
+      accumulator_ = 0;
+      available_ = 0;
+      return;
+    }
+    accumulator_ >>= count;
+    available_ -= count;
+  }
+  // `count` bits (<= 56), refilling as needed.
+  uint64_t Get(int count) {
+    if (available_ < count) Refill();
+    uint64_t value = accumulator_ & ((uint64_t{1} << count) - 1);
+    Consume(count);
+    return failed_ ? 0 : value;
+  }
 
+  bool failed() const { return failed_; }
+  // True when every byte was consumed except zero padding in the final partial byte.
+  bool ConsumedExactly() const {
+    return !failed_ && position_ == bytes_.size() && available_ < 8 && accumulator_ == 0;
+  }
+
+ private:
   std::span<const uint8_t> bytes_;
   size_t position_ = 0;
   uint64_t accumulator_ = 0;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cmath>
+#include <tuple>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -75,22 +77,65 @@ WEFT_AVX2 void ScanAvx2(KeyKind kind, const uint8_t* old_bytes, const uint8_t* n
                         uint32_t count, uint32_t offset_base, uint64_t index_base,
                         ChangeList* changes, Digest* digest_change) {
   constexpr uint32_t kPerBlock = 64 / sizeof(T);
+  constexpr uint32_t kWindow = 4096;  // elements whose changes are finished while still in L1
+  const uint32_t blocks_end = count - count % kPerBlock;
+  size_t size = changes->size();
+  // Room for every element plus the unconditional writes past the last change.
+  changes->offsets.resize(size + count + 4);
+  changes->residuals.resize(size + count + 4);
+  uint32_t* offsets = changes->offsets.data();
+  uint32_t* residuals = changes->residuals.data();
+  Digest digest;
   uint32_t j = 0;
-  for (; j + kPerBlock <= count; j += kPerBlock) {
-    const uint8_t* a = old_bytes + size_t{j} * sizeof(T);
-    const uint8_t* b = new_bytes + size_t{j} * sizeof(T);
-    uint64_t mask = DiffMask64<T>(a, b);
-    while (mask != 0) {
-      uint32_t element = static_cast<uint32_t>(std::countr_zero(mask)) / sizeof(T);
-      mask &= mask - 1;
+  while (j < blocks_end) {
+    const size_t window_start = size;
+    const uint32_t window_end = std::min(blocks_end, j + kWindow);
+    for (; j < window_end; j += kPerBlock) {
+      const uint8_t* a = old_bytes + size_t{j} * sizeof(T);
+      const uint8_t* b = new_bytes + size_t{j} * sizeof(T);
+      _mm_prefetch(reinterpret_cast<const char*>(a) + detail::kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b) + detail::kPrefetchBytes, _MM_HINT_T0);
+      uint64_t mask = DiffMask64<T>(a, b);
+      const uint32_t base = offset_base + j;
+      const int changed = std::popcount(mask);
+      // Changes are rare and scattered, so a loop over the set bits mispredicts at every block.
+      // Instead the first four are written unconditionally (positions past the last real one are
+      // overwritten later) and only blocks with more take a branch.
+      for (int t = 0; t < 4; ++t) {
+        offsets[size + t] = base + static_cast<uint32_t>(std::countr_zero(mask)) / sizeof(T);
+        mask &= mask - 1;
+      }
+      if (changed > 4) {
+        size_t extra = size + 4;
+        while (mask != 0) {
+          offsets[extra++] = base + static_cast<uint32_t>(std::countr_zero(mask)) / sizeof(T);
+          mask &= mask - 1;
+        }
+      }
+      size += static_cast<size_t>(changed);
+    }
+    // Residuals and digest terms while the window is still in L1; the digest is summed in batches
+    // (SIMD when available) from the old and new values gathered here.
+    uint32_t before[kWindow], after[kWindow];
+    const size_t window_changes = size - window_start;
+    for (size_t k = 0; k < window_changes; ++k) {
+      const uint32_t element = offsets[window_start + k] - offset_base;
       T x, y;
-      std::memcpy(&x, a + element * sizeof(T), sizeof(T));
-      std::memcpy(&y, b + element * sizeof(T), sizeof(T));
-      Record<T>(kind, x, y, offset_base + j + element, index_base + j + element, changes,
-                digest_change);
+      std::memcpy(&x, old_bytes + size_t{element} * sizeof(T), sizeof(T));
+      std::memcpy(&y, new_bytes + size_t{element} * sizeof(T), sizeof(T));
+      residuals[window_start + k] = static_cast<uint32_t>(Residual<T>(kind, x, y));
+      before[k] = x;
+      after[k] = y;
+    }
+    if (digest_change != nullptr) {
+      digest += SumElementChanges(index_base - offset_base, offsets + window_start, before, after,
+                                  window_changes);
     }
   }
-  ScanScalar<T>(kind, old_bytes, new_bytes, j, count, offset_base, index_base, changes,
+  changes->offsets.resize(size);
+  changes->residuals.resize(size);
+  if (digest_change != nullptr) *digest_change += digest;
+  ScanScalar<T>(kind, old_bytes, new_bytes, blocks_end, count, offset_base, index_base, changes,
                 digest_change);
 }
 
@@ -109,22 +154,26 @@ inline uint64_t RiceBits(uint32_t value, int k) {
 inline void PutRice(BitWriter& out, uint32_t value, int k) {
   uint32_t quotient = value >> k;
   if (quotient < kRiceEscape) {
-    out.Put(uint64_t{1} << quotient, static_cast<int>(quotient) + 1);
-    if (k > 0) out.Put(value & ((1u << k) - 1u), k);
+    // Unary quotient (zeros, then a one), then the k low bits: at most 24 + 26 bits.
+    uint64_t low = value & ((uint64_t{1} << k) - 1);
+    out.Put((uint64_t{1} << quotient) | (low << (quotient + 1)), static_cast<int>(quotient) + 1 + k);
   } else {
     out.Put(0, kRiceEscape);
     out.Put(value, 32);
   }
 }
 
+// Decodes one Rice code; the reader must hold at least 56 bits unless the stream ends sooner.
 inline uint32_t GetRice(BitReader& in, int k) {
-  int zeros = in.CountZeros(kRiceEscape);
+  in.Refill();
+  const uint64_t bits = in.bits();
+  const int zeros = std::countr_zero(bits | (uint64_t{1} << kRiceEscape));
   if (zeros < kRiceEscape) {
-    in.Skip(zeros + 1);
-    uint32_t low = k > 0 ? static_cast<uint32_t>(in.Get(k)) : 0;
+    const uint32_t low = static_cast<uint32_t>(bits >> (zeros + 1)) & ((uint32_t{1} << k) - 1);
+    in.Consume(zeros + 1 + k);
     return (static_cast<uint32_t>(zeros) << k) | low;
   }
-  in.Skip(kRiceEscape);
+  in.Consume(kRiceEscape);
   return static_cast<uint32_t>(in.Get(32));
 }
 
@@ -135,45 +184,59 @@ inline uint64_t ExpGolombBits(uint32_t value, int k) {
 }
 
 inline void PutExpGolomb(BitWriter& out, uint32_t value, int k) {
-  uint64_t x = uint64_t{value} + (uint64_t{1} << k);
-  int length = std::bit_width(x);
-  int zeros = length - k - 1;
+  const uint64_t x = uint64_t{value} + (uint64_t{1} << k);
+  const int length = std::bit_width(x);
+  const int zeros = length - k - 1;
   out.Put(uint64_t{1} << zeros, zeros + 1);
   if (length > 1) out.Put(x & ((uint64_t{1} << (length - 1)) - 1), length - 1);
 }
 
 // Returns false on a code longer than any valid one.
 inline bool GetExpGolomb(BitReader& in, int k, uint32_t* value) {
-  int zeros = in.CountZeros(32);
+  in.Refill();
+  const int zeros = std::countr_zero(in.bits() | (uint64_t{1} << 32));
   if (zeros > 31 - k) return false;
-  in.Skip(zeros + 1);
-  int length = zeros + k + 1;
-  uint64_t low = length > 1 ? in.Get(length - 1) : 0;
-  uint64_t x = (uint64_t{1} << (length - 1)) | low;
+  in.Consume(zeros + 1);
+  const int length = zeros + k + 1;
+  const uint64_t low = length > 1 ? in.Get(length - 1) : 0;
+  const uint64_t x = (uint64_t{1} << (length - 1)) | low;
   *value = static_cast<uint32_t>(x - (uint64_t{1} << k));
   return true;
 }
 
-// Picks the parameter in [0, max_k] that minimises the exact cost, searching around the
-// estimate from the mean (cost is convex in k for these codes, so a local search suffices).
+// The parameter in [0, max_k] that minimises the exact cost, and that cost. The cost of these
+// codes is convex in k, so a local search from the estimate log2(mean) finds the minimum.
 template <typename CostFn>
-int ChooseParameter(double mean, int max_k, CostFn cost) {
-  int estimate = mean < 1.0 ? 0 : std::min(max_k, static_cast<int>(std::log2(mean)));
-  int best = estimate;
-  uint64_t best_cost = cost(estimate);
-  for (int k = estimate - 1; k >= 0; --k) {
-    uint64_t c = cost(k);
-    if (c >= best_cost) break;
-    best = k;
-    best_cost = c;
+std::pair<int, uint64_t> ChooseParameter(double mean, int max_k, CostFn cost) {
+  int best = mean < 1.0 ? 0 : std::min(max_k, static_cast<int>(std::log2(mean)));
+  uint64_t best_cost = cost(best);
+  for (int step : {-1, +1}) {
+    for (int k = best + step; k >= 0 && k <= max_k; k += step) {
+      uint64_t c = cost(k);
+      if (c >= best_cost) break;
+      best = k;
+      best_cost = c;
+    }
   }
-  for (int k = estimate + 1; k <= max_k; ++k) {
-    uint64_t c = cost(k);
-    if (c >= best_cost) break;
-    best = k;
-    best_cost = c;
+  return {best, best_cost};
+}
+
+// Written as a select over 32-bit lanes so that the compiler vectorises it; a chunk's values are
+// below 2^32 and 2^20 codes of at most 56 bits each fit a 32-bit partial sum.
+template <typename Vector>
+uint64_t RiceCost(const Vector& values, int k) {
+  uint64_t total = 0;
+  const size_t n = values.size();
+  for (size_t begin = 0; begin < n; begin += 1 << 20) {
+    const size_t end = std::min(n, begin + (size_t{1} << 20));
+    uint32_t partial = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const int32_t quotient = static_cast<int32_t>(values[i] >> k);
+      partial += quotient < kRiceEscape ? static_cast<uint32_t>(quotient + 1 + k) : kRiceEscape + 32;
+    }
+    total += partial;
   }
-  return best;
+  return total;
 }
 
 uint32_t BytesFor(uint64_t bits) { return static_cast<uint32_t>((bits + 7) / 8); }
@@ -229,31 +292,28 @@ void EncodeChanges(const ChangeList& changes, uint8_t width, ValueCoding coding,
   const bool ordered = coding == ValueCoding::kOrderedDiff;
   const int bits = 8 * width;
 
-  // Magnitudes (>= 1) and signs of the residuals.
-  std::vector<uint32_t> magnitudes(n);
-  std::vector<uint8_t> negative(ordered ? n : 0);
-  std::vector<uint32_t> gaps(n);
-  uint64_t gap_sum = 0;
+  // One pass: position gaps, signs (packed), and the changes whose magnitude exceeds one.
+  U32Vector gaps(n);
+  std::vector<uint8_t> signs(ordered ? BytesFor(n) + kBitWriterSlack : 0, 0);
+  U32Vector big_gaps, big_values;
+  uint64_t gap_sum = 0, big_gap_sum = 0, big_value_sum = 0;
   uint32_t previous = std::numeric_limits<uint32_t>::max();  // offset "-1"
-  std::vector<uint32_t> big_gaps;
-  std::vector<uint32_t> big_values;
-  uint64_t big_gap_sum = 0, big_value_sum = 0;
   size_t previous_big = std::numeric_limits<size_t>::max();
   for (size_t j = 0; j < n; ++j) {
-    uint32_t residual = changes.residuals[j];
+    const uint32_t residual = changes.residuals[j];
     uint32_t magnitude = residual;
     if (ordered) {
       // Sign-extend the w-bit residual; the magnitude of -2^(w-1) is 2^(w-1).
-      int64_t signed_residual = static_cast<int64_t>(uint64_t{residual} << (64 - bits)) >> (64 - bits);
-      negative[j] = signed_residual < 0;
-      magnitude = static_cast<uint32_t>(signed_residual < 0 ? -signed_residual : signed_residual);
+      const int64_t value = static_cast<int64_t>(uint64_t{residual} << (64 - bits)) >> (64 - bits);
+      const uint64_t negative = value < 0;
+      signs[j >> 3] |= static_cast<uint8_t>(negative << (j & 7));
+      magnitude = static_cast<uint32_t>(negative ? -value : value);
     }
-    magnitudes[j] = magnitude;
     gaps[j] = changes.offsets[j] - previous - 1;
     gap_sum += gaps[j];
     previous = changes.offsets[j];
     if (magnitude > 1) {
-      uint32_t big_gap = static_cast<uint32_t>(j - previous_big - 1);
+      const uint32_t big_gap = static_cast<uint32_t>(j - previous_big - 1);
       big_gaps.push_back(big_gap);
       big_values.push_back(magnitude - 2);
       big_gap_sum += big_gap;
@@ -262,58 +322,55 @@ void EncodeChanges(const ChangeList& changes, uint8_t width, ValueCoding coding,
     }
   }
 
-  auto rice_cost = [](const std::vector<uint32_t>& values) {
-    return [&values](int k) {
-      uint64_t total = 0;
-      for (uint32_t v : values) total += RiceBits(v, k);
-      return total;
-    };
-  };
   header->change_count = static_cast<uint32_t>(n);
   header->big_count = static_cast<uint32_t>(big_gaps.size());
-  header->k_gap = static_cast<uint8_t>(
-      ChooseParameter(static_cast<double>(gap_sum) / n, kMaxGapParameter, rice_cost(gaps)));
-  header->k_big = 0;
-  header->k_mag = 0;
+  auto [k_gap, gap_bits] = ChooseParameter(static_cast<double>(gap_sum) / n, kMaxGapParameter,
+                                           [&](int k) { return RiceCost(gaps, k); });
+  int k_big = 0, k_mag = 0;
+  uint64_t big_bits = 0, magnitude_bits = 0;
   if (!big_gaps.empty()) {
-    header->k_big = static_cast<uint8_t>(ChooseParameter(
-        static_cast<double>(big_gap_sum) / big_gaps.size(), kMaxGapParameter, rice_cost(big_gaps)));
-    header->k_mag = static_cast<uint8_t>(ChooseParameter(
+    std::tie(k_big, big_bits) =
+        ChooseParameter(static_cast<double>(big_gap_sum) / big_gaps.size(), kMaxGapParameter,
+                        [&](int k) { return RiceCost(big_gaps, k); });
+    std::tie(k_mag, magnitude_bits) = ChooseParameter(
         static_cast<double>(big_value_sum) / big_values.size(), kMaxMagnitudeOrder, [&](int k) {
           uint64_t total = 0;
           for (uint32_t v : big_values) total += ExpGolombBits(v, k);
           return total;
-        }));
+        });
   }
+  header->k_gap = static_cast<uint8_t>(k_gap);
+  header->k_big = static_cast<uint8_t>(k_big);
+  header->k_mag = static_cast<uint8_t>(k_mag);
+  header->gap_bytes = BytesFor(gap_bits);
+  header->sign_bytes = ordered ? BytesFor(n) : 0;
+  header->big_bytes = BytesFor(big_bits);
+  header->mag_bytes = BytesFor(magnitude_bits);
 
-  size_t start = payload->size();
+  // The sizes are exact, so the streams are written straight into place.
+  const size_t start = payload->size();
+  payload->resize(start + header->payload_bytes() + kBitWriterSlack);
+  uint8_t* out = payload->data() + start;
   {
-    BitWriter out(payload);
-    for (uint32_t g : gaps) PutRice(out, g, header->k_gap);
-    out.Finish();
+    BitWriter writer(out);
+    for (uint32_t g : gaps) PutRice(writer, g, k_gap);
+    assert(writer.bytes() == header->gap_bytes);
   }
-  header->gap_bytes = static_cast<uint32_t>(payload->size() - start);
-  start = payload->size();
-  if (ordered) {
-    BitWriter out(payload);
-    for (uint8_t s : negative) out.Put(s, 1);
-    out.Finish();
-  }
-  header->sign_bytes = static_cast<uint32_t>(payload->size() - start);
-  start = payload->size();
+  out += header->gap_bytes;
+  if (ordered) std::memcpy(out, signs.data(), header->sign_bytes);
+  out += header->sign_bytes;
   {
-    BitWriter out(payload);
-    for (uint32_t g : big_gaps) PutRice(out, g, header->k_big);
-    out.Finish();
+    BitWriter writer(out);
+    for (uint32_t g : big_gaps) PutRice(writer, g, k_big);
+    assert(writer.bytes() == header->big_bytes);
   }
-  header->big_bytes = static_cast<uint32_t>(payload->size() - start);
-  start = payload->size();
+  out += header->big_bytes;
   {
-    BitWriter out(payload);
-    for (uint32_t v : big_values) PutExpGolomb(out, v, header->k_mag);
-    out.Finish();
+    BitWriter writer(out);
+    for (uint32_t v : big_values) PutExpGolomb(writer, v, k_mag);
+    assert(writer.bytes() == header->mag_bytes);
   }
-  header->mag_bytes = static_cast<uint32_t>(payload->size() - start);
+  payload->resize(start + header->payload_bytes());
 }
 
 Status DecodeChanges(const SparseHeader& header, std::span<const uint8_t> payload,

@@ -14,7 +14,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -62,9 +64,31 @@ inline T ApplyResidual(KeyKind kind, T old_bits, T residual) {
   return old_bits;
 }
 
+// std::allocator that default-initialises: resize() of a vector of integers leaves the new
+// elements uninitialised, so a kernel can size a list for the worst case and fill what it needs.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using U32Vector = std::vector<uint32_t, UninitializedAllocator<uint32_t>>;
+
 struct ChangeList {
-  std::vector<uint32_t> offsets;    // ascending, within the chunk
-  std::vector<uint32_t> residuals;  // non-zero, in the low 8 * width bits
+  U32Vector offsets;    // ascending, within the chunk
+  U32Vector residuals;  // non-zero, in the low 8 * width bits
 
   size_t size() const { return offsets.size(); }
   bool empty() const { return offsets.empty(); }

@@ -1,7 +1,8 @@
 #include "sync/convert_simd.h"
 
+#include "sync/cpu.h"
+
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -11,20 +12,7 @@ namespace weft::sync::detail {
 
 #define WEFT_AVX2 __attribute__((target("avx2,f16c,fma,bmi,bmi2")))
 
-bool CpuHasAvx2F16c() {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
-  const bool f16c = ecx & (1u << 29);
-  const bool osxsave = ecx & (1u << 27);
-  if (!f16c || !osxsave) return false;
-  // The OS must save the YMM registers (XCR0 bits 1 and 2).
-  unsigned xcr0_low, xcr0_high;
-  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
-  if ((xcr0_low & 0x6) != 0x6) return false;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const bool avx2 = ebx & (1u << 5), bmi1 = ebx & (1u << 3), bmi2 = ebx & (1u << 8);
-  return avx2 && bmi1 && bmi2;
-}
+bool CpuHasAvx2F16c() { return Cpu().avx2_f16c; }
 
 namespace {
 
@@ -45,6 +33,7 @@ WEFT_AVX2 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> ou
   const size_t n = in.size();
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(in.data() + i) + kPrefetchBytes, _MM_HINT_T0);
     __m256i low = Bf16Convert8(in.data() + i);
     __m256i high = Bf16Convert8(in.data() + i + 8);
     // packus works within 128-bit lanes; the permute restores element order.
@@ -58,6 +47,7 @@ WEFT_AVX2 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out
   const size_t n = in.size();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    _mm_prefetch(reinterpret_cast<const char*>(in.data() + i) + kPrefetchBytes, _MM_HINT_T0);
     __m256 values = _mm256_loadu_ps(in.data() + i);
     __m128i halves = _mm256_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out.data() + i), halves);
@@ -113,6 +103,7 @@ WEFT_AVX2 void ConvertFp8Loop(std::span<const float> in, std::span<uint8_t> out,
                                            -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
                                            -1, -1, -1, -1);
   for (; i + 8 <= n; i += 8) {
+    _mm_prefetch(reinterpret_cast<const char*>(in.data() + i) + kPrefetchBytes, _MM_HINT_T0);
     __m256 values = _mm256_loadu_ps(in.data() + i);
     if (divide) values = _mm256_div_ps(values, scale);
     __m256i codes = Fp8Convert8<kMantissaBits, kBias>(values, min_normal, overflow_above,

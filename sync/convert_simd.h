@@ -5,12 +5,17 @@
 // the scalar references.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include "sync/convert.h"
 
 namespace weft::sync::detail {
+
+// How far ahead streaming kernels prefetch. Hardware prefetchers alone leave these kernels at about
+// half of the machine's read bandwidth; a software prefetch this far ahead closes the gap.
+inline constexpr size_t kPrefetchBytes = 4096;
 
 bool CpuHasAvx2F16c();
 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out);

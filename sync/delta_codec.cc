@@ -118,15 +118,18 @@ void Store(uint8_t* base, uint64_t index, T value) {
 // the digest change; reads `served` only.
 template <typename T>
 Digest ResolveNewValues(KeyKind kind, const uint8_t* served, uint64_t first, ChangeList* changes) {
-  Digest change;
-  for (size_t j = 0; j < changes->size(); ++j) {
-    uint64_t index = first + changes->offsets[j];
-    T old_value = Load<T>(served, index);
-    T new_value = ApplyResidual<T>(kind, old_value, static_cast<T>(changes->residuals[j]));
-    changes->residuals[j] = new_value;
-    change += ElementChange(index, old_value, new_value);
+  constexpr size_t kAhead = 16;  // changes between a prefetch and its use
+  const size_t n = changes->size();
+  const uint32_t* offsets = changes->offsets.data();
+  uint32_t* values = changes->residuals.data();
+  U32Vector old_values(n);
+  for (size_t j = 0; j < n; ++j) {
+    __builtin_prefetch(served + (first + offsets[std::min(j + kAhead, n - 1)]) * sizeof(T));
+    const T old_value = Load<T>(served, first + offsets[j]);
+    old_values[j] = old_value;
+    values[j] = ApplyResidual<T>(kind, old_value, static_cast<T>(values[j]));
   }
-  return change;
+  return SumElementChanges(first, offsets, old_values.data(), values, n);
 }
 
 template <typename T>

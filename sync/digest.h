@@ -21,6 +21,7 @@
 // thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -90,6 +91,14 @@ inline Digest ElementChange(uint64_t index, uint64_t old_value, uint64_t new_val
   uint64_t key = digest_detail::PositionKey(index);
   return ElementTerm(key, new_value) - ElementTerm(key, old_value);
 }
+
+// The digest change of n changed elements: element first + offsets[j] went from old_values[j] to
+// new_values[j] (first + offset wraps modulo 2^64, so `first` may be an index base minus an
+// offset base). Uses AVX-512 when available; SumElementChangesRef is the scalar reference.
+Digest SumElementChanges(uint64_t first, const uint32_t* offsets, const uint32_t* old_values,
+                         const uint32_t* new_values, size_t n);
+Digest SumElementChangesRef(uint64_t first, const uint32_t* offsets, const uint32_t* old_values,
+                            const uint32_t* new_values, size_t n);
 
 // Base(n, dtype): the digest of a tensor before any element is added.
 Digest BaseDigest(uint64_t element_count, DType dtype);

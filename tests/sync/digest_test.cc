@@ -58,6 +58,23 @@ TEST_CASE("swapped elements, a different length or a different dtype change the 
   CHECK(a != TensorDigest(DType::kBF16, longer));
 }
 
+TEST_CASE("batched digest changes (SIMD) equal the scalar reference") {
+  std::mt19937_64 rng(3);
+  for (size_t n : {0, 1, 7, 8, 9, 1000}) {
+    std::vector<uint32_t> offsets(n), before(n), after(n);
+    for (size_t j = 0; j < n; ++j) {
+      offsets[j] = static_cast<uint32_t>(rng());
+      before[j] = static_cast<uint32_t>(rng());
+      after[j] = j % 3 == 0 ? before[j] : static_cast<uint32_t>(rng());
+    }
+    for (uint64_t first : {uint64_t{0}, uint64_t{1} << 40, ~uint64_t{0} - 5}) {
+      Digest fast = SumElementChanges(first, offsets.data(), before.data(), after.data(), n);
+      Digest slow = SumElementChangesRef(first, offsets.data(), before.data(), after.data(), n);
+      CHECK(fast == slow);
+    }
+  }
+}
+
 TEST_CASE("hex form round-trips and rejects malformed text") {
   Digest d{0x0123456789ABCDEFull, 0xFEDCBA9876543210ull};
   CHECK(d.ToHex() == "0123456789abcdeffedcba9876543210");

@@ -1,0 +1,38 @@
+#include "sync/cpu.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+namespace weft::sync {
+namespace {
+
+CpuFeatures Detect() {
+  CpuFeatures features;
+#if defined(__x86_64__)
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return features;
+  const bool f16c = ecx & (1u << 29);
+  const bool osxsave = ecx & (1u << 27);
+  if (!osxsave) return features;
+  unsigned xcr0_low, xcr0_high;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  const bool ymm_saved = (xcr0_low & 0x6) == 0x6;
+  const bool zmm_saved = (xcr0_low & 0xE6) == 0xE6;  // also opmask and the upper ZMM state
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return features;
+  const bool avx2 = ebx & (1u << 5), bmi1 = ebx & (1u << 3), bmi2 = ebx & (1u << 8);
+  const bool avx512f = ebx & (1u << 16), avx512dq = ebx & (1u << 17);
+  features.avx2_f16c = ymm_saved && f16c && avx2 && bmi1 && bmi2;
+  features.avx512dq = zmm_saved && avx512f && avx512dq;
+#endif
+  return features;
+}
+
+}  // namespace
+
+const CpuFeatures& Cpu() {
+  static const CpuFeatures features = Detect();
+  return features;
+}
+
+}  // namespace weft::sync

@@ -1,0 +1,14 @@
+// What the CPU can run, detected once (cpuid, and xgetbv for the OS saving the vector state).
+// Kernels with SIMD paths check these flags and fall back to their scalar references.
+#pragma once
+
+namespace weft::sync {
+
+struct CpuFeatures {
+  bool avx2_f16c = false;   // AVX2, F16C, BMI1, BMI2
+  bool avx512dq = false;    // AVX-512 F + DQ (64-bit lane multiplies)
+};
+
+const CpuFeatures& Cpu();
+
+}  // namespace weft::sync
