@@ -10,7 +10,9 @@
 #include <string>
 
 #include "sync/bit_stream.h"
+#include "sync/convert.h"
 #include "sync/convert_simd.h"
+#include "sync/cpu.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -140,6 +142,98 @@ WEFT_AVX2 void ScanAvx2(KeyKind kind, const uint8_t* old_bytes, const uint8_t* n
 }
 
 const bool kUseAvx2 = detail::CpuHasAvx2F16c();
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 intrinsics start from an "undefined" register, which -Wmaybe-uninitialized
+// and -Wuninitialized report at every use (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#define WEFT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx2,bmi,bmi2")))
+
+// FP32 -> BF16 round to nearest even on 16 lanes (the low half of each 32-bit lane), exactly as
+// FloatToBf16Ref: integer rounding, so subnormals and NaN payloads come out right.
+WEFT_AVX512 inline __m512i Bf16Round16(const float* source) {
+  const __m512i bits = _mm512_loadu_si512(source);
+  const __m512i high = _mm512_srli_epi32(bits, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                   _mm512_set1_epi32(0x7F800000));
+  return _mm512_mask_blend_epi32(is_nan, rounded, _mm512_or_si512(high, _mm512_set1_epi32(0x0040)));
+}
+
+WEFT_AVX512 void ScanFromMasterBf16Avx512(const float* master, uint8_t* served_bytes,
+                                          uint32_t count, uint32_t offset_base,
+                                          uint64_t index_base, ChangeList* changes,
+                                          Digest* digest_change) {
+  constexpr uint32_t kPerBlock = 32;
+  constexpr uint32_t kWindow = 4096;
+  uint16_t* served = reinterpret_cast<uint16_t*>(served_bytes);
+  // Word indices that gather the low 16 bits of the 32 lanes of two vectors.
+  const __m512i pick_low = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36,
+                                            34, 32, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8,
+                                            6, 4, 2, 0);
+  alignas(64) uint16_t fresh[kWindow];
+  uint32_t before[kWindow], after[kWindow];
+  const uint32_t blocks_end = count - count % kPerBlock;
+  size_t size = changes->size();
+  changes->offsets.resize(size + count + 4);
+  changes->residuals.resize(size + count + 4);
+  uint32_t* offsets = changes->offsets.data();
+  uint32_t* residuals = changes->residuals.data();
+  Digest digest;
+  uint32_t j = 0;
+  while (j < blocks_end) {
+    const size_t window_start = size;
+    const uint32_t window_begin = j;
+    const uint32_t window_end = std::min(blocks_end, j + kWindow);
+    for (; j < window_end; j += kPerBlock) {
+      _mm_prefetch(reinterpret_cast<const char*>(master + j) + detail::kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(master + j + 16) + detail::kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(served + j) + detail::kPrefetchBytes, _MM_HINT_T0);
+      const __m512i converted =
+          _mm512_permutex2var_epi16(Bf16Round16(master + j), pick_low, Bf16Round16(master + j + 16));
+      _mm512_store_si512(fresh + (j - window_begin), converted);
+      uint64_t mask = _mm512_cmpneq_epi16_mask(converted, _mm512_loadu_si512(served + j));
+      const uint32_t base = offset_base + j;
+      const int changed = std::popcount(mask);
+      for (int t = 0; t < 4; ++t) {  // see ScanAvx2
+        offsets[size + t] = base + static_cast<uint32_t>(std::countr_zero(mask));
+        mask &= mask - 1;
+      }
+      if (changed > 4) {
+        size_t extra = size + 4;
+        while (mask != 0) {
+          offsets[extra++] = base + static_cast<uint32_t>(std::countr_zero(mask));
+          mask &= mask - 1;
+        }
+      }
+      size += static_cast<size_t>(changed);
+    }
+    const size_t window_changes = size - window_start;
+    for (size_t k = 0; k < window_changes; ++k) {
+      const uint32_t element = offsets[window_start + k] - offset_base;
+      const uint16_t x = served[element];
+      const uint16_t y = fresh[element - window_begin];
+      residuals[window_start + k] = static_cast<uint16_t>(OrderKey(y) - OrderKey(x));
+      before[k] = x;
+      after[k] = y;
+      served[element] = y;
+    }
+    if (digest_change != nullptr) {
+      digest += SumElementChanges(index_base - offset_base, offsets + window_start, before, after,
+                                  window_changes);
+    }
+  }
+  changes->offsets.resize(size);
+  changes->residuals.resize(size);
+  if (digest_change != nullptr) *digest_change += digest;
+  ScanFromMasterBf16Ref(master + blocks_end, served_bytes + size_t{blocks_end} * 2,
+                        count - blocks_end, offset_base + blocks_end, index_base + blocks_end,
+                        changes, digest_change);
+}
 #endif
 
 // ---- Codes ---------------------------------------------------------------------------------------
@@ -242,6 +336,38 @@ uint64_t RiceCost(const Vector& values, int k) {
 uint32_t BytesFor(uint64_t bits) { return static_cast<uint32_t>((bits + 7) / 8); }
 
 }  // namespace
+
+void ScanFromMasterBf16Ref(const float* master, uint8_t* served, uint32_t count,
+                           uint32_t offset_base, uint64_t index_base, ChangeList* changes,
+                           Digest* digest_change) {
+  for (uint32_t j = 0; j < count; ++j) {
+    const uint16_t y = FloatToBf16Ref(master[j]);
+    uint16_t x;
+    std::memcpy(&x, served + size_t{j} * 2, 2);
+    if (x == y) continue;
+    Record<uint16_t>(KeyKind::kFloat, x, y, offset_base + j, index_base + j, changes, digest_change);
+    std::memcpy(served + size_t{j} * 2, &y, 2);
+  }
+}
+
+void ScanFromMasterBf16(const float* master, uint8_t* served, uint32_t count, uint32_t offset_base,
+                        uint64_t index_base, ChangeList* changes, Digest* digest_change) {
+#if defined(__x86_64__)
+  if (Cpu().avx512bw) {
+    return ScanFromMasterBf16Avx512(master, served, count, offset_base, index_base, changes,
+                                    digest_change);
+  }
+#endif
+  ScanFromMasterBf16Ref(master, served, count, offset_base, index_base, changes, digest_change);
+}
+
+bool HasFusedBf16Kernel() {
+#if defined(__x86_64__)
+  return Cpu().avx512bw;
+#else
+  return false;
+#endif
+}
 
 KeyKind KeyKindFor(DType dtype) {
   if (CodingFor(dtype) == ValueCoding::kXor) return KeyKind::kXor;
@@ -407,7 +533,11 @@ Status DecodeChanges(const SparseHeader& header, std::span<const uint8_t> payloa
   size_t at = 0;
   BitReader gaps(payload.subspan(at, header.gap_bytes));
   at += header.gap_bytes;
-  BitReader signs(payload.subspan(at, header.sign_bytes));
+  // One sign bit per change, LSB first: read directly; the padding of the last byte must be zero.
+  const uint8_t* signs = payload.data() + at;
+  if (ordered && n % 8 != 0 && (signs[header.sign_bytes - 1] >> (n % 8)) != 0) {
+    return DataLoss("sign stream has trailing bits");
+  }
   at += header.sign_bytes;
   BitReader bigs(payload.subspan(at, header.big_bytes));
   at += header.big_bytes;
@@ -433,13 +563,12 @@ Status DecodeChanges(const SparseHeader& header, std::span<const uint8_t> payloa
                                               : UINT64_MAX;
     }
     uint64_t residual = magnitude;
-    if (ordered && signs.Get(1) != 0) residual = (0 - magnitude) & mask;
+    if (ordered && ((signs[j >> 3] >> (j & 7)) & 1) != 0) residual = (0 - magnitude) & mask;
     changes->offsets[j] = static_cast<uint32_t>(position);
     changes->residuals[j] = static_cast<uint32_t>(residual);
   }
   if (bigs_read != header.big_count) return DataLoss("large-change positions run past the changes");
-  if (!gaps.ConsumedExactly() || !signs.ConsumedExactly() || !bigs.ConsumedExactly() ||
-      !magnitudes.ConsumedExactly()) {
+  if (!gaps.ConsumedExactly() || !bigs.ConsumedExactly() || !magnitudes.ConsumedExactly()) {
     return DataLoss("a stream is truncated or has trailing bits");
   }
   return Status::Ok();

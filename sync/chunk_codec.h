@@ -109,6 +109,18 @@ void ScanChangesRef(KeyKind kind, uint8_t width, const uint8_t* old_bytes,
                     const uint8_t* new_bytes, uint32_t count, uint32_t offset_base,
                     uint64_t index_base, ChangeList* changes, Digest* digest_change);
 
+// The fused BF16 kernel: converts master[j] (FP32) to BF16 for j in [0, count), compares it
+// with served element j, appends each change as ScanChanges does, adds its digest change, and
+// writes the new value into `served`. Unchanged elements are not written. Uses AVX-512 when
+// available; ScanFromMasterBf16Ref is the scalar reference.
+void ScanFromMasterBf16(const float* master, uint8_t* served, uint32_t count, uint32_t offset_base,
+                        uint64_t index_base, ChangeList* changes, Digest* digest_change);
+void ScanFromMasterBf16Ref(const float* master, uint8_t* served, uint32_t count,
+                           uint32_t offset_base, uint64_t index_base, ChangeList* changes,
+                           Digest* digest_change);
+// Whether ScanFromMasterBf16 has a SIMD path here (otherwise callers convert and ScanChanges).
+bool HasFusedBf16Kernel();
+
 // Header fields of a sparse chunk (docs/formats.md, "Sparse chunk").
 struct SparseHeader {
   uint8_t k_gap = 0;  // Rice parameter of position gaps

@@ -179,6 +179,20 @@ void ConvertFp8(std::span<const float> in, std::span<uint8_t> out, Fp8Format for
 
 bool SimdAvailable() { return kUseSimd; }
 
+float AbsMaxRef(std::span<const float> values) {
+  float result = 0.0f;
+  for (float v : values) {
+    float magnitude = std::fabs(v);
+    result = magnitude > result ? magnitude : result;  // false for NaN: skipped
+  }
+  return result;
+}
+
+float AbsMax(std::span<const float> values) {
+  if (kUseSimd) return detail::AbsMaxAvx2(values);
+  return AbsMaxRef(values);
+}
+
 void ConvertToFloat(DType dtype, std::span<const uint8_t> in, std::span<float> out) {
   const size_t n = out.size();
   assert(in.size() == n * Info(dtype).size);

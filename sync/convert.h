@@ -53,6 +53,11 @@ void ConvertF16Ref(std::span<const float> in, std::span<uint16_t> out);
 void ConvertFp8RefBulk(std::span<const float> in, std::span<uint8_t> out, Fp8Format format,
                        Saturation saturation, float divisor = 1.0f);
 
+// The largest |x| over `values`, ignoring NaN (0 for an empty or all-NaN span). SIMD when
+// available; AbsMaxRef is the scalar reference.
+float AbsMax(std::span<const float> values);
+float AbsMaxRef(std::span<const float> values);
+
 // Widening: element i of a tensor of `dtype` (any float or integer type) as FP32.
 void ConvertToFloat(DType dtype, std::span<const uint8_t> in, std::span<float> out);
 

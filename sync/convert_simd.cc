@@ -55,6 +55,24 @@ WEFT_AVX2 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out
   for (; i < n; ++i) out[i] = FloatToF16Ref(in[i]);
 }
 
+WEFT_AVX2 float AbsMaxAvx2(std::span<const float> values) {
+  const size_t n = values.size();
+  const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(values.data() + i) + kPrefetchBytes, _MM_HINT_T0);
+    // max_ps returns its second operand when the first is NaN, so NaNs are skipped.
+    a = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(values.data() + i), sign_off), a);
+    b = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(values.data() + i + 8), sign_off), b);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(a, b));
+  float result = AbsMaxRef(values.subspan(i));
+  for (float lane : lanes) result = lane > result ? lane : result;
+  return result;
+}
+
 namespace {
 
 // Branch-free FP8 rounding on eight floats at once; mirrors FloatToFp8Ref case by case.
@@ -134,6 +152,7 @@ void ConvertFp8Avx2(std::span<const float> in, std::span<uint8_t> out, Fp8Format
 #else  // not x86-64: scalar references only
 
 bool CpuHasAvx2F16c() { return false; }
+float AbsMaxAvx2(std::span<const float> values) { return AbsMaxRef(values); }
 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out) { ConvertBf16Ref(in, out); }
 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out) { ConvertF16Ref(in, out); }
 void ConvertFp8Avx2(std::span<const float> in, std::span<uint8_t> out, Fp8Format format,

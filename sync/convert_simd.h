@@ -20,6 +20,7 @@ inline constexpr size_t kPrefetchBytes = 4096;
 bool CpuHasAvx2F16c();
 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out);
 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out);
+float AbsMaxAvx2(std::span<const float> values);
 void ConvertFp8Avx2(std::span<const float> in, std::span<uint8_t> out, Fp8Format format,
                     Saturation saturation, float divisor);
 

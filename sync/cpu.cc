@@ -21,9 +21,10 @@ CpuFeatures Detect() {
   const bool zmm_saved = (xcr0_low & 0xE6) == 0xE6;  // also opmask and the upper ZMM state
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return features;
   const bool avx2 = ebx & (1u << 5), bmi1 = ebx & (1u << 3), bmi2 = ebx & (1u << 8);
-  const bool avx512f = ebx & (1u << 16), avx512dq = ebx & (1u << 17);
+  const bool avx512f = ebx & (1u << 16), avx512dq = ebx & (1u << 17), avx512bw = ebx & (1u << 30);
   features.avx2_f16c = ymm_saved && f16c && avx2 && bmi1 && bmi2;
   features.avx512dq = zmm_saved && avx512f && avx512dq;
+  features.avx512bw = zmm_saved && avx512f && avx512bw && features.avx2_f16c;
 #endif
   return features;
 }

@@ -134,7 +134,10 @@ Digest ResolveNewValues(KeyKind kind, const uint8_t* served, uint64_t first, Cha
 
 template <typename T>
 void WriteNewValues(const ChangeList& changes, uint8_t* served, uint64_t first) {
-  for (size_t j = 0; j < changes.size(); ++j) {
+  constexpr size_t kAhead = 16;
+  const size_t n = changes.size();
+  for (size_t j = 0; j < n; ++j) {
+    __builtin_prefetch(served + (first + changes.offsets[std::min(j + kAhead, n - 1)]) * sizeof(T), 1);
     Store<T>(served, first + changes.offsets[j], static_cast<T>(changes.residuals[j]));
   }
 }
@@ -255,30 +258,36 @@ Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const flo
   ParallelFor(delta.chunks.size(), options.threads, [&](size_t c) {
     const uint64_t first = uint64_t{c} << delta.chunk_log2;
     const uint64_t end = first + delta.UnitsInChunk(c);
-    alignas(64) std::array<uint8_t, kFusedBlock * 2> converted;
     ChangeList list;
-    for (uint64_t block = first; block < end; block += kFusedBlock) {
-      const uint64_t n = std::min(kFusedBlock, end - block);
-      if (spec.dtype == DType::kBF16) {
-        ConvertBf16(master.subspan(block, n),
-                    std::span<uint16_t>(reinterpret_cast<uint16_t*>(converted.data()), n));
-      } else if (spec.dtype == DType::kF16) {
-        ConvertF16(master.subspan(block, n),
-                   std::span<uint16_t>(reinterpret_cast<uint16_t*>(converted.data()), n));
-      } else {
-        ForEachScaleRun(scaling, scales, block, block + n, [&](uint64_t b, uint64_t e, float s) {
-          ConvertFp8(master.subspan(b, e - b),
-                     std::span<uint8_t>(converted.data() + (b - block), e - b), fp8,
-                     format.saturation, s);
-        });
-      }
-      size_t before = list.size();
-      uint8_t* target = served.data() + block * width;
-      ScanChanges(KeyKind::kFloat, width, target, converted.data(), static_cast<uint32_t>(n),
-                  static_cast<uint32_t>(block - first), block, &list, &changes[c]);
-      for (size_t j = before; j < list.size(); ++j) {
-        uint64_t offset = list.offsets[j] - (block - first);
-        std::memcpy(target + offset * width, converted.data() + offset * width, width);
+    if (spec.dtype == DType::kBF16 && HasFusedBf16Kernel()) {
+      ScanFromMasterBf16(master.data() + first, served.data() + first * width,
+                         static_cast<uint32_t>(end - first), 0, first, &list, &changes[c]);
+    } else {
+      // Convert a block at a time into L1, then diff it against the served tensor.
+      alignas(64) std::array<uint8_t, kFusedBlock * 2> converted;
+      for (uint64_t block = first; block < end; block += kFusedBlock) {
+        const uint64_t n = std::min(kFusedBlock, end - block);
+        if (spec.dtype == DType::kBF16) {
+          ConvertBf16(master.subspan(block, n),
+                      std::span<uint16_t>(reinterpret_cast<uint16_t*>(converted.data()), n));
+        } else if (spec.dtype == DType::kF16) {
+          ConvertF16(master.subspan(block, n),
+                     std::span<uint16_t>(reinterpret_cast<uint16_t*>(converted.data()), n));
+        } else {
+          ForEachScaleRun(scaling, scales, block, block + n, [&](uint64_t b, uint64_t e, float s) {
+            ConvertFp8(master.subspan(b, e - b),
+                       std::span<uint8_t>(converted.data() + (b - block), e - b), fp8,
+                       format.saturation, s);
+          });
+        }
+        size_t before = list.size();
+        uint8_t* target = served.data() + block * width;
+        ScanChanges(KeyKind::kFloat, width, target, converted.data(), static_cast<uint32_t>(n),
+                    static_cast<uint32_t>(block - first), block, &list, &changes[c]);
+        for (size_t j = before; j < list.size(); ++j) {
+          uint64_t offset = list.offsets[j] - (block - first);
+          std::memcpy(target + offset * width, converted.data() + offset * width, width);
+        }
       }
     }
     delta.chunks[c] =

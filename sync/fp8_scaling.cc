@@ -26,7 +26,7 @@ std::vector<float> ComputeScales(std::span<const float> weights, const BlockScal
     uint64_t row = begin / std::max<uint64_t>(scaling.cols, 1);
     uint64_t col = begin % std::max<uint64_t>(scaling.cols, 1);
     float& tile = amax[scaling.ScaleIndex(row, col)];
-    for (uint64_t i = begin; i < end; ++i) tile = std::fmax(tile, std::fabs(weights[i]));
+    tile = std::max(tile, AbsMax(weights.subspan(begin, end - begin)));
   });
   const float max_finite = Fp8MaxFinite(format);
   for (float& value : amax) value = value == 0.0f ? 1.0f : value / max_finite;

@@ -2,8 +2,10 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <random>
 
+#include "sync/convert.h"
 #include "tests/sync/test_util.h"
 
 namespace weft::sync {
@@ -122,6 +124,35 @@ TEST_CASE("the decoder rejects malformed sparse payloads without crashing") {
         REQUIRE(out.residuals[j] <= 0xFFFF);
       }
     }
+  }
+}
+
+TEST_CASE("fused BF16 convert + scan (SIMD) equals its scalar reference") {
+  std::mt19937_64 rng(7);
+  for (uint32_t count : {0u, 5u, 31u, 32u, 33u, 4095u, 4096u, 4097u, 10000u}) {
+    // Masters built from every kind of bit pattern, and a served tensor close to their BF16 values.
+    std::vector<uint32_t> bits(count);
+    for (auto& b : bits) b = static_cast<uint32_t>(rng());
+    const uint32_t specials[] = {0x7F800001, 0xFFC00000, 0x7F800000, 0x80000000, 0x00000001,
+                                 0x807FFFFF, 0x3F808000, 0x3F818000, 0x7F7FFFFF};
+    for (uint32_t i = 0; i < count; i += 3) bits[i] = specials[rng() % 9];
+    std::vector<float> master(count);
+    std::memcpy(master.data(), bits.data(), count * 4);
+    std::vector<uint16_t> served(count);
+    ConvertBf16Ref(master, served);
+    for (auto& v : served) if (rng() % 20 == 0) v ^= static_cast<uint16_t>(1 + rng() % 7);
+    std::vector<uint16_t> a = served, b = served;
+    ChangeList fast, slow;
+    Digest fast_digest, slow_digest;
+    ScanFromMasterBf16(master.data(), reinterpret_cast<uint8_t*>(a.data()), count, 3, 77, &fast, &fast_digest);
+    ScanFromMasterBf16Ref(master.data(), reinterpret_cast<uint8_t*>(b.data()), count, 3, 77, &slow, &slow_digest);
+    CHECK(fast.offsets == slow.offsets);
+    CHECK(fast.residuals == slow.residuals);
+    CHECK(fast_digest == slow_digest);
+    CHECK(a == b);
+    std::vector<uint16_t> expected(count);
+    ConvertBf16Ref(master, expected);
+    CHECK(a == expected);
   }
 }
 

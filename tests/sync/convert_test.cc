@@ -214,6 +214,21 @@ TEST_CASE("SIMD conversions equal the scalar references on every edge case and t
   }
 }
 
+TEST_CASE("AbsMax ignores NaN, sees infinities and negative values, and equals its reference") {
+  std::vector<float> values = AsFloats(EdgePatterns());
+  CHECK(AbsMax(values) == AbsMaxRef(values));
+  CHECK(std::isinf(AbsMax(values)));
+  std::vector<float> small = {NAN, -3.0f, 2.0f, NAN, -0.0f};
+  for (size_t n = 0; n <= small.size(); ++n) {
+    CHECK(AbsMax(std::span<const float>(small).first(n)) == AbsMaxRef(std::span<const float>(small).first(n)));
+  }
+  CHECK(AbsMax(small) == 3.0f);
+  std::vector<float> many(1000, 0.5f);
+  many[997] = -7.0f;
+  many[3] = NAN;
+  CHECK(AbsMax(many) == 7.0f);
+}
+
 #ifdef WEFT_HAVE_CUDA_REFERENCE
 TEST_CASE("NVIDIA reference (cuda_fp8.h, cuda_fp16.h, cuda_bf16.h on the host): bit for bit") {
   std::vector<uint32_t> patterns = EdgePatterns();
