@@ -43,8 +43,29 @@ void ScanScalar(KeyKind kind, const uint8_t* old_bytes, const uint8_t* new_bytes
   }
 }
 
+// Appends base + (bit index) / kUnitBytes for every set bit of `mask` at offsets[size...] and
+// returns the new size. Changes are rare and scattered, so a loop over the set bits mispredicts at
+// every block: the first four are written unconditionally (entries past the last real one are
+// overwritten later; offsets needs four spare entries) and only masks with more take a branch.
+template <uint32_t kUnitBytes>
+inline size_t AppendSetBits(uint64_t mask, uint32_t base, uint32_t* offsets, size_t size) {
+  const int changed = std::popcount(mask);
+  for (int t = 0; t < 4; ++t) {
+    offsets[size + t] = base + static_cast<uint32_t>(std::countr_zero(mask)) / kUnitBytes;
+    mask &= mask - 1;
+  }
+  if (changed > 4) {
+    size_t extra = size + 4;
+    while (mask != 0) {
+      offsets[extra++] = base + static_cast<uint32_t>(std::countr_zero(mask)) / kUnitBytes;
+      mask &= mask - 1;
+    }
+  }
+  return size + static_cast<size_t>(changed);
+}
+
 #if defined(__x86_64__)
-#define WEFT_AVX2 __attribute__((target("avx2,bmi,bmi2")))
+#define WEFT_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
 
 // Returns a mask with bit b set when byte b of the 64-byte blocks differ at an element boundary:
 // one bit per element, at the element's first byte.
@@ -97,24 +118,7 @@ WEFT_AVX2 void ScanAvx2(KeyKind kind, const uint8_t* old_bytes, const uint8_t* n
       const uint8_t* b = new_bytes + size_t{j} * sizeof(T);
       _mm_prefetch(reinterpret_cast<const char*>(a) + detail::kPrefetchBytes, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(b) + detail::kPrefetchBytes, _MM_HINT_T0);
-      uint64_t mask = DiffMask64<T>(a, b);
-      const uint32_t base = offset_base + j;
-      const int changed = std::popcount(mask);
-      // Changes are rare and scattered, so a loop over the set bits mispredicts at every block.
-      // Instead the first four are written unconditionally (positions past the last real one are
-      // overwritten later) and only blocks with more take a branch.
-      for (int t = 0; t < 4; ++t) {
-        offsets[size + t] = base + static_cast<uint32_t>(std::countr_zero(mask)) / sizeof(T);
-        mask &= mask - 1;
-      }
-      if (changed > 4) {
-        size_t extra = size + 4;
-        while (mask != 0) {
-          offsets[extra++] = base + static_cast<uint32_t>(std::countr_zero(mask)) / sizeof(T);
-          mask &= mask - 1;
-        }
-      }
-      size += static_cast<size_t>(changed);
+      size = AppendSetBits<sizeof(T)>(DiffMask64<T>(a, b), offset_base + j, offsets, size);
     }
     // Residuals and digest terms while the window is still in L1; the digest is summed in batches
     // (SIMD when available) from the old and new values gathered here.
@@ -149,7 +153,7 @@ const bool kUseAvx2 = detail::CpuHasAvx2F16c();
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-#define WEFT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx2,bmi,bmi2")))
+#define WEFT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx2,bmi,bmi2,popcnt")))
 
 // FP32 -> BF16 round to nearest even on 16 lanes (the low half of each 32-bit lane), exactly as
 // FloatToBf16Ref: integer rounding, so subnormals and NaN payloads come out right.
@@ -196,21 +200,8 @@ WEFT_AVX512 void ScanFromMasterBf16Avx512(const float* master, uint8_t* served_b
       const __m512i converted =
           _mm512_permutex2var_epi16(Bf16Round16(master + j), pick_low, Bf16Round16(master + j + 16));
       _mm512_store_si512(fresh + (j - window_begin), converted);
-      uint64_t mask = _mm512_cmpneq_epi16_mask(converted, _mm512_loadu_si512(served + j));
-      const uint32_t base = offset_base + j;
-      const int changed = std::popcount(mask);
-      for (int t = 0; t < 4; ++t) {  // see ScanAvx2
-        offsets[size + t] = base + static_cast<uint32_t>(std::countr_zero(mask));
-        mask &= mask - 1;
-      }
-      if (changed > 4) {
-        size_t extra = size + 4;
-        while (mask != 0) {
-          offsets[extra++] = base + static_cast<uint32_t>(std::countr_zero(mask));
-          mask &= mask - 1;
-        }
-      }
-      size += static_cast<size_t>(changed);
+      const uint64_t mask = _mm512_cmpneq_epi16_mask(converted, _mm512_loadu_si512(served + j));
+      size = AppendSetBits<1>(mask, offset_base + j, offsets, size);
     }
     const size_t window_changes = size - window_start;
     for (size_t k = 0; k < window_changes; ++k) {

@@ -33,21 +33,22 @@ Digest SumTerms(const uint8_t* bytes, size_t count, uint64_t first_index) {
 #if defined(__x86_64__)
 #define WEFT_AVX512 __attribute__((target("avx512f,avx512dq")))
 
-// The mixers of digest.h on eight 64-bit lanes.
+// digest_detail::Mix on eight 64-bit lanes.
+template <int kShift1, uint64_t kMultiply1, int kShift2, uint64_t kMultiply2, int kShift3>
+WEFT_AVX512 inline __m512i Mix8(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift1));
+  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(kMultiply1)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift2));
+  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(kMultiply2)));
+  return _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift3));
+}
+
 WEFT_AVX512 inline __m512i MixA8(__m512i x) {
-  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 30));
-  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(0xBF58476D1CE4E5B9ull)));
-  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 27));
-  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(0x94D049BB133111EBull)));
-  return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+  return Mix8<30, 0xBF58476D1CE4E5B9ull, 27, 0x94D049BB133111EBull, 31>(x);
 }
 
 WEFT_AVX512 inline __m512i MixB8(__m512i x) {
-  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 33));
-  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(0xFF51AFD7ED558CCDull)));
-  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 33));
-  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(0xC4CEB9FE1A85EC53ull)));
-  return _mm512_xor_si512(x, _mm512_srli_epi64(x, 33));
+  return Mix8<33, 0xFF51AFD7ED558CCDull, 33, 0xC4CEB9FE1A85EC53ull, 33>(x);
 }
 
 WEFT_AVX512 Digest SumElementChangesAvx512(uint64_t first, const uint32_t* offsets,

@@ -57,22 +57,24 @@ struct Digest {
 
 namespace digest_detail {
 
-inline uint64_t MixA(uint64_t x) {  // splitmix64 finaliser: a bijection of 64-bit words
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
+// xorshift-multiply-xorshift-multiply-xorshift: a bijection of 64-bit words for any odd
+// multipliers. The two instances below use unrelated published constants.
+template <int kShift1, uint64_t kMultiply1, int kShift2, uint64_t kMultiply2, int kShift3>
+inline uint64_t Mix(uint64_t x) {
+  x ^= x >> kShift1;
+  x *= kMultiply1;
+  x ^= x >> kShift2;
+  x *= kMultiply2;
+  x ^= x >> kShift3;
   return x;
 }
 
-inline uint64_t MixB(uint64_t x) {  // murmur3 fmix64: another bijection, unrelated constants
-  x ^= x >> 33;
-  x *= 0xFF51AFD7ED558CCDull;
-  x ^= x >> 33;
-  x *= 0xC4CEB9FE1A85EC53ull;
-  x ^= x >> 33;
-  return x;
+inline uint64_t MixA(uint64_t x) {  // the splitmix64 finaliser
+  return Mix<30, 0xBF58476D1CE4E5B9ull, 27, 0x94D049BB133111EBull, 31>(x);
+}
+
+inline uint64_t MixB(uint64_t x) {  // murmur3's fmix64
+  return Mix<33, 0xFF51AFD7ED558CCDull, 33, 0xC4CEB9FE1A85EC53ull, 33>(x);
 }
 
 inline uint64_t PositionKey(uint64_t index) { return MixA(index ^ 0x5EED0F5EED0F5EEDull); }

@@ -64,6 +64,25 @@ std::vector<float> AsFloats(const std::vector<uint32_t>& bits) {
   return values;
 }
 
+// Every bulk conversion on `in`, SIMD against the scalar reference, bit for bit.
+void RequireSimdMatchesScalar(std::span<const float> in, float divisor = 1.0f) {
+  std::vector<uint16_t> a(in.size()), b(in.size());
+  ConvertBf16(in, a);
+  ConvertBf16Ref(in, b);
+  REQUIRE(a == b);
+  ConvertF16(in, a);
+  ConvertF16Ref(in, b);
+  REQUIRE(a == b);
+  std::vector<uint8_t> c(in.size()), d(in.size());
+  for (Fp8Format format : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    for (Saturation saturation : {Saturation::kSaturateFinite, Saturation::kNoSaturate}) {
+      ConvertFp8(in, c, format, saturation, divisor);
+      ConvertFp8RefBulk(in, d, format, saturation, divisor);
+      REQUIRE(c == d);
+    }
+  }
+}
+
 TEST_CASE("BF16 rounding: known values") {
   CHECK(FloatToBf16Ref(1.0f) == 0x3F80);
   CHECK(FloatToBf16Ref(-2.0f) == 0xC000);
@@ -178,38 +197,11 @@ TEST_CASE("NaN stays NaN with its sign") {
 
 TEST_CASE("SIMD conversions equal the scalar references on every edge case and tail length") {
   std::vector<float> values = AsFloats(EdgePatterns());
-  std::vector<uint16_t> fast(values.size()), slow(values.size());
-  ConvertBf16(values, fast);
-  ConvertBf16Ref(values, slow);
-  CHECK(fast == slow);
-  ConvertF16(values, fast);
-  ConvertF16Ref(values, slow);
-  CHECK(fast == slow);
-  std::vector<uint8_t> fast8(values.size()), slow8(values.size());
-  for (Fp8Format format : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
-    for (Saturation saturation : {Saturation::kSaturateFinite, Saturation::kNoSaturate}) {
-      for (float divisor : {1.0f, 0.0004464f, 3.0f, 1e-30f}) {
-        ConvertFp8(values, fast8, format, saturation, divisor);
-        ConvertFp8RefBulk(values, slow8, format, saturation, divisor);
-        CHECK(fast8 == slow8);
-      }
-    }
-  }
+  for (float divisor : {1.0f, 0.0004464f, 3.0f, 1e-30f}) RequireSimdMatchesScalar(values, divisor);
   // Every length up to a few vectors, at every offset of the first element.
   for (size_t offset = 0; offset < 3; ++offset) {
     for (size_t n = 0; n < 70; ++n) {
-      std::span<const float> in(values.data() + 1000 + offset, n);
-      std::vector<uint16_t> a(n), b(n);
-      ConvertBf16(in, a);
-      ConvertBf16Ref(in, b);
-      REQUIRE(a == b);
-      ConvertF16(in, a);
-      ConvertF16Ref(in, b);
-      REQUIRE(a == b);
-      std::vector<uint8_t> c(n), d(n);
-      ConvertFp8(in, c, Fp8Format::kE4M3, Saturation::kSaturateFinite);
-      ConvertFp8RefBulk(in, d, Fp8Format::kE4M3, Saturation::kSaturateFinite);
-      REQUIRE(c == d);
+      RequireSimdMatchesScalar(std::span<const float>(values).subspan(1000 + offset, n));
     }
   }
 }
@@ -260,22 +252,9 @@ TEST_CASE("NVIDIA reference (cuda_fp8.h, cuda_fp16.h, cuda_bf16.h on the host): 
 TEST_CASE("exhaustive: SIMD equals scalar for all 2^32 inputs" * doctest::skip()) {
   constexpr size_t kBlock = 1 << 16;
   std::vector<uint32_t> bits(kBlock);
-  std::vector<uint16_t> a(kBlock), b(kBlock);
-  std::vector<uint8_t> c(kBlock), d(kBlock);
   for (uint64_t start = 0; start < (uint64_t{1} << 32); start += kBlock) {
     for (size_t i = 0; i < kBlock; ++i) bits[i] = static_cast<uint32_t>(start + i);
-    std::span<const float> in(reinterpret_cast<const float*>(bits.data()), kBlock);
-    ConvertBf16(in, a);
-    ConvertBf16Ref(in, b);
-    REQUIRE(a == b);
-    ConvertF16(in, a);
-    ConvertF16Ref(in, b);
-    REQUIRE(a == b);
-    for (Fp8Format format : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
-      ConvertFp8(in, c, format, Saturation::kSaturateFinite);
-      ConvertFp8RefBulk(in, d, format, Saturation::kSaturateFinite);
-      REQUIRE(c == d);
-    }
+    RequireSimdMatchesScalar({reinterpret_cast<const float*>(bits.data()), kBlock});
   }
 }
 
