@@ -183,7 +183,7 @@ Status RunDemo(const DemoOptions& options) {
               Bytes(full_bytes).c_str(), 100.0 * total_delta_bytes / full_bytes);
   std::printf("  bits per changed element  %.2f (u32 index + raw value would be %d)\n",
               total_changes ? 8.0 * total_delta_bytes / total_changes : 0.0, 32 + 8 * Info(plan.dtype).size);
-  std::printf("  time per version         encode %.0f ms, apply %.0f ms (%d threads)\n", 1e3 * total_encode / options.steps,
+  std::printf("  time per version          encode %.0f ms, apply %.0f ms (%d threads)\n", 1e3 * total_encode / options.steps,
               1e3 * total_apply / options.steps, threads);
   std::printf("  catch-up from version 0   one squashed delta of %s (the chain is %s), applied in %.0f ms\n",
               Bytes(squashed_bytes).c_str(), Bytes(total_delta_bytes).c_str(), 1e3 * squash_seconds);

@@ -231,11 +231,6 @@ WEFT_AVX512 void ScanFromMasterBf16Avx512(const float* master, uint8_t* served_b
 
 constexpr int kRiceEscape = 24;  // unary prefixes reaching this length escape to a raw 32-bit gap
 
-inline uint64_t RiceBits(uint32_t value, int k) {
-  uint32_t quotient = value >> k;
-  return quotient < kRiceEscape ? quotient + 1 + static_cast<uint64_t>(k) : kRiceEscape + 32;
-}
-
 inline void PutRice(BitWriter& out, uint32_t value, int k) {
   uint32_t quotient = value >> k;
   if (quotient < kRiceEscape) {

@@ -502,13 +502,19 @@ Result<ModelDelta> SquashModelDeltas(const ModelDelta& first, const ModelDelta& 
   return result;
 }
 
-std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta) {
-  std::vector<uint8_t> bytes;
-  ByteWriter out(&bytes);
+namespace {
+
+// Writes the byte format of docs/formats.md to `sink`, which either appends the bytes or only
+// counts them: one description of the layout serves both.
+template <typename Sink>
+void WriteModelDelta(const ModelDelta& delta, Sink& sink) {
+  std::vector<uint8_t> scratch;
+  ByteWriter out(&scratch);
   out.Bytes(std::span<const uint8_t>(kMagic, 8));
   out.U16(kDeltaFormatVersion);
   out.U16(0);
   out.U32(static_cast<uint32_t>(delta.tensors.size()));
+  sink(scratch);
   for (const TensorDelta& tensor : delta.tensors) {
     std::vector<uint8_t> header;
     ByteWriter h(&header);
@@ -523,18 +529,37 @@ std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta) {
     h.U64(tensor.base_digest.lane1);
     h.U64(tensor.result_digest.lane0);
     h.U64(tensor.result_digest.lane1);
+    scratch.clear();
     out.U32(static_cast<uint32_t>(header.size()));
     out.Bytes(header);
     out.U64(XXH3_64bits(header.data(), header.size()));
+    sink(scratch);
     for (const DeltaChunk& chunk : tensor.chunks) {
-      std::vector<uint8_t> chunk_header = ChunkHeaderBytes(chunk);
-      out.Bytes(chunk_header);
-      if (chunk.mode == ChunkMode::kUnchanged) continue;
-      out.U64(Checksum(chunk_header, chunk.payload));
-      out.Bytes(chunk.payload);
+      scratch = ChunkHeaderBytes(chunk);
+      if (chunk.mode != ChunkMode::kUnchanged) {
+        const uint64_t checksum = Checksum(scratch, chunk.payload);
+        out.U64(checksum);
+      }
+      sink(scratch);
+      if (chunk.mode != ChunkMode::kUnchanged) sink(chunk.payload);
     }
   }
+}
+
+}  // namespace
+
+std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta) {
+  std::vector<uint8_t> bytes;
+  auto append = [&](std::span<const uint8_t> part) { bytes.insert(bytes.end(), part.begin(), part.end()); };
+  WriteModelDelta(delta, append);
   return bytes;
+}
+
+uint64_t SerializedSize(const ModelDelta& delta) {
+  uint64_t size = 0;
+  auto count = [&](std::span<const uint8_t> part) { size += part.size(); };
+  WriteModelDelta(delta, count);
+  return size;
 }
 
 namespace {
@@ -712,7 +737,7 @@ DeltaStats ComputeStats(const ModelDelta& delta) {
       }
     }
   }
-  stats.total_bytes = SerializeModelDelta(delta).size();
+  stats.total_bytes = SerializedSize(delta);
   stats.header_bytes = stats.total_bytes - stream_bytes;
   return stats;
 }

@@ -158,6 +158,8 @@ Result<ModelDelta> SquashModelDeltas(const ModelDelta& first, const ModelDelta& 
 
 // Serialises to the byte format of docs/formats.md.
 std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta);
+// The size SerializeModelDelta would produce, without copying any payload.
+uint64_t SerializedSize(const ModelDelta& delta);
 // Parses and checks structure and every checksum. Sparse payloads are decoded (and checked in
 // full) by ApplyTensorDelta and SquashTensorDeltas. The result points into `bytes`.
 Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes);
