@@ -54,8 +54,8 @@ Result<std::vector<float>> ReadAsFloat(const SafetensorsFile& file, const Safete
     WEFT_ASSIGN_OR_RETURN(BlockScaling scaling, ScalingOfExisting(tensor, *scale));
     std::vector<float> scales(scale->element_count());
     ConvertToFloat(scale->dtype, scale->data, scales);
-    ForEachScaleRun(scaling, scales, 0, values.size(), [&](uint64_t b, uint64_t e, float s) {
-      for (uint64_t i = b; i < e; ++i) values[i] *= s;
+    ForEachTileRun(scaling, 0, values.size(), [&](uint64_t b, uint64_t e, uint64_t tile) {
+      for (uint64_t i = b; i < e; ++i) values[i] *= scales[tile];
     });
   }
   return values;

@@ -274,10 +274,10 @@ Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const flo
           ConvertF16(master.subspan(block, n),
                      std::span<uint16_t>(reinterpret_cast<uint16_t*>(converted.data()), n));
         } else {
-          ForEachScaleRun(scaling, scales, block, block + n, [&](uint64_t b, uint64_t e, float s) {
+          ForEachTileRun(scaling, block, block + n, [&](uint64_t b, uint64_t e, uint64_t tile) {
             ConvertFp8(master.subspan(b, e - b),
                        std::span<uint8_t>(converted.data() + (b - block), e - b), fp8,
-                       format.saturation, s);
+                       format.saturation, scales[tile]);
           });
         }
         size_t before = list.size();

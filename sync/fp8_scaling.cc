@@ -22,11 +22,8 @@ BlockScaling ScalingForShape(std::span<const uint64_t> shape, uint32_t block) {
 std::vector<float> ComputeScales(std::span<const float> weights, const BlockScaling& scaling,
                                  Fp8Format format) {
   std::vector<float> amax(scaling.scale_count(), 0.0f);
-  ForEachScaleRun(scaling, amax, 0, weights.size(), [&](uint64_t begin, uint64_t end, float) {
-    uint64_t row = begin / std::max<uint64_t>(scaling.cols, 1);
-    uint64_t col = begin % std::max<uint64_t>(scaling.cols, 1);
-    float& tile = amax[scaling.ScaleIndex(row, col)];
-    tile = std::max(tile, AbsMax(weights.subspan(begin, end - begin)));
+  ForEachTileRun(scaling, 0, weights.size(), [&](uint64_t begin, uint64_t end, uint64_t tile) {
+    amax[tile] = std::max(amax[tile], AbsMax(weights.subspan(begin, end - begin)));
   });
   const float max_finite = Fp8MaxFinite(format);
   for (float& value : amax) value = value == 0.0f ? 1.0f : value / max_finite;
@@ -36,9 +33,9 @@ std::vector<float> ComputeScales(std::span<const float> weights, const BlockScal
 void QuantizeFp8(std::span<const float> weights, const BlockScaling& scaling,
                  std::span<const float> scales, Fp8Format format, Saturation saturation,
                  std::span<uint8_t> out) {
-  ForEachScaleRun(scaling, scales, 0, weights.size(), [&](uint64_t begin, uint64_t end, float s) {
+  ForEachTileRun(scaling, 0, weights.size(), [&](uint64_t begin, uint64_t end, uint64_t tile) {
     ConvertFp8(weights.subspan(begin, end - begin), out.subspan(begin, end - begin), format,
-               saturation, s);
+               saturation, scales[tile]);
   });
 }
 

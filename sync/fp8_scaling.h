@@ -46,23 +46,41 @@ void QuantizeFp8(std::span<const float> weights, const BlockScaling& scaling,
                  std::span<const float> scales, Fp8Format format, Saturation saturation,
                  std::span<uint8_t> out);
 
-// Calls fn(begin, end, scale) for maximal runs of consecutive elements in [begin, end) that share
-// a scale, in order. Used by the quantiser and the fused encoder.
+// Calls fn(begin, end, tile) for the maximal runs of consecutive elements in [begin, end) that
+// lie in one tile, in order; `tile` indexes the scale tensor. Used by the quantiser, the scale
+// computation and the fused encoder.
 template <typename Fn>
-void ForEachScaleRun(const BlockScaling& scaling, std::span<const float> scales, uint64_t begin,
-                     uint64_t end, Fn&& fn) {
+void ForEachTileRun(const BlockScaling& scaling, uint64_t begin, uint64_t end, Fn&& fn) {
+  if (begin >= end) return;
   if (scaling.block == 0) {
-    if (begin < end) fn(begin, end, scales[0]);
+    fn(begin, end, uint64_t{0});
     return;
   }
+  // Position tracked incrementally: divisions once at the start and once per row, not per run.
+  const uint64_t block = scaling.block;
+  uint64_t row = begin / scaling.cols;
+  uint64_t col = begin % scaling.cols;
+  uint64_t tile_col = col / block;
+  uint64_t tile = (row / block) * scaling.block_cols() + tile_col;
+  uint64_t tile_end_col = std::min<uint64_t>(scaling.cols, (tile_col + 1) * block);
   uint64_t i = begin;
   while (i < end) {
-    uint64_t row = i / scaling.cols;
-    uint64_t col = i % scaling.cols;
-    uint64_t run_end_col = std::min<uint64_t>(scaling.cols, (col / scaling.block + 1) * scaling.block);
-    uint64_t run_end = std::min<uint64_t>(end, row * scaling.cols + run_end_col);
-    fn(i, run_end, scales[scaling.ScaleIndex(row, col)]);
+    const uint64_t run_end = std::min<uint64_t>(end, i + (tile_end_col - col));
+    fn(i, run_end, tile);
+    col += run_end - i;
     i = run_end;
+    if (col == tile_end_col) {
+      if (col == scaling.cols) {
+        col = 0;
+        tile_col = 0;
+        ++row;
+        tile = (row / block) * scaling.block_cols();
+      } else {
+        ++tile_col;
+        ++tile;
+      }
+      tile_end_col = std::min<uint64_t>(scaling.cols, (tile_col + 1) * block);
+    }
   }
 }
 
