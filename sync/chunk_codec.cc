@@ -404,35 +404,47 @@ void EncodeChanges(const ChangeList& changes, uint8_t width, ValueCoding coding,
   const bool ordered = coding == ValueCoding::kOrderedDiff;
   const int bits = 8 * width;
 
-  // One pass: position gaps, signs (packed), and the changes whose magnitude exceeds one.
-  U32Vector gaps(n);
+  // One pass: position gaps, signs (packed), and the changes whose magnitude exceeds one. Written
+  // without branches on the data: the lists are sized for the worst case, every change writes a
+  // large-change entry and only the count decides whether it stays.
+  U32Vector gaps(n), big_gaps(n), big_values(n);
   std::vector<uint8_t> signs(ordered ? BytesFor(n) + kBitWriterSlack : 0, 0);
-  U32Vector big_gaps, big_values;
-  uint64_t gap_sum = 0, big_gap_sum = 0, big_value_sum = 0;
+  uint64_t gap_sum = 0, big_gap_sum = 0, big_value_sum = 0, sign_word = 0;
+  size_t big_count = 0;
   uint32_t previous = std::numeric_limits<uint32_t>::max();  // offset "-1"
-  size_t previous_big = std::numeric_limits<size_t>::max();
+  size_t previous_big = std::numeric_limits<size_t>::max();   // change "-1"
+  const uint32_t* offsets = changes.offsets.data();
+  const uint32_t* residuals = changes.residuals.data();
   for (size_t j = 0; j < n; ++j) {
-    const uint32_t residual = changes.residuals[j];
+    const uint32_t residual = residuals[j];
     uint32_t magnitude = residual;
     if (ordered) {
       // Sign-extend the w-bit residual; the magnitude of -2^(w-1) is 2^(w-1).
       const int64_t value = static_cast<int64_t>(uint64_t{residual} << (64 - bits)) >> (64 - bits);
       const uint64_t negative = value < 0;
-      signs[j >> 3] |= static_cast<uint8_t>(negative << (j & 7));
+      sign_word |= negative << (j & 63);
+      if ((j & 63) == 63) {
+        std::memcpy(&signs[j >> 3 & ~size_t{7}], &sign_word, 8);
+        sign_word = 0;
+      }
       magnitude = static_cast<uint32_t>(negative ? -value : value);
     }
-    gaps[j] = changes.offsets[j] - previous - 1;
-    gap_sum += gaps[j];
-    previous = changes.offsets[j];
-    if (magnitude > 1) {
-      const uint32_t big_gap = static_cast<uint32_t>(j - previous_big - 1);
-      big_gaps.push_back(big_gap);
-      big_values.push_back(magnitude - 2);
-      big_gap_sum += big_gap;
-      big_value_sum += magnitude - 2;
-      previous_big = j;
-    }
+    const uint32_t gap = offsets[j] - previous - 1;
+    gaps[j] = gap;
+    gap_sum += gap;
+    previous = offsets[j];
+    const uint32_t big_gap = static_cast<uint32_t>(j - previous_big - 1);
+    const bool is_big = magnitude > 1;
+    big_gaps[big_count] = big_gap;
+    big_values[big_count] = magnitude - 2;
+    big_gap_sum += is_big ? big_gap : 0;
+    big_value_sum += is_big ? magnitude - 2 : 0;
+    previous_big = is_big ? j : previous_big;
+    big_count += is_big;
   }
+  if (ordered && (n & 63) != 0) std::memcpy(&signs[(n - 1) >> 3 & ~size_t{7}], &sign_word, 8);
+  big_gaps.resize(big_count);
+  big_values.resize(big_count);
 
   header->change_count = static_cast<uint32_t>(n);
   header->big_count = static_cast<uint32_t>(big_gaps.size());
