@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 packages=(
   build-essential cmake ninja-build pkg-config git   # toolchain
   clang libclang-rt-14-dev                            # sanitizers and libFuzzer for the test suite
-  libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
+  libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev libssl-dev
   doctest-dev libbenchmark-dev
 )
 missing=()

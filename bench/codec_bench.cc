@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -212,11 +213,10 @@ class Collector : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
-      if (run.run_type != Run::RT_Iteration) continue;  // skip mean / median / stddev rows
+      if (run.run_type != Run::RT_Aggregate || run.aggregate_name != "min") continue;
       std::string name = run.benchmark_name();
       name = name.substr(0, name.find("/min_time:"));
-      auto [it, inserted] = times.emplace(name, run.GetAdjustedRealTime());
-      if (!inserted) it->second = std::min(it->second, run.GetAdjustedRealTime());
+      times[name] = run.GetAdjustedRealTime();
       for (auto& c : *g_cases) {
         if (name.find("/" + c->name + "/") != std::string::npos) c->selected = true;
       }
@@ -229,7 +229,12 @@ class Collector : public benchmark::ConsoleReporter {
 void Configure(benchmark::internal::Benchmark* benchmark) {
   // Three repetitions; the summary keeps the fastest, which is the least disturbed by other work
   // on a shared machine.
-  benchmark->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.2)->Repetitions(3);
+  benchmark->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(0.2)
+      ->Repetitions(3)
+      ->ComputeStatistics("min", [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); })
+      ->DisplayAggregatesOnly(true);
 }
 
 void Register() {

@@ -48,6 +48,16 @@ Result<ServedModel> ServedModel::FromMaster(const std::vector<MasterTensor>& mas
   return model;
 }
 
+ServedModel ServedModel::FromTensors(std::vector<TensorSpec> specs,
+                                     std::vector<std::vector<uint8_t>> bytes, int threads) {
+  ServedModel model;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    Digest digest = TensorDigest(specs[t].dtype, bytes[t], threads);
+    model.tensors_.push_back({std::move(specs[t]), std::move(bytes[t]), digest});
+  }
+  return model;
+}
+
 Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
                                        const CodecOptions& options) {
   ModelDelta delta;
@@ -103,6 +113,13 @@ uint64_t ServedModel::byte_count() const {
   uint64_t total = 0;
   for (const Tensor& t : tensors_) total += t.bytes.size();
   return total;
+}
+
+const ServedModel::Tensor* ServedModel::Find(const std::string& name) const {
+  for (const Tensor& t : tensors_) {
+    if (t.spec.name == name) return &t;
+  }
+  return nullptr;
 }
 
 ServedModel::Tensor* ServedModel::Find(const std::string& name) {

@@ -43,6 +43,10 @@ class ServedModel {
 
   static Result<ServedModel> FromMaster(const std::vector<MasterTensor>& master,
                                         const ServingPlan& plan, int threads);
+  // Tensors that are already served (read from a checkpoint or a keyframe); their digests are
+  // computed. Update() needs a model built FromMaster; Apply() works on either.
+  static ServedModel FromTensors(std::vector<TensorSpec> specs, std::vector<std::vector<uint8_t>> bytes,
+                                 int threads);
 
   // Moves every served tensor to the new master weights (same names and shapes as FromMaster)
   // and returns the delta from the previous state.
@@ -52,6 +56,7 @@ class ServedModel {
   Status Apply(const ModelDelta& delta, int threads);
 
   const std::vector<Tensor>& tensors() const { return tensors_; }
+  const Tensor* Find(const std::string& name) const;
   const ServingPlan& plan() const { return plan_; }
   uint64_t byte_count() const;
 

@@ -1,0 +1,176 @@
+#include "policy_store/manifest.h"
+
+#include <openssl/evp.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace weft::policy_store {
+namespace {
+
+using Json = nlohmann::json;
+
+bool IsSha256Hex(const std::string& text) {
+  if (text.size() != 64) return false;
+  for (char c : text) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+Json BlobJson(const BlobRef& blob) { return Json{{"sha256", blob.sha256}, {"bytes", blob.bytes}}; }
+
+Status CheckFields(const Json& object, const std::string& where, const std::set<std::string>& required,
+                   const std::set<std::string>& optional) {
+  if (!object.is_object()) return InvalidArgument(where + " is not an object");
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    if (!required.count(it.key()) && !optional.count(it.key())) {
+      return InvalidArgument(where + " has an unknown field '" + it.key() + "'");
+    }
+  }
+  for (const std::string& field : required) {
+    if (!object.contains(field)) return InvalidArgument(where + " lacks the field '" + field + "'");
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> GetUnsigned(const Json& object, const std::string& field, const std::string& where) {
+  const Json& value = object.at(field);
+  if (!value.is_number_unsigned()) return InvalidArgument(where + "." + field + " is not a non-negative integer");
+  return value.get<uint64_t>();
+}
+
+Result<BlobRef> ParseBlob(const Json& object, const std::string& where) {
+  WEFT_RETURN_IF_ERROR(CheckFields(object, where, {"sha256", "bytes"}, {}));
+  BlobRef blob;
+  if (!object["sha256"].is_string() || !IsSha256Hex(object["sha256"].get<std::string>())) {
+    return InvalidArgument(where + ".sha256 is not 64 lowercase hex digits");
+  }
+  blob.sha256 = object["sha256"].get<std::string>();
+  WEFT_ASSIGN_OR_RETURN(blob.bytes, GetUnsigned(object, "bytes", where));
+  return blob;
+}
+
+}  // namespace
+
+std::string Manifest::ToJson() const {
+  Json tensors_json = Json::array();
+  for (const ManifestTensor& t : tensors) {
+    tensors_json.push_back({{"name", t.name},
+                            {"dtype", std::string(sync::Info(t.dtype).safetensors_name)},
+                            {"shape", t.shape},
+                            {"digest", t.digest.ToHex()}});
+  }
+  Json json = {{"format", kManifestFormat},
+               {"run", run_id},
+               {"version", version},
+               {"tensors", tensors_json},
+               {"last_keyframe", last_keyframe},
+               {"delta_bytes_since_keyframe", delta_bytes_since_keyframe}};
+  if (keyframe) json["keyframe"] = BlobJson(*keyframe);
+  if (delta) json["delta"] = {{"base", *delta_base}, {"sha256", delta->sha256}, {"bytes", delta->bytes}};
+  return json.dump(1);
+}
+
+Result<Manifest> Manifest::FromJson(std::string_view text) {
+  Json json;
+  try {
+    json = Json::parse(text);
+  } catch (const Json::exception& error) {
+    return InvalidArgument(std::string("manifest is not valid JSON: ") + error.what());
+  }
+  WEFT_RETURN_IF_ERROR(CheckFields(json, "manifest",
+                                   {"format", "run", "version", "tensors", "last_keyframe",
+                                    "delta_bytes_since_keyframe"},
+                                   {"keyframe", "delta"}));
+  if (json["format"] != kManifestFormat) {
+    return InvalidArgument("manifest format is not " + std::string(kManifestFormat));
+  }
+  Manifest m;
+  if (!json["run"].is_string()) return InvalidArgument("manifest.run is not a string");
+  m.run_id = json["run"].get<std::string>();
+  WEFT_RETURN_IF_ERROR(ValidateRunId(m.run_id));
+  WEFT_ASSIGN_OR_RETURN(m.version, GetUnsigned(json, "version", "manifest"));
+  WEFT_ASSIGN_OR_RETURN(m.last_keyframe, GetUnsigned(json, "last_keyframe", "manifest"));
+  WEFT_ASSIGN_OR_RETURN(m.delta_bytes_since_keyframe, GetUnsigned(json, "delta_bytes_since_keyframe", "manifest"));
+  if (m.last_keyframe > m.version) return InvalidArgument("manifest.last_keyframe is after the version");
+  if (!json["tensors"].is_array()) return InvalidArgument("manifest.tensors is not an array");
+  std::set<std::string> names;
+  for (size_t i = 0; i < json["tensors"].size(); ++i) {
+    const Json& t = json["tensors"][i];
+    const std::string where = "manifest.tensors[" + std::to_string(i) + "]";
+    WEFT_RETURN_IF_ERROR(CheckFields(t, where, {"name", "dtype", "shape", "digest"}, {}));
+    ManifestTensor tensor;
+    if (!t["name"].is_string() || t["name"].get<std::string>().empty()) return InvalidArgument(where + ".name is not a non-empty string");
+    tensor.name = t["name"].get<std::string>();
+    if (!names.insert(tensor.name).second) return InvalidArgument(where + ": tensor '" + tensor.name + "' appears twice");
+    std::optional<sync::DType> dtype =
+        t["dtype"].is_string() ? sync::DTypeFromSafetensorsName(t["dtype"].get<std::string>()) : std::nullopt;
+    if (!dtype) return InvalidArgument(where + ".dtype is not a known dtype");
+    tensor.dtype = *dtype;
+    if (!t["shape"].is_array() || t["shape"].size() > sync::kMaxRank) return InvalidArgument(where + ".shape is not an array of at most 8 dimensions");
+    for (const Json& d : t["shape"]) {
+      if (!d.is_number_unsigned()) return InvalidArgument(where + ".shape has a dimension that is not a non-negative integer");
+      tensor.shape.push_back(d.get<uint64_t>());
+    }
+    std::optional<sync::Digest> digest =
+        t["digest"].is_string() ? sync::Digest::FromHex(t["digest"].get<std::string>()) : std::nullopt;
+    if (!digest) return InvalidArgument(where + ".digest is not 32 lowercase hex digits");
+    tensor.digest = *digest;
+    m.tensors.push_back(std::move(tensor));
+  }
+  if (json.contains("keyframe")) {
+    WEFT_ASSIGN_OR_RETURN(BlobRef keyframe, ParseBlob(json["keyframe"], "manifest.keyframe"));
+    m.keyframe = keyframe;
+  }
+  if (json.contains("delta")) {
+    const Json& d = json["delta"];
+    WEFT_RETURN_IF_ERROR(CheckFields(d, "manifest.delta", {"base", "sha256", "bytes"}, {}));
+    WEFT_ASSIGN_OR_RETURN(uint64_t base, GetUnsigned(d, "base", "manifest.delta"));
+    if (base >= m.version) return InvalidArgument("manifest.delta.base is not before the version");
+    Json blob = {{"sha256", d["sha256"]}, {"bytes", d["bytes"]}};
+    WEFT_ASSIGN_OR_RETURN(BlobRef delta, ParseBlob(blob, "manifest.delta"));
+    m.delta_base = base;
+    m.delta = delta;
+  }
+  if (!m.keyframe && !m.delta) return InvalidArgument("manifest has neither a keyframe nor a delta");
+  if (m.version == 0 && !m.keyframe) return InvalidArgument("version 0 must have a keyframe");
+  if (m.keyframe && m.last_keyframe != m.version) return InvalidArgument("manifest.last_keyframe must equal the version of a keyframe");
+  return m;
+}
+
+Status ValidateRunId(const std::string& run_id) {
+  if (run_id.empty() || run_id.size() > 128) return InvalidArgument("run id must be 1 to 128 characters");
+  for (char c : run_id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+    if (!ok) return InvalidArgument("run id '" + run_id + "' has a character outside [A-Za-z0-9._-]");
+  }
+  if (run_id == "." || run_id == "..") return InvalidArgument("run id cannot be '.' or '..'");
+  return Status::Ok();
+}
+
+std::string ManifestKey(const std::string& run_id, uint64_t version) {
+  char digits[24];
+  std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(version));
+  return "runs/" + run_id + "/versions/" + digits + ".json";
+}
+
+std::string LatestKey(const std::string& run_id) { return "runs/" + run_id + "/latest"; }
+
+std::string BlobKey(const std::string& sha256) { return "blobs/" + sha256; }
+
+std::string Sha256Hex(std::span<const uint8_t> bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < length; ++i) {
+    hex.push_back(kHex[digest[i] >> 4]);
+    hex.push_back(kHex[digest[i] & 0xF]);
+  }
+  return hex;
+}
+
+}  // namespace weft::policy_store

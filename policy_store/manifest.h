@@ -1,0 +1,63 @@
+// Manifests: the description of one immutable policy version, and the store layout around them.
+//
+// Layout in an ObjectStore (docs/formats.md, "Policy store"):
+//   blobs/<sha256 hex>                       immutable, content-addressed: safetensors keyframes and
+//                                            weft delta files
+//   runs/<run>/versions/<version, 20 digits>.json   the manifest of that version, immutable
+//   runs/<run>/latest                        the highest complete version, decimal; moved forward
+//                                            only, by compare-and-swap
+// A version is published in that order: blobs, then manifest, then `latest`, so a reader that sees
+// `latest = v` can always fetch v.
+//
+// A manifest lists every served tensor (name, dtype, shape, state digest) and the blobs that hold
+// the version: a keyframe (the whole version as safetensors) and/or a delta from a named base
+// version. Version 0 of a run always has a keyframe. Plain data; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "sync/delta_codec.h"
+
+namespace weft::policy_store {
+
+inline constexpr const char* kManifestFormat = "weft.manifest.v1";
+
+struct BlobRef {
+  std::string sha256;  // 64 lowercase hex digits: the blob's key is blobs/<sha256>
+  uint64_t bytes = 0;
+};
+
+struct ManifestTensor {
+  std::string name;
+  sync::DType dtype = sync::DType::kF32;
+  std::vector<uint64_t> shape;
+  sync::Digest digest;
+};
+
+struct Manifest {
+  std::string run_id;
+  uint64_t version = 0;
+  std::vector<ManifestTensor> tensors;
+  std::optional<BlobRef> keyframe;       // the whole version, as a safetensors file
+  std::optional<uint64_t> delta_base;    // the version the delta starts from
+  std::optional<BlobRef> delta;          // a weft delta file from delta_base to this version
+  uint64_t last_keyframe = 0;            // the newest version <= this one that has a keyframe
+  uint64_t delta_bytes_since_keyframe = 0;  // delta bytes from last_keyframe up to this version
+
+  std::string ToJson() const;
+  // Strict: unknown or missing fields, wrong types, bad digests or hashes are errors naming the
+  // field.
+  static Result<Manifest> FromJson(std::string_view json);
+};
+
+Status ValidateRunId(const std::string& run_id);
+std::string ManifestKey(const std::string& run_id, uint64_t version);
+std::string LatestKey(const std::string& run_id);
+std::string BlobKey(const std::string& sha256);
+std::string Sha256Hex(std::span<const uint8_t> bytes);
+
+}  // namespace weft::policy_store

@@ -1,0 +1,37 @@
+#include "policy_store/object_store.h"
+
+#include "policy_store/directory_store.h"
+
+namespace weft::policy_store {
+
+Status ValidateKey(const std::string& key) {
+  if (key.empty() || key.size() > 512) return InvalidArgument("object key must be 1 to 512 bytes");
+  size_t start = 0;
+  while (start <= key.size()) {
+    size_t end = key.find('/', start);
+    if (end == std::string::npos) end = key.size();
+    std::string_view segment(key.data() + start, end - start);
+    if (segment.empty() || segment == "." || segment == "..") {
+      return InvalidArgument("object key '" + key + "' has an empty, '.' or '..' segment");
+    }
+    for (char c : segment) {
+      bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '.' || c == '_' || c == '-';
+      if (!ok) return InvalidArgument("object key '" + key + "' has a character outside [A-Za-z0-9._-/]");
+    }
+    start = end + 1;
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri) {
+  if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) {
+    return InvalidArgument(uri + ": HTTP stores are not implemented yet; use a directory");
+  }
+  std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri;
+  if (path.empty()) return InvalidArgument("empty store path");
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<DirectoryStore> store, DirectoryStore::Open(path));
+  return std::unique_ptr<ObjectStore>(std::move(store));
+}
+
+}  // namespace weft::policy_store

@@ -1,0 +1,49 @@
+// ObjectStore: the storage a policy store lives in, as byte objects under string keys.
+//
+// The interface is the subset of object-storage semantics the policy store needs, so that a local
+// directory, an HTTP server and S3-compatible storage can all implement it:
+//   - Get / Exists / List read objects;
+//   - PutImmutable writes an object that must never change: writing the same bytes again succeeds,
+//     writing different bytes under an existing key is a kConflict;
+//   - CompareAndSwap replaces a small mutable object (a run's `latest` pointer) only if it still
+//     holds the expected bytes (or is absent, when `expected` is empty).
+// Every write is atomic: a reader sees the whole old object or the whole new one.
+//
+// Keys are relative paths of segments [A-Za-z0-9._-], separated by '/', without empty, "." or
+// ".." segments, at most 512 bytes (ValidateKey). Implementations are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace weft::policy_store {
+
+class ObjectStore {
+ public:
+  virtual ~ObjectStore() = default;
+
+  // kNotFound when the key does not exist.
+  virtual Result<std::vector<uint8_t>> Get(const std::string& key) = 0;
+  virtual Result<bool> Exists(const std::string& key) = 0;
+  // Keys under `prefix` (a key prefix ending in '/'), sorted.
+  virtual Result<std::vector<std::string>> List(const std::string& prefix) = 0;
+  virtual Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) = 0;
+  virtual Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
+                                const std::string& desired) = 0;
+  // A short description for messages ("dir:/var/weft").
+  virtual std::string Describe() const = 0;
+};
+
+Status ValidateKey(const std::string& key);
+
+// Opens a store from a URI: a directory path or file://PATH. (HTTP stores are not implemented
+// yet and are refused with a clear error.)
+Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri);
+
+}  // namespace weft::policy_store

@@ -1,0 +1,82 @@
+// Writing and reading versions of a run in an ObjectStore (layout: manifest.h).
+//
+// PublishVersion writes one version in the order that keeps the store readable at every instant:
+// blobs, then the manifest, then `latest` by compare-and-swap from the previous version. A
+// publisher killed at any point leaves `latest` at a complete version; a rerun either completes
+// the same version (immutable objects with equal bytes are accepted again) or fails with
+// kConflict when another publisher wrote that version differently.
+//
+// StoreReader brings a local copy of the served tensors to a target version along the cheapest
+// path: the chain of deltas from the version it holds, or the newest keyframe at or below the
+// target plus the deltas after it. Every blob's SHA-256 is checked against its manifest, every
+// delta's digests are checked as it is applied, and the result's digests against the target's
+// manifest; nothing that fails a check reaches the caller. Not thread-safe; one per caller.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "policy_store/manifest.h"
+#include "policy_store/object_store.h"
+#include "sync/served_model.h"
+
+namespace weft::policy_store {
+
+struct KeyframePolicy {
+  uint64_t interval = 50;           // a keyframe at least every this many versions
+  double delta_budget = 0.5;        // ... or once the delta bytes since the last keyframe exceed
+                                    // this fraction of the keyframe's size
+};
+
+// The served tensors as one safetensors file (the keyframe blob format).
+std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model);
+
+// Publishes `model` (the served tensors of the new version) as version `previous->version + 1`
+// (or 0 when `previous` is null) with `delta` from the previous version (null for version 0).
+// Returns the new manifest.
+Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
+                                const Manifest* previous, const sync::ServedModel& model,
+                                const sync::ModelDelta* delta, const KeyframePolicy& policy);
+
+struct PullReport {
+  std::optional<uint64_t> from;  // the version held before, if any
+  uint64_t to = 0;
+  uint64_t bytes_downloaded = 0;
+  std::string path;              // e.g. "keyframe v100 + 3 deltas" or "4 deltas from v96"
+};
+
+class StoreReader {
+ public:
+  StoreReader(ObjectStore& store, std::string run_id, int threads)
+      : store_(store), run_id_(std::move(run_id)), threads_(threads) {}
+
+  // The latest complete version; kNotFound when the run has none.
+  Result<uint64_t> Latest();
+  Result<Manifest> GetManifest(uint64_t version);
+  // Versions with a manifest, ascending.
+  Result<std::vector<uint64_t>> Versions();
+
+  // Brings `*model` to `target`. `have` is the version `*model` holds (its digests must match
+  // that version's manifest), or nullopt for an empty model. Every blob is fetched and verified
+  // before anything is applied, and the deltas are applied to a copy that replaces `*model` only
+  // once its digests equal the target's: on error `*model` is unchanged.
+  Result<PullReport> Pull(uint64_t target, std::optional<uint64_t> have, sync::ServedModel* model);
+
+  // The version whose manifest digests equal `model`'s, searching back from `latest`; nullopt
+  // when none of the last `max_versions` matches.
+  Result<std::optional<uint64_t>> IdentifyVersion(const sync::ServedModel& model,
+                                                  uint64_t max_versions = 1000);
+
+ private:
+  Result<std::vector<uint8_t>> FetchBlob(const BlobRef& blob, const std::string& what);
+  Result<sync::ServedModel> LoadKeyframe(const Manifest& manifest);
+  Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest);
+
+  ObjectStore& store_;
+  std::string run_id_;
+  int threads_;
+};
+
+}  // namespace weft::policy_store

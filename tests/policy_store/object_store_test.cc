@@ -1,0 +1,121 @@
+#include "policy_store/object_store.h"
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <atomic>
+#include <thread>
+
+#include "policy_store/directory_store.h"
+#include "policy_store/manifest.h"
+
+namespace weft::policy_store {
+namespace {
+
+std::string TempRoot(const std::string& name) {
+  auto path = std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(path);
+  return path.string();
+}
+
+std::span<const uint8_t> Bytes(const std::string& text) { return {reinterpret_cast<const uint8_t*>(text.data()), text.size()}; }
+
+TEST_CASE("keys: path traversal, absolute paths and odd characters are refused") {
+  CHECK(ValidateKey("blobs/abc").ok());
+  CHECK(ValidateKey("runs/r-1/versions/00000000000000000001.json").ok());
+  for (const char* bad : {"", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a/b/", "a b", "a\\b", "a/\x01"}) {
+    CAPTURE(bad);
+    CHECK(ValidateKey(bad).code() == StatusCode::kInvalidArgument);
+  }
+  CHECK(!ValidateKey(std::string(600, 'a')).ok());
+}
+
+TEST_CASE("directory store: immutable objects, compare-and-swap, listing") {
+  std::string root = TempRoot("store");
+  auto store = DirectoryStore::Open(root);
+  REQUIRE(store.ok());
+  ObjectStore& s = **store;
+  CHECK(s.Get("blobs/x").status().code() == StatusCode::kNotFound);
+  REQUIRE(s.PutImmutable("blobs/x", Bytes("hello")).ok());
+  CHECK(s.PutImmutable("blobs/x", Bytes("hello")).ok());  // the same bytes again
+  CHECK(s.PutImmutable("blobs/x", Bytes("other")).code() == StatusCode::kConflict);
+  auto stored = s.Get("blobs/x");
+  REQUIRE(stored.ok());
+  CHECK(std::string(stored->begin(), stored->end()) == "hello");
+  CHECK(*s.Exists("blobs/x"));
+  CHECK(!*s.Exists("blobs/y"));
+  CHECK(s.PutImmutable("../escape", Bytes("x")).code() == StatusCode::kInvalidArgument);
+  CHECK(!std::filesystem::exists(std::filesystem::path(root).parent_path() / "escape"));
+
+  CHECK(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "1\n").code() == StatusCode::kConflict);
+  REQUIRE(s.CompareAndSwap("runs/r/latest", std::nullopt, "0\n").ok());
+  CHECK(s.CompareAndSwap("runs/r/latest", std::nullopt, "0\n").code() == StatusCode::kConflict);
+  REQUIRE(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "1\n").ok());
+  CHECK(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "2\n").code() == StatusCode::kConflict);
+
+  REQUIRE(s.PutImmutable("runs/r/versions/b", Bytes("2")).ok());
+  REQUIRE(s.PutImmutable("runs/r/versions/a", Bytes("1")).ok());
+  auto keys = s.List("runs/r/versions/");
+  REQUIRE(keys.ok());
+  CHECK(*keys == std::vector<std::string>{"runs/r/versions/a", "runs/r/versions/b"});
+  CHECK(s.List("nothing/here/")->empty());
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("directory store: racing compare-and-swaps, exactly one winner per step") {
+  std::string root = TempRoot("race");
+  auto store = DirectoryStore::Open(root);
+  REQUIRE(store.ok());
+  ObjectStore& s = **store;
+  REQUIRE(s.CompareAndSwap("runs/r/latest", std::nullopt, "0").ok());
+  std::atomic<int> wins{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int step = 0; step < 50; ++step) {
+        auto current = s.Get("runs/r/latest");
+        if (!current.ok()) continue;
+        std::string text(current->begin(), current->end());
+        if (s.CompareAndSwap("runs/r/latest", text, std::to_string(std::stoi(text) + 1)).ok()) wins++;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  auto final_value = s.Get("runs/r/latest");
+  CHECK(std::stoi(std::string(final_value->begin(), final_value->end())) == wins.load());
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("manifests: round trip and strict parsing") {
+  Manifest m;
+  m.run_id = "run-1";
+  m.version = 3;
+  m.tensors.push_back({"w", sync::DType::kBF16, {2, 3}, sync::Digest{1, 2}});
+  m.delta_base = 2;
+  m.delta = BlobRef{std::string(64, 'a'), 100};
+  m.last_keyframe = 0;
+  m.delta_bytes_since_keyframe = 300;
+  auto parsed = Manifest::FromJson(m.ToJson());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->ToJson() == m.ToJson());
+  CHECK(parsed->tensors[0].digest == sync::Digest{1, 2});
+
+  auto error = [](std::string json) { return Manifest::FromJson(json).status().message(); };
+  std::string good = m.ToJson();
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string copy = good;
+    copy.replace(copy.find(from), from.size(), to);
+    return copy;
+  };
+  CHECK(error("{").find("not valid JSON") != std::string::npos);
+  CHECK(error(replace("\"run\"", "\"runn\"")).find("unknown field 'runn'") != std::string::npos);
+  CHECK(error(replace("\"BF16\"", "\"Q3\"")).find("dtype") != std::string::npos);
+  CHECK(error(replace(std::string(64, 'a'), std::string(63, 'a') + "g")).find("sha256") != std::string::npos);
+  CHECK(error(replace("\"run-1\"", "\"../x\"")).find("run id") != std::string::npos);
+  CHECK(error(replace("\"base\": 2", "\"base\": 3")).find("before the version") != std::string::npos);
+  CHECK(Sha256Hex({}) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+}  // namespace
+}  // namespace weft::policy_store

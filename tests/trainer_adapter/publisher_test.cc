@@ -1,0 +1,164 @@
+#include "trainer_adapter/publisher.h"
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "examples/synthetic_adam.h"
+#include "policy_store/directory_store.h"
+
+namespace weft::trainer_adapter {
+namespace {
+
+using policy_store::StoreReader;
+
+struct Fixture {
+  std::string root;
+  std::unique_ptr<policy_store::DirectoryStore> store;
+  examples::SyntheticAdam adam;
+
+  Fixture()
+      : root((std::filesystem::temp_directory_path() / ("weft_pub_" + std::to_string(getpid()))).string()),
+        adam({{"q", {64, 300}}, {"norm", {300}}}, Config(), 5, 1) {
+    std::filesystem::remove_all(root);
+    store = std::move(policy_store::DirectoryStore::Open(root)).value();
+    for (int i = 0; i < 3; ++i) adam.Step(1);
+  }
+  ~Fixture() { std::filesystem::remove_all(root); }
+
+  static examples::AdamConfig Config() {
+    examples::AdamConfig config;
+    config.learning_rate = 3e-6;
+    return config;
+  }
+  std::vector<sync::MasterTensor> Master() {
+    std::vector<sync::MasterTensor> master;
+    for (size_t t = 0; t < adam.tensor_count(); ++t) master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
+    return master;
+  }
+};
+
+PublisherOptions Options(uint64_t interval) {
+  PublisherOptions options;
+  options.keyframes.interval = interval;
+  options.keyframes.delta_budget = 100.0;  // keyframes by interval only, for predictable tests
+  options.codec = sync::CodecOptions{10, 1};
+  return options;
+}
+
+bool SameBytes(const sync::ServedModel& a, const sync::ServedModel& b) {
+  if (a.tensors().size() != b.tensors().size()) return false;
+  for (const auto& t : a.tensors()) {
+    const auto* other = b.Find(t.spec.name);
+    if (other == nullptr || other->bytes != t.bytes || other->digest != t.digest) return false;
+  }
+  return true;
+}
+
+TEST_CASE("publish versions, then pull any of them from nothing or from an older copy") {
+  Fixture f;
+  auto publisher = Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(4));
+  REQUIRE(publisher.ok());
+  std::vector<sync::ServedModel> published = {(*publisher)->served()};
+  for (int v = 1; v <= 9; ++v) {
+    f.adam.Step(1);
+    auto manifest = (*publisher)->Publish(f.Master());
+    REQUIRE(manifest.ok());
+    CHECK(manifest->version == static_cast<uint64_t>(v));
+    CHECK(manifest->keyframe.has_value() == (v % 4 == 0));
+    CHECK(manifest->last_keyframe == static_cast<uint64_t>(v - v % 4));
+    published.push_back((*publisher)->served());
+  }
+  StoreReader reader(*f.store, "run", 1);
+  CHECK(*reader.Latest() == 9);
+  CHECK(reader.Versions()->size() == 10);
+  for (uint64_t target : {0, 3, 4, 7, 9}) {
+    sync::ServedModel model;
+    auto report = reader.Pull(target, std::nullopt, &model);
+    REQUIRE(report.ok());
+    CHECK(SameBytes(model, published[target]));
+    CHECK(report->path.rfind("keyframe v" + std::to_string(target - target % 4), 0) == 0);
+  }
+  // From version 6 to 9: three small deltas beat the keyframe at 8 plus one delta.
+  sync::ServedModel model = published[6];
+  auto report = reader.Pull(9, 6, &model);
+  REQUIRE(report.ok());
+  CHECK(report->path == "3 deltas from v6");
+  CHECK(SameBytes(model, published[9]));
+  CHECK(*reader.IdentifyVersion(published[5]) == std::optional<uint64_t>(5));
+  CHECK(reader.Pull(2, 6, &model).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a corrupted blob is detected and nothing reaches the caller") {
+  Fixture f;
+  auto publisher = Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(50));
+  REQUIRE(publisher.ok());
+  sync::ServedModel v0 = (*publisher)->served();
+  f.adam.Step(1);
+  auto manifest = (*publisher)->Publish(f.Master());
+  REQUIRE(manifest.ok());
+  // Flip a byte of the version-1 delta on disk.
+  std::string path = f.root + "/blobs/" + manifest->delta->sha256;
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(40);
+    file.put('\x5A');
+  }
+  StoreReader reader(*f.store, "run", 1);
+  sync::ServedModel model = v0;
+  auto report = reader.Pull(1, 0, &model);
+  CHECK(report.status().code() == StatusCode::kDataLoss);
+  CHECK(report.status().message().find("corrupted") != std::string::npos);
+  CHECK(SameBytes(model, v0));
+}
+
+TEST_CASE("a second publisher of the same run or version gets a conflict, the store stays readable") {
+  Fixture f;
+  auto first = Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(50));
+  REQUIRE(first.ok());
+  CHECK(Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(50)).status().code() ==
+        StatusCode::kConflict);
+  // Two writers racing for version 1 from the same state: the second one loses cleanly.
+  sync::ServedModel a = (*first)->served(), b = (*first)->served();
+  f.adam.Step(1);
+  auto delta_a = a.Update(f.Master(), sync::CodecOptions{10, 1});
+  f.adam.Step(1);
+  auto delta_b = b.Update(f.Master(), sync::CodecOptions{10, 1});
+  REQUIRE(delta_a.ok());
+  REQUIRE(delta_b.ok());
+  const policy_store::Manifest base = (*first)->last();
+  REQUIRE(policy_store::PublishVersion(*f.store, "run", &base, a, &*delta_a, {}).ok());
+  CHECK(policy_store::PublishVersion(*f.store, "run", &base, b, &*delta_b, {}).status().code() == StatusCode::kConflict);
+  // Rerunning the winner's publish (a publisher that died after writing) completes idempotently.
+  CHECK(policy_store::PublishVersion(*f.store, "run", &base, a, &*delta_a, {}).ok());
+  StoreReader reader(*f.store, "run", 1);
+  sync::ServedModel model;
+  REQUIRE(reader.Pull(1, std::nullopt, &model).ok());
+  CHECK(SameBytes(model, a));
+}
+
+TEST_CASE("a publisher killed between its blobs and its pointer leaves the last version readable") {
+  Fixture f;
+  auto publisher = Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(50));
+  REQUIRE(publisher.ok());
+  // Version 1's blobs and manifest written, `latest` not yet moved: as if killed just before.
+  sync::ServedModel next = (*publisher)->served();
+  f.adam.Step(1);
+  auto delta = next.Update(f.Master(), sync::CodecOptions{10, 1});
+  REQUIRE(delta.ok());
+  auto bytes = sync::SerializeModelDelta(*delta);
+  REQUIRE(f.store->PutImmutable(policy_store::BlobKey(policy_store::Sha256Hex(bytes)), bytes).ok());
+  StoreReader reader(*f.store, "run", 1);
+  CHECK(*reader.Latest() == 0);
+  sync::ServedModel model;
+  REQUIRE(reader.Pull(*reader.Latest(), std::nullopt, &model).ok());
+  CHECK(SameBytes(model, (*publisher)->served()));
+  // The restarted publisher completes version 1.
+  REQUIRE((*publisher)->Publish(f.Master()).ok());
+  CHECK(*reader.Latest() == 1);
+}
+
+}  // namespace
+}  // namespace weft::trainer_adapter
