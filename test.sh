@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything and runs the whole test suite:
 #   1. the doctest suites and the CLI end-to-end test (ctest, release build);
-#   2. the common and sync suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and
-#      under ThreadSanitizer (the shared thread pool; the 2^32-element test is left out there);
+#   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the common
+#      and sync suites under ThreadSanitizer (the shared thread pool; without the 2^32 test);
 #   3. the libFuzzer targets (delta files, sparse chunks, safetensors) for a bounded time each.
 # Usage: ./test.sh      (FUZZ_SECONDS=N to change the fuzzing time per target; default 30)
 set -euo pipefail
@@ -15,10 +15,12 @@ ctest --test-dir build --output-on-failure -j2
 echo "== sanitizers: address, undefined"
 cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_BENCH=OFF > /dev/null
-cmake --build build-asan --target weft_common_tests weft_sync_tests
+cmake --build build-asan --target weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 build-asan/tests/weft_common_tests
 build-asan/tests/weft_sync_tests
+build-asan/tests/weft_policy_store_tests
+build-asan/tests/weft_trainer_adapter_tests
 
 echo "== sanitizer: thread"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \

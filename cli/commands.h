@@ -16,5 +16,6 @@ using Action = std::function<Status()>;
 void RegisterCast(CLI::App& app, Action* action);
 void RegisterDelta(CLI::App& app, Action* action);
 void RegisterDemo(CLI::App& app, Action* action);
+void RegisterStore(CLI::App& app, Action* action);
 
 }  // namespace weft::cli

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   weft::cli::RegisterCast(app, &action);
   weft::cli::RegisterDelta(app, &action);
   weft::cli::RegisterDemo(app, &action);
+  weft::cli::RegisterStore(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -19,6 +19,8 @@ Result<BlobRef> PutBlob(ObjectStore& store, std::span<const uint8_t> bytes) {
 
 std::string VersionText(uint64_t version) { return std::to_string(version) + "\n"; }
 
+std::string Deltas(size_t count) { return std::to_string(count) + (count == 1 ? " delta" : " deltas"); }
+
 }  // namespace
 
 std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model) {
@@ -208,9 +210,9 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
       chain.push_back(std::move(m));
     }
     report.path = "keyframe v" + std::to_string(keyframe_version);
-    if (!chain.empty()) report.path += " + " + std::to_string(chain.size()) + " deltas";
+    if (!chain.empty()) report.path += " + " + Deltas(chain.size());
   } else {
-    report.path = chain.empty() ? "already at the target" : std::to_string(chain.size()) + " deltas from v" + std::to_string(*have);
+    report.path = chain.empty() ? "already at the target" : Deltas(chain.size()) + " from v" + std::to_string(*have);
   }
   // Fetch and verify every blob before touching anything, then work on a copy: on any error the
   // caller's model is exactly as it was.

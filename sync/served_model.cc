@@ -62,7 +62,7 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
                                        const CodecOptions& options) {
   ModelDelta delta;
   for (const MasterTensor& m : master) {
-    Tensor* values = Find(m.name);
+    Tensor* values = FindMutable(m.name);
     if (values == nullptr || values->spec.shape != m.shape) {
       return InvalidArgument("master tensor '" + m.name + "' is not served by this model");
     }
@@ -70,7 +70,7 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
     BlockScaling scaling;
     std::vector<float> scales;
     if (is_fp8()) {
-      Tensor* scale = Find(m.name + kScaleSuffix);
+      Tensor* scale = FindMutable(m.name + kScaleSuffix);
       scaling = ScalingForShape(m.shape, plan_.fp8_block);
       scales = ComputeScales(m.weights, scaling, Fp8Of(plan_.dtype));
       std::span<const uint8_t> scale_bytes = AsBytes(scales);
@@ -93,7 +93,7 @@ Status ServedModel::Apply(const ModelDelta& delta, int threads) {
   // Prepare every tensor (decode, check, prove the result digest) before writing any of them.
   std::vector<std::pair<Tensor*, PreparedTensorDelta>> staged;
   for (const TensorDelta& t : delta.tensors) {
-    Tensor* tensor = Find(t.spec.name);
+    Tensor* tensor = FindMutable(t.spec.name);
     if (tensor == nullptr) return InvalidArgument("delta changes unknown tensor '" + t.spec.name + "'");
     if (tensor->spec.dtype != t.spec.dtype || tensor->spec.shape != t.spec.shape) {
       return InvalidArgument("tensor '" + t.spec.name + "': the delta has a different dtype or shape");
@@ -122,7 +122,7 @@ const ServedModel::Tensor* ServedModel::Find(const std::string& name) const {
   return nullptr;
 }
 
-ServedModel::Tensor* ServedModel::Find(const std::string& name) {
+ServedModel::Tensor* ServedModel::FindMutable(const std::string& name) {
   for (Tensor& t : tensors_) {
     if (t.spec.name == name) return &t;
   }

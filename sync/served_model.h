@@ -62,7 +62,7 @@ class ServedModel {
 
  private:
   bool is_fp8() const { return Info(plan_.dtype).size == 1; }
-  Tensor* Find(const std::string& name);
+  Tensor* FindMutable(const std::string& name);
 
   ServingPlan plan_;
   std::vector<Tensor> tensors_;

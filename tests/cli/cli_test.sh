@@ -69,5 +69,33 @@ expect_error "chunk size" "$weft" delta squash d01 d12 -o x
 [ ! -e bad.safetensors ] && ok || fail "a failed command wrote its output"
 if run "$weft" cast m0.safetensors --to int3 -o x; then fail "bad --to accepted"; else ok; fi
 
+# Policy store over a directory: publish versions, list, pull from nothing and from an older copy.
+same_data() {  # same tensors, bit for bit (headers may differ in metadata)
+  if "$weft" delta encode "$1" "$2" -o same.delta > same.txt && grep -q " 0 of " same.txt; then ok; else fail "$1 and $2 hold different tensors"; fi
+}
+for v in 0 1 2 3; do expect_ok "$weft" store publish --store st --run r1 --keyframe-interval 2 s$v.bf16; done
+grep -q "keyframe" out.txt && fail "version 3 should not need a keyframe: $(cat out.txt)" || ok
+expect_ok "$weft" store ls --store st
+grep -q "run r1: latest 3, 4 versions" out.txt && ok || fail "store ls: $(cat out.txt)"
+expect_ok "$weft" store pull --store st --run r1 -o p3.safetensors
+grep -q "keyframe v2 + 1 delta" out.txt && ok || fail "pull path: $(cat out.txt)"
+same_data s3.bf16 p3.safetensors
+expect_ok "$weft" store pull --store st --run r1 --version 1 -o p1.safetensors
+same_data s1.bf16 p1.safetensors
+expect_ok "$weft" store pull --store st --run r1 --have s2.bf16 -o q3.safetensors
+grep -q "1 delta from v2" out.txt && ok || fail "pull --have path: $(cat out.txt)"
+same_data s3.bf16 q3.safetensors
+expect_error "the next version is 4" "$weft" store publish --store st --run r1 --version 9 s3.bf16
+expect_error "same dtype and shape" "$weft" store publish --store st --run r1 m3.safetensors
+expect_error "not implemented yet" "$weft" store pull --store http://localhost:1 --run r1 -o x
+expect_error "run id" "$weft" store pull --store st --run ../r1 -o x
+expect_error "no published version" "$weft" store pull --store st --run nothing -o x
+# A blob corrupted on disk (version 3's delta) is detected and named, and no output is written.
+blob=$(grep -o '"sha256": *"[0-9a-f]*"' st/runs/r1/versions/00000000000000000003.json | grep -o '[0-9a-f]\{64\}')
+printf '\x42' | dd of="st/blobs/$blob" bs=1 seek=30 conv=notrunc 2>/dev/null
+rm -f bad.safetensors
+expect_error "corrupted" "$weft" store pull --store st --run r1 --have s2.bf16 -o bad.safetensors
+[ ! -e bad.safetensors ] && ok || fail "output written from a corrupted store"
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

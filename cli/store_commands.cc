@@ -1,0 +1,182 @@
+// weft store publish | pull | ls: the policy store from the command line (directory stores).
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "cli/commands.h"
+#include "common/parallel.h"
+#include "policy_store/object_store.h"
+#include "policy_store/store_client.h"
+#include "sync/safetensors.h"
+
+namespace weft::cli {
+namespace {
+
+using namespace weft::policy_store;
+
+struct StoreOptions {
+  std::string store;
+  std::string run;
+  std::string model;   // publish: the file to publish; pull: --have
+  std::string output;
+  int64_t version = -1;
+  uint64_t keyframe_interval = 50;
+  double keyframe_budget = 0.5;
+  int threads = 0;
+};
+
+int Threads(const StoreOptions& options) { return options.threads > 0 ? options.threads : HardwareThreads(); }
+
+// The served tensors of a safetensors file, in file order.
+Result<sync::ServedModel> LoadModel(const std::string& path, int threads) {
+  WEFT_ASSIGN_OR_RETURN(sync::SafetensorsFile file, sync::SafetensorsFile::Open(path));
+  std::vector<sync::TensorSpec> specs;
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const auto& t : file.tensors()) {
+    specs.push_back({t.name, t.dtype, t.shape});
+    bytes.emplace_back(t.data.begin(), t.data.end());
+  }
+  return sync::ServedModel::FromTensors(std::move(specs), std::move(bytes), threads);
+}
+
+Status RunPublish(const StoreOptions& options) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  WEFT_ASSIGN_OR_RETURN(sync::ServedModel next, LoadModel(options.model, Threads(options)));
+  StoreReader reader(*store, options.run, Threads(options));
+  KeyframePolicy policy{options.keyframe_interval, options.keyframe_budget};
+  Result<uint64_t> latest = reader.Latest();
+  if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();
+  const uint64_t version = latest.ok() ? *latest + 1 : 0;
+  if (options.version >= 0 && static_cast<uint64_t>(options.version) != version) {
+    return Conflict("run '" + options.run + "' is at " + (latest.ok() ? "version " + std::to_string(*latest) : "no version") +
+                    "; the next version is " + std::to_string(version) + ", not " + std::to_string(options.version));
+  }
+  Manifest manifest;
+  if (!latest.ok()) {
+    WEFT_ASSIGN_OR_RETURN(manifest, PublishVersion(*store, options.run, nullptr, next, nullptr, policy));
+  } else {
+    // The delta is taken against the published state, rebuilt from the store.
+    sync::ServedModel current;
+    WEFT_RETURN_IF_ERROR(reader.Pull(*latest, std::nullopt, &current).status());
+    WEFT_ASSIGN_OR_RETURN(Manifest previous, reader.GetManifest(*latest));
+    if (current.tensors().size() != next.tensors().size()) {
+      return InvalidArgument(options.model + " has " + std::to_string(next.tensors().size()) + " tensors, version " +
+                             std::to_string(*latest) + " has " + std::to_string(current.tensors().size()) +
+                             "; a different tensor set needs a new run");
+    }
+    sync::ModelDelta delta;
+    for (const auto& t : next.tensors()) {
+      const auto* old = current.Find(t.spec.name);
+      if (old == nullptr || old->spec.dtype != t.spec.dtype || old->spec.shape != t.spec.shape) {
+        return InvalidArgument("tensor '" + t.spec.name + "' of " + options.model + " is not in version " +
+                               std::to_string(*latest) + " with the same dtype and shape; a different tensor set needs a new run");
+      }
+      WEFT_ASSIGN_OR_RETURN(sync::TensorDelta d, sync::EncodeTensorDelta(t.spec, old->bytes, t.bytes,
+                                                                         sync::CodecOptions{sync::kDefaultChunkLog2, Threads(options)},
+                                                                         old->digest));
+      delta.tensors.push_back(std::move(d));
+    }
+    WEFT_ASSIGN_OR_RETURN(manifest, PublishVersion(*store, options.run, &previous, next, &delta, policy));
+  }
+  std::printf("published %s version %llu to %s: %s%s\n", options.run.c_str(), static_cast<unsigned long long>(manifest.version),
+              store->Describe().c_str(),
+              manifest.delta ? ("delta of " + std::to_string(manifest.delta->bytes) + " bytes").c_str() : "",
+              manifest.keyframe ? ((manifest.delta ? " and " : "") + std::string("keyframe of ") + std::to_string(manifest.keyframe->bytes) + " bytes").c_str() : "");
+  return Status::Ok();
+}
+
+Status RunPull(const StoreOptions& options) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  StoreReader reader(*store, options.run, Threads(options));
+  uint64_t target;
+  if (options.version >= 0) {
+    target = static_cast<uint64_t>(options.version);
+  } else {
+    WEFT_ASSIGN_OR_RETURN(target, reader.Latest());
+  }
+  sync::ServedModel model;
+  std::optional<uint64_t> have;
+  if (!options.model.empty()) {
+    WEFT_ASSIGN_OR_RETURN(model, LoadModel(options.model, Threads(options)));
+    WEFT_ASSIGN_OR_RETURN(have, reader.IdentifyVersion(model));
+    if (!have) {
+      std::printf("%s matches none of the recent versions of run '%s'; pulling without it\n", options.model.c_str(), options.run.c_str());
+      model = sync::ServedModel();
+    } else if (*have > target) {
+      return InvalidArgument(options.model + " holds version " + std::to_string(*have) + ", newer than the requested " + std::to_string(target));
+    }
+  }
+  WEFT_ASSIGN_OR_RETURN(PullReport report, reader.Pull(target, have, &model));
+  std::vector<sync::TensorToWrite> tensors;
+  for (const auto& t : model.tensors()) tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes});
+  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(options.output, tensors));
+  std::printf("%s: run %s version %llu, %llu bytes downloaded (%s), every blob and digest verified\n",
+              options.output.c_str(), options.run.c_str(), static_cast<unsigned long long>(target),
+              static_cast<unsigned long long>(report.bytes_downloaded), report.path.c_str());
+  return Status::Ok();
+}
+
+Status RunList(const StoreOptions& options) {
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  std::set<std::string> runs;
+  if (!options.run.empty()) {
+    WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
+    runs.insert(options.run);
+  } else {
+    WEFT_ASSIGN_OR_RETURN(std::vector<std::string> keys, store->List("runs/"));
+    for (const std::string& key : keys) runs.insert(key.substr(5, key.find('/', 5) - 5));
+  }
+  if (runs.empty()) std::printf("%s: no runs\n", store->Describe().c_str());
+  for (const std::string& run : runs) {
+    StoreReader reader(*store, run, 1);
+    Result<uint64_t> latest = reader.Latest();
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint64_t> versions, reader.Versions());
+    std::printf("run %s: latest %s, %zu versions\n", run.c_str(),
+                latest.ok() ? std::to_string(*latest).c_str() : "none", versions.size());
+    for (uint64_t v : versions) {
+      WEFT_ASSIGN_OR_RETURN(Manifest m, reader.GetManifest(v));
+      std::printf("  v%-6llu %3zu tensors  delta %10s  keyframe %12s%s\n", static_cast<unsigned long long>(v), m.tensors.size(),
+                  m.delta ? std::to_string(m.delta->bytes).c_str() : "-", m.keyframe ? std::to_string(m.keyframe->bytes).c_str() : "-",
+                  latest.ok() && v > *latest ? "  (not yet visible: latest is behind)" : "");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterStore(CLI::App& app, Action* action) {
+  CLI::App* store = app.add_subcommand("store", "Publish to and pull from a policy store (directory stores)");
+  store->require_subcommand(1);
+
+  auto publish = std::make_shared<StoreOptions>();
+  CLI::App* p = store->add_subcommand("publish", "Publish MODEL.safetensors as the next version of a run");
+  p->add_option("--store", publish->store, "store: a directory or file://PATH")->required();
+  p->add_option("--run", publish->run, "run id")->required();
+  p->add_option("--version", publish->version, "expected version number (refused if it is not the next one)")->check(CLI::NonNegativeNumber);
+  p->add_option("--keyframe-interval", publish->keyframe_interval, "a keyframe at least every N versions")->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
+  p->add_option("--keyframe-budget", publish->keyframe_budget, "a keyframe once deltas since the last exceed this fraction of it")->check(CLI::NonNegativeNumber);
+  p->add_option("model", publish->model, "served tensors (.safetensors)")->required()->check(CLI::ExistingFile);
+  p->add_option("--threads", publish->threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
+  p->callback([publish, action] { *action = [publish] { return RunPublish(*publish); }; });
+
+  auto pull = std::make_shared<StoreOptions>();
+  CLI::App* g = store->add_subcommand("pull", "Fetch a version (default: latest) as safetensors");
+  g->add_option("--store", pull->store, "store: a directory or file://PATH")->required();
+  g->add_option("--run", pull->run, "run id")->required();
+  g->add_option("--version", pull->version, "version (default: latest)")->check(CLI::NonNegativeNumber);
+  g->add_option("--have", pull->model, "a local copy of an earlier version, to download only deltas")->check(CLI::ExistingFile);
+  g->add_option("-o,--output", pull->output, "safetensors file to write")->required();
+  g->add_option("--threads", pull->threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
+  g->callback([pull, action] { *action = [pull] { return RunPull(*pull); }; });
+
+  auto list = std::make_shared<StoreOptions>();
+  CLI::App* l = store->add_subcommand("ls", "List runs and versions");
+  l->add_option("--store", list->store, "store: a directory or file://PATH")->required();
+  l->add_option("--run", list->run, "only this run");
+  l->callback([list, action] { *action = [list] { return RunList(*list); }; });
+}
+
+}  // namespace weft::cli
