@@ -70,6 +70,11 @@ std::string Manifest::ToJson() const {
                {"delta_bytes_since_keyframe", delta_bytes_since_keyframe}};
   if (keyframe) json["keyframe"] = BlobJson(*keyframe);
   if (delta) json["delta"] = {{"base", *delta_base}, {"sha256", delta->sha256}, {"bytes", delta->bytes}};
+  if (!skips.empty()) {
+    Json list = Json::array();
+    for (const SkipDelta& skip : skips) list.push_back({{"base", skip.base}, {"sha256", skip.blob.sha256}, {"bytes", skip.blob.bytes}});
+    json["skips"] = list;
+  }
   return json.dump(1);
 }
 
@@ -83,7 +88,7 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
   WEFT_RETURN_IF_ERROR(CheckFields(json, "manifest",
                                    {"format", "run", "version", "tensors", "last_keyframe",
                                     "delta_bytes_since_keyframe"},
-                                   {"keyframe", "delta"}));
+                                   {"keyframe", "delta", "skips"}));
   if (json["format"] != kManifestFormat) {
     return InvalidArgument("manifest format is not " + std::string(kManifestFormat));
   }
@@ -133,6 +138,20 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
     WEFT_ASSIGN_OR_RETURN(BlobRef delta, ParseBlob(blob, "manifest.delta"));
     m.delta_base = base;
     m.delta = delta;
+  }
+  if (json.contains("skips")) {
+    if (!json["skips"].is_array()) return InvalidArgument("manifest.skips is not an array");
+    for (size_t i = 0; i < json["skips"].size(); ++i) {
+      const Json& k = json["skips"][i];
+      const std::string where = "manifest.skips[" + std::to_string(i) + "]";
+      WEFT_RETURN_IF_ERROR(CheckFields(k, where, {"base", "sha256", "bytes"}, {}));
+      SkipDelta skip;
+      WEFT_ASSIGN_OR_RETURN(skip.base, GetUnsigned(k, "base", where));
+      if (skip.base >= m.version) return InvalidArgument(where + ".base is not before the version");
+      Json blob = {{"sha256", k["sha256"]}, {"bytes", k["bytes"]}};
+      WEFT_ASSIGN_OR_RETURN(skip.blob, ParseBlob(blob, where));
+      m.skips.push_back(skip);
+    }
   }
   if (!m.keyframe && !m.delta) return InvalidArgument("manifest has neither a keyframe nor a delta");
   if (m.version == 0 && !m.keyframe) return InvalidArgument("version 0 must have a keyframe");

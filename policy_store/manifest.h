@@ -31,6 +31,13 @@ struct BlobRef {
   uint64_t bytes = 0;
 };
 
+// A delta from `base` to the manifest's version that skips the versions in between: the squash
+// of the deltas it spans (docs/formats.md, "Skip deltas").
+struct SkipDelta {
+  uint64_t base = 0;
+  BlobRef blob;
+};
+
 struct ManifestTensor {
   std::string name;
   sync::DType dtype = sync::DType::kF32;
@@ -45,6 +52,7 @@ struct Manifest {
   std::optional<BlobRef> keyframe;       // the whole version, as a safetensors file
   std::optional<uint64_t> delta_base;    // the version the delta starts from
   std::optional<BlobRef> delta;          // a weft delta file from delta_base to this version
+  std::vector<SkipDelta> skips;          // longer deltas ending here, by increasing span
   uint64_t last_keyframe = 0;            // the newest version <= this one that has a keyframe
   uint64_t delta_bytes_since_keyframe = 0;  // delta bytes from last_keyframe up to this version
 

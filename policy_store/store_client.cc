@@ -1,5 +1,6 @@
 #include "policy_store/store_client.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "sync/safetensors.h"
@@ -21,7 +22,62 @@ std::string VersionText(uint64_t version) { return std::to_string(version) + "\n
 
 std::string Deltas(size_t count) { return std::to_string(count) + (count == 1 ? " delta" : " deltas"); }
 
+Result<Manifest> ReadManifest(ObjectStore& store, const std::string& run_id, uint64_t version) {
+  const std::string key = ManifestKey(run_id, version);
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> text, store.Get(key));
+  Result<Manifest> manifest = Manifest::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
+  if (!manifest.ok()) return DataLoss(manifest.status().message()).WithContext(key);
+  if (manifest->run_id != run_id || manifest->version != version) {
+    return DataLoss(key + ": manifest names run '" + manifest->run_id + "' version " + std::to_string(manifest->version));
+  }
+  return manifest;
+}
+
 }  // namespace
+
+// Skip deltas of span 2^j ending at `version`, each the squash of the two of span 2^(j-1) ending at
+// version - 2^(j-1) (read back from the store) and at `version` (the previous level, in memory).
+Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t version,
+                    const sync::ModelDelta* delta, const KeyframePolicy& policy, std::vector<SkipDelta>* skips) {
+  if (delta == nullptr) return Status::Ok();
+  const sync::ModelDelta* right = delta;
+  sync::ModelDelta squashed_right;
+  for (int level = 1; level <= policy.max_skip_level; ++level) {
+    const uint64_t span = uint64_t{1} << level;
+    if (version % span != 0 || version < span) break;
+    const uint64_t middle = version - span / 2;
+    WEFT_ASSIGN_OR_RETURN(Manifest left_manifest, ReadManifest(store, run_id, middle));
+    std::optional<BlobRef> left_blob;
+    if (level == 1) {
+      left_blob = left_manifest.delta;
+    } else {
+      for (const SkipDelta& skip : left_manifest.skips) {
+        if (skip.base == version - span) left_blob = skip.blob;
+      }
+    }
+    if (!left_blob) break;  // published without skips: nothing longer can be built
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> left_bytes,
+                          FetchVerifiedBlob(store, *left_blob, "skip delta ending at version " + std::to_string(middle)));
+    Result<sync::ModelDelta> left = sync::ParseModelDelta(left_bytes);
+    if (!left.ok()) return left.status().WithContext("skip delta ending at version " + std::to_string(middle));
+    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta squashed, sync::SquashModelDeltas(*left, *right, 1));
+    std::vector<uint8_t> bytes = sync::SerializeModelDelta(squashed);
+    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
+    skips->push_back({version - span, blob});
+    squashed_right = std::move(squashed);
+    right = &squashed_right;
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob, const std::string& what) {
+  Result<std::vector<uint8_t>> bytes = store.Get(BlobKey(blob.sha256));
+  if (!bytes.ok()) return bytes.status().WithContext(what);
+  if (bytes->size() != blob.bytes || Sha256Hex(*bytes) != blob.sha256) {
+    return DataLoss(what + ": blob " + blob.sha256 + " is corrupted (its content does not match its hash)");
+  }
+  return bytes;
+}
 
 std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model) {
   std::vector<sync::TensorToWrite> tensors;
@@ -53,6 +109,7 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
     manifest.delta_base = previous->version;
     delta_bytes = bytes.size();
   }
+  WEFT_RETURN_IF_ERROR(PublishSkips(store, run_id, manifest.version, delta, policy, &manifest.skips));
   bool keyframe = previous == nullptr || manifest.version - previous->last_keyframe >= policy.interval;
   if (!keyframe) {
     // The budget is relative to the last keyframe's size, read from its manifest.
@@ -107,18 +164,9 @@ Result<uint64_t> StoreReader::Latest() {
 }
 
 Result<Manifest> StoreReader::GetManifest(uint64_t version) {
-  const std::string key = ManifestKey(run_id_, version);
-  Result<std::vector<uint8_t>> bytes = store_.Get(key);
-  if (!bytes.ok()) {
-    if (bytes.status().code() == StatusCode::kNotFound) {
-      return NotFound("run '" + run_id_ + "' has no version " + std::to_string(version));
-    }
-    return bytes.status();
-  }
-  Result<Manifest> manifest = Manifest::FromJson({reinterpret_cast<const char*>(bytes->data()), bytes->size()});
-  if (!manifest.ok()) return DataLoss(manifest.status().message()).WithContext(key);
-  if (manifest->run_id != run_id_ || manifest->version != version) {
-    return DataLoss(key + ": manifest names run '" + manifest->run_id + "' version " + std::to_string(manifest->version));
+  Result<Manifest> manifest = ReadManifest(store_, run_id_, version);
+  if (!manifest.ok() && manifest.status().code() == StatusCode::kNotFound) {
+    return NotFound("run '" + run_id_ + "' has no version " + std::to_string(version));
   }
   return manifest;
 }
@@ -133,15 +181,6 @@ Result<std::vector<uint64_t>> StoreReader::Versions() {
     versions.push_back(std::strtoull(name.substr(0, 20).c_str(), nullptr, 10));
   }
   return versions;
-}
-
-Result<std::vector<uint8_t>> StoreReader::FetchBlob(const BlobRef& blob, const std::string& what) {
-  Result<std::vector<uint8_t>> bytes = store_.Get(BlobKey(blob.sha256));
-  if (!bytes.ok()) return bytes.status().WithContext(what);
-  if (bytes->size() != blob.bytes || Sha256Hex(*bytes) != blob.sha256) {
-    return DataLoss(what + ": blob " + blob.sha256 + " is corrupted (its content does not match its hash)");
-  }
-  return bytes;
 }
 
 Status StoreReader::CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest) {
@@ -160,7 +199,7 @@ Status StoreReader::CheckAgainstManifest(const sync::ServedModel& model, const M
 
 Result<sync::ServedModel> StoreReader::LoadKeyframe(const Manifest& manifest) {
   const std::string what = "keyframe of version " + std::to_string(manifest.version);
-  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchBlob(*manifest.keyframe, what));
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store_, *manifest.keyframe, what));
   Result<sync::SafetensorsFile> file = sync::SafetensorsFile::Parse(bytes);
   if (!file.ok()) return file.status().WithContext(what);
   std::vector<sync::TensorSpec> specs;
@@ -186,51 +225,70 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
     WEFT_ASSIGN_OR_RETURN(Manifest held, GetManifest(*have));
     WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, held).WithContext("the local copy"));
   }
-  // The manifests from the first version after `have` (or after the keyframe) up to the target.
-  std::vector<Manifest> chain;
-  uint64_t chain_bytes = 0;
-  const uint64_t keyframe_version = goal.last_keyframe;
-  WEFT_ASSIGN_OR_RETURN(Manifest keyframe, GetManifest(keyframe_version));
-  const uint64_t keyframe_path_bytes = keyframe.keyframe->bytes + goal.delta_bytes_since_keyframe;
-  bool use_chain = false;
-  if (have) {
-    for (uint64_t v = *have + 1; v <= target; ++v) {
-      WEFT_ASSIGN_OR_RETURN(Manifest m, GetManifest(v));
-      if (!m.delta || *m.delta_base != v - 1) return DataLoss("version " + std::to_string(v) + " has no delta from its predecessor");
-      chain_bytes += m.delta->bytes;
-      chain.push_back(std::move(m));
+  WEFT_ASSIGN_OR_RETURN(Manifest keyframe, GetManifest(goal.last_keyframe));
+  if (!keyframe.keyframe) return DataLoss("version " + std::to_string(goal.last_keyframe) + " is named as a keyframe but has none");
+
+  // Cheapest path in bytes: starts are the local copy (free) and the keyframe (its size); edges
+  // are each version's delta from its predecessor and its skip deltas.
+  const uint64_t low = have ? std::min(*have, goal.last_keyframe) : goal.last_keyframe;
+  const size_t count = static_cast<size_t>(target - low + 1);
+  constexpr uint64_t kUnreachable = ~uint64_t{0};
+  std::vector<uint64_t> cost(count, kUnreachable);
+  struct Step {
+    uint64_t base = 0;
+    BlobRef blob;
+  };
+  std::vector<std::optional<Step>> via(count);
+  cost[goal.last_keyframe - low] = keyframe.keyframe->bytes;
+  if (have) cost[*have - low] = 0;
+  for (uint64_t v = low + 1; v <= target; ++v) {
+    WEFT_ASSIGN_OR_RETURN(Manifest m, GetManifest(v));
+    std::vector<Step> edges;
+    if (m.delta) edges.push_back({*m.delta_base, *m.delta});
+    for (const SkipDelta& skip : m.skips) edges.push_back({skip.base, skip.blob});
+    for (const Step& edge : edges) {
+      if (edge.base < low || cost[edge.base - low] == kUnreachable) continue;
+      const uint64_t total = cost[edge.base - low] + edge.blob.bytes;
+      if (total < cost[v - low]) {
+        cost[v - low] = total;
+        via[v - low] = edge;
+      }
     }
-    use_chain = chain_bytes <= keyframe_path_bytes || *have >= keyframe_version;
   }
-  if (!use_chain) {
-    chain.clear();
-    for (uint64_t v = keyframe_version + 1; v <= target; ++v) {
-      WEFT_ASSIGN_OR_RETURN(Manifest m, GetManifest(v));
-      if (!m.delta || *m.delta_base != v - 1) return DataLoss("version " + std::to_string(v) + " has no delta from its predecessor");
-      chain.push_back(std::move(m));
-    }
-    report.path = "keyframe v" + std::to_string(keyframe_version);
-    if (!chain.empty()) report.path += " + " + Deltas(chain.size());
-  } else {
-    report.path = chain.empty() ? "already at the target" : Deltas(chain.size()) + " from v" + std::to_string(*have);
+  if (cost[target - low] == kUnreachable) return DataLoss("no chain of deltas reaches version " + std::to_string(target));
+  std::vector<Step> path;
+  uint64_t at = target;
+  while (via[at - low]) {
+    path.push_back(*via[at - low]);
+    at = via[at - low]->base;
   }
+  std::reverse(path.begin(), path.end());
+  const bool from_keyframe = !(have && at == *have);
+  report.path = from_keyframe ? "keyframe v" + std::to_string(at) : "";
+  if (!path.empty()) {
+    report.path += (from_keyframe ? " + " : "") + Deltas(path.size()) + (from_keyframe ? "" : " from v" + std::to_string(at));
+  } else if (!from_keyframe) {
+    report.path = "already at the target";
+  }
+
   // Fetch and verify every blob before touching anything, then work on a copy: on any error the
   // caller's model is exactly as it was.
   std::vector<std::vector<uint8_t>> blobs;
-  for (const Manifest& m : chain) {
-    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchBlob(*m.delta, "delta of version " + std::to_string(m.version)));
+  for (const Step& step : path) {
+    const std::string what = "delta from version " + std::to_string(step.base);
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store_, step.blob, what));
     report.bytes_downloaded += bytes.size();
     blobs.push_back(std::move(bytes));
   }
   sync::ServedModel work;
-  if (use_chain) {
-    work = *model;
-  } else {
+  if (from_keyframe) {
     WEFT_ASSIGN_OR_RETURN(work, LoadKeyframe(keyframe));
     report.bytes_downloaded += keyframe.keyframe->bytes;
+  } else {
+    work = *model;
   }
-  for (size_t i = 0; i < chain.size(); ++i) {
-    const std::string what = "delta of version " + std::to_string(chain[i].version);
+  for (size_t i = 0; i < path.size(); ++i) {
+    const std::string what = "delta from version " + std::to_string(path[i].base);
     Result<sync::ModelDelta> delta = sync::ParseModelDelta(blobs[i]);
     if (!delta.ok()) return delta.status().WithContext(what);
     WEFT_RETURN_IF_ERROR(work.Apply(*delta, threads_).WithContext(what));

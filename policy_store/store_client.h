@@ -6,9 +6,9 @@
 // the same version (immutable objects with equal bytes are accepted again) or fails with
 // kConflict when another publisher wrote that version differently.
 //
-// StoreReader brings a local copy of the served tensors to a target version along the cheapest
-// path: the chain of deltas from the version it holds, or the newest keyframe at or below the
-// target plus the deltas after it. Every blob's SHA-256 is checked against its manifest, every
+// StoreReader brings a local copy of the served tensors to a target version along the path of
+// fewest bytes, starting from the version it holds or from the newest keyframe at or below the
+// target, over plain deltas and skip deltas. Every blob's SHA-256 is checked against its manifest, every
 // delta's digests are checked as it is applied, and the result's digests against the target's
 // manifest; nothing that fails a check reaches the caller. Not thread-safe; one per caller.
 #pragma once
@@ -28,17 +28,30 @@ struct KeyframePolicy {
   uint64_t interval = 50;           // a keyframe at least every this many versions
   double delta_budget = 0.5;        // ... or once the delta bytes since the last keyframe exceed
                                     // this fraction of the keyframe's size
+  int max_skip_level = 10;          // skip deltas span up to 2^max_skip_level versions (0: none)
 };
+
+// A blob's bytes, checked against its size and SHA-256 (kDataLoss when they differ).
+Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob,
+                                               const std::string& what);
 
 // The served tensors as one safetensors file (the keyframe blob format).
 std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model);
 
 // Publishes `model` (the served tensors of the new version) as version `previous->version + 1`
 // (or 0 when `previous` is null) with `delta` from the previous version (null for version 0).
+// At a version v divisible by 2^j (1 <= j <= max_skip_level, 2^j <= v) it also publishes the skip
+// delta from v - 2^j, the squash of the two skip deltas of span 2^(j-1) ending at v - 2^(j-1) and
+// at v, so a reader far behind downloads a few squashed deltas instead of the whole chain.
 // Returns the new manifest.
 Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
                                 const Manifest* previous, const sync::ServedModel& model,
                                 const sync::ModelDelta* delta, const KeyframePolicy& policy);
+
+// Publishes the skip deltas of `version` (see PublishVersion) and lists them in `skips`.
+Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t version,
+                    const sync::ModelDelta* delta, const KeyframePolicy& policy,
+                    std::vector<SkipDelta>* skips);
 
 struct PullReport {
   std::optional<uint64_t> from;  // the version held before, if any
@@ -70,7 +83,6 @@ class StoreReader {
                                                   uint64_t max_versions = 1000);
 
  private:
-  Result<std::vector<uint8_t>> FetchBlob(const BlobRef& blob, const std::string& what);
   Result<sync::ServedModel> LoadKeyframe(const Manifest& manifest);
   Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest);
 

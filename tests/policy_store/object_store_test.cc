@@ -96,10 +96,15 @@ TEST_CASE("manifests: round trip and strict parsing") {
   m.delta = BlobRef{std::string(64, 'a'), 100};
   m.last_keyframe = 0;
   m.delta_bytes_since_keyframe = 300;
+  m.skips.push_back({2, BlobRef{std::string(64, 'b'), 50}});
+  m.skips.push_back({0, BlobRef{std::string(64, 'c'), 70}});
   auto parsed = Manifest::FromJson(m.ToJson());
   REQUIRE(parsed.ok());
   CHECK(parsed->ToJson() == m.ToJson());
   CHECK(parsed->tensors[0].digest == sync::Digest{1, 2});
+  REQUIRE(parsed->skips.size() == 2);
+  CHECK(parsed->skips[1].base == 0);
+  CHECK(parsed->skips[1].blob.bytes == 70);
 
   auto error = [](std::string json) { return Manifest::FromJson(json).status().message(); };
   std::string good = m.ToJson();

@@ -81,12 +81,23 @@ TEST_CASE("publish versions, then pull any of them from nothing or from an older
     CHECK(SameBytes(model, published[target]));
     CHECK(report->path.rfind("keyframe v" + std::to_string(target - target % 4), 0) == 0);
   }
-  // From version 6 to 9: three small deltas beat the keyframe at 8 plus one delta.
+  // From version 6 to 9: the skip delta 6 -> 8 and the delta 8 -> 9 beat the keyframe at 8, and
+  // cost less than the plain chain 6 -> 7 -> 8 -> 9.
   sync::ServedModel model = published[6];
   auto report = reader.Pull(9, 6, &model);
   REQUIRE(report.ok());
-  CHECK(report->path == "3 deltas from v6");
+  CHECK(report->path == "2 deltas from v6");
   CHECK(SameBytes(model, published[9]));
+  uint64_t chain = 0;
+  for (uint64_t v = 7; v <= 9; ++v) chain += reader.GetManifest(v)->delta->bytes;
+  CHECK(report->bytes_downloaded < chain);
+  // Skip deltas exist where the version is divisible by their span.
+  auto eight = reader.GetManifest(8);
+  REQUIRE(eight->skips.size() == 3);
+  CHECK(eight->skips[0].base == 6);
+  CHECK(eight->skips[1].base == 4);
+  CHECK(eight->skips[2].base == 0);
+  CHECK(reader.GetManifest(7)->skips.empty());
   CHECK(*reader.IdentifyVersion(published[5]) == std::optional<uint64_t>(5));
   CHECK(reader.Pull(2, 6, &model).status().code() == StatusCode::kInvalidArgument);
 }
