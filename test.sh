@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything and runs the whole test suite:
-#   1. the doctest suites and the CLI end-to-end test (ctest, release build);
+#   1. the doctest suites and the CLI end-to-end test (ctest, release build), and the sync suite
+#      again with the AVX-512 paths off and with every SIMD path off (WEFT_CPU=avx2, scalar);
 #   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the common
 #      and sync suites under ThreadSanitizer (the shared thread pool; without the 2^32 test);
 #   3. the libFuzzer targets (delta files, sparse chunks, safetensors) for a bounded time each.
@@ -11,6 +12,10 @@ cd "$(dirname "$0")"
 
 echo "== unit and end-to-end tests"
 ctest --test-dir build --output-on-failure -j2
+
+echo "== the codec's fallback paths: AVX2 only, then scalar only"
+WEFT_CPU=avx2 build/tests/weft_sync_tests
+WEFT_CPU=scalar build/tests/weft_sync_tests
 
 echo "== sanitizers: address, undefined"
 cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -280,12 +280,29 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
     report.bytes_downloaded += bytes.size();
     blobs.push_back(std::move(bytes));
   }
+  if (!from_keyframe && path.size() == 1) {
+    // One delta (the common case of a reader one version behind) applies atomically in place:
+    // check that it lands on the target's digests, then apply, which verifies it before writing.
+    Result<sync::ModelDelta> delta = sync::ParseModelDelta(blobs[0]);
+    if (!delta.ok()) return delta.status().WithContext("delta from version " + std::to_string(path[0].base));
+    for (const ManifestTensor& t : goal.tensors) {
+      const sync::TensorDelta* changed = delta->Find(t.name);
+      const sync::ServedModel::Tensor* local = model->Find(t.name);
+      if (local == nullptr || (changed ? changed->result_digest : local->digest) != t.digest) {
+        return DataLoss("the delta to version " + std::to_string(target) + " does not produce tensor '" + t.name +
+                        "' of its manifest");
+      }
+    }
+    if (model->tensors().size() != goal.tensors.size()) return DataLoss("version " + std::to_string(target) + " has a different tensor set");
+    WEFT_RETURN_IF_ERROR(model->Apply(*delta, threads_).WithContext("delta from version " + std::to_string(path[0].base)));
+    return report;
+  }
   sync::ServedModel work;
   if (from_keyframe) {
     WEFT_ASSIGN_OR_RETURN(work, LoadKeyframe(keyframe));
     report.bytes_downloaded += keyframe.keyframe->bytes;
   } else {
-    work = *model;
+    work = *model;  // a chain is applied to a copy, so that a failure halfway changes nothing
   }
   for (size_t i = 0; i < path.size(); ++i) {
     const std::string what = "delta from version " + std::to_string(path[i].base);

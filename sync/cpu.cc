@@ -1,5 +1,8 @@
 #include "sync/cpu.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -29,10 +32,21 @@ CpuFeatures Detect() {
   return features;
 }
 
+CpuFeatures Capped(CpuFeatures features) {
+  const char* cap = std::getenv("WEFT_CPU");
+  if (cap == nullptr) return features;
+  if (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "scalar") == 0) {
+    features.avx512dq = false;
+    features.avx512bw = false;
+  }
+  if (std::strcmp(cap, "scalar") == 0) features.avx2_f16c = false;
+  return features;
+}
+
 }  // namespace
 
 const CpuFeatures& Cpu() {
-  static const CpuFeatures features = Detect();
+  static const CpuFeatures features = Capped(Detect());
   return features;
 }
 

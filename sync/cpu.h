@@ -1,5 +1,8 @@
 // What the CPU can run, detected once (cpuid, and xgetbv for the OS saving the vector state).
 // Kernels with SIMD paths check these flags and fall back to their scalar references.
+//
+// The environment variable WEFT_CPU caps what is used: "avx2" turns the AVX-512 paths off,
+// "scalar" every SIMD path, so that the fallbacks can be tested on any machine.
 #pragma once
 
 namespace weft::sync {
