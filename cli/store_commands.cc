@@ -23,6 +23,8 @@ struct StoreOptions {
   uint64_t keyframe_interval = 50;
   double keyframe_budget = 0.5;
   int threads = 0;
+  std::vector<uint64_t> pins;
+  bool dry_run = false;
 };
 
 int Threads(const StoreOptions& options) { return options.threads > 0 ? options.threads : HardwareThreads(); }
@@ -145,6 +147,17 @@ Status RunList(const StoreOptions& options) {
   return Status::Ok();
 }
 
+Status RunCollect(const StoreOptions& options) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  WEFT_ASSIGN_OR_RETURN(CollectReport report, CollectGarbage(*store, options.run, options.pins, options.dry_run));
+  std::printf("%s run %s: keeping versions from %llu; %s %llu versions and %llu blobs (%llu bytes)\n",
+              store->Describe().c_str(), options.run.c_str(), static_cast<unsigned long long>(report.kept_from),
+              options.dry_run ? "would delete" : "deleted", static_cast<unsigned long long>(report.versions_deleted),
+              static_cast<unsigned long long>(report.blobs_deleted), static_cast<unsigned long long>(report.bytes_freed));
+  return Status::Ok();
+}
+
 }  // namespace
 
 void RegisterStore(CLI::App& app, Action* action) {
@@ -177,6 +190,14 @@ void RegisterStore(CLI::App& app, Action* action) {
   l->add_option("--store", list->store, "store: a directory or file://PATH")->required();
   l->add_option("--run", list->run, "only this run");
   l->callback([list, action] { *action = [list] { return RunList(*list); }; });
+
+  auto collect = std::make_shared<StoreOptions>();
+  CLI::App* c = store->add_subcommand("gc", "Delete versions and blobs that no pinned version needs");
+  c->add_option("--store", collect->store, "store: a directory or file://PATH")->required();
+  c->add_option("--run", collect->run, "run id")->required();
+  c->add_option("--pin", collect->pins, "a version still needed (repeatable); the latest is always kept");
+  c->add_flag("--dry-run", collect->dry_run, "report what would be deleted, delete nothing");
+  c->callback([collect, action] { *action = [collect] { return RunCollect(*collect); }; });
 }
 
 }  // namespace weft::cli

@@ -178,4 +178,12 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
   return finish(Status::Ok());
 }
 
+Status DirectoryStore::Delete(const std::string& key) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string path = PathOf(key);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Unavailable(path + ": cannot delete: " + ErrnoText());
+  SyncDirectory(path);
+  return Status::Ok();
+}
+
 }  // namespace weft::policy_store

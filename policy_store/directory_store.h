@@ -24,6 +24,7 @@ class DirectoryStore : public ObjectStore {
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
   Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                         const std::string& desired) override;
+  Status Delete(const std::string& key) override;
   std::string Describe() const override { return "dir:" + root_; }
 
  private:

@@ -6,7 +6,8 @@
 //   - PutImmutable writes an object that must never change: writing the same bytes again succeeds,
 //     writing different bytes under an existing key is a kConflict;
 //   - CompareAndSwap replaces a small mutable object (a run's `latest` pointer) only if it still
-//     holds the expected bytes (or is absent, when `expected` is empty).
+//     holds the expected bytes (or is absent, when `expected` is empty);
+//   - Delete removes objects nothing needs any more (retention).
 // Every write is atomic: a reader sees the whole old object or the whole new one.
 //
 // Keys are relative paths of segments [A-Za-z0-9._-], separated by '/', without empty, "." or
@@ -36,6 +37,8 @@ class ObjectStore {
   virtual Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) = 0;
   virtual Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                                 const std::string& desired) = 0;
+  // Removes an object; deleting a missing key succeeds (retention may be retried).
+  virtual Status Delete(const std::string& key) = 0;
   // A short description for messages ("dir:/var/weft").
   virtual std::string Describe() const = 0;
 };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <set>
 
 #include "sync/safetensors.h"
 
@@ -222,8 +224,13 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   report.to = target;
   if (have) {
     if (*have > target) return InvalidArgument("cannot go back from version " + std::to_string(*have) + " to " + std::to_string(target));
-    WEFT_ASSIGN_OR_RETURN(Manifest held, GetManifest(*have));
-    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, held).WithContext("the local copy"));
+    Result<Manifest> held = GetManifest(*have);
+    if (!held.ok() && held.status().code() == StatusCode::kNotFound) {
+      have.reset();  // retention removed it: nothing chains from there any more, start from a keyframe
+    } else {
+      if (!held.ok()) return held.status();
+      WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, *held).WithContext("the local copy"));
+    }
   }
   WEFT_ASSIGN_OR_RETURN(Manifest keyframe, GetManifest(goal.last_keyframe));
   if (!keyframe.keyframe) return DataLoss("version " + std::to_string(goal.last_keyframe) + " is named as a keyframe but has none");
@@ -312,6 +319,53 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   }
   WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, goal));
   *model = std::move(work);
+  return report;
+}
+
+Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_id,
+                                     const std::vector<uint64_t>& pins, bool dry_run) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
+  StoreReader reader(store, run_id, 1);
+  WEFT_ASSIGN_OR_RETURN(uint64_t latest, reader.Latest());
+  uint64_t oldest_pin = latest;
+  for (uint64_t pin : pins) {
+    if (pin > latest) return InvalidArgument("pinned version " + std::to_string(pin) + " is after the latest, " + std::to_string(latest));
+    oldest_pin = std::min(oldest_pin, pin);
+  }
+  WEFT_ASSIGN_OR_RETURN(Manifest pinned, reader.GetManifest(oldest_pin));
+  CollectReport report;
+  report.kept_from = pinned.last_keyframe;
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint64_t> versions, reader.Versions());
+  // Blobs referenced by kept manifests (including versions above `latest`, still being published).
+  std::set<std::string> kept_blobs;
+  std::vector<Manifest> doomed;
+  for (uint64_t v : versions) {
+    WEFT_ASSIGN_OR_RETURN(Manifest m, reader.GetManifest(v));
+    if (v >= report.kept_from) {
+      if (m.keyframe) kept_blobs.insert(m.keyframe->sha256);
+      if (m.delta) kept_blobs.insert(m.delta->sha256);
+      for (const SkipDelta& skip : m.skips) kept_blobs.insert(skip.blob.sha256);
+    } else {
+      doomed.push_back(std::move(m));
+    }
+  }
+  std::map<std::string, uint64_t> doomed_blobs;
+  for (const Manifest& m : doomed) {
+    std::vector<BlobRef> refs;
+    if (m.keyframe) refs.push_back(*m.keyframe);
+    if (m.delta) refs.push_back(*m.delta);
+    for (const SkipDelta& skip : m.skips) refs.push_back(skip.blob);
+    for (const BlobRef& blob : refs) {
+      if (!kept_blobs.count(blob.sha256)) doomed_blobs[blob.sha256] = blob.bytes;
+    }
+  }
+  report.versions_deleted = doomed.size();
+  report.blobs_deleted = doomed_blobs.size();
+  for (const auto& [sha256, bytes] : doomed_blobs) report.bytes_freed += bytes;
+  if (dry_run) return report;
+  // Manifests first, so that no listed version ever lacks its blobs.
+  for (const Manifest& m : doomed) WEFT_RETURN_IF_ERROR(store.Delete(ManifestKey(run_id, m.version)));
+  for (const auto& [sha256, bytes] : doomed_blobs) WEFT_RETURN_IF_ERROR(store.Delete(BlobKey(sha256)));
   return report;
 }
 

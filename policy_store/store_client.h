@@ -60,6 +60,23 @@ struct PullReport {
   std::string path;              // e.g. "keyframe v100 + 3 deltas" or "4 deltas from v96"
 };
 
+// Retention. Every version at or above the oldest pinned one must stay readable, so the versions
+// kept are those from the keyframe it is rebuilt from (its `last_keyframe`) up to `latest`. Older
+// manifests are deleted, oldest first, and then every blob only they referenced. `latest` and the
+// pinned versions are never touched. Blobs that no manifest references (left by a publisher that
+// died before writing its manifest) are not deleted: they cannot be told apart from a publish in
+// progress.
+struct CollectReport {
+  uint64_t kept_from = 0;         // the oldest version kept
+  uint64_t versions_deleted = 0;
+  uint64_t blobs_deleted = 0;
+  uint64_t bytes_freed = 0;
+};
+// `pins` are the versions still needed (workers, in-flight jobs' staleness windows, the trainer);
+// the latest version is always pinned. With `dry_run`, nothing is deleted.
+Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_id,
+                                     const std::vector<uint64_t>& pins, bool dry_run);
+
 class StoreReader {
  public:
   StoreReader(ObjectStore& store, std::string run_id, int threads)

@@ -90,6 +90,14 @@ expect_error "same dtype and shape" "$weft" store publish --store st --run r1 m3
 expect_error "not implemented yet" "$weft" store pull --store http://localhost:1 --run r1 -o x
 expect_error "run id" "$weft" store pull --store st --run ../r1 -o x
 expect_error "no published version" "$weft" store pull --store st --run nothing -o x
+# Retention: with version 3 pinned (rebuilt from the keyframe at 2), versions 0 and 1 go.
+expect_ok "$weft" store gc --store st --run r1 --pin 3 --dry-run
+grep -q "would delete 2 versions" out.txt && ok || fail "gc dry run: $(cat out.txt)"
+expect_ok "$weft" store gc --store st --run r1 --pin 3
+grep -q "deleted 2 versions" out.txt && ok || fail "gc: $(cat out.txt)"
+expect_ok "$weft" store pull --store st --run r1 -o after-gc.safetensors
+same_data s3.bf16 after-gc.safetensors
+
 # A blob corrupted on disk (version 3's delta) is detected and named, and no output is written.
 blob=$(grep -o '"sha256": *"[0-9a-f]*"' st/runs/r1/versions/00000000000000000003.json | grep -o '[0-9a-f]\{64\}')
 printf '\x42' | dd of="st/blobs/$blob" bs=1 seek=30 conv=notrunc 2>/dev/null

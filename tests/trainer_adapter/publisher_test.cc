@@ -171,5 +171,44 @@ TEST_CASE("a publisher killed between its blobs and its pointer leaves the last 
   CHECK(*reader.Latest() == 1);
 }
 
+TEST_CASE("retention deletes what no pinned version needs, and nothing else") {
+  Fixture f;
+  auto publisher = Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(4));
+  REQUIRE(publisher.ok());
+  std::vector<sync::ServedModel> published = {(*publisher)->served()};
+  for (int v = 1; v <= 12; ++v) {
+    f.adam.Step(1);
+    REQUIRE((*publisher)->Publish(f.Master()).ok());
+    published.push_back((*publisher)->served());
+  }
+  StoreReader reader(*f.store, "run", 1);
+  CHECK(policy_store::CollectGarbage(*f.store, "run", {13}, false).status().code() == StatusCode::kInvalidArgument);
+  // Version 9 is pinned; it is rebuilt from the keyframe at 8, so 0..7 can go.
+  auto dry = policy_store::CollectGarbage(*f.store, "run", {9, 11}, true);
+  REQUIRE(dry.ok());
+  CHECK(dry->kept_from == 8);
+  CHECK(dry->versions_deleted == 8);
+  CHECK(dry->blobs_deleted > 8);
+  CHECK(reader.Versions()->size() == 13);  // a dry run deletes nothing
+  auto done = policy_store::CollectGarbage(*f.store, "run", {9, 11}, false);
+  REQUIRE(done.ok());
+  CHECK(done->versions_deleted == dry->versions_deleted);
+  CHECK(done->bytes_freed == dry->bytes_freed);
+  CHECK(reader.Versions()->front() == 8);
+  for (uint64_t target : {8, 9, 12}) {
+    sync::ServedModel model;
+    REQUIRE(reader.Pull(target, std::nullopt, &model).ok());
+    CHECK(SameBytes(model, published[target]));
+  }
+  // A reader still holding a collected version falls back to the keyframe.
+  sync::ServedModel old = published[5];
+  auto report = reader.Pull(12, 5, &old);
+  REQUIRE(report.ok());
+  CHECK(report->path == "keyframe v12");  // 12 is itself a keyframe (interval 4)
+  CHECK(SameBytes(old, published[12]));
+  // Running it again finds nothing more to delete.
+  CHECK(policy_store::CollectGarbage(*f.store, "run", {9}, false)->versions_deleted == 0);
+}
+
 }  // namespace
 }  // namespace weft::trainer_adapter
