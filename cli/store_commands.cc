@@ -79,7 +79,7 @@ Status RunPublish(const StoreOptions& options) {
                                                                          old->digest));
       delta.tensors.push_back(std::move(d));
     }
-    WEFT_ASSIGN_OR_RETURN(manifest, PublishVersion(*store, options.run, &previous, next, &delta, policy));
+    WEFT_ASSIGN_OR_RETURN(manifest, PublishVersion(*store, options.run, &previous, next, &delta, policy, Threads(options)));
   }
   std::printf("published %s version %llu to %s: %s%s\n", options.run.c_str(), static_cast<unsigned long long>(manifest.version),
               store->Describe().c_str(),

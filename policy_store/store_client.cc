@@ -40,7 +40,8 @@ Result<Manifest> ReadManifest(ObjectStore& store, const std::string& run_id, uin
 // Skip deltas of span 2^j ending at `version`, each the squash of the two of span 2^(j-1) ending at
 // version - 2^(j-1) (read back from the store) and at `version` (the previous level, in memory).
 Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t version,
-                    const sync::ModelDelta* delta, const KeyframePolicy& policy, std::vector<SkipDelta>* skips) {
+                    const sync::ModelDelta* delta, const KeyframePolicy& policy, int threads,
+                    std::vector<SkipDelta>* skips) {
   if (delta == nullptr) return Status::Ok();
   const sync::ModelDelta* right = delta;
   sync::ModelDelta squashed_right;
@@ -62,7 +63,7 @@ Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t vers
                           FetchVerifiedBlob(store, *left_blob, "skip delta ending at version " + std::to_string(middle)));
     Result<sync::ModelDelta> left = sync::ParseModelDelta(left_bytes);
     if (!left.ok()) return left.status().WithContext("skip delta ending at version " + std::to_string(middle));
-    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta squashed, sync::SquashModelDeltas(*left, *right, 1));
+    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta squashed, sync::SquashModelDeltas(*left, *right, threads));
     std::vector<uint8_t> bytes = sync::SerializeModelDelta(squashed);
     WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
     skips->push_back({version - span, blob});
@@ -92,7 +93,8 @@ std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model) {
 
 Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
                                 const Manifest* previous, const sync::ServedModel& model,
-                                const sync::ModelDelta* delta, const KeyframePolicy& policy) {
+                                const sync::ModelDelta* delta, const KeyframePolicy& policy,
+                                int threads) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
   if ((previous == nullptr) != (delta == nullptr)) {
     return InvalidArgument("a version after the first needs a delta from its predecessor");
@@ -111,7 +113,7 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
     manifest.delta_base = previous->version;
     delta_bytes = bytes.size();
   }
-  WEFT_RETURN_IF_ERROR(PublishSkips(store, run_id, manifest.version, delta, policy, &manifest.skips));
+  WEFT_RETURN_IF_ERROR(PublishSkips(store, run_id, manifest.version, delta, policy, threads, &manifest.skips));
   bool keyframe = previous == nullptr || manifest.version - previous->last_keyframe >= policy.interval;
   if (!keyframe) {
     // The budget is relative to the last keyframe's size, read from its manifest.

@@ -46,11 +46,12 @@ std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model);
 // Returns the new manifest.
 Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
                                 const Manifest* previous, const sync::ServedModel& model,
-                                const sync::ModelDelta* delta, const KeyframePolicy& policy);
+                                const sync::ModelDelta* delta, const KeyframePolicy& policy,
+                                int threads = 1);
 
 // Publishes the skip deltas of `version` (see PublishVersion) and lists them in `skips`.
 Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t version,
-                    const sync::ModelDelta* delta, const KeyframePolicy& policy,
+                    const sync::ModelDelta* delta, const KeyframePolicy& policy, int threads,
                     std::vector<SkipDelta>* skips);
 
 struct PullReport {

@@ -21,7 +21,8 @@ Result<policy_store::Manifest> Publisher::Publish(const std::vector<sync::Master
   sync::ServedModel next = served_;
   WEFT_ASSIGN_OR_RETURN(sync::ModelDelta delta, next.Update(master, options_.codec));
   WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest,
-                        policy_store::PublishVersion(store_, run_id_, &last_, next, &delta, options_.keyframes));
+                        policy_store::PublishVersion(store_, run_id_, &last_, next, &delta, options_.keyframes,
+                                                     options_.codec.threads));
   served_ = std::move(next);
   last_ = std::move(manifest);
   return last_;
