@@ -1,10 +1,16 @@
-// weft store publish | pull | ls: the policy store from the command line (directory stores).
+// weft store publish | pull | ls | gc | serve: the policy store from the command line.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 
 #include "cli/commands.h"
 #include "common/parallel.h"
+#include "policy_store/http_server.h"
 #include "policy_store/object_store.h"
 #include "policy_store/store_client.h"
 #include "sync/safetensors.h"
@@ -25,6 +31,7 @@ struct StoreOptions {
   int threads = 0;
   std::vector<uint64_t> pins;
   bool dry_run = false;
+  std::string listen = "127.0.0.1:8080";
 };
 
 int Threads(const StoreOptions& options) { return options.threads > 0 ? options.threads : HardwareThreads(); }
@@ -147,6 +154,38 @@ Status RunList(const StoreOptions& options) {
   return Status::Ok();
 }
 
+Status RunServe(const StoreOptions& options) {
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> backend, OpenStore(options.store));
+  StoreServerOptions server;
+  const size_t colon = options.listen.rfind(':');
+  if (colon == std::string::npos) return InvalidArgument("--listen takes ADDRESS:PORT, not '" + options.listen + "'");
+  server.address = options.listen.substr(0, colon);
+  const std::string port = options.listen.substr(colon + 1);
+  char* end = nullptr;
+  const unsigned long value = std::strtoul(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || value > 65535) return InvalidArgument("--listen: bad port '" + port + "'");
+  server.port = static_cast<uint16_t>(value);
+  const char* token = std::getenv("WEFT_STORE_TOKEN");
+  server.writer_token = token ? token : "";
+  server.threads = std::max(2, Threads(options));
+  // Block the stop signals before the server's threads start, then wait for one here.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(*backend, server));
+  std::printf("serving %s on http://%s:%u (%s)\n", backend->Describe().c_str(), server.address.c_str(),
+              static_cast<unsigned>(running->port()),
+              server.writer_token.empty() ? "read-only: set WEFT_STORE_TOKEN to accept writes" : "writes need WEFT_STORE_TOKEN");
+  std::fflush(stdout);
+  int received = 0;
+  sigwait(&signals, &received);
+  running->Stop();
+  std::printf("stopped\n");
+  return Status::Ok();
+}
+
 Status RunCollect(const StoreOptions& options) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
@@ -161,12 +200,12 @@ Status RunCollect(const StoreOptions& options) {
 }  // namespace
 
 void RegisterStore(CLI::App& app, Action* action) {
-  CLI::App* store = app.add_subcommand("store", "Publish to and pull from a policy store (directory stores)");
+  CLI::App* store = app.add_subcommand("store", "Publish to, pull from, list, collect and serve policy stores");
   store->require_subcommand(1);
 
   auto publish = std::make_shared<StoreOptions>();
   CLI::App* p = store->add_subcommand("publish", "Publish MODEL.safetensors as the next version of a run");
-  p->add_option("--store", publish->store, "store: a directory or file://PATH")->required();
+  p->add_option("--store", publish->store, "store: a directory, file://PATH or http://HOST:PORT")->required();
   p->add_option("--run", publish->run, "run id")->required();
   p->add_option("--version", publish->version, "expected version number (refused if it is not the next one)")->check(CLI::NonNegativeNumber);
   p->add_option("--keyframe-interval", publish->keyframe_interval, "a keyframe at least every N versions")->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
@@ -177,7 +216,7 @@ void RegisterStore(CLI::App& app, Action* action) {
 
   auto pull = std::make_shared<StoreOptions>();
   CLI::App* g = store->add_subcommand("pull", "Fetch a version (default: latest) as safetensors");
-  g->add_option("--store", pull->store, "store: a directory or file://PATH")->required();
+  g->add_option("--store", pull->store, "store: a directory, file://PATH or http://HOST:PORT")->required();
   g->add_option("--run", pull->run, "run id")->required();
   g->add_option("--version", pull->version, "version (default: latest)")->check(CLI::NonNegativeNumber);
   g->add_option("--have", pull->model, "a local copy of an earlier version, to download only deltas")->check(CLI::ExistingFile);
@@ -198,6 +237,13 @@ void RegisterStore(CLI::App& app, Action* action) {
   c->add_option("--pin", collect->pins, "a version still needed (repeatable); the latest is always kept");
   c->add_flag("--dry-run", collect->dry_run, "report what would be deleted, delete nothing");
   c->callback([collect, action] { *action = [collect] { return RunCollect(*collect); }; });
+
+  auto serve = std::make_shared<StoreOptions>();
+  CLI::App* v = store->add_subcommand("serve", "Serve a store over HTTP (writes need WEFT_STORE_TOKEN)");
+  v->add_option("--store", serve->store, "the store to serve: a directory or file://PATH")->required();
+  v->add_option("--listen", serve->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
+  v->add_option("--threads", serve->threads, "server threads (default: all cores, at least 2)")->check(CLI::Range(1, 1024));
+  v->callback([serve, action] { *action = [serve] { return RunServe(*serve); }; });
 }
 
 }  // namespace weft::cli

@@ -1,6 +1,9 @@
 #include "policy_store/object_store.h"
 
+#include <cstdlib>
+
 #include "policy_store/directory_store.h"
+#include "policy_store/http_store.h"
 
 namespace weft::policy_store {
 
@@ -26,7 +29,8 @@ Status ValidateKey(const std::string& key) {
 
 Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri) {
   if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) {
-    return InvalidArgument(uri + ": HTTP stores are not implemented yet; use a directory");
+    const char* token = std::getenv("WEFT_STORE_TOKEN");
+    return std::unique_ptr<ObjectStore>(std::make_unique<HttpStore>(uri, token ? token : ""));
   }
   std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri;
   if (path.empty()) return InvalidArgument("empty store path");

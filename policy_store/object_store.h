@@ -45,8 +45,8 @@ class ObjectStore {
 
 Status ValidateKey(const std::string& key);
 
-// Opens a store from a URI: a directory path or file://PATH. (HTTP stores are not implemented
-// yet and are refused with a clear error.)
+// Opens a store from a URI: a directory path, file://PATH, or http(s)://HOST:PORT (a Store API
+// server; writes use the token in the environment variable WEFT_STORE_TOKEN).
 Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri);
 
 }  // namespace weft::policy_store

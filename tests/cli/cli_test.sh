@@ -87,7 +87,7 @@ grep -q "1 delta from v2" out.txt && ok || fail "pull --have path: $(cat out.txt
 same_data s3.bf16 q3.safetensors
 expect_error "the next version is 4" "$weft" store publish --store st --run r1 --version 9 s3.bf16
 expect_error "same dtype and shape" "$weft" store publish --store st --run r1 m3.safetensors
-expect_error "not implemented yet" "$weft" store pull --store http://localhost:1 --run r1 -o x
+expect_error "after 4 attempts" "$weft" store pull --store http://127.0.0.1:1 --run r1 -o x
 expect_error "run id" "$weft" store pull --store st --run ../r1 -o x
 expect_error "no published version" "$weft" store pull --store st --run nothing -o x
 # Retention: with version 3 pinned (rebuilt from the keyframe at 2), versions 0 and 1 go.
@@ -97,6 +97,29 @@ expect_ok "$weft" store gc --store st --run r1 --pin 3
 grep -q "deleted 2 versions" out.txt && ok || fail "gc: $(cat out.txt)"
 expect_ok "$weft" store pull --store st --run r1 -o after-gc.safetensors
 same_data s3.bf16 after-gc.safetensors
+
+# The same store served over HTTP: publish with the writer token, pull without one.
+WEFT_STORE_TOKEN=let-me-in "$weft" store serve --store served --listen 127.0.0.1:0 > serve.txt 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null' EXIT
+url=""
+for _ in $(seq 100); do
+  url=$(grep -o 'http://127.0.0.1:[0-9]*' serve.txt || true)
+  [ -n "$url" ] && break
+  sleep 0.1
+done
+if [ -z "$url" ]; then
+  fail "store server did not start: $(cat serve.txt)"
+else
+  for v in 0 1 2; do WEFT_STORE_TOKEN=let-me-in expect_ok "$weft" store publish --store "$url" --run r2 s$v.bf16; done
+  expect_error "401" "$weft" store publish --store "$url" --run r2 s3.bf16
+  expect_ok "$weft" store pull --store "$url" --run r2 --have s1.bf16 -o http2.safetensors
+  grep -q "1 delta from v1" out.txt && ok || fail "pull over HTTP: $(cat out.txt)"
+  same_data s2.bf16 http2.safetensors
+  kill $server && wait $server 2>/dev/null
+  grep -q "stopped" serve.txt && ok || fail "store server did not stop cleanly: $(cat serve.txt)"
+fi
+trap - EXIT
 
 # A blob corrupted on disk (version 3's delta) is detected and named, and no output is written.
 blob=$(grep -o '"sha256": *"[0-9a-f]*"' st/runs/r1/versions/00000000000000000003.json | grep -o '[0-9a-f]\{64\}')

@@ -1,5 +1,6 @@
 #include "policy_store/object_store.h"
 
+#include <curl/curl.h>
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -8,6 +9,8 @@
 #include <thread>
 
 #include "policy_store/directory_store.h"
+#include "policy_store/http_server.h"
+#include "policy_store/http_store.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
@@ -31,11 +34,8 @@ TEST_CASE("keys: path traversal, absolute paths and odd characters are refused")
   CHECK(!ValidateKey(std::string(600, 'a')).ok());
 }
 
-TEST_CASE("directory store: immutable objects, compare-and-swap, listing") {
-  std::string root = TempRoot("store");
-  auto store = DirectoryStore::Open(root);
-  REQUIRE(store.ok());
-  ObjectStore& s = **store;
+// The ObjectStore contract, checked the same way for every backend.
+void CheckStoreSemantics(ObjectStore& s) {
   CHECK(s.Get("blobs/x").status().code() == StatusCode::kNotFound);
   REQUIRE(s.PutImmutable("blobs/x", Bytes("hello")).ok());
   CHECK(s.PutImmutable("blobs/x", Bytes("hello")).ok());  // the same bytes again
@@ -46,7 +46,8 @@ TEST_CASE("directory store: immutable objects, compare-and-swap, listing") {
   CHECK(*s.Exists("blobs/x"));
   CHECK(!*s.Exists("blobs/y"));
   CHECK(s.PutImmutable("../escape", Bytes("x")).code() == StatusCode::kInvalidArgument);
-  CHECK(!std::filesystem::exists(std::filesystem::path(root).parent_path() / "escape"));
+  REQUIRE(s.PutImmutable("blobs/empty", {}).ok());
+  CHECK(s.Get("blobs/empty")->empty());
 
   CHECK(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "1\n").code() == StatusCode::kConflict);
   REQUIRE(s.CompareAndSwap("runs/r/latest", std::nullopt, "0\n").ok());
@@ -60,7 +61,128 @@ TEST_CASE("directory store: immutable objects, compare-and-swap, listing") {
   REQUIRE(keys.ok());
   CHECK(*keys == std::vector<std::string>{"runs/r/versions/a", "runs/r/versions/b"});
   CHECK(s.List("nothing/here/")->empty());
+  REQUIRE(s.Delete("runs/r/versions/a").ok());
+  CHECK(s.Delete("runs/r/versions/a").ok());  // already gone
+  CHECK(s.List("runs/r/versions/")->size() == 1);
+}
+
+TEST_CASE("directory store: immutable objects, compare-and-swap, listing, deletion") {
+  std::string root = TempRoot("store");
+  auto store = DirectoryStore::Open(root);
+  REQUIRE(store.ok());
+  CheckStoreSemantics(**store);
+  CHECK(!std::filesystem::exists(std::filesystem::path(root).parent_path() / "escape"));
   std::filesystem::remove_all(root);
+}
+
+// A store server on an ephemeral loopback port, backed by a directory store.
+struct Served {
+  std::string root;
+  std::unique_ptr<DirectoryStore> backend;
+  std::unique_ptr<StoreServer> server;
+  std::string url;
+
+  explicit Served(std::string token) : root(TempRoot("http")) {
+    backend = std::move(DirectoryStore::Open(root)).value();
+    StoreServerOptions options;
+    options.writer_token = std::move(token);
+    options.max_body_bytes = 1 << 20;
+    server = std::move(StoreServer::Start(*backend, options)).value();
+    url = "http://127.0.0.1:" + std::to_string(server->port());
+  }
+  ~Served() {
+    server->Stop();
+    std::filesystem::remove_all(root);
+  }
+};
+
+HttpStoreOptions FastRetries() {
+  HttpStoreOptions options;
+  options.attempts = 2;
+  options.first_backoff = std::chrono::milliseconds(10);
+  options.timeout = std::chrono::milliseconds(10000);
+  return options;
+}
+
+// A request exactly as given (no path normalisation), for what a well-behaved client never sends.
+HttpStore::Reply Raw(const std::string& url, const std::string& method, const std::vector<std::string>& headers = {},
+                     const std::string& body = "") {
+  HttpStore::Reply reply;
+  CURL* curl = curl_easy_init();
+  curl_slist* list = nullptr;
+  for (const auto& h : headers) list = curl_slist_append(list, h.c_str());
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
+  curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method.c_str());
+  if (!body.empty()) {
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.data());
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+  }
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t count, void* user) {
+    auto* out = static_cast<std::vector<uint8_t>*>(user);
+    out->insert(out->end(), data, data + size * count);
+    return size * count;
+  });
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &reply.body);
+  if (curl_easy_perform(curl) == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &reply.status);
+  curl_slist_free_all(list);
+  curl_easy_cleanup(curl);
+  return reply;
+}
+
+std::string Text(const HttpStore::Reply& reply) { return std::string(reply.body.begin(), reply.body.end()); }
+
+TEST_CASE("HTTP store: the same contract through weft's store server") {
+  Served served("secret");
+  HttpStore store(served.url, "secret", FastRetries());
+  CheckStoreSemantics(store);
+  // What the server wrote landed in its backend.
+  CHECK(*served.backend->Exists("blobs/x"));
+}
+
+TEST_CASE("HTTP store server: authentication, ranges, caching headers, hostile requests") {
+  Served served("secret");
+  REQUIRE(served.backend->PutImmutable("blobs/abc", Bytes("0123456789")).ok());
+  HttpStore anonymous(served.url, "", FastRetries());
+  HttpStore wrong(served.url, "guess", FastRetries());
+  CHECK(anonymous.PutImmutable("blobs/new", Bytes("x")).message().find("401") != std::string::npos);
+  CHECK(wrong.CompareAndSwap("runs/r/latest", std::nullopt, "0").message().find("writer token") != std::string::npos);
+  CHECK(wrong.Delete("blobs/abc").code() == StatusCode::kInvalidArgument);
+  CHECK(*anonymous.Exists("blobs/abc"));  // reads need no token
+
+  const std::string object = served.url + "/v1/objects/blobs/abc";
+  auto whole = Raw(object, "GET");
+  CHECK(whole.status == 200);
+  CHECK(Text(whole) == "0123456789");
+  auto part = Raw(object, "GET", {"Range: bytes=2-5"});
+  CHECK(part.status == 206);
+  CHECK(Text(part) == "2345");
+  CHECK(Text(Raw(object, "GET", {"Range: bytes=7-"})) == "789");
+  CHECK(Text(Raw(object, "GET", {"Range: bytes=-3"})) == "789");
+  CHECK(Raw(object, "GET", {"Range: bytes=20-30"}).status == 416);
+  CHECK(Raw(object, "GET", {"If-None-Match: \"abc\""}).status == 304);
+  CHECK(Raw(served.url + "/v1/objects/../../etc/passwd", "GET").status == 400);
+  CHECK(Raw(served.url + "/v1/objects/blobs/abc?x=1", "GET").status == 400);
+  CHECK(Raw(served.url + "/v1/nothing", "GET").status == 404);
+  CHECK(Raw(object, "PATCH").status == 405);
+  CHECK(Raw(served.url + "/v1/cas/runs/r/latest", "POST", {"Authorization: Bearer secret"}, "{\"desired\": 3}").status == 400);
+  auto too_big = Raw(served.url + "/v1/objects/blobs/big", "PUT", {"Authorization: Bearer secret"}, std::string((1 << 20) + 10, 'x'));
+  CHECK(too_big.status == 413);
+  CHECK(!*served.backend->Exists("blobs/big"));
+  CHECK(Raw(served.url + "/livez", "GET").status == 200);
+}
+
+TEST_CASE("HTTP store: a read-only server refuses writes; an unreachable server is unavailable") {
+  Served served("");
+  HttpStore store(served.url, "anything", FastRetries());
+  CHECK(store.PutImmutable("blobs/x", Bytes("x")).message().find("read-only") != std::string::npos);
+  const std::string url = served.url;
+  served.server->Stop();
+  HttpStore gone(url, "", FastRetries());
+  Status status = gone.Get("blobs/x").status();
+  CHECK(status.code() == StatusCode::kUnavailable);
+  CHECK(status.message().find("after 2 attempts") != std::string::npos);
 }
 
 TEST_CASE("directory store: racing compare-and-swaps, exactly one winner per step") {

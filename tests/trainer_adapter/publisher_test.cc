@@ -8,6 +8,8 @@
 
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
+#include "policy_store/http_server.h"
+#include "policy_store/http_store.h"
 
 namespace weft::trainer_adapter {
 namespace {
@@ -208,6 +210,33 @@ TEST_CASE("retention deletes what no pinned version needs, and nothing else") {
   CHECK(SameBytes(old, published[12]));
   // Running it again finds nothing more to delete.
   CHECK(policy_store::CollectGarbage(*f.store, "run", {9}, false)->versions_deleted == 0);
+}
+
+TEST_CASE("publish and pull through a store server over HTTP") {
+  Fixture f;
+  policy_store::StoreServerOptions server_options;
+  server_options.writer_token = "token";
+  auto server = policy_store::StoreServer::Start(*f.store, server_options);
+  REQUIRE(server.ok());
+  policy_store::HttpStore remote("http://127.0.0.1:" + std::to_string((*server)->port()), "token");
+  auto publisher = Publisher::Start(remote, "run", f.Master(), sync::ServingPlan{}, Options(3));
+  REQUIRE(publisher.ok());
+  std::vector<sync::ServedModel> published = {(*publisher)->served()};
+  for (int v = 1; v <= 5; ++v) {
+    f.adam.Step(1);
+    REQUIRE((*publisher)->Publish(f.Master()).ok());
+    published.push_back((*publisher)->served());
+  }
+  StoreReader reader(remote, "run", 1);
+  sync::ServedModel model;
+  REQUIRE(reader.Pull(5, std::nullopt, &model).ok());
+  CHECK(SameBytes(model, published[5]));
+  sync::ServedModel older = published[4];
+  auto report = reader.Pull(5, 4, &older);
+  REQUIRE(report.ok());
+  CHECK(report->path == "1 delta from v4");
+  CHECK(SameBytes(older, published[5]));
+  (*server)->Stop();
 }
 
 }  // namespace

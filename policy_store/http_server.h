@@ -1,0 +1,45 @@
+// StoreServer: serves an ObjectStore over HTTP/1.1 (`weft store serve`), the API of
+// docs/api.md ("Store API"). Anyone may read; writes need the writer token.
+//
+// Shape: one listener and one session per connection on a strand, an io_context run on
+// `threads` threads, a deadline on every read, and a request size limit; handlers never throw
+// (backend errors become JSON error responses). Objects under blobs/ and runs/*/versions/ are
+// immutable and served as such (ETag, Cache-Control: immutable), so any HTTP cache in front is
+// safe; GET supports a single byte Range. Start() returns once the port is bound; Stop() (or the
+// destructor) closes the listener and joins the threads. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "policy_store/object_store.h"
+
+namespace weft::policy_store {
+
+struct StoreServerOptions {
+  std::string address = "127.0.0.1";
+  uint16_t port = 0;             // 0: any free port (see StoreServer::port)
+  std::string writer_token;      // empty: the server is read-only
+  uint64_t max_body_bytes = uint64_t{4} << 30;
+  int threads = 2;
+  std::chrono::seconds read_timeout{30};
+};
+
+class StoreServer {
+ public:
+  static Result<std::unique_ptr<StoreServer>> Start(ObjectStore& backend, const StoreServerOptions& options);
+  ~StoreServer();
+
+  uint16_t port() const;
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit StoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weft::policy_store
