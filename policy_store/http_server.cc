@@ -288,9 +288,10 @@ class Listener : public std::enable_shared_from_this<Listener> {
 
 struct StoreServer::Impl {
   Impl(ObjectStore& backend, const StoreServerOptions& options)
-      : shared{backend, options}, context(std::max(1, options.threads)) {}
+      : shared{backend, options}, context(std::make_unique<asio::io_context>(std::max(1, options.threads))) {}
   Shared shared;
-  asio::io_context context;
+  // Sessions live in the context's pending handlers: destroying the context closes them all.
+  std::unique_ptr<asio::io_context> context;
   std::shared_ptr<Listener> listener;
   std::vector<std::thread> threads;
   uint16_t port = 0;
@@ -301,7 +302,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend, co
   beast::error_code error;
   auto address = asio::ip::make_address(options.address, error);
   if (error) return InvalidArgument("cannot listen on '" + options.address + "': not an IP address");
-  tcp::acceptor acceptor(impl->context);
+  tcp::acceptor acceptor(*impl->context);
   tcp::endpoint endpoint(address, options.port);
   acceptor.open(endpoint.protocol(), error);
   if (!error) acceptor.set_option(asio::socket_base::reuse_address(true), error);
@@ -311,9 +312,9 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend, co
     return Unavailable("cannot listen on " + options.address + ":" + std::to_string(options.port) + ": " + error.message());
   }
   impl->port = acceptor.local_endpoint().port();
-  impl->listener = std::make_shared<Listener>(impl->context, std::move(acceptor), impl->shared);
+  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->shared);
   impl->listener->Accept();
-  for (int t = 0; t < std::max(1, options.threads); ++t) impl->threads.emplace_back([context = &impl->context] { context->run(); });
+  for (int t = 0; t < std::max(1, options.threads); ++t) impl->threads.emplace_back([context = impl->context.get()] { context->run(); });
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 
@@ -324,11 +325,16 @@ StoreServer::~StoreServer() { Stop(); }
 uint16_t StoreServer::port() const { return impl_->port; }
 
 void StoreServer::Stop() {
-  if (!impl_ || impl_->threads.empty()) return;
-  asio::post(impl_->context, [listener = impl_->listener] { listener->Close(); });
-  impl_->context.stop();
+  if (!impl_ || !impl_->context) return;
+  // Stop the threads first; then nothing else touches the listener or the sessions, so the
+  // listening socket is closed here (new connections are refused at once) and destroying the
+  // context destroys every session with its socket.
+  impl_->context->stop();
   for (auto& thread : impl_->threads) thread.join();
   impl_->threads.clear();
+  impl_->listener->Close();
+  impl_->listener.reset();
+  impl_->context.reset();
 }
 
 }  // namespace weft::policy_store

@@ -6,7 +6,8 @@
 // (backend errors become JSON error responses). Objects under blobs/ and runs/*/versions/ are
 // immutable and served as such (ETag, Cache-Control: immutable), so any HTTP cache in front is
 // safe; GET supports a single byte Range. Start() returns once the port is bound; Stop() (or the
-// destructor) closes the listener and joins the threads. Thread-safe.
+// destructor) joins the threads, closes the listening socket and every open connection.
+// Thread-safe, except that Stop() must not race with itself.
 #pragma once
 
 #include <chrono>

@@ -45,6 +45,9 @@ Status StatusOf(const HttpStore::Reply& reply, const std::string& what) {
 HttpStore::HttpStore(std::string base_url, std::string writer_token, HttpStoreOptions options)
     : base_url_(std::move(base_url)), writer_token_(std::move(writer_token)), options_(options) {
   while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
+  for (const char* host : {"://127.", "://localhost", "://[::1]"}) {
+    if (base_url_.find(host) != std::string::npos) loopback_ = true;
+  }
   InitCurlOnce();
 }
 
@@ -72,6 +75,9 @@ Result<HttpStore::Reply> HttpStore::Request(const std::string& method, const std
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.timeout.count()));
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    // Loopback never goes through a proxy, whatever the environment says; other hosts honour
+    // the usual proxy variables.
+    if (loopback_) curl_easy_setopt(curl, CURLOPT_PROXY, "");
     if (method == "HEAD") {
       curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
     } else if (method != "GET") {

@@ -46,6 +46,7 @@ class HttpStore : public ObjectStore {
   std::string base_url_;
   std::string writer_token_;
   HttpStoreOptions options_;
+  bool loopback_ = false;
 };
 
 }  // namespace weft::policy_store
