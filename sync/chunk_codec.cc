@@ -64,6 +64,29 @@ inline size_t AppendSetBits(uint64_t mask, uint32_t base, uint32_t* offsets, siz
   return size + static_cast<size_t>(changed);
 }
 
+// Finishes a window of changes found by a SIMD scan: for the change offsets[k] (k < count),
+// element offsets[k] - element_base of `old_units` and `new_units` are its old and new values.
+// Writes each residual and returns the digest change (summed in batches, SIMD when available) of
+// elements at tensor index first_index + offsets[k]; counts are at most kWindowUnits.
+inline constexpr uint32_t kWindowUnits = 4096;  // units whose changes are finished while in L1
+
+template <typename T>
+Digest FinishWindow(KeyKind kind, const uint8_t* old_units, const uint8_t* new_units,
+                    const uint32_t* offsets, uint32_t* residuals, size_t count,
+                    uint32_t element_base, uint64_t first_index, bool want_digest) {
+  uint32_t before[kWindowUnits], after[kWindowUnits];
+  for (size_t k = 0; k < count; ++k) {
+    const uint32_t element = offsets[k] - element_base;
+    T x, y;
+    std::memcpy(&x, old_units + size_t{element} * sizeof(T), sizeof(T));
+    std::memcpy(&y, new_units + size_t{element} * sizeof(T), sizeof(T));
+    residuals[k] = static_cast<uint32_t>(Residual<T>(kind, x, y));
+    before[k] = x;
+    after[k] = y;
+  }
+  return want_digest ? SumElementChanges(first_index, offsets, before, after, count) : Digest{};
+}
+
 #if defined(__x86_64__)
 #define WEFT_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
 
@@ -100,7 +123,7 @@ WEFT_AVX2 void ScanAvx2(KeyKind kind, const uint8_t* old_bytes, const uint8_t* n
                         uint32_t count, uint32_t offset_base, uint64_t index_base,
                         ChangeList* changes, Digest* digest_change) {
   constexpr uint32_t kPerBlock = 64 / sizeof(T);
-  constexpr uint32_t kWindow = 4096;  // elements whose changes are finished while still in L1
+  constexpr uint32_t kWindow = kWindowUnits;
   const uint32_t blocks_end = count - count % kPerBlock;
   size_t size = changes->size();
   // Room for every element plus the unconditional writes past the last change.
@@ -120,23 +143,9 @@ WEFT_AVX2 void ScanAvx2(KeyKind kind, const uint8_t* old_bytes, const uint8_t* n
       _mm_prefetch(reinterpret_cast<const char*>(b) + detail::kPrefetchBytes, _MM_HINT_T0);
       size = AppendSetBits<sizeof(T)>(DiffMask64<T>(a, b), offset_base + j, offsets, size);
     }
-    // Residuals and digest terms while the window is still in L1; the digest is summed in batches
-    // (SIMD when available) from the old and new values gathered here.
-    uint32_t before[kWindow], after[kWindow];
-    const size_t window_changes = size - window_start;
-    for (size_t k = 0; k < window_changes; ++k) {
-      const uint32_t element = offsets[window_start + k] - offset_base;
-      T x, y;
-      std::memcpy(&x, old_bytes + size_t{element} * sizeof(T), sizeof(T));
-      std::memcpy(&y, new_bytes + size_t{element} * sizeof(T), sizeof(T));
-      residuals[window_start + k] = static_cast<uint32_t>(Residual<T>(kind, x, y));
-      before[k] = x;
-      after[k] = y;
-    }
-    if (digest_change != nullptr) {
-      digest += SumElementChanges(index_base - offset_base, offsets + window_start, before, after,
-                                  window_changes);
-    }
+    digest += FinishWindow<T>(kind, old_bytes, new_bytes, offsets + window_start, residuals + window_start,
+                              size - window_start, offset_base, index_base - offset_base,
+                              digest_change != nullptr);
   }
   changes->offsets.resize(size);
   changes->residuals.resize(size);
@@ -173,14 +182,13 @@ WEFT_AVX512 void ScanFromMasterBf16Avx512(const float* master, uint8_t* served_b
                                           uint64_t index_base, ChangeList* changes,
                                           Digest* digest_change) {
   constexpr uint32_t kPerBlock = 32;
-  constexpr uint32_t kWindow = 4096;
+  constexpr uint32_t kWindow = kWindowUnits;
   uint16_t* served = reinterpret_cast<uint16_t*>(served_bytes);
   // Word indices that gather the low 16 bits of the 32 lanes of two vectors.
   const __m512i pick_low = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36,
                                             34, 32, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8,
                                             6, 4, 2, 0);
   alignas(64) uint16_t fresh[kWindow];
-  uint32_t before[kWindow], after[kWindow];
   const uint32_t blocks_end = count - count % kPerBlock;
   size_t size = changes->size();
   changes->offsets.resize(size + count + 4);
@@ -203,19 +211,15 @@ WEFT_AVX512 void ScanFromMasterBf16Avx512(const float* master, uint8_t* served_b
       const uint64_t mask = _mm512_cmpneq_epi16_mask(converted, _mm512_loadu_si512(served + j));
       size = AppendSetBits<1>(mask, offset_base + j, offsets, size);
     }
+    // The old values are still in `served` (window-relative), the new ones in `fresh`.
     const size_t window_changes = size - window_start;
+    digest += FinishWindow<uint16_t>(KeyKind::kFloat, served_bytes + size_t{window_begin} * 2,
+                                     reinterpret_cast<const uint8_t*>(fresh), offsets + window_start,
+                                     residuals + window_start, window_changes, offset_base + window_begin,
+                                     index_base - offset_base, digest_change != nullptr);
     for (size_t k = 0; k < window_changes; ++k) {
       const uint32_t element = offsets[window_start + k] - offset_base;
-      const uint16_t x = served[element];
-      const uint16_t y = fresh[element - window_begin];
-      residuals[window_start + k] = static_cast<uint16_t>(OrderKey(y) - OrderKey(x));
-      before[k] = x;
-      after[k] = y;
-      served[element] = y;
-    }
-    if (digest_change != nullptr) {
-      digest += SumElementChanges(index_base - offset_base, offsets + window_start, before, after,
-                                  window_changes);
+      served[element] = fresh[element - window_begin];
     }
   }
   changes->offsets.resize(size);
