@@ -187,14 +187,17 @@ Result<std::vector<uint64_t>> StoreReader::Versions() {
   return versions;
 }
 
-Status StoreReader::CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest) {
+Status StoreReader::CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
+                                         const sync::ModelDelta* pending) {
   if (model.tensors().size() != manifest.tensors.size()) {
     return DataLoss("version " + std::to_string(manifest.version) + " has " + std::to_string(manifest.tensors.size()) +
                     " tensors, the local copy " + std::to_string(model.tensors().size()));
   }
   for (const ManifestTensor& t : manifest.tensors) {
     const sync::ServedModel::Tensor* local = model.Find(t.name);
-    if (local == nullptr || local->spec.dtype != t.dtype || local->spec.shape != t.shape || local->digest != t.digest) {
+    const sync::TensorDelta* change = pending ? pending->Find(t.name) : nullptr;
+    const sync::Digest digest = change ? change->result_digest : local ? local->digest : sync::Digest{};
+    if (local == nullptr || local->spec.dtype != t.dtype || local->spec.shape != t.shape || digest != t.digest) {
       return DataLoss("tensor '" + t.name + "' does not match version " + std::to_string(manifest.version) + "'s manifest");
     }
   }
@@ -294,15 +297,7 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
     // check that it lands on the target's digests, then apply, which verifies it before writing.
     Result<sync::ModelDelta> delta = sync::ParseModelDelta(blobs[0]);
     if (!delta.ok()) return delta.status().WithContext("delta from version " + std::to_string(path[0].base));
-    for (const ManifestTensor& t : goal.tensors) {
-      const sync::TensorDelta* changed = delta->Find(t.name);
-      const sync::ServedModel::Tensor* local = model->Find(t.name);
-      if (local == nullptr || (changed ? changed->result_digest : local->digest) != t.digest) {
-        return DataLoss("the delta to version " + std::to_string(target) + " does not produce tensor '" + t.name +
-                        "' of its manifest");
-      }
-    }
-    if (model->tensors().size() != goal.tensors.size()) return DataLoss("version " + std::to_string(target) + " has a different tensor set");
+    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, goal, &*delta).WithContext("the delta from version " + std::to_string(path[0].base)));
     WEFT_RETURN_IF_ERROR(model->Apply(*delta, threads_).WithContext("delta from version " + std::to_string(path[0].base)));
     return report;
   }

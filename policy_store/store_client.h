@@ -102,7 +102,10 @@ class StoreReader {
 
  private:
   Result<sync::ServedModel> LoadKeyframe(const Manifest& manifest);
-  Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest);
+  // Whether `model`, after `pending` (if given) were applied, holds exactly the manifest's tensors
+  // (names, dtypes, shapes, digests). Reads digests only.
+  Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
+                              const sync::ModelDelta* pending = nullptr);
 
   ObjectStore& store_;
   std::string run_id_;
