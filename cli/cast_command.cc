@@ -27,8 +27,6 @@ struct CastOptions {
   bool no_saturate = false;
 };
 
-constexpr std::string_view kScaleSuffix = "_scale_inv";
-
 bool EndsWith(const std::string& text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -49,7 +47,7 @@ Result<std::vector<float>> ReadAsFloat(const SafetensorsFile& file, const Safete
   std::vector<float> values(tensor.element_count());
   ConvertToFloat(tensor.dtype, tensor.data, values);
   const bool fp8 = tensor.dtype == DType::kF8E4M3 || tensor.dtype == DType::kF8E5M2;
-  const SafetensorsTensor* scale = file.Find(tensor.name + std::string(kScaleSuffix));
+  const SafetensorsTensor* scale = file.Find(ScaleTensorName(tensor.name));
   if (fp8 && scale != nullptr) {
     WEFT_ASSIGN_OR_RETURN(BlockScaling scaling, ScalingOfExisting(tensor, *scale));
     std::vector<float> scales(scale->element_count());
@@ -100,7 +98,7 @@ Status RunCast(const CastOptions& options) {
       QuantizeFp8(*values, scaling, scales, fp8, saturation, out);
       storage.emplace_back(scales.size() * sizeof(float));
       std::memcpy(storage.back().data(), scales.data(), storage.back().size());
-      outputs.push_back({tensor.name + std::string(kScaleSuffix), DType::kF32, scaling.scale_shape(), storage.back()});
+      outputs.push_back({ScaleTensorName(tensor.name), DType::kF32, scaling.scale_shape(), storage.back()});
     }
     outputs.push_back({tensor.name, target, tensor.shape, out});
     ++converted;

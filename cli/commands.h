@@ -13,6 +13,9 @@ namespace weft::cli {
 // Set by a subcommand's parse callback; main() runs it after parsing.
 using Action = std::function<Status()>;
 
+// A --threads value: the number given, or every hardware thread when it is 0 (the default).
+int ThreadsOrAll(int requested);
+
 void RegisterCast(CLI::App& app, Action* action);
 void RegisterDelta(CLI::App& app, Action* action);
 void RegisterDemo(CLI::App& app, Action* action);

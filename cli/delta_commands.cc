@@ -26,7 +26,7 @@ struct DeltaOptions {
   bool per_tensor = false;
 };
 
-int Threads(const DeltaOptions& options) { return options.threads > 0 ? options.threads : HardwareThreads(); }
+int Threads(const DeltaOptions& options) { return ThreadsOrAll(options.threads); }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();

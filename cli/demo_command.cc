@@ -83,7 +83,7 @@ bool SameBytes(const ServedModel& a, const ServedModel& b) {
 Status RunDemo(const DemoOptions& options) {
   static const std::map<std::string, DType> kFormats = {
       {"bf16", DType::kBF16}, {"fp16", DType::kF16}, {"fp8-e4m3", DType::kF8E4M3}, {"fp8-e5m2", DType::kF8E5M2}};
-  const int threads = options.threads > 0 ? options.threads : HardwareThreads();
+  const int threads = ThreadsOrAll(options.threads);
   ServingPlan plan{kFormats.at(options.format), options.block, Saturation::kSaturateFinite};
   std::string out_dir = options.out_dir.empty()
       ? (std::filesystem::temp_directory_path() / ("weft-demo-" + std::to_string(::getpid()))).string()

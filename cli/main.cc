@@ -2,6 +2,13 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "common/parallel.h"
+
+namespace weft::cli {
+
+int ThreadsOrAll(int requested) { return requested > 0 ? requested : HardwareThreads(); }
+
+}  // namespace weft::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"weft: reinforcement learning across datacenters"};

@@ -34,18 +34,12 @@ struct StoreOptions {
   std::string listen = "127.0.0.1:8080";
 };
 
-int Threads(const StoreOptions& options) { return options.threads > 0 ? options.threads : HardwareThreads(); }
+int Threads(const StoreOptions& options) { return ThreadsOrAll(options.threads); }
 
 // The served tensors of a safetensors file, in file order.
 Result<sync::ServedModel> LoadModel(const std::string& path, int threads) {
   WEFT_ASSIGN_OR_RETURN(sync::SafetensorsFile file, sync::SafetensorsFile::Open(path));
-  std::vector<sync::TensorSpec> specs;
-  std::vector<std::vector<uint8_t>> bytes;
-  for (const auto& t : file.tensors()) {
-    specs.push_back({t.name, t.dtype, t.shape});
-    bytes.emplace_back(t.data.begin(), t.data.end());
-  }
-  return sync::ServedModel::FromTensors(std::move(specs), std::move(bytes), threads);
+  return sync::ServedModel::FromSafetensors(file, threads);
 }
 
 Status RunPublish(const StoreOptions& options) {
@@ -118,9 +112,7 @@ Status RunPull(const StoreOptions& options) {
     }
   }
   WEFT_ASSIGN_OR_RETURN(PullReport report, reader.Pull(target, have, &model));
-  std::vector<sync::TensorToWrite> tensors;
-  for (const auto& t : model.tensors()) tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes});
-  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(options.output, tensors));
+  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(options.output, model.AsTensorsToWrite()));
   std::printf("%s: run %s version %llu, %llu bytes downloaded (%s), every blob and digest verified\n",
               options.output.c_str(), options.run.c_str(), static_cast<unsigned long long>(target),
               static_cast<unsigned long long>(report.bytes_downloaded), report.path.c_str());

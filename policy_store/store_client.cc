@@ -83,8 +83,7 @@ Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef
 }
 
 std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model) {
-  std::vector<sync::TensorToWrite> tensors;
-  for (const auto& t : model.tensors()) tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes});
+  std::vector<sync::TensorToWrite> tensors = model.AsTensorsToWrite();
   Result<sync::SafetensorsLayout> layout = sync::PlanSafetensors(tensors, {});
   std::vector<uint8_t> bytes = layout->header;  // served tensors always form a valid file
   for (size_t i : layout->order) bytes.insert(bytes.end(), tensors[i].data.begin(), tensors[i].data.end());
@@ -209,15 +208,7 @@ Result<sync::ServedModel> StoreReader::LoadKeyframe(const Manifest& manifest) {
   WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store_, *manifest.keyframe, what));
   Result<sync::SafetensorsFile> file = sync::SafetensorsFile::Parse(bytes);
   if (!file.ok()) return file.status().WithContext(what);
-  std::vector<sync::TensorSpec> specs;
-  std::vector<std::vector<uint8_t>> data;
-  for (const ManifestTensor& t : manifest.tensors) {
-    const sync::SafetensorsTensor* tensor = file->Find(t.name);
-    if (tensor == nullptr) return DataLoss(what + " lacks tensor '" + t.name + "'");
-    specs.push_back({t.name, tensor->dtype, tensor->shape});
-    data.emplace_back(tensor->data.begin(), tensor->data.end());
-  }
-  sync::ServedModel model = sync::ServedModel::FromTensors(std::move(specs), std::move(data), threads_);
+  sync::ServedModel model = sync::ServedModel::FromSafetensors(*file, threads_);
   WEFT_RETURN_IF_ERROR(CheckAgainstManifest(model, manifest).WithContext(what));
   return model;
 }

@@ -177,8 +177,6 @@ void ConvertFp8(std::span<const float> in, std::span<uint8_t> out, Fp8Format for
   ConvertFp8RefBulk(in, out, format, saturation, divisor);
 }
 
-bool SimdAvailable() { return kUseSimd; }
-
 float AbsMaxRef(std::span<const float> values) {
   float result = 0.0f;
   for (float v : values) {

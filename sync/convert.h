@@ -61,9 +61,6 @@ float AbsMaxRef(std::span<const float> values);
 // Widening: element i of a tensor of `dtype` (any float or integer type) as FP32.
 void ConvertToFloat(DType dtype, std::span<const uint8_t> in, std::span<float> out);
 
-// Whether the SIMD paths are in use on this CPU.
-bool SimdAvailable();
-
 inline uint32_t FloatBits(float value) { return std::bit_cast<uint32_t>(value); }
 inline float BitsToFloat(uint32_t bits) { return std::bit_cast<float>(bits); }
 

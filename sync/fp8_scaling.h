@@ -12,11 +12,17 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "sync/convert.h"
 
 namespace weft::sync {
+
+// The served scale tensor of FP8 tensor `name` is named name + kScaleSuffix.
+inline constexpr std::string_view kScaleSuffix = "_scale_inv";
+inline std::string ScaleTensorName(const std::string& name) { return name + std::string(kScaleSuffix); }
 
 struct BlockScaling {
   uint64_t rows = 0;

@@ -5,8 +5,6 @@
 namespace weft::sync {
 namespace {
 
-constexpr const char* kScaleSuffix = "_scale_inv";
-
 Fp8Format Fp8Of(DType dtype) { return dtype == DType::kF8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2; }
 
 std::span<const uint8_t> AsBytes(const std::vector<float>& values) {
@@ -37,7 +35,7 @@ Result<ServedModel> ServedModel::FromMaster(const std::vector<MasterTensor>& mas
       BlockScaling scaling = ScalingForShape(m.shape, plan.fp8_block);
       std::vector<float> scales = ComputeScales(m.weights, scaling, Fp8Of(plan.dtype));
       QuantizeFp8(m.weights, scaling, scales, Fp8Of(plan.dtype), plan.saturation, values.bytes);
-      TensorSpec scale_spec{m.name + kScaleSuffix, DType::kF32, scaling.scale_shape()};
+      TensorSpec scale_spec{ScaleTensorName(m.name), DType::kF32, scaling.scale_shape()};
       std::span<const uint8_t> scale_bytes = AsBytes(scales);
       model.tensors_.push_back({scale_spec, std::vector<uint8_t>(scale_bytes.begin(), scale_bytes.end()),
                                 TensorDigest(DType::kF32, scale_bytes)});
@@ -58,6 +56,22 @@ ServedModel ServedModel::FromTensors(std::vector<TensorSpec> specs,
   return model;
 }
 
+ServedModel ServedModel::FromSafetensors(const SafetensorsFile& file, int threads) {
+  std::vector<TensorSpec> specs;
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const SafetensorsTensor& t : file.tensors()) {
+    specs.push_back({t.name, t.dtype, t.shape});
+    bytes.emplace_back(t.data.begin(), t.data.end());
+  }
+  return FromTensors(std::move(specs), std::move(bytes), threads);
+}
+
+std::vector<TensorToWrite> ServedModel::AsTensorsToWrite() const {
+  std::vector<TensorToWrite> tensors;
+  for (const Tensor& t : tensors_) tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes});
+  return tensors;
+}
+
 Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
                                        const CodecOptions& options) {
   ModelDelta delta;
@@ -70,7 +84,7 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
     BlockScaling scaling;
     std::vector<float> scales;
     if (is_fp8()) {
-      Tensor* scale = FindMutable(m.name + kScaleSuffix);
+      Tensor* scale = FindMutable(ScaleTensorName(m.name));
       scaling = ScalingForShape(m.shape, plan_.fp8_block);
       scales = ComputeScales(m.weights, scaling, Fp8Of(plan_.dtype));
       std::span<const uint8_t> scale_bytes = AsBytes(scales);

@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "sync/delta_codec.h"
+#include "sync/safetensors.h"
 
 namespace weft::sync {
 
@@ -47,6 +48,10 @@ class ServedModel {
   // computed. Update() needs a model built FromMaster; Apply() works on either.
   static ServedModel FromTensors(std::vector<TensorSpec> specs, std::vector<std::vector<uint8_t>> bytes,
                                  int threads);
+  // Every tensor of a safetensors file, in file order (copied; digests computed).
+  static ServedModel FromSafetensors(const SafetensorsFile& file, int threads);
+  // The tensors as a safetensors writer takes them (views into this model).
+  std::vector<TensorToWrite> AsTensorsToWrite() const;
 
   // Moves every served tensor to the new master weights (same names and shapes as FromMaster)
   // and returns the delta from the previous state.
