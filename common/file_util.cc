@@ -80,7 +80,7 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what)
   return Status::Ok();
 }
 
-Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write) {
+Result<std::string> WriteTemporaryFile(const std::string& path, const std::function<Status(int fd)>& write) {
   std::filesystem::path target(path);
   std::filesystem::path directory = target.parent_path();
   if (directory.empty()) directory = ".";
@@ -89,7 +89,7 @@ Status WriteFileAtomic(const std::string& path, const std::function<Status(int f
   temp_name += ".tmp-XXXXXX";
   std::string temp = (directory / temp_name).string();
   int fd = ::mkstemp(temp.data());
-  if (fd < 0) return InvalidArgument(path + ": cannot create a temporary file: " + ErrnoText());
+  if (fd < 0) return Unavailable(path + ": cannot create a temporary file: " + ErrnoText());
   auto fail = [&](Status status) {
     ::close(fd);
     ::unlink(temp.c_str());
@@ -103,17 +103,51 @@ Status WriteFileAtomic(const std::string& path, const std::function<Status(int f
     ::unlink(temp.c_str());
     return Unavailable(path + ": close failed: " + ErrnoText());
   }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    std::string error = ErrnoText();
-    ::unlink(temp.c_str());
-    return Unavailable(path + ": rename failed: " + error);
-  }
+  return temp;
+}
+
+void SyncParentDirectory(const std::string& path) {
+  std::filesystem::path directory = std::filesystem::path(path).parent_path();
+  if (directory.empty()) directory = ".";
   int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd >= 0) {
     ::fsync(dir_fd);
     ::close(dir_fd);
   }
+}
+
+Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write) {
+  WEFT_ASSIGN_OR_RETURN(std::string temp, WriteTemporaryFile(path, write));
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    std::string error = ErrnoText();
+    ::unlink(temp.c_str());
+    return Unavailable(path + ": rename failed: " + error);
+  }
+  SyncParentDirectory(path);
   return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound(path + ": no such file");
+    return Unavailable(path + ": cannot open: " + ErrnoText());
+  }
+  std::vector<uint8_t> bytes;
+  uint8_t buffer[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      std::string error = ErrnoText();
+      ::close(fd);
+      return Unavailable(path + ": read failed: " + error);
+    }
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buffer, buffer + n);
+  }
+  ::close(fd);
+  return bytes;
 }
 
 }  // namespace weft

@@ -11,6 +11,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -39,6 +40,18 @@ class MappedFile {
 // Calls `write(fd)` on a temporary file, then makes the result durable and visible at `path`.
 // `write` returns a Status; on any error the temporary file is removed and `path` is untouched.
 Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write);
+
+// The first half of WriteFileAtomic: `write(fd)` into a new temporary file beside `path`, then
+// chmod 0644, fsync and close. Returns the temporary file's name (a hidden ".NAME.tmp-XXXXXX"),
+// which the caller renames or links into place, or removes.
+Result<std::string> WriteTemporaryFile(const std::string& path,
+                                       const std::function<Status(int fd)>& write);
+
+// fsyncs the directory holding `path`, making a rename or link there durable.
+void SyncParentDirectory(const std::string& path);
+
+// The whole file: kNotFound when it does not exist, kUnavailable on I/O errors.
+Result<std::vector<uint8_t>> ReadFile(const std::string& path);
 
 // Writes all of `bytes` to `fd`, retrying short writes.
 Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what);

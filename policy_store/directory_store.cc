@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,50 +27,13 @@ Status EnsureParent(const std::string& path) {
 }
 
 Result<std::vector<uint8_t>> ReadWhole(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return NotFound(path + ": no such object");
-    return Unavailable(path + ": cannot open: " + ErrnoText());
-  }
-  std::vector<uint8_t> bytes;
-  uint8_t buffer[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      std::string error = ErrnoText();
-      ::close(fd);
-      return Unavailable(path + ": read failed: " + error);
-    }
-    if (n == 0) break;
-    bytes.insert(bytes.end(), buffer, buffer + n);
-  }
-  ::close(fd);
+  Result<std::vector<uint8_t>> bytes = ReadFile(path);
+  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) return NotFound(path + ": no such object");
   return bytes;
 }
 
-// Writes `bytes` to a fresh temporary file beside `path`, fsynced; returns its name.
 Result<std::string> WriteTemporary(const std::string& path, std::span<const uint8_t> bytes) {
-  std::string temp = path + ".tmp-XXXXXX";
-  int fd = ::mkstemp(temp.data());
-  if (fd < 0) return Unavailable(path + ": cannot create a temporary file: " + ErrnoText());
-  Status status = WriteAll(fd, bytes, path);
-  if (status.ok() && ::fsync(fd) != 0) status = Unavailable(path + ": fsync failed: " + ErrnoText());
-  ::fchmod(fd, 0644);
-  if (::close(fd) != 0 && status.ok()) status = Unavailable(path + ": close failed: " + ErrnoText());
-  if (!status.ok()) {
-    ::unlink(temp.c_str());
-    return status;
-  }
-  return temp;
-}
-
-void SyncDirectory(const std::string& path) {
-  int fd = ::open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
+  return WriteTemporaryFile(path, [&](int fd) { return WriteAll(fd, bytes, path); });
 }
 
 }  // namespace
@@ -128,7 +90,7 @@ Status DirectoryStore::PutImmutable(const std::string& key, std::span<const uint
   int link_errno = errno;
   ::unlink(temp.c_str());
   if (linked == 0) {
-    SyncDirectory(path);
+    SyncParentDirectory(path);
     return Status::Ok();
   }
   if (link_errno != EEXIST) return Unavailable(path + ": cannot publish: " + std::strerror(link_errno));
@@ -174,7 +136,7 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
     ::unlink(temp->c_str());
     return finish(Unavailable(path + ": rename failed: " + error));
   }
-  SyncDirectory(path);
+  SyncParentDirectory(path);
   return finish(Status::Ok());
 }
 
@@ -182,7 +144,7 @@ Status DirectoryStore::Delete(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Unavailable(path + ": cannot delete: " + ErrnoText());
-  SyncDirectory(path);
+  SyncParentDirectory(path);
   return Status::Ok();
 }
 
