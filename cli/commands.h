@@ -20,5 +20,6 @@ void RegisterCast(CLI::App& app, Action* action);
 void RegisterDelta(CLI::App& app, Action* action);
 void RegisterDemo(CLI::App& app, Action* action);
 void RegisterStore(CLI::App& app, Action* action);
+void RegisterRelay(CLI::App& app, Action* action);
 
 }  // namespace weft::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   weft::cli::RegisterDelta(app, &action);
   weft::cli::RegisterDemo(app, &action);
   weft::cli::RegisterStore(app, &action);
+  weft::cli::RegisterRelay(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

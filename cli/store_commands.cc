@@ -10,7 +10,10 @@
 
 #include "cli/commands.h"
 #include "common/parallel.h"
+#include "common/units.h"
+#include "policy_store/caching_store.h"
 #include "policy_store/http_server.h"
+#include "policy_store/link_shaper.h"
 #include "policy_store/object_store.h"
 #include "policy_store/store_client.h"
 #include "sync/safetensors.h"
@@ -32,7 +35,41 @@ struct StoreOptions {
   std::vector<uint64_t> pins;
   bool dry_run = false;
   std::string listen = "127.0.0.1:8080";
+  // How the store is reached (pull, relay).
+  std::string shape_bandwidth;  // e.g. "100MB" (per second)
+  std::string shape_latency;    // e.g. "40ms"
+  std::string deadline = "120s";
+  std::string cache_dir;
+  std::string cache_bytes = "10GiB";
+  std::string upstream;         // relay
 };
+
+// The OpenOptions the flags describe.
+Result<OpenOptions> LinkOptions(const StoreOptions& options) {
+  OpenOptions open;
+  if (!options.shape_bandwidth.empty()) {
+    WEFT_ASSIGN_OR_RETURN(open.shape_bytes_per_second, ParseByteSize(options.shape_bandwidth));
+  }
+  if (!options.shape_latency.empty()) {
+    WEFT_ASSIGN_OR_RETURN(open.shape_latency, ParseDuration(options.shape_latency));
+  }
+  WEFT_ASSIGN_OR_RETURN(std::chrono::microseconds deadline, ParseDuration(options.deadline));
+  open.deadline = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(deadline));
+  open.cache_dir = options.cache_dir;
+  WEFT_ASSIGN_OR_RETURN(open.cache_bytes, ParseByteSize(options.cache_bytes));
+  return open;
+}
+
+// The flags that say how a store is reached.
+void AddLinkFlags(CLI::App* command, StoreOptions* options, bool cache) {
+  command->add_option("--shape-bandwidth", options->shape_bandwidth, "emulate a link of this many bytes per second (e.g. 100MB)");
+  command->add_option("--shape-latency", options->shape_latency, "emulate a link adding this latency to each request (e.g. 40ms)");
+  command->add_option("--deadline", options->deadline, "give up on a request after this long, retries included (default 120s)");
+  if (cache) {
+    command->add_option("--cache", options->cache_dir, "keep fetched blobs in this directory and read them from there");
+    command->add_option("--cache-bytes", options->cache_bytes, "the most the cache holds (default 10GiB)");
+  }
+}
 
 int Threads(const StoreOptions& options) { return ThreadsOrAll(options.threads); }
 
@@ -91,7 +128,8 @@ Status RunPublish(const StoreOptions& options) {
 
 Status RunPull(const StoreOptions& options) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  WEFT_ASSIGN_OR_RETURN(OpenOptions link, LinkOptions(options));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store, link));
   StoreReader reader(*store, options.run, Threads(options));
   uint64_t target;
   if (options.version >= 0) {
@@ -146,9 +184,8 @@ Status RunList(const StoreOptions& options) {
   return Status::Ok();
 }
 
-Status RunServe(const StoreOptions& options) {
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> backend, OpenStore(options.store));
-  StoreServerOptions server;
+// Serves `backend` until SIGINT or SIGTERM. `what` says what is served, for the first line.
+Status Serve(ObjectStore& backend, const StoreOptions& options, StoreServerOptions server, const std::string& what) {
   const size_t colon = options.listen.rfind(':');
   if (colon == std::string::npos) return InvalidArgument("--listen takes ADDRESS:PORT, not '" + options.listen + "'");
   server.address = options.listen.substr(0, colon);
@@ -157,25 +194,54 @@ Status RunServe(const StoreOptions& options) {
   const unsigned long value = std::strtoul(port.c_str(), &end, 10);
   if (port.empty() || *end != '\0' || value > 65535) return InvalidArgument("--listen: bad port '" + port + "'");
   server.port = static_cast<uint16_t>(value);
-  const char* token = std::getenv("WEFT_STORE_TOKEN");
-  server.writer_token = token ? token : "";
-  server.threads = std::max(2, Threads(options));
   // Block the stop signals before the server's threads start, then wait for one here.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(*backend, server));
-  std::printf("serving %s on http://%s:%u (%s)\n", backend->Describe().c_str(), server.address.c_str(),
-              static_cast<unsigned>(running->port()),
-              server.writer_token.empty() ? "read-only: set WEFT_STORE_TOKEN to accept writes" : "writes need WEFT_STORE_TOKEN");
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(backend, server));
+  std::printf("serving %s on http://%s:%u (%s)\n", what.c_str(), server.address.c_str(), static_cast<unsigned>(running->port()),
+              server.writer_token.empty() ? "read-only" : "writes need WEFT_STORE_TOKEN");
   std::fflush(stdout);
   int received = 0;
   sigwait(&signals, &received);
   running->Stop();
   std::printf("stopped\n");
   return Status::Ok();
+}
+
+Status RunServe(const StoreOptions& options) {
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> backend, OpenStore(options.store));
+  StoreServerOptions server;
+  const char* token = std::getenv("WEFT_STORE_TOKEN");
+  server.writer_token = token ? token : "";
+  server.threads = std::max(2, Threads(options));
+  return Serve(*backend, options, server, backend->Describe());
+}
+
+// A read-only pull-through cache of an upstream store: blobs from the cache directory, fetched
+// once per blob however many readers ask at the same time; manifests kept in memory; `latest`
+// and listings passed through.
+Status RunRelay(const StoreOptions& options) {
+  if (options.upstream.rfind("http://", 0) != 0 && options.upstream.rfind("https://", 0) != 0) {
+    return InvalidArgument("--upstream must be an http:// or https:// store URL, not '" + options.upstream + "'");
+  }
+  StoreOptions link_flags = options;
+  link_flags.cache_dir.clear();  // the relay's cache is set up here, with its statistics served
+  WEFT_ASSIGN_OR_RETURN(OpenOptions link, LinkOptions(link_flags));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> upstream, OpenStore(options.upstream, link));
+  WEFT_ASSIGN_OR_RETURN(uint64_t max_bytes, ParseByteSize(options.cache_bytes));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache, CachingStore::Open(*upstream, CacheOptions{options.cache_dir, max_bytes}));
+  StoreServerOptions server;
+  // Each request may wait on the upstream link: enough threads that readers do not queue behind it.
+  server.threads = options.threads > 0 ? options.threads : 64;
+  server.stats = [&cache] { return cache->StatsJson(); };
+  std::string what = "relay of " + options.upstream + " (cache " + options.cache_dir + ", at most " + options.cache_bytes;
+  if (link.shape_bytes_per_second > 0 || link.shape_latency.count() > 0) {
+    what += "; upstream link shaped to " + LinkShape{link.shape_bytes_per_second, link.shape_latency}.Describe();
+  }
+  return Serve(*cache, options, server, what + ")");
 }
 
 Status RunCollect(const StoreOptions& options) {
@@ -214,6 +280,7 @@ void RegisterStore(CLI::App& app, Action* action) {
   g->add_option("--have", pull->model, "a local copy of an earlier version, to download only deltas")->check(CLI::ExistingFile);
   g->add_option("-o,--output", pull->output, "safetensors file to write")->required();
   g->add_option("--threads", pull->threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
+  AddLinkFlags(g, pull.get(), true);
   g->callback([pull, action] { *action = [pull] { return RunPull(*pull); }; });
 
   auto list = std::make_shared<StoreOptions>();
@@ -236,6 +303,18 @@ void RegisterStore(CLI::App& app, Action* action) {
   v->add_option("--listen", serve->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
   v->add_option("--threads", serve->threads, "server threads (default: all cores, at least 2)")->check(CLI::Range(1, 1024));
   v->callback([serve, action] { *action = [serve] { return RunServe(*serve); }; });
+}
+
+void RegisterRelay(CLI::App& app, Action* action) {
+  auto relay = std::make_shared<StoreOptions>();
+  CLI::App* r = app.add_subcommand("relay", "A regional pull-through cache of a store server (read-only)");
+  r->add_option("--upstream", relay->upstream, "the store server to relay: http://HOST:PORT")->required();
+  r->add_option("--cache", relay->cache_dir, "directory for cached blobs")->required();
+  r->add_option("--max-bytes", relay->cache_bytes, "the most the cache holds (e.g. 50GiB; default 10GiB)");
+  r->add_option("--listen", relay->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
+  r->add_option("--threads", relay->threads, "server threads (default 64: requests wait on the upstream link)")->check(CLI::Range(1, 1024));
+  AddLinkFlags(r, relay.get(), false);
+  r->callback([relay, action] { *action = [relay] { return RunRelay(*relay); }; });
 }
 
 }  // namespace weft::cli

@@ -129,7 +129,9 @@ Response HandleObject(const Shared& shared, const Request& request, const std::s
         return response;
       }
       uint64_t first = 0, last = size == 0 ? 0 : size - 1;
-      if (request.count(http::field::range) > 0) {
+      // If-Range: a range of a different version of the object is refused by sending it whole.
+      const bool same_object = request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
+      if (request.count(http::field::range) > 0 && same_object) {
         const auto header = request[http::field::range];
         auto range = ParseRange(std::string_view(header.data(), header.size()), size);
         if (!range) {
@@ -167,6 +169,9 @@ Response Handle(const Shared& shared, const Request& request) {
     const std::string target(request.target());
     if (target.find_first_of("?%#") != std::string::npos) return Error(request, http::status::bad_request, "query strings and escapes are not supported");
     if (target == "/livez") return JsonResponse(request, http::status::ok, Json{{"ok", true}});
+    if (target == "/v1/stats" && shared.options.stats) {
+      return JsonResponse(request, http::status::ok, Json::parse(shared.options.stats(), nullptr, false));
+    }
     auto keyed = [&](const std::string& prefix, std::string* key) {
       if (target.rfind(prefix, 0) != 0) return false;
       *key = target.substr(prefix.size());

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,8 @@ struct StoreServerOptions {
   uint64_t max_body_bytes = uint64_t{4} << 30;
   int threads = 2;
   std::chrono::seconds read_timeout{30};
+  // When set, GET /v1/stats answers with the JSON object it returns (a relay's cache counters).
+  std::function<std::string()> stats;
 };
 
 class StoreServer {

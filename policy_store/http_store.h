@@ -1,23 +1,32 @@
 // HttpStore: an ObjectStore reached over HTTP, from a `weft store serve` server or any server that
 // speaks the Store API of docs/api.md (reads also work through plain HTTP caches and relays).
 //
-// Every request has a deadline; connection failures and 5xx answers are retried with exponential
-// backoff, then reported as kUnavailable naming the URL. Answers map to Status codes: 404
+// Every operation has a deadline; connection failures, stalled transfers and 5xx answers are
+// retried with exponential backoff until it passes, then reported as kUnavailable naming the URL,
+// the last error and how many bytes had arrived. A GET cut off mid-transfer resumes where it
+// stopped (Range, with If-Range on the ETag, so a changed object restarts from the beginning).
+// Connections are kept alive and reused per thread. An optional LinkShaper emulates a WAN link. Answers map to Status codes: 404
 // kNotFound, 409 kConflict, other 4xx kInvalidArgument with the server's message. Writes send the
 // writer token (Authorization: Bearer). Thread-safe (one libcurl handle per request).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 
+#include "policy_store/link_shaper.h"
 #include "policy_store/object_store.h"
 
 namespace weft::policy_store {
 
 struct HttpStoreOptions {
-  int attempts = 4;
-  std::chrono::milliseconds first_backoff{100};
-  std::chrono::milliseconds timeout{60000};  // per request
+  int attempts = 8;                                // at most this many tries per operation
+  std::chrono::milliseconds first_backoff{100};    // doubles after every failed try, up to 5 s
+  std::chrono::milliseconds deadline{120000};      // per operation, retries included
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds stall_timeout{15000};  // a try that receives nothing this long fails
+  std::shared_ptr<LinkShaper> shaper;              // null: the link as it is
 };
 
 class HttpStore : public ObjectStore {
@@ -34,11 +43,17 @@ class HttpStore : public ObjectStore {
   Status Delete(const std::string& key) override;
   std::string Describe() const override { return base_url_; }
 
+  // Body bytes received by every request so far (what a shaped link carried).
+  uint64_t bytes_received() const { return bytes_received_.load(); }
+  // Tries that failed and were retried, and GETs resumed from a byte offset.
+  uint64_t retries() const { return retries_.load(); }
+  uint64_t resumed() const { return resumed_.load(); }
+
   struct Reply {
     long status = 0;
     std::vector<uint8_t> body;
   };
-  // One request with retries; `method` is GET, HEAD, PUT, POST or DELETE.
+  // One operation with retries; `method` is GET, HEAD, PUT, POST or DELETE.
   Result<Reply> Request(const std::string& method, const std::string& path,
                         std::span<const uint8_t> body, bool authorize);
 
@@ -47,6 +62,9 @@ class HttpStore : public ObjectStore {
   std::string writer_token_;
   HttpStoreOptions options_;
   bool loopback_ = false;
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> retries_{0};
+  std::atomic<uint64_t> resumed_{0};
 };
 
 }  // namespace weft::policy_store

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/http_store.h"
 
@@ -27,15 +28,26 @@ Status ValidateKey(const std::string& key) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri) {
+Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const OpenOptions& options) {
+  std::unique_ptr<ObjectStore> store;
+  const bool shaped = options.shape_bytes_per_second > 0 || options.shape_latency.count() > 0;
   if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) {
     const char* token = std::getenv("WEFT_STORE_TOKEN");
-    return std::unique_ptr<ObjectStore>(std::make_unique<HttpStore>(uri, token ? token : ""));
+    HttpStoreOptions http;
+    http.deadline = options.deadline;
+    if (shaped) http.shaper = std::make_shared<LinkShaper>(LinkShape{options.shape_bytes_per_second, options.shape_latency});
+    store = std::make_unique<HttpStore>(uri, token ? token : "", http);
+  } else {
+    if (shaped) return InvalidArgument("link shaping applies to http:// stores, not to the directory " + uri);
+    std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri;
+    if (path.empty()) return InvalidArgument("empty store path");
+    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<DirectoryStore> directory, DirectoryStore::Open(path));
+    store = std::move(directory);
   }
-  std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri;
-  if (path.empty()) return InvalidArgument("empty store path");
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<DirectoryStore> store, DirectoryStore::Open(path));
-  return std::unique_ptr<ObjectStore>(std::move(store));
+  if (options.cache_dir.empty()) return store;
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache,
+                        CachingStore::Open(std::move(store), CacheOptions{options.cache_dir, options.cache_bytes}));
+  return std::unique_ptr<ObjectStore>(std::move(cache));
 }
 
 }  // namespace weft::policy_store

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "common/concurrent.h"
 #include "sync/safetensors.h"
 
 namespace weft::policy_store {
@@ -203,9 +204,8 @@ Status StoreReader::CheckAgainstManifest(const sync::ServedModel& model, const M
   return Status::Ok();
 }
 
-Result<sync::ServedModel> StoreReader::LoadKeyframe(const Manifest& manifest) {
+Result<sync::ServedModel> StoreReader::LoadKeyframe(const Manifest& manifest, std::span<const uint8_t> bytes) {
   const std::string what = "keyframe of version " + std::to_string(manifest.version);
-  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store_, *manifest.keyframe, what));
   Result<sync::SafetensorsFile> file = sync::SafetensorsFile::Parse(bytes);
   if (!file.ok()) return file.status().WithContext(what);
   sync::ServedModel model = sync::ServedModel::FromSafetensors(*file, threads_);
@@ -244,8 +244,16 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   std::vector<std::optional<Step>> via(count);
   cost[goal.last_keyframe - low] = keyframe.keyframe->bytes;
   if (have) cost[*have - low] = 0;
+  // The manifests of the range, fetched concurrently (each is a round trip on a remote store).
+  std::vector<Manifest> manifests(target - low);
+  WEFT_RETURN_IF_ERROR(ForEachConcurrently(manifests.size(), fetch_concurrency_, [&](size_t i) {
+    Result<Manifest> m = GetManifest(low + 1 + i);
+    if (!m.ok()) return m.status();
+    manifests[i] = std::move(*m);
+    return Status::Ok();
+  }));
   for (uint64_t v = low + 1; v <= target; ++v) {
-    WEFT_ASSIGN_OR_RETURN(Manifest m, GetManifest(v));
+    const Manifest& m = manifests[v - low - 1];
     std::vector<Step> edges;
     if (m.delta) edges.push_back({*m.delta_base, *m.delta});
     for (const SkipDelta& skip : m.skips) edges.push_back({skip.base, skip.blob});
@@ -276,13 +284,23 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
 
   // Fetch and verify every blob before touching anything, then work on a copy: on any error the
   // caller's model is exactly as it was.
-  std::vector<std::vector<uint8_t>> blobs;
-  for (const Step& step : path) {
-    const std::string what = "delta from version " + std::to_string(step.base);
-    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store_, step.blob, what));
-    report.bytes_downloaded += bytes.size();
-    blobs.push_back(std::move(bytes));
-  }
+  // Every blob of the path (and the keyframe) is fetched concurrently.
+  std::vector<std::vector<uint8_t>> blobs(path.size());
+  std::vector<uint8_t> keyframe_bytes;
+  WEFT_RETURN_IF_ERROR(ForEachConcurrently(path.size() + (from_keyframe ? 1 : 0), fetch_concurrency_, [&](size_t i) {
+    if (i == path.size()) {
+      Result<std::vector<uint8_t>> bytes = FetchVerifiedBlob(store_, *keyframe.keyframe, "keyframe of version " + std::to_string(keyframe.version));
+      if (!bytes.ok()) return bytes.status();
+      keyframe_bytes = std::move(*bytes);
+      return Status::Ok();
+    }
+    Result<std::vector<uint8_t>> bytes = FetchVerifiedBlob(store_, path[i].blob, "delta from version " + std::to_string(path[i].base));
+    if (!bytes.ok()) return bytes.status();
+    blobs[i] = std::move(*bytes);
+    return Status::Ok();
+  }));
+  for (const auto& bytes : blobs) report.bytes_downloaded += bytes.size();
+  report.bytes_downloaded += keyframe_bytes.size();
   if (!from_keyframe && path.size() == 1) {
     // One delta (the common case of a reader one version behind) applies atomically in place:
     // check that it lands on the target's digests, then apply, which verifies it before writing.
@@ -294,8 +312,7 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   }
   sync::ServedModel work;
   if (from_keyframe) {
-    WEFT_ASSIGN_OR_RETURN(work, LoadKeyframe(keyframe));
-    report.bytes_downloaded += keyframe.keyframe->bytes;
+    WEFT_ASSIGN_OR_RETURN(work, LoadKeyframe(keyframe, keyframe_bytes));
   } else {
     work = *model;  // a chain is applied to a copy, so that a failure halfway changes nothing
   }

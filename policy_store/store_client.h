@@ -8,7 +8,7 @@
 //
 // StoreReader brings a local copy of the served tensors to a target version along the path of
 // fewest bytes, starting from the version it holds or from the newest keyframe at or below the
-// target, over plain deltas and skip deltas. Every blob's SHA-256 is checked against its manifest, every
+// target, over plain deltas and skip deltas. Manifests and blobs are fetched concurrently. Every blob's SHA-256 is checked against its manifest, every
 // delta's digests are checked as it is applied, and the result's digests against the target's
 // manifest; nothing that fails a check reaches the caller. Not thread-safe; one per caller.
 #pragma once
@@ -80,8 +80,9 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
 
 class StoreReader {
  public:
-  StoreReader(ObjectStore& store, std::string run_id, int threads)
-      : store_(store), run_id_(std::move(run_id)), threads_(threads) {}
+  // `threads` compute (decoding, digests); up to `fetch_concurrency` requests are in flight at once.
+  StoreReader(ObjectStore& store, std::string run_id, int threads, int fetch_concurrency = 16)
+      : store_(store), run_id_(std::move(run_id)), threads_(threads), fetch_concurrency_(fetch_concurrency) {}
 
   // The latest complete version; kNotFound when the run has none.
   Result<uint64_t> Latest();
@@ -101,7 +102,8 @@ class StoreReader {
                                                   uint64_t max_versions = 1000);
 
  private:
-  Result<sync::ServedModel> LoadKeyframe(const Manifest& manifest);
+  // The keyframe blob `bytes` (already verified) as a model checked against its manifest.
+  Result<sync::ServedModel> LoadKeyframe(const Manifest& manifest, std::span<const uint8_t> bytes);
   // Whether `model`, after `pending` (if given) were applied, holds exactly the manifest's tensors
   // (names, dtypes, shapes, digests). Reads digests only.
   Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
@@ -110,6 +112,7 @@ class StoreReader {
   ObjectStore& store_;
   std::string run_id_;
   int threads_;
+  int fetch_concurrency_;
 };
 
 }  // namespace weft::policy_store

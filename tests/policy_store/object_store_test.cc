@@ -100,7 +100,7 @@ HttpStoreOptions FastRetries() {
   HttpStoreOptions options;
   options.attempts = 2;
   options.first_backoff = std::chrono::milliseconds(10);
-  options.timeout = std::chrono::milliseconds(10000);
+  options.deadline = std::chrono::milliseconds(10000);
   return options;
 }
 
@@ -183,7 +183,7 @@ TEST_CASE("HTTP store: a read-only server refuses writes; an unreachable server 
   HttpStore gone(url, "", FastRetries());
   Status status = gone.Get("blobs/x").status();
   CHECK(status.code() == StatusCode::kUnavailable);
-  CHECK(status.message().find("after 2 attempts") != std::string::npos);
+  CHECK(status.message().find("gave up after 2 tries") != std::string::npos);
 }
 
 TEST_CASE("directory store: racing compare-and-swaps, exactly one winner per step") {

@@ -1,0 +1,274 @@
+#include "policy_store/caching_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "policy_store/manifest.h"
+
+namespace weft::policy_store {
+namespace {
+
+bool IsHex64(const std::string& text) {
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// The sha256 of a blob key, or empty for other keys.
+std::string BlobHash(const std::string& key) {
+  if (key.rfind("blobs/", 0) != 0) return "";
+  std::string hash = key.substr(6);
+  return IsHex64(hash) ? hash : "";
+}
+
+bool IsVersionManifest(const std::string& key) {
+  return key.rfind("runs/", 0) == 0 && key.find("/versions/") != std::string::npos && key.size() > 5 &&
+         key.compare(key.size() - 5, 5, ".json") == 0;
+}
+
+}  // namespace
+
+struct CachingStore::Flight {
+  bool done = false;
+  std::optional<Result<std::vector<uint8_t>>> result;
+  std::condition_variable finished;
+};
+
+Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream, CacheOptions options) {
+  if (options.dir.empty()) return InvalidArgument("the cache needs a directory");
+  if (options.fetch_attempts < 1) options.fetch_attempts = 1;
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(options.dir) / "blobs", error);
+  if (error) return Unavailable("cannot create the cache directory " + options.dir + ": " + error.message());
+  std::unique_ptr<CachingStore> cache(new CachingStore(upstream, std::move(options)));
+  // Index what an earlier run left, least recently used first; stray files (temporaries of a
+  // process killed while writing) are removed.
+  std::vector<std::pair<std::filesystem::file_time_type, std::string>> found;
+  for (const auto& file : std::filesystem::directory_iterator(std::filesystem::path(cache->options_.dir) / "blobs", error)) {
+    const std::string name = file.path().filename().string();
+    if (!IsHex64(name) || !file.is_regular_file()) {
+      std::filesystem::remove(file.path(), error);
+      continue;
+    }
+    found.emplace_back(file.last_write_time(error), name);
+  }
+  std::sort(found.begin(), found.end());
+  for (const auto& [time, name] : found) {
+    const uint64_t bytes = std::filesystem::file_size(cache->PathOf(name), error);
+    if (error) continue;
+    cache->lru_.push_back(name);
+    cache->entries_[name] = {bytes, std::prev(cache->lru_.end())};
+    cache->cached_bytes_ += bytes;
+  }
+  // A smaller limit than the last run's takes effect now.
+  cache->Insert("", {});
+  return cache;
+}
+
+Result<std::unique_ptr<CachingStore>> CachingStore::Open(std::unique_ptr<ObjectStore> upstream, CacheOptions options) {
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache, Open(*upstream, std::move(options)));
+  cache->owned_upstream_ = std::move(upstream);
+  return cache;
+}
+
+std::string CachingStore::PathOf(const std::string& sha256) const { return options_.dir + "/blobs/" + sha256; }
+
+std::string CachingStore::Describe() const { return "cache:" + options_.dir + " in front of " + upstream_.Describe(); }
+
+CacheStats CachingStore::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  CacheStats stats = stats_;
+  stats.cached_blobs = entries_.size();
+  stats.cached_bytes = cached_bytes_;
+  return stats;
+}
+
+std::string CachingStore::StatsJson() const {
+  const CacheStats s = stats();
+  nlohmann::json json = {{"upstream", upstream_.Describe()},  {"hits", s.hits},
+                         {"misses", s.misses},                {"upstream_fetches", s.upstream_fetches},
+                         {"upstream_bytes", s.upstream_bytes}, {"corrupted", s.corrupted},
+                         {"evicted", s.evicted},              {"cached_blobs", s.cached_blobs},
+                         {"cached_bytes", s.cached_bytes},    {"max_bytes", options_.max_bytes}};
+  return json.dump();
+}
+
+void CachingStore::Touch(const std::string& sha256) {
+  auto entry = entries_.find(sha256);
+  if (entry == entries_.end()) return;
+  lru_.splice(lru_.end(), lru_, entry->second.position);
+}
+
+std::optional<std::vector<uint8_t>> CachingStore::ReadCached(const std::string& sha256) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!entries_.count(sha256)) return std::nullopt;
+  }
+  Result<std::vector<uint8_t>> bytes = ReadFile(PathOf(sha256));
+  if (bytes.ok() && Sha256Hex(*bytes) == sha256) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Touch(sha256);
+    ++stats_.hits;
+    return std::move(*bytes);
+  }
+  // Gone (evicted meanwhile, or removed by hand) or corrupted on disk: forget it and refetch.
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto entry = entries_.find(sha256);
+  if (bytes.ok()) {
+    ++stats_.corrupted;
+    WEFT_LOG(kWarning) << "cache " << options_.dir << ": blob " << sha256 << " is corrupted on disk; removing it and fetching it again";
+  }
+  if (entry != entries_.end()) {
+    cached_bytes_ -= entry->second.bytes;
+    lru_.erase(entry->second.position);
+    entries_.erase(entry);
+    std::error_code error;
+    std::filesystem::remove(PathOf(sha256), error);
+  }
+  return std::nullopt;
+}
+
+void CachingStore::Insert(const std::string& sha256, std::span<const uint8_t> bytes) {
+  if (!sha256.empty() && bytes.size() <= options_.max_bytes) {
+    Status written = WriteFileAtomic(PathOf(sha256), [&](int fd) { return WriteAll(fd, bytes, PathOf(sha256)); });
+    if (!written.ok()) {
+      WEFT_LOG(kWarning) << "cache " << options_.dir << ": cannot keep blob " << sha256 << ": " << written.message();
+    } else {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!entries_.count(sha256)) {
+        lru_.push_back(sha256);
+        entries_[sha256] = {bytes.size(), std::prev(lru_.end())};
+        cached_bytes_ += bytes.size();
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  while (cached_bytes_ > options_.max_bytes && !lru_.empty()) {
+    const std::string victim = lru_.front();
+    lru_.pop_front();
+    cached_bytes_ -= entries_[victim].bytes;
+    entries_.erase(victim);
+    ++stats_.evicted;
+    std::error_code error;
+    std::filesystem::remove(PathOf(victim), error);
+  }
+}
+
+Result<std::vector<uint8_t>> CachingStore::FetchBlob(const std::string& key, const std::string& sha256) {
+  for (int attempt = 1;; ++attempt) {
+    Result<std::vector<uint8_t>> bytes = upstream_.Get(key);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.upstream_fetches;
+      if (bytes.ok()) stats_.upstream_bytes += bytes->size();
+    }
+    if (!bytes.ok()) return bytes.status();
+    if (Sha256Hex(*bytes) == sha256) return bytes;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.corrupted;
+    }
+    WEFT_LOG(kWarning) << upstream_.Describe() << ": blob " << sha256 << " arrived corrupted (try " << attempt << " of "
+                       << options_.fetch_attempts << ")";
+    if (attempt >= options_.fetch_attempts) {
+      return DataLoss(upstream_.Describe() + ": blob " + sha256 + " failed its hash on each of " + std::to_string(attempt) + " fetches");
+    }
+  }
+}
+
+Result<std::vector<uint8_t>> CachingStore::GetBlob(const std::string& key, const std::string& sha256) {
+  if (std::optional<std::vector<uint8_t>> cached = ReadCached(sha256)) return std::move(*cached);
+  std::shared_ptr<Flight> flight;
+  bool leader = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.misses;
+    auto found = flights_.find(sha256);
+    if (found == flights_.end()) {
+      flight = std::make_shared<Flight>();
+      flights_[sha256] = flight;
+      leader = true;
+    } else {
+      flight = found->second;
+    }
+  }
+  if (!leader) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    flight->finished.wait(lock, [&] { return flight->done; });
+    return *flight->result;
+  }
+  Result<std::vector<uint8_t>> bytes = FetchBlob(key, sha256);
+  if (bytes.ok()) Insert(sha256, *bytes);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    flight->result = bytes;
+    flight->done = true;
+    flights_.erase(sha256);
+  }
+  flight->finished.notify_all();
+  return bytes;
+}
+
+Result<std::vector<uint8_t>> CachingStore::GetManifest(const std::string& key) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = manifests_.find(key);
+    if (found != manifests_.end()) return found->second;
+  }
+  Result<std::vector<uint8_t>> bytes = upstream_.Get(key);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.upstream_fetches;
+  if (!bytes.ok()) return bytes;
+  stats_.upstream_bytes += bytes->size();
+  if (manifests_.emplace(key, *bytes).second) {
+    manifest_order_.push_back(key);
+    if (manifests_.size() > options_.max_manifests) {
+      manifests_.erase(manifest_order_.front());
+      manifest_order_.pop_front();
+    }
+  }
+  return bytes;
+}
+
+Result<std::vector<uint8_t>> CachingStore::Get(const std::string& key) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string sha256 = BlobHash(key);
+  if (!sha256.empty()) return GetBlob(key, sha256);
+  if (IsVersionManifest(key)) return GetManifest(key);
+  return upstream_.Get(key);
+}
+
+Result<bool> CachingStore::Exists(const std::string& key) {
+  const std::string sha256 = BlobHash(key);
+  if (!sha256.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (entries_.count(sha256)) return true;
+  }
+  return upstream_.Exists(key);
+}
+
+Result<std::vector<std::string>> CachingStore::List(const std::string& prefix) { return upstream_.List(prefix); }
+
+Status CachingStore::PutImmutable(const std::string& key, std::span<const uint8_t> bytes) {
+  return upstream_.PutImmutable(key, bytes);
+}
+
+Status CachingStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected, const std::string& desired) {
+  return upstream_.CompareAndSwap(key, std::move(expected), desired);
+}
+
+Status CachingStore::Delete(const std::string& key) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (manifests_.erase(key)) manifest_order_.remove(key);
+  }
+  return upstream_.Delete(key);
+}
+
+}  // namespace weft::policy_store
