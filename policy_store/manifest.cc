@@ -70,6 +70,7 @@ std::string Manifest::ToJson() const {
                {"delta_bytes_since_keyframe", delta_bytes_since_keyframe}};
   if (keyframe) json["keyframe"] = BlobJson(*keyframe);
   if (delta) json["delta"] = {{"base", *delta_base}, {"sha256", delta->sha256}, {"bytes", delta->bytes}};
+  if (shard) json["shard"] = {{"rank", shard->rank}, {"world", shard->world}};
   if (!skips.empty()) {
     Json list = Json::array();
     for (const SkipDelta& skip : skips) list.push_back({{"base", skip.base}, {"sha256", skip.blob.sha256}, {"bytes", skip.blob.bytes}});
@@ -88,7 +89,7 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
   WEFT_RETURN_IF_ERROR(CheckFields(json, "manifest",
                                    {"format", "run", "version", "tensors", "last_keyframe",
                                     "delta_bytes_since_keyframe"},
-                                   {"keyframe", "delta", "skips"}));
+                                   {"keyframe", "delta", "skips", "shard"}));
   if (json["format"] != kManifestFormat) {
     return InvalidArgument("manifest format is not " + std::string(kManifestFormat));
   }
@@ -153,6 +154,17 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
       m.skips.push_back(skip);
     }
   }
+  if (json.contains("shard")) {
+    const Json& k = json["shard"];
+    WEFT_RETURN_IF_ERROR(CheckFields(k, "manifest.shard", {"rank", "world"}, {}));
+    Shard shard;
+    WEFT_ASSIGN_OR_RETURN(shard.rank, GetUnsigned(k, "rank", "manifest.shard"));
+    WEFT_ASSIGN_OR_RETURN(shard.world, GetUnsigned(k, "world", "manifest.shard"));
+    if (shard.world < 1 || shard.world > 65536 || shard.rank >= shard.world) {
+      return InvalidArgument("manifest.shard: rank " + std::to_string(shard.rank) + " of world " + std::to_string(shard.world) + " is not valid");
+    }
+    m.shard = shard;
+  }
   if (!m.keyframe && !m.delta) return InvalidArgument("manifest has neither a keyframe nor a delta");
   if (m.version == 0 && !m.keyframe) return InvalidArgument("version 0 must have a keyframe");
   if (m.keyframe && m.last_keyframe != m.version) return InvalidArgument("manifest.last_keyframe must equal the version of a keyframe");
@@ -173,6 +185,16 @@ std::string ManifestKey(const std::string& run_id, uint64_t version) {
   char digits[24];
   std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(version));
   return "runs/" + run_id + "/versions/" + digits + ".json";
+}
+
+std::string ShardPrefix(const std::string& run_id, uint64_t version) {
+  char digits[24];
+  std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(version));
+  return "runs/" + run_id + "/shards/" + digits + "/";
+}
+
+std::string ShardKey(const std::string& run_id, uint64_t version, uint64_t rank, uint64_t world) {
+  return ShardPrefix(run_id, version) + std::to_string(rank) + "-of-" + std::to_string(world) + ".json";
 }
 
 std::string LatestKey(const std::string& run_id) { return "runs/" + run_id + "/latest"; }

@@ -4,6 +4,8 @@
 //   blobs/<sha256 hex>                       immutable, content-addressed: safetensors keyframes and
 //                                            weft delta files
 //   runs/<run>/versions/<version, 20 digits>.json   the manifest of that version, immutable
+//   runs/<run>/shards/<version>/<rank>-of-<world>.json   one rank's part of a sharded version,
+//                                            immutable, until merged into the version's manifest
 //   runs/<run>/latest                        the highest complete version, decimal; moved forward
 //                                            only, by compare-and-swap
 // A version is published in that order: blobs, then manifest, then `latest`, so a reader that sees
@@ -55,6 +57,14 @@ struct Manifest {
   std::vector<SkipDelta> skips;          // longer deltas ending here, by increasing span
   uint64_t last_keyframe = 0;            // the newest version <= this one that has a keyframe
   uint64_t delta_bytes_since_keyframe = 0;  // delta bytes from last_keyframe up to this version
+  // Set on the part of a version written by one rank of a sharded trainer (stored under
+  // ShardKey, never under ManifestKey): its tensors and blobs only, merged into the version's
+  // manifest by CommitShards.
+  struct Shard {
+    uint64_t rank = 0;
+    uint64_t world = 1;
+  };
+  std::optional<Shard> shard;
 
   std::string ToJson() const;
   // Strict: unknown or missing fields, wrong types, bad digests or hashes are errors naming the
@@ -65,6 +75,9 @@ struct Manifest {
 Status ValidateRunId(const std::string& run_id);
 std::string ManifestKey(const std::string& run_id, uint64_t version);
 std::string LatestKey(const std::string& run_id);
+// runs/<run>/shards/<version, 20 digits>/<rank>-of-<world>.json, and the folder of a version's parts.
+std::string ShardKey(const std::string& run_id, uint64_t version, uint64_t rank, uint64_t world);
+std::string ShardPrefix(const std::string& run_id, uint64_t version);
 std::string BlobKey(const std::string& sha256);
 std::string Sha256Hex(std::span<const uint8_t> bytes);
 

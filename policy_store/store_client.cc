@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "common/concurrent.h"
 #include "sync/safetensors.h"
@@ -91,10 +92,30 @@ std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model) {
   return bytes;
 }
 
-Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
-                                const Manifest* previous, const sync::ServedModel& model,
-                                const sync::ModelDelta* delta, const KeyframePolicy& policy,
-                                int threads) {
+Result<bool> KeyframeDue(ObjectStore& store, const std::string& run_id, const Manifest* previous,
+                         const KeyframePolicy& policy) {
+  if (previous == nullptr || previous->version + 1 - previous->last_keyframe >= policy.interval) return true;
+  if (previous->delta_bytes_since_keyframe == 0) return false;
+  // The budget is relative to the last keyframe's size, read from its manifest.
+  WEFT_ASSIGN_OR_RETURN(Manifest last, ReadManifest(store, run_id, previous->last_keyframe));
+  const double budget = policy.delta_budget * static_cast<double>(last.keyframe ? last.keyframe->bytes : 0);
+  return static_cast<double>(previous->delta_bytes_since_keyframe) > budget;
+}
+
+namespace {
+
+std::vector<ManifestTensor> ManifestTensors(const sync::ServedModel& model) {
+  std::vector<ManifestTensor> tensors;
+  for (const auto& t : model.tensors()) tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.digest});
+  return tensors;
+}
+
+// Writes a version whose tensors, delta and keyframe (made only when one is due) are given: blobs,
+// skip deltas, manifest, then `latest`.
+Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id, const Manifest* previous,
+                                std::vector<ManifestTensor> tensors, const sync::ModelDelta* delta,
+                                const std::function<Result<std::vector<uint8_t>>()>& keyframe_bytes,
+                                const KeyframePolicy& policy, int threads) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
   if ((previous == nullptr) != (delta == nullptr)) {
     return InvalidArgument("a version after the first needs a delta from its predecessor");
@@ -102,7 +123,7 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
   Manifest manifest;
   manifest.run_id = run_id;
   manifest.version = previous ? previous->version + 1 : 0;
-  for (const auto& t : model.tensors()) manifest.tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.digest});
+  manifest.tensors = std::move(tensors);
 
   // Blobs first.
   uint64_t delta_bytes = 0;
@@ -114,16 +135,10 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
     delta_bytes = bytes.size();
   }
   WEFT_RETURN_IF_ERROR(PublishSkips(store, run_id, manifest.version, delta, policy, threads, &manifest.skips));
-  bool keyframe = previous == nullptr || manifest.version - previous->last_keyframe >= policy.interval;
-  if (!keyframe) {
-    // The budget is relative to the last keyframe's size, read from its manifest.
-    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> text, store.Get(ManifestKey(run_id, previous->last_keyframe)));
-    WEFT_ASSIGN_OR_RETURN(Manifest last, Manifest::FromJson({reinterpret_cast<const char*>(text.data()), text.size()}));
-    const double budget = policy.delta_budget * static_cast<double>(last.keyframe ? last.keyframe->bytes : 0);
-    keyframe = static_cast<double>(previous->delta_bytes_since_keyframe + delta_bytes) > budget;
-  }
+  WEFT_ASSIGN_OR_RETURN(bool keyframe, KeyframeDue(store, run_id, previous, policy));
   if (keyframe) {
-    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, KeyframeBytes(model)));
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, keyframe_bytes());
+    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
     manifest.keyframe = blob;
     manifest.last_keyframe = manifest.version;
     manifest.delta_bytes_since_keyframe = 0;
@@ -150,6 +165,150 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
   }
   WEFT_RETURN_IF_ERROR(status);
   return manifest;
+}
+
+// Polls `ready` with backoff until it returns true or `deadline` passes.
+Result<bool> PollUntil(std::chrono::milliseconds deadline, const std::function<Result<bool>()>& ready) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  std::chrono::milliseconds pause(5);
+  while (true) {
+    WEFT_ASSIGN_OR_RETURN(bool done, ready());
+    if (done) return true;
+    if (std::chrono::steady_clock::now() + pause > end) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace
+
+Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
+                                const Manifest* previous, const sync::ServedModel& model,
+                                const sync::ModelDelta* delta, const KeyframePolicy& policy,
+                                int threads) {
+  return PublishContent(store, run_id, previous, ManifestTensors(model), delta,
+                        [&model]() -> Result<std::vector<uint8_t>> { return KeyframeBytes(model); }, policy, threads);
+}
+
+Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id, const Manifest* previous,
+                              uint64_t rank, uint64_t world, const sync::ServedModel& shard,
+                              const sync::ModelDelta* delta, const KeyframePolicy& policy) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
+  if (world < 1 || rank >= world) return InvalidArgument("rank " + std::to_string(rank) + " is not in a world of " + std::to_string(world));
+  if ((previous == nullptr) != (delta == nullptr)) {
+    return InvalidArgument("a version after the first needs a delta from its predecessor");
+  }
+  Manifest part;
+  part.run_id = run_id;
+  part.version = previous ? previous->version + 1 : 0;
+  part.shard = Manifest::Shard{rank, world};
+  part.tensors = ManifestTensors(shard);
+  if (delta != nullptr) {
+    std::vector<uint8_t> bytes = sync::SerializeModelDelta(*delta);
+    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
+    part.delta = blob;
+    part.delta_base = previous->version;
+  }
+  WEFT_ASSIGN_OR_RETURN(bool keyframe, KeyframeDue(store, run_id, previous, policy));
+  if (keyframe) {
+    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, KeyframeBytes(shard)));
+    part.keyframe = blob;
+    part.last_keyframe = part.version;
+  } else {
+    part.last_keyframe = previous->last_keyframe;
+  }
+  Status status = store.PutImmutable(ShardKey(run_id, part.version, rank, world), AsBytes(part.ToJson()));
+  if (status.code() == StatusCode::kConflict) {
+    return Conflict("rank " + std::to_string(rank) + " of " + std::to_string(world) + " already published a different part of run '" +
+                    run_id + "' version " + std::to_string(part.version));
+  }
+  WEFT_RETURN_IF_ERROR(status);
+  return part;
+}
+
+Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id, const Manifest* previous,
+                              uint64_t world, const KeyframePolicy& policy, int threads,
+                              std::chrono::milliseconds deadline) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
+  const uint64_t version = previous ? previous->version + 1 : 0;
+  const std::string where = "run '" + run_id + "' version " + std::to_string(version);
+  std::vector<std::optional<Manifest>> parts(world);
+  WEFT_ASSIGN_OR_RETURN(bool complete, PollUntil(deadline, [&]() -> Result<bool> {
+    for (uint64_t rank = 0; rank < world; ++rank) {
+      if (parts[rank]) continue;
+      Result<std::vector<uint8_t>> text = store.Get(ShardKey(run_id, version, rank, world));
+      if (!text.ok() && text.status().code() == StatusCode::kNotFound) return false;
+      if (!text.ok()) return text.status();
+      Result<Manifest> part = Manifest::FromJson({reinterpret_cast<const char*>(text->data()), text->size()});
+      if (!part.ok()) return DataLoss(part.status().message()).WithContext(ShardKey(run_id, version, rank, world));
+      parts[rank] = std::move(*part);
+    }
+    return true;
+  }));
+  if (!complete) {
+    std::string missing;
+    for (uint64_t rank = 0; rank < world; ++rank) {
+      if (!parts[rank]) missing += (missing.empty() ? "" : ", ") + std::to_string(rank);
+    }
+    return Timeout(where + ": ranks " + missing + " of " + std::to_string(world) + " did not publish their parts in time");
+  }
+  // Every part must continue the same version and agree on the keyframe.
+  std::vector<ManifestTensor> tensors;
+  std::set<std::string> names;
+  for (const std::optional<Manifest>& part : parts) {
+    const std::string which = where + ", rank " + std::to_string(part->shard ? part->shard->rank : 0);
+    if (part->run_id != run_id || part->version != version || !part->shard || part->shard->world != world ||
+        part->delta_base != (previous ? std::optional<uint64_t>(previous->version) : std::nullopt)) {
+      return DataLoss(which + ": the part does not continue version " + (previous ? std::to_string(previous->version) : "none"));
+    }
+    if (part->keyframe.has_value() != parts[0]->keyframe.has_value()) return DataLoss(which + ": the parts disagree on the keyframe");
+    for (const ManifestTensor& t : part->tensors) {
+      if (!names.insert(t.name).second) return DataLoss(which + ": tensor '" + t.name + "' is in two parts");
+      tensors.push_back(t);
+    }
+  }
+  sync::ModelDelta delta;
+  std::vector<std::vector<uint8_t>> delta_blobs;  // parsed deltas point into these
+  if (previous != nullptr) {
+    for (const std::optional<Manifest>& part : parts) {
+      const std::string what = where + ", the delta of rank " + std::to_string(part->shard->rank);
+      WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store, *part->delta, what));
+      delta_blobs.push_back(std::move(bytes));
+      Result<sync::ModelDelta> shard_delta = sync::ParseModelDelta(delta_blobs.back());
+      if (!shard_delta.ok()) return shard_delta.status().WithContext(what);
+      for (sync::TensorDelta& t : shard_delta->tensors) delta.tensors.push_back(std::move(t));
+    }
+  }
+  // The keyframe, when one is due, is the parts' keyframes as one safetensors file.
+  auto keyframe = [&]() -> Result<std::vector<uint8_t>> {
+    std::vector<sync::TensorSpec> specs;
+    std::vector<std::vector<uint8_t>> datas;
+    for (const std::optional<Manifest>& part : parts) {
+      const std::string what = where + ", the keyframe of rank " + std::to_string(part->shard->rank);
+      if (!part->keyframe) return DataLoss(what + " is missing: a keyframe is due");
+      WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store, *part->keyframe, what));
+      Result<sync::SafetensorsFile> file = sync::SafetensorsFile::Parse(bytes);
+      if (!file.ok()) return file.status().WithContext(what);
+      sync::ServedModel model = sync::ServedModel::FromSafetensors(*file, threads);
+      for (const auto& t : model.tensors()) {
+        specs.push_back(t.spec);
+        datas.push_back(t.bytes);
+      }
+    }
+    return KeyframeBytes(sync::ServedModel::FromTensors(std::move(specs), std::move(datas), threads));
+  };
+  return PublishContent(store, run_id, previous, std::move(tensors), previous ? &delta : nullptr, keyframe, policy, threads);
+}
+
+Result<Manifest> WaitForVersion(ObjectStore& store, const std::string& run_id, uint64_t version,
+                                std::chrono::milliseconds deadline) {
+  WEFT_ASSIGN_OR_RETURN(bool visible, PollUntil(deadline, [&]() -> Result<bool> {
+    Result<std::vector<uint8_t>> latest = store.Get(LatestKey(run_id));
+    if (!latest.ok()) return latest.status().code() == StatusCode::kNotFound ? Result<bool>(false) : Result<bool>(latest.status());
+    return std::strtoull(std::string(latest->begin(), latest->end()).c_str(), nullptr, 10) >= version;
+  }));
+  if (!visible) return Timeout("run '" + run_id + "' version " + std::to_string(version) + " was not committed in time");
+  return ReadManifest(store, run_id, version);
 }
 
 Result<uint64_t> StoreReader::Latest() {
@@ -364,12 +523,28 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
       if (!kept_blobs.count(blob.sha256)) doomed_blobs[blob.sha256] = blob.bytes;
     }
   }
+  // Parts of sharded versions that are committed (at or below `latest`) were merged into their
+  // version's blobs: they and the blobs only they reference go.
+  std::vector<std::string> doomed_parts;
+  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> part_keys, store.List("runs/" + run_id + "/shards/"));
+  for (const std::string& key : part_keys) {
+    const size_t start = ("runs/" + run_id + "/shards/").size();
+    if (std::strtoull(key.substr(start, 20).c_str(), nullptr, 10) > latest) continue;
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> text, store.Get(key));
+    Result<Manifest> part = Manifest::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
+    if (!part.ok()) return DataLoss(part.status().message()).WithContext(key);
+    doomed_parts.push_back(key);
+    for (const std::optional<BlobRef>& blob : {part->delta, part->keyframe}) {
+      if (blob && !kept_blobs.count(blob->sha256)) doomed_blobs[blob->sha256] = blob->bytes;
+    }
+  }
   report.versions_deleted = doomed.size();
   report.blobs_deleted = doomed_blobs.size();
   for (const auto& [sha256, bytes] : doomed_blobs) report.bytes_freed += bytes;
   if (dry_run) return report;
   // Manifests first, so that no listed version ever lacks its blobs.
   for (const Manifest& m : doomed) WEFT_RETURN_IF_ERROR(store.Delete(ManifestKey(run_id, m.version)));
+  for (const std::string& key : doomed_parts) WEFT_RETURN_IF_ERROR(store.Delete(key));
   for (const auto& [sha256, bytes] : doomed_blobs) WEFT_RETURN_IF_ERROR(store.Delete(BlobKey(sha256)));
   return report;
 }

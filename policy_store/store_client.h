@@ -13,6 +13,7 @@
 // manifest; nothing that fails a check reaches the caller. Not thread-safe; one per caller.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -48,6 +49,29 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
                                 const Manifest* previous, const sync::ServedModel& model,
                                 const sync::ModelDelta* delta, const KeyframePolicy& policy,
                                 int threads = 1);
+
+// Whether the version after `previous` gets a keyframe: version 0, then once `interval` versions
+// have passed since the last keyframe, or once the deltas since it (up to `previous`) exceed
+// `delta_budget` times its size. Depends on `previous` only, so every rank of a sharded trainer
+// decides alike.
+Result<bool> KeyframeDue(ObjectStore& store, const std::string& run_id, const Manifest* previous,
+                         const KeyframePolicy& policy);
+
+// Sharded trainers: each rank writes its part of the version after `previous` (null for version
+// 0): the delta of its tensors and, when a keyframe is due, their keyframe, then its part
+// manifest (ShardKey). Then one rank calls CommitShards, which waits up to `deadline` for all
+// `world` parts, checks that they continue `previous`, agree and hold disjoint tensors, merges
+// them into one delta (and keyframe) and publishes the version as PublishVersion does. Both are
+// idempotent: a rerun after a crash rewrites the same bytes. WaitForVersion lets the other ranks
+// wait until the version is visible.
+Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id, const Manifest* previous,
+                              uint64_t rank, uint64_t world, const sync::ServedModel& shard,
+                              const sync::ModelDelta* delta, const KeyframePolicy& policy);
+Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id, const Manifest* previous,
+                              uint64_t world, const KeyframePolicy& policy, int threads,
+                              std::chrono::milliseconds deadline);
+Result<Manifest> WaitForVersion(ObjectStore& store, const std::string& run_id, uint64_t version,
+                                std::chrono::milliseconds deadline);
 
 // Publishes the skip deltas of `version` (see PublishVersion) and lists them in `skips`.
 Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t version,

@@ -6,10 +6,15 @@
 // `latest` (policy_store::PublishVersion), with a keyframe every `keyframes.interval` versions or
 // when the deltas since the last keyframe outgrow their budget.
 //
-// One publisher per run; not thread-safe. Publishing per rank for sharded trainers is not
-// implemented yet.
+// Sharded trainers run one publisher per rank (`rank`, `world`), each over the tensors its rank
+// holds: every rank writes its part of each version (policy_store::PublishShard), rank 0 merges
+// the parts into the version and publishes it (CommitShards), and every rank returns once the
+// version is visible, so all ranks go through Publish in step.
+//
+// One publisher per run (per rank); not thread-safe.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,11 +28,15 @@ namespace weft::trainer_adapter {
 struct PublisherOptions {
   policy_store::KeyframePolicy keyframes;
   sync::CodecOptions codec;
+  uint64_t rank = 0;   // sharded trainers: this rank ...
+  uint64_t world = 1;  // ... of this many, each publishing the tensors it holds
+  std::chrono::milliseconds shard_deadline{600000};  // how long ranks wait for each other
 };
 
 class Publisher {
  public:
-  // Starts run `run_id`, which must not exist yet, with version 0 served from `master`.
+  // Starts run `run_id`, which must not exist yet, with version 0 served from `master` (this
+  // rank's tensors when sharded).
   static Result<std::unique_ptr<Publisher>> Start(policy_store::ObjectStore& store, std::string run_id,
                                                   const std::vector<sync::MasterTensor>& master,
                                                   const sync::ServingPlan& plan,
@@ -41,9 +50,11 @@ class Publisher {
 
  private:
   Publisher(policy_store::ObjectStore& store, std::string run_id, sync::ServedModel served,
-            policy_store::Manifest last, const PublisherOptions& options)
-      : store_(store), run_id_(std::move(run_id)), served_(std::move(served)), last_(std::move(last)),
-        options_(options) {}
+            const PublisherOptions& options)
+      : store_(store), run_id_(std::move(run_id)), served_(std::move(served)), options_(options) {}
+
+  // Publishes `served` (with `delta` from the last version, null for version 0), sharded or not.
+  Result<policy_store::Manifest> PublishServed(const sync::ServedModel& served, const sync::ModelDelta* delta);
 
   policy_store::ObjectStore& store_;
   std::string run_id_;

@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <thread>
 
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
@@ -237,6 +239,86 @@ TEST_CASE("publish and pull through a store server over HTTP") {
   CHECK(report->path == "1 delta from v4");
   CHECK(SameBytes(older, published[5]));
   (*server)->Stop();
+}
+
+TEST_CASE("sharded trainers: each rank publishes its tensors, the parts form one version") {
+  // Three ranks over a store server, each holding some of the tensors of one model; a single
+  // unsharded publisher of the whole model in another run is the reference.
+  Fixture f;
+  examples::SyntheticAdam adam({{"a", {64, 300}}, {"b", {300}}, {"c", {40, 70}}, {"d", {128}}}, Fixture::Config(), 9, 1);
+  for (int i = 0; i < 3; ++i) adam.Step(1);
+  auto master_of = [&](std::vector<size_t> which) {
+    std::vector<sync::MasterTensor> master;
+    for (size_t t : which) master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
+    return master;
+  };
+  const std::vector<std::vector<size_t>> ranks = {{0}, {1, 2}, {3}};
+  policy_store::StoreServerOptions server_options;
+  server_options.writer_token = "token";
+  server_options.threads = 4;
+  auto server = std::move(policy_store::StoreServer::Start(*f.store, server_options)).value();
+  const std::string url = "http://127.0.0.1:" + std::to_string(server->port());
+  auto whole = std::move(Publisher::Start(*f.store, "whole", master_of({0, 1, 2, 3}), sync::ServingPlan{}, Options(3))).value();
+  std::vector<std::unique_ptr<policy_store::HttpStore>> links;
+  std::vector<std::unique_ptr<Publisher>> publishers(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) links.push_back(std::make_unique<policy_store::HttpStore>(url, "token"));
+  auto all_ranks = [&](const std::function<Status(size_t)>& step) {
+    std::vector<Status> results(ranks.size());
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < ranks.size(); ++r) threads.emplace_back([&, r] { results[r] = step(r); });
+    for (auto& thread : threads) thread.join();
+    for (const Status& status : results) REQUIRE_MESSAGE(status.ok(), status.message());
+  };
+  all_ranks([&](size_t r) {
+    PublisherOptions options = Options(3);
+    options.rank = r;
+    options.world = ranks.size();
+    options.shard_deadline = std::chrono::milliseconds(20000);
+    auto started = Publisher::Start(*links[r], "sharded", master_of(ranks[r]), sync::ServingPlan{}, options);
+    if (started.ok()) publishers[r] = std::move(*started);
+    return started.status();
+  });
+  for (int v = 1; v <= 7; ++v) {
+    adam.Step(1);
+    REQUIRE(whole->Publish(master_of({0, 1, 2, 3})).ok());
+    all_ranks([&](size_t r) { return publishers[r]->Publish(master_of(ranks[r])).status(); });
+    for (const auto& publisher : publishers) CHECK(publisher->last().version == static_cast<uint64_t>(v));
+  }
+  // The sharded run holds the same versions as the whole one: keyframes at 0, 3, 6, deltas and
+  // skips between; a reader pulls them the usual way, from nothing or from an older copy.
+  StoreReader sharded(*f.store, "sharded", 1);
+  StoreReader reference(*f.store, "whole", 1);
+  CHECK(*sharded.Latest() == 7);
+  for (uint64_t v : {0, 3, 6}) CHECK(sharded.GetManifest(v)->keyframe.has_value());
+  CHECK(!sharded.GetManifest(5)->keyframe.has_value());
+  CHECK(sharded.GetManifest(4)->skips.size() == 2);
+  sync::ServedModel expected;
+  REQUIRE(reference.Pull(7, std::nullopt, &expected).ok());
+  sync::ServedModel model;
+  REQUIRE(sharded.Pull(7, std::nullopt, &model).ok());
+  CHECK(SameBytes(model, expected));
+  sync::ServedModel from_two;
+  REQUIRE(sharded.Pull(2, std::nullopt, &from_two).ok());
+  REQUIRE(sharded.Pull(7, 2, &from_two).ok());
+  CHECK(SameBytes(from_two, expected));
+  // Committed parts are garbage; parts of a version not yet committed are not.
+  const std::string prefix = "runs/sharded/shards/";
+  sync::ServedModel part = sync::ServedModel::FromTensors({publishers[0]->served().tensors()[0].spec},
+                                                           {publishers[0]->served().tensors()[0].bytes}, 1);
+  sync::ModelDelta no_change;
+  REQUIRE(policy_store::PublishShard(*f.store, "sharded", &publishers[0]->last(), 0, 3, part, &no_change, Options(3).keyframes).ok());
+  auto collected = policy_store::CollectGarbage(*f.store, "sharded", {}, false);
+  REQUIRE(collected.ok());
+  CHECK(f.store->List(prefix)->size() == 1);
+  // A commit whose ranks never arrive times out naming them.
+  auto stuck = policy_store::CommitShards(*f.store, "sharded", &publishers[0]->last(), 3, Options(3).keyframes, 1,
+                                          std::chrono::milliseconds(100));
+  CHECK(stuck.status().code() == StatusCode::kTimeout);
+  CHECK(stuck.status().message().find("ranks 1, 2 of 3") != std::string::npos);
+  sync::ServedModel after_gc;
+  REQUIRE(sharded.Pull(7, std::nullopt, &after_gc).ok());
+  CHECK(SameBytes(after_gc, expected));
+  server->Stop();
 }
 
 }  // namespace
