@@ -13,6 +13,7 @@
 #include "common/units.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/http_server.h"
+#include "policy_store/http_store.h"
 #include "policy_store/link_shaper.h"
 #include "policy_store/object_store.h"
 #include "policy_store/store_client.h"
@@ -58,6 +59,25 @@ Result<OpenOptions> LinkOptions(const StoreOptions& options) {
   open.cache_dir = options.cache_dir;
   WEFT_ASSIGN_OR_RETURN(open.cache_bytes, ParseByteSize(options.cache_bytes));
   return open;
+}
+
+// What the transfer took beyond the bytes: retries, resumed downloads, cache hits ("" if nothing).
+std::string TransferNote(ObjectStore& store) {
+  std::vector<std::string> notes;
+  ObjectStore* reached = &store;
+  if (auto* cache = dynamic_cast<CachingStore*>(&store)) {
+    const CacheStats stats = cache->stats();
+    notes.push_back(std::to_string(stats.hits) + " blobs from the local cache");
+    if (stats.corrupted > 0) notes.push_back(std::to_string(stats.corrupted) + " corrupted copies fetched again");
+    reached = &cache->upstream();
+  }
+  if (auto* http = dynamic_cast<HttpStore*>(reached)) {
+    if (http->retries() > 0) notes.push_back(std::to_string(http->retries()) + " requests retried");
+    if (http->resumed() > 0) notes.push_back(std::to_string(http->resumed()) + " downloads resumed");
+  }
+  std::string text;
+  for (const std::string& note : notes) text += (text.empty() ? "" : ", ") + note;
+  return text;
 }
 
 // The flags that say how a store is reached.
@@ -151,9 +171,11 @@ Status RunPull(const StoreOptions& options) {
   }
   WEFT_ASSIGN_OR_RETURN(PullReport report, reader.Pull(target, have, &model));
   WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(options.output, model.AsTensorsToWrite()));
-  std::printf("%s: run %s version %llu, %llu bytes downloaded (%s), every blob and digest verified\n",
+  const std::string note = TransferNote(*store);
+  std::printf("%s: run %s version %llu, %llu bytes downloaded (%s), every blob and digest verified%s\n",
               options.output.c_str(), options.run.c_str(), static_cast<unsigned long long>(target),
-              static_cast<unsigned long long>(report.bytes_downloaded), report.path.c_str());
+              static_cast<unsigned long long>(report.bytes_downloaded), report.path.c_str(),
+              note.empty() ? "" : ("; " + note).c_str());
   return Status::Ok();
 }
 

@@ -61,6 +61,7 @@ class CachingStore : public ObjectStore {
   Status Delete(const std::string& key) override;
   std::string Describe() const override;
 
+  ObjectStore& upstream() const { return upstream_; }
   CacheStats stats() const;
   std::string StatsJson() const;
 

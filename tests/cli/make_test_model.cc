@@ -2,11 +2,13 @@
 //
 // Writes a deterministic model for the CLI tests: FP32 weight matrices ~ N(0, 0.02) with special
 // values (NaN payloads, infinities, signed zeros, subnormals) and one tensor of every other dtype.
-// A fifth argument "small" makes every tensor tiny (fuzzing seeds). VERSION > 0 applies that many small update steps, so versions 0, 1, 2 ... of the same seed
+// A fifth argument "small" makes every tensor tiny (fuzzing seeds), "big" makes the matrices 16
+// times taller (about 8 MB). VERSION > 0 applies that many small update steps, so versions 0, 1, 2 ... of the same seed
 // differ the way consecutive training steps do.
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <random>
 
 #include "sync/safetensors.h"
@@ -21,7 +23,13 @@ int main(int argc, char** argv) {
   }
   const uint64_t seed = std::strtoull(argv[2], nullptr, 10);
   const int version = std::atoi(argv[3]);
-  const int scale = argc == 5 ? 20 : 1;  // "small": tiny tensors, for fuzzing seeds
+  const std::string size = argc == 5 ? argv[4] : "";
+  if (!size.empty() && size != "small" && size != "big") {
+    std::fprintf(stderr, "the fifth argument is 'small' or 'big', not '%s'\n", size.c_str());
+    return 2;
+  }
+  const int scale = size == "small" ? 20 : 1;  // tiny tensors, for fuzzing seeds
+  const int grow = size == "big" ? 16 : 1;     // about 8 MB, for transfers that take a while
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   struct Owned {
@@ -34,7 +42,7 @@ int main(int argc, char** argv) {
   for (auto [name, rows, cols] : {std::tuple{"model.layers.0.attn.q_proj.weight", 300, 260},
                                   std::tuple{"model.layers.0.mlp.up_proj.weight", 257, 130},
                                   std::tuple{"model.norm.weight", 1, 260}}) {
-    rows = std::max(1, rows / scale);
+    rows = std::max(1, rows / scale) * (rows > 1 ? grow : 1);
     cols = std::max(8, cols / scale);
     std::vector<float> w(static_cast<size_t>(rows) * cols);
     for (float& x : w) x = normal(rng);
