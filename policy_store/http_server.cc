@@ -143,7 +143,11 @@ Response HandleObject(const Shared& shared, const Request& request, const std::s
         response.result(http::status::partial_content);
         response.set(http::field::content_range, "bytes " + std::to_string(first) + "-" + std::to_string(last) + "/" + std::to_string(size));
       }
-      if (size > 0) response.body().assign(object->begin() + static_cast<long>(first), object->begin() + static_cast<long>(last) + 1);
+      if (first == 0 && last + 1 == size) {
+        response.body() = std::move(*object);
+      } else if (size > 0) {
+        response.body().assign(object->begin() + static_cast<long>(first), object->begin() + static_cast<long>(last) + 1);
+      }
       response.prepare_payload();
       if (request.method() == http::verb::head) response.body().clear();
       return response;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -46,6 +47,10 @@ size_t CollectHeader(char* data, size_t size, size_t count, void* user) {
   if (lower.rfind("http/", 0) == 0) {
     transfer->etag.clear();  // a new response (after a redirect or 100) starts over
     transfer->partial_content = lower.find(" 206") != std::string::npos;
+  } else if (lower.rfind("content-length:", 0) == 0) {
+    // Room for the whole body up front: no reallocation while hundreds of MB arrive.
+    const unsigned long long length = std::strtoull(line.c_str() + 15, nullptr, 10);
+    if (length > 0 && length < (uint64_t{1} << 40)) transfer->body->reserve(transfer->body->size() + length);
   } else if (lower.rfind("etag:", 0) == 0) {
     std::string value = line.substr(5);
     while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.erase(value.begin());

@@ -460,6 +460,8 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   }));
   for (const auto& bytes : blobs) report.bytes_downloaded += bytes.size();
   report.bytes_downloaded += keyframe_bytes.size();
+  if (from_keyframe) report.fetched.push_back(*keyframe.keyframe);
+  for (const Step& step : path) report.fetched.push_back(step.blob);
   if (!from_keyframe && path.size() == 1) {
     // One delta (the common case of a reader one version behind) applies atomically in place:
     // check that it lands on the target's digests, then apply, which verifies it before writing.

@@ -83,6 +83,7 @@ struct PullReport {
   uint64_t to = 0;
   uint64_t bytes_downloaded = 0;
   std::string path;              // e.g. "keyframe v100 + 3 deltas" or "4 deltas from v96"
+  std::vector<BlobRef> fetched;  // the blobs of that path, in the order they are applied
 };
 
 // Retention. Every version at or above the oldest pinned one must stay readable, so the versions
