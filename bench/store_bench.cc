@@ -1,6 +1,8 @@
 // Catch-up cost of the policy store: bytes a reader downloads to reach the latest version from
 // lag 1, 10 and 100, next to the single squashed delta over the same range (the ideal for plain
-// object storage) and a full copy, measured in the same run.
+// object storage) and a full copy, measured in the same run. The readers pin the versions they
+// hold, as workers do, so the publisher writes catch-up deltas from them; the same pulls without
+// those (skip deltas only) are printed too.
 //
 // Workload: about 200 MB of served BF16 (six 4096 x 4096 projections) over FP32 master weights
 // updated by Adam at lr 1e-6 (examples/synthetic_adam.h), 110 published versions in a directory
@@ -39,6 +41,8 @@ constexpr uint64_t kLags[] = {1, 10, 100};
 struct SizeRow {
   uint64_t lag, planned, squashed, chain;
   std::string path;
+  uint64_t unpinned = 0;  // the same reader without a catch-up delta (skip deltas only)
+  std::string unpinned_path;
 };
 std::vector<SizeRow> g_sizes;
 
@@ -76,14 +80,17 @@ void Prepare(bool quick) {
     adam.Step(threads);
     if (!publisher->Publish(Master(adam)).ok()) std::abort();
     for (uint64_t lag : kLags) {
-      if (v == total - lag) s->held.emplace(v, publisher->served());
+      if (v != total - lag) continue;
+      // A reader holding v: it pins v, so the publisher writes catch-up deltas from v.
+      s->held.emplace(v, publisher->served());
+      if (!policy_store::SetPin(*s->store, "bench", "reader-lag" + std::to_string(lag), v).ok()) std::abort();
     }
   }
   s->latest = total;
   // Sizes: the planner's download, the single squashed delta, the plain chain.
   policy_store::StoreReader reader(*s->store, "bench", threads);
   for (uint64_t lag : kLags) {
-    SizeRow row{lag, 0, 0, 0, ""};
+    SizeRow row{lag, 0, 0, 0, "", 0, ""};
     sync::ServedModel model = s->held.at(total - lag);
     auto report = reader.Pull(total, total - lag, &model);
     if (!report.ok()) std::abort();
@@ -100,6 +107,18 @@ void Prepare(bool quick) {
     }
     row.squashed = sync::SerializedSize(*squashed);
     g_sizes.push_back(row);
+  }
+  // The same readers had they not pinned their versions: skip deltas only.
+  for (SizeRow& row : g_sizes) {
+    const std::string record = policy_store::CatchupKey("bench", total, total - row.lag);
+    auto kept = s->store->Get(record);
+    if (kept.ok() && !s->store->Delete(record).ok()) std::abort();
+    sync::ServedModel model = s->held.at(total - row.lag);
+    auto report = reader.Pull(total, total - row.lag, &model);
+    if (!report.ok()) std::abort();
+    row.unpinned = report->bytes_downloaded;
+    row.unpinned_path = report->path;
+    if (kept.ok() && !s->store->PutImmutable(record, *kept).ok()) std::abort();
   }
 }
 
@@ -141,6 +160,25 @@ int main(int argc, char** argv) {
                 static_cast<double>(row.planned) / row.squashed, static_cast<unsigned long long>(row.chain),
                 static_cast<double>(row.planned) / row.chain, 100.0 * row.planned / g_setup->full_bytes, row.path.c_str());
   }
+  std::printf("\nThe same readers without pins (no catch-up delta; skip deltas only)\n");
+  std::printf("%5s %14s %10s  %s\n", "lag", "downloaded", "vs squash", "path");
+  for (const SizeRow& row : g_sizes) {
+    std::printf("%5llu %14llu %9.2fx  %s\n", static_cast<unsigned long long>(row.lag), static_cast<unsigned long long>(row.unpinned),
+                static_cast<double>(row.unpinned) / row.squashed, row.unpinned_path.c_str());
+  }
+  uint64_t catchup_bytes = 0;
+  size_t catchups = 0;
+  const std::vector<std::string> records = g_setup->store->List(policy_store::CatchupPrefix("bench", g_setup->latest)).value();
+  for (const std::string& key : records) {
+    auto text = g_setup->store->Get(key);
+    auto record = policy_store::Catchup::FromJson({reinterpret_cast<const char*>(text->data()), text->size()});
+    catchup_bytes += record->blob.bytes;
+    ++catchups;
+  }
+  std::printf("Cost of the catch-up deltas: one per pinned reader 2 or more versions behind, %zu for version %llu, "
+              "%llu bytes (%.1fx its plain delta)\n",
+              catchups, static_cast<unsigned long long>(g_setup->latest), static_cast<unsigned long long>(catchup_bytes),
+              static_cast<double>(catchup_bytes) / g_sizes.front().planned);
   std::printf("Target: at most about 1.3x the single squashed delta.\n");
   std::filesystem::remove_all(g_setup->root);
   benchmark::Shutdown();

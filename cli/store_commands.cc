@@ -43,6 +43,8 @@ struct StoreOptions {
   std::string cache_dir;
   std::string cache_bytes = "10GiB";
   std::string upstream;         // relay
+  std::string holder;           // pull --pin-as, pin --holder
+  bool remove = false;          // pin --remove
 };
 
 // The OpenOptions the flags describe.
@@ -171,6 +173,7 @@ Status RunPull(const StoreOptions& options) {
   }
   WEFT_ASSIGN_OR_RETURN(PullReport report, reader.Pull(target, have, &model));
   WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(options.output, model.AsTensorsToWrite()));
+  if (!options.holder.empty()) WEFT_RETURN_IF_ERROR(SetPin(*store, options.run, options.holder, target));
   const std::string note = TransferNote(*store);
   std::printf("%s: run %s version %llu, %llu bytes downloaded (%s), every blob and digest verified%s\n",
               options.output.c_str(), options.run.c_str(), static_cast<unsigned long long>(target),
@@ -196,6 +199,10 @@ Status RunList(const StoreOptions& options) {
     WEFT_ASSIGN_OR_RETURN(std::vector<uint64_t> versions, reader.Versions());
     std::printf("run %s: latest %s, %zu versions\n", run.c_str(),
                 latest.ok() ? std::to_string(*latest).c_str() : "none", versions.size());
+    WEFT_ASSIGN_OR_RETURN(auto pins, ListPins(*store, run));
+    for (const auto& [holder, version] : pins) {
+      std::printf("  pin %s: v%llu\n", holder.c_str(), static_cast<unsigned long long>(version));
+    }
     for (uint64_t v : versions) {
       WEFT_ASSIGN_OR_RETURN(Manifest m, reader.GetManifest(v));
       std::printf("  v%-6llu %3zu tensors  delta %10s  keyframe %12s%s\n", static_cast<unsigned long long>(v), m.tensors.size(),
@@ -266,6 +273,21 @@ Status RunRelay(const StoreOptions& options) {
   return Serve(*cache, options, server, what + ")");
 }
 
+Status RunPin(const StoreOptions& options) {
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  if (options.remove) {
+    WEFT_RETURN_IF_ERROR(RemovePin(*store, options.run, options.holder));
+    std::printf("run %s: %s holds no version any more\n", options.run.c_str(), options.holder.c_str());
+    return Status::Ok();
+  }
+  if (options.version < 0) return InvalidArgument("give the pinned --version, or --remove");
+  StoreReader reader(*store, options.run, 1);
+  WEFT_RETURN_IF_ERROR(reader.GetManifest(static_cast<uint64_t>(options.version)).status());
+  WEFT_RETURN_IF_ERROR(SetPin(*store, options.run, options.holder, static_cast<uint64_t>(options.version)));
+  std::printf("run %s: %s holds version %lld\n", options.run.c_str(), options.holder.c_str(), static_cast<long long>(options.version));
+  return Status::Ok();
+}
+
 Status RunCollect(const StoreOptions& options) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
@@ -303,6 +325,7 @@ void RegisterStore(CLI::App& app, Action* action) {
   g->add_option("-o,--output", pull->output, "safetensors file to write")->required();
   g->add_option("--threads", pull->threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
   AddLinkFlags(g, pull.get(), true);
+  g->add_option("--pin-as", pull->holder, "record the pulled version as still needed by this holder (a worker id)");
   g->callback([pull, action] { *action = [pull] { return RunPull(*pull); }; });
 
   auto list = std::make_shared<StoreOptions>();
@@ -311,11 +334,20 @@ void RegisterStore(CLI::App& app, Action* action) {
   l->add_option("--run", list->run, "only this run");
   l->callback([list, action] { *action = [list] { return RunList(*list); }; });
 
+  auto pin = std::make_shared<StoreOptions>();
+  CLI::App* n = store->add_subcommand("pin", "Record the version a holder still needs (retention keeps it; publishers write catch-up deltas from it)");
+  n->add_option("--store", pin->store, "store: a directory, file://PATH or http://HOST:PORT")->required();
+  n->add_option("--run", pin->run, "run id")->required();
+  n->add_option("--holder", pin->holder, "who needs it: a worker, job or trainer id")->required();
+  n->add_option("--version", pin->version, "the version it holds")->check(CLI::NonNegativeNumber);
+  n->add_flag("--remove", pin->remove, "the holder needs nothing any more");
+  n->callback([pin, action] { *action = [pin] { return RunPin(*pin); }; });
+
   auto collect = std::make_shared<StoreOptions>();
   CLI::App* c = store->add_subcommand("gc", "Delete versions and blobs that no pinned version needs");
   c->add_option("--store", collect->store, "store: a directory or file://PATH")->required();
   c->add_option("--run", collect->run, "run id")->required();
-  c->add_option("--pin", collect->pins, "a version still needed (repeatable); the latest is always kept");
+  c->add_option("--pin", collect->pins, "a version still needed (repeatable), besides the store's pins; the latest is always kept");
   c->add_flag("--dry-run", collect->dry_run, "report what would be deleted, delete nothing");
   c->callback([collect, action] { *action = [collect] { return RunCollect(*collect); }; });
 

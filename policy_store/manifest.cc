@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "policy_store/object_store.h"
+
 namespace weft::policy_store {
 namespace {
 
@@ -195,6 +197,47 @@ std::string ShardPrefix(const std::string& run_id, uint64_t version) {
 
 std::string ShardKey(const std::string& run_id, uint64_t version, uint64_t rank, uint64_t world) {
   return ShardPrefix(run_id, version) + std::to_string(rank) + "-of-" + std::to_string(world) + ".json";
+}
+
+std::string PinKey(const std::string& run_id, const std::string& holder) { return "runs/" + run_id + "/pins/" + holder; }
+
+std::string CatchupPrefix(const std::string& run_id, uint64_t target) {
+  char digits[24];
+  std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(target));
+  return "runs/" + run_id + "/catchup/" + digits + "/";
+}
+
+std::string CatchupKey(const std::string& run_id, uint64_t target, uint64_t base) {
+  char digits[24];
+  std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(base));
+  return CatchupPrefix(run_id, target) + digits + ".json";
+}
+
+Status ValidateHolder(const std::string& holder) {
+  if (holder.empty() || holder.size() > 128 || holder == "." || holder == "..") {
+    return InvalidArgument("pin holder '" + holder + "' must be 1 to 128 characters of [A-Za-z0-9._-]");
+  }
+  return ValidateKey(holder).WithContext("pin holder");
+}
+
+std::string Catchup::ToJson() const {
+  return Json({{"format", "weft.catchup.v1"}, {"run", run_id}, {"base", base}, {"target", target},
+               {"sha256", blob.sha256}, {"bytes", blob.bytes}}).dump();
+}
+
+Result<Catchup> Catchup::FromJson(std::string_view text) {
+  Json json = Json::parse(text, nullptr, false);
+  if (json.is_discarded()) return InvalidArgument("catch-up record is not valid JSON");
+  WEFT_RETURN_IF_ERROR(CheckFields(json, "catch-up record", {"format", "run", "base", "target", "sha256", "bytes"}, {}));
+  if (json["format"] != "weft.catchup.v1") return InvalidArgument("catch-up record format is not weft.catchup.v1");
+  Catchup c;
+  if (!json["run"].is_string()) return InvalidArgument("catch-up record: run is not a string");
+  c.run_id = json["run"].get<std::string>();
+  WEFT_ASSIGN_OR_RETURN(c.base, GetUnsigned(json, "base", "catch-up record"));
+  WEFT_ASSIGN_OR_RETURN(c.target, GetUnsigned(json, "target", "catch-up record"));
+  if (c.base >= c.target) return InvalidArgument("catch-up record: base is not before target");
+  WEFT_ASSIGN_OR_RETURN(c.blob, ParseBlob(Json{{"sha256", json["sha256"]}, {"bytes", json["bytes"]}}, "catch-up record"));
+  return c;
 }
 
 std::string LatestKey(const std::string& run_id) { return "runs/" + run_id + "/latest"; }

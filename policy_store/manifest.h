@@ -6,6 +6,8 @@
 //   runs/<run>/versions/<version, 20 digits>.json   the manifest of that version, immutable
 //   runs/<run>/shards/<version>/<rank>-of-<world>.json   one rank's part of a sharded version,
 //                                            immutable, until merged into the version's manifest
+//   runs/<run>/pins/<holder>                 the version a worker, job or trainer still needs
+//   runs/<run>/catchup/<target>/<base>.json  a catch-up delta from a pinned version to a target
 //   runs/<run>/latest                        the highest complete version, decimal; moved forward
 //                                            only, by compare-and-swap
 // A version is published in that order: blobs, then manifest, then `latest`, so a reader that sees
@@ -18,6 +20,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -72,12 +75,31 @@ struct Manifest {
   static Result<Manifest> FromJson(std::string_view json);
 };
 
+// A catch-up record: a delta the publisher wrote from a pinned version `base` straight to
+// `target` (docs/formats.md, section 6.7), stored at CatchupKey(run, target, base).
+struct Catchup {
+  std::string run_id;
+  uint64_t base = 0;
+  uint64_t target = 0;
+  BlobRef blob;
+
+  std::string ToJson() const;
+  static Result<Catchup> FromJson(std::string_view json);
+};
+
 Status ValidateRunId(const std::string& run_id);
+// A holder of a pin: a worker, a trainer, a job ([A-Za-z0-9._-], 1 to 128 bytes).
+Status ValidateHolder(const std::string& holder);
 std::string ManifestKey(const std::string& run_id, uint64_t version);
 std::string LatestKey(const std::string& run_id);
 // runs/<run>/shards/<version, 20 digits>/<rank>-of-<world>.json, and the folder of a version's parts.
 std::string ShardKey(const std::string& run_id, uint64_t version, uint64_t rank, uint64_t world);
 std::string ShardPrefix(const std::string& run_id, uint64_t version);
+// runs/<run>/pins/<holder>: the version a holder still needs, in decimal (section 6.4).
+std::string PinKey(const std::string& run_id, const std::string& holder);
+// runs/<run>/catchup/<target, 20 digits>/<base, 20 digits>.json, and the folder of a target's.
+std::string CatchupKey(const std::string& run_id, uint64_t target, uint64_t base);
+std::string CatchupPrefix(const std::string& run_id, uint64_t target);
 std::string BlobKey(const std::string& sha256);
 std::string Sha256Hex(std::span<const uint8_t> bytes);
 

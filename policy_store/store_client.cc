@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/concurrent.h"
+#include "common/logging.h"
 #include "sync/safetensors.h"
 
 namespace weft::policy_store {
@@ -159,11 +160,21 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id, c
   if (status.code() == StatusCode::kConflict) {
     // A rerun of a publisher that died after moving the pointer finds it already moved here.
     Result<std::vector<uint8_t>> latest = store.Get(LatestKey(run_id));
-    if (latest.ok() && std::string(latest->begin(), latest->end()) == VersionText(manifest.version)) return manifest;
-    return status.WithContext("run '" + run_id + "': latest moved while publishing version " +
-                              std::to_string(manifest.version));
+    if (!latest.ok() || std::string(latest->begin(), latest->end()) != VersionText(manifest.version)) {
+      return status.WithContext("run '" + run_id + "': latest moved while publishing version " +
+                                std::to_string(manifest.version));
+    }
+  } else {
+    WEFT_RETURN_IF_ERROR(status);
   }
-  WEFT_RETURN_IF_ERROR(status);
+  // Catch-up deltas for pinned readers come after the pointer (readers one version behind, the
+  // common case, need none): a failure there costs readers bytes, never correctness.
+  if (delta != nullptr) {
+    Status catchups = PublishCatchups(store, run_id, manifest, *delta, policy, threads);
+    if (!catchups.ok()) {
+      WEFT_LOG(kWarning) << "run '" << run_id << "' version " << manifest.version << ": catch-up deltas not written: " << catchups.message();
+    }
+  }
   return manifest;
 }
 
@@ -311,6 +322,113 @@ Result<Manifest> WaitForVersion(ObjectStore& store, const std::string& run_id, u
   return ReadManifest(store, run_id, version);
 }
 
+Status SetPin(ObjectStore& store, const std::string& run_id, const std::string& holder, uint64_t version) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
+  WEFT_RETURN_IF_ERROR(ValidateHolder(holder));
+  const std::string key = PinKey(run_id, holder);
+  for (int attempt = 0;; ++attempt) {
+    Result<std::vector<uint8_t>> current = store.Get(key);
+    std::optional<std::string> expected;
+    if (current.ok()) {
+      expected = std::string(current->begin(), current->end());
+    } else if (current.status().code() != StatusCode::kNotFound) {
+      return current.status();
+    }
+    if (expected == VersionText(version)) return Status::Ok();
+    Status status = store.CompareAndSwap(key, expected, VersionText(version));
+    if (status.code() != StatusCode::kConflict || attempt >= 8) return status;  // raced another writer: read again
+  }
+}
+
+Status RemovePin(ObjectStore& store, const std::string& run_id, const std::string& holder) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
+  WEFT_RETURN_IF_ERROR(ValidateHolder(holder));
+  return store.Delete(PinKey(run_id, holder));
+}
+
+Result<std::map<std::string, uint64_t>> ListPins(ObjectStore& store, const std::string& run_id) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
+  const std::string prefix = "runs/" + run_id + "/pins/";
+  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> keys, store.List(prefix));
+  std::map<std::string, uint64_t> pins;
+  for (const std::string& key : keys) {
+    Result<std::vector<uint8_t>> text = store.Get(key);
+    if (!text.ok() && text.status().code() == StatusCode::kNotFound) continue;  // removed meanwhile
+    if (!text.ok()) return text.status();
+    std::string value(text->begin(), text->end());
+    char* end = nullptr;
+    const unsigned long long version = std::strtoull(value.c_str(), &end, 10);
+    if (value.empty() || end == value.c_str() || (*end != '\n' && *end != '\0')) return DataLoss(key + " does not hold a version number");
+    pins[key.substr(prefix.size())] = version;
+  }
+  return pins;
+}
+
+namespace {
+
+// Squashes the deltas in `blobs` (each parsed in place), in order.
+Result<std::vector<uint8_t>> SquashBlobs(const std::vector<std::vector<uint8_t>>& blobs, const sync::ModelDelta* last, int threads) {
+  std::optional<sync::ModelDelta> squashed;
+  std::vector<uint8_t> owned;  // the serialized squash, which later squashes read from
+  for (const auto& bytes : blobs) {
+    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta next, sync::ParseModelDelta(bytes));
+    if (!squashed) {
+      squashed = std::move(next);
+      continue;
+    }
+    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta both, sync::SquashModelDeltas(*squashed, next, threads));
+    owned = sync::SerializeModelDelta(both);
+    WEFT_ASSIGN_OR_RETURN(squashed, sync::ParseModelDelta(owned));
+  }
+  if (last != nullptr) {
+    if (!squashed) return sync::SerializeModelDelta(*last);
+    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta both, sync::SquashModelDeltas(*squashed, *last, threads));
+    return sync::SerializeModelDelta(both);
+  }
+  return sync::SerializeModelDelta(*squashed);
+}
+
+}  // namespace
+
+Status PublishCatchups(ObjectStore& store, const std::string& run_id, const Manifest& manifest,
+                       const sync::ModelDelta& delta, const KeyframePolicy& policy, int threads) {
+  const uint64_t target = manifest.version;
+  if (policy.max_catchup_bases == 0 || target < 2) return Status::Ok();
+  WEFT_ASSIGN_OR_RETURN(auto pins, ListPins(store, run_id));
+  std::set<uint64_t, std::greater<uint64_t>> bases;  // newest first: the cheapest to keep
+  for (const auto& [holder, version] : pins) {
+    if (version + 1 < target && target - version <= policy.max_catchup_lag) bases.insert(version);
+  }
+  StoreReader reader(store, run_id, threads);
+  size_t written = 0;
+  for (uint64_t base : bases) {
+    if (written++ == policy.max_catchup_bases) break;
+    const std::string what = "catch-up delta from version " + std::to_string(base) + " to " + std::to_string(target);
+    // From base to target - 1: the previous catch-up delta, or the cheapest chain of deltas.
+    std::vector<std::vector<uint8_t>> blobs;
+    WEFT_ASSIGN_OR_RETURN(std::optional<BlobRef> previous, reader.FindCatchup(target - 1, base));
+    if (previous) {
+      WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store, *previous, what));
+      blobs.push_back(std::move(bytes));
+    } else {
+      Result<Manifest> before = reader.GetManifest(target - 1);
+      if (!before.ok()) return before.status().WithContext(what);
+      Result<StoreReader::Plan> plan = reader.PlanPath(*before, base, false);
+      if (!plan.ok()) continue;  // the pinned version was collected or never chained: nothing to do
+      for (const StoreReader::Plan::Step& step : plan->steps) {
+        WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store, step.blob, what));
+        blobs.push_back(std::move(bytes));
+      }
+    }
+    Result<std::vector<uint8_t>> bytes = SquashBlobs(blobs, &delta, threads);
+    if (!bytes.ok()) return bytes.status().WithContext(what);
+    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, *bytes));
+    Catchup record{run_id, base, target, blob};
+    WEFT_RETURN_IF_ERROR(store.PutImmutable(CatchupKey(run_id, target, base), AsBytes(record.ToJson())));
+  }
+  return Status::Ok();
+}
+
 Result<uint64_t> StoreReader::Latest() {
   Result<std::vector<uint8_t>> bytes = store_.Get(LatestKey(run_id_));
   if (!bytes.ok()) {
@@ -372,6 +490,99 @@ Result<sync::ServedModel> StoreReader::LoadKeyframe(const Manifest& manifest, st
   return model;
 }
 
+std::string StoreReader::Plan::Describe() const {
+  std::string text = from_keyframe ? "keyframe v" + std::to_string(start) : "";
+  size_t catchups = 0;
+  for (const Step& step : steps) catchups += step.catchup ? 1 : 0;
+  if (!steps.empty()) {
+    std::string what = catchups == steps.size() && steps.size() == 1 ? "1 catch-up delta" : Deltas(steps.size());
+    text += (from_keyframe ? " + " : "") + what + (from_keyframe ? "" : " from v" + std::to_string(start));
+  } else if (!from_keyframe) {
+    text = "already at the target";
+  }
+  return text;
+}
+
+Result<std::optional<BlobRef>> StoreReader::FindCatchup(uint64_t target, uint64_t base) {
+  const std::string key = CatchupKey(run_id_, target, base);
+  Result<std::vector<uint8_t>> text = store_.Get(key);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) return std::optional<BlobRef>();
+    return text.status();
+  }
+  Result<Catchup> catchup = Catchup::FromJson({reinterpret_cast<const char*>(text->data()), text->size()});
+  if (!catchup.ok() || catchup->run_id != run_id_ || catchup->target != target || catchup->base != base) {
+    // A catch-up delta is an optimisation: a bad one is reported and planned around.
+    WEFT_LOG(kWarning) << key << " is not a valid catch-up record; ignoring it";
+    return std::optional<BlobRef>();
+  }
+  return std::optional<BlobRef>(catchup->blob);
+}
+
+Result<StoreReader::Plan> StoreReader::PlanPath(const Manifest& goal, std::optional<uint64_t> have, bool allow_keyframe) {
+  const uint64_t target = goal.version;
+  Plan plan;
+  plan.target = target;
+  if (allow_keyframe) {
+    WEFT_ASSIGN_OR_RETURN(plan.keyframe, GetManifest(goal.last_keyframe));
+    if (!plan.keyframe.keyframe) return DataLoss("version " + std::to_string(goal.last_keyframe) + " is named as a keyframe but has none");
+  } else if (!have) {
+    return InvalidArgument("a path of deltas needs a starting version");
+  }
+  // Cheapest path in bytes: starts are the local copy (free) and the keyframe (its size); edges
+  // are each version's delta from its predecessor, its skip deltas, and a catch-up delta from
+  // the local copy's version straight to the target when the publisher wrote one.
+  const uint64_t low = have ? (allow_keyframe ? std::min(*have, goal.last_keyframe) : *have) : goal.last_keyframe;
+  const size_t count = static_cast<size_t>(target - low + 1);
+  constexpr uint64_t kUnreachable = ~uint64_t{0};
+  std::vector<uint64_t> cost(count, kUnreachable);
+  std::vector<std::optional<Plan::Step>> via(count);
+  if (allow_keyframe) cost[goal.last_keyframe - low] = plan.keyframe.keyframe->bytes;
+  if (have) cost[*have - low] = 0;
+  // The manifests of the range, fetched concurrently (each is a round trip on a remote store),
+  // with the catch-up record.
+  std::vector<Manifest> manifests(target - low);
+  std::optional<BlobRef> catchup;
+  WEFT_RETURN_IF_ERROR(ForEachConcurrently(manifests.size() + 1, fetch_concurrency_, [&](size_t i) {
+    if (i == manifests.size()) {
+      if (!have || *have + 1 >= target) return Status::Ok();
+      Result<std::optional<BlobRef>> found = FindCatchup(target, *have);
+      if (!found.ok()) return found.status();
+      catchup = *found;
+      return Status::Ok();
+    }
+    Result<Manifest> m = i + 1 == manifests.size() ? Result<Manifest>(goal) : GetManifest(low + 1 + i);
+    if (!m.ok()) return m.status();
+    manifests[i] = std::move(*m);
+    return Status::Ok();
+  }));
+  for (uint64_t v = low + 1; v <= target; ++v) {
+    const Manifest& m = manifests[v - low - 1];
+    std::vector<Plan::Step> edges;
+    if (m.delta) edges.push_back({*m.delta_base, *m.delta, false});
+    for (const SkipDelta& skip : m.skips) edges.push_back({skip.base, skip.blob, false});
+    if (v == target && catchup) edges.push_back({*have, *catchup, true});
+    for (const Plan::Step& edge : edges) {
+      if (edge.base < low || cost[edge.base - low] == kUnreachable) continue;
+      const uint64_t total = cost[edge.base - low] + edge.blob.bytes;
+      if (total < cost[v - low]) {
+        cost[v - low] = total;
+        via[v - low] = edge;
+      }
+    }
+  }
+  if (cost[target - low] == kUnreachable) return DataLoss("no chain of deltas reaches version " + std::to_string(target));
+  uint64_t at = target;
+  while (via[at - low]) {
+    plan.steps.push_back(*via[at - low]);
+    at = via[at - low]->base;
+  }
+  std::reverse(plan.steps.begin(), plan.steps.end());
+  plan.start = at;
+  plan.from_keyframe = !(have && at == *have);
+  return plan;
+}
+
 Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> have, sync::ServedModel* model) {
   WEFT_ASSIGN_OR_RETURN(Manifest goal, GetManifest(target));
   PullReport report;
@@ -387,59 +598,11 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
       WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, *held).WithContext("the local copy"));
     }
   }
-  WEFT_ASSIGN_OR_RETURN(Manifest keyframe, GetManifest(goal.last_keyframe));
-  if (!keyframe.keyframe) return DataLoss("version " + std::to_string(goal.last_keyframe) + " is named as a keyframe but has none");
-
-  // Cheapest path in bytes: starts are the local copy (free) and the keyframe (its size); edges
-  // are each version's delta from its predecessor and its skip deltas.
-  const uint64_t low = have ? std::min(*have, goal.last_keyframe) : goal.last_keyframe;
-  const size_t count = static_cast<size_t>(target - low + 1);
-  constexpr uint64_t kUnreachable = ~uint64_t{0};
-  std::vector<uint64_t> cost(count, kUnreachable);
-  struct Step {
-    uint64_t base = 0;
-    BlobRef blob;
-  };
-  std::vector<std::optional<Step>> via(count);
-  cost[goal.last_keyframe - low] = keyframe.keyframe->bytes;
-  if (have) cost[*have - low] = 0;
-  // The manifests of the range, fetched concurrently (each is a round trip on a remote store).
-  std::vector<Manifest> manifests(target - low);
-  WEFT_RETURN_IF_ERROR(ForEachConcurrently(manifests.size(), fetch_concurrency_, [&](size_t i) {
-    Result<Manifest> m = GetManifest(low + 1 + i);
-    if (!m.ok()) return m.status();
-    manifests[i] = std::move(*m);
-    return Status::Ok();
-  }));
-  for (uint64_t v = low + 1; v <= target; ++v) {
-    const Manifest& m = manifests[v - low - 1];
-    std::vector<Step> edges;
-    if (m.delta) edges.push_back({*m.delta_base, *m.delta});
-    for (const SkipDelta& skip : m.skips) edges.push_back({skip.base, skip.blob});
-    for (const Step& edge : edges) {
-      if (edge.base < low || cost[edge.base - low] == kUnreachable) continue;
-      const uint64_t total = cost[edge.base - low] + edge.blob.bytes;
-      if (total < cost[v - low]) {
-        cost[v - low] = total;
-        via[v - low] = edge;
-      }
-    }
-  }
-  if (cost[target - low] == kUnreachable) return DataLoss("no chain of deltas reaches version " + std::to_string(target));
-  std::vector<Step> path;
-  uint64_t at = target;
-  while (via[at - low]) {
-    path.push_back(*via[at - low]);
-    at = via[at - low]->base;
-  }
-  std::reverse(path.begin(), path.end());
-  const bool from_keyframe = !(have && at == *have);
-  report.path = from_keyframe ? "keyframe v" + std::to_string(at) : "";
-  if (!path.empty()) {
-    report.path += (from_keyframe ? " + " : "") + Deltas(path.size()) + (from_keyframe ? "" : " from v" + std::to_string(at));
-  } else if (!from_keyframe) {
-    report.path = "already at the target";
-  }
+  WEFT_ASSIGN_OR_RETURN(Plan plan, PlanPath(goal, have, true));
+  const bool from_keyframe = plan.from_keyframe;
+  const Manifest& keyframe = plan.keyframe;
+  const std::vector<Plan::Step>& path = plan.steps;
+  report.path = plan.Describe();
 
   // Fetch and verify every blob before touching anything, then work on a copy: on any error the
   // caller's model is exactly as it was.
@@ -461,7 +624,7 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   for (const auto& bytes : blobs) report.bytes_downloaded += bytes.size();
   report.bytes_downloaded += keyframe_bytes.size();
   if (from_keyframe) report.fetched.push_back(*keyframe.keyframe);
-  for (const Step& step : path) report.fetched.push_back(step.blob);
+  for (const Plan::Step& step : path) report.fetched.push_back(step.blob);
   if (!from_keyframe && path.size() == 1) {
     // One delta (the common case of a reader one version behind) applies atomically in place:
     // check that it lands on the target's digests, then apply, which verifies it before writing.
@@ -496,6 +659,11 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
   uint64_t oldest_pin = latest;
   for (uint64_t pin : pins) {
     if (pin > latest) return InvalidArgument("pinned version " + std::to_string(pin) + " is after the latest, " + std::to_string(latest));
+    oldest_pin = std::min(oldest_pin, pin);
+  }
+  WEFT_ASSIGN_OR_RETURN(auto stored_pins, ListPins(store, run_id));
+  for (const auto& [holder, pin] : stored_pins) {
+    if (pin > latest) return DataLoss("holder '" + holder + "' pins version " + std::to_string(pin) + ", after the latest, " + std::to_string(latest));
     oldest_pin = std::min(oldest_pin, pin);
   }
   WEFT_ASSIGN_OR_RETURN(Manifest pinned, reader.GetManifest(oldest_pin));
@@ -540,6 +708,21 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
       if (blob && !kept_blobs.count(blob->sha256)) doomed_blobs[blob->sha256] = blob->bytes;
     }
   }
+  // Catch-up deltas to versions before `latest`: no reader plans towards them any more.
+  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> catchup_keys, store.List("runs/" + run_id + "/catchup/"));
+  std::set<std::string> kept_catchup_blobs;
+  for (const std::string& key : catchup_keys) {
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> text, store.Get(key));
+    Result<Catchup> record = Catchup::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
+    const bool stale = !record.ok() || record->target < latest;
+    if (stale) {
+      doomed_parts.push_back(key);
+      if (record.ok() && !kept_blobs.count(record->blob.sha256)) doomed_blobs[record->blob.sha256] = record->blob.bytes;
+    } else {
+      kept_catchup_blobs.insert(record->blob.sha256);
+    }
+  }
+  for (const std::string& sha256 : kept_catchup_blobs) doomed_blobs.erase(sha256);
   report.versions_deleted = doomed.size();
   report.blobs_deleted = doomed_blobs.size();
   for (const auto& [sha256, bytes] : doomed_blobs) report.bytes_freed += bytes;

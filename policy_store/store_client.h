@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,7 +31,22 @@ struct KeyframePolicy {
   double delta_budget = 0.5;        // ... or once the delta bytes since the last keyframe exceed
                                     // this fraction of the keyframe's size
   int max_skip_level = 10;          // skip deltas span up to 2^max_skip_level versions (0: none)
+  size_t max_catchup_bases = 16;    // catch-up deltas for at most this many pinned versions
+  uint64_t max_catchup_lag = 1024;  // ... at most this many versions behind
 };
+
+// Pins: the version each holder (a worker, an in-flight job, the trainer) still needs, kept in
+// the store (PinKey) so that retention and the publisher see them. SetPin creates or moves a pin.
+Status SetPin(ObjectStore& store, const std::string& run_id, const std::string& holder, uint64_t version);
+Status RemovePin(ObjectStore& store, const std::string& run_id, const std::string& holder);
+Result<std::map<std::string, uint64_t>> ListPins(ObjectStore& store, const std::string& run_id);
+
+// Catch-up deltas: after publishing `manifest` (version t, with `delta` from t - 1), writes for
+// every pinned version p with p < t - 1 (up to the policy's limits) the single delta from p to t
+// (docs/formats.md, section 6.7): the squash of the one from p to t - 1 with `delta`, or, for a
+// new pin, of the cheapest chain from p. A reader that holds p then downloads exactly that delta.
+Status PublishCatchups(ObjectStore& store, const std::string& run_id, const Manifest& manifest,
+                       const sync::ModelDelta& delta, const KeyframePolicy& policy, int threads);
 
 // A blob's bytes, checked against its size and SHA-256 (kDataLoss when they differ).
 Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob,
@@ -86,12 +102,13 @@ struct PullReport {
   std::vector<BlobRef> fetched;  // the blobs of that path, in the order they are applied
 };
 
-// Retention. Every version at or above the oldest pinned one must stay readable, so the versions
+// Retention. Pins are the explicit `pins` and those in the store (ListPins). Every version at or
+// above the oldest pinned one must stay readable, so the versions
 // kept are those from the keyframe it is rebuilt from (its `last_keyframe`) up to `latest`. Older
 // manifests are deleted, oldest first, and then every blob only they referenced. `latest` and the
 // pinned versions are never touched. Blobs that no manifest references (left by a publisher that
 // died before writing its manifest) are not deleted: they cannot be told apart from a publish in
-// progress.
+// progress. Catch-up deltas to versions before `latest` are deleted (no reader targets them).
 struct CollectReport {
   uint64_t kept_from = 0;         // the oldest version kept
   uint64_t versions_deleted = 0;
@@ -127,6 +144,27 @@ class StoreReader {
                                                   uint64_t max_versions = 1000);
 
  private:
+  friend Status PublishCatchups(ObjectStore&, const std::string&, const Manifest&, const sync::ModelDelta&,
+                                const KeyframePolicy&, int);
+  // The cheapest way to `goal`: from the keyframe at or below it (when `allow_keyframe`) or from
+  // `have`, over plain, skip and catch-up deltas.
+  struct Plan {
+    struct Step {
+      uint64_t base = 0;
+      BlobRef blob;
+      bool catchup = false;
+    };
+    uint64_t target = 0;
+    bool from_keyframe = false;
+    uint64_t start = 0;      // the keyframe's version, or `have`
+    Manifest keyframe;       // when allowed: the manifest of the keyframe at or below the target
+    std::vector<Step> steps;
+    std::string Describe() const;
+  };
+  Result<Plan> PlanPath(const Manifest& goal, std::optional<uint64_t> have, bool allow_keyframe);
+  // The catch-up delta from `base` to `target`, if the publisher wrote one.
+  Result<std::optional<BlobRef>> FindCatchup(uint64_t target, uint64_t base);
+
   // The keyframe blob `bytes` (already verified) as a model checked against its manifest.
   Result<sync::ServedModel> LoadKeyframe(const Manifest& manifest, std::span<const uint8_t> bytes);
   // Whether `model`, after `pending` (if given) were applied, holds exactly the manifest's tensors

@@ -321,5 +321,63 @@ TEST_CASE("sharded trainers: each rank publishes its tensors, the parts form one
   server->Stop();
 }
 
+TEST_CASE("catch-up deltas: a pinned reader downloads one delta, the squash of everything it missed") {
+  Fixture f;
+  auto publisher = std::move(Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(100))).value();
+  std::vector<sync::ServedModel> published = {publisher->served()};
+  std::vector<std::vector<uint8_t>> plain;  // delta blobs v-1 -> v, for the reference squash
+  StoreReader reader(*f.store, "run", 1);
+  for (int v = 1; v <= 12; ++v) {
+    if (v == 3) {
+      REQUIRE(policy_store::SetPin(*f.store, "run", "worker-a", 2).ok());
+      REQUIRE(policy_store::SetPin(*f.store, "run", "worker-b", 2).ok());  // two holders, one base
+    }
+    if (v == 8) REQUIRE(policy_store::SetPin(*f.store, "run", "worker-c", 5).ok());  // a new pin: built from the chain
+    f.adam.Step(1);
+    REQUIRE(publisher->Publish(f.Master()).ok());
+    published.push_back(publisher->served());
+    plain.push_back(std::move(policy_store::FetchVerifiedBlob(*f.store, *reader.GetManifest(v)->delta, "delta")).value());
+  }
+  auto squash_size = [&](int from, int to) {
+    std::optional<sync::ModelDelta> squashed;
+    for (int v = from + 1; v <= to; ++v) {
+      auto d = std::move(sync::ParseModelDelta(plain[v - 1])).value();
+      squashed = squashed ? std::move(sync::SquashModelDeltas(*squashed, d, 1)).value() : std::move(d);
+    }
+    return sync::SerializedSize(*squashed);
+  };
+  for (int base : {2, 5}) {
+    sync::ServedModel model = published[base];
+    auto report = reader.Pull(12, base, &model);
+    REQUIRE(report.ok());
+    CHECK(report->path == "1 catch-up delta from v" + std::to_string(base));
+    CHECK(report->bytes_downloaded == squash_size(base, 12));
+    CHECK(SameBytes(model, published[12]));
+  }
+  // An unpinned version has none and takes skip deltas.
+  sync::ServedModel unpinned = published[3];
+  auto report = reader.Pull(12, 3, &unpinned);
+  REQUIRE(report.ok());
+  CHECK(report->path.find("catch-up") == std::string::npos);
+  CHECK(SameBytes(unpinned, published[12]));
+  // A corrupted catch-up record is ignored; a corrupted catch-up blob is caught by its hash.
+  const std::string record = policy_store::CatchupKey("run", 12, 5);
+  REQUIRE(f.store->Delete(record).ok());
+  const std::string junk = "{\"format\": 1}";
+  REQUIRE(f.store->PutImmutable(record, {reinterpret_cast<const uint8_t*>(junk.data()), junk.size()}).ok());
+  sync::ServedModel from_five = published[5];
+  REQUIRE(reader.Pull(12, 5, &from_five).ok());
+  CHECK(SameBytes(from_five, published[12]));
+  // Pins in the store hold back retention; stale catch-up deltas are collected.
+  auto collected = policy_store::CollectGarbage(*f.store, "run", {}, false);
+  REQUIRE(collected.ok());
+  CHECK(collected->kept_from == 0);  // worker-a and worker-b hold version 2, rebuilt from keyframe 0
+  CHECK(f.store->List(policy_store::CatchupPrefix("run", 11))->empty());
+  CHECK(f.store->List(policy_store::CatchupPrefix("run", 12))->size() == 1);  // from 2; the junk one went too
+  REQUIRE(policy_store::RemovePin(*f.store, "run", "worker-a").ok());
+  CHECK(policy_store::ListPins(*f.store, "run")->size() == 2);
+  CHECK(policy_store::SetPin(*f.store, "run", "../escape", 3).code() == StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace weft::trainer_adapter
