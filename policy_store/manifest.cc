@@ -214,7 +214,7 @@ std::string CatchupKey(const std::string& run_id, uint64_t target, uint64_t base
 }
 
 Status ValidateHolder(const std::string& holder) {
-  if (holder.empty() || holder.size() > 128 || holder == "." || holder == "..") {
+  if (holder.empty() || holder.size() > 128 || holder == "." || holder == ".." || holder.find('/') != std::string::npos) {
     return InvalidArgument("pin holder '" + holder + "' must be 1 to 128 characters of [A-Za-z0-9._-]");
   }
   return ValidateKey(holder).WithContext("pin holder");

@@ -90,6 +90,20 @@ expect_error "same dtype and shape" "$weft" store publish --store st --run r1 m3
 expect_error "gave up after" "$weft" store pull --store http://127.0.0.1:1 --run r1 -o x --deadline 1s
 expect_error "run id" "$weft" store pull --store st --run ../r1 -o x
 expect_error "no published version" "$weft" store pull --store st --run nothing -o x
+# A reader that pins what it pulled gets one catch-up delta when it comes back three versions later.
+expect_ok "$weft" store publish --store st --run r2 s0.bf16
+expect_ok "$weft" store pull --store st --run r2 --pin-as worker-7 -o w0.safetensors
+for v in 1 2 3; do expect_ok "$weft" store publish --store st --run r2 s$v.bf16; done
+expect_ok "$weft" store ls --store st --run r2
+grep -q "pin worker-7: v0" out.txt && ok || fail "store ls lacks the pin: $(cat out.txt)"
+expect_ok "$weft" store pull --store st --run r2 --have w0.safetensors --pin-as worker-7 -o w3.safetensors
+grep -q "1 catch-up delta from v0" out.txt && ok || fail "pull of a pinned reader: $(cat out.txt)"
+same_data s3.bf16 w3.safetensors
+expect_ok "$weft" store ls --store st --run r2
+grep -q "pin worker-7: v3" out.txt && ok || fail "the pin did not move: $(cat out.txt)"
+expect_error "pin holder" "$weft" store pin --store st --run r2 --holder "a/b" --version 1
+expect_error "has no version 9" "$weft" store pin --store st --run r2 --holder w --version 9
+expect_ok "$weft" store pin --store st --run r2 --holder worker-7 --remove
 # Retention: with version 3 pinned (rebuilt from the keyframe at 2), versions 0 and 1 go.
 expect_ok "$weft" store gc --store st --run r1 --pin 3 --dry-run
 grep -q "would delete 2 versions" out.txt && ok || fail "gc dry run: $(cat out.txt)"
