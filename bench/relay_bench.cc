@@ -25,6 +25,7 @@
 #include "examples/synthetic_adam.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
+#include "policy_store/forwarding_store.h"
 #include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
 #include "trainer_adapter/publisher.h"
@@ -36,26 +37,15 @@ using namespace weft::policy_store;
 using Clock = std::chrono::steady_clock;
 
 // Counts the bytes a backend hands to its server: what the server sends.
-class CountingStore : public ObjectStore {
+class CountingStore : public ForwardingStore {
  public:
-  explicit CountingStore(ObjectStore& inner) : inner_(inner) {}
+  using ForwardingStore::ForwardingStore;
   Result<std::vector<uint8_t>> Get(const std::string& key) override {
-    Result<std::vector<uint8_t>> bytes = inner_.Get(key);
+    Result<std::vector<uint8_t>> bytes = inner().Get(key);
     if (bytes.ok()) served.fetch_add(bytes->size());
     return bytes;
   }
-  Result<bool> Exists(const std::string& key) override { return inner_.Exists(key); }
-  Result<std::vector<std::string>> List(const std::string& prefix) override { return inner_.List(prefix); }
-  Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override { return inner_.PutImmutable(key, bytes); }
-  Status CompareAndSwap(const std::string& key, std::optional<std::string> expected, const std::string& desired) override {
-    return inner_.CompareAndSwap(key, expected, desired);
-  }
-  Status Delete(const std::string& key) override { return inner_.Delete(key); }
-  std::string Describe() const override { return inner_.Describe(); }
   std::atomic<uint64_t> served{0};
-
- private:
-  ObjectStore& inner_;
 };
 
 void Check(const Status& status, const char* what) {
@@ -96,18 +86,11 @@ int main(int argc, char** argv) {
   auto directory = std::move(DirectoryStore::Open(root + "/store")).value();
 
   // The run: keyframe at 0, deltas 1..3.
-  std::vector<examples::SyntheticTensor> shapes;
-  const uint64_t side = quick ? 1024 : 4096;
-  for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}) shapes.push_back({name, {side, side}});
-  if (quick) shapes.resize(4);
+  const std::vector<examples::SyntheticTensor> shapes = quick ? examples::ProjectionShapes(1024, 4) : examples::ProjectionShapes(4096, 6);
   examples::AdamConfig config;
   config.learning_rate = 1e-6;
   examples::SyntheticAdam adam(shapes, config, 7, threads);
-  auto master = [&] {
-    std::vector<sync::MasterTensor> m;
-    for (size_t t = 0; t < adam.tensor_count(); ++t) m.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
-    return m;
-  };
+  auto master = [&] { return examples::MasterView(adam); };
   trainer_adapter::PublisherOptions options;
   options.codec.threads = threads;
   auto publisher = std::move(trainer_adapter::Publisher::Start(*directory, "bench", master(), sync::ServingPlan{}, options)).value();

@@ -46,12 +46,6 @@ struct SizeRow {
 };
 std::vector<SizeRow> g_sizes;
 
-std::vector<sync::MasterTensor> Master(const examples::SyntheticAdam& adam) {
-  std::vector<sync::MasterTensor> master;
-  for (size_t t = 0; t < adam.tensor_count(); ++t) master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
-  return master;
-}
-
 void Prepare(bool quick) {
   const int threads = HardwareThreads();
   auto* s = new Setup;
@@ -59,10 +53,7 @@ void Prepare(bool quick) {
   s->root = (std::filesystem::temp_directory_path() / ("weft-store-bench-" + std::to_string(getpid()))).string();
   std::filesystem::remove_all(s->root);
   s->store = std::move(policy_store::DirectoryStore::Open(s->root)).value();
-  std::vector<examples::SyntheticTensor> shapes;
-  const uint64_t side = quick ? 1024 : 4096;
-  for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}) shapes.push_back({name, {side, side}});
-  if (quick) shapes.resize(4);
+  const std::vector<examples::SyntheticTensor> shapes = quick ? examples::ProjectionShapes(1024, 4) : examples::ProjectionShapes(4096, 6);
   examples::AdamConfig config;
   config.learning_rate = 1e-6;
   examples::SyntheticAdam adam(shapes, config, 7, threads);
@@ -71,14 +62,14 @@ void Prepare(bool quick) {
   options.keyframes.interval = 1 << 30;
   options.keyframes.delta_budget = 1e9;
   options.codec = sync::CodecOptions{sync::kDefaultChunkLog2, threads};
-  auto publisher = std::move(trainer_adapter::Publisher::Start(*s->store, "bench", Master(adam), sync::ServingPlan{}, options)).value();
+  auto publisher = std::move(trainer_adapter::Publisher::Start(*s->store, "bench", examples::MasterView(adam), sync::ServingPlan{}, options)).value();
   const uint64_t total = 110;
   std::fprintf(stderr, "store_bench: publishing %llu versions of %.0f MB served...\n", static_cast<unsigned long long>(total),
                publisher->served().byte_count() / 1e6);
   s->full_bytes = publisher->last().keyframe->bytes;
   for (uint64_t v = 1; v <= total; ++v) {
     adam.Step(threads);
-    if (!publisher->Publish(Master(adam)).ok()) std::abort();
+    if (!publisher->Publish(examples::MasterView(adam)).ok()) std::abort();
     for (uint64_t lag : kLags) {
       if (v != total - lag) continue;
       // A reader holding v: it pins v, so the publisher writes catch-up deltas from v.

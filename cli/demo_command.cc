@@ -65,14 +65,6 @@ std::vector<examples::SyntheticTensor> ModelShapes(int layers) {
   return shapes;
 }
 
-std::vector<MasterTensor> MasterView(const examples::SyntheticAdam& adam) {
-  std::vector<MasterTensor> master;
-  for (size_t t = 0; t < adam.tensor_count(); ++t) {
-    master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
-  }
-  return master;
-}
-
 bool SameBytes(const ServedModel& a, const ServedModel& b) {
   for (size_t t = 0; t < a.tensors().size(); ++t) {
     if (a.tensors()[t].bytes != b.tensors()[t].bytes || a.tensors()[t].digest != b.tensors()[t].digest) return false;
@@ -101,7 +93,7 @@ Status RunDemo(const DemoOptions& options) {
   std::printf("  warming up the optimiser state for %d steps (not published)...\n", options.warmup);
   for (int i = 0; i < options.warmup; ++i) adam.Step(threads);
 
-  WEFT_ASSIGN_OR_RETURN(ServedModel publisher, ServedModel::FromMaster(MasterView(adam), plan, threads));
+  WEFT_ASSIGN_OR_RETURN(ServedModel publisher, ServedModel::FromMaster(examples::MasterView(adam), plan, threads));
   ServedModel replica = publisher;   // loaded version 0 as a full checkpoint
   ServedModel straggler = publisher;  // stays at version 0 until the end
   const uint64_t checkpoint_bytes = publisher.byte_count();
@@ -115,7 +107,7 @@ Status RunDemo(const DemoOptions& options) {
   for (int v = 1; v <= options.steps; ++v) {
     adam.Step(threads);
     auto start = std::chrono::steady_clock::now();
-    WEFT_ASSIGN_OR_RETURN(ModelDelta delta, publisher.Update(MasterView(adam), codec));
+    WEFT_ASSIGN_OR_RETURN(ModelDelta delta, publisher.Update(examples::MasterView(adam), codec));
     std::vector<uint8_t> bytes = SerializeModelDelta(delta);
     double encode_seconds = Since(start);
     std::string path = out_dir + "/v" + std::to_string(v) + ".delta";

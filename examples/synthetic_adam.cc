@@ -94,4 +94,18 @@ void SyntheticAdam::Step(int threads) {
   }
 }
 
+std::vector<sync::MasterTensor> MasterView(const SyntheticAdam& adam) {
+  std::vector<sync::MasterTensor> master;
+  for (size_t t = 0; t < adam.tensor_count(); ++t) master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
+  return master;
+}
+
+std::vector<SyntheticTensor> ProjectionShapes(uint64_t side, size_t count) {
+  std::vector<SyntheticTensor> shapes;
+  for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}) {
+    if (shapes.size() < count) shapes.push_back({name, {side, side}});
+  }
+  return shapes;
+}
+
 }  // namespace weft::examples

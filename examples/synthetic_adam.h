@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "sync/served_model.h"
+
 namespace weft::examples {
 
 struct SyntheticTensor {
@@ -58,5 +60,11 @@ class SyntheticAdam {
   int step_ = 0;
   std::vector<State> state_;
 };
+
+// The master weights as the publisher takes them (views into `adam`, valid until its next Step).
+std::vector<sync::MasterTensor> MasterView(const SyntheticAdam& adam);
+
+// `count` (at most six) square attention and MLP projections of side `side`, as the benchmarks use.
+std::vector<SyntheticTensor> ProjectionShapes(uint64_t side, size_t count);
 
 }  // namespace weft::examples

@@ -77,12 +77,19 @@ Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t vers
 }
 
 Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob, const std::string& what) {
-  Result<std::vector<uint8_t>> bytes = store.Get(BlobKey(blob.sha256));
-  if (!bytes.ok()) return bytes.status().WithContext(what);
-  if (bytes->size() != blob.bytes || Sha256Hex(*bytes) != blob.sha256) {
-    return DataLoss(what + ": blob " + blob.sha256 + " is corrupted (its content does not match its hash)");
+  constexpr int kTries = 3;
+  for (int attempt = 1;; ++attempt) {
+    Result<std::vector<uint8_t>> bytes = store.Get(BlobKey(blob.sha256));
+    if (!bytes.ok()) return bytes.status().WithContext(what);
+    if (bytes->size() == blob.bytes && Sha256Hex(*bytes) == blob.sha256) return bytes;
+    // Corrupted in transit, or at rest: fetch it again; a copy corrupted at rest stays so.
+    WEFT_LOG(kWarning) << what << ": blob " << blob.sha256 << " from " << store.Describe()
+                       << " does not match its hash (try " << attempt << " of " << kTries << ")";
+    if (attempt == kTries) {
+      return DataLoss(what + ": blob " + blob.sha256 + " is corrupted (its content does not match its hash on " +
+                      std::to_string(kTries) + " fetches)");
+    }
   }
-  return bytes;
 }
 
 std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model) {

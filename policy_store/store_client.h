@@ -48,7 +48,8 @@ Result<std::map<std::string, uint64_t>> ListPins(ObjectStore& store, const std::
 Status PublishCatchups(ObjectStore& store, const std::string& run_id, const Manifest& manifest,
                        const sync::ModelDelta& delta, const KeyframePolicy& policy, int threads);
 
-// A blob's bytes, checked against its size and SHA-256 (kDataLoss when they differ).
+// A blob's bytes, checked against its size and SHA-256. A copy that fails the check is reported
+// and fetched again (three tries), then kDataLoss.
 Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob,
                                                const std::string& what);
 

@@ -4,19 +4,9 @@
 # Usage: cli_test.sh WEFT MAKE_TEST_MODEL WORKDIR
 set -uo pipefail
 weft=$1 make_model=$2 work=$3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-run() { "$@" > out.txt 2> err.txt; }
-expect_ok() { if run "$@"; then ok; else fail "$* exited non-zero: $(cat err.txt)"; fi; }
-# expect_error PATTERN command...: non-zero exit and PATTERN in stderr.
-expect_error() {
-  local pattern=$1; shift
-  if run "$@"; then fail "$* succeeded, expected an error"; return; fi
-  if grep -q -- "$pattern" err.txt; then ok; else fail "$*: stderr lacks '$pattern': $(cat err.txt)"; fi
-}
-same() { if cmp -s "$1" "$2"; then ok; else fail "$1 and $2 differ"; fi; }
+source "$here/../test_lib.sh"
 
 for v in 0 1 2 3; do "$make_model" m$v.safetensors 7 $v || exit 1; done
 

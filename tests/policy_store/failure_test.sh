@@ -9,10 +9,9 @@
 # Usage: failure_test.sh WEFT MAKE_TEST_MODEL WORKDIR
 set -uo pipefail
 weft=$1 make_model=$2 work=$3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+source "$here/../test_lib.sh"
 pids=()
 trap 'for p in "${pids[@]}"; do kill -9 $p 2>/dev/null; done' EXIT
 

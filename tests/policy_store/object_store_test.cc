@@ -12,15 +12,10 @@
 #include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
 #include "policy_store/manifest.h"
+#include "tests/policy_store/store_test_util.h"
 
 namespace weft::policy_store {
 namespace {
-
-std::string TempRoot(const std::string& name) {
-  auto path = std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove_all(path);
-  return path.string();
-}
 
 std::span<const uint8_t> Bytes(const std::string& text) { return {reinterpret_cast<const uint8_t*>(text.data()), text.size()}; }
 

@@ -15,21 +15,18 @@
 
 #include "common/concurrent.h"
 #include "common/units.h"
+#include "tests/policy_store/store_test_util.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
+#include "policy_store/forwarding_store.h"
 #include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
 #include "policy_store/link_shaper.h"
 #include "policy_store/manifest.h"
+#include "policy_store/store_client.h"
 
 namespace weft::policy_store {
 namespace {
-
-std::string TempRoot(const std::string& name) {
-  auto path = std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove_all(path);
-  return path.string();
-}
 
 std::vector<uint8_t> Pattern(size_t size, uint8_t seed) {
   std::vector<uint8_t> bytes(size);
@@ -38,34 +35,24 @@ std::vector<uint8_t> Pattern(size_t size, uint8_t seed) {
 }
 
 // An upstream that counts reads, can be slow, and can flip a byte of the next `corrupt` reads.
-class FaultyStore : public ObjectStore {
+class FaultyStore : public ForwardingStore {
  public:
-  explicit FaultyStore(ObjectStore& inner) : inner_(inner) {}
+  using ForwardingStore::ForwardingStore;
   Result<std::vector<uint8_t>> Get(const std::string& key) override {
     gets.fetch_add(1);
     std::this_thread::sleep_for(delay);
-    Result<std::vector<uint8_t>> bytes = inner_.Get(key);
+    Result<std::vector<uint8_t>> bytes = inner().Get(key);
     if (bytes.ok() && !bytes->empty() && corrupt.load() > 0) {
       corrupt.fetch_sub(1);
       (*bytes)[bytes->size() / 2] ^= 0x40;
     }
     return bytes;
   }
-  Result<bool> Exists(const std::string& key) override { return inner_.Exists(key); }
-  Result<std::vector<std::string>> List(const std::string& prefix) override { return inner_.List(prefix); }
-  Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override { return inner_.PutImmutable(key, bytes); }
-  Status CompareAndSwap(const std::string& key, std::optional<std::string> expected, const std::string& desired) override {
-    return inner_.CompareAndSwap(key, expected, desired);
-  }
-  Status Delete(const std::string& key) override { return inner_.Delete(key); }
-  std::string Describe() const override { return "faulty:" + inner_.Describe(); }
+  std::string Describe() const override { return "faulty:" + inner().Describe(); }
 
   std::atomic<int> gets{0};
   std::atomic<int> corrupt{0};
   std::chrono::milliseconds delay{0};
-
- private:
-  ObjectStore& inner_;
 };
 
 struct Upstream {
@@ -182,6 +169,22 @@ TEST_CASE("cache: bounded, least recently used first; manifests kept in memory; 
   CHECK(*smaller->Get(LatestKey("r")) == std::vector<uint8_t>{'4', '\n'});
   CHECK(smaller->Get("blobs/../x").status().code() == StatusCode::kInvalidArgument);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("direct reads: a blob corrupted in transit is fetched again; corrupted every time, an error") {
+  Upstream upstream;
+  const auto blob = Pattern(3000, 7);
+  const BlobRef ref{Sha256Hex(blob), blob.size()};
+  upstream.Put(blob);
+  upstream.faulty.corrupt = 2;
+  Result<std::vector<uint8_t>> got = FetchVerifiedBlob(upstream.faulty, ref, "test blob");
+  REQUIRE(got.ok());
+  CHECK(*got == blob);
+  CHECK(upstream.faulty.gets.load() == 3);
+  upstream.faulty.corrupt = 3;
+  Status status = FetchVerifiedBlob(upstream.faulty, ref, "test blob").status();
+  CHECK(status.code() == StatusCode::kDataLoss);
+  CHECK(status.message().find("test blob: blob " + ref.sha256 + " is corrupted") != std::string::npos);
 }
 
 // A scripted HTTP server: answers each connection with the next canned response and records the

@@ -37,11 +37,7 @@ struct Fixture {
     config.learning_rate = 3e-6;
     return config;
   }
-  std::vector<sync::MasterTensor> Master() {
-    std::vector<sync::MasterTensor> master;
-    for (size_t t = 0; t < adam.tensor_count(); ++t) master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
-    return master;
-  }
+  std::vector<sync::MasterTensor> Master() { return examples::MasterView(adam); }
 };
 
 PublisherOptions Options(uint64_t interval) {
