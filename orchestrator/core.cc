@@ -1,0 +1,308 @@
+#include "orchestrator/core.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace weft::orchestrator {
+namespace {
+
+std::string JobName(uint64_t job) { return "job " + std::to_string(job); }
+
+}  // namespace
+
+OrchestratorCore::Cluster* OrchestratorCore::FindCluster(const std::string& id) {
+  auto found = clusters_.find(id);
+  return found == clusters_.end() ? nullptr : &found->second;
+}
+
+uint64_t OrchestratorCore::admissible_version() const {
+  if (!latest_) return 0;
+  return *latest_ >= config_.max_staleness ? *latest_ - config_.max_staleness : 0;
+}
+
+Status OrchestratorCore::Register(Micros now, const std::string& cluster, const std::string& region, uint32_t capacity) {
+  if (cluster.empty() || cluster.size() > 128) return InvalidArgument("cluster id must be 1 to 128 bytes");
+  if (region.empty() || region.size() > 128) return InvalidArgument("cluster " + cluster + ": region must be 1 to 128 bytes");
+  if (capacity == 0 || capacity > 1'000'000) return InvalidArgument("cluster " + cluster + ": capacity must be 1 to 1000000");
+  Cluster& c = clusters_[cluster];
+  c.region = region;
+  c.capacity = capacity;
+  c.draining = false;
+  c.gone = false;
+  c.last_heartbeat = now;
+  return Status::Ok();
+}
+
+Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version) {
+  Cluster* c = FindCluster(cluster);
+  if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
+  c->gone = false;  // declared lost but alive after all: its old leases were re-queued already
+  c->last_heartbeat = now;
+  c->ready_version = ready_version;
+  if (ready_version) c->max_ready_version = std::max(c->max_ready_version, *ready_version);
+  for (uint64_t job : c->jobs) jobs_[job].deadline = now + config_.lease_duration;
+  return Status::Ok();
+}
+
+Status OrchestratorCore::Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs) {
+  Cluster* c = FindCluster(cluster);
+  if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
+  c->draining = true;
+  c->last_heartbeat = now;
+  std::vector<uint64_t> handed = jobs.empty() ? std::vector<uint64_t>(c->jobs.begin(), c->jobs.end()) : jobs;
+  for (uint64_t job : handed) {
+    if (!c->jobs.count(job)) return InvalidArgument("cluster " + cluster + " does not hold a lease on " + JobName(job));
+  }
+  for (uint64_t job : handed) {
+    Requeue(job);
+    ++counters_.leases_handed_back;
+  }
+  return Status::Ok();
+}
+
+Status OrchestratorCore::Deregister(Micros now, const std::string& cluster) {
+  Cluster* c = FindCluster(cluster);
+  if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
+  std::vector<uint64_t> held(c->jobs.begin(), c->jobs.end());
+  for (uint64_t job : held) {
+    Requeue(job);
+    ++counters_.leases_handed_back;
+  }
+  c->gone = true;
+  c->ready_version.reset();
+  c->last_heartbeat = now;
+  return Status::Ok();
+}
+
+void OrchestratorCore::Requeue(uint64_t job) {
+  auto found = jobs_.find(job);
+  if (found == jobs_.end()) return;
+  Job& j = found->second;
+  if (j.leased_to) {
+    if (Cluster* c = FindCluster(*j.leased_to)) c->jobs.erase(job);
+    j.leased_to.reset();
+    leases_.erase(job);
+  }
+  if (j.holders.size() >= config_.max_attempts) {
+    jobs_.erase(found);
+    ++counters_.jobs_given_up;
+    return;
+  }
+  queue_.push_front(job);  // it waited already: first in line
+}
+
+Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std::string& cluster, uint32_t max) {
+  Cluster* c = FindCluster(cluster);
+  if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
+  if (c->gone) return NotFound("cluster " + cluster + " was lost (no heartbeat) or left; register again");
+  c->last_heartbeat = now;
+  std::vector<Lease> leases;
+  if (c->draining || !latest_ || !c->ready_version || *c->ready_version < admissible_version()) return leases;
+  const uint64_t in_flight = leases_.size() + buffer_.size();
+  uint64_t grant = std::min<uint64_t>({max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue_.size(),
+                                       config_.max_in_flight - std::min(config_.max_in_flight, in_flight)});
+  // When there are fewer queued jobs than free slots, share them by free slots, counting clusters
+  // at the latest version twice: they waste nothing when the bound moves on.
+  uint64_t total_weight = 0;
+  auto weight = [&](const Cluster& x) -> uint64_t {
+    if (x.gone || x.draining || !x.ready_version || *x.ready_version < admissible_version()) return 0;
+    const uint64_t free = x.capacity - std::min<uint64_t>(x.capacity, x.jobs.size());
+    return free * (*x.ready_version >= *latest_ ? 2 : 1);
+  };
+  uint64_t total_free = 0;
+  for (const auto& [id, other] : clusters_) {
+    total_weight += weight(other);
+    total_free += other.capacity - std::min<uint64_t>(other.capacity, other.jobs.size());
+  }
+  if (queue_.size() < total_free && total_weight > 0) {
+    const uint64_t share = (queue_.size() * weight(*c) + total_weight - 1) / total_weight;
+    grant = std::min(grant, std::max<uint64_t>(share, 1));
+  }
+  for (uint64_t i = 0; i < grant; ++i) {
+    const uint64_t job = queue_.front();
+    queue_.pop_front();
+    Job& j = jobs_[job];
+    j.holders.push_back(cluster);
+    j.min_versions.push_back(admissible_version());
+    j.leased_to = cluster;
+    j.deadline = now + config_.lease_duration;
+    c->jobs.insert(job);
+    leases_.insert(job);
+    ++counters_.leases_granted;
+    leases.push_back({job, static_cast<uint32_t>(j.holders.size()), j.deadline, admissible_version(), j.prompt, j.samples});
+  }
+  if (!leases.empty()) Progress(now);
+  return leases;
+}
+
+Result<SubmitResult> OrchestratorCore::Submit(Micros now, Submission s) {
+  auto reject = [&](Status status) -> Result<SubmitResult> {
+    ++counters_.submissions_rejected;
+    return status;
+  };
+  const std::string what = JobName(s.job) + " attempt " + std::to_string(s.attempt);
+  auto done = done_.find(s.job);
+  if (done != done_.end()) {
+    if (done->second == s.attempt) {
+      ++counters_.submissions_duplicate;
+      return SubmitResult::kDuplicate;
+    }
+    return reject(Conflict(what + ": the job was already completed by attempt " + std::to_string(done->second)));
+  }
+  auto found = jobs_.find(s.job);
+  if (found == jobs_.end()) {
+    return reject(NotFound(what + ": no such open job (never added, or given up after " + std::to_string(config_.max_attempts) + " attempts)"));
+  }
+  Job& j = found->second;
+  if (s.attempt == 0 || s.attempt > j.holders.size()) {
+    return reject(InvalidArgument(what + ": the job has had " + std::to_string(j.holders.size()) + " leases"));
+  }
+  if (j.holders[s.attempt - 1] != s.cluster) {
+    return reject(InvalidArgument(what + " was leased to cluster " + j.holders[s.attempt - 1] + ", not " + s.cluster));
+  }
+  const Cluster* c = FindCluster(s.cluster);
+  // Versions: monotone segments, from a version the lease admitted to one the cluster was ready at.
+  if (s.segments.empty() || s.segments.front() != std::make_pair(s.version_start, uint64_t{0}) ||
+      s.segments.back().first != s.version_end) {
+    return reject(InvalidArgument(what + ": segments must start with [version_start, 0] and end at version_end"));
+  }
+  for (size_t i = 1; i < s.segments.size(); ++i) {
+    if (s.segments[i].first <= s.segments[i - 1].first || s.segments[i].second <= s.segments[i - 1].second) {
+      return reject(InvalidArgument(what + ": segment " + std::to_string(i) + " does not advance both version and token index"));
+    }
+  }
+  if (s.tokens > 0 && s.segments.back().second >= s.tokens) {
+    return reject(InvalidArgument(what + ": a segment starts past the last token"));
+  }
+  if (s.version_start < j.min_versions[s.attempt - 1]) {
+    return reject(InvalidArgument(what + ": version_start " + std::to_string(s.version_start) + " is below the lease's minimum " +
+                                  std::to_string(j.min_versions[s.attempt - 1])));
+  }
+  if (c == nullptr || s.version_end > c->max_ready_version) {
+    return reject(InvalidArgument(what + ": version_end " + std::to_string(s.version_end) + " is newer than any version cluster " +
+                                  s.cluster + " proved it was ready at"));
+  }
+  // Accepted: the job is done, whichever lease it holds now is cancelled.
+  if (j.leased_to) {
+    if (*j.leased_to != s.cluster || j.holders.size() != s.attempt) ++counters_.leases_cancelled;
+    if (Cluster* holder = FindCluster(*j.leased_to)) holder->jobs.erase(s.job);
+    leases_.erase(s.job);
+  } else {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), s.job), queue_.end());
+  }
+  jobs_.erase(found);
+  done_[s.job] = s.attempt;
+  if (Cluster* submitter = FindCluster(s.cluster)) {
+    ++submitter->completed;
+    if (submitter->last_completion > 0 && now > submitter->last_completion) {
+      const double rate = 1e6 / static_cast<double>(now - submitter->last_completion);
+      submitter->throughput = 0.8 * submitter->throughput + 0.2 * rate;
+    }
+    submitter->last_completion = now;
+  }
+  ++counters_.submissions_accepted;
+  ++counters_.jobs_done;
+  buffer_.push_back(std::move(s));
+  Progress(now);
+  return SubmitResult::kAccepted;
+}
+
+Status OrchestratorCore::AnnounceVersion(Micros now, uint64_t version) {
+  if (latest_ && version < *latest_) {
+    return InvalidArgument("version " + std::to_string(version) + " is older than the announced " + std::to_string(*latest_));
+  }
+  latest_ = version;
+  Progress(now);
+  return Status::Ok();
+}
+
+std::vector<uint64_t> OrchestratorCore::AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts) {
+  std::vector<uint64_t> ids;
+  for (const auto& [prompt, samples] : prompts) {
+    const uint64_t id = next_job_++;
+    Job& j = jobs_[id];
+    j.prompt = prompt;
+    j.samples = std::max<uint32_t>(1, samples);
+    queue_.push_back(id);
+    ids.push_back(id);
+    ++counters_.jobs_added;
+  }
+  if (!ids.empty() && queue_.size() == ids.size() && leases_.empty()) Progress(now);  // work arrives after idling
+  return ids;
+}
+
+std::vector<Delivered> OrchestratorCore::TakeBatch(Micros now, size_t max) {
+  std::vector<Delivered> batch;
+  while (!buffer_.empty() && batch.size() < max) {
+    Submission s = std::move(buffer_.front());
+    buffer_.pop_front();
+    const bool stale = s.version_start < admissible_version();
+    if (stale && config_.stale_policy == StalePolicy::kDrop) {
+      ++counters_.dropped_stale;
+      continue;
+    }
+    ++(stale ? counters_.delivered_stale : counters_.delivered_fresh);
+    batch.push_back({std::move(s), stale});
+  }
+  if (!batch.empty()) Progress(now);
+  return batch;
+}
+
+void OrchestratorCore::Tick(Micros now) {
+  std::vector<uint64_t> expired;
+  for (uint64_t job : leases_) {
+    if (jobs_[job].deadline <= now) expired.push_back(job);
+  }
+  for (uint64_t job : expired) {
+    Requeue(job);
+    ++counters_.leases_expired;
+  }
+  for (auto& [id, c] : clusters_) {
+    if (c.gone || c.last_heartbeat + config_.cluster_timeout > now) continue;
+    std::vector<uint64_t> held(c.jobs.begin(), c.jobs.end());
+    for (uint64_t job : held) {
+      Requeue(job);
+      ++counters_.leases_expired;
+    }
+    c.gone = true;
+    c.ready_version.reset();
+    ++counters_.clusters_lost;
+  }
+}
+
+std::vector<ClusterView> OrchestratorCore::clusters() const {
+  std::vector<ClusterView> views;
+  for (const auto& [id, c] : clusters_) {
+    views.push_back({id, c.region, c.capacity, c.ready_version, c.draining, c.gone, static_cast<uint32_t>(c.jobs.size()),
+                     c.completed, c.throughput, c.last_heartbeat});
+  }
+  return views;
+}
+
+std::map<uint64_t, uint64_t> OrchestratorCore::buffered_versions() const {
+  std::map<uint64_t, uint64_t> histogram;
+  for (const Submission& s : buffer_) ++histogram[s.version_start];
+  return histogram;
+}
+
+std::vector<std::string> OrchestratorCore::Alerts(Micros now) const {
+  std::vector<std::string> alerts;
+  const bool work = !queue_.empty() || !leases_.empty();
+  if (work && !latest_) alerts.push_back("no policy version announced yet: nothing can be leased");
+  size_t ready = 0;
+  for (const auto& [id, c] : clusters_) {
+    if (!c.gone && !c.draining && c.ready_version && *c.ready_version >= admissible_version()) ++ready;
+  }
+  if (!queue_.empty() && latest_ && ready == 0) {
+    alerts.push_back(std::to_string(queue_.size()) + " jobs queued and no cluster is ready at version " +
+                     std::to_string(admissible_version()) + " or newer");
+  }
+  if (work && now - last_progress_ >= config_.stall_after) {
+    alerts.push_back("stalled: no lease granted, trajectory accepted or batch taken for " +
+                     std::to_string((now - last_progress_) / 1'000'000) + " s (" + std::to_string(queue_.size()) + " jobs queued, " +
+                     std::to_string(leases_.size()) + " leased)");
+  }
+  return alerts;
+}
+
+}  // namespace weft::orchestrator

@@ -1,0 +1,195 @@
+// OrchestratorCore: the orchestrator's decisions, as a deterministic state machine.
+//
+// Events go in (a cluster registers, heartbeats, asks for leases, submits trajectories, drains or
+// leaves; the trainer announces a version, adds jobs, takes a batch; the clock ticks) and
+// decisions come out (leases, acceptances with reasons, batches, alerts). There is no I/O, no
+// thread and no wall clock inside: every event carries `now` (microseconds on any monotonic
+// scale), so the same core runs under the HTTP service, under a simulator with thousands of
+// virtual clusters, and under journal replay after a crash, and gives the same answers.
+//
+// The guarantees (DESIGN.md section 3):
+//   - Staleness: with latest version t and bound k, a job is leased only to a cluster proven
+//     ready (its digests matched the manifest) at a version v >= t - k; a trajectory whose
+//     version_start < t - k when the trainer takes it is never delivered as fresh (dropped, or
+//     delivered flagged, per config, and counted either way).
+//   - Admission: jobs leased plus trajectories buffered for the trainer stay within
+//     `max_in_flight`, so fast clusters cannot run far ahead only to have their work discarded.
+//   - Leases have deadlines that heartbeats extend; an expired lease, a dead cluster (no heartbeat
+//     within `cluster_timeout`) or a draining cluster's hand-back re-queues the job for another
+//     attempt. Submissions are idempotent by (job, attempt): a repeat is acknowledged and not
+//     counted again; a late submission of an earlier attempt is accepted if the job is not done
+//     yet (and the newer lease is cancelled), otherwise rejected with the reason.
+//   - Every job ends done or stays queued or leased; every accepted submission is delivered to
+//     the trainer once or counted dropped.
+//
+// Not thread-safe: the service serialises events (and journals them before acknowledging).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace weft::orchestrator {
+
+using Micros = int64_t;
+
+enum class StalePolicy { kDrop, kDeliverFlagged };
+
+struct CoreConfig {
+  uint64_t max_staleness = 2;             // k
+  StalePolicy stale_policy = StalePolicy::kDrop;
+  Micros lease_duration = 60'000'000;     // a lease lasts this long past its last heartbeat
+  Micros cluster_timeout = 30'000'000;    // a cluster silent this long is dead
+  uint64_t max_in_flight = 1024;          // jobs leased + submissions buffered for the trainer
+  uint32_t max_attempts = 5;              // a job that failed this many leases is given up (counted)
+  Micros stall_after = 120'000'000;       // no progress this long with work pending: a stall
+};
+
+// One trajectory group as a worker submits it: every sample of one attempt at one job.
+struct Submission {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  std::string cluster;
+  uint64_t version_start = 0;
+  uint64_t version_end = 0;
+  // (version, first token index) where the policy changed mid-generation; the first entry is
+  // (version_start, 0) and versions increase up to version_end.
+  std::vector<std::pair<uint64_t, uint64_t>> segments;
+  uint64_t tokens = 0;
+  std::string payload;  // the trajectories themselves (opaque to the core)
+};
+
+struct Lease {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  Micros deadline = 0;
+  uint64_t min_version = 0;  // the cluster must generate at this version or newer
+  std::string prompt;        // the job's payload (opaque to the core)
+  uint32_t samples = 1;
+};
+
+struct Delivered {
+  Submission submission;
+  bool stale = false;  // only with StalePolicy::kDeliverFlagged
+};
+
+enum class SubmitResult { kAccepted, kDuplicate };
+
+struct ClusterView {
+  std::string id, region;
+  uint32_t capacity = 0;
+  std::optional<uint64_t> ready_version;  // digests proven at this version
+  bool draining = false;
+  bool gone = false;  // left, or lost (no heartbeat within cluster_timeout)
+  uint32_t leases = 0;
+  uint64_t completed = 0;
+  double throughput = 0;  // accepted submissions per second, smoothed
+  Micros last_heartbeat = 0;
+};
+
+struct Counters {
+  uint64_t jobs_added = 0, jobs_done = 0, jobs_given_up = 0;
+  uint64_t leases_granted = 0, leases_expired = 0, leases_handed_back = 0, leases_cancelled = 0;
+  uint64_t submissions_accepted = 0, submissions_duplicate = 0, submissions_rejected = 0;
+  uint64_t delivered_fresh = 0, delivered_stale = 0, dropped_stale = 0;
+  uint64_t clusters_lost = 0;
+};
+
+class OrchestratorCore {
+ public:
+  explicit OrchestratorCore(CoreConfig config) : config_(config) {}
+
+  // --- Clusters ---
+  // Registers (or re-registers after a restart: leases it held stay until they expire).
+  Status Register(Micros now, const std::string& cluster, const std::string& region, uint32_t capacity);
+  // Proof of life; `ready_version` is the version whose digests the cluster has matched (nullopt
+  // while it has none). Extends the deadline of every lease the cluster holds.
+  Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
+  // Stops leasing to the cluster and re-queues the listed jobs it hands back (all of its leases
+  // when `jobs` is empty). Its other leases may still be submitted.
+  Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs);
+  // The cluster leaves; its leases are re-queued.
+  Status Deregister(Micros now, const std::string& cluster);
+
+  // --- Work ---
+  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max);
+  Result<SubmitResult> Submit(Micros now, Submission submission);
+
+  // --- Trainer ---
+  // The latest published version (announcements only move forward).
+  Status AnnounceVersion(Micros now, uint64_t version);
+  // Queues jobs; returns their ids.
+  std::vector<uint64_t> AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts_and_samples);
+  // Up to `max` buffered submissions, oldest first, within the staleness bound at the latest
+  // version (stale ones are dropped or flagged per config, and counted).
+  std::vector<Delivered> TakeBatch(Micros now, size_t max);
+
+  // --- Time ---
+  // Expires leases and silent clusters.
+  void Tick(Micros now);
+
+  // --- Views ---
+  std::optional<uint64_t> latest_version() const { return latest_; }
+  // The oldest version a lease or a fresh trajectory may have.
+  uint64_t admissible_version() const;
+  const Counters& counters() const { return counters_; }
+  std::vector<ClusterView> clusters() const;
+  size_t queued_jobs() const { return queue_.size(); }
+  size_t leased_jobs() const { return leases_.size(); }
+  size_t buffered() const { return buffer_.size(); }
+  // Jobs neither done nor given up: queued or leased.
+  size_t open_jobs() const { return jobs_.size(); }
+  // version_start of the buffered submissions -> count (the staleness picture).
+  std::map<uint64_t, uint64_t> buffered_versions() const;
+  // Human-readable alerts: a stall (work pending, no progress for stall_after), no cluster ready.
+  std::vector<std::string> Alerts(Micros now) const;
+
+ private:
+  struct Job {
+    std::string prompt;
+    uint32_t samples = 1;
+    std::vector<std::string> holders;       // the cluster of each attempt (attempt i at i - 1)
+    std::vector<uint64_t> min_versions;     // the minimum version of each attempt's lease
+    std::optional<std::string> leased_to;   // cluster of the current lease
+    Micros deadline = 0;
+  };
+  struct Cluster {
+    std::string region;
+    uint32_t capacity = 0;
+    std::optional<uint64_t> ready_version;
+    uint64_t max_ready_version = 0;  // the newest version it was ever ready at
+    bool draining = false;
+    bool gone = false;
+    Micros last_heartbeat = 0;
+    std::set<uint64_t> jobs;  // leased to it
+    uint64_t completed = 0;
+    double throughput = 0;    // completions per second, smoothed
+    Micros last_completion = 0;
+  };
+
+  Cluster* FindCluster(const std::string& id);
+  // Ends the current lease of `job` (if any) and puts the job back at the front of the queue, or
+  // gives it up after max_attempts.
+  void Requeue(uint64_t job);
+  void Progress(Micros now) { last_progress_ = now; }
+
+  CoreConfig config_;
+  std::optional<uint64_t> latest_;
+  uint64_t next_job_ = 1;
+  std::map<uint64_t, Job> jobs_;               // open jobs (queued or leased)
+  std::deque<uint64_t> queue_;                 // queued jobs, in dispatch order
+  std::set<uint64_t> leases_;                  // leased jobs
+  std::map<uint64_t, uint32_t> done_;          // job -> the attempt that completed it
+  std::deque<Submission> buffer_;              // accepted, not yet taken by the trainer
+  std::map<std::string, Cluster> clusters_;
+  Counters counters_;
+  Micros last_progress_ = 0;
+};
+
+}  // namespace weft::orchestrator

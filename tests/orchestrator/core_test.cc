@@ -1,0 +1,259 @@
+#include "orchestrator/core.h"
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+namespace weft::orchestrator {
+namespace {
+
+Submission Make(const Lease& lease, const std::string& cluster, uint64_t start, uint64_t end) {
+  Submission s;
+  s.job = lease.job;
+  s.attempt = lease.attempt;
+  s.cluster = cluster;
+  s.version_start = start;
+  s.version_end = end;
+  s.segments = {{start, 0}};
+  if (end > start) s.segments.push_back({end, 10});
+  s.tokens = 20;
+  s.payload = "trajectory of job " + std::to_string(lease.job);
+  return s;
+}
+
+TEST_CASE("core: leases only to ready clusters at an admissible version; submissions; staleness at the trainer") {
+  CoreConfig config;
+  config.max_staleness = 1;
+  OrchestratorCore core(config);
+  REQUIRE(core.Register(0, "a", "eu", 2).ok());
+  REQUIRE(core.Register(0, "b", "us", 2).ok());
+  core.AddJobs(0, {{"p1", 4}, {"p2", 4}, {"p3", 4}});
+  // No version yet: nothing to lease, and an alert says why.
+  CHECK(core.RequestLeases(1, "a", 2)->empty());
+  CHECK(core.Alerts(1).front().find("no policy version") != std::string::npos);
+  REQUIRE(core.AnnounceVersion(1, 5).ok());
+  CHECK(core.RequestLeases(2, "a", 2)->empty());  // not proven ready at any version
+  REQUIRE(core.Heartbeat(2, "a", 3).ok());        // ready, but at 3 < 5 - 1
+  CHECK(core.RequestLeases(3, "a", 2)->empty());
+  REQUIRE(core.Heartbeat(3, "a", 4).ok());
+  auto leases = core.RequestLeases(4, "a", 5);
+  REQUIRE(leases.ok());
+  REQUIRE(leases->size() == 2);  // capacity
+  CHECK((*leases)[0].min_version == 4);
+  CHECK((*leases)[0].samples == 4);
+  CHECK(core.Submit(5, Make((*leases)[0], "a", 4, 4)).value() == SubmitResult::kAccepted);
+  CHECK(core.Submit(6, Make((*leases)[0], "a", 4, 4)).value() == SubmitResult::kDuplicate);
+  // Wrong cluster, versions newer than the cluster was ever ready at, bad segments: refused.
+  CHECK(core.Submit(6, Make((*leases)[1], "b", 4, 4)).status().message().find("was leased to cluster a") != std::string::npos);
+  CHECK(core.Submit(6, Make((*leases)[1], "a", 4, 5)).status().message().find("newer than any version") != std::string::npos);
+  Submission backwards = Make((*leases)[1], "a", 4, 4);
+  backwards.segments = {{4, 0}, {4, 3}};
+  CHECK(core.Submit(6, backwards).status().code() == StatusCode::kInvalidArgument);
+  CHECK(core.Submit(6, Make((*leases)[1], "a", 3, 4)).status().message().find("below the lease's minimum") != std::string::npos);
+  CHECK(core.counters().submissions_rejected == 4);
+  // The version moves on to 6: the trajectory from 4 is now stale and dropped, never fresh.
+  REQUIRE(core.AnnounceVersion(7, 6).ok());
+  CHECK(core.TakeBatch(8, 10).empty());
+  CHECK(core.counters().dropped_stale == 1);
+  // Cluster a is now below the bound: no more leases until it proves 5 or 6.
+  CHECK(core.RequestLeases(9, "a", 1)->empty());
+  CHECK(!core.Alerts(9).empty());
+  CHECK(core.AnnounceVersion(10, 2).code() == StatusCode::kInvalidArgument);  // versions only move forward
+}
+
+TEST_CASE("core: expired leases and lost clusters re-queue; late submissions count once") {
+  CoreConfig config;
+  config.lease_duration = 100;
+  config.cluster_timeout = 1000;
+  OrchestratorCore core(config);
+  REQUIRE(core.AnnounceVersion(0, 0).ok());
+  REQUIRE(core.Register(0, "a", "eu", 1).ok());
+  REQUIRE(core.Register(0, "b", "us", 1).ok());
+  REQUIRE(core.Heartbeat(0, "a", 0).ok());
+  REQUIRE(core.Heartbeat(0, "b", 0).ok());
+  const uint64_t job = core.AddJobs(0, {{"p", 1}})[0];
+  Lease first = core.RequestLeases(1, "a", 1)->at(0);
+  REQUIRE(core.Heartbeat(50, "a", 0).ok());  // extends the lease to 150
+  core.Tick(120);
+  CHECK(core.leased_jobs() == 1);
+  core.Tick(151);  // expired: back in the queue, for b
+  CHECK(core.counters().leases_expired == 1);
+  Lease second = core.RequestLeases(152, "b", 1)->at(0);
+  CHECK(second.job == job);
+  CHECK(second.attempt == 2);
+  // The first attempt arrives late: accepted once, b's lease cancelled; b's submission is refused.
+  CHECK(core.Submit(160, Make(first, "a", 0, 0)).value() == SubmitResult::kAccepted);
+  CHECK(core.counters().leases_cancelled == 1);
+  CHECK(core.Submit(161, Make(second, "b", 0, 0)).status().message().find("already completed by attempt 1") != std::string::npos);
+  CHECK(core.TakeBatch(162, 10).size() == 1);
+  // A cluster that stops heartbeating is lost and its lease goes to another.
+  core.AddJobs(200, {{"q", 1}});
+  REQUIRE(core.RequestLeases(200, "a", 1)->size() == 1);
+  REQUIRE(core.Heartbeat(1150, "b", 0).ok());
+  core.Tick(1300);
+  CHECK(core.counters().clusters_lost == 1);
+  CHECK(core.RequestLeases(1301, "b", 1)->size() == 1);
+  CHECK(core.RequestLeases(1302, "a", 1).status().code() == StatusCode::kNotFound);  // lost: register again
+  // Draining hands leases back and takes no more.
+  REQUIRE(core.Register(1400, "a", "eu", 1).ok());
+  REQUIRE(core.Heartbeat(1400, "a", 0).ok());
+  core.AddJobs(1400, {{"r", 1}});
+  REQUIRE(core.RequestLeases(1401, "a", 1)->size() == 1);
+  REQUIRE(core.Drain(1402, "a", {}).ok());
+  CHECK(core.queued_jobs() == 1);
+  CHECK(core.RequestLeases(1403, "a", 1)->empty());
+}
+
+TEST_CASE("core: admission bounds jobs in flight plus buffered trajectories; a stall is reported") {
+  CoreConfig config;
+  config.max_in_flight = 3;
+  config.stall_after = 1000;
+  OrchestratorCore core(config);
+  REQUIRE(core.AnnounceVersion(0, 0).ok());
+  REQUIRE(core.Register(0, "a", "eu", 10).ok());
+  REQUIRE(core.Heartbeat(0, "a", 0).ok());
+  core.AddJobs(0, std::vector<std::pair<std::string, uint32_t>>(10, {"p", 1}));
+  auto leases = core.RequestLeases(1, "a", 10);
+  REQUIRE(leases->size() == 3);
+  REQUIRE(core.Submit(2, Make((*leases)[0], "a", 0, 0)).ok());
+  CHECK(core.RequestLeases(3, "a", 10)->empty());  // 2 leased + 1 buffered
+  CHECK(core.TakeBatch(4, 1).size() == 1);
+  CHECK(core.RequestLeases(5, "a", 10)->size() == 1);
+  CHECK(core.Alerts(500).empty());
+  CHECK(core.Alerts(2000).back().find("stalled") != std::string::npos);
+}
+
+// Random interleavings of every event over many seeds; the invariants hold after each one.
+TEST_CASE("core: invariants under random events, duplicates, deaths and clock jumps (property test)") {
+  Counters total;  // over all seeds: every kind of event must actually have happened
+  for (uint64_t seed = 1; seed <= 150; ++seed) {
+    CAPTURE(seed);
+    std::mt19937_64 rng(seed);
+    auto uniform = [&](uint64_t n) { return n == 0 ? 0 : std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
+    CoreConfig config;
+    config.max_staleness = uniform(3);
+    config.stale_policy = seed % 2 ? StalePolicy::kDrop : StalePolicy::kDeliverFlagged;
+    config.lease_duration = 50 + uniform(200);
+    config.cluster_timeout = 300 + uniform(500);
+    config.max_in_flight = 2 + uniform(20);
+    config.max_attempts = 2 + uniform(4);
+    OrchestratorCore core(config);
+    Micros now = 0;
+    uint64_t latest = 0;
+    std::map<std::string, std::optional<uint64_t>> ready;  // what each cluster last claimed
+    std::map<std::string, uint64_t> max_ready;
+    std::vector<std::pair<std::string, Lease>> granted;     // every lease ever granted
+    std::vector<Submission> accepted;
+    std::map<uint64_t, int> accepted_per_job, delivered_per_job;
+    uint64_t delivered = 0;
+    int clusters = 0;
+    for (int step = 0; step < 1500; ++step) {
+      const uint64_t event = uniform(100);
+      if (event < 5 || clusters == 0) {
+        const std::string id = "c" + std::to_string(clusters++);
+        REQUIRE(core.Register(now, id, uniform(2) ? "eu" : "us", 1 + uniform(4)).ok());
+        ready[id] = std::nullopt;
+      } else if (event < 25) {
+        const std::string id = "c" + std::to_string(uniform(clusters));
+        std::optional<uint64_t> version;
+        if (uniform(5)) version = latest - std::min<uint64_t>(latest, uniform(4));
+        if (core.Heartbeat(now, id, version).ok()) {
+          ready[id] = version;
+          if (version) max_ready[id] = std::max(max_ready[id], *version);
+        }
+      } else if (event < 45) {
+        const std::string id = "c" + std::to_string(uniform(clusters));
+        auto leases = core.RequestLeases(now, id, 1 + uniform(4));
+        if (leases.ok() && !leases->empty()) {
+          // Invariant: leases only to a cluster ready at an admissible version.
+          REQUIRE(ready[id].has_value());
+          CHECK(*ready[id] >= core.admissible_version());
+          for (const Lease& lease : *leases) granted.push_back({id, lease});
+        }
+      } else if (event < 65 && !granted.empty()) {
+        // Submit for a recent lease (sometimes an old, superseded one); sometimes with bad versions.
+        const size_t pick = granted.size() - 1 - std::min<uint64_t>(granted.size() - 1, uniform(uniform(4) ? 4 : granted.size()));
+        const auto& [id, lease] = granted[pick];
+        const uint64_t top = max_ready.count(id) ? max_ready[id] : 0;
+        const uint64_t start = lease.min_version + uniform(top >= lease.min_version ? top - lease.min_version + 1 : 1);
+        const uint64_t end = uniform(8) ? std::max(start, top) : top + 1;  // one in eight claims too new a version
+        auto result = core.Submit(now, Make(lease, id, start, end));
+        if (result.ok() && *result == SubmitResult::kAccepted) {
+          CHECK(++accepted_per_job[lease.job] == 1);
+          CHECK(end <= top);
+          accepted.push_back(Make(lease, id, start, end));
+        }
+      } else if (event < 70 && !accepted.empty()) {
+        // A duplicate of an accepted submission: acknowledged, never counted again.
+        auto result = core.Submit(now, accepted[uniform(accepted.size())]);
+        REQUIRE(result.ok());
+        CHECK(*result == SubmitResult::kDuplicate);
+      } else if (event < 75) {
+        REQUIRE(core.AnnounceVersion(now, ++latest).ok());
+      } else if (event < 82) {
+        core.AddJobs(now, {{"prompt", 1 + static_cast<uint32_t>(uniform(4))}});
+      } else if (event < 88) {
+        for (const Delivered& d : core.TakeBatch(now, 1 + uniform(5))) {
+          // Invariant: nothing over the bound is delivered as fresh.
+          if (!d.stale) CHECK(d.submission.version_start >= core.admissible_version());
+          if (d.stale) CHECK(config.stale_policy == StalePolicy::kDeliverFlagged);
+          CHECK(++delivered_per_job[d.submission.job] == 1);
+          ++delivered;
+        }
+      } else if (event < 90) {
+        const std::string id = "c" + std::to_string(uniform(clusters));
+        if (uniform(2)) {
+          (void)core.Drain(now, id, {});
+        } else {
+          (void)core.Deregister(now, id);
+        }
+      } else {
+        now += uniform(10) ? uniform(40) : uniform(2000);  // mostly small steps, some clock jumps
+        core.Tick(now);
+      }
+      // Invariants after every event.
+      const Counters& c = core.counters();
+      REQUIRE(c.jobs_added == c.jobs_done + c.jobs_given_up + core.open_jobs());
+      REQUIRE(core.open_jobs() == core.queued_jobs() + core.leased_jobs());
+      REQUIRE(c.submissions_accepted == c.jobs_done);
+      REQUIRE(c.submissions_accepted == c.delivered_fresh + c.delivered_stale + c.dropped_stale + core.buffered());
+      REQUIRE(c.delivered_fresh + c.delivered_stale == delivered);
+      REQUIRE(core.leased_jobs() + core.buffered() <= config.max_in_flight);
+    }
+    // Drain the buffer at the end: every accepted submission is delivered once or counted dropped.
+    while (core.buffered() > 0) {
+      for (const Delivered& d : core.TakeBatch(now, 100)) CHECK(++delivered_per_job[d.submission.job] == 1);
+    }
+    CHECK(core.counters().submissions_accepted == core.counters().delivered_fresh + core.counters().delivered_stale +
+                                                      core.counters().dropped_stale);
+    const Counters& c = core.counters();
+    total.leases_granted += c.leases_granted;
+    total.submissions_accepted += c.submissions_accepted;
+    total.submissions_duplicate += c.submissions_duplicate;
+    total.submissions_rejected += c.submissions_rejected;
+    total.leases_expired += c.leases_expired;
+    total.leases_cancelled += c.leases_cancelled;
+    total.leases_handed_back += c.leases_handed_back;
+    total.clusters_lost += c.clusters_lost;
+    total.jobs_given_up += c.jobs_given_up;
+    total.dropped_stale += c.dropped_stale;
+    total.delivered_stale += c.delivered_stale;
+    total.delivered_fresh += c.delivered_fresh;
+  }
+  MESSAGE("leases " << total.leases_granted << ", accepted " << total.submissions_accepted << ", duplicates "
+                    << total.submissions_duplicate << ", rejected " << total.submissions_rejected << ", expired "
+                    << total.leases_expired << ", cancelled " << total.leases_cancelled << ", handed back "
+                    << total.leases_handed_back << ", clusters lost " << total.clusters_lost << ", given up "
+                    << total.jobs_given_up << ", fresh " << total.delivered_fresh << ", stale delivered "
+                    << total.delivered_stale << ", stale dropped " << total.dropped_stale);
+  for (uint64_t count : {total.leases_granted, total.submissions_accepted, total.submissions_duplicate, total.submissions_rejected,
+                         total.leases_expired, total.leases_cancelled, total.leases_handed_back, total.clusters_lost,
+                         total.jobs_given_up, total.delivered_fresh, total.delivered_stale, total.dropped_stale}) {
+    CHECK(count > 0);
+  }
+}
+
+}  // namespace
+}  // namespace weft::orchestrator
