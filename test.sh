@@ -32,11 +32,13 @@ build-asan/tests/weft_orchestrator_tests
 echo "== sanitizer: thread"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWEFT_SANITIZE=thread -DWEFT_BUILD_BENCH=OFF > /dev/null
-cmake --build build-tsan --target weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests
+cmake --build build-tsan --target weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests \
+  weft_orchestrator_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_common_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_sync_tests -tce='*2^32*'
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_policy_store_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_trainer_adapter_tests
+TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*'
 
 echo "== fuzzing, ${FUZZ_SECONDS:-30} s per target"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
