@@ -95,7 +95,8 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
   if (c->gone) return NotFound("cluster " + cluster + " was lost (no heartbeat) or left; register again");
-  c->last_heartbeat = now;
+  // (Liveness comes from heartbeats only: a request that grants nothing changes no state, so it
+  // need not be journaled.)
   std::vector<Lease> leases;
   if (c->draining || !latest_ || !c->ready_version || *c->ready_version < admissible_version()) return leases;
   const uint64_t in_flight = leases_.size() + buffer_.size();
@@ -248,7 +249,8 @@ std::vector<Delivered> OrchestratorCore::TakeBatch(Micros now, size_t max) {
   return batch;
 }
 
-void OrchestratorCore::Tick(Micros now) {
+bool OrchestratorCore::Tick(Micros now) {
+  const uint64_t before = counters_.leases_expired + counters_.clusters_lost + counters_.jobs_given_up;
   std::vector<uint64_t> expired;
   for (uint64_t job : leases_) {
     if (jobs_[job].deadline <= now) expired.push_back(job);
@@ -268,6 +270,7 @@ void OrchestratorCore::Tick(Micros now) {
     c.ready_version.reset();
     ++counters_.clusters_lost;
   }
+  return counters_.leases_expired + counters_.clusters_lost + counters_.jobs_given_up != before;
 }
 
 std::vector<ClusterView> OrchestratorCore::clusters() const {

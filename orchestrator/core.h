@@ -131,8 +131,8 @@ class OrchestratorCore {
   std::vector<Delivered> TakeBatch(Micros now, size_t max);
 
   // --- Time ---
-  // Expires leases and silent clusters.
-  void Tick(Micros now);
+  // Expires leases and silent clusters; returns whether anything changed.
+  bool Tick(Micros now);
 
   // --- Views ---
   std::optional<uint64_t> latest_version() const { return latest_; }

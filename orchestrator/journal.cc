@@ -101,12 +101,21 @@ uint64_t Journal::syncs() const {
 }
 
 Status Journal::Append(std::string record) {
+  WEFT_ASSIGN_OR_RETURN(uint64_t sequence, Enqueue(std::move(record)));
+  return Wait(sequence);
+}
+
+Result<uint64_t> Journal::Enqueue(std::string record) {
   if (record.size() > kMaxRecord) return InvalidArgument("journal record of " + std::to_string(record.size()) + " bytes is too large");
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.ok()) return failure_;
   pending_.push_back(std::move(record));
-  const uint64_t mine = ++queued_;
-  while (durable_ < mine) {
+  return ++queued_;
+}
+
+Status Journal::Wait(uint64_t sequence) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (durable_ < sequence) {
     if (!failure_.ok()) return failure_;
     if (writing_) {
       synced_.wait(lock);

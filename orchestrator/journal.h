@@ -32,6 +32,11 @@ class Journal {
   ~Journal();
 
   Status Append(std::string record);
+  // Append in two steps, for callers that must fix the order of records under their own lock but
+  // wait for the disk outside it: Enqueue returns the record's sequence number, Wait returns once
+  // that record is durable.
+  Result<uint64_t> Enqueue(std::string record);
+  Status Wait(uint64_t sequence);
 
   uint64_t records() const;  // appended since Open
   uint64_t syncs() const;    // fdatasync calls since Open

@@ -242,7 +242,7 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
     total.delivered_stale += c.delivered_stale;
     total.delivered_fresh += c.delivered_fresh;
   }
-  MESSAGE("leases " << total.leases_granted << ", accepted " << total.submissions_accepted << ", duplicates "
+  INFO("leases " << total.leases_granted << ", accepted " << total.submissions_accepted << ", duplicates "
                     << total.submissions_duplicate << ", rejected " << total.submissions_rejected << ", expired "
                     << total.leases_expired << ", cancelled " << total.leases_cancelled << ", handed back "
                     << total.leases_handed_back << ", clusters lost " << total.clusters_lost << ", given up "

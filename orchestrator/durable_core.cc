@@ -1,0 +1,183 @@
+#include "orchestrator/durable_core.h"
+
+#include <nlohmann/json.hpp>
+
+namespace weft::orchestrator {
+
+using Json = nlohmann::json;
+
+struct DurableCore::Outcome {
+  std::vector<Lease> leases;
+  SubmitResult submit = SubmitResult::kAccepted;
+  std::vector<uint64_t> jobs;
+  std::vector<Delivered> batch;
+  bool changed = true;  // for ticks: whether to journal
+};
+
+Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
+  Json e = Json::parse(text, nullptr, false);
+  if (e.is_discarded() || !e.is_object() || !e.contains("e") || !e.contains("t")) return InvalidArgument("malformed journal event");
+  try {
+    const std::string kind = e["e"].get<std::string>();
+    const Micros now = e["t"].get<Micros>();
+    if (kind == "register") return core_.Register(now, e["cluster"], e["region"], e["capacity"].get<uint32_t>());
+    if (kind == "heartbeat") {
+      std::optional<uint64_t> ready;
+      if (!e["ready"].is_null()) ready = e["ready"].get<uint64_t>();
+      return core_.Heartbeat(now, e["cluster"], ready);
+    }
+    if (kind == "drain") return core_.Drain(now, e["cluster"], e["jobs"].get<std::vector<uint64_t>>());
+    if (kind == "deregister") return core_.Deregister(now, e["cluster"]);
+    if (kind == "leases") {
+      WEFT_ASSIGN_OR_RETURN(out->leases, core_.RequestLeases(now, e["cluster"], e["max"].get<uint32_t>()));
+      out->changed = !out->leases.empty();
+      return Status::Ok();
+    }
+    if (kind == "submit") {
+      Submission s;
+      s.job = e["job"];
+      s.attempt = e["attempt"];
+      s.cluster = e["cluster"];
+      s.version_start = e["version_start"];
+      s.version_end = e["version_end"];
+      s.segments = e["segments"].get<std::vector<std::pair<uint64_t, uint64_t>>>();
+      s.tokens = e["tokens"];
+      s.payload = e["payload"];
+      WEFT_ASSIGN_OR_RETURN(out->submit, core_.Submit(now, std::move(s)));
+      out->changed = out->submit == SubmitResult::kAccepted;  // a duplicate changes nothing
+      return Status::Ok();
+    }
+    if (kind == "announce") return core_.AnnounceVersion(now, e["version"].get<uint64_t>());
+    if (kind == "jobs") {
+      out->jobs = core_.AddJobs(now, e["prompts"].get<std::vector<std::pair<std::string, uint32_t>>>());
+      return Status::Ok();
+    }
+    if (kind == "batch") {
+      out->batch = core_.TakeBatch(now, e["max"].get<size_t>());
+      out->changed = !out->batch.empty();
+      return Status::Ok();
+    }
+    if (kind == "tick") {
+      out->changed = core_.Tick(now);
+      return Status::Ok();
+    }
+    return InvalidArgument("unknown journal event '" + kind + "'");
+  } catch (const Json::exception& error) {
+    return InvalidArgument(std::string("malformed journal event: ") + error.what());
+  }
+}
+
+Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journal_path, const CoreConfig& config) {
+  std::unique_ptr<DurableCore> durable(new DurableCore(config));
+  WEFT_ASSIGN_OR_RETURN(durable->journal_, Journal::Open(journal_path, [&](std::string_view record) {
+    Outcome ignored;
+    ++durable->replayed_;
+    // Only accepted events were journaled: one the core refuses now means the journal and this
+    // build disagree, and continuing would diverge from what was acknowledged.
+    return durable->ApplyEvent(std::string(record), &ignored);
+  }));
+  return durable;
+}
+
+Status DurableCore::Record(const std::string& event, Outcome* outcome) {
+  uint64_t sequence = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    WEFT_RETURN_IF_ERROR(ApplyEvent(event, outcome));
+    if (!outcome->changed) return Status::Ok();
+    WEFT_ASSIGN_OR_RETURN(sequence, journal_->Enqueue(event));
+  }
+  return journal_->Wait(sequence);
+}
+
+namespace {
+
+Json Event(const char* kind, Micros now) { return Json{{"e", kind}, {"t", now}}; }
+
+}  // namespace
+
+Status DurableCore::Register(Micros now, const std::string& cluster, const std::string& region, uint32_t capacity) {
+  Json e = Event("register", now);
+  e["cluster"] = cluster;
+  e["region"] = region;
+  e["capacity"] = capacity;
+  Outcome out;
+  return Record(e.dump(), &out);
+}
+
+Status DurableCore::Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version) {
+  Json e = Event("heartbeat", now);
+  e["cluster"] = cluster;
+  e["ready"] = ready_version ? Json(*ready_version) : Json(nullptr);
+  Outcome out;
+  return Record(e.dump(), &out);
+}
+
+Status DurableCore::Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs) {
+  Json e = Event("drain", now);
+  e["cluster"] = cluster;
+  e["jobs"] = jobs;
+  Outcome out;
+  return Record(e.dump(), &out);
+}
+
+Status DurableCore::Deregister(Micros now, const std::string& cluster) {
+  Json e = Event("deregister", now);
+  e["cluster"] = cluster;
+  Outcome out;
+  return Record(e.dump(), &out);
+}
+
+Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::string& cluster, uint32_t max) {
+  Json e = Event("leases", now);
+  e["cluster"] = cluster;
+  e["max"] = max;
+  Outcome out;
+  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
+  return std::move(out.leases);
+}
+
+Result<SubmitResult> DurableCore::Submit(Micros now, Submission s) {
+  Json e = Event("submit", now);
+  e["job"] = s.job;
+  e["attempt"] = s.attempt;
+  e["cluster"] = s.cluster;
+  e["version_start"] = s.version_start;
+  e["version_end"] = s.version_end;
+  e["segments"] = s.segments;
+  e["tokens"] = s.tokens;
+  e["payload"] = s.payload;
+  Outcome out;
+  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
+  return out.submit;
+}
+
+Status DurableCore::AnnounceVersion(Micros now, uint64_t version) {
+  Json e = Event("announce", now);
+  e["version"] = version;
+  Outcome out;
+  return Record(e.dump(), &out);
+}
+
+Result<std::vector<uint64_t>> DurableCore::AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts) {
+  Json e = Event("jobs", now);
+  e["prompts"] = prompts;
+  Outcome out;
+  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
+  return std::move(out.jobs);
+}
+
+Result<std::vector<Delivered>> DurableCore::TakeBatch(Micros now, size_t max) {
+  Json e = Event("batch", now);
+  e["max"] = max;
+  Outcome out;
+  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
+  return std::move(out.batch);
+}
+
+Status DurableCore::Tick(Micros now) {
+  Outcome out;
+  return Record(Event("tick", now).dump(), &out);
+}
+
+}  // namespace weft::orchestrator
