@@ -53,8 +53,9 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
       return Status::Ok();
     }
     if (kind == "batch") {
+      const size_t buffered = core_.buffered();
       out->batch = core_.TakeBatch(now, e["max"].get<size_t>());
-      out->changed = !out->batch.empty();
+      out->changed = core_.buffered() != buffered;  // delivered, or dropped as stale
       return Status::Ok();
     }
     if (kind == "tick") {
