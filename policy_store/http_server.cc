@@ -1,7 +1,5 @@
 #include "policy_store/http_server.h"
 
-#include <openssl/crypto.h>
-
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 #include <nlohmann/json.hpp>
@@ -9,49 +7,25 @@
 #include <thread>
 #include <vector>
 
+#include "common/http_server.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
 namespace {
 
-namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = asio::ip::tcp;
 using Json = nlohmann::json;
-using Request = http::request<http::vector_body<uint8_t>>;
-using Response = http::response<http::vector_body<uint8_t>>;
+using Request = weft::http::Request;
+using Response = weft::http::Response;
 
-http::status HttpStatusFor(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk: return http::status::ok;
-    case StatusCode::kInvalidArgument: return http::status::bad_request;
-    case StatusCode::kNotFound: return http::status::not_found;
-    case StatusCode::kConflict: return http::status::conflict;
-    case StatusCode::kUnavailable: return http::status::service_unavailable;
-    case StatusCode::kTimeout: return http::status::gateway_timeout;
-    case StatusCode::kDataLoss:
-    case StatusCode::kInternal: return http::status::internal_server_error;
-  }
-  return http::status::internal_server_error;
-}
-
-Response JsonResponse(const Request& request, http::status status, const Json& body) {
-  Response response(status, request.version());
-  response.set(http::field::content_type, "application/json");
-  std::string text = body.dump();
-  response.body().assign(text.begin(), text.end());
-  response.prepare_payload();
-  return response;
-}
+using weft::http::JsonResponse;
 
 Response Error(const Request& request, http::status status, const std::string& message) {
-  return JsonResponse(request, status, Json{{"error", message}});
+  return weft::http::ErrorResponse(request, status, message);
 }
 
-Response Error(const Request& request, const Status& status) {
-  return Error(request, HttpStatusFor(status.code()), status.message());
-}
+Response Error(const Request& request, const Status& status) { return weft::http::ErrorResponse(request, status); }
 
 bool ImmutableKey(const std::string& key) {
   return key.rfind("blobs/", 0) == 0 || (key.rfind("runs/", 0) == 0 && key.find("/versions/") != std::string::npos);
@@ -97,15 +71,10 @@ struct Shared {
   StoreServerOptions options;
 };
 
-// Checks the writer token in constant time (both sides hashed, so length does not leak either).
+// Writes need the writer token (compared in constant time).
 std::optional<Response> CheckWriter(const Shared& shared, const Request& request) {
   if (shared.options.writer_token.empty()) return Error(request, http::status::forbidden, "this store server is read-only");
-  std::string header(request[http::field::authorization]);
-  const std::string prefix = "Bearer ";
-  std::string given = header.rfind(prefix, 0) == 0 ? header.substr(prefix.size()) : std::string();
-  std::string a = Sha256Hex({reinterpret_cast<const uint8_t*>(given.data()), given.size()});
-  std::string b = Sha256Hex({reinterpret_cast<const uint8_t*>(shared.options.writer_token.data()), shared.options.writer_token.size()});
-  if (given.empty() || CRYPTO_memcmp(a.data(), b.data(), a.size()) != 0) {
+  if (!weft::http::BearerMatches(request, shared.options.writer_token)) {
     return Error(request, http::status::unauthorized, "writes need the writer token (Authorization: Bearer ...)");
   }
   return std::nullopt;
@@ -215,115 +184,27 @@ Response Handle(const Shared& shared, const Request& request) {
   }
 }
 
-class Session : public std::enable_shared_from_this<Session> {
- public:
-  Session(tcp::socket socket, const Shared& shared) : stream_(std::move(socket)), shared_(shared) {}
-
-  void Run() { asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&Session::Read, shared_from_this())); }
-
- private:
-  void Read() {
-    parser_.emplace();
-    parser_->body_limit(shared_.options.max_body_bytes);
-    parser_->header_limit(16 * 1024);
-    stream_.expires_after(shared_.options.read_timeout);
-    http::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::OnRead, shared_from_this()));
-  }
-
-  void OnRead(beast::error_code error, size_t) {
-    if (error == http::error::body_limit || error == http::error::header_limit) {
-      Request request;
-      request.version(11);
-      return Send(Error(request, http::status::payload_too_large, "request larger than the server's limit"), true);
-    }
-    if (error) return Close();  // end of stream, timeout or a broken connection
-    Request request = parser_->release();
-    Response response = Handle(shared_, request);
-    response.keep_alive(request.keep_alive());
-    Send(std::move(response), !request.keep_alive());
-  }
-
-  void Send(Response response, bool close) {
-    response_ = std::make_shared<Response>(std::move(response));
-    if (close) response_->keep_alive(false);
-    stream_.expires_after(shared_.options.read_timeout);
-    http::async_write(stream_, *response_, beast::bind_front_handler(&Session::OnWrite, shared_from_this(), close));
-  }
-
-  void OnWrite(bool close, beast::error_code error, size_t) {
-    if (error || close) return Close();
-    response_.reset();
-    Read();
-  }
-
-  void Close() {
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-  }
-
-  beast::tcp_stream stream_;
-  beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::vector_body<uint8_t>>> parser_;
-  std::shared_ptr<Response> response_;
-  const Shared& shared_;
-};
-
-class Listener : public std::enable_shared_from_this<Listener> {
- public:
-  Listener(asio::io_context& context, tcp::acceptor acceptor, const Shared& shared)
-      : context_(context), acceptor_(std::move(acceptor)), shared_(shared) {}
-
-  void Accept() {
-    acceptor_.async_accept(asio::make_strand(context_), beast::bind_front_handler(&Listener::OnAccept, shared_from_this()));
-  }
-  void Close() {
-    beast::error_code ignored;
-    acceptor_.close(ignored);
-  }
-
- private:
-  void OnAccept(beast::error_code error, tcp::socket socket) {
-    if (error == asio::error::operation_aborted) return;
-    if (!error) std::make_shared<Session>(std::move(socket), shared_)->Run();
-    Accept();
-  }
-
-  asio::io_context& context_;
-  tcp::acceptor acceptor_;
-  const Shared& shared_;
-};
-
 }  // namespace
 
 struct StoreServer::Impl {
-  Impl(ObjectStore& backend, const StoreServerOptions& options)
-      : shared{backend, options}, context(std::make_unique<asio::io_context>(std::max(1, options.threads))) {}
+  Impl(ObjectStore& backend, const StoreServerOptions& options) : shared{backend, options} {}
   Shared shared;
-  // Sessions live in the context's pending handlers: destroying the context closes them all.
-  std::unique_ptr<asio::io_context> context;
-  std::shared_ptr<Listener> listener;
-  std::vector<std::thread> threads;
-  uint16_t port = 0;
+  std::unique_ptr<weft::http::HttpServer> server;
 };
 
 Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend, const StoreServerOptions& options) {
   auto impl = std::make_unique<Impl>(backend, options);
-  beast::error_code error;
-  auto address = asio::ip::make_address(options.address, error);
-  if (error) return InvalidArgument("cannot listen on '" + options.address + "': not an IP address");
-  tcp::acceptor acceptor(*impl->context);
-  tcp::endpoint endpoint(address, options.port);
-  acceptor.open(endpoint.protocol(), error);
-  if (!error) acceptor.set_option(asio::socket_base::reuse_address(true), error);
-  if (!error) acceptor.bind(endpoint, error);
-  if (!error) acceptor.listen(asio::socket_base::max_listen_connections, error);
-  if (error) {
-    return Unavailable("cannot listen on " + options.address + ":" + std::to_string(options.port) + ": " + error.message());
-  }
-  impl->port = acceptor.local_endpoint().port();
-  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->shared);
-  impl->listener->Accept();
-  for (int t = 0; t < std::max(1, options.threads); ++t) impl->threads.emplace_back([context = impl->context.get()] { context->run(); });
+  weft::http::ServerOptions server_options;
+  server_options.address = options.address;
+  server_options.port = options.port;
+  server_options.max_body_bytes = options.max_body_bytes;
+  server_options.threads = options.threads;
+  server_options.read_timeout = options.read_timeout;
+  const Shared* shared = &impl->shared;
+  WEFT_ASSIGN_OR_RETURN(impl->server, weft::http::HttpServer::Start(server_options, [shared](Request request, weft::http::Responder respond) {
+    Response response = Handle(*shared, request);
+    respond(std::move(response));
+  }));
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 
@@ -331,19 +212,10 @@ StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 StoreServer::~StoreServer() { Stop(); }
 
-uint16_t StoreServer::port() const { return impl_->port; }
+uint16_t StoreServer::port() const { return impl_->server->port(); }
 
 void StoreServer::Stop() {
-  if (!impl_ || !impl_->context) return;
-  // Stop the threads first; then nothing else touches the listener or the sessions, so the
-  // listening socket is closed here (new connections are refused at once) and destroying the
-  // context destroys every session with its socket.
-  impl_->context->stop();
-  for (auto& thread : impl_->threads) thread.join();
-  impl_->threads.clear();
-  impl_->listener->Close();
-  impl_->listener.reset();
-  impl_->context.reset();
+  if (impl_ && impl_->server) impl_->server->Stop();
 }
 
 }  // namespace weft::policy_store

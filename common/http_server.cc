@@ -1,0 +1,213 @@
+#include "common/http_server.h"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <optional>
+#include <thread>
+#include <vector>
+
+namespace weft::http {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = beast::http;
+using tcp = asio::ip::tcp;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, const ServerOptions& options, const Handler& handler)
+      : stream_(std::move(socket)), options_(options), handler_(handler) {}
+
+  void Run() { asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&Session::Read, shared_from_this())); }
+
+ private:
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(options_.max_body_bytes);
+    parser_->header_limit(16 * 1024);
+    stream_.expires_after(options_.read_timeout);
+    bhttp::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::OnRead, shared_from_this()));
+  }
+
+  void OnRead(beast::error_code error, size_t) {
+    if (error == bhttp::error::body_limit || error == bhttp::error::header_limit) {
+      Request request;
+      request.version(11);
+      return Send(ErrorResponse(request, bhttp::status::payload_too_large, "request larger than the server's limit"), true);
+    }
+    if (error) return Close();  // end of stream, timeout or a broken connection
+    Request request = parser_->release();
+    const bool keep_alive = request.keep_alive();
+    // No deadline while the handler works (a long poll waits on purpose); the answer comes back
+    // on this session's strand, whichever thread gives it.
+    stream_.expires_never();
+    auto self = shared_from_this();
+    Responder respond = [self, keep_alive](Response response) {
+      asio::post(self->stream_.get_executor(), [self, keep_alive, response = std::move(response)]() mutable {
+        response.keep_alive(keep_alive);
+        self->Send(std::move(response), !keep_alive);
+      });
+    };
+    try {
+      handler_(std::move(request), std::move(respond));
+    } catch (const std::exception& failure) {
+      Request context;
+      context.version(11);
+      Send(ErrorResponse(context, bhttp::status::internal_server_error, failure.what()), true);
+    }
+  }
+
+  void Send(Response response, bool close) {
+    response_ = std::make_shared<Response>(std::move(response));
+    if (close) response_->keep_alive(false);
+    stream_.expires_after(options_.read_timeout);
+    bhttp::async_write(stream_, *response_, beast::bind_front_handler(&Session::OnWrite, shared_from_this(), close));
+  }
+
+  void OnWrite(bool close, beast::error_code error, size_t) {
+    if (error || close) return Close();
+    response_.reset();
+    Read();
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::vector_body<uint8_t>>> parser_;
+  std::shared_ptr<Response> response_;
+  const ServerOptions& options_;
+  const Handler& handler_;
+};
+
+class Listener : public std::enable_shared_from_this<Listener> {
+ public:
+  Listener(asio::io_context& context, tcp::acceptor acceptor, const ServerOptions& options, const Handler& handler)
+      : context_(context), acceptor_(std::move(acceptor)), options_(options), handler_(handler) {}
+
+  void Accept() {
+    acceptor_.async_accept(asio::make_strand(context_), beast::bind_front_handler(&Listener::OnAccept, shared_from_this()));
+  }
+  void Close() {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+  }
+
+ private:
+  void OnAccept(beast::error_code error, tcp::socket socket) {
+    if (error == asio::error::operation_aborted) return;
+    if (!error) std::make_shared<Session>(std::move(socket), options_, handler_)->Run();
+    Accept();
+  }
+
+  asio::io_context& context_;
+  tcp::acceptor acceptor_;
+  const ServerOptions& options_;
+  const Handler& handler_;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(const ServerOptions& options, Handler handler)
+      : options(options), handler(std::move(handler)), context(std::make_unique<asio::io_context>(std::max(1, options.threads))) {}
+  ServerOptions options;
+  Handler handler;
+  // Sessions live in the context's pending handlers: destroying the context closes them all.
+  std::unique_ptr<asio::io_context> context;
+  std::shared_ptr<Listener> listener;
+  std::vector<std::thread> threads;
+  uint16_t port = 0;
+};
+
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options, Handler handler) {
+  auto impl = std::make_unique<Impl>(options, std::move(handler));
+  beast::error_code error;
+  auto address = asio::ip::make_address(options.address, error);
+  if (error) return InvalidArgument("cannot listen on '" + options.address + "': not an IP address");
+  tcp::acceptor acceptor(*impl->context);
+  tcp::endpoint endpoint(address, options.port);
+  acceptor.open(endpoint.protocol(), error);
+  if (!error) acceptor.set_option(asio::socket_base::reuse_address(true), error);
+  if (!error) acceptor.bind(endpoint, error);
+  if (!error) acceptor.listen(asio::socket_base::max_listen_connections, error);
+  if (error) return Unavailable("cannot listen on " + options.address + ":" + std::to_string(options.port) + ": " + error.message());
+  impl->port = acceptor.local_endpoint().port();
+  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options, impl->handler);
+  impl->listener->Accept();
+  for (int t = 0; t < std::max(1, options.threads); ++t) impl->threads.emplace_back([context = impl->context.get()] { context->run(); });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+uint16_t HttpServer::port() const { return impl_->port; }
+
+boost::asio::io_context& HttpServer::context() { return *impl_->context; }
+
+void HttpServer::Stop() {
+  if (!impl_ || !impl_->context) return;
+  // Stop the threads first; then nothing else touches the listener or the sessions, so the
+  // listening socket is closed here (new connections are refused at once) and destroying the
+  // context destroys every session with its socket.
+  impl_->context->stop();
+  for (auto& thread : impl_->threads) thread.join();
+  impl_->threads.clear();
+  impl_->listener->Close();
+  impl_->listener.reset();
+  impl_->context.reset();
+}
+
+bhttp::status HttpStatusFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return bhttp::status::ok;
+    case StatusCode::kInvalidArgument: return bhttp::status::bad_request;
+    case StatusCode::kNotFound: return bhttp::status::not_found;
+    case StatusCode::kConflict: return bhttp::status::conflict;
+    case StatusCode::kUnavailable: return bhttp::status::service_unavailable;
+    case StatusCode::kTimeout: return bhttp::status::gateway_timeout;
+    case StatusCode::kDataLoss:
+    case StatusCode::kInternal: return bhttp::status::internal_server_error;
+  }
+  return bhttp::status::internal_server_error;
+}
+
+Response JsonResponse(const Request& request, bhttp::status status, const nlohmann::json& body) {
+  Response response(status, request.version());
+  response.set(bhttp::field::content_type, "application/json");
+  std::string text = body.dump();
+  response.body().assign(text.begin(), text.end());
+  response.prepare_payload();
+  return response;
+}
+
+Response ErrorResponse(const Request& request, bhttp::status status, const std::string& message) {
+  return JsonResponse(request, status, nlohmann::json{{"error", message}});
+}
+
+Response ErrorResponse(const Request& request, const Status& status) {
+  return ErrorResponse(request, HttpStatusFor(status.code()), status.message());
+}
+
+bool BearerMatches(const Request& request, const std::string& token) {
+  if (token.empty()) return false;
+  const auto header = request[bhttp::field::authorization];
+  const std::string prefix = "Bearer ";
+  std::string given = header.substr(0, prefix.size()) == prefix ? std::string(header.substr(prefix.size())) : std::string();
+  if (given.empty()) return false;
+  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(given.data()), given.size(), a);
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), b);
+  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
+}
+
+}  // namespace weft::http
