@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/json_fields.h"
 #include "policy_store/object_store.h"
 
 namespace weft::policy_store {
@@ -22,26 +23,6 @@ bool IsSha256Hex(const std::string& text) {
 }
 
 Json BlobJson(const BlobRef& blob) { return Json{{"sha256", blob.sha256}, {"bytes", blob.bytes}}; }
-
-Status CheckFields(const Json& object, const std::string& where, const std::set<std::string>& required,
-                   const std::set<std::string>& optional) {
-  if (!object.is_object()) return InvalidArgument(where + " is not an object");
-  for (auto it = object.begin(); it != object.end(); ++it) {
-    if (!required.count(it.key()) && !optional.count(it.key())) {
-      return InvalidArgument(where + " has an unknown field '" + it.key() + "'");
-    }
-  }
-  for (const std::string& field : required) {
-    if (!object.contains(field)) return InvalidArgument(where + " lacks the field '" + field + "'");
-  }
-  return Status::Ok();
-}
-
-Result<uint64_t> GetUnsigned(const Json& object, const std::string& field, const std::string& where) {
-  const Json& value = object.at(field);
-  if (!value.is_number_unsigned()) return InvalidArgument(where + "." + field + " is not a non-negative integer");
-  return value.get<uint64_t>();
-}
 
 Result<BlobRef> ParseBlob(const Json& object, const std::string& where) {
   WEFT_RETURN_IF_ERROR(CheckFields(object, where, {"sha256", "bytes"}, {}));

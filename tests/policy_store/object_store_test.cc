@@ -12,6 +12,7 @@
 #include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
 #include "policy_store/manifest.h"
+#include "tests/http_test_util.h"
 #include "tests/policy_store/store_test_util.h"
 
 namespace weft::policy_store {
@@ -99,35 +100,9 @@ HttpStoreOptions FastRetries() {
   return options;
 }
 
-// A request exactly as given (no path normalisation), for what a well-behaved client never sends.
-HttpStore::Reply Raw(const std::string& url, const std::string& method, const std::vector<std::string>& headers = {},
-                     const std::string& body = "") {
-  HttpStore::Reply reply;
-  CURL* curl = curl_easy_init();
-  curl_slist* list = nullptr;
-  for (const auto& h : headers) list = curl_slist_append(list, h.c_str());
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);
-  curl_easy_setopt(curl, CURLOPT_PROXY, "");  // loopback, whatever the environment says
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
-  curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method.c_str());
-  if (!body.empty()) {
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.data());
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
-  }
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t count, void* user) {
-    auto* out = static_cast<std::vector<uint8_t>*>(user);
-    out->insert(out->end(), data, data + size * count);
-    return size * count;
-  });
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &reply.body);
-  if (curl_easy_perform(curl) == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &reply.status);
-  curl_slist_free_all(list);
-  curl_easy_cleanup(curl);
-  return reply;
-}
+using testing::Raw;
 
-std::string Text(const HttpStore::Reply& reply) { return std::string(reply.body.begin(), reply.body.end()); }
+std::string Text(const testing::RawReply& reply) { return reply.text(); }
 
 TEST_CASE("HTTP store: the same contract through weft's store server") {
   Served served("secret");

@@ -1,0 +1,173 @@
+#include "orchestrator/service.h"
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tests/http_test_util.h"
+
+namespace weft::orchestrator {
+namespace {
+
+using Json = nlohmann::json;
+using testing::Raw;
+
+struct Running {
+  std::string path;
+  std::unique_ptr<DurableCore> core;
+  std::unique_ptr<OrchestratorService> service;
+  std::string url;
+
+  explicit Running(CoreConfig config = {}) {
+    path = (std::filesystem::temp_directory_path() / ("weft_service_" + std::to_string(getpid()))).string();
+    std::filesystem::remove(path);
+    core = std::move(DurableCore::Open(path, config)).value();
+    ServiceOptions options;
+    options.worker_token = "w-token";
+    options.trainer_token = "t-token";
+    options.admin_token = "a-token";
+    options.tick_interval = std::chrono::milliseconds(20);
+    options.server.threads = 4;
+    options.server.max_body_bytes = 1 << 20;
+    service = std::move(OrchestratorService::Start(*core, options)).value();
+    url = "http://127.0.0.1:" + std::to_string(service->port());
+  }
+  ~Running() {
+    service->Stop();
+    std::filesystem::remove(path);
+  }
+  // POST with a role's token; the reply's JSON (or {"status": code} when it is not JSON).
+  std::pair<long, Json> Post(const std::string& token, const std::string& path_part, const Json& body,
+                             const std::string& method = "POST") {
+    auto reply = Raw(url + path_part, method, {"Authorization: Bearer " + token, "Content-Type: application/json"}, body.dump());
+    return {reply.status, Json::parse(reply.text(), nullptr, false)};
+  }
+};
+
+TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
+  Running o;
+  auto [code, body] = o.Post("t-token", "/v1/versions", {{"version", 0}});
+  REQUIRE(code == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 2}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
+  // A long poll for leases waits until the trainer adds jobs.
+  auto waiting = std::async(std::launch::async, [&] { return o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"wait_ms", 5000}}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto added = o.Post("t-token", "/v1/jobs", {{"prompts", {{{"prompt", "2+2="}, {"samples", 4}}, {{"prompt", {1, 2, 3}}}}}});
+  REQUIRE(added.first == 200);
+  REQUIRE(added.second["jobs"].size() == 2);
+  auto [lease_code, leases] = waiting.get();
+  REQUIRE(lease_code == 200);
+  REQUIRE(leases["leases"].size() >= 1);
+  const Json lease = leases["leases"][0];
+  CHECK(lease["prompt"] == "\"2+2=\"");
+  CHECK(lease["samples"] == 4);
+  Json submission = {{"job", lease["job"]}, {"attempt", lease["attempt"]}, {"cluster", "c1"}, {"version_start", 0},
+                     {"version_end", 0}, {"segments", {{0, 0}}}, {"tokens", 12}, {"trajectories", {{"text", "4"}, {"reward", 1.0}}}};
+  auto [submit_code, submitted] = o.Post("w-token", "/v1/submissions", submission);
+  REQUIRE(submit_code == 200);
+  CHECK(submitted["result"] == "accepted");
+  CHECK(o.Post("w-token", "/v1/submissions", submission).second["result"] == "duplicate");
+  auto [batch_code, batch] = o.Post("t-token", "/v1/batches", {{"max", 8}});
+  REQUIRE(batch_code == 200);
+  REQUIRE(batch["trajectories"].size() == 1);
+  CHECK(batch["trajectories"][0]["trajectories"]["reward"] == 1.0);
+  CHECK(batch["trajectories"][0]["stale"] == false);
+  // Status and metrics show it.
+  auto status = Raw(o.url + "/v1/status", "GET", {"Authorization: Bearer a-token"});
+  REQUIRE(status.status == 200);
+  Json s = Json::parse(status.text());
+  CHECK(s["latest_version"] == 0);
+  CHECK(s["trajectories"]["accepted"] == 1);
+  CHECK(s["trajectories"]["duplicate"] == 1);
+  CHECK(s["clusters"][0]["state"] == "ready");
+  CHECK(s["regions"]["eu"]["ready"] == 1);
+  auto metrics = Raw(o.url + "/metrics", "GET");
+  CHECK(metrics.status == 200);
+  CHECK(metrics.text().find("weft_orchestrator_submissions_accepted_total 1") != std::string::npos);
+  CHECK(metrics.text().find("weft_orchestrator_cluster_ready_version{cluster=\"c1\",region=\"eu\"} 0") != std::string::npos);
+  CHECK(Raw(o.url + "/livez", "GET").status == 200);
+  CHECK(Raw(o.url + "/readyz", "GET").status == 200);
+}
+
+TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests") {
+  Running o;
+  CHECK(o.Post("", "/v1/versions", {{"version", 1}}).first == 401);
+  CHECK(o.Post("guess", "/v1/versions", {{"version", 1}}).first == 401);
+  CHECK(o.Post("w-token", "/v1/versions", {{"version", 1}}).first == 403);   // a worker cannot announce
+  CHECK(o.Post("t-token", "/v1/clusters", {{"cluster", "x"}, {"region", "r"}, {"capacity", 1}}).first == 403);
+  CHECK(o.Post("a-token", "/v1/versions", {{"version", 1}}).first == 200);   // admin may
+  CHECK(Raw(o.url + "/v1/status", "GET").status == 401);
+  auto bad = Raw(o.url + "/v1/versions", "POST", {"Authorization: Bearer t-token"}, "{not json");
+  CHECK(bad.status == 400);
+  CHECK(bad.text().find("not valid JSON") != std::string::npos);
+  auto [code, body] = o.Post("t-token", "/v1/versions", {{"version", -3}});
+  CHECK(code == 400);
+  CHECK(body["error"] == "version.version is not a non-negative integer");
+  CHECK(o.Post("t-token", "/v1/versions", {{"version", 1}, {"extra", 1}}).second["error"] == "version has an unknown field 'extra'");
+  CHECK(o.Post("t-token", "/v1/versions", {{"version", 0}}).first == 400);  // versions only move forward
+  CHECK(o.Post("w-token", "/v1/clusters", {{"cluster", "c"}, {"region", "r"}}).second["error"] == "cluster lacks the field 'capacity'");
+  CHECK(o.Post("w-token", "/v1/clusters/nobody/heartbeat", {{"ready_version", nullptr}}).first == 404);
+  Json submission = {{"job", 1}, {"attempt", 1}, {"cluster", "c"}, {"version_start", 0}, {"version_end", 0},
+                     {"segments", {{0}}}, {"tokens", 1}, {"trajectories", nullptr}};
+  CHECK(o.Post("w-token", "/v1/submissions", submission).second["error"] == "submission.segments[0] is not a [version, first_token] pair");
+  auto huge = Raw(o.url + "/v1/jobs", "POST", {"Authorization: Bearer t-token"}, std::string((1 << 20) + 100, ' '));
+  CHECK(huge.status == 413);
+  CHECK(Raw(o.url + "/v1/nothing", "GET", {"Authorization: Bearer a-token"}).status == 404);
+  CHECK(Raw(o.url + "/v1/status?x=1", "GET", {"Authorization: Bearer a-token"}).status == 400);
+  CHECK(o.core->Inspect([](const OrchestratorCore& c) { return c.latest_version(); }) == std::optional<uint64_t>(1));
+}
+
+TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to another") {
+  CoreConfig config;
+  config.lease_duration = 200'000;   // 0.2 s
+  config.cluster_timeout = 400'000;  // 0.4 s
+  Running o(config);
+  REQUIRE(o.Post("t-token", "/v1/versions", {{"version", 3}}).first == 200);
+  for (const char* id : {"gone", "alive"}) {
+    REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", id}, {"region", "us"}, {"capacity", 1}}).first == 200);
+    REQUIRE(o.Post("w-token", std::string("/v1/clusters/") + id + "/heartbeat", {{"ready_version", 3}}).first == 200);
+  }
+  REQUIRE(o.Post("t-token", "/v1/jobs", {{"prompts", {{{"prompt", "p"}}}}}).first == 200);
+  auto first = o.Post("w-token", "/v1/clusters/gone/leases", {{"max", 1}});
+  REQUIRE(first.second["leases"].size() == 1);
+  // "gone" never heartbeats again; "alive" keeps heartbeating and long-polls until the lease is free.
+  std::atomic<bool> done{false};
+  std::thread heart([&] {
+    while (!done) {
+      o.Post("w-token", "/v1/clusters/alive/heartbeat", {{"ready_version", 3}});
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  auto second = o.Post("w-token", "/v1/clusters/alive/leases", {{"max", 1}, {"wait_ms", 5000}});
+  done = true;
+  heart.join();
+  REQUIRE(second.first == 200);
+  REQUIRE(second.second["leases"].size() == 1);
+  CHECK(second.second["leases"][0]["job"] == first.second["leases"][0]["job"]);
+  CHECK(second.second["leases"][0]["attempt"] == 2);
+  auto status = Json::parse(Raw(o.url + "/v1/status", "GET", {"Authorization: Bearer a-token"}).text());
+  CHECK(status["leases"]["expired"] >= 1);
+  // The vanished worker's late result still counts, once; the second attempt then loses cleanly.
+  auto submission = [&](const char* cluster, int attempt) {
+    return Json{{"job", first.second["leases"][0]["job"]}, {"attempt", attempt}, {"cluster", cluster}, {"version_start", 3},
+                {"version_end", 3}, {"segments", {{3, 0}}}, {"tokens", 5}, {"trajectories", {"late"}}};
+  };
+  CHECK(o.Post("w-token", "/v1/submissions", submission("gone", 1)).second["result"] == "accepted");
+  auto loser = o.Post("w-token", "/v1/submissions", submission("alive", 2));
+  CHECK(loser.first == 409);
+  CHECK(loser.second["error"].get<std::string>().find("already completed by attempt 1") != std::string::npos);
+  // Silent past cluster_timeout, it is lost: it must register again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  status = Json::parse(Raw(o.url + "/v1/status", "GET", {"Authorization: Bearer a-token"}).text());
+  CHECK(status["clusters"][1]["id"] == "gone");
+  CHECK(status["clusters"][1]["state"] == "gone");
+  CHECK(o.Post("w-token", "/v1/clusters/gone/leases", {{"max", 1}}).first == 404);
+}
+
+}  // namespace
+}  // namespace weft::orchestrator
