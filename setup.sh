@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git   # toolchain
   clang libclang-rt-14-dev                            # sanitizers and libFuzzer for the test suite
   libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev libssl-dev
-  libboost1.74-dev libcurl4-openssl-dev
+  libboost1.74-dev libcurl4-openssl-dev libyaml-cpp-dev
   doctest-dev libbenchmark-dev
 )
 missing=()

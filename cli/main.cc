@@ -1,4 +1,6 @@
 // weft: one binary, one subcommand per job. See `weft --help`.
+#include <pthread.h>
+
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -7,6 +9,18 @@
 namespace weft::cli {
 
 int ThreadsOrAll(int requested) { return requested > 0 ? requested : HardwareThreads(); }
+
+StopSignals::StopSignals() {
+  sigemptyset(&signals_);
+  sigaddset(&signals_, SIGINT);
+  sigaddset(&signals_, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+}
+
+void StopSignals::Wait() {
+  int received = 0;
+  sigwait(&signals_, &received);
+}
 
 }  // namespace weft::cli
 
@@ -20,6 +34,7 @@ int main(int argc, char** argv) {
   weft::cli::RegisterDemo(app, &action);
   weft::cli::RegisterStore(app, &action);
   weft::cli::RegisterRelay(app, &action);
+  weft::cli::RegisterOrchestrator(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

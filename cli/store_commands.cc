@@ -223,18 +223,12 @@ Status Serve(ObjectStore& backend, const StoreOptions& options, StoreServerOptio
   const unsigned long value = std::strtoul(port.c_str(), &end, 10);
   if (port.empty() || *end != '\0' || value > 65535) return InvalidArgument("--listen: bad port '" + port + "'");
   server.port = static_cast<uint16_t>(value);
-  // Block the stop signals before the server's threads start, then wait for one here.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  StopSignals stop;  // before the server's threads start
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(backend, server));
   std::printf("serving %s on http://%s:%u (%s)\n", what.c_str(), server.address.c_str(), static_cast<unsigned>(running->port()),
               server.writer_token.empty() ? "read-only" : "writes need WEFT_STORE_TOKEN");
   std::fflush(stdout);
-  int received = 0;
-  sigwait(&signals, &received);
+  stop.Wait();
   running->Stop();
   std::printf("stopped\n");
   return Status::Ok();

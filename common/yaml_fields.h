@@ -1,0 +1,30 @@
+// Strict reading of YAML config files: every key is checked against what the section allows, and
+// a wrong key or value is an error naming its path ("orchestrator.lease: unknown key") and the
+// file position.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "common/status.h"
+
+namespace weft {
+
+// The document in `path`, or an error naming the file and the line of a syntax error.
+Result<YAML::Node> LoadYamlFile(const std::string& path);
+
+// `node` (at `where`) must be a map whose keys are all in `allowed`.
+Status CheckKeys(const YAML::Node& node, const std::string& where, const std::set<std::string>& allowed);
+
+// Reads `node[key]` into `*out` when present (absent keys leave `*out` as it is).
+Status ReadString(const YAML::Node& node, const std::string& where, const std::string& key, std::string* out);
+Status ReadUnsigned(const YAML::Node& node, const std::string& where, const std::string& key, uint64_t* out);
+Status ReadBytes(const YAML::Node& node, const std::string& where, const std::string& key, uint64_t* out);  // "64MiB"
+Status ReadDuration(const YAML::Node& node, const std::string& where, const std::string& key,
+                    std::chrono::microseconds* out);  // "30s"
+
+}  // namespace weft

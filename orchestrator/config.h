@@ -1,0 +1,29 @@
+// The orchestrator's configuration: the `orchestrator:` section of a YAML file (docs/api.md,
+// "Orchestrator configuration"). Unknown keys and bad values are errors naming the key and line;
+// the environment variables WEFT_WORKER_TOKEN, WEFT_TRAINER_TOKEN and WEFT_ADMIN_TOKEN override
+// the tokens in the file.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "orchestrator/core.h"
+#include "orchestrator/service.h"
+
+namespace weft::orchestrator {
+
+struct OrchestratorConfig {
+  CoreConfig core;
+  ServiceOptions service;
+  std::string journal = "orchestrator.journal";
+  std::string dataset;  // JSONL prompts queued when the journal is new; empty: jobs come from the trainer
+};
+
+Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path);
+
+// The prompts of a JSONL dataset: one {"prompt": text or [token ids], "samples": n} per line
+// (samples optional, default 1). Errors name the file and line.
+Result<std::vector<std::pair<std::string, uint32_t>>> LoadPrompts(const std::string& path);
+
+}  // namespace weft::orchestrator
