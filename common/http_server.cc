@@ -5,6 +5,7 @@
 
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -17,10 +18,17 @@ namespace beast = boost::beast;
 namespace bhttp = beast::http;
 using tcp = asio::ip::tcp;
 
+// Whether the server still runs: a late answer (from a long poll or a journal callback) must not
+// reach a session whose io_context is gone.
+struct Liveness {
+  std::mutex mutex;
+  bool alive = true;
+};
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, const ServerOptions& options, const Handler& handler)
-      : stream_(std::move(socket)), options_(options), handler_(handler) {}
+  Session(tcp::socket socket, const ServerOptions& options, const Handler& handler, std::shared_ptr<Liveness> liveness)
+      : stream_(std::move(socket)), options_(options), handler_(handler), liveness_(std::move(liveness)) {}
 
   void Run() { asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&Session::Read, shared_from_this())); }
 
@@ -47,6 +55,8 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_never();
     auto self = shared_from_this();
     Responder respond = [self, keep_alive](Response response) {
+      std::lock_guard<std::mutex> lock(self->liveness_->mutex);
+      if (!self->liveness_->alive) return;
       asio::post(self->stream_.get_executor(), [self, keep_alive, response = std::move(response)]() mutable {
         response.keep_alive(keep_alive);
         self->Send(std::move(response), !keep_alive);
@@ -85,12 +95,14 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<Response> response_;
   const ServerOptions& options_;
   const Handler& handler_;
+  std::shared_ptr<Liveness> liveness_;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
-  Listener(asio::io_context& context, tcp::acceptor acceptor, const ServerOptions& options, const Handler& handler)
-      : context_(context), acceptor_(std::move(acceptor)), options_(options), handler_(handler) {}
+  Listener(asio::io_context& context, tcp::acceptor acceptor, const ServerOptions& options, const Handler& handler,
+           std::shared_ptr<Liveness> liveness)
+      : context_(context), acceptor_(std::move(acceptor)), options_(options), handler_(handler), liveness_(std::move(liveness)) {}
 
   void Accept() {
     acceptor_.async_accept(asio::make_strand(context_), beast::bind_front_handler(&Listener::OnAccept, shared_from_this()));
@@ -103,7 +115,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
  private:
   void OnAccept(beast::error_code error, tcp::socket socket) {
     if (error == asio::error::operation_aborted) return;
-    if (!error) std::make_shared<Session>(std::move(socket), options_, handler_)->Run();
+    if (!error) std::make_shared<Session>(std::move(socket), options_, handler_, liveness_)->Run();
     Accept();
   }
 
@@ -111,6 +123,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   tcp::acceptor acceptor_;
   const ServerOptions& options_;
   const Handler& handler_;
+  std::shared_ptr<Liveness> liveness_;
 };
 
 }  // namespace
@@ -123,6 +136,7 @@ struct HttpServer::Impl {
   // Sessions live in the context's pending handlers: destroying the context closes them all.
   std::unique_ptr<asio::io_context> context;
   std::shared_ptr<Listener> listener;
+  std::shared_ptr<Liveness> liveness = std::make_shared<Liveness>();
   std::vector<std::thread> threads;
   uint16_t port = 0;
 };
@@ -140,7 +154,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& optio
   if (!error) acceptor.listen(asio::socket_base::max_listen_connections, error);
   if (error) return Unavailable("cannot listen on " + options.address + ":" + std::to_string(options.port) + ": " + error.message());
   impl->port = acceptor.local_endpoint().port();
-  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options, impl->handler);
+  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options, impl->handler, impl->liveness);
   impl->listener->Accept();
   for (int t = 0; t < std::max(1, options.threads); ++t) impl->threads.emplace_back([context = impl->context.get()] { context->run(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
@@ -156,6 +170,10 @@ boost::asio::io_context& HttpServer::context() { return *impl_->context; }
 
 void HttpServer::Stop() {
   if (!impl_ || !impl_->context) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->liveness->mutex);
+    impl_->liveness->alive = false;  // late answers are dropped from now on
+  }
   // Stop the threads first; then nothing else touches the listener or the sessions, so the
   // listening socket is closed here (new connections are refused at once) and destroying the
   // context destroys every session with its socket.

@@ -15,7 +15,11 @@ struct DurableCore::Outcome {
 };
 
 Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
-  Json e = Json::parse(text, nullptr, false);
+  // The event's JSON, then (submissions only) a newline and the trajectories as they came: large
+  // payloads are neither escaped nor parsed on the way through.
+  const size_t newline = text.find('\n');
+  const std::string_view head = newline == std::string::npos ? std::string_view(text) : std::string_view(text).substr(0, newline);
+  Json e = Json::parse(head, nullptr, false);
   if (e.is_discarded() || !e.is_object() || !e.contains("e") || !e.contains("t")) return InvalidArgument("malformed journal event");
   try {
     const std::string kind = e["e"].get<std::string>();
@@ -42,7 +46,8 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
       s.version_end = e["version_end"];
       s.segments = e["segments"].get<std::vector<std::pair<uint64_t, uint64_t>>>();
       s.tokens = e["tokens"];
-      s.payload = e["payload"];
+      if (newline == std::string::npos) return InvalidArgument("submission event without its payload");
+      s.payload = text.substr(newline + 1);
       WEFT_ASSIGN_OR_RETURN(out->submit, core_.Submit(now, std::move(s)));
       out->changed = out->submit == SubmitResult::kAccepted;  // a duplicate changes nothing
       return Status::Ok();
@@ -80,15 +85,52 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
   return durable;
 }
 
-Status DurableCore::Record(const std::string& event, Outcome* outcome) {
+Status DurableCore::Record(const std::string& event, Outcome* outcome, bool wait) {
   uint64_t sequence = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     WEFT_RETURN_IF_ERROR(ApplyEvent(event, outcome));
-    if (!outcome->changed) return Status::Ok();
-    WEFT_ASSIGN_OR_RETURN(sequence, journal_->Enqueue(event));
+    if (outcome->changed) {
+      WEFT_ASSIGN_OR_RETURN(sequence, journal_->Enqueue(event));
+    } else {
+      sequence = journal_->records();  // nothing new, but what it saw (a duplicate's original) must be durable
+    }
   }
-  return journal_->Wait(sequence);
+  return wait ? journal_->Wait(sequence) : Status::Ok();
+}
+
+void DurableCore::SubmitAsync(Micros now, Submission s, std::function<void(Result<SubmitResult>)> done) {
+  const std::string event = SubmitEvent(now, s);
+  Outcome out;
+  Status status;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    status = ApplyEvent(event, &out);
+    if (status.ok()) {
+      auto answer = [done, result = out.submit](Status durable) {
+        if (durable.ok()) {
+          done(result);
+        } else {
+          done(durable);
+        }
+      };
+      status = out.changed ? journal_->EnqueueThen(event, answer) : journal_->WhenDurable(answer);
+      if (status.ok()) return;
+    }
+  }
+  done(status);
+}
+
+std::string DurableCore::SubmitEvent(Micros now, const Submission& s) {
+  Json e = {{"e", "submit"}, {"t", now}};
+  e["job"] = s.job;
+  e["attempt"] = s.attempt;
+  e["cluster"] = s.cluster;
+  e["version_start"] = s.version_start;
+  e["version_end"] = s.version_end;
+  e["segments"] = s.segments;
+  e["tokens"] = s.tokens;
+  return e.dump() + "\n" + s.payload;
 }
 
 namespace {
@@ -111,7 +153,7 @@ Status DurableCore::Heartbeat(Micros now, const std::string& cluster, std::optio
   e["cluster"] = cluster;
   e["ready"] = ready_version ? Json(*ready_version) : Json(nullptr);
   Outcome out;
-  return Record(e.dump(), &out);
+  return Record(e.dump(), &out, false);
 }
 
 Status DurableCore::Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs) {
@@ -134,22 +176,13 @@ Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::str
   e["cluster"] = cluster;
   e["max"] = max;
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
+  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out, false));
   return std::move(out.leases);
 }
 
 Result<SubmitResult> DurableCore::Submit(Micros now, Submission s) {
-  Json e = Event("submit", now);
-  e["job"] = s.job;
-  e["attempt"] = s.attempt;
-  e["cluster"] = s.cluster;
-  e["version_start"] = s.version_start;
-  e["version_end"] = s.version_end;
-  e["segments"] = s.segments;
-  e["tokens"] = s.tokens;
-  e["payload"] = s.payload;
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
+  WEFT_RETURN_IF_ERROR(Record(SubmitEvent(now, s), &out));
   return out.submit;
 }
 
@@ -178,7 +211,9 @@ Result<std::vector<Delivered>> DurableCore::TakeBatch(Micros now, size_t max) {
 
 Status DurableCore::Tick(Micros now) {
   Outcome out;
-  return Record(Event("tick", now).dump(), &out);
+  WEFT_RETURN_IF_ERROR(Record(Event("tick", now).dump(), &out));
+  // Lease grants and heartbeats not yet on disk get there now, even when nothing else is written.
+  return journal_->Wait(journal_->records());
 }
 
 }  // namespace weft::orchestrator

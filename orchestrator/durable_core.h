@@ -2,6 +2,10 @@
 //
 // Every event that changes the core is applied under a lock, queued to the journal in the same
 // order (docs/formats.md section 7, with the events' JSON), and acknowledged only once the journal has it on disk; concurrent events share syncs.
+// Lease grants and heartbeats are the exception: they are journaled in order but answered without
+// waiting for the disk (any later acknowledged event makes them durable too). A crash can lose
+// the last of them; the effect is that of a lease never granted (its worker's result is refused
+// and the job is leased again) or of a heartbeat never sent, never a lost or doubled trajectory.
 // Open() replays the journal into a fresh core, so after a crash the core is exactly as it was
 // after the last acknowledged event (the core is deterministic and every event carries its
 // time). Events the core refuses change nothing and are not journaled; a Tick is journaled only
@@ -28,6 +32,9 @@ class DurableCore {
   Status Deregister(Micros now, const std::string& cluster);
   Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max);
   Result<SubmitResult> Submit(Micros now, Submission submission);
+  // The same without blocking: `done` is called once the answer is durable (on the journal's
+  // thread; it must be quick), or at once when the core refuses the submission.
+  void SubmitAsync(Micros now, Submission submission, std::function<void(Result<SubmitResult>)> done);
   Status AnnounceVersion(Micros now, uint64_t version);
   Result<std::vector<uint64_t>> AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts);
   Result<std::vector<Delivered>> TakeBatch(Micros now, size_t max);
@@ -47,8 +54,9 @@ class DurableCore {
   // Applies the JSON event to the core (replay and live events alike), filling in its results.
   struct Outcome;
   Status ApplyEvent(const std::string& event, Outcome* outcome);
-  // Applies, and when the core accepted it, journals and waits for the disk.
-  Status Record(const std::string& event, Outcome* outcome);
+  // Applies, and when the core accepted it, journals it and (when `wait`) waits for the disk.
+  Status Record(const std::string& event, Outcome* outcome, bool wait = true);
+  static std::string SubmitEvent(Micros now, const Submission& submission);
 
   mutable std::mutex mutex_;
   OrchestratorCore core_;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "common/file_util.h"
 #include "common/logging.h"
@@ -83,10 +84,18 @@ Result<std::unique_ptr<Journal>> Journal::Open(const std::string& path, const st
     }
   }
   if (::lseek(fd, static_cast<off_t>(valid), SEEK_SET) < 0) return Unavailable("cannot seek in " + path);
+  Journal* raw = journal.get();
+  journal->writer_ = std::thread([raw] { raw->WriteLoop(); });
   return journal;
 }
 
 Journal::~Journal() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  queued_cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -110,19 +119,43 @@ Result<uint64_t> Journal::Enqueue(std::string record) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.ok()) return failure_;
   pending_.push_back(std::move(record));
+  queued_cv_.notify_one();
   return ++queued_;
+}
+
+Status Journal::EnqueueThen(std::string record, std::function<void(Status)> durable) {
+  if (record.size() > kMaxRecord) return InvalidArgument("journal record of " + std::to_string(record.size()) + " bytes is too large");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.ok()) return failure_;
+  pending_.push_back(std::move(record));
+  callbacks_.emplace_back(++queued_, std::move(durable));
+  queued_cv_.notify_one();
+  return Status::Ok();
 }
 
 Status Journal::Wait(uint64_t sequence) {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (durable_ < sequence) {
-    if (!failure_.ok()) return failure_;
-    if (writing_) {
-      synced_.wait(lock);
-      continue;
-    }
-    // Lead: write and sync everything queued so far, outside the lock.
-    writing_ = true;
+  synced_.wait(lock, [&] { return durable_ >= sequence || !failure_.ok(); });
+  return durable_ >= sequence ? Status::Ok() : failure_;
+}
+
+Status Journal::WhenDurable(std::function<void(Status)> durable) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!failure_.ok()) return failure_;
+  if (durable_ >= queued_) {
+    lock.unlock();
+    durable(Status::Ok());
+    return Status::Ok();
+  }
+  callbacks_.emplace_back(queued_, std::move(durable));
+  return Status::Ok();
+}
+
+void Journal::WriteLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    queued_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    if (pending_.empty()) break;  // stopping, with everything written
     std::vector<std::string> batch;
     batch.swap(pending_);
     const uint64_t last = queued_;
@@ -138,16 +171,30 @@ Status Journal::Wait(uint64_t sequence) {
     Status status = WriteAll(fd_, bytes, path_);
     if (status.ok() && ::fdatasync(fd_) != 0) status = Unavailable("cannot sync the journal " + path_ + ": " + std::strerror(errno));
     lock.lock();
-    writing_ = false;
     ++syncs_;
     if (status.ok()) {
       durable_ = last;
-    } else {
+    } else if (failure_.ok()) {
       failure_ = status;  // the file's state is unknown now: refuse everything until a restart replays it
+      pending_.clear();
     }
+    // Callbacks whose record is now on disk (all of them after a failure), in order.
+    std::vector<std::function<void(Status)>> ready;
+    auto keep = callbacks_.begin();
+    for (auto& [sequence, durable] : callbacks_) {
+      if (sequence <= durable_ || !failure_.ok()) {
+        ready.push_back(std::move(durable));
+      } else {
+        *keep++ = {sequence, std::move(durable)};
+      }
+    }
+    callbacks_.erase(keep, callbacks_.end());
+    const Status outcome = failure_.ok() ? Status::Ok() : failure_;
     synced_.notify_all();
+    lock.unlock();
+    for (auto& durable : ready) durable(outcome);
+    lock.lock();
   }
-  return Status::Ok();
 }
 
 }  // namespace weft::orchestrator

@@ -6,9 +6,10 @@
 // off a torn or corrupted tail (the write a crash interrupted, never acknowledged); a corrupted
 // record followed by more data is an error (that is damage, not a crash).
 //
-// Append() returns once its record is on disk (fdatasync). Concurrent appends share syncs (group
-// commit): the first waiting thread writes and syncs every record queued so far, the others wait
-// for that sync. Thread-safe.
+// A writer thread writes and syncs (fdatasync) whatever is queued, as one batch per sync (group
+// commit): the more records arrive while a sync runs, the more the next one carries. Append()
+// returns once its record is on disk; EnqueueThen() returns at once and calls back when it is.
+// Thread-safe.
 #pragma once
 
 #include <condition_variable>
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -34,8 +36,12 @@ class Journal {
   Status Append(std::string record);
   // Append in two steps, for callers that must fix the order of records under their own lock but
   // wait for the disk outside it: Enqueue returns the record's sequence number, Wait returns once
-  // that record is durable.
+  // that record is durable. EnqueueThen calls `durable` (on the writer thread, with the outcome)
+  // instead of waiting; `durable` must be quick and must not call back into the journal.
   Result<uint64_t> Enqueue(std::string record);
+  Status EnqueueThen(std::string record, std::function<void(Status)> durable);
+  // Calls `durable` once every record queued so far is on disk (at once when they are).
+  Status WhenDurable(std::function<void(Status)> durable);
   Status Wait(uint64_t sequence);
 
   uint64_t records() const;  // appended since Open
@@ -44,17 +50,21 @@ class Journal {
 
  private:
   Journal(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  void WriteLoop();
 
   std::string path_;
   int fd_ = -1;
   mutable std::mutex mutex_;
-  std::condition_variable synced_;
+  std::condition_variable synced_;   // durable_ moved
+  std::condition_variable queued_cv_;  // something to write, or stopping
   std::vector<std::string> pending_;  // queued, not yet written
+  std::vector<std::pair<uint64_t, std::function<void(Status)>>> callbacks_;  // by sequence
   uint64_t queued_ = 0;               // sequence number of the last queued record
   uint64_t durable_ = 0;              // ... of the last record on disk
-  bool writing_ = false;              // a leader is writing and syncing
+  bool stopping_ = false;
   Status failure_;                    // once a write fails, every later append fails
   uint64_t syncs_ = 0;
+  std::thread writer_;
 };
 
 }  // namespace weft::orchestrator

@@ -330,10 +330,14 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     if (!body.ok()) return error(body.status());
     Result<Submission> submission = ParseSubmission(*body);
     if (!submission.ok()) return error(submission.status());
-    Result<SubmitResult> result = core.Submit(now, std::move(*submission));
-    if (!result.ok()) return error(result.status());
-    Wake();
-    return ok(Json{{"result", *result == SubmitResult::kAccepted ? "accepted" : "duplicate"}});
+    // Answered from the journal's thread once durable: no server thread waits on the disk.
+    // (A job done moves from leased to buffered: no admission room opens, no poll to wake.)
+    core.SubmitAsync(now, std::move(*submission), [request, answer = std::move(*respond)](Result<SubmitResult> result) {
+      if (!result.ok()) return answer(http::ErrorResponse(request, result.status()));
+      answer(http::JsonResponse(request, bhttp::status::ok, Json{{"result", *result == SubmitResult::kAccepted ? "accepted" : "duplicate"}}));
+    });
+    *respond = nullptr;
+    return Response();
   }
   if (target == "/v1/versions" || target == "/v1/jobs" || target == "/v1/batches") {
     if (auto refused = needs(Role::kTrainer)) return *refused;
