@@ -11,14 +11,12 @@
 #include <random>
 #include <set>
 
+#include "tests/temp_path.h"
+
 namespace weft::orchestrator {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  auto path = std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove(path);
-  return path.string();
-}
+using testing::TempPath;
 
 Submission Make(const Lease& lease, const std::string& cluster, uint64_t version) {
   Submission s;

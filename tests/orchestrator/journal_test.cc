@@ -7,14 +7,12 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/temp_path.h"
+
 namespace weft::orchestrator {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  auto path = std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove(path);
-  return path.string();
-}
+using testing::TempPath;
 
 std::vector<std::string> ReplayAll(const std::string& path, Status* status = nullptr) {
   std::vector<std::string> records;

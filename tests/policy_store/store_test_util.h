@@ -1,18 +1,13 @@
 // Helpers shared by the policy store tests.
 #pragma once
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <string>
+
+#include "tests/temp_path.h"
 
 namespace weft::policy_store {
 
 // A fresh, empty path under the temporary directory, unique to this process.
-inline std::string TempRoot(const std::string& name) {
-  auto path = std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove_all(path);
-  return path.string();
-}
+inline std::string TempRoot(const std::string& name) { return testing::TempPath(name); }
 
 }  // namespace weft::policy_store
