@@ -1,11 +1,8 @@
 // HttpStore: an ObjectStore reached over HTTP, from a `weft store serve` server or any server that
 // speaks the Store API of docs/api.md (reads also work through plain HTTP caches and relays).
 //
-// Every operation has a deadline; connection failures, stalled transfers and 5xx answers are
-// retried with exponential backoff until it passes, then reported as kUnavailable naming the URL,
-// the last error and how many bytes had arrived. A GET cut off mid-transfer resumes where it
-// stopped (Range, with If-Range on the ETag, so a changed object restarts from the beginning).
-// Connections are kept alive and reused per thread. An optional LinkShaper emulates a WAN link. Answers map to Status codes: 404
+// Requests go through common/http_client (deadlines, retries with backoff, resumed GETs, kept-alive
+// connections); an optional LinkShaper emulates a WAN link. Answers map to Status codes: 404
 // kNotFound, 409 kConflict, other 4xx kInvalidArgument with the server's message. Writes send the
 // writer token (Authorization: Bearer). Thread-safe (one libcurl handle per request).
 #pragma once
@@ -15,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "common/http_client.h"
 #include "policy_store/link_shaper.h"
 #include "policy_store/object_store.h"
 
@@ -44,27 +42,20 @@ class HttpStore : public ObjectStore {
   std::string Describe() const override { return base_url_; }
 
   // Body bytes received by every request so far (what a shaped link carried).
-  uint64_t bytes_received() const { return bytes_received_.load(); }
+  uint64_t bytes_received() const { return client_.bytes_received(); }
   // Tries that failed and were retried, and GETs resumed from a byte offset.
-  uint64_t retries() const { return retries_.load(); }
-  uint64_t resumed() const { return resumed_.load(); }
+  uint64_t retries() const { return client_.retries(); }
+  uint64_t resumed() const { return client_.resumed(); }
 
-  struct Reply {
-    long status = 0;
-    std::vector<uint8_t> body;
-  };
+  using Reply = HttpReply;
   // One operation with retries; `method` is GET, HEAD, PUT, POST or DELETE.
   Result<Reply> Request(const std::string& method, const std::string& path,
                         std::span<const uint8_t> body, bool authorize);
 
  private:
+  HttpClient client_;
   std::string base_url_;
   std::string writer_token_;
-  HttpStoreOptions options_;
-  bool loopback_ = false;
-  std::atomic<uint64_t> bytes_received_{0};
-  std::atomic<uint64_t> retries_{0};
-  std::atomic<uint64_t> resumed_{0};
 };
 
 }  // namespace weft::policy_store

@@ -1,0 +1,70 @@
+// HttpClient: requests to weft's HTTP servers (store servers, relays, the orchestrator) with
+// retries, backoff and a deadline.
+//
+// Every operation has a deadline; connection failures, stalled transfers and 5xx answers are
+// retried with exponential backoff until it passes, then reported as kUnavailable naming the URL,
+// the last error, the tries and how many bytes had arrived. A request that is not idempotent is
+// retried only when it surely never reached the server (no connection). A GET cut off mid-body
+// resumes where it stopped (Range, with If-Range on the ETag, so a changed object restarts from
+// the beginning). Connections are kept alive and reused per thread. Hooks let a caller shape the
+// link (a wait before each request, a wait per received chunk). Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace weft {
+
+struct HttpClientOptions {
+  int attempts = 8;                                // at most this many tries per operation
+  std::chrono::milliseconds first_backoff{100};    // doubles after every failed try, up to 5 s
+  std::chrono::milliseconds deadline{120000};      // per operation, retries included
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds stall_timeout{15000};  // a try that receives nothing this long fails
+  std::function<void()> before_request;            // e.g. a link's latency
+  std::function<void(uint64_t)> received;          // called per chunk of body received
+};
+
+struct HttpReply {
+  long status = 0;
+  std::vector<uint8_t> body;
+};
+
+class HttpClient {
+ public:
+  // `base_url` like "http://127.0.0.1:8080" (a trailing slash is dropped).
+  HttpClient(std::string base_url, HttpClientOptions options = {});
+
+  // One operation with retries; `method` is GET, HEAD, PUT, POST or DELETE, `path` starts with '/'.
+  // Any HTTP answer is returned as it is (see StatusOfReply); only transport failures and 5xx
+  // after the last try are errors.
+  Result<HttpReply> Request(const std::string& method, const std::string& path, std::span<const uint8_t> body,
+                            const std::vector<std::string>& headers, bool idempotent = true);
+
+  const std::string& base_url() const { return base_url_; }
+  const HttpClientOptions& options() const { return options_; }
+  uint64_t bytes_received() const { return bytes_received_.load(); }
+  uint64_t retries() const { return retries_.load(); }
+  uint64_t resumed() const { return resumed_.load(); }
+
+ private:
+  std::string base_url_;
+  HttpClientOptions options_;
+  bool loopback_ = false;
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> retries_{0};
+  std::atomic<uint64_t> resumed_{0};
+};
+
+// The Status an answer means: 2xx Ok, 404 kNotFound, 409 kConflict, 504 kTimeout, other 5xx
+// kUnavailable, other 4xx kInvalidArgument, with the server's JSON {"error"} message.
+Status StatusOfReply(const HttpReply& reply, const std::string& what);
+
+}  // namespace weft
