@@ -38,7 +38,7 @@ TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_common_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_sync_tests -tce='*2^32*'
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_policy_store_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_trainer_adapter_tests
-TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*,*kill -9*'
+TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*,*kill -9*,*SIGKILL*'
 
 echo "== fuzzing, ${FUZZ_SECONDS:-30} s per target"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \

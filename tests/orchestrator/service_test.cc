@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "orchestrator/client.h"
 #include "tests/http_test_util.h"
 
 namespace weft::orchestrator {
@@ -22,7 +23,7 @@ struct Running {
   std::unique_ptr<OrchestratorService> service;
   std::string url;
 
-  explicit Running(CoreConfig config = {}) {
+  explicit Running(CoreConfig config = {}, uint16_t port = 0) {
     path = (std::filesystem::temp_directory_path() / ("weft_service_" + std::to_string(getpid()))).string();
     std::filesystem::remove(path);
     core = std::move(DurableCore::Open(path, config)).value();
@@ -33,6 +34,7 @@ struct Running {
     options.tick_interval = std::chrono::milliseconds(20);
     options.server.threads = 4;
     options.server.max_body_bytes = 1 << 20;
+    options.server.port = port;
     service = std::move(OrchestratorService::Start(*core, options)).value();
     url = "http://127.0.0.1:" + std::to_string(service->port());
   }
@@ -167,6 +169,68 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
   CHECK(status["clusters"][1]["id"] == "gone");
   CHECK(status["clusters"][1]["state"] == "gone");
   CHECK(o.Post("w-token", "/v1/clusters/gone/leases", {{"max", 1}}).first == 404);
+}
+
+TEST_CASE("orchestrator client: the loop for a worker and a trainer; retries while the orchestrator is away") {
+  uint16_t port = 0;
+  {
+    Running o;
+    port = o.service->port();
+    OrchestratorClient trainer(o.url, "t-token");
+    OrchestratorClient worker(o.url, "w-token");
+    REQUIRE(trainer.AnnounceVersion(7).ok());
+    REQUIRE(worker.Register("c1", "eu", 2).ok());
+    REQUIRE(worker.Heartbeat("c1", 7).ok());
+    auto ids = trainer.AddJobs({{Json("hello"), 2}, {Json::array({1, 2}), 1}});
+    REQUIRE(ids.ok());
+    CHECK(ids->size() == 2);
+    auto leases = worker.RequestLeases("c1", 2, std::chrono::milliseconds(2000));
+    REQUIRE(leases.ok());
+    REQUIRE(leases->size() == 2);
+    CHECK((*leases)[0].prompt == "\"hello\"");
+    Submission s;
+    s.job = (*leases)[0].job;
+    s.attempt = (*leases)[0].attempt;
+    s.cluster = "c1";
+    s.version_start = s.version_end = 7;
+    s.segments = {{7, 0}};
+    s.tokens = 3;
+    CHECK(*worker.Submit(s, Json{{"text", "hi"}}) == SubmitResult::kAccepted);
+    CHECK(*worker.Submit(s, Json{{"text", "hi"}}) == SubmitResult::kDuplicate);
+    auto batch = trainer.TakeBatch(10, std::chrono::milliseconds(0));
+    REQUIRE(batch.ok());
+    REQUIRE(batch->size() == 1);
+    CHECK(batch->front().submission.payload == "{\"text\":\"hi\"}");
+    CHECK(!batch->front().stale);
+    // The orchestrator's refusals come back as Status codes with its message.
+    CHECK(*worker.Submit(s, Json()) == SubmitResult::kDuplicate);  // a third repeat, whatever it carries
+    CHECK(worker.Heartbeat("nobody", 1).code() == StatusCode::kNotFound);
+    CHECK(OrchestratorClient(o.url, "w-token").AnnounceVersion(9).code() == StatusCode::kInvalidArgument);  // 403 is a 4xx
+    auto status = trainer.GetStatus();
+    REQUIRE(status.ok());
+    CHECK((*status)["trajectories"]["accepted"] == 1);
+  }
+  // The orchestrator is down: calls are retried until it is back on its port...
+  ClientOptions patient;
+  patient.deadline = std::chrono::milliseconds(10000);
+  patient.first_backoff = std::chrono::milliseconds(20);
+  OrchestratorClient trainer("http://127.0.0.1:" + std::to_string(port), "t-token", patient);
+  auto announced = std::async(std::launch::async, [&] { return trainer.AnnounceVersion(1); });
+  auto added = std::async(std::launch::async, [&] { return trainer.AddJobs({{Json("p"), 1}}); });  // never sent: safe to repeat
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  {
+    Running back(CoreConfig{}, port);
+    CHECK(announced.get().ok());
+    auto ids = added.get();
+    CHECK(ids.ok());
+  }
+  // ... and fail clearly when it does not come back in time.
+  ClientOptions impatient;
+  impatient.deadline = std::chrono::milliseconds(300);
+  impatient.first_backoff = std::chrono::milliseconds(20);
+  Status gone = OrchestratorClient("http://127.0.0.1:" + std::to_string(port), "t-token", impatient).AnnounceVersion(2);
+  CHECK(gone.code() == StatusCode::kUnavailable);
+  CHECK(gone.message().find("gave up after") != std::string::npos);
 }
 
 }  // namespace
