@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
   // The trainer: keeps jobs queued (at least 8 per worker) and drains the buffer.
   std::thread trainer([&] {
     CURL* curl = curl_easy_init();
+    uint64_t ack = 0;  // the last batch received, acknowledged with the next request
     while (!stopping) {
       const size_t queued = core->Inspect([](const OrchestratorCore& c) { return c.queued_jobs(); });
       if (queued < static_cast<size_t>(8 * workers)) {
@@ -256,7 +257,10 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 2000; ++i) prompts.push_back({{"prompt", "p"}});
         Post(curl, url + "/v1/jobs", {{"prompts", prompts}});
       }
-      Post(curl, url + "/v1/batches", {{"max", 1000}});
+      Json batch = Post(curl, url + "/v1/batches", {{"max", 1000}, {"ack", ack ? Json(ack) : Json(nullptr)}});
+      if (batch.is_object() && batch.contains("batch") && batch["batch"].is_number_unsigned() && batch["batch"].get<uint64_t>() > 0) {
+        ack = batch["batch"].get<uint64_t>();
+      }
     }
     curl_easy_cleanup(curl);
   });

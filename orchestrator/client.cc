@@ -105,9 +105,17 @@ Result<std::vector<uint64_t>> OrchestratorClient::AddJobs(const std::vector<std:
 }
 
 Result<std::vector<ReceivedTrajectory>> OrchestratorClient::TakeBatch(uint32_t max, std::chrono::milliseconds wait) {
-  WEFT_ASSIGN_OR_RETURN(Json answer, Call("POST", "/v1/batches", {{"max", max}, {"wait_ms", wait.count()}}, false, wait));
+  // One batch at a time per client: the acknowledgement is the last one received. Repeating the
+  // request is safe (an unacknowledged batch is simply handed out again).
+  std::lock_guard<std::mutex> lock(batch_mutex_);
+  Json request = {{"max", max}, {"wait_ms", wait.count()}, {"ack", last_batch_ ? Json(last_batch_) : Json(nullptr)}};
+  WEFT_ASSIGN_OR_RETURN(Json answer, Call("POST", "/v1/batches", request, true, wait));
   WEFT_ASSIGN_OR_RETURN(const Json* list, Field(answer, "trajectories", "taking a batch"));
+  WEFT_ASSIGN_OR_RETURN(const Json* id, Field(answer, "batch", "taking a batch"));
+  if (!id->is_number_unsigned()) return DataLoss("taking a batch: 'batch' is not an id");
   std::vector<ReceivedTrajectory> batch;
+  if (id->get<uint64_t>() == 0 || id->get<uint64_t>() <= last_batch_) return batch;  // nothing new
+  last_batch_ = id->get<uint64_t>();
   try {
     for (const Json& t : *list) {
       ReceivedTrajectory r;

@@ -2,15 +2,17 @@
 // common/http_client: every call has a deadline, and is retried with backoff when that is safe.
 //
 // Retried until the deadline: registration, heartbeats, drains, leaving, version announcements,
-// lease requests (a lease whose answer was lost simply expires) and submissions (idempotent by
-// job and attempt: a repeat is acknowledged as a duplicate, never counted twice). Adding jobs and
-// taking batches are repeated only when the request never reached the orchestrator, since a
-// repeat would add the jobs twice or skip a batch; otherwise the error says so. Errors carry the
+// lease requests (a lease whose answer was lost simply expires), submissions (idempotent by job
+// and attempt: a repeat is acknowledged as a duplicate, never counted twice) and batches (acknowledged
+// explicitly: a lost answer is handed out again). Adding jobs is repeated only when the request
+// never reached the orchestrator, since a repeat would add the jobs twice; otherwise the error
+// says so. Errors carry the
 // orchestrator's message and map to Status codes (404 kNotFound, 409 kConflict, ...).
 // Thread-safe.
 #pragma once
 
 #include <chrono>
+#include <mutex>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -51,6 +53,9 @@ class OrchestratorClient {
   Status AnnounceVersion(uint64_t version);
   // Each prompt is JSON (text or token ids) with its number of samples.
   Result<std::vector<uint64_t>> AddJobs(const std::vector<std::pair<nlohmann::json, uint32_t>>& prompts);
+  // The next batch. Each call acknowledges the last batch this client received, and batches seen
+  // already (handed out again after a lost answer) are skipped, so each trajectory is returned
+  // once by this client. A new client (a restarted trainer) receives unacknowledged batches again.
   Result<std::vector<ReceivedTrajectory>> TakeBatch(uint32_t max, std::chrono::milliseconds wait);
 
   Result<nlohmann::json> GetStatus();
@@ -63,6 +68,8 @@ class OrchestratorClient {
   std::string token_;
   ClientOptions options_;
   HttpClient client_;
+  std::mutex batch_mutex_;
+  uint64_t last_batch_ = 0;  // the newest batch received (0: none)
 };
 
 }  // namespace weft::orchestrator

@@ -99,7 +99,7 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
   // need not be journaled.)
   std::vector<Lease> leases;
   if (c->draining || !latest_ || !c->ready_version || *c->ready_version < admissible_version()) return leases;
-  const uint64_t in_flight = leases_.size() + buffer_.size();
+  const uint64_t in_flight = leases_.size() + buffer_.size() + outstanding_items_;
   uint64_t grant = std::min<uint64_t>({max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue_.size(),
                                        config_.max_in_flight - std::min(config_.max_in_flight, in_flight)});
   // When there are fewer queued jobs than free slots, share them by free slots, counting clusters
@@ -232,9 +232,40 @@ std::vector<uint64_t> OrchestratorCore::AddJobs(Micros now, const std::vector<st
   return ids;
 }
 
-std::vector<Delivered> OrchestratorCore::TakeBatch(Micros now, size_t max) {
-  std::vector<Delivered> batch;
-  while (!buffer_.empty() && batch.size() < max) {
+Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack) {
+  Batch batch;
+  if (ack) {
+    while (!outstanding_.empty() && outstanding_.begin()->first <= *ack) {
+      outstanding_items_ -= outstanding_.begin()->second.size();
+      outstanding_.erase(outstanding_.begin());
+      ++batch.acknowledged;
+    }
+  }
+  if (!outstanding_.empty()) {
+    // Handed out again, judged again: what the bound has passed since is no longer fresh.
+    std::vector<Delivered>& items = outstanding_.begin()->second;
+    std::vector<Delivered> kept;
+    for (Delivered& d : items) {
+      if (!d.stale && d.submission.version_start < admissible_version()) {
+        --counters_.delivered_fresh;
+        if (config_.stale_policy == StalePolicy::kDrop) {
+          ++counters_.dropped_stale;
+          --outstanding_items_;
+          continue;
+        }
+        ++counters_.delivered_stale;
+        d.stale = true;
+      }
+      kept.push_back(std::move(d));
+    }
+    items = std::move(kept);
+    batch.id = outstanding_.begin()->first;
+    batch.redelivered = true;
+    batch.items = items;
+    ++counters_.batches_redelivered;
+    return batch;
+  }
+  while (!buffer_.empty() && batch.items.size() < max) {
     Submission s = std::move(buffer_.front());
     buffer_.pop_front();
     const bool stale = s.version_start < admissible_version();
@@ -243,9 +274,15 @@ std::vector<Delivered> OrchestratorCore::TakeBatch(Micros now, size_t max) {
       continue;
     }
     ++(stale ? counters_.delivered_stale : counters_.delivered_fresh);
-    batch.push_back({std::move(s), stale});
+    batch.items.push_back({std::move(s), stale});
   }
-  if (!batch.empty()) Progress(now);
+  if (!batch.items.empty()) {
+    batch.id = next_batch_++;
+    outstanding_[batch.id] = batch.items;
+    outstanding_items_ += batch.items.size();
+    ++counters_.batches;
+    Progress(now);
+  }
   return batch;
 }
 

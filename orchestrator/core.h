@@ -79,6 +79,17 @@ struct Delivered {
   bool stale = false;  // only with StalePolicy::kDeliverFlagged
 };
 
+// What the trainer gets: a numbered batch. It stays outstanding until the trainer acknowledges it
+// (by passing its id, or a later one, to the next TakeBatch); until then every TakeBatch hands the
+// oldest outstanding batch out again, so an answer lost on the way costs a repeat, never the
+// trajectories. The trainer skips ids it has seen.
+struct Batch {
+  uint64_t id = 0;            // 0: nothing to deliver
+  bool redelivered = false;   // handed out before and not acknowledged
+  std::vector<Delivered> items;
+  uint64_t acknowledged = 0;  // batches this call's `ack` retired
+};
+
 enum class SubmitResult { kAccepted, kDuplicate };
 
 struct ClusterView {
@@ -98,6 +109,7 @@ struct Counters {
   uint64_t leases_granted = 0, leases_expired = 0, leases_handed_back = 0, leases_cancelled = 0;
   uint64_t submissions_accepted = 0, submissions_duplicate = 0, submissions_rejected = 0;
   uint64_t delivered_fresh = 0, delivered_stale = 0, dropped_stale = 0;
+  uint64_t batches = 0, batches_redelivered = 0;
   uint64_t clusters_lost = 0;
 };
 
@@ -126,9 +138,11 @@ class OrchestratorCore {
   Status AnnounceVersion(Micros now, uint64_t version);
   // Queues jobs; returns their ids.
   std::vector<uint64_t> AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts_and_samples);
-  // Up to `max` buffered submissions, oldest first, within the staleness bound at the latest
-  // version (stale ones are dropped or flagged per config, and counted).
-  std::vector<Delivered> TakeBatch(Micros now, size_t max);
+  // Retires the outstanding batches with ids up to `ack`, then hands out the oldest batch still
+  // outstanding, or else a new one: up to `max` buffered submissions, oldest first, within the
+  // staleness bound at the latest version (stale ones are dropped or flagged per config, and
+  // counted). Outstanding trajectories count against max_in_flight.
+  Batch TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack = std::nullopt);
 
   // --- Time ---
   // Expires leases and silent clusters; returns whether anything changed.
@@ -143,6 +157,8 @@ class OrchestratorCore {
   size_t queued_jobs() const { return queue_.size(); }
   size_t leased_jobs() const { return leases_.size(); }
   size_t buffered() const { return buffer_.size(); }
+  // Delivered in batches the trainer has not acknowledged yet.
+  size_t outstanding() const { return outstanding_items_; }
   // Jobs neither done nor given up: queued or leased.
   size_t open_jobs() const { return jobs_.size(); }
   // version_start of the buffered submissions -> count (the staleness picture).
@@ -187,6 +203,9 @@ class OrchestratorCore {
   std::set<uint64_t> leases_;                  // leased jobs
   std::map<uint64_t, uint32_t> done_;          // job -> the attempt that completed it
   std::deque<Submission> buffer_;              // accepted, not yet taken by the trainer
+  std::map<uint64_t, std::vector<Delivered>> outstanding_;  // batches handed out, not acknowledged
+  size_t outstanding_items_ = 0;
+  uint64_t next_batch_ = 1;
   std::map<std::string, Cluster> clusters_;
   Counters counters_;
   Micros last_progress_ = 0;

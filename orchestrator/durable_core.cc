@@ -10,7 +10,7 @@ struct DurableCore::Outcome {
   std::vector<Lease> leases;
   SubmitResult submit = SubmitResult::kAccepted;
   std::vector<uint64_t> jobs;
-  std::vector<Delivered> batch;
+  Batch batch;
   bool changed = true;  // for ticks: whether to journal
 };
 
@@ -59,8 +59,11 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
     }
     if (kind == "batch") {
       const size_t buffered = core_.buffered();
-      out->batch = core_.TakeBatch(now, e["max"].get<size_t>());
-      out->changed = core_.buffered() != buffered;  // delivered, or dropped as stale
+      std::optional<uint64_t> ack;
+      if (e.contains("ack") && !e["ack"].is_null()) ack = e["ack"].get<uint64_t>();
+      out->batch = core_.TakeBatch(now, e["max"].get<size_t>(), ack);
+      // Journaled when it acknowledged, handed out a new batch or dropped stale trajectories.
+      out->changed = out->batch.acknowledged > 0 || (out->batch.id != 0 && !out->batch.redelivered) || core_.buffered() != buffered;
       return Status::Ok();
     }
     if (kind == "tick") {
@@ -201,9 +204,10 @@ Result<std::vector<uint64_t>> DurableCore::AddJobs(Micros now, const std::vector
   return std::move(out.jobs);
 }
 
-Result<std::vector<Delivered>> DurableCore::TakeBatch(Micros now, size_t max) {
+Result<Batch> DurableCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack) {
   Json e = Event("batch", now);
   e["max"] = max;
+  e["ack"] = ack ? Json(*ack) : Json(nullptr);
   Outcome out;
   WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
   return std::move(out.batch);

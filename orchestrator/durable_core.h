@@ -37,7 +37,7 @@ class DurableCore {
   void SubmitAsync(Micros now, Submission submission, std::function<void(Result<SubmitResult>)> done);
   Status AnnounceVersion(Micros now, uint64_t version);
   Result<std::vector<uint64_t>> AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts);
-  Result<std::vector<Delivered>> TakeBatch(Micros now, size_t max);
+  Result<Batch> TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack = std::nullopt);
   Status Tick(Micros now);
 
   // Runs `read` on the core under the lock (status pages, metrics, tests).

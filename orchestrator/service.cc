@@ -40,15 +40,16 @@ Json LeasesJson(const std::vector<Lease>& leases) {
   return Json{{"leases", list}};
 }
 
-Json BatchJson(const std::vector<Delivered>& batch, std::optional<uint64_t> latest) {
+Json BatchJson(const Batch& batch, std::optional<uint64_t> latest) {
   Json list = Json::array();
-  for (const Delivered& d : batch) {
+  for (const Delivered& d : batch.items) {
     const Submission& s = d.submission;
     list.push_back({{"job", s.job}, {"attempt", s.attempt}, {"cluster", s.cluster}, {"version_start", s.version_start},
                     {"version_end", s.version_end}, {"segments", s.segments}, {"tokens", s.tokens}, {"stale", d.stale},
                     {"trajectories", Json::parse(s.payload, nullptr, false)}});
   }
-  return Json{{"trajectories", list}, {"latest_version", latest ? Json(*latest) : Json(nullptr)}};
+  return Json{{"batch", batch.id}, {"redelivered", batch.redelivered}, {"trajectories", list},
+              {"latest_version", latest ? Json(*latest) : Json(nullptr)}};
 }
 
 // The body as a JSON object, or the 400 to send.
@@ -154,12 +155,12 @@ struct OrchestratorService::Impl {
 bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
   const Micros now = WallMicros();
   if (waiter.batch) {
-    Result<std::vector<Delivered>> batch = core.TakeBatch(now, waiter.max);
+    Result<Batch> batch = core.TakeBatch(now, waiter.max);
     if (!batch.ok()) {
       waiter.respond(http::ErrorResponse(waiter.request, batch.status()));
       return true;
     }
-    if (batch->empty() && !expired) return false;
+    if (batch->items.empty() && !expired) return false;
     const auto latest = core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
     waiter.respond(http::JsonResponse(waiter.request, bhttp::status::ok, BatchJson(*batch, latest)));
     return true;
@@ -380,11 +381,20 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     }
     uint32_t max = 64;
     std::chrono::milliseconds wait(0);
+    std::optional<uint64_t> ack;
+    if (body->contains("ack")) {
+      if (!(*body)["ack"].is_null()) {
+        Result<uint64_t> id = GetUnsigned(*body, "ack", "batches");
+        if (!id.ok()) return error(InvalidArgument("batches.ack is not a batch id or null"));
+        ack = *id;
+      }
+      body->erase("ack");
+    }
     weft::Status valid = PollFields(*body, "batches", &max, &wait);
     if (!valid.ok()) return error(valid);
-    Result<std::vector<Delivered>> batch = core.TakeBatch(now, max);
+    Result<Batch> batch = core.TakeBatch(now, max, ack);  // the ack takes effect even if the poll then waits
     if (!batch.ok()) return error(batch.status());
-    if (!batch->empty() || wait.count() == 0) {
+    if (!batch->items.empty() || wait.count() == 0) {
       Wake();  // admission room freed
       return ok(BatchJson(*batch, core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); })));
     }
@@ -428,9 +438,11 @@ Json OrchestratorService::Impl::StatusJson() const {
                           {"given_up", n.jobs_given_up}}},
                 {"leases", {{"granted", n.leases_granted}, {"expired", n.leases_expired}, {"handed_back", n.leases_handed_back},
                             {"cancelled", n.leases_cancelled}}},
-                {"trajectories", {{"buffered", c.buffered()}, {"accepted", n.submissions_accepted}, {"duplicate", n.submissions_duplicate},
+                {"trajectories", {{"buffered", c.buffered()}, {"outstanding", c.outstanding()}, {"accepted", n.submissions_accepted},
+                                  {"duplicate", n.submissions_duplicate},
                                   {"rejected", n.submissions_rejected}, {"delivered_fresh", n.delivered_fresh},
                                   {"delivered_stale", n.delivered_stale}, {"dropped_stale", n.dropped_stale}}},
+                {"batches", {{"delivered", n.batches}, {"redelivered", n.batches_redelivered}}},
                 {"buffered_by_version_start", histogram},
                 {"clusters", clusters},
                 {"regions", regions},
