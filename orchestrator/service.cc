@@ -194,8 +194,18 @@ void OrchestratorService::Impl::Poll() {
       }
       next_tick = now + options.tick_interval;
     }
+    // Only waiters that could get something now (or whose wait is over) are tried: a try costs a
+    // journaled core event, and a thousand parked workers must not cost a thousand per wake.
+    const auto [queued, deliverable] = core.Inspect([](const OrchestratorCore& c) {
+      return std::make_pair(c.queued_jobs() > 0, c.buffered() > 0 || c.outstanding() > 0);
+    });
     for (auto it = batch.begin(); it != batch.end();) {
-      if (Try(*it, now >= it->deadline)) {
+      const bool expired = now >= it->deadline;
+      if (!expired && !(it->batch ? deliverable : queued)) {
+        ++it;
+        continue;
+      }
+      if (Try(*it, expired)) {
         it = batch.erase(it);
       } else {
         ++it;

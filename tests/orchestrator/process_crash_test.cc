@@ -18,6 +18,7 @@
 #include "orchestrator/client.h"
 #include "tests/temp_path.h"
 
+#ifdef WEFT_BINARY
 namespace weft::orchestrator {
 namespace {
 
@@ -121,3 +122,4 @@ TEST_CASE("weft orchestrator: killed with SIGKILL under load and restarted, lose
 
 }  // namespace
 }  // namespace weft::orchestrator
+#endif  // WEFT_BINARY
