@@ -5,13 +5,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-HttpClientOptions Options(const ClientOptions& options) {
-  HttpClientOptions http;
-  http.deadline = options.deadline;
-  http.first_backoff = options.first_backoff;
-  return http;
-}
-
 // A required field of an answer, or kDataLoss naming it (the orchestrator answered something else).
 Result<const Json*> Field(const Json& answer, const char* name, const std::string& what) {
   if (!answer.is_object() || !answer.contains(name)) return DataLoss(what + ": the answer lacks '" + name + "'");
@@ -20,8 +13,8 @@ Result<const Json*> Field(const Json& answer, const char* name, const std::strin
 
 }  // namespace
 
-OrchestratorClient::OrchestratorClient(std::string url, std::string token, ClientOptions options)
-    : token_(std::move(token)), options_(options), client_(std::move(url), Options(options)) {}
+OrchestratorClient::OrchestratorClient(std::string url, std::string token, HttpClientOptions options)
+    : token_(std::move(token)), client_(std::move(url), std::move(options)) {}
 
 Result<Json> OrchestratorClient::Call(const std::string& method, const std::string& path, const Json& body, bool idempotent,
                                       std::chrono::milliseconds extra_wait) {

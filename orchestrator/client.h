@@ -24,11 +24,6 @@
 
 namespace weft::orchestrator {
 
-struct ClientOptions {
-  std::chrono::milliseconds deadline{60000};  // per call, retries included (long polls add their wait)
-  std::chrono::milliseconds first_backoff{100};
-};
-
 struct ReceivedTrajectory {
   Submission submission;         // payload: the trajectories' JSON as the worker sent it
   bool stale = false;
@@ -37,7 +32,8 @@ struct ReceivedTrajectory {
 class OrchestratorClient {
  public:
   // `url` like "http://127.0.0.1:8090"; `token` the role's bearer token.
-  OrchestratorClient(std::string url, std::string token, ClientOptions options = {});
+  // `options.deadline` bounds each call, retries included; long polls add their wait to it.
+  OrchestratorClient(std::string url, std::string token, HttpClientOptions options = {});
 
   // Workers.
   Status Register(const std::string& cluster, const std::string& region, uint32_t capacity);
@@ -66,7 +62,6 @@ class OrchestratorClient {
                               std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0));
 
   std::string token_;
-  ClientOptions options_;
   HttpClient client_;
   std::mutex batch_mutex_;
   uint64_t last_batch_ = 0;  // the newest batch received (0: none)

@@ -8,12 +8,7 @@ namespace {
 using Json = nlohmann::json;
 
 HttpClientOptions ClientOptions(const HttpStoreOptions& options) {
-  HttpClientOptions client;
-  client.attempts = options.attempts;
-  client.first_backoff = options.first_backoff;
-  client.deadline = options.deadline;
-  client.connect_timeout = options.connect_timeout;
-  client.stall_timeout = options.stall_timeout;
+  HttpClientOptions client = options;
   if (options.shaper) {
     std::shared_ptr<LinkShaper> shaper = options.shaper;
     client.before_request = [shaper] { shaper->BeforeRequest(); };

@@ -18,13 +18,9 @@
 
 namespace weft::policy_store {
 
-struct HttpStoreOptions {
-  int attempts = 8;                                // at most this many tries per operation
-  std::chrono::milliseconds first_backoff{100};    // doubles after every failed try, up to 5 s
-  std::chrono::milliseconds deadline{120000};      // per operation, retries included
-  std::chrono::milliseconds connect_timeout{5000};
-  std::chrono::milliseconds stall_timeout{15000};  // a try that receives nothing this long fails
-  std::shared_ptr<LinkShaper> shaper;              // null: the link as it is
+// The client's retry and deadline settings, and the link shaping (its hooks are set from `shaper`).
+struct HttpStoreOptions : HttpClientOptions {
+  std::shared_ptr<LinkShaper> shaper;  // null: the link as it is
 };
 
 class HttpStore : public ObjectStore {

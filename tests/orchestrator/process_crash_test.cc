@@ -44,7 +44,7 @@ TEST_CASE("weft orchestrator: killed with SIGKILL under load and restarted, lose
   std::ofstream(config) << "orchestrator:\n  listen: 127.0.0.1:" << port << "\n  journal: " << dir
                         << "/journal\n  max_staleness: 100\n  max_in_flight: 100000\n  lease: 60s\n  cluster_timeout: 60s\n  tick: 20ms\n"
                         << "  tokens: {worker: w, trainer: t, admin: a}\n";
-  ClientOptions quick;
+  HttpClientOptions quick;
   quick.deadline = std::chrono::milliseconds(5000);
   quick.first_backoff = std::chrono::milliseconds(20);
   std::mutex mutex;
@@ -65,7 +65,7 @@ TEST_CASE("weft orchestrator: killed with SIGKILL under load and restarted, lose
     std::vector<std::thread> workers;
     for (int w = 0; w < 4; ++w) {
       workers.emplace_back([&, w] {
-        ClientOptions brief;
+        HttpClientOptions brief;
         brief.deadline = std::chrono::milliseconds(300);
         brief.first_backoff = std::chrono::milliseconds(10);
         OrchestratorClient client(url, "w", brief);

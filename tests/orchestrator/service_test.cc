@@ -211,7 +211,7 @@ TEST_CASE("orchestrator client: the loop for a worker and a trainer; retries whi
     CHECK((*status)["trajectories"]["accepted"] == 1);
   }
   // The orchestrator is down: calls are retried until it is back on its port...
-  ClientOptions patient;
+  HttpClientOptions patient;
   patient.deadline = std::chrono::milliseconds(10000);
   patient.first_backoff = std::chrono::milliseconds(20);
   OrchestratorClient trainer("http://127.0.0.1:" + std::to_string(port), "t-token", patient);
@@ -225,7 +225,7 @@ TEST_CASE("orchestrator client: the loop for a worker and a trainer; retries whi
     CHECK(ids.ok());
   }
   // ... and fail clearly when it does not come back in time.
-  ClientOptions impatient;
+  HttpClientOptions impatient;
   impatient.deadline = std::chrono::milliseconds(300);
   impatient.first_backoff = std::chrono::milliseconds(20);
   Status gone = OrchestratorClient("http://127.0.0.1:" + std::to_string(port), "t-token", impatient).AnnounceVersion(2);
