@@ -132,6 +132,40 @@ TEST_CASE("core: admission bounds jobs in flight plus buffered trajectories; a s
   CHECK(core.Alerts(2000).back().find("stalled") != std::string::npos);
 }
 
+TEST_CASE("core: when jobs are scarce, faster clusters at the latest version get more of them") {
+  OrchestratorCore core(CoreConfig{});
+  REQUIRE(core.AnnounceVersion(0, 0).ok());
+  for (const char* id : {"fast", "slow"}) {
+    REQUIRE(core.Register(0, id, "eu", 10).ok());
+    REQUIRE(core.Heartbeat(0, id, 0).ok());
+  }
+  // Three completions each: "fast" every 0.25 s, "slow" every second.
+  core.AddJobs(0, std::vector<std::pair<std::string, uint32_t>>(6, {"p", 1}));
+  auto fast = core.RequestLeases(1, "fast", 3).value();
+  std::vector<Lease> slow;
+  for (int i = 0; i < 3 && slow.size() < 3; ++i) {  // shared while jobs are scarce: may take two asks
+    const std::vector<Lease> got = core.RequestLeases(1, "slow", 3).value();
+    slow.insert(slow.end(), got.begin(), got.end());
+  }
+  REQUIRE(fast.size() == 3);
+  REQUIRE(slow.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(core.Submit(1'000'000 + i * 250'000, Make(fast[i], "fast", 0, 0)).ok());
+    REQUIRE(core.Submit(1'000'000 + i * 1'000'000, Make(slow[i], "slow", 0, 0)).ok());
+  }
+  // Four jobs for twenty free slots: the slow cluster, asking first, gets one, not four.
+  core.AddJobs(4'000'000, std::vector<std::pair<std::string, uint32_t>>(4, {"p", 1}));
+  CHECK(core.RequestLeases(4'000'001, "slow", 10)->size() == 1);
+  CHECK(core.RequestLeases(4'000'002, "fast", 10)->size() == 3);
+  // A cluster behind the latest version (still admissible) counts half.
+  REQUIRE(core.AnnounceVersion(5'000'000, 1).ok());
+  REQUIRE(core.Heartbeat(5'000'000, "fast", 1).ok());
+  REQUIRE(core.Register(5'000'000, "behind", "us", 10).ok());
+  REQUIRE(core.Heartbeat(5'000'000, "behind", 0).ok());
+  core.AddJobs(5'000'000, std::vector<std::pair<std::string, uint32_t>>(2, {"p", 1}));
+  CHECK(core.RequestLeases(5'000'001, "behind", 10)->size() == 1);  // its share rounds up to one
+}
+
 // Random interleavings of every event over many seeds; the invariants hold after each one.
 TEST_CASE("core: invariants under random events, duplicates, deaths and clock jumps (property test)") {
   Counters total;  // over all seeds: every kind of event must actually have happened
