@@ -3,7 +3,7 @@
 // Writes a deterministic model for the CLI tests: FP32 weight matrices ~ N(0, 0.02) with special
 // values (NaN payloads, infinities, signed zeros, subnormals) and one tensor of every other dtype.
 // A fifth argument "small" makes every tensor tiny (fuzzing seeds), "big" makes the matrices 16
-// times taller (about 8 MB). VERSION > 0 applies that many small update steps, so versions 0, 1, 2 ... of the same seed
+// times taller (about 7 MB), "huge" 64 times (about 29 MB). VERSION > 0 applies that many small update steps, so versions 0, 1, 2 ... of the same seed
 // differ the way consecutive training steps do.
 #include <cstdio>
 #include <algorithm>
@@ -24,12 +24,14 @@ int main(int argc, char** argv) {
   const uint64_t seed = std::strtoull(argv[2], nullptr, 10);
   const int version = std::atoi(argv[3]);
   const std::string size = argc == 5 ? argv[4] : "";
-  if (!size.empty() && size != "small" && size != "big") {
-    std::fprintf(stderr, "the fifth argument is 'small' or 'big', not '%s'\n", size.c_str());
+  if (!size.empty() && size != "small" && size != "big" && size != "huge") {
+    std::fprintf(stderr, "the fifth argument is 'small', 'big' or 'huge', not '%s'\n", size.c_str());
     return 2;
   }
   const int scale = size == "small" ? 20 : 1;  // tiny tensors, for fuzzing seeds
-  const int grow = size == "big" ? 16 : 1;     // about 8 MB, for transfers that take a while
+  // About 7 MB ("big") or 29 MB ("huge"), for transfers that take a while; "huge" is more than
+  // loopback socket buffers hold, so a server killed mid-transfer really cuts it.
+  const int grow = size == "big" ? 16 : size == "huge" ? 64 : 1;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   struct Owned {

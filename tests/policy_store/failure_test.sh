@@ -65,22 +65,26 @@ done
 [[ $("$weft" store ls --store st --run r | sed -n 's/^run r: latest \([0-9]*\),.*/\1/p') == 10 ]] && ok || fail "latest is not 10 after ten rounds"
 
 # --- 2. A store server killed mid-transfer ----------------------------------------------------------
-start_server server "$weft" store serve --store st --listen 127.0.0.1:0
+# A model of about 29 MB, more than loopback socket buffers hold: a killed server really cuts the
+# transfer (a smaller one could sit whole in the kernel's buffers and arrive anyway).
+"$make_model" huge.safetensors 13 0 huge || exit 1
+"$weft" store publish --store hs --run h huge.safetensors > /dev/null || exit 1
+start_server server "$weft" store serve --store hs --listen 127.0.0.1:0
 port=${server_url##*:}
-# About 7 MB at 3 MB/s: the server dies 0.8 s in and is back 0.5 s later, on the same port.
-"$weft" store pull --store $server_url --run r --version 9 -o resumed.safetensors --shape-bandwidth 3MB > resumed.txt 2>&1 &
+# At 10 MB/s the server dies 0.8 s in and is back 0.5 s later, on the same port.
+"$weft" store pull --store $server_url --run h -o resumed.safetensors --shape-bandwidth 10MB > resumed.txt 2>&1 &
 reader=$!
 sleep 0.8
 kill -9 $server_pid
 sleep 0.5
-start_server server "$weft" store serve --store st --listen 127.0.0.1:$port
+start_server server "$weft" store serve --store hs --listen 127.0.0.1:$port
 if wait $reader; then ok; else fail "pull did not survive a server restart: $(cat resumed.txt)"; fi
 grep -q "downloads resumed" resumed.txt && ok || fail "the pull did not resume: $(cat resumed.txt)"
-"$weft" store pull --store st --run r --version 9 -o direct9.safetensors > /dev/null
-cmp -s resumed.safetensors direct9.safetensors && ok || fail "resumed pull differs from a direct one"
+"$weft" store pull --store hs --run h -o direct_huge.safetensors > /dev/null
+cmp -s resumed.safetensors direct_huge.safetensors && ok || fail "resumed pull differs from a direct one"
 
 # Killed and gone for good: a clear error once the deadline passes, and no output file.
-"$weft" store pull --store $server_url --run r --version 9 -o never.safetensors --shape-bandwidth 3MB --deadline 4s > gone.txt 2>&1 &
+"$weft" store pull --store $server_url --run h -o never.safetensors --shape-bandwidth 10MB --deadline 4s > gone.txt 2>&1 &
 reader=$!
 sleep 0.8
 kill -9 $server_pid
