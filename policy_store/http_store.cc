@@ -17,12 +17,10 @@ HttpClientOptions ClientOptions(const HttpStoreOptions& options) {
   return client;
 }
 
-Status StatusOf(const HttpReply& reply, const std::string& what) { return StatusOfReply(reply, what); }
-
 }  // namespace
 
 HttpStore::HttpStore(std::string base_url, std::string writer_token, HttpStoreOptions options)
-    : client_(std::move(base_url), ClientOptions(options)), base_url_(client_.base_url()), writer_token_(std::move(writer_token)) {}
+    : client_(std::move(base_url), ClientOptions(options)), writer_token_(std::move(writer_token)) {}
 
 Result<HttpStore::Reply> HttpStore::Request(const std::string& method, const std::string& path, std::span<const uint8_t> body,
                                             bool authorize) {
@@ -35,7 +33,7 @@ Result<HttpStore::Reply> HttpStore::Request(const std::string& method, const std
 Result<std::vector<uint8_t>> HttpStore::Get(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   WEFT_ASSIGN_OR_RETURN(Reply reply, Request("GET", "/v1/objects/" + key, {}, false));
-  WEFT_RETURN_IF_ERROR(StatusOf(reply, "GET " + base_url_ + "/v1/objects/" + key));
+  WEFT_RETURN_IF_ERROR(StatusOfReply(reply, "GET " + client_.base_url() + "/v1/objects/" + key));
   return std::move(reply.body);
 }
 
@@ -43,7 +41,7 @@ Result<bool> HttpStore::Exists(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   WEFT_ASSIGN_OR_RETURN(Reply reply, Request("HEAD", "/v1/objects/" + key, {}, false));
   if (reply.status == 404) return false;
-  WEFT_RETURN_IF_ERROR(StatusOf(reply, "HEAD " + base_url_ + "/v1/objects/" + key));
+  WEFT_RETURN_IF_ERROR(StatusOfReply(reply, "HEAD " + client_.base_url() + "/v1/objects/" + key));
   return true;
 }
 
@@ -51,14 +49,14 @@ Result<std::vector<std::string>> HttpStore::List(const std::string& prefix) {
   if (prefix.empty() || prefix.back() != '/') return InvalidArgument("list prefix must end in '/'");
   WEFT_RETURN_IF_ERROR(ValidateKey(prefix.substr(0, prefix.size() - 1)));
   WEFT_ASSIGN_OR_RETURN(Reply reply, Request("GET", "/v1/list/" + prefix, {}, false));
-  WEFT_RETURN_IF_ERROR(StatusOf(reply, "GET " + base_url_ + "/v1/list/" + prefix));
+  WEFT_RETURN_IF_ERROR(StatusOfReply(reply, "GET " + client_.base_url() + "/v1/list/" + prefix));
   Json body = Json::parse(reply.body.begin(), reply.body.end(), nullptr, false);
   if (!body.is_object() || !body.contains("keys") || !body["keys"].is_array()) {
-    return DataLoss(base_url_ + ": malformed listing");
+    return DataLoss(client_.base_url() + ": malformed listing");
   }
   std::vector<std::string> keys;
   for (const Json& key : body["keys"]) {
-    if (!key.is_string() || !ValidateKey(key.get<std::string>()).ok()) return DataLoss(base_url_ + ": malformed key in listing");
+    if (!key.is_string() || !ValidateKey(key.get<std::string>()).ok()) return DataLoss(client_.base_url() + ": malformed key in listing");
     keys.push_back(key.get<std::string>());
   }
   return keys;
@@ -67,7 +65,7 @@ Result<std::vector<std::string>> HttpStore::List(const std::string& prefix) {
 Status HttpStore::PutImmutable(const std::string& key, std::span<const uint8_t> bytes) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   WEFT_ASSIGN_OR_RETURN(Reply reply, Request("PUT", "/v1/objects/" + key, bytes, true));
-  return StatusOf(reply, "PUT " + base_url_ + "/v1/objects/" + key);
+  return StatusOfReply(reply, "PUT " + client_.base_url() + "/v1/objects/" + key);
 }
 
 Status HttpStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected, const std::string& desired) {
@@ -75,13 +73,13 @@ Status HttpStore::CompareAndSwap(const std::string& key, std::optional<std::stri
   Json body = {{"expected", expected ? Json(*expected) : Json(nullptr)}, {"desired", desired}};
   std::string text = body.dump();
   WEFT_ASSIGN_OR_RETURN(Reply reply, Request("POST", "/v1/cas/" + key, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}, true));
-  return StatusOf(reply, "POST " + base_url_ + "/v1/cas/" + key);
+  return StatusOfReply(reply, "POST " + client_.base_url() + "/v1/cas/" + key);
 }
 
 Status HttpStore::Delete(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   WEFT_ASSIGN_OR_RETURN(Reply reply, Request("DELETE", "/v1/objects/" + key, {}, true));
-  return StatusOf(reply, "DELETE " + base_url_ + "/v1/objects/" + key);
+  return StatusOfReply(reply, "DELETE " + client_.base_url() + "/v1/objects/" + key);
 }
 
 }  // namespace weft::policy_store

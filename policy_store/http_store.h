@@ -35,7 +35,7 @@ class HttpStore : public ObjectStore {
   Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                         const std::string& desired) override;
   Status Delete(const std::string& key) override;
-  std::string Describe() const override { return base_url_; }
+  std::string Describe() const override { return client_.base_url(); }
 
   // Body bytes received by every request so far (what a shaped link carried).
   uint64_t bytes_received() const { return client_.bytes_received(); }
@@ -50,7 +50,6 @@ class HttpStore : public ObjectStore {
 
  private:
   HttpClient client_;
-  std::string base_url_;
   std::string writer_token_;
 };
 

@@ -8,9 +8,11 @@ namespace weft::policy_store {
 
 std::string LinkShape::Describe() const {
   char text[96];
-  std::snprintf(text, sizeof(text), "%s, +%.1f ms per request",
-                bytes_per_second ? (std::to_string(bytes_per_second / 1000000.0).substr(0, 6) + " MB/s").c_str() : "unlimited",
-                latency.count() / 1000.0);
+  if (bytes_per_second > 0) {
+    std::snprintf(text, sizeof(text), "%.1f MB/s, +%.1f ms per request", bytes_per_second / 1e6, latency.count() / 1000.0);
+  } else {
+    std::snprintf(text, sizeof(text), "unlimited, +%.1f ms per request", latency.count() / 1000.0);
+  }
   return text;
 }
 
