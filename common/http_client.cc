@@ -134,6 +134,7 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
     // Loopback never goes through a proxy, whatever the environment says; other hosts honour
     // the usual proxy variables.
     if (loopback_) curl_easy_setopt(curl, CURLOPT_PROXY, "");
+    if (!options_.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, options_.ca_file.c_str());
     if (method == "HEAD") {
       curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
     } else if (method != "GET") {
@@ -163,6 +164,12 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
     if (!transfer.etag.empty()) etag = transfer.etag;
     const bool server_error = code == CURLE_OK && reply.status >= 500 && reply.status != 501;
     if (code == CURLE_OK && !server_error && reply.status != 416) return reply;
+    if (code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE || code == CURLE_SSL_CERTPROBLEM ||
+        code == CURLE_UNSUPPORTED_PROTOCOL) {
+      // Trying again cannot help: the server's certificate is not trusted, the CA file is bad.
+      return Unavailable(method + " " + url + ": " + curl_easy_strerror(code) +
+                         (options_.ca_file.empty() ? "" : " (CA file " + options_.ca_file + ")"));
+    }
     if (code != CURLE_OK) {
       last_error = curl_easy_strerror(code);
     } else if (reply.status == 416) {

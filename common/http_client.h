@@ -28,6 +28,9 @@ struct HttpClientOptions {
   std::chrono::milliseconds deadline{120000};      // per operation, retries included
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds stall_timeout{15000};  // a try that receives nothing this long fails
+  // For https:// URLs: a PEM file of the CA certificates to trust instead of the system's
+  // (a private CA, or a self-signed server certificate). Certificates are always verified.
+  std::string ca_file;
   std::function<void()> before_request;            // e.g. a link's latency
   std::function<void(uint64_t)> received;          // called per chunk of body received
 };

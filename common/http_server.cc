@@ -4,7 +4,9 @@
 #include <openssl/sha.h>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast.hpp>
+#include <boost/beast/ssl.hpp>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -25,20 +27,40 @@ struct Liveness {
   bool alive = true;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
- public:
-  Session(tcp::socket socket, const ServerOptions& options, const Handler& handler, std::shared_ptr<Liveness> liveness)
-      : stream_(std::move(socket)), options_(options), handler_(handler), liveness_(std::move(liveness)) {}
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
-  void Run() { asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&Session::Read, shared_from_this())); }
+// One connection: plain (beast::tcp_stream) or TLS (TlsStream, which first shakes hands).
+template <typename Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
+ public:
+  Session(Stream stream, const ServerOptions& options, const Handler& handler, std::shared_ptr<Liveness> liveness)
+      : stream_(std::move(stream)), options_(options), handler_(handler), liveness_(std::move(liveness)) {}
+
+  void Run() {
+    asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+      if constexpr (kTls) {
+        self->Socket().expires_after(self->options_.read_timeout);
+        self->stream_.async_handshake(asio::ssl::stream_base::server, [self](beast::error_code error) {
+          if (error) return self->Socket().close();  // not TLS, a bad certificate, a timeout
+          self->Read();
+        });
+      } else {
+        self->Read();
+      }
+    });
+  }
 
  private:
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+  beast::tcp_stream& Socket() { return beast::get_lowest_layer(stream_); }
+  std::shared_ptr<Session> Self() { return this->shared_from_this(); }
+
   void Read() {
     parser_.emplace();
     parser_->body_limit(options_.max_body_bytes);
     parser_->header_limit(16 * 1024);
-    stream_.expires_after(options_.read_timeout);
-    bhttp::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::OnRead, shared_from_this()));
+    Socket().expires_after(options_.read_timeout);
+    bhttp::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::OnRead, Self()));
   }
 
   void OnRead(beast::error_code error, size_t) {
@@ -52,8 +74,8 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool keep_alive = request.keep_alive();
     // No deadline while the handler works (a long poll waits on purpose); the answer comes back
     // on this session's strand, whichever thread gives it.
-    stream_.expires_never();
-    auto self = shared_from_this();
+    Socket().expires_never();
+    auto self = Self();
     Responder respond = [self, keep_alive](Response response) {
       std::lock_guard<std::mutex> lock(self->liveness_->mutex);
       if (!self->liveness_->alive) return;
@@ -74,8 +96,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void Send(Response response, bool close) {
     response_ = std::make_shared<Response>(std::move(response));
     if (close) response_->keep_alive(false);
-    stream_.expires_after(options_.read_timeout);
-    bhttp::async_write(stream_, *response_, beast::bind_front_handler(&Session::OnWrite, shared_from_this(), close));
+    Socket().expires_after(options_.read_timeout);
+    bhttp::async_write(stream_, *response_, beast::bind_front_handler(&Session::OnWrite, Self(), close));
   }
 
   void OnWrite(bool close, beast::error_code error, size_t) {
@@ -85,11 +107,17 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Close() {
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    if constexpr (kTls) {
+      // close_notify, then the socket goes with the session (whatever the peer answers).
+      Socket().expires_after(options_.read_timeout);
+      stream_.async_shutdown([self = Self()](beast::error_code) { self->Socket().close(); });
+    } else {
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    }
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::vector_body<uint8_t>>> parser_;
   std::shared_ptr<Response> response_;
@@ -101,8 +129,8 @@ class Session : public std::enable_shared_from_this<Session> {
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
   Listener(asio::io_context& context, tcp::acceptor acceptor, const ServerOptions& options, const Handler& handler,
-           std::shared_ptr<Liveness> liveness)
-      : context_(context), acceptor_(std::move(acceptor)), options_(options), handler_(handler), liveness_(std::move(liveness)) {}
+           std::shared_ptr<Liveness> liveness, asio::ssl::context* tls)
+      : context_(context), acceptor_(std::move(acceptor)), options_(options), handler_(handler), liveness_(std::move(liveness)), tls_(tls) {}
 
   void Accept() {
     acceptor_.async_accept(asio::make_strand(context_), beast::bind_front_handler(&Listener::OnAccept, shared_from_this()));
@@ -115,7 +143,11 @@ class Listener : public std::enable_shared_from_this<Listener> {
  private:
   void OnAccept(beast::error_code error, tcp::socket socket) {
     if (error == asio::error::operation_aborted) return;
-    if (!error) std::make_shared<Session>(std::move(socket), options_, handler_, liveness_)->Run();
+    if (!error && tls_ != nullptr) {
+      std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *tls_), options_, handler_, liveness_)->Run();
+    } else if (!error) {
+      std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), options_, handler_, liveness_)->Run();
+    }
     Accept();
   }
 
@@ -124,7 +156,28 @@ class Listener : public std::enable_shared_from_this<Listener> {
   const ServerOptions& options_;
   const Handler& handler_;
   std::shared_ptr<Liveness> liveness_;
+  asio::ssl::context* tls_;
 };
+
+// The server side of TLS from a PEM certificate chain and private key, TLS 1.2 or newer.
+Result<std::unique_ptr<asio::ssl::context>> TlsContext(const ServerOptions& options) {
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return InvalidArgument("TLS needs both a certificate file and a key file");
+  }
+  if (options.tls_cert_file.empty()) return std::unique_ptr<asio::ssl::context>();
+  auto tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+  tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 |
+                   asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
+  beast::error_code error;
+  tls->use_certificate_chain_file(options.tls_cert_file, error);
+  if (error) return InvalidArgument("TLS certificate '" + options.tls_cert_file + "': " + error.message());
+  tls->use_private_key_file(options.tls_key_file, asio::ssl::context::pem, error);
+  if (error) {
+    return InvalidArgument("TLS key '" + options.tls_key_file + "': " + error.message() + " (it must be the PEM private key of the certificate '" +
+                           options.tls_cert_file + "', and must match it)");
+  }
+  return tls;
+}
 
 }  // namespace
 
@@ -135,6 +188,7 @@ struct HttpServer::Impl {
   Handler handler;
   // Sessions live in the context's pending handlers: destroying the context closes them all.
   std::unique_ptr<asio::io_context> context;
+  std::unique_ptr<asio::ssl::context> tls;  // HTTPS when set
   std::shared_ptr<Listener> listener;
   std::shared_ptr<Liveness> liveness = std::make_shared<Liveness>();
   std::vector<std::thread> threads;
@@ -143,6 +197,7 @@ struct HttpServer::Impl {
 
 Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options, Handler handler) {
   auto impl = std::make_unique<Impl>(options, std::move(handler));
+  WEFT_ASSIGN_OR_RETURN(impl->tls, TlsContext(options));
   beast::error_code error;
   auto address = asio::ip::make_address(options.address, error);
   if (error) return InvalidArgument("cannot listen on '" + options.address + "': not an IP address");
@@ -154,7 +209,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& optio
   if (!error) acceptor.listen(asio::socket_base::max_listen_connections, error);
   if (error) return Unavailable("cannot listen on " + options.address + ":" + std::to_string(options.port) + ": " + error.message());
   impl->port = acceptor.local_endpoint().port();
-  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options, impl->handler, impl->liveness);
+  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options, impl->handler, impl->liveness, impl->tls.get());
   impl->listener->Accept();
   for (int t = 0; t < std::max(1, options.threads); ++t) impl->threads.emplace_back([context = impl->context.get()] { context->run(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));

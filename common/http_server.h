@@ -7,7 +7,8 @@
 // when there is something to say or its wait is over). Responding to a connection that has closed
 // meanwhile does nothing. Requests larger than the limits are answered 413 without calling the
 // handler. Start() returns once the port is bound; Stop() (or the destructor) stops the threads,
-// closes the listening socket and every connection. Thread-safe, except that Stop() must not
+// closes the listening socket and every connection. With a certificate and key it speaks TLS
+// (1.2 or newer) only. Thread-safe, except that Stop() must not
 // race with itself.
 #pragma once
 
@@ -35,6 +36,9 @@ struct ServerOptions {
   uint64_t max_body_bytes = uint64_t{4} << 30;
   int threads = 2;
   std::chrono::seconds read_timeout{30};
+  // HTTPS: a PEM certificate (chain) and its private key; both empty: plain HTTP.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class HttpServer {

@@ -1,5 +1,7 @@
 #include "orchestrator/client.h"
 
+#include <random>
+
 namespace weft::orchestrator {
 namespace {
 
@@ -51,7 +53,11 @@ Status OrchestratorClient::Heartbeat(const std::string& cluster, std::optional<u
 
 Result<std::vector<Lease>> OrchestratorClient::RequestLeases(const std::string& cluster, uint32_t max, std::chrono::milliseconds wait) {
   const std::string what = "leases for " + cluster;
-  WEFT_ASSIGN_OR_RETURN(Json answer, Call("POST", "/v1/clusters/" + cluster + "/leases", {{"max", max}, {"wait_ms", wait.count()}}, true, wait));
+  // One id for every try of this call: a retry after a lost answer gets the same leases back.
+  thread_local std::mt19937_64 ids(std::random_device{}());
+  const uint64_t request = (ids() >> 1) | 1;
+  WEFT_ASSIGN_OR_RETURN(Json answer, Call("POST", "/v1/clusters/" + cluster + "/leases",
+                                          {{"max", max}, {"wait_ms", wait.count()}, {"request", request}}, true, wait));
   WEFT_ASSIGN_OR_RETURN(const Json* list, Field(answer, "leases", what));
   std::vector<Lease> leases;
   try {

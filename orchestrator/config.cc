@@ -21,7 +21,8 @@ Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path) {
   auto check = [&](const Status& s) { return s.ok() ? s : s.WithContext(path); };
   WEFT_RETURN_IF_ERROR(check(CheckKeys(o, where, {"listen", "journal", "run", "dataset", "max_staleness", "stale_policy", "lease",
                                                   "cluster_timeout", "max_in_flight", "max_attempts", "stall_after", "threads",
-                                                  "max_request_bytes", "tokens", "tick", "max_wait"})));
+                                                  "max_request_bytes", "tokens", "tick", "max_wait", "tls", "compact_after",
+                                                  "remember_done"})));
   std::string listen = "127.0.0.1:8090";
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "listen", &listen)));
   const size_t colon = listen.rfind(':');
@@ -72,6 +73,18 @@ Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path) {
   config.service.server.threads = static_cast<int>(threads);
   config.service.server.max_body_bytes = uint64_t{64} << 20;
   WEFT_RETURN_IF_ERROR(check(ReadBytes(o, where, "max_request_bytes", &config.service.server.max_body_bytes)));
+  WEFT_RETURN_IF_ERROR(check(ReadBytes(o, where, "compact_after", &config.durable.compact_after_bytes)));
+  if (config.durable.compact_after_bytes < 4096) return InvalidArgument(file + "orchestrator.compact_after must be at least 4KiB");
+  WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "remember_done", &config.core.remember_done)));
+  if (config.core.remember_done < 1) return InvalidArgument(file + "orchestrator.remember_done must be at least 1");
+  if (const YAML::Node tls = o["tls"]) {
+    WEFT_RETURN_IF_ERROR(check(CheckKeys(tls, where + ".tls", {"cert", "key"})));
+    WEFT_RETURN_IF_ERROR(check(ReadString(tls, where + ".tls", "cert", &config.service.server.tls_cert_file)));
+    WEFT_RETURN_IF_ERROR(check(ReadString(tls, where + ".tls", "key", &config.service.server.tls_key_file)));
+    if (config.service.server.tls_cert_file.empty() || config.service.server.tls_key_file.empty()) {
+      return InvalidArgument(file + "orchestrator.tls: both cert and key are needed");
+    }
+  }
   if (const YAML::Node tokens = o["tokens"]) {
     WEFT_RETURN_IF_ERROR(check(CheckKeys(tokens, where + ".tokens", {"worker", "trainer", "admin"})));
     WEFT_RETURN_IF_ERROR(check(ReadString(tokens, where + ".tokens", "worker", &config.service.worker_token)));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "orchestrator/core.h"
+#include "orchestrator/durable_core.h"
 #include "orchestrator/service.h"
 
 namespace weft::orchestrator {
@@ -16,6 +17,7 @@ namespace weft::orchestrator {
 struct OrchestratorConfig {
   CoreConfig core;
   ServiceOptions service;
+  DurableCore::Options durable;
   std::string journal = "orchestrator.journal";
   std::string dataset;  // JSONL prompts queued when the journal is new; empty: jobs come from the trainer
 };

@@ -91,13 +91,22 @@ void OrchestratorCore::Requeue(uint64_t job) {
   queue_.push_front(job);  // it waited already: first in line
 }
 
-Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std::string& cluster, uint32_t max) {
+Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std::string& cluster, uint32_t max, uint64_t request) {
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
   if (c->gone) return NotFound("cluster " + cluster + " was lost (no heartbeat) or left; register again");
   // (Liveness comes from heartbeats only: a request that grants nothing changes no state, so it
   // need not be journaled.)
   std::vector<Lease> leases;
+  if (request != 0 && request == c->last_request) {
+    for (const auto& [job, attempt] : c->last_granted) {
+      auto found = jobs_.find(job);
+      if (found == jobs_.end() || found->second.leased_to != cluster || found->second.holders.size() != attempt) continue;
+      const Job& j = found->second;
+      leases.push_back({job, attempt, j.deadline, j.min_versions[attempt - 1], j.prompt, j.samples});
+    }
+    return leases;
+  }
   if (c->draining || !latest_ || !c->ready_version || *c->ready_version < admissible_version()) return leases;
   const uint64_t in_flight = leases_.size() + buffer_.size() + outstanding_items_;
   uint64_t grant = std::min<uint64_t>({max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue_.size(),
@@ -150,7 +159,12 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
     ++counters_.leases_granted;
     leases.push_back({job, static_cast<uint32_t>(j.holders.size()), j.deadline, admissible_version(), j.prompt, j.samples});
   }
-  if (!leases.empty()) Progress(now);
+  if (!leases.empty()) {
+    Progress(now);
+    c->last_request = request;
+    c->last_granted.clear();
+    for (const Lease& lease : leases) c->last_granted.emplace_back(lease.job, lease.attempt);
+  }
   return leases;
 }
 
@@ -170,7 +184,9 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, Submission s) {
   }
   auto found = jobs_.find(s.job);
   if (found == jobs_.end()) {
-    return reject(NotFound(what + ": no such open job (never added, or given up after " + std::to_string(config_.max_attempts) + " attempts)"));
+    if (s.job == 0 || s.job >= next_job_) return reject(NotFound(what + ": no such job was ever added"));
+    return reject(NotFound(what + ": the job is closed (given up after " + std::to_string(config_.max_attempts) +
+                           " attempts, or completed before the last " + std::to_string(done_.size()) + " remembered completions)"));
   }
   Job& j = found->second;
   if (s.attempt == 0 || s.attempt > j.holders.size()) {
@@ -211,6 +227,7 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, Submission s) {
   }
   jobs_.erase(found);
   done_[s.job] = s.attempt;
+  while (done_.size() > std::max<uint64_t>(1, config_.remember_done)) done_.erase(done_.begin());
   if (Cluster* submitter = FindCluster(s.cluster)) {
     ++submitter->completed;
     if (submitter->last_completion > 0 && now > submitter->last_completion) {

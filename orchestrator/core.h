@@ -49,6 +49,9 @@ struct CoreConfig {
   uint64_t max_in_flight = 1024;          // jobs leased + submissions buffered for the trainer
   uint32_t max_attempts = 5;              // a job that failed this many leases is given up (counted)
   Micros stall_after = 120'000'000;       // no progress this long with work pending: a stall
+  // Completed jobs remembered (newest ids kept) so that a repeated or late submission is answered
+  // precisely; one older than that is refused as unknown, never counted again.
+  uint64_t remember_done = 100'000;
 };
 
 // One trajectory group as a worker submits it: every sample of one attempt at one job.
@@ -130,7 +133,10 @@ class OrchestratorCore {
   Status Deregister(Micros now, const std::string& cluster);
 
   // --- Work ---
-  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max);
+  // `request` (non-zero) makes the call idempotent: asked again with the same id (its answer was
+  // lost and the worker retries), the cluster gets back the leases that request granted and
+  // still holds, and nothing new.
+  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max, uint64_t request = 0);
   Result<SubmitResult> Submit(Micros now, Submission submission);
 
   // --- Trainer ---
@@ -166,6 +172,13 @@ class OrchestratorCore {
   // Human-readable alerts: a stall (work pending, no progress for stall_after), no cluster ready.
   std::vector<std::string> Alerts(Micros now) const;
 
+  // --- Snapshots (orchestrator/snapshot.cc; docs/formats.md section 7) ---
+  // The whole state, such that a core restored from it gives the same answers to the same events
+  // as this one. The configuration is not part of it.
+  std::string Snapshot() const;
+  static Result<OrchestratorCore> Restore(CoreConfig config, std::string_view snapshot);
+  size_t remembered_done() const { return done_.size(); }
+
  private:
   struct Job {
     std::string prompt;
@@ -187,6 +200,8 @@ class OrchestratorCore {
     uint64_t completed = 0;
     double throughput = 0;    // completions per second, smoothed
     Micros last_completion = 0;
+    uint64_t last_request = 0;  // the id of the last lease request that granted something
+    std::vector<std::pair<uint64_t, uint32_t>> last_granted;  // its (job, attempt)s
   };
 
   Cluster* FindCluster(const std::string& id);

@@ -1,6 +1,15 @@
 #include "orchestrator/durable_core.h"
 
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "common/byte_io.h"
+#include "common/file_util.h"
+#include "common/logging.h"
 
 namespace weft::orchestrator {
 
@@ -33,7 +42,8 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
     if (kind == "drain") return core_.Drain(now, e["cluster"], e["jobs"].get<std::vector<uint64_t>>());
     if (kind == "deregister") return core_.Deregister(now, e["cluster"]);
     if (kind == "leases") {
-      WEFT_ASSIGN_OR_RETURN(out->leases, core_.RequestLeases(now, e["cluster"], e["max"].get<uint32_t>()));
+      const uint64_t request = e.contains("request") ? e["request"].get<uint64_t>() : 0;
+      WEFT_ASSIGN_OR_RETURN(out->leases, core_.RequestLeases(now, e["cluster"], e["max"].get<uint32_t>(), request));
       out->changed = !out->leases.empty();
       return Status::Ok();
     }
@@ -62,8 +72,9 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
       std::optional<uint64_t> ack;
       if (e.contains("ack") && !e["ack"].is_null()) ack = e["ack"].get<uint64_t>();
       out->batch = core_.TakeBatch(now, e["max"].get<size_t>(), ack);
-      // Journaled when it acknowledged, handed out a new batch or dropped stale trajectories.
-      out->changed = out->batch.acknowledged > 0 || (out->batch.id != 0 && !out->batch.redelivered) || core_.buffered() != buffered;
+      // Journaled when it acknowledged, handed out a batch (a redelivery re-judges staleness, and
+      // is rare) or dropped stale trajectories.
+      out->changed = out->batch.acknowledged > 0 || out->batch.id != 0 || core_.buffered() != buffered;
       return Status::Ok();
     }
     if (kind == "tick") {
@@ -76,16 +87,138 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
   }
 }
 
+namespace {
+
+constexpr char kSnapshotMagic[8] = {'W', 'E', 'F', 'T', 'S', 'N', 'P', '1'};
+constexpr size_t kSnapshotHeader = 8 + 8 + 8 + 8;  // magic, generation, length, XXH64
+
+// Generation numbers of the files named `prefix` followed by a number in `prefix`'s directory.
+std::vector<uint64_t> Generations(const std::string& prefix) {
+  std::vector<uint64_t> found;
+  const std::filesystem::path base(prefix);
+  const std::filesystem::path dir = base.has_parent_path() ? base.parent_path() : std::filesystem::path(".");
+  const std::string name = base.filename().string();
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string file = entry.path().filename().string();
+    if (file.size() <= name.size() || file.compare(0, name.size(), name) != 0) continue;
+    const std::string digits = file.substr(name.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
+    found.push_back(std::stoull(digits));
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// The state stored in a snapshot file, or an error when the file is not a complete snapshot of
+// `generation` (a crash can leave only a temporary file, never a partial one, but a damaged disk can).
+Result<std::string> ReadSnapshot(const std::string& path, uint64_t generation) {
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
+  ByteReader reader(bytes);
+  std::span<const uint8_t> magic;
+  uint64_t stored_generation = 0, length = 0, hash = 0;
+  if (!reader.Bytes(sizeof(kSnapshotMagic), &magic) || std::memcmp(magic.data(), kSnapshotMagic, sizeof(kSnapshotMagic)) != 0 ||
+      !reader.U64(&stored_generation) || !reader.U64(&length) || !reader.U64(&hash)) {
+    return DataLoss(path + " is not a weft orchestrator snapshot (bad magic or header)");
+  }
+  if (stored_generation != generation) return DataLoss(path + " holds generation " + std::to_string(stored_generation));
+  if (length != reader.remaining()) return DataLoss(path + " is truncated");
+  if (XXH64(bytes.data() + kSnapshotHeader, length, 0) != hash) return DataLoss(path + " is corrupted (hash mismatch)");
+  return std::string(bytes.begin() + kSnapshotHeader, bytes.end());
+}
+
+}  // namespace
+
+std::string DurableCore::JournalPath(uint64_t generation) const {
+  return generation == 0 ? base_ : base_ + "." + std::to_string(generation);
+}
+
+std::string DurableCore::SnapshotPath(uint64_t generation) const { return base_ + ".snapshot." + std::to_string(generation); }
+
 Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journal_path, const CoreConfig& config) {
-  std::unique_ptr<DurableCore> durable(new DurableCore(config));
-  WEFT_ASSIGN_OR_RETURN(durable->journal_, Journal::Open(journal_path, [&](std::string_view record) {
+  return Open(journal_path, config, Options{});
+}
+
+Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journal_path, const CoreConfig& config, Options options) {
+  std::unique_ptr<DurableCore> durable(new DurableCore(journal_path, config, options));
+  // The newest intact snapshot; an older one serves when a crash came before the newest was
+  // complete (its journals are still there: they go only once a newer snapshot is durable).
+  uint64_t start = 0;
+  std::vector<uint64_t> snapshots = Generations(journal_path + ".snapshot.");
+  for (auto g = snapshots.rbegin(); g != snapshots.rend(); ++g) {
+    Result<std::string> state = ReadSnapshot(durable->SnapshotPath(*g), *g);
+    if (!state.ok()) {
+      WEFT_LOG(kWarning) << state.status().message() << "; trying an older snapshot";
+      continue;
+    }
+    Result<OrchestratorCore> restored = OrchestratorCore::Restore(config, *state);
+    if (!restored.ok()) return restored.status().WithContext(durable->SnapshotPath(*g));
+    durable->core_ = std::move(restored).value();
+    durable->fresh_ = false;
+    start = *g;
+    break;
+  }
+  if (start == 0 && !snapshots.empty() && !std::filesystem::exists(journal_path)) {
+    return DataLoss("no intact snapshot of " + journal_path + " and its first journal is gone: the state cannot be rebuilt");
+  }
+  // Every journal from that generation on, in order; the last one stays open for appending.
+  uint64_t last = start;
+  for (uint64_t g : Generations(journal_path + ".")) last = std::max(last, g);
+  auto replay = [&](std::string_view record) {
     Outcome ignored;
     ++durable->replayed_;
     // Only accepted events were journaled: one the core refuses now means the journal and this
     // build disagree, and continuing would diverge from what was acknowledged.
     return durable->ApplyEvent(std::string(record), &ignored);
-  }));
+  };
+  for (uint64_t g = start; g < last; ++g) {
+    if (!std::filesystem::exists(durable->JournalPath(g))) continue;  // a rotation that never created it
+    WEFT_RETURN_IF_ERROR(Journal::Replay(durable->JournalPath(g), replay));
+  }
+  WEFT_ASSIGN_OR_RETURN(durable->journal_, Journal::Open(durable->JournalPath(last), replay));
+  durable->generation_ = last;
+  if (durable->replayed_ > 0) durable->fresh_ = false;
+  durable->DeleteBefore(start);
   return durable;
+}
+
+void DurableCore::DeleteBefore(uint64_t generation) const {
+  std::error_code ignored;
+  for (uint64_t g : Generations(base_ + ".snapshot.")) {
+    if (g < generation) std::filesystem::remove(SnapshotPath(g), ignored);
+  }
+  for (uint64_t g : Generations(base_ + ".")) {
+    if (g < generation) std::filesystem::remove(JournalPath(g), ignored);
+  }
+  if (generation > 0) std::filesystem::remove(JournalPath(0), ignored);
+}
+
+Status DurableCore::Compact() {
+  std::string state;
+  uint64_t generation = 0, rotation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    state = core_.Snapshot();
+    generation = generation_ + 1;
+    // Events from here on go to the new generation's journal: the snapshot holds all before.
+    WEFT_ASSIGN_OR_RETURN(rotation, journal_->Rotate(JournalPath(generation)));
+    generation_ = generation;
+  }
+  WEFT_RETURN_IF_ERROR(journal_->Wait(rotation));
+  std::vector<uint8_t> header;
+  ByteWriter writer(&header);
+  writer.Bytes({reinterpret_cast<const uint8_t*>(kSnapshotMagic), sizeof(kSnapshotMagic)});
+  writer.U64(generation);
+  writer.U64(state.size());
+  writer.U64(XXH64(state.data(), state.size(), 0));
+  const std::string path = SnapshotPath(generation);
+  WEFT_RETURN_IF_ERROR(WriteFileAtomic(path, [&](int fd) {
+    WEFT_RETURN_IF_ERROR(WriteAll(fd, header, path));
+    return WriteAll(fd, {reinterpret_cast<const uint8_t*>(state.data()), state.size()}, path);
+  }));
+  DeleteBefore(generation);
+  ++compactions_;
+  return Status::Ok();
 }
 
 Status DurableCore::Record(const std::string& event, Outcome* outcome, bool wait) {
@@ -174,10 +307,11 @@ Status DurableCore::Deregister(Micros now, const std::string& cluster) {
   return Record(e.dump(), &out);
 }
 
-Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::string& cluster, uint32_t max) {
+Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::string& cluster, uint32_t max, uint64_t request) {
   Json e = Event("leases", now);
   e["cluster"] = cluster;
   e["max"] = max;
+  if (request != 0) e["request"] = request;
   Outcome out;
   WEFT_RETURN_IF_ERROR(Record(e.dump(), &out, false));
   return std::move(out.leases);

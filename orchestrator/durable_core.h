@@ -8,10 +8,20 @@
 // and the job is leased again) or of a heartbeat never sent, never a lost or doubled trajectory.
 // Open() replays the journal into a fresh core, so after a crash the core is exactly as it was
 // after the last acknowledged event (the core is deterministic and every event carries its
-// time). Events the core refuses change nothing and are not journaled; a Tick is journaled only
-// when it expired something. Thread-safe.
+// time). Events the core refuses change nothing but a counter and are not journaled (so the counts
+// of rejected and duplicate submissions start again from the last snapshot after a restart); a Tick is journaled only
+// when it expired something.
+//
+// Compaction keeps the journal from growing without bound: Compact() (called from outside, off
+// the request path, when NeedsCompaction()) writes the core's snapshot for a new generation and
+// continues the journal in a new file; the previous generation's files are deleted once the
+// snapshot is durable. Files (docs/formats.md section 7): the journal of generation 0 is `path`,
+// that of generation g is `path.g`, its snapshot `path.snapshot.g`. Open() restores the newest
+// intact snapshot and replays the journals from its generation on, so a crash at any moment of a
+// compaction loses nothing. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,13 +34,17 @@ namespace weft::orchestrator {
 
 class DurableCore {
  public:
+  struct Options {
+    uint64_t compact_after_bytes = uint64_t{64} << 20;  // journal bytes since the last snapshot
+  };
   static Result<std::unique_ptr<DurableCore>> Open(const std::string& journal_path, const CoreConfig& config);
+  static Result<std::unique_ptr<DurableCore>> Open(const std::string& journal_path, const CoreConfig& config, Options options);
 
   Status Register(Micros now, const std::string& cluster, const std::string& region, uint32_t capacity);
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
   Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs);
   Status Deregister(Micros now, const std::string& cluster);
-  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max);
+  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max, uint64_t request = 0);
   Result<SubmitResult> Submit(Micros now, Submission submission);
   // The same without blocking: `done` is called once the answer is durable (on the journal's
   // thread; it must be quick), or at once when the core refuses the submission.
@@ -47,10 +61,25 @@ class DurableCore {
     return read(static_cast<const OrchestratorCore&>(core_));
   }
   uint64_t events_replayed() const { return replayed_; }
+  // Whether Open() found nothing to restore (no snapshot, no journaled event).
+  bool fresh() const { return fresh_; }
   const Journal& journal() const { return *journal_; }
 
+  bool NeedsCompaction() const { return journal_->size() >= options_.compact_after_bytes; }
+  // Snapshots the core, moves the journal to the next generation and deletes the files of the
+  // earlier ones. Events go on meanwhile (the core is locked only to copy its state). Not to be
+  // called concurrently with itself.
+  Status Compact();
+  uint64_t generation() const { return generation_.load(); }
+  uint64_t compactions() const { return compactions_.load(); }
+
  private:
-  explicit DurableCore(const CoreConfig& config) : core_(config) {}
+  DurableCore(std::string base, const CoreConfig& config, Options options)
+      : base_(std::move(base)), options_(options), core_(config) {}
+  std::string JournalPath(uint64_t generation) const;
+  std::string SnapshotPath(uint64_t generation) const;
+  // Deletes the journals and snapshots of generations before `generation`.
+  void DeleteBefore(uint64_t generation) const;
   // Applies the JSON event to the core (replay and live events alike), filling in its results.
   struct Outcome;
   Status ApplyEvent(const std::string& event, Outcome* outcome);
@@ -58,10 +87,15 @@ class DurableCore {
   Status Record(const std::string& event, Outcome* outcome, bool wait = true);
   static std::string SubmitEvent(Micros now, const Submission& submission);
 
+  const std::string base_;
+  const Options options_;
   mutable std::mutex mutex_;
+  std::atomic<uint64_t> generation_{0};  // the journal's (changed under mutex_)
+  std::atomic<uint64_t> compactions_{0};
   OrchestratorCore core_;
   std::unique_ptr<Journal> journal_;
   uint64_t replayed_ = 0;
+  bool fresh_ = true;
 };
 
 }  // namespace weft::orchestrator

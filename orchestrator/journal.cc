@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "common/file_util.h"
@@ -29,64 +30,96 @@ uint64_t GetLe(const uint8_t* in, int bytes) {
   return value;
 }
 
+// Replays the intact records of `bytes` (a journal file's contents). `*valid` ends at the end of
+// the last intact record; `*torn` says whether a torn or corrupted tail follows it.
+Status Scan(const std::vector<uint8_t>& bytes, const std::string& path, const std::function<Status(std::string_view)>& replay,
+            size_t* valid, bool* torn) {
+  *torn = false;
+  *valid = sizeof(kMagic);
+  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return DataLoss(path + " is not a weft journal (bad magic)");
+  }
+  auto intact_at = [&](size_t at, uint32_t* length) {
+    if (bytes.size() - at < kHeader) return false;
+    *length = static_cast<uint32_t>(GetLe(bytes.data() + at, 4));
+    return *length <= kMaxRecord && bytes.size() - at - kHeader >= *length &&
+           XXH64(bytes.data() + at + kHeader, *length, 0) == GetLe(bytes.data() + at + 4, 8);
+  };
+  for (uint64_t count = 0; *valid < bytes.size(); ++count) {
+    uint32_t length = 0;
+    if (!intact_at(*valid, &length)) {
+      // A crash tears only the last write, whose records were never acknowledged. A bad record
+      // followed by an intact one is damage to acknowledged data instead.
+      const size_t next = *valid + kHeader + length;
+      uint32_t next_length = 0;
+      if (length <= kMaxRecord && bytes.size() - *valid >= kHeader + length && next < bytes.size() && intact_at(next, &next_length)) {
+        return DataLoss(path + ": record " + std::to_string(count) + " at byte " + std::to_string(*valid) +
+                        " is corrupted and followed by intact records");
+      }
+      *torn = true;
+      return Status::Ok();
+    }
+    Status applied = replay({reinterpret_cast<const char*>(bytes.data() + *valid + kHeader), length});
+    if (!applied.ok()) return applied.WithContext(path + ": replaying record " + std::to_string(count));
+    *valid += kHeader + length;
+  }
+  return Status::Ok();
+}
+
+// Creates an empty journal file (just the magic), durably.
+Result<int> CreateFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Unavailable("cannot create the journal " + path + ": " + std::strerror(errno));
+  Status written = WriteAll(fd, {reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic)}, path);
+  if (written.ok() && ::fdatasync(fd) != 0) written = Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
+  if (!written.ok()) {
+    ::close(fd);
+    return written;
+  }
+  SyncParentDirectory(path);
+  return fd;
+}
+
 }  // namespace
 
+Status Journal::Replay(const std::string& path, const std::function<Status(std::string_view)>& replay) {
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
+  size_t valid = 0;
+  bool torn = false;
+  WEFT_RETURN_IF_ERROR(Scan(bytes, path, replay, &valid, &torn));
+  if (torn) return DataLoss(path + ": damaged at byte " + std::to_string(valid) + ", and it is not the last journal file");
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Journal>> Journal::Open(const std::string& path, const std::function<Status(std::string_view)>& replay) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (!std::filesystem::exists(path)) {
+    WEFT_ASSIGN_OR_RETURN(const int fd, CreateFile(path));
+    std::unique_ptr<Journal> journal(new Journal(path, fd));
+    journal->size_ = sizeof(kMagic);
+    journal->Start();
+    return journal;
+  }
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Unavailable("cannot open the journal " + path + ": " + std::strerror(errno));
   std::unique_ptr<Journal> journal(new Journal(path, fd));
-  Result<std::vector<uint8_t>> contents = ReadFile(path);
-  if (!contents.ok()) return contents.status();
-  const std::vector<uint8_t>& bytes = *contents;
-  size_t valid = sizeof(kMagic);
-  if (bytes.empty()) {
-    WEFT_RETURN_IF_ERROR(WriteAll(fd, {reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic)}, path));
-    if (::fdatasync(fd) != 0) return Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
-    SyncParentDirectory(path);
-  } else {
-    if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-      return DataLoss(path + " is not a weft journal (bad magic)");
-    }
-    uint64_t count = 0;
-    while (valid < bytes.size()) {
-      const size_t left = bytes.size() - valid;
-      bool complete = left >= kHeader;
-      uint32_t length = 0;
-      if (complete) {
-        length = static_cast<uint32_t>(GetLe(bytes.data() + valid, 4));
-        complete = length <= kMaxRecord && left - kHeader >= length;
-      }
-      const bool intact = complete && XXH64(bytes.data() + valid + kHeader, length, 0) == GetLe(bytes.data() + valid + 4, 8);
-      if (!intact) {
-        // A crash tears only the last write, whose records were never acknowledged: cut it off.
-        // A bad record followed by an intact one is damage to acknowledged data instead.
-        if (complete) {
-          const size_t next = valid + kHeader + length;
-          if (bytes.size() - next >= kHeader) {
-            const uint64_t next_length = GetLe(bytes.data() + next, 4);
-            if (next_length <= kMaxRecord && bytes.size() - next - kHeader >= next_length &&
-                XXH64(bytes.data() + next + kHeader, next_length, 0) == GetLe(bytes.data() + next + 4, 8)) {
-              return DataLoss(path + ": record " + std::to_string(count) + " at byte " + std::to_string(valid) +
-                              " is corrupted and followed by intact records");
-            }
-          }
-        }
-        WEFT_LOG(kWarning) << path << ": cutting off " << left << " bytes of a torn last record at byte " << valid;
-        if (::ftruncate(fd, static_cast<off_t>(valid)) != 0 || ::fdatasync(fd) != 0) {
-          return Unavailable("cannot cut off the torn tail of " + path + ": " + std::strerror(errno));
-        }
-        break;
-      }
-      Status applied = replay({reinterpret_cast<const char*>(bytes.data() + valid + kHeader), length});
-      if (!applied.ok()) return applied.WithContext(path + ": replaying record " + std::to_string(count));
-      valid += kHeader + length;
-      ++count;
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
+  size_t valid = 0;
+  bool torn = false;
+  WEFT_RETURN_IF_ERROR(Scan(bytes, path, replay, &valid, &torn));
+  if (torn) {
+    WEFT_LOG(kWarning) << path << ": cutting off " << bytes.size() - valid << " bytes of a torn last record at byte " << valid;
+    if (::ftruncate(fd, static_cast<off_t>(valid)) != 0 || ::fdatasync(fd) != 0) {
+      return Unavailable("cannot cut off the torn tail of " + path + ": " + std::strerror(errno));
     }
   }
   if (::lseek(fd, static_cast<off_t>(valid), SEEK_SET) < 0) return Unavailable("cannot seek in " + path);
-  Journal* raw = journal.get();
-  journal->writer_ = std::thread([raw] { raw->WriteLoop(); });
+  journal->size_ = valid;
+  journal->Start();
   return journal;
+}
+
+void Journal::Start() {
+  writer_ = std::thread([this] { WriteLoop(); });
 }
 
 Journal::~Journal() {
@@ -118,16 +151,34 @@ Result<uint64_t> Journal::Enqueue(std::string record) {
   if (record.size() > kMaxRecord) return InvalidArgument("journal record of " + std::to_string(record.size()) + " bytes is too large");
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.ok()) return failure_;
-  pending_.push_back(std::move(record));
+  pending_.push_back({std::move(record), false});
   queued_cv_.notify_one();
   return ++queued_;
+}
+
+Result<uint64_t> Journal::Rotate(std::string path) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.ok()) return failure_;
+  pending_.push_back({std::move(path), true});
+  queued_cv_.notify_one();
+  return ++queued_;
+}
+
+std::string Journal::path() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return path_;
+}
+
+uint64_t Journal::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return size_;
 }
 
 Status Journal::EnqueueThen(std::string record, std::function<void(Status)> durable) {
   if (record.size() > kMaxRecord) return InvalidArgument("journal record of " + std::to_string(record.size()) + " bytes is too large");
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.ok()) return failure_;
-  pending_.push_back(std::move(record));
+  pending_.push_back({std::move(record), false});
   callbacks_.emplace_back(++queued_, std::move(durable));
   queued_cv_.notify_one();
   return Status::Ok();
@@ -156,22 +207,52 @@ void Journal::WriteLoop() {
   while (true) {
     queued_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
     if (pending_.empty()) break;  // stopping, with everything written
-    std::vector<std::string> batch;
+    std::vector<Pending> batch;
     batch.swap(pending_);
     const uint64_t last = queued_;
+    std::string path = path_;
+    int fd = fd_;
+    uint64_t size = size_;
     lock.unlock();
+    // The batch's records, in order, with one sync per file (a rotation syncs the file it leaves
+    // and starts the next one durably before anything is written there).
     std::vector<uint8_t> bytes;
-    for (const std::string& r : batch) {
+    Status status;
+    auto flush = [&] {
+      if (!status.ok()) return;
+      status = WriteAll(fd, bytes, path);
+      if (status.ok() && ::fdatasync(fd) != 0) status = Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
+      if (status.ok()) size += bytes.size();
+      bytes.clear();
+    };
+    for (const Pending& entry : batch) {
+      if (entry.rotate) {
+        flush();
+        if (!status.ok()) break;
+        Result<int> next = CreateFile(entry.text);
+        if (!next.ok()) {
+          status = next.status();
+          break;
+        }
+        ::close(fd);
+        fd = *next;
+        path = entry.text;
+        size = sizeof(kMagic);
+        continue;
+      }
+      const std::string& r = entry.text;
       uint8_t header[kHeader];
       PutLe(header, r.size(), 4);
       PutLe(header + 4, XXH64(r.data(), r.size(), 0), 8);
       bytes.insert(bytes.end(), header, header + kHeader);
       bytes.insert(bytes.end(), r.begin(), r.end());
     }
-    Status status = WriteAll(fd_, bytes, path_);
-    if (status.ok() && ::fdatasync(fd_) != 0) status = Unavailable("cannot sync the journal " + path_ + ": " + std::strerror(errno));
+    flush();
     lock.lock();
     ++syncs_;
+    fd_ = fd;
+    path_ = path;
+    size_ = size;
     if (status.ok()) {
       durable_ = last;
     } else if (failure_.ok()) {

@@ -9,7 +9,8 @@
 // A writer thread writes and syncs (fdatasync) whatever is queued, as one batch per sync (group
 // commit): the more records arrive while a sync runs, the more the next one carries. Append()
 // returns once its record is on disk; EnqueueThen() returns at once and calls back when it is.
-// Thread-safe.
+// Rotate() moves on to a new file: records queued before it go to the old file, later ones to the
+// new one. Thread-safe.
 #pragma once
 
 #include <condition_variable>
@@ -31,6 +32,9 @@ class Journal {
   // Opens (creating) the journal at `path`, calling `replay` on every record already in it.
   static Result<std::unique_ptr<Journal>> Open(const std::string& path,
                                                const std::function<Status(std::string_view)>& replay);
+  // Replays a journal file that is not the last one (rotated away from): it must be intact to its
+  // end, as its last records were synced before the next file began.
+  static Status Replay(const std::string& path, const std::function<Status(std::string_view)>& replay);
   ~Journal();
 
   Status Append(std::string record);
@@ -43,21 +47,32 @@ class Journal {
   // Calls `durable` once every record queued so far is on disk (at once when they are).
   Status WhenDurable(std::function<void(Status)> durable);
   Status Wait(uint64_t sequence);
+  // Queues a switch to a new file at `path` (created, or emptied); returns its sequence number,
+  // which Wait() takes: once it is durable, the old file is complete and synced and the new one
+  // exists on disk.
+  Result<uint64_t> Rotate(std::string path);
 
-  uint64_t records() const;  // appended since Open
+  uint64_t records() const;  // sequence number of the last record (or rotation) queued since Open
   uint64_t syncs() const;    // fdatasync calls since Open
-  const std::string& path() const { return path_; }
+  std::string path() const;  // the file written now
+  uint64_t size() const;     // bytes in it, as far as written
 
  private:
   Journal(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  void Start();
   void WriteLoop();
+  struct Pending {
+    std::string text;  // a record, or the path of the file to rotate to
+    bool rotate = false;
+  };
 
   std::string path_;
   int fd_ = -1;
   mutable std::mutex mutex_;
   std::condition_variable synced_;   // durable_ moved
   std::condition_variable queued_cv_;  // something to write, or stopping
-  std::vector<std::string> pending_;  // queued, not yet written
+  std::vector<Pending> pending_;      // queued, not yet written
+  uint64_t size_ = 0;
   std::vector<std::pair<uint64_t, std::function<void(Status)>>> callbacks_;  // by sequence
   uint64_t queued_ = 0;               // sequence number of the last queued record
   uint64_t durable_ = 0;              // ... of the last record on disk

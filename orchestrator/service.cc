@@ -26,6 +26,7 @@ struct Waiter {
   bool batch = false;
   std::string cluster;
   uint32_t max = 0;
+  uint64_t lease_request = 0;  // a lease request's id (0: none)
   std::chrono::steady_clock::time_point deadline;
   Request request;  // for the answer's HTTP version
   Responder respond;
@@ -60,9 +61,17 @@ Result<Json> Body(const Request& request) {
   return body;
 }
 
-// {"max": n, "wait_ms": n} of a long poll, with defaults.
-Status PollFields(const Json& body, const std::string& where, uint32_t* max, std::chrono::milliseconds* wait) {
-  WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, {"max", "wait_ms"}));
+// {"max": n, "wait_ms": n} of a long poll, with defaults, and for leases {"request": id}.
+Status PollFields(const Json& body, const std::string& where, uint32_t* max, std::chrono::milliseconds* wait,
+                  uint64_t* request = nullptr) {
+  if (request != nullptr) {
+    WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, {"max", "wait_ms", "request"}));
+    if (body.contains("request")) {
+      WEFT_ASSIGN_OR_RETURN(*request, GetUnsigned(body, "request", where));
+    }
+  } else {
+    WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, {"max", "wait_ms"}));
+  }
   if (body.contains("max")) {
     WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(body, "max", where));
     if (value == 0 || value > 100000) return InvalidArgument(where + ".max must be 1 to 100000");
@@ -150,6 +159,9 @@ struct OrchestratorService::Impl {
   bool stopping = false;
   std::list<Waiter> waiters;
   std::thread poller;
+  // Compaction runs beside the poller (it writes a snapshot file) and never twice at once.
+  std::thread compactor;
+  std::atomic<bool> compacting{false};
 };
 
 bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
@@ -165,7 +177,7 @@ bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
     waiter.respond(http::JsonResponse(waiter.request, bhttp::status::ok, BatchJson(*batch, latest)));
     return true;
   }
-  Result<std::vector<Lease>> leases = core.RequestLeases(now, waiter.cluster, waiter.max);
+  Result<std::vector<Lease>> leases = core.RequestLeases(now, waiter.cluster, waiter.max, waiter.lease_request);
   if (!leases.ok()) {
     waiter.respond(http::ErrorResponse(waiter.request, leases.status()));
     return true;
@@ -193,6 +205,17 @@ void OrchestratorService::Impl::Poll() {
         WEFT_LOG(kError) << "orchestrator tick failed: " << ticked.message();
       }
       next_tick = now + options.tick_interval;
+      if (!compacting.load() && core.NeedsCompaction()) {
+        if (compactor.joinable()) compactor.join();
+        compacting = true;
+        compactor = std::thread([this] {
+          weft::Status compacted = core.Compact();
+          if (!compacted.ok()) {
+            WEFT_LOG(kError) << "orchestrator journal compaction failed: " << compacted.message();
+          }
+          compacting = false;
+        });
+      }
     }
     // Only waiters that could get something now (or whose wait is over) are tried: a try costs a
     // journaled core event, and a thousand parked workers must not cost a thousand per wake.
@@ -306,13 +329,14 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     }
     if (action == "leases") {
       uint32_t max = 1;
+      uint64_t lease_request = 0;
       std::chrono::milliseconds wait(0);
-      weft::Status valid = PollFields(*body, "leases", &max, &wait);
+      weft::Status valid = PollFields(*body, "leases", &max, &wait, &lease_request);
       if (!valid.ok()) return error(valid);
-      Result<std::vector<Lease>> leases = core.RequestLeases(now, id, max);
+      Result<std::vector<Lease>> leases = core.RequestLeases(now, id, max, lease_request);
       if (!leases.ok()) return error(leases.status());
       if (!leases->empty() || wait.count() == 0) return ok(LeasesJson(*leases));
-      Park({false, id, max, std::chrono::steady_clock::now() + std::min(wait, options.max_wait), request, std::move(*respond)});
+      Park({false, id, max, lease_request, std::chrono::steady_clock::now() + std::min(wait, options.max_wait), request, std::move(*respond)});
       *respond = nullptr;
       return Response();
     }
@@ -408,7 +432,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       Wake();  // admission room freed
       return ok(BatchJson(*batch, core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); })));
     }
-    Park({true, "", max, std::chrono::steady_clock::now() + std::min(wait, options.max_wait), request, std::move(*respond)});
+    Park({true, "", max, 0, std::chrono::steady_clock::now() + std::min(wait, options.max_wait), request, std::move(*respond)});
     *respond = nullptr;
     return Response();
   }
@@ -457,7 +481,9 @@ Json OrchestratorService::Impl::StatusJson() const {
                 {"clusters", clusters},
                 {"regions", regions},
                 {"alerts", c.Alerts(now)},
-                {"journal", {{"records", core.journal().records()}, {"syncs", core.journal().syncs()}}}};
+                {"journal", {{"records", core.journal().records()}, {"syncs", core.journal().syncs()}, {"bytes", core.journal().size()},
+                             {"generation", core.generation()}, {"compactions", core.compactions()},
+                             {"remembered_done", c.remembered_done()}}}};
   });
 }
 
@@ -519,6 +545,7 @@ void OrchestratorService::Stop() {
   }
   impl_->changed.notify_all();
   impl_->poller.join();
+  if (impl_->compactor.joinable()) impl_->compactor.join();
   impl_->server->Stop();
 }
 

@@ -44,6 +44,20 @@ TEST_CASE("orchestrator config: unknown keys, bad values and missing tokens are 
   CHECK(error(tokens + "  stale_policy: keep\n").find("not drop or deliver_flagged") != std::string::npos);
   CHECK(error(tokens + "  listen: nowhere\n").find("is not ADDRESS:PORT") != std::string::npos);
   CHECK(error("  run: x\n").find("tokens are all needed") != std::string::npos);
+  CHECK(error(tokens + "  compact_after: 1KiB\n").find("compact_after must be at least 4KiB") != std::string::npos);
+  CHECK(error(tokens + "  compact_after: lots\n").find("orchestrator.compact_after") != std::string::npos);
+  CHECK(error(tokens + "  remember_done: 0\n").find("remember_done must be at least 1") != std::string::npos);
+  CHECK(error(tokens + "  tls: {cert: a.pem}\n").find("orchestrator.tls: both cert and key are needed") != std::string::npos);
+  CHECK(error(tokens + "  tls: {cert: a.pem, key: b.pem, ca: c}\n").find("orchestrator.tls.ca: unknown key") != std::string::npos);
+  {
+    const std::string path = Write("config_tls", "orchestrator:\n" + tokens + "  tls: {cert: a.pem, key: b.pem}\n  compact_after: 1MiB\n");
+    auto config = LoadOrchestratorConfig(path);
+    std::filesystem::remove(path);
+    REQUIRE(config.ok());
+    CHECK(config->service.server.tls_cert_file == "a.pem");
+    CHECK(config->service.server.tls_key_file == "b.pem");
+    CHECK(config->durable.compact_after_bytes == (1u << 20));
+  }
   const std::string other = Write("config_other", "trainer:\n  lr: 1\n");
   CHECK(LoadOrchestratorConfig(other).status().message().find("trainer: unknown key") != std::string::npos);
   std::filesystem::remove(other);

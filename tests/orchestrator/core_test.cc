@@ -166,6 +166,61 @@ TEST_CASE("core: when jobs are scarce, faster clusters at the latest version get
   CHECK(core.RequestLeases(5'000'001, "behind", 10)->size() == 1);  // its share rounds up to one
 }
 
+TEST_CASE("core: a repeated lease request (its answer was lost) gets the same leases back, nothing more") {
+  OrchestratorCore core({});
+  REQUIRE(core.AnnounceVersion(0, 1).ok());
+  REQUIRE(core.Register(0, "a", "eu", 8).ok());
+  REQUIRE(core.Heartbeat(0, "a", 1).ok());
+  core.AddJobs(0, {{"p", 1}, {"q", 1}, {"r", 1}, {"s", 1}});
+  auto first = std::move(core.RequestLeases(1, "a", 2, 77)).value();
+  REQUIRE(first.size() == 2);
+  auto again = std::move(core.RequestLeases(2, "a", 2, 77)).value();
+  REQUIRE(again.size() == 2);
+  CHECK(again[0].job == first[0].job);
+  CHECK(again[1].attempt == first[1].attempt);
+  CHECK(again[1].prompt == first[1].prompt);
+  CHECK(core.leased_jobs() == 2);
+  CHECK(core.counters().leases_granted == 2);
+  // One of them is submitted: a third repeat returns only the other.
+  Submission s;
+  s.job = first[0].job;
+  s.attempt = first[0].attempt;
+  s.cluster = "a";
+  s.version_start = s.version_end = 1;
+  s.segments = {{1, 0}};
+  REQUIRE(core.Submit(3, s).ok());
+  auto third = std::move(core.RequestLeases(4, "a", 2, 77)).value();
+  REQUIRE(third.size() == 1);
+  CHECK(third[0].job == first[1].job);
+  // A new request id grants new leases; no id never repeats.
+  CHECK(std::move(core.RequestLeases(5, "a", 1, 78)).value().size() == 1);
+  CHECK(std::move(core.RequestLeases(6, "a", 1)).value().size() == 1);
+  CHECK(core.leased_jobs() == 3);
+}
+
+TEST_CASE("core: a damaged snapshot is refused with a reason") {
+  OrchestratorCore core({});
+  REQUIRE(core.AnnounceVersion(0, 1).ok());
+  REQUIRE(core.Register(0, "a", "eu", 2).ok());
+  REQUIRE(core.Heartbeat(0, "a", 1).ok());
+  core.AddJobs(0, {{"p", 1}});
+  auto leases = std::move(core.RequestLeases(1, "a", 1)).value();
+  Submission s;
+  s.job = leases[0].job;
+  s.attempt = 1;
+  s.cluster = "a";
+  s.version_start = s.version_end = 1;
+  s.segments = {{1, 0}};
+  s.payload = "trajectory bytes";
+  REQUIRE(core.Submit(2, s).ok());
+  const std::string snapshot = core.Snapshot();
+  CHECK(OrchestratorCore::Restore({}, snapshot).ok());
+  CHECK(OrchestratorCore::Restore({}, "garbage").status().message().find("no newline") != std::string::npos);
+  CHECK(OrchestratorCore::Restore({}, "{}\n").status().message().find("core snapshot") != std::string::npos);
+  CHECK(OrchestratorCore::Restore({}, snapshot.substr(0, snapshot.size() - 3)).status().message().find("past the end") != std::string::npos);
+  CHECK(OrchestratorCore::Restore({}, snapshot + "xx").status().message().find("2 bytes after the last payload") != std::string::npos);
+}
+
 // Random interleavings of every event over many seeds; the invariants hold after each one.
 TEST_CASE("core: invariants under random events, duplicates, deaths and clock jumps (property test)") {
   Counters total;  // over all seeds: every kind of event must actually have happened
@@ -180,6 +235,7 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
     config.cluster_timeout = 300 + uniform(500);
     config.max_in_flight = 2 + uniform(20);
     config.max_attempts = 2 + uniform(4);
+    if (seed % 3 == 0) config.remember_done = 8;  // completed jobs are forgotten soon
     OrchestratorCore core(config);
     Micros now = 0;
     uint64_t latest = 0;
@@ -227,10 +283,19 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
           accepted.push_back(Make(lease, id, start, end));
         }
       } else if (event < 70 && !accepted.empty()) {
-        // A duplicate of an accepted submission: acknowledged, never counted again.
-        auto result = core.Submit(now, accepted[uniform(accepted.size())]);
-        REQUIRE(result.ok());
-        CHECK(*result == SubmitResult::kDuplicate);
+        // A duplicate of an accepted submission: acknowledged while the completion is remembered,
+        // refused after; never counted again.
+        const Submission& again = accepted[uniform(accepted.size())];
+        const bool remembered = accepted_per_job.size() - std::min<size_t>(accepted_per_job.size(), config.remember_done) <=
+                                static_cast<size_t>(std::distance(accepted_per_job.begin(), accepted_per_job.find(again.job)));
+        auto result = core.Submit(now, again);
+        if (remembered) {
+          REQUIRE(result.ok());
+          CHECK(*result == SubmitResult::kDuplicate);
+        } else {
+          CHECK(!result.ok());
+        }
+        CHECK(core.remembered_done() <= config.remember_done);
       } else if (event < 75) {
         REQUIRE(core.AnnounceVersion(now, ++latest).ok());
       } else if (event < 82) {
@@ -258,6 +323,15 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
       } else {
         now += uniform(10) ? uniform(40) : uniform(2000);  // mostly small steps, some clock jumps
         core.Tick(now);
+      }
+      // Now and then the core goes on from its own snapshot (what a restart after a compaction
+      // does): the round trip is exact, and every invariant and later decision must still hold.
+      if (step % 100 == 99) {
+        const std::string snapshot = core.Snapshot();
+        Result<OrchestratorCore> restored = OrchestratorCore::Restore(config, snapshot);
+        REQUIRE_MESSAGE(restored.ok(), restored.status().ToString());
+        REQUIRE(restored->Snapshot() == snapshot);
+        core = std::move(restored).value();
       }
       // Invariants after every event.
       const Counters& c = core.counters();

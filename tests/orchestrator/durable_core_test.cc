@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "tests/temp_path.h"
 
@@ -77,12 +78,120 @@ TEST_CASE("durable core: a reopened journal rebuilds exactly the state that was 
   std::filesystem::remove(path);
 }
 
+// Removes a journal and every file of its generations.
+void RemoveJournal(const std::string& path) {
+  const std::filesystem::path base(path);
+  for (const auto& entry : std::filesystem::directory_iterator(base.parent_path())) {
+    if (entry.path().filename().string().rfind(base.filename().string(), 0) == 0) std::filesystem::remove(entry.path());
+  }
+}
+
+// Runs a scripted day on `durable` from time `t`: clusters, jobs, leases, submissions, batches.
+void Traffic(DurableCore& durable, Micros t, int rounds) {
+  REQUIRE(durable.AnnounceVersion(t, 1 + t / 1000).ok());
+  REQUIRE(durable.Register(t, "a", "eu", 8).ok());
+  REQUIRE(durable.Heartbeat(t, "a", 1 + t / 1000).ok());
+  std::optional<uint64_t> ack;
+  for (int i = 0; i < rounds; ++i) {
+    const Micros now = t + i + 1;
+    REQUIRE(durable.AddJobs(now, {{"prompt " + std::to_string(now), 2}, {"x", 1}}).ok());
+    auto leases = std::move(durable.RequestLeases(now, "a", 2)).value();
+    for (const Lease& lease : leases) {
+      if (lease.job % 3 != 0) REQUIRE(durable.Submit(now, Make(lease, "a", 1 + t / 1000)).ok());
+    }
+    if (i % 4 == 3) {
+      auto batch = std::move(durable.TakeBatch(now, 3, ack)).value();
+      if (batch.id != 0 && i % 8 == 3) ack = batch.id;  // some acknowledged, some still outstanding
+    }
+  }
+}
+
+std::string SnapshotOf(const DurableCore& durable) {
+  return durable.Inspect([](const OrchestratorCore& core) { return core.Snapshot(); });
+}
+
+TEST_CASE("durable core: compaction writes a snapshot, drops old files and restores the same state") {
+  const std::string path = TempPath("compact");
+  DurableCore::Options options;
+  options.compact_after_bytes = 4 << 10;
+  std::string before;
+  {
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{}, options)).value();
+    CHECK(durable->fresh());
+    Traffic(*durable, 0, 60);
+    CHECK(durable->NeedsCompaction());
+    REQUIRE(durable->Compact().ok());
+    CHECK(durable->generation() == 1);
+    CHECK(!durable->NeedsCompaction());
+    CHECK(!std::filesystem::exists(path));  // generation 0's journal is gone
+    CHECK(std::filesystem::exists(path + ".1"));
+    CHECK(std::filesystem::exists(path + ".snapshot.1"));
+    Traffic(*durable, 1000, 20);
+    REQUIRE(durable->Compact().ok());
+    Traffic(*durable, 2000, 20);  // after the last snapshot: replayed from generation 2's journal
+    CHECK(!std::filesystem::exists(path + ".snapshot.1"));
+    CHECK(!std::filesystem::exists(path + ".1"));
+    before = SnapshotOf(*durable);
+  }
+  auto reopened = std::move(DurableCore::Open(path, CoreConfig{}, options)).value();
+  CHECK(!reopened->fresh());
+  CHECK(reopened->generation() == 2);
+  CHECK(reopened->events_replayed() > 0);
+  CHECK(SnapshotOf(*reopened) == before);
+  reopened.reset();
+  RemoveJournal(path);
+}
+
+TEST_CASE("durable core: a crash after the rotation and before the snapshot replays both journals") {
+  // Reproduces the files such a crash leaves: generation 0's journal complete, generation 1's
+  // journal started, no snapshot of generation 1.
+  const std::string path = TempPath("rotation_crash");
+  const std::string copy = TempPath("rotation_crash_copy");
+  std::string before;
+  {
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    Traffic(*durable, 0, 30);
+    std::filesystem::copy_file(path, copy);  // generation 0's journal as it was at the rotation
+    REQUIRE(durable->Compact().ok());
+    Traffic(*durable, 1000, 30);
+    before = SnapshotOf(*durable);
+  }
+  std::filesystem::rename(copy, path);
+  auto damage = [&](long at) {
+    std::FILE* f = std::fopen((path + ".snapshot.1").c_str(), "r+b");
+    REQUIRE(f != nullptr);
+    std::fseek(f, at, SEEK_SET);
+    std::fputc('#', f);
+    std::fclose(f);
+  };
+  SUBCASE("the snapshot is missing") { std::filesystem::remove(path + ".snapshot.1"); }
+  SUBCASE("the snapshot is damaged (it is checked, and passed over)") { damage(100); }
+  auto reopened = DurableCore::Open(path, CoreConfig{});
+  REQUIRE_MESSAGE(reopened.ok(), reopened.status().ToString());
+  CHECK((*reopened)->generation() == 1);
+  CHECK(SnapshotOf(**reopened) == before);
+  reopened->reset();
+  // With generation 0's journal gone as well, nothing can rebuild the state: a clear error.
+  std::filesystem::remove(path);
+  if (std::filesystem::exists(path + ".snapshot.1")) {
+    damage(100);
+    auto refused = DurableCore::Open(path, CoreConfig{});
+    REQUIRE(!refused.ok());
+    CHECK(refused.status().message().find("cannot be rebuilt") != std::string::npos);
+  }
+  RemoveJournal(path);
+}
+
 // A child process runs the orchestrator under load and reports each acknowledged submission on a
 // pipe; it is killed with SIGKILL at a random moment, and the journal must hold every one it
 // acknowledged, exactly once.
 TEST_CASE("durable core: kill -9 under load loses no acknowledged trajectory and counts none twice") {
   std::mt19937_64 rng(7);
-  for (int round = 0; round < 4; ++round) {
+  for (int round = 0; round < 6; ++round) {
+    // Odd rounds compact all the time (a 64 KiB journal), so kills land in the middle of
+    // compactions too.
+    DurableCore::Options options;
+    if (round % 2 == 1) options.compact_after_bytes = 64 << 10;
     const std::string path = TempPath("crash" + std::to_string(round));
     int pipe_fds[2];
     REQUIRE(pipe(pipe_fds) == 0);
@@ -90,7 +199,14 @@ TEST_CASE("durable core: kill -9 under load loses no acknowledged trajectory and
     REQUIRE(child >= 0);
     if (child == 0) {
       close(pipe_fds[0]);
-      auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+      auto durable = std::move(DurableCore::Open(path, CoreConfig{}, options)).value();
+      std::thread compactor([&] {
+        while (true) {
+          if (durable->NeedsCompaction() && !durable->Compact().ok()) _exit(7);
+          usleep(1000);
+        }
+      });
+      compactor.detach();
       if (!durable->AnnounceVersion(0, 0).ok() || !durable->Register(0, "w", "eu", 64).ok() || !durable->Heartbeat(0, "w", 0).ok()) _exit(2);
       std::optional<uint64_t> trainer_ack;
       for (Micros now = 1;; ++now) {
@@ -122,8 +238,9 @@ TEST_CASE("durable core: kill -9 under load loses no acknowledged trajectory and
     close(pipe_fds[0]);
     CAPTURE(round);
     CHECK(acknowledged.size() > 10);
-    auto recovered = DurableCore::Open(path, CoreConfig{});
-    REQUIRE(recovered.ok());
+    auto recovered = DurableCore::Open(path, CoreConfig{}, options);
+    REQUIRE_MESSAGE(recovered.ok(), recovered.status().ToString());
+    if (round % 2 == 1) CHECK((*recovered)->generation() > 0);
     // Everything acknowledged is done, and was delivered to the trainer once or is still buffered.
     std::map<uint64_t, int> seen;
     const uint64_t delivered_before = (*recovered)->Inspect([](const OrchestratorCore& core) {
@@ -154,7 +271,8 @@ TEST_CASE("durable core: kill -9 under load loses no acknowledged trajectory and
       REQUIRE(result.ok());
       CHECK(*result == SubmitResult::kDuplicate);
     }
-    std::filesystem::remove(path);
+    recovered->reset();
+    RemoveJournal(path);
   }
 }
 

@@ -58,6 +58,35 @@ TEST_CASE("journal: records come back in order after reopening; concurrent appen
   std::filesystem::remove(path);
 }
 
+TEST_CASE("journal: rotation moves later records to a new file; the old one replays intact") {
+  const std::string first = TempPath("journal_a"), second = TempPath("journal_b");
+  {
+    auto journal = std::move(Journal::Open(first, [](std::string_view) { return Status::Ok(); })).value();
+    REQUIRE(journal->Append("one").ok());
+    REQUIRE(journal->Enqueue("two").ok());
+    auto rotation = journal->Rotate(second);
+    REQUIRE(rotation.ok());
+    REQUIRE(journal->Enqueue("three").ok());
+    REQUIRE(journal->Wait(*rotation).ok());
+    CHECK(journal->path() == second);
+    REQUIRE(journal->Append("four").ok());
+    CHECK(journal->size() == 8 + 2 * (12 + 4) + 1);  // magic, two 12-byte headers, "three" and "four"
+  }
+  std::vector<std::string> old;
+  REQUIRE(Journal::Replay(first, [&](std::string_view r) {
+            old.emplace_back(r);
+            return Status::Ok();
+          }).ok());
+  CHECK(old == std::vector<std::string>{"one", "two"});
+  CHECK(ReplayAll(second) == std::vector<std::string>{"three", "four"});
+  // A file rotated away from must be whole: a damaged tail there is an error, not a cut.
+  std::filesystem::resize_file(first, std::filesystem::file_size(first) - 1);
+  Status damaged = Journal::Replay(first, [](std::string_view) { return Status::Ok(); });
+  CHECK(damaged.message().find("not the last journal file") != std::string::npos);
+  std::filesystem::remove(first);
+  std::filesystem::remove(second);
+}
+
 TEST_CASE("journal: a torn tail is cut off; damage in the middle, a foreign file, a failing replay are errors") {
   const std::string path = TempPath("journal_torn");
   {

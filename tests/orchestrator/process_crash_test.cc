@@ -42,7 +42,7 @@ TEST_CASE("weft orchestrator: killed with SIGKILL under load and restarted, lose
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
   const std::string config = dir + "/orchestrator.yaml";
   std::ofstream(config) << "orchestrator:\n  listen: 127.0.0.1:" << port << "\n  journal: " << dir
-                        << "/journal\n  max_staleness: 100\n  max_in_flight: 100000\n  lease: 60s\n  cluster_timeout: 60s\n  tick: 20ms\n"
+                        << "/journal\n  max_staleness: 100\n  max_in_flight: 100000\n  lease: 60s\n  cluster_timeout: 60s\n  tick: 20ms\n  compact_after: 256KiB\n"
                         << "  tokens: {worker: w, trainer: t, admin: a}\n";
   HttpClientOptions quick;
   quick.deadline = std::chrono::milliseconds(5000);
@@ -102,7 +102,9 @@ TEST_CASE("weft orchestrator: killed with SIGKILL under load and restarted, lose
   // Restart once more and drain everything to the trainer.
   const pid_t pid = Spawn(config, dir + "/log");
   OrchestratorClient trainer(url, "t", quick);
-  REQUIRE(trainer.GetStatus().ok());
+  auto status = trainer.GetStatus();
+  REQUIRE(status.ok());
+  CHECK((*status)["journal"]["generation"].get<uint64_t>() > 0);  // it compacted on the way
   std::map<uint64_t, int> delivered;
   for (;;) {
     auto batch = trainer.TakeBatch(1000, std::chrono::milliseconds(0));

@@ -10,6 +10,8 @@
 
 #include "orchestrator/client.h"
 #include "tests/http_test_util.h"
+#include "tests/temp_path.h"
+#include "tests/tls_test_util.h"
 
 namespace weft::orchestrator {
 namespace {
@@ -23,7 +25,7 @@ struct Running {
   std::unique_ptr<OrchestratorService> service;
   std::string url;
 
-  explicit Running(CoreConfig config = {}, uint16_t port = 0) {
+  explicit Running(CoreConfig config = {}, uint16_t port = 0, const testing::TestCertificate* tls = nullptr) {
     path = (std::filesystem::temp_directory_path() / ("weft_service_" + std::to_string(getpid()))).string();
     std::filesystem::remove(path);
     core = std::move(DurableCore::Open(path, config)).value();
@@ -35,8 +37,12 @@ struct Running {
     options.server.threads = 4;
     options.server.max_body_bytes = 1 << 20;
     options.server.port = port;
+    if (tls != nullptr) {
+      options.server.tls_cert_file = tls->cert;
+      options.server.tls_key_file = tls->key;
+    }
     service = std::move(OrchestratorService::Start(*core, options)).value();
-    url = "http://127.0.0.1:" + std::to_string(service->port());
+    url = std::string(tls != nullptr ? "https" : "http") + "://127.0.0.1:" + std::to_string(service->port());
   }
   ~Running() {
     service->Stop();
@@ -94,6 +100,50 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   CHECK(metrics.text().find("weft_orchestrator_cluster_ready_version{cluster=\"c1\",region=\"eu\"} 0") != std::string::npos);
   CHECK(Raw(o.url + "/livez", "GET").status == 200);
   CHECK(Raw(o.url + "/readyz", "GET").status == 200);
+}
+
+TEST_CASE("orchestrator API over TLS: a client trusting the certificate works; the job loop runs") {
+  const std::string dir = testing::TempPath("orchestrator_tls");
+  std::filesystem::create_directories(dir);
+  const testing::TestCertificate cert = testing::MakeCertificate(dir, "orchestrator");
+  Running o({}, 0, &cert);
+  HttpClientOptions options;
+  options.ca_file = cert.cert;
+  options.deadline = std::chrono::milliseconds(5000);
+  OrchestratorClient trainer(o.url, "t-token", options), worker(o.url, "w-token", options);
+  REQUIRE(trainer.AnnounceVersion(0).ok());
+  REQUIRE(worker.Register("c1", "eu", 2).ok());
+  REQUIRE(worker.Heartbeat("c1", 0).ok());
+  REQUIRE(trainer.AddJobs({{Json("1+1="), 1}}).ok());
+  auto leases = worker.RequestLeases("c1", 2, std::chrono::milliseconds(2000));
+  REQUIRE_MESSAGE(leases.ok(), leases.status().ToString());
+  CHECK(leases->size() == 1);
+  auto status = trainer.GetStatus();
+  REQUIRE(status.ok());
+  CHECK((*status)["jobs"]["leased"] == 1);
+  // Without the certificate the client refuses the server, at once and saying why.
+  HttpClientOptions untrusting;
+  untrusting.deadline = std::chrono::milliseconds(5000);
+  auto refused = OrchestratorClient(o.url, "t-token", untrusting).GetStatus();
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().message().find("certificate") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("orchestrator API: a lease request repeated with its id gets the same leases") {
+  Running o;
+  REQUIRE(o.Post("t-token", "/v1/versions", {{"version", 0}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 4}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
+  REQUIRE(o.Post("t-token", "/v1/jobs", {{"prompts", {{{"prompt", "a"}}, {{"prompt", "b"}}, {{"prompt", "c"}}}}}).first == 200);
+  auto first = o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"request", 9}});
+  auto again = o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"request", 9}});
+  REQUIRE(first.first == 200);
+  REQUIRE(first.second["leases"].size() == 2);
+  CHECK(again.second["leases"] == first.second["leases"]);
+  CHECK(o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"request", "x"}}).first == 400);
+  auto status = o.Post("a-token", "/v1/status", {}, "GET");
+  CHECK(status.second["jobs"]["leased"] == 2);
 }
 
 TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests") {

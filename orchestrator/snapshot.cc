@@ -1,0 +1,162 @@
+// OrchestratorCore::Snapshot and Restore: the core's whole state as one JSON document followed
+// by the trajectories' payloads (docs/formats.md section 7.3).
+#include <nlohmann/json.hpp>
+
+#include "orchestrator/core.h"
+
+namespace weft::orchestrator {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr std::pair<const char*, uint64_t Counters::*> kCounterFields[] = {
+    {"jobs_added", &Counters::jobs_added},
+    {"jobs_done", &Counters::jobs_done},
+    {"jobs_given_up", &Counters::jobs_given_up},
+    {"leases_granted", &Counters::leases_granted},
+    {"leases_expired", &Counters::leases_expired},
+    {"leases_handed_back", &Counters::leases_handed_back},
+    {"leases_cancelled", &Counters::leases_cancelled},
+    {"submissions_accepted", &Counters::submissions_accepted},
+    {"submissions_duplicate", &Counters::submissions_duplicate},
+    {"submissions_rejected", &Counters::submissions_rejected},
+    {"delivered_fresh", &Counters::delivered_fresh},
+    {"delivered_stale", &Counters::delivered_stale},
+    {"dropped_stale", &Counters::dropped_stale},
+    {"batches", &Counters::batches},
+    {"batches_redelivered", &Counters::batches_redelivered},
+    {"clusters_lost", &Counters::clusters_lost},
+};
+
+template <typename T>
+Json Optional(const std::optional<T>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+
+template <typename T>
+std::optional<T> GetOptional(const Json& value) {
+  if (value.is_null()) return std::nullopt;
+  return value.get<T>();
+}
+
+// A submission without its payload, whose bytes go after the document (in `payloads`).
+Json SubmissionJson(const Submission& s, std::string* payloads) {
+  payloads->append(s.payload);
+  return Json::array({s.job, s.attempt, s.cluster, s.version_start, s.version_end, s.segments, s.tokens, s.payload.size()});
+}
+
+// The inverse, taking the payload from `payloads` at `*offset`.
+Submission SubmissionOf(const Json& j, std::string_view payloads, size_t* offset) {
+  Submission s;
+  s.job = j.at(0).get<uint64_t>();
+  s.attempt = j.at(1).get<uint32_t>();
+  s.cluster = j.at(2).get<std::string>();
+  s.version_start = j.at(3).get<uint64_t>();
+  s.version_end = j.at(4).get<uint64_t>();
+  s.segments = j.at(5).get<std::vector<std::pair<uint64_t, uint64_t>>>();
+  s.tokens = j.at(6).get<uint64_t>();
+  const uint64_t size = j.at(7).get<uint64_t>();
+  if (size > payloads.size() - *offset) throw std::out_of_range("a payload runs past the end of the snapshot");
+  s.payload = std::string(payloads.substr(*offset, size));
+  *offset += size;
+  return s;
+}
+
+}  // namespace
+
+std::string OrchestratorCore::Snapshot() const {
+  std::string payloads;
+  Json doc = Json::object();
+  doc["latest"] = Optional(latest_);
+  doc["next_job"] = next_job_;
+  doc["next_batch"] = next_batch_;
+  doc["last_progress"] = last_progress_;
+  Json counters = Json::object();
+  for (const auto& [name, field] : kCounterFields) counters[name] = counters_.*field;
+  doc["counters"] = counters;
+  Json jobs = Json::array();
+  for (const auto& [id, j] : jobs_) jobs.push_back({id, j.prompt, j.samples, j.holders, j.min_versions, Optional(j.leased_to), j.deadline});
+  doc["jobs"] = std::move(jobs);
+  doc["queue"] = queue_;
+  doc["done"] = done_;
+  Json clusters = Json::array();
+  for (const auto& [id, c] : clusters_) {
+    clusters.push_back({id, c.region, c.capacity, Optional(c.ready_version), c.max_ready_version, c.draining, c.gone, c.last_heartbeat,
+                        c.completed, c.throughput, c.last_completion, c.last_request, c.last_granted});
+  }
+  doc["clusters"] = std::move(clusters);
+  Json buffer = Json::array();
+  for (const Submission& s : buffer_) buffer.push_back(SubmissionJson(s, &payloads));
+  doc["buffer"] = std::move(buffer);
+  Json outstanding = Json::array();
+  for (const auto& [id, items] : outstanding_) {
+    Json batch = Json::array();
+    for (const Delivered& d : items) batch.push_back({SubmissionJson(d.submission, &payloads), d.stale});
+    outstanding.push_back({id, std::move(batch)});
+  }
+  doc["outstanding"] = std::move(outstanding);
+  return doc.dump() + "\n" + payloads;
+}
+
+Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::string_view snapshot) {
+  const size_t newline = snapshot.find('\n');
+  if (newline == std::string_view::npos) return DataLoss("core snapshot: no newline after the state document");
+  Json doc = Json::parse(snapshot.substr(0, newline), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) return DataLoss("core snapshot: the state document is not a JSON object");
+  const std::string_view payloads = snapshot.substr(newline + 1);
+  size_t offset = 0;
+  OrchestratorCore core(config);
+  try {
+    core.latest_ = GetOptional<uint64_t>(doc.at("latest"));
+    core.next_job_ = doc.at("next_job").get<uint64_t>();
+    core.next_batch_ = doc.at("next_batch").get<uint64_t>();
+    core.last_progress_ = doc.at("last_progress").get<Micros>();
+    for (const auto& [name, field] : kCounterFields) core.counters_.*field = doc.at("counters").at(name).get<uint64_t>();
+    for (const Json& c : doc.at("clusters")) {
+      Cluster& cluster = core.clusters_[c.at(0).get<std::string>()];
+      cluster.region = c.at(1).get<std::string>();
+      cluster.capacity = c.at(2).get<uint32_t>();
+      cluster.ready_version = GetOptional<uint64_t>(c.at(3));
+      cluster.max_ready_version = c.at(4).get<uint64_t>();
+      cluster.draining = c.at(5).get<bool>();
+      cluster.gone = c.at(6).get<bool>();
+      cluster.last_heartbeat = c.at(7).get<Micros>();
+      cluster.completed = c.at(8).get<uint64_t>();
+      cluster.throughput = c.at(9).get<double>();
+      cluster.last_completion = c.at(10).get<Micros>();
+      cluster.last_request = c.at(11).get<uint64_t>();
+      cluster.last_granted = c.at(12).get<std::vector<std::pair<uint64_t, uint32_t>>>();
+    }
+    for (const Json& j : doc.at("jobs")) {
+      const uint64_t id = j.at(0).get<uint64_t>();
+      Job& job = core.jobs_[id];
+      job.prompt = j.at(1).get<std::string>();
+      job.samples = j.at(2).get<uint32_t>();
+      job.holders = j.at(3).get<std::vector<std::string>>();
+      job.min_versions = j.at(4).get<std::vector<uint64_t>>();
+      job.leased_to = GetOptional<std::string>(j.at(5));
+      job.deadline = j.at(6).get<Micros>();
+      if (job.holders.size() != job.min_versions.size()) return DataLoss("core snapshot: job " + std::to_string(id) + " is inconsistent");
+      if (job.leased_to) {
+        Cluster* holder = core.FindCluster(*job.leased_to);
+        if (holder == nullptr) return DataLoss("core snapshot: job " + std::to_string(id) + " is leased to an unknown cluster");
+        holder->jobs.insert(id);
+        core.leases_.insert(id);
+      }
+    }
+    core.queue_ = doc.at("queue").get<std::deque<uint64_t>>();
+    core.done_ = doc.at("done").get<std::map<uint64_t, uint32_t>>();
+    for (const Json& s : doc.at("buffer")) core.buffer_.push_back(SubmissionOf(s, payloads, &offset));
+    for (const Json& batch : doc.at("outstanding")) {
+      std::vector<Delivered>& items = core.outstanding_[batch.at(0).get<uint64_t>()];
+      for (const Json& d : batch.at(1)) items.push_back({SubmissionOf(d.at(0), payloads, &offset), d.at(1).get<bool>()});
+      core.outstanding_items_ += items.size();
+    }
+  } catch (const std::exception& error) {
+    return DataLoss(std::string("core snapshot: ") + error.what());
+  }
+  if (offset != payloads.size()) return DataLoss("core snapshot: " + std::to_string(payloads.size() - offset) + " bytes after the last payload");
+  return core;
+}
+
+}  // namespace weft::orchestrator
