@@ -1,0 +1,46 @@
+// The example task: adding two numbers, written in digits, with a verifiable reward.
+//
+// A problem is text like "37+5=" (operands of 1 to `digits` digits); the answer is the sum's digits
+// followed by the end token. The task's own tokenizer maps text to token ids: digits 0-9 are
+// tokens 0-9, '+' is 10, '=' is 11, the end token 12, and every prompt starts with the begin
+// token 13 (vocabulary 16; 14 and 15 unused). The reward is 1 for exactly the right digits then
+// the end token, else 0. A policy that samples uniformly gets about 16^-(answer digits + 1), i.e.
+// at most 1 in 4096 with 2-digit operands: the task is not solved by chance.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace weft::examples {
+
+class ArithmeticTask {
+ public:
+  static constexpr int kPlus = 10, kEquals = 11, kEnd = 12, kBegin = 13, kVocab = 16;
+
+  explicit ArithmeticTask(int digits = 2) : digits_(digits) {}
+  int digits() const { return digits_; }
+  // The longest prompt plus answer, in tokens.
+  int max_length() const { return 1 + 2 * digits_ + 2 + (digits_ + 1) + 1; }
+
+  // A random problem, as text.
+  std::string Problem(std::mt19937_64& rng) const;
+  // Text -> token ids (the begin token first); errors name the offending character.
+  Result<std::vector<int>> Encode(const std::string& problem) const;
+  // The correct answer's tokens (digits, then the end token).
+  Result<std::vector<int>> Answer(const std::string& problem) const;
+  // 1 when `completion` is exactly the answer's tokens, else 0.
+  double Reward(const std::string& problem, const std::vector<int>& completion) const;
+  // Token ids -> text ('$' for the end token, '^' for begin, '?' for unused ids).
+  static std::string Decode(const std::vector<int>& tokens);
+  // The chance that a uniformly random policy answers `problem` right.
+  double RandomPolicyReward(const std::string& problem) const;
+
+ private:
+  int digits_;
+};
+
+}  // namespace weft::examples
