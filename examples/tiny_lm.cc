@@ -86,6 +86,7 @@ class Run {
   }
 
   int positions() const { return positions_; }
+  void set_weights(const float* weights) { w_ = weights; }
 
   // Runs the token at the next position; returns the log-softmax over the next token (valid
   // until the next call).
@@ -317,8 +318,21 @@ std::vector<float> TinyLmLayout::Initialize(uint64_t seed) const {
 
 Result<std::vector<Generation>> Decoder::Generate(const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
                                                   int threads) const {
-  const TinyLmConfig& c = layout_.config();
   if (weights_.size() != layout_.size()) return InvalidArgument("decoder: the weights do not match the model's layout");
+  return GenerateImpl(layout_, WeightsNow(), weights_, prompts, params, threads);
+}
+
+Result<std::vector<Generation>> Decoder::Generate(const TinyLmLayout& layout, const WeightsNow& weights,
+                                                  const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+                                                  int threads) {
+  if (!weights) return InvalidArgument("decoder: no weights");
+  return GenerateImpl(layout, weights, {}, prompts, params, threads);
+}
+
+Result<std::vector<Generation>> Decoder::GenerateImpl(const TinyLmLayout& layout_, const WeightsNow& source, std::span<const float> fixed,
+                                                      const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+                                                      int threads) {
+  const TinyLmConfig& c = layout_.config();
   if (!(params.temperature >= 0.0f) || !(params.top_p > 0.0f && params.top_p <= 1.0f) || params.max_tokens < 1) {
     return InvalidArgument("sampling: temperature must be >= 0, top_p in (0, 1], max_tokens >= 1");
   }
@@ -332,7 +346,18 @@ Result<std::vector<Generation>> Decoder::Generate(const std::vector<std::vector<
   std::vector<Generation> out(prompts.size());
   ParallelFor(prompts.size(), threads, [&](size_t i) {
     std::mt19937_64 rng(params.seed + i);
-    Run run(layout_, weights_, false);
+    // The weights in use (held while in use when they come from `source`) and their version.
+    std::shared_ptr<const VersionedWeights> held;
+    auto refresh = [&] {
+      if (!source) return;
+      std::shared_ptr<const VersionedWeights> now = source();
+      if (held && now->version == held->version) return;
+      held = std::move(now);
+      out[i].segments.emplace_back(held->version, out[i].tokens.size());
+    };
+    refresh();
+    if (!source) out[i].segments.emplace_back(0, 0);
+    Run run(layout_, source ? std::span<const float>(held->values) : fixed, false);
     const float* logp = nullptr;
     for (int token : prompts[i]) logp = run.Step(token);
     const int budget = std::min<int>(params.max_tokens, c.max_seq - static_cast<int>(prompts[i].size()));
@@ -368,6 +393,8 @@ Result<std::vector<Generation>> Decoder::Generate(const std::vector<std::vector<
       out[i].tokens.push_back(token);
       out[i].logprobs.push_back(logp[token]);
       if (token == params.stop_token || n + 1 == budget) break;
+      refresh();
+      if (held) run.set_weights(held->values.data());
       logp = run.Step(token);
     }
   });

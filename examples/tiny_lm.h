@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,11 +77,24 @@ struct SamplingParams {
 };
 
 struct Generation {
-  std::vector<int> tokens;          // the sampled continuation
-  std::vector<float> logprobs;      // log-probability of each under the sampling distribution's model (temperature 1)
+  std::vector<int> tokens;      // the sampled continuation
+  std::vector<float> logprobs;  // log-probability of each under the model (at temperature 1)
+  // (version, index of the first token sampled at it): one entry, (version, 0), unless the
+  // weights changed during the generation.
+  std::vector<std::pair<uint64_t, uint64_t>> segments;
 };
 
-// Generation with a key/value cache over fixed weights (which must outlive it).
+// Weights with the version they are.
+struct VersionedWeights {
+  uint64_t version = 0;
+  std::vector<float> values;
+};
+// The weights to use now: asked before the prompt and before every sampled token after the first.
+using WeightsNow = std::function<std::shared_ptr<const VersionedWeights>()>;
+
+// Generation with a key/value cache over fixed weights (which must outlive it), or over weights
+// that may change between tokens (the keys and values already computed are kept, as serving
+// engines do when weights are updated in flight).
 class Decoder {
  public:
   Decoder(const TinyLmLayout& layout, std::span<const float> weights) : layout_(layout), weights_(weights) {}
@@ -88,10 +102,16 @@ class Decoder {
   // continuation must fit in max_seq (max_tokens is cut to fit). Errors name the bad prompt.
   Result<std::vector<Generation>> Generate(const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
                                            int threads = 1) const;
+  static Result<std::vector<Generation>> Generate(const TinyLmLayout& layout, const WeightsNow& weights,
+                                                  const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+                                                  int threads = 1);
   // Log-probabilities of every token of `tokens` after the first (teacher forcing).
   Result<std::vector<float>> Score(const std::vector<int>& tokens) const;
 
  private:
+  static Result<std::vector<Generation>> GenerateImpl(const TinyLmLayout& layout, const WeightsNow& source, std::span<const float> fixed,
+                                                      const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+                                                      int threads);
   const TinyLmLayout& layout_;
   std::span<const float> weights_;
 };

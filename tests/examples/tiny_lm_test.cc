@@ -5,8 +5,11 @@
 
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "examples/arithmetic_task.h"
+#include "examples/embedded_engine.h"
+#include "sync/served_model.h"
 
 namespace weft::examples {
 namespace {
@@ -113,6 +116,29 @@ TEST_CASE("tiny LM: sampling is reproducible, its log-probabilities are the mode
   CHECK(!decoder.Generate({{1}}, params).ok());
 }
 
+TEST_CASE("tiny LM: weights that change mid-generation are used from the next token on, and segmented") {
+  const TinyLmLayout layout(Small());
+  auto v3 = std::make_shared<VersionedWeights>(VersionedWeights{3, layout.Initialize(1)});
+  auto v4 = std::make_shared<VersionedWeights>(VersionedWeights{4, layout.Initialize(2)});
+  int calls = 0;
+  // Asked once before the prompt, then before each token after the first: the third token is
+  // the first sampled at version 4.
+  WeightsNow source = [&]() -> std::shared_ptr<const VersionedWeights> { return ++calls <= 3 ? v3 : v4; };
+  SamplingParams params;
+  params.max_tokens = 5;
+  auto out = Decoder::Generate(layout, source, {{1}}, params);
+  REQUIRE(out.ok());
+  REQUIRE((*out)[0].tokens.size() == 5);
+  CHECK((*out)[0].segments == std::vector<std::pair<uint64_t, uint64_t>>{{3, 0}, {4, 3}});
+  // The same tokens' log-probabilities: the first three under v3, the rest as the switch left them.
+  std::vector<int> full = {1};
+  full.insert(full.end(), (*out)[0].tokens.begin(), (*out)[0].tokens.end());
+  auto at_v3 = Decoder(layout, v3->values).Score(full);
+  REQUIRE(at_v3.ok());
+  for (size_t i = 0; i < 3; ++i) CHECK((*out)[0].logprobs[i] == doctest::Approx((*at_v3)[i]));
+  CHECK((*out)[0].logprobs[3] != doctest::Approx((*at_v3)[3]));
+}
+
 TEST_CASE("arithmetic task: tokens, answers, rewards, errors") {
   ArithmeticTask task(2);
   CHECK(task.Encode("37+5=").value() == std::vector<int>{ArithmeticTask::kBegin, 3, 7, ArithmeticTask::kPlus, 5, ArithmeticTask::kEquals});
@@ -186,6 +212,73 @@ TEST_CASE("tiny LM: supervised steps teach it one-digit addition") {
   MESSAGE("one-digit addition, greedy accuracy: " << before << " before, " << after << " after 300 supervised steps");
   CHECK(before < 0.2);
   CHECK(after > 0.9);
+}
+
+// The served model of `weights` in BF16, as a worker would hold it.
+sync::ServedModel Served(const TinyLmLayout& layout, const std::vector<float>& weights) {
+  std::vector<sync::MasterTensor> master;
+  for (const ParameterInfo& p : layout.parameters()) {
+    master.push_back({p.name, p.shape, std::span<const float>(weights).subspan(p.offset, p.size)});
+  }
+  return std::move(sync::ServedModel::FromMaster(master, sync::ServingPlan{}, 1)).value();
+}
+
+TEST_CASE("embedded engine: serves BF16 weights, commits between tokens and reports version segments") {
+  TinyLmConfig config = Small();
+  config.max_seq = 24;
+  EmbeddedEngine engine(config, 2);
+  const TinyLmLayout& layout = engine.layout();
+  rollout_worker::Sampling sampling;
+  sampling.max_tokens = 20;
+  CHECK(!engine.Generate({{1}}, sampling).ok());  // no weights yet
+  CHECK(!engine.Health().ok);
+  const std::vector<float> v0 = layout.Initialize(1), v1 = layout.Initialize(2);
+  REQUIRE(engine.Stage(Served(layout, v0), 0).ok());
+  CHECK(!engine.version().has_value());  // staged, not committed
+  REQUIRE(engine.Commit().ok());
+  CHECK(engine.version() == 0);
+  // Generation at version 0 equals the decoder's over the BF16-rounded weights.
+  std::vector<float> rounded(layout.size());
+  {
+    const sync::ServedModel served = Served(layout, v0);
+    for (const ParameterInfo& p : layout.parameters()) {
+      sync::ConvertToFloat(sync::DType::kBF16, served.Find(p.name)->bytes, std::span<float>(rounded).subspan(p.offset, p.size));
+    }
+  }
+  auto out = engine.Generate({{1, 2}, {3}}, sampling);
+  REQUIRE(out.ok());
+  SamplingParams params;
+  params.max_tokens = 20;
+  auto expected = Decoder(layout, rounded).Generate({{1, 2}, {3}}, params);
+  REQUIRE(expected.ok());
+  CHECK((*out)[0].tokens == (*expected)[0].tokens);
+  CHECK((*out)[0].segments == std::vector<std::pair<uint64_t, uint64_t>>{{0, 0}});
+  CHECK((*out)[1].version_end == 0);
+  // A commit while generations run: some of them switch mid-way, and say where.
+  REQUIRE(engine.Stage(Served(layout, v1), 1).ok());
+  std::vector<std::vector<int>> prompts(64, std::vector<int>{1, 2});
+  std::thread committer([&] {
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+    REQUIRE(engine.Commit().ok());
+  });
+  auto mixed = engine.Generate(prompts, sampling);
+  committer.join();
+  REQUIRE(mixed.ok());
+  for (const rollout_worker::Completion& c : *mixed) {
+    CHECK(c.segments.front() == std::make_pair(c.version_start, uint64_t{0}));
+    CHECK(c.segments.back().first == c.version_end);
+    CHECK(c.segments.size() <= 2);
+    if (c.segments.size() == 2) {
+      CHECK(c.segments[1].first == 1);
+      CHECK(c.segments[1].second < c.tokens.size());
+    }
+  }
+  CHECK(engine.version() == 1);
+  // Weights that do not fit are refused.
+  TinyLmConfig other = Small();
+  other.d_model = 4;
+  const TinyLmLayout other_layout(other);
+  CHECK(engine.Stage(Served(other_layout, other_layout.Initialize(1)), 2).message().find("another shape") != std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,63 @@
+// Engine: what a rollout worker drives (DESIGN.md section 7). The embedded engine
+// (examples/embedded_engine.h) runs the example policy on the CPU; adapters for serving engines
+// speak their HTTP APIs behind the same interface.
+//
+// Weights arrive as a served model (sync::ServedModel, in the engine's own number format) that the
+// worker has already verified against a version's digests. Loading stages them (the slow part,
+// done while generation goes on at the old version); Commit makes them the ones generation uses
+// (the short pause). A generation running across a commit continues at the new version from its
+// next token on, and reports where that happened (per-token version segments).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "sync/served_model.h"
+
+namespace weft::rollout_worker {
+
+struct Sampling {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int max_tokens = 16;
+  uint64_t seed = 0;
+  int stop_token = -1;  // ends a generation (included); -1: none
+};
+
+struct Completion {
+  std::vector<int> tokens;
+  std::vector<float> logprobs;  // behaviour log-probabilities, one per token
+  uint64_t version_start = 0;
+  uint64_t version_end = 0;
+  // (version, first token index): where each version's tokens begin; the first is
+  // (version_start, 0).
+  std::vector<std::pair<uint64_t, uint64_t>> segments;
+};
+
+struct EngineHealth {
+  bool ok = true;
+  std::string detail;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Stages `model` as `version` (checks that it fits the engine: names, shapes, number format).
+  virtual Status Stage(const sync::ServedModel& model, uint64_t version) = 0;
+  // Makes the staged weights current; returns the pause generation saw, in microseconds.
+  virtual Result<int64_t> Commit() = 0;
+  // The version generation uses now; nullopt before the first commit.
+  virtual std::optional<uint64_t> version() const = 0;
+
+  // Samples one completion per prompt (token ids); prompt i draws from seed sampling.seed + i.
+  virtual Result<std::vector<Completion>> Generate(const std::vector<std::vector<int>>& prompts, const Sampling& sampling) = 0;
+
+  virtual EngineHealth Health() const = 0;
+};
+
+}  // namespace weft::rollout_worker
