@@ -2,7 +2,8 @@
 // common/http_client: every call has a deadline, and is retried with backoff when that is safe.
 //
 // Retried until the deadline: registration, heartbeats, drains, leaving, version announcements,
-// lease requests (a lease whose answer was lost simply expires), submissions (idempotent by job
+// lease requests (each call carries a request id, so a retry after a lost answer gets the same
+// leases back instead of new ones), submissions (idempotent by job
 // and attempt: a repeat is acknowledged as a duplicate, never counted twice) and batches (acknowledged
 // explicitly: a lost answer is handed out again). Adding jobs is repeated only when the request
 // never reached the orchestrator, since a repeat would add the jobs twice; otherwise the error

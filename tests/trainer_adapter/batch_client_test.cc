@@ -1,0 +1,91 @@
+// The trainer's batch side against a real orchestrator over loopback.
+#include "trainer_adapter/batch_client.h"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include "orchestrator/service.h"
+#include "tests/temp_path.h"
+
+namespace weft::trainer_adapter {
+namespace {
+
+using namespace weft::orchestrator;
+
+TEST_CASE("batch client: groups until enough samples, with the staleness the trainer sees") {
+  const std::string path = testing::TempPath("batch_client_journal");
+  CoreConfig config;
+  config.max_staleness = 1;
+  config.stale_policy = StalePolicy::kDeliverFlagged;
+  auto core = std::move(DurableCore::Open(path, config)).value();
+  ServiceOptions options;
+  options.worker_token = "w";
+  options.trainer_token = "t";
+  options.admin_token = "a";
+  options.tick_interval = std::chrono::milliseconds(20);
+  auto service = std::move(OrchestratorService::Start(*core, options)).value();
+  const std::string url = "http://127.0.0.1:" + std::to_string(service->port());
+  HttpClientOptions quick;
+  quick.deadline = std::chrono::milliseconds(5000);
+  OrchestratorClient trainer(url, "t", quick), worker(url, "w", quick);
+
+  REQUIRE(trainer.AnnounceVersion(0).ok());
+  REQUIRE(worker.Register("c", "eu", 8).ok());
+  REQUIRE(worker.Heartbeat("c", 0).ok());
+  REQUIRE(trainer.AddJobs({{nlohmann::json("1+1="), 2}, {nlohmann::json("2+2="), 2}, {nlohmann::json("3+3="), 2}}).ok());
+  auto leases = worker.RequestLeases("c", 3, std::chrono::milliseconds(1000));
+  REQUIRE(leases.ok());
+  REQUIRE(leases->size() == 3);
+  auto submit = [&](const Lease& lease, uint64_t version) {
+    Submission s;
+    s.job = lease.job;
+    s.attempt = lease.attempt;
+    s.cluster = "c";
+    s.version_start = s.version_end = version;
+    s.segments = {{version, 0}};
+    s.tokens = 4;
+    nlohmann::json samples = nlohmann::json::array();
+    for (int i = 0; i < 2; ++i) samples.push_back({{"tokens", {2, 12}}, {"logprobs", {-0.1, -0.2}}, {"reward", 1.0}});
+    return worker.Submit(s, {{"prompt", lease.prompt}, {"samples", samples}});
+  };
+  REQUIRE(submit((*leases)[0], 0).ok());
+  // The trainer moves on to version 2; the cluster follows.
+  REQUIRE(trainer.AnnounceVersion(1).ok());
+  REQUIRE(worker.Heartbeat("c", 1).ok());
+  REQUIRE(submit((*leases)[1], 1).ok());
+  REQUIRE(trainer.AnnounceVersion(2).ok());
+  REQUIRE(worker.Heartbeat("c", 2).ok());
+  REQUIRE(submit((*leases)[2], 2).ok());
+
+  BatchClient batches(trainer, 1);
+  auto first = batches.NextBatch(3, 2, std::chrono::milliseconds(2000));
+  REQUIRE_MESSAGE(first.ok(), first.status().ToString());
+  size_t samples = 0;
+  for (const TrajectoryGroup& g : *first) samples += g.samples();
+  CHECK(samples >= 3);
+  auto rest = batches.NextBatch(10, 2, std::chrono::milliseconds(300));  // only what is left, after the wait
+  REQUIRE(rest.ok());
+  CHECK(first->size() + rest->size() == 3);
+  const StalenessStats& stats = batches.staleness();
+  CHECK(stats.groups == 3);
+  CHECK(stats.samples == 6);
+  CHECK(stats.lag_histogram == std::map<uint64_t, uint64_t>{{0, 1}, {1, 1}, {2, 1}});
+  CHECK(stats.stale_delivered == 1);  // version 0 at trainer version 2 with k = 1: flagged
+  CHECK(stats.violations == 0);
+  CHECK(stats.max_lag == 2);
+  CHECK(stats.mean_lag() == doctest::Approx(1.0));
+  for (const auto& batch : {*first, *rest}) {
+    for (const TrajectoryGroup& g : batch) {
+      CHECK(g.stale == (g.version_start == 0));
+      CHECK(g.trajectories["samples"][0]["reward"] == 1.0);
+    }
+  }
+  service->Stop();
+  service.reset();
+  core.reset();
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace weft::trainer_adapter
