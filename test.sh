@@ -5,7 +5,7 @@
 #   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and under
 #      ThreadSanitizer (the thread pool, the store server; without the 2^32-element test);
 #   3. the libFuzzer targets (delta files, sparse chunks, safetensors) for a bounded time each.
-# Usage: ./test.sh      (FUZZ_SECONDS=N to change the fuzzing time per target; default 20)
+# Usage: ./test.sh      (FUZZ_SECONDS=N to change the fuzzing time per target; default 10)
 set -euo pipefail
 cd "$(dirname "$0")"
 ./setup.sh
@@ -41,10 +41,10 @@ TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_policy_store_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_trainer_adapter_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*,*kill -9*'
 
-echo "== fuzzing, ${FUZZ_SECONDS:-20} s per target"
+echo "== fuzzing, ${FUZZ_SECONDS:-10} s per target"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_FUZZ=ON -DWEFT_BUILD_TESTS=OFF -DWEFT_BUILD_BENCH=OFF > /dev/null
 cmake --build build-fuzz --target weft_fuzz_targets
-tests/fuzz/run_fuzzers.sh build-fuzz build/cli/weft build/tests/weft_make_test_model "${FUZZ_SECONDS:-20}"
+tests/fuzz/run_fuzzers.sh build-fuzz build/cli/weft build/tests/weft_make_test_model "${FUZZ_SECONDS:-10}"
 
 echo "test.sh: all tests passed"
