@@ -78,7 +78,13 @@ class Run {
     keys_.assign(c_.layers, std::vector<float>(t * d));
     values_.assign(c_.layers, std::vector<float>(t * d));
     x_.resize(d);
-    scratch_.resize(std::max<size_t>(3 * d, c_.d_ff) + c_.vocab);
+    h_.resize(d);
+    qkv_.resize(3 * d);
+    att_.resize(d);
+    o_.resize(d);
+    u_.resize(c_.d_ff);
+    a_.resize(c_.d_ff);
+    logp_.resize(c_.vocab);
     if (keep_) {
       layer_acts_.resize(static_cast<size_t>(c_.layers) * t);
       final_acts_.resize(t);
@@ -97,7 +103,9 @@ class Run {
     const float* tok = w_ + layout_.token_embedding + static_cast<size_t>(token) * d;
     const float* pos = w_ + layout_.position_embedding + static_cast<size_t>(p) * d;
     for (int i = 0; i < d; ++i) x_[i] = tok[i] + pos[i];
-    std::vector<float> h(d), qkv(3 * d), att(d), o(d), u(f), a(f), probs(static_cast<size_t>(heads) * (p + 1));
+    std::vector<float>&h = h_, &qkv = qkv_, &att = att_, &o = o_, &u = u_, &a = a_;
+    probs_.resize(static_cast<size_t>(heads) * (p + 1));
+    std::vector<float>& probs = probs_;
     for (int l = 0; l < c_.layers; ++l) {
       const auto& b = layout_.blocks[l];
       LayerActs* acts = keep_ ? &layer_acts_[static_cast<size_t>(l) * c_.max_seq + p] : nullptr;
@@ -147,7 +155,7 @@ class Run {
         acts->u = u;
       }
     }
-    float* logp = scratch_.data();
+    float* logp = logp_.data();
     const float rf = RmsNorm(x_.data(), w_ + layout_.final_norm, d, h.data());
     VecMat(h.data(), w_ + layout_.unembedding, d, c_.vocab, logp);
     LogSoftmax(logp, c_.vocab);
@@ -169,7 +177,7 @@ class Run {
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     std::vector<std::vector<float>> dkeys(c_.layers, std::vector<float>(static_cast<size_t>(c_.max_seq) * d, 0.0f));
     std::vector<std::vector<float>> dvalues = dkeys;
-    std::vector<float> dx(d), dh_(std::max(d, f)), dmid(d), datt(d), dqkv(3 * d), du(f), a(f);
+    std::vector<float> dx(d), dh_(std::max(d, f)), dmid(d), datt(d), dqkv(3 * d), du(f), a(f), dprobs(c_.max_seq);
     for (int p = positions_ - 1; p >= 0; --p) {
       const FinalActs& fa = final_acts_[p];
       std::fill(dx.begin(), dx.end(), 0.0f);
@@ -197,7 +205,6 @@ class Run {
           const float* da = datt.data() + head * dh;
           const float* q = acts.q.data() + head * dh;
           float weighted = 0.0f;
-          std::vector<float> dprobs(p + 1);
           for (int j = 0; j <= p; ++j) {
             const float* val = values_[l].data() + static_cast<size_t>(j) * d + head * dh;
             float* dval = dvalues[l].data() + static_cast<size_t>(j) * d + head * dh;
@@ -253,7 +260,8 @@ class Run {
   bool keep_;
   int positions_ = 0;
   std::vector<std::vector<float>> keys_, values_;  // per layer, [position][d_model]
-  std::vector<float> x_, scratch_;
+  std::vector<float> x_;
+  std::vector<float> h_, qkv_, att_, o_, u_, a_, probs_, logp_;  // one step's working vectors
   std::vector<LayerActs> layer_acts_;  // [layer][position]
   std::vector<FinalActs> final_acts_;
 

@@ -102,8 +102,7 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
     for (const auto& [job, attempt] : c->last_granted) {
       auto found = jobs_.find(job);
       if (found == jobs_.end() || found->second.leased_to != cluster || found->second.holders.size() != attempt) continue;
-      const Job& j = found->second;
-      leases.push_back({job, attempt, j.deadline, j.min_versions[attempt - 1], j.prompt, j.samples});
+      leases.push_back(LeaseOf(job, found->second, attempt));
     }
     return leases;
   }
@@ -157,7 +156,7 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
     c->jobs.insert(job);
     leases_.insert(job);
     ++counters_.leases_granted;
-    leases.push_back({job, static_cast<uint32_t>(j.holders.size()), j.deadline, admissible_version(), j.prompt, j.samples});
+    leases.push_back(LeaseOf(job, j, static_cast<uint32_t>(j.holders.size())));
   }
   if (!leases.empty()) {
     Progress(now);

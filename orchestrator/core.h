@@ -205,6 +205,10 @@ class OrchestratorCore {
   };
 
   Cluster* FindCluster(const std::string& id);
+  // The lease of `job`'s attempt `attempt` (1-based), as handed to its cluster.
+  static Lease LeaseOf(uint64_t job, const Job& j, uint32_t attempt) {
+    return {job, attempt, j.deadline, j.min_versions[attempt - 1], j.prompt, j.samples};
+  }
   // Ends the current lease of `job` (if any) and puts the job back at the front of the queue, or
   // gives it up after max_attempts.
   void Requeue(uint64_t job);

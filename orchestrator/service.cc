@@ -64,13 +64,11 @@ Result<Json> Body(const Request& request) {
 // {"max": n, "wait_ms": n} of a long poll, with defaults, and for leases {"request": id}.
 Status PollFields(const Json& body, const std::string& where, uint32_t* max, std::chrono::milliseconds* wait,
                   uint64_t* request = nullptr) {
-  if (request != nullptr) {
-    WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, {"max", "wait_ms", "request"}));
-    if (body.contains("request")) {
-      WEFT_ASSIGN_OR_RETURN(*request, GetUnsigned(body, "request", where));
-    }
-  } else {
-    WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, {"max", "wait_ms"}));
+  std::set<std::string> optional = {"max", "wait_ms"};
+  if (request != nullptr) optional.insert("request");
+  WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, optional));
+  if (request != nullptr && body.contains("request")) {
+    WEFT_ASSIGN_OR_RETURN(*request, GetUnsigned(body, "request", where));
   }
   if (body.contains("max")) {
     WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(body, "max", where));
