@@ -51,26 +51,7 @@ std::optional<uint64_t> EmbeddedEngine::version() const {
 Result<std::vector<rollout_worker::Completion>> EmbeddedEngine::Generate(const std::vector<std::vector<int>>& prompts,
                                                                          const rollout_worker::Sampling& sampling) {
   if (!Current()) return Unavailable("the engine has no weights yet");
-  SamplingParams params;
-  params.temperature = sampling.temperature;
-  params.top_p = sampling.top_p;
-  params.max_tokens = sampling.max_tokens;
-  params.seed = sampling.seed;
-  params.stop_token = sampling.stop_token;
-  WEFT_ASSIGN_OR_RETURN(std::vector<Generation> generations,
-                        Decoder::Generate(layout_, [this] { return Current(); }, prompts, params, threads_));
-  std::vector<rollout_worker::Completion> out;
-  out.reserve(generations.size());
-  for (Generation& g : generations) {
-    rollout_worker::Completion c;
-    c.tokens = std::move(g.tokens);
-    c.logprobs = std::move(g.logprobs);
-    c.segments = std::move(g.segments);
-    c.version_start = c.segments.front().first;
-    c.version_end = c.segments.back().first;
-    out.push_back(std::move(c));
-  }
-  return out;
+  return Decoder::Generate(layout_, [this] { return Current(); }, prompts, sampling, threads_);
 }
 
 rollout_worker::EngineHealth EmbeddedEngine::Health() const {

@@ -324,21 +324,21 @@ std::vector<float> TinyLmLayout::Initialize(uint64_t seed) const {
   return w;
 }
 
-Result<std::vector<Generation>> Decoder::Generate(const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+Result<std::vector<Completion>> Decoder::Generate(const std::vector<std::vector<int>>& prompts, const Sampling& params,
                                                   int threads) const {
   if (weights_.size() != layout_.size()) return InvalidArgument("decoder: the weights do not match the model's layout");
   return GenerateImpl(layout_, WeightsNow(), weights_, prompts, params, threads);
 }
 
-Result<std::vector<Generation>> Decoder::Generate(const TinyLmLayout& layout, const WeightsNow& weights,
-                                                  const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+Result<std::vector<Completion>> Decoder::Generate(const TinyLmLayout& layout, const WeightsNow& weights,
+                                                  const std::vector<std::vector<int>>& prompts, const Sampling& params,
                                                   int threads) {
   if (!weights) return InvalidArgument("decoder: no weights");
   return GenerateImpl(layout, weights, {}, prompts, params, threads);
 }
 
-Result<std::vector<Generation>> Decoder::GenerateImpl(const TinyLmLayout& layout_, const WeightsNow& source, std::span<const float> fixed,
-                                                      const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+Result<std::vector<Completion>> Decoder::GenerateImpl(const TinyLmLayout& layout_, const WeightsNow& source, std::span<const float> fixed,
+                                                      const std::vector<std::vector<int>>& prompts, const Sampling& params,
                                                       int threads) {
   const TinyLmConfig& c = layout_.config();
   if (!(params.temperature >= 0.0f) || !(params.top_p > 0.0f && params.top_p <= 1.0f) || params.max_tokens < 1) {
@@ -351,7 +351,7 @@ Result<std::vector<Generation>> Decoder::GenerateImpl(const TinyLmLayout& layout
     }
     WEFT_RETURN_IF_ERROR(CheckTokens(c, prompts[i], what));
   }
-  std::vector<Generation> out(prompts.size());
+  std::vector<Completion> out(prompts.size());
   ParallelFor(prompts.size(), threads, [&](size_t i) {
     std::mt19937_64 rng(params.seed + i);
     // The weights in use (held while in use when they come from `source`) and their version.
@@ -405,6 +405,8 @@ Result<std::vector<Generation>> Decoder::GenerateImpl(const TinyLmLayout& layout
       if (held) run.set_weights(held->values.data());
       logp = run.Step(token);
     }
+    out[i].version_start = out[i].segments.front().first;
+    out[i].version_end = out[i].segments.back().first;
   });
   return out;
 }

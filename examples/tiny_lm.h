@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "rollout_worker/engine.h"
 
 namespace weft::examples {
 
@@ -68,21 +69,11 @@ class TinyLmLayout {
   size_t size_ = 0;
 };
 
-struct SamplingParams {
-  float temperature = 1.0f;  // 0: greedy
-  float top_p = 1.0f;
-  int max_tokens = 16;
-  uint64_t seed = 0;
-  int stop_token = -1;  // generation ends after this token (it is included); -1: none
-};
-
-struct Generation {
-  std::vector<int> tokens;      // the sampled continuation
-  std::vector<float> logprobs;  // log-probability of each under the model (at temperature 1)
-  // (version, index of the first token sampled at it): one entry, (version, 0), unless the
-  // weights changed during the generation.
-  std::vector<std::pair<uint64_t, uint64_t>> segments;
-};
+// Sampling parameters and what a generation returns: the engine interface's own types
+// (temperature 0 is greedy; the logprobs are the model's at temperature 1; segments are
+// (version, index of the first token sampled at it), one entry unless the weights changed).
+using rollout_worker::Completion;
+using rollout_worker::Sampling;
 
 // Weights with the version they are.
 struct VersionedWeights {
@@ -100,17 +91,17 @@ class Decoder {
   Decoder(const TinyLmLayout& layout, std::span<const float> weights) : layout_(layout), weights_(weights) {}
   // Samples a continuation of each prompt; prompt i uses seed params.seed + i. Prompts plus
   // continuation must fit in max_seq (max_tokens is cut to fit). Errors name the bad prompt.
-  Result<std::vector<Generation>> Generate(const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+  Result<std::vector<Completion>> Generate(const std::vector<std::vector<int>>& prompts, const Sampling& params,
                                            int threads = 1) const;
-  static Result<std::vector<Generation>> Generate(const TinyLmLayout& layout, const WeightsNow& weights,
-                                                  const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+  static Result<std::vector<Completion>> Generate(const TinyLmLayout& layout, const WeightsNow& weights,
+                                                  const std::vector<std::vector<int>>& prompts, const Sampling& params,
                                                   int threads = 1);
   // Log-probabilities of every token of `tokens` after the first (teacher forcing).
   Result<std::vector<float>> Score(const std::vector<int>& tokens) const;
 
  private:
-  static Result<std::vector<Generation>> GenerateImpl(const TinyLmLayout& layout, const WeightsNow& source, std::span<const float> fixed,
-                                                      const std::vector<std::vector<int>>& prompts, const SamplingParams& params,
+  static Result<std::vector<Completion>> GenerateImpl(const TinyLmLayout& layout, const WeightsNow& source, std::span<const float> fixed,
+                                                      const std::vector<std::vector<int>>& prompts, const Sampling& params,
                                                       int threads);
   const TinyLmLayout& layout_;
   std::span<const float> weights_;

@@ -21,7 +21,7 @@
 namespace weft::rollout_worker {
 
 struct Sampling {
-  float temperature = 1.0f;
+  float temperature = 1.0f;  // 0: greedy
   float top_p = 1.0f;
   int max_tokens = 16;
   uint64_t seed = 0;

@@ -88,7 +88,7 @@ TEST_CASE("tiny LM: sampling is reproducible, its log-probabilities are the mode
   const TinyLmLayout layout(Small());
   const std::vector<float> w = layout.Initialize(1);
   const Decoder decoder(layout, w);
-  SamplingParams params;
+  Sampling params;
   params.max_tokens = 4;
   params.seed = 11;
   auto a = decoder.Generate({{1, 2}, {3}}, params, 2);
@@ -124,7 +124,7 @@ TEST_CASE("tiny LM: weights that change mid-generation are used from the next to
   // Asked once before the prompt, then before each token after the first: the third token is
   // the first sampled at version 4.
   WeightsNow source = [&]() -> std::shared_ptr<const VersionedWeights> { return ++calls <= 3 ? v3 : v4; };
-  SamplingParams params;
+  Sampling params;
   params.max_tokens = 5;
   auto out = Decoder::Generate(layout, source, {{1}}, params);
   REQUIRE(out.ok());
@@ -182,7 +182,7 @@ TEST_CASE("tiny LM: supervised steps teach it one-digit addition") {
         prompts.push_back(task.Encode(problems.back()).value());
       }
     }
-    SamplingParams greedy;
+    Sampling greedy;
     greedy.temperature = 0.0f;
     greedy.max_tokens = 3;
     greedy.stop_token = ArithmeticTask::kEnd;
@@ -247,7 +247,7 @@ TEST_CASE("embedded engine: serves BF16 weights, commits between tokens and repo
   }
   auto out = engine.Generate({{1, 2}, {3}}, sampling);
   REQUIRE(out.ok());
-  SamplingParams params;
+  Sampling params;
   params.max_tokens = 20;
   auto expected = Decoder(layout, rounded).Generate({{1, 2}, {3}}, params);
   REQUIRE(expected.ok());
