@@ -21,19 +21,14 @@ Result<std::vector<TrajectoryGroup>> BatchClient::NextBatch(size_t samples, uint
     WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::ReceivedTrajectory> batch, client_.TakeBatch(ask, left));
     for (orchestrator::ReceivedTrajectory& t : batch) {
       TrajectoryGroup g;
-      const orchestrator::Submission& s = t.submission;
-      g.job = s.job;
-      g.attempt = s.attempt;
-      g.cluster = s.cluster;
-      g.version_start = s.version_start;
-      g.version_end = s.version_end;
-      g.segments = s.segments;
-      g.stale = t.stale;
+      static_cast<orchestrator::ReceivedTrajectory&>(g) = std::move(t);
+      orchestrator::Submission& s = g.submission;
       g.lag = trainer_version > s.version_start ? trainer_version - s.version_start : 0;
       g.trajectories = nlohmann::json::parse(s.payload, nullptr, false);
       if (g.trajectories.is_discarded()) {
         return DataLoss("job " + std::to_string(s.job) + ": the trajectories delivered are not JSON");
       }
+      s.payload = std::string();  // parsed: the text is not kept
       ++stats_.groups;
       stats_.samples += g.samples();
       ++stats_.lag_histogram[g.lag];

@@ -19,14 +19,10 @@
 
 namespace weft::trainer_adapter {
 
-// One trajectory group: every sample of one job, with the versions that generated it.
-struct TrajectoryGroup {
-  uint64_t job = 0;
-  uint32_t attempt = 0;
-  std::string cluster;
-  uint64_t version_start = 0, version_end = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> segments;
-  bool stale = false;           // delivered flagged (over the bound)
+// One trajectory group: every sample of one job, with the versions that generated it (the
+// submission's job, attempt, cluster, version_start, version_end and segments; its payload is
+// parsed into `trajectories` and not kept as text) and whether it came flagged as stale.
+struct TrajectoryGroup : orchestrator::ReceivedTrajectory {
   uint64_t lag = 0;             // trainer version when received - version_start
   nlohmann::json trajectories;  // what the worker submitted (docs/api.md, "Trajectories")
   size_t samples() const { return trajectories.contains("samples") ? trajectories["samples"].size() : 1; }

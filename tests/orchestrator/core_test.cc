@@ -182,13 +182,7 @@ TEST_CASE("core: a repeated lease request (its answer was lost) gets the same le
   CHECK(core.leased_jobs() == 2);
   CHECK(core.counters().leases_granted == 2);
   // One of them is submitted: a third repeat returns only the other.
-  Submission s;
-  s.job = first[0].job;
-  s.attempt = first[0].attempt;
-  s.cluster = "a";
-  s.version_start = s.version_end = 1;
-  s.segments = {{1, 0}};
-  REQUIRE(core.Submit(3, s).ok());
+  REQUIRE(core.Submit(3, Make(first[0], "a", 1, 1)).ok());
   auto third = std::move(core.RequestLeases(4, "a", 2, 77)).value();
   REQUIRE(third.size() == 1);
   CHECK(third[0].job == first[1].job);
@@ -205,14 +199,7 @@ TEST_CASE("core: a damaged snapshot is refused with a reason") {
   REQUIRE(core.Heartbeat(0, "a", 1).ok());
   core.AddJobs(0, {{"p", 1}});
   auto leases = std::move(core.RequestLeases(1, "a", 1)).value();
-  Submission s;
-  s.job = leases[0].job;
-  s.attempt = 1;
-  s.cluster = "a";
-  s.version_start = s.version_end = 1;
-  s.segments = {{1, 0}};
-  s.payload = "trajectory bytes";
-  REQUIRE(core.Submit(2, s).ok());
+  REQUIRE(core.Submit(2, Make(leases[0], "a", 1, 1)).ok());
   const std::string snapshot = core.Snapshot();
   CHECK(OrchestratorCore::Restore({}, snapshot).ok());
   CHECK(OrchestratorCore::Restore({}, "garbage").status().message().find("no newline") != std::string::npos);

@@ -77,7 +77,7 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
   CHECK(stats.mean_lag() == doctest::Approx(1.0));
   for (const auto& batch : {*first, *rest}) {
     for (const TrajectoryGroup& g : batch) {
-      CHECK(g.stale == (g.version_start == 0));
+      CHECK(g.stale == (g.submission.version_start == 0));
       CHECK(g.trajectories["samples"][0]["reward"] == 1.0);
     }
   }
