@@ -7,6 +7,7 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast.hpp>
 #include <boost/beast/ssl.hpp>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -20,11 +21,18 @@ namespace beast = boost::beast;
 namespace bhttp = beast::http;
 using tcp = asio::ip::tcp;
 
-// Whether the server still runs: a late answer (from a long poll or a journal callback) must not
-// reach a session whose io_context is gone.
+// Whether the server still runs, and the sessions waiting for their handler's answer.
+//
+// A late answer (from a long poll or a journal callback) must not reach a session whose
+// io_context is gone. Nor may a session be destroyed after that: its socket and timer belong to
+// the context. So the server, not the responders, owns the sessions that wait for an answer:
+// responders hold them weakly, and Stop() releases the waiting ones on its own thread before it
+// destroys the context. A responder that outlives the server (parked in a queue, a callback not
+// yet run) then holds nothing of the context.
 struct Liveness {
   std::mutex mutex;
   bool alive = true;
+  std::map<const void*, std::shared_ptr<void>> waiting;  // session -> itself, until answered
 };
 
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
@@ -75,10 +83,16 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     // No deadline while the handler works (a long poll waits on purpose); the answer comes back
     // on this session's strand, whichever thread gives it.
     Socket().expires_never();
-    auto self = Self();
-    Responder respond = [self, keep_alive](Response response) {
-      std::lock_guard<std::mutex> lock(self->liveness_->mutex);
-      if (!self->liveness_->alive) return;
+    {
+      std::lock_guard<std::mutex> lock(liveness_->mutex);
+      liveness_->waiting.emplace(this, Self());
+    }
+    Responder respond = [weak = std::weak_ptr<Session>(Self()), liveness = liveness_, keep_alive](Response response) {
+      std::lock_guard<std::mutex> lock(liveness->mutex);
+      if (!liveness->alive) return;
+      std::shared_ptr<Session> self = weak.lock();
+      if (!self) return;
+      liveness->waiting.erase(self.get());  // the posted answer holds it now
       asio::post(self->stream_.get_executor(), [self, keep_alive, response = std::move(response)]() mutable {
         response.keep_alive(keep_alive);
         self->Send(std::move(response), !keep_alive);
@@ -87,6 +101,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     try {
       handler_(std::move(request), std::move(respond));
     } catch (const std::exception& failure) {
+      {
+        std::lock_guard<std::mutex> lock(liveness_->mutex);
+        liveness_->waiting.erase(this);
+      }
       Request context;
       context.version(11);
       Send(ErrorResponse(context, bhttp::status::internal_server_error, failure.what()), true);
@@ -237,6 +255,12 @@ void HttpServer::Stop() {
   impl_->threads.clear();
   impl_->listener->Close();
   impl_->listener.reset();
+  std::map<const void*, std::shared_ptr<void>> waiting;
+  {
+    std::lock_guard<std::mutex> lock(impl_->liveness->mutex);
+    waiting.swap(impl_->liveness->waiting);
+  }
+  waiting.clear();  // sessions still waiting for an answer go here, while their context lives
   impl_->context.reset();
 }
 

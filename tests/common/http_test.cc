@@ -3,7 +3,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/http_client.h"
 #include "common/http_server.h"
@@ -90,6 +94,39 @@ TEST_CASE("HTTPS: bad certificate settings are clear errors at start") {
   Status missing = start(options);
   CHECK(missing.message().find("missing.crt") != std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("HTTP: an answer still held when the server stops is harmless to give or drop later") {
+  // A long poll parks its responder outside the server; the server stops before it answers.
+  std::mutex mutex;
+  std::condition_variable parked_cv;
+  std::vector<http::Responder> parked;
+  auto server = http::HttpServer::Start({}, [&](http::Request, http::Responder respond) {
+    std::lock_guard<std::mutex> lock(mutex);
+    parked.push_back(std::move(respond));
+    parked_cv.notify_all();
+  });
+  REQUIRE(server.ok());
+  const std::string url = "http://127.0.0.1:" + std::to_string((*server)->port());
+  std::thread client([&] {
+    HttpClientOptions once = Quick();
+    once.attempts = 1;
+    (void)HttpClient(url, once).Request("GET", "/v1/wait", {}, {});
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    REQUIRE(parked_cv.wait_for(lock, std::chrono::seconds(5), [&] { return parked.size() == 1; }));
+  }
+  (*server)->Stop();
+  server->reset();
+  // The connection and its io_context are gone: answering, then dropping the responder, must
+  // touch neither (under AddressSanitizer, a session kept alive by the responder would be freed
+  // here, after its context).
+  http::Request request;
+  request.version(11);
+  parked[0](http::JsonResponse(request, bhttp::status::ok, {{"late", true}}));
+  parked.clear();
+  client.join();
 }
 
 TEST_CASE("HTTP: the plain server answers, and a server that is gone is reported with the URL") {
