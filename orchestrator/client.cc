@@ -46,9 +46,10 @@ Status OrchestratorClient::Register(const std::string& cluster, const std::strin
   return Call("POST", "/v1/clusters", {{"cluster", cluster}, {"region", region}, {"capacity", capacity}}, true).status();
 }
 
-Status OrchestratorClient::Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version) {
-  return Call("POST", "/v1/clusters/" + cluster + "/heartbeat", {{"ready_version", ready_version ? Json(*ready_version) : Json(nullptr)}}, true)
-      .status();
+Status OrchestratorClient::Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version, const SyncReport* sync) {
+  Json body = {{"ready_version", ready_version ? Json(*ready_version) : Json(nullptr)}};
+  if (sync != nullptr) body["sync"] = SyncReportJson(*sync);
+  return Call("POST", "/v1/clusters/" + cluster + "/heartbeat", body, true).status();
 }
 
 Result<std::vector<Lease>> OrchestratorClient::RequestLeases(const std::string& cluster, uint32_t max, std::chrono::milliseconds wait) {

@@ -22,6 +22,7 @@
 
 #include "common/http_client.h"
 #include "orchestrator/core.h"
+#include "orchestrator/service.h"
 
 namespace weft::orchestrator {
 
@@ -38,7 +39,8 @@ class OrchestratorClient {
 
   // Workers.
   Status Register(const std::string& cluster, const std::string& region, uint32_t capacity);
-  Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version);
+  // `sync`: the worker's weight-sync counters, shown in /v1/status.
+  Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version, const SyncReport* sync = nullptr);
   // Waits up to `wait` for at least one lease (zero: answer at once).
   Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max, std::chrono::milliseconds wait);
   // `trajectories` is any JSON (the samples, their tokens, logprobs, rewards).

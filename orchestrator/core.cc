@@ -195,15 +195,22 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, Submission s) {
     return reject(InvalidArgument(what + " was leased to cluster " + j.holders[s.attempt - 1] + ", not " + s.cluster));
   }
   const Cluster* c = FindCluster(s.cluster);
-  // Versions: monotone segments, from a version the lease admitted to one the cluster was ready at.
-  if (s.segments.empty() || s.segments.front() != std::make_pair(s.version_start, uint64_t{0}) ||
-      s.segments.back().first != s.version_end) {
-    return reject(InvalidArgument(what + ": segments must start with [version_start, 0] and end at version_end"));
+  // Versions: token runs, each tagged with the version that generated it, from a version the lease
+  // admitted to one the cluster was ready at. A group's samples are laid end to end, so versions
+  // need not increase from one run to the next (each sample's own runs do).
+  if (s.segments.empty() || s.segments.front().second != 0) {
+    return reject(InvalidArgument(what + ": segments must start at token 0"));
   }
+  uint64_t lowest = s.segments.front().first, highest = lowest;
   for (size_t i = 1; i < s.segments.size(); ++i) {
-    if (s.segments[i].first <= s.segments[i - 1].first || s.segments[i].second <= s.segments[i - 1].second) {
-      return reject(InvalidArgument(what + ": segment " + std::to_string(i) + " does not advance both version and token index"));
+    if (s.segments[i].first == s.segments[i - 1].first || s.segments[i].second <= s.segments[i - 1].second) {
+      return reject(InvalidArgument(what + ": segment " + std::to_string(i) + " does not change the version at a later token"));
     }
+    lowest = std::min(lowest, s.segments[i].first);
+    highest = std::max(highest, s.segments[i].first);
+  }
+  if (lowest != s.version_start || highest != s.version_end) {
+    return reject(InvalidArgument(what + ": version_start and version_end must be the oldest and newest versions of the segments"));
   }
   if (s.tokens > 0 && s.segments.back().second >= s.tokens) {
     return reject(InvalidArgument(what + ": a segment starts past the last token"));

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <list>
+#include <map>
+#include <tuple>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -111,6 +113,31 @@ Result<Submission> ParseSubmission(const Json& body) {
 
 }  // namespace
 
+Json SyncReportJson(const SyncReport& r) {
+  return Json{{"bytes_downloaded", r.bytes_downloaded}, {"pulls", r.pulls}, {"keyframe_pulls", r.keyframe_pulls},
+              {"digest_mismatches", r.digest_mismatches}, {"commits", r.commits}, {"max_pause_ms", r.max_pause_ms}};
+}
+
+Result<SyncReport> ParseSyncReport(const Json& json) {
+  SyncReport r;
+  const std::string where = "heartbeat.sync";
+  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {}, {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits", "max_pause_ms"}));
+  for (auto [field, value] : {std::pair{"bytes_downloaded", &r.bytes_downloaded}, std::pair{"pulls", &r.pulls},
+                              std::pair{"keyframe_pulls", &r.keyframe_pulls}, std::pair{"digest_mismatches", &r.digest_mismatches},
+                              std::pair{"commits", &r.commits}}) {
+    if (json.contains(field)) {
+      WEFT_ASSIGN_OR_RETURN(*value, GetUnsigned(json, field, where));
+    }
+  }
+  if (json.contains("max_pause_ms")) {
+    if (!json["max_pause_ms"].is_number() || json["max_pause_ms"].get<double>() < 0) {
+      return InvalidArgument(where + ".max_pause_ms is not a non-negative number");
+    }
+    r.max_pause_ms = json["max_pause_ms"].get<double>();
+  }
+  return r;
+}
+
 Micros WallMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -160,6 +187,10 @@ struct OrchestratorService::Impl {
   // Compaction runs beside the poller (it writes a snapshot file) and never twice at once.
   std::thread compactor;
   std::atomic<bool> compacting{false};
+  // What each cluster last reported of its weight sync (cumulative counters sent with heartbeats;
+  // kept in memory only: the workers send them again after a restart).
+  mutable std::mutex sync_mutex;
+  std::map<std::string, SyncReport> sync_reports;
 };
 
 bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
@@ -312,8 +343,14 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     Result<Json> body = Body(request);
     if (!body.ok()) return error(body.status());
     if (action == "heartbeat") {
-      weft::Status valid = CheckFields(*body, "heartbeat", {"ready_version"});
+      weft::Status valid = CheckFields(*body, "heartbeat", {"ready_version"}, {"sync"});
       if (!valid.ok()) return error(valid);
+      std::optional<SyncReport> reported;
+      if (body->contains("sync")) {
+        Result<SyncReport> parsed = ParseSyncReport((*body)["sync"]);
+        if (!parsed.ok()) return error(parsed.status());
+        reported = *parsed;
+      }
       std::optional<uint64_t> ready;
       if (!(*body)["ready_version"].is_null()) {
         Result<uint64_t> version = GetUnsigned(*body, "ready_version", "heartbeat");
@@ -322,6 +359,10 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       }
       weft::Status done = core.Heartbeat(now, id, ready);
       if (!done.ok()) return error(done);
+      if (reported) {
+        std::lock_guard<std::mutex> lock(sync_mutex);
+        sync_reports[id] = *reported;
+      }
       Wake();
       return ok(Json{{"cluster", id}, {"ok", true}});
     }
@@ -439,6 +480,11 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
 
 Json OrchestratorService::Impl::StatusJson() const {
   const Micros now = WallMicros();
+  std::map<std::string, SyncReport> reports;
+  {
+    std::lock_guard<std::mutex> lock(sync_mutex);
+    reports = sync_reports;
+  }
   return core.Inspect([&](const OrchestratorCore& c) {
     const Counters& n = c.counters();
     Json clusters = Json::array();
@@ -450,7 +496,18 @@ Json OrchestratorService::Impl::StatusJson() const {
                           {"leases", v.leases}, {"completed", v.completed}, {"throughput_per_s", v.throughput},
                           {"seconds_since_heartbeat", static_cast<double>(now - v.last_heartbeat) / 1e6}});
       Json& region = regions[v.region];
-      if (region.is_null()) region = {{"clusters", 0}, {"ready", 0}, {"leases", 0}, {"newest_ready_version", nullptr}};
+      if (region.is_null()) {
+        region = {{"clusters", 0}, {"ready", 0}, {"leases", 0}, {"newest_ready_version", nullptr},
+                  {"sync", SyncReportJson(SyncReport{})}};
+      }
+      if (auto report = reports.find(v.id); report != reports.end()) {
+        clusters.back()["sync"] = SyncReportJson(report->second);
+        Json& sum = region["sync"];
+        for (const char* field : {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits"}) {
+          sum[field] = sum[field].get<uint64_t>() + clusters.back()["sync"][field].get<uint64_t>();
+        }
+        sum["max_pause_ms"] = std::max(sum["max_pause_ms"].get<double>(), report->second.max_pause_ms);
+      }
       region["clusters"] = region["clusters"].get<int>() + 1;
       region["leases"] = region["leases"].get<uint64_t>() + v.leases;
       if (!v.gone && v.ready_version) {
@@ -516,6 +573,16 @@ std::string OrchestratorService::Impl::Metrics() const {
     }
     return 0;
   });
+  std::lock_guard<std::mutex> lock(sync_mutex);
+  for (auto [name, help, field] : {std::tuple{"cluster_sync_bytes_total", "Weight bytes each cluster downloaded (as it last reported).",
+                                              &SyncReport::bytes_downloaded},
+                                   std::tuple{"cluster_digest_mismatches_total", "Times a cluster's served state did not match a manifest.",
+                                              &SyncReport::digest_mismatches}}) {
+    out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_" << name << " counter\n";
+    for (const auto& [cluster, report] : sync_reports) {
+      out << "weft_orchestrator_" << name << "{cluster=\"" << cluster << "\"} " << report.*field << "\n";
+    }
+  }
   return out.str();
 }
 

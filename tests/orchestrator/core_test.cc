@@ -63,6 +63,34 @@ TEST_CASE("core: leases only to ready clusters at an admissible version; submiss
   CHECK(core.AnnounceVersion(10, 2).code() == StatusCode::kInvalidArgument);  // versions only move forward
 }
 
+TEST_CASE("core: a group's segments lay its samples end to end; versions within the declared range") {
+  OrchestratorCore core(CoreConfig{});
+  REQUIRE(core.Register(0, "a", "eu", 4).ok());
+  REQUIRE(core.AnnounceVersion(0, 5).ok());
+  REQUIRE(core.Heartbeat(1, "a", 5).ok());
+  core.AddJobs(1, {{"p", 2}});
+  auto leases = core.RequestLeases(2, "a", 1).value();
+  REQUIRE(leases.size() == 1);
+  Submission s = Make(leases[0], "a", 4, 5);
+  // Sample 1 switched from 4 to 5 at its token 3; sample 2 (tokens 6..) ran at 4 throughout,
+  // then the group continues with a third run at 5.
+  s.segments = {{4, 0}, {5, 3}, {4, 6}, {5, 9}};
+  s.version_start = 4;
+  Submission wrong_start = s;
+  wrong_start.version_start = 3;
+  CHECK(core.Submit(3, wrong_start).status().message().find("oldest and newest") != std::string::npos);
+  Submission late_first = s;
+  late_first.segments.front().second = 1;
+  CHECK(core.Submit(3, late_first).status().message().find("start at token 0") != std::string::npos);
+  Submission same_version = s;
+  same_version.segments = {{4, 0}, {4, 6}, {5, 9}};
+  CHECK(core.Submit(3, same_version).status().message().find("segment 1 does not change") != std::string::npos);
+  Submission past_end = s;
+  past_end.tokens = 9;
+  CHECK(core.Submit(3, past_end).status().message().find("past the last token") != std::string::npos);
+  CHECK(core.Submit(3, s).value() == SubmitResult::kAccepted);
+}
+
 TEST_CASE("core: expired leases and lost clusters re-queue; late submissions count once") {
   CoreConfig config;
   config.lease_duration = 100;

@@ -62,6 +62,18 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   REQUIRE(code == 200);
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 2}}).first == 200);
   REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
+  // Sync counters ride on heartbeats and show per cluster and per region.
+  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat",
+                 {{"ready_version", 0}, {"sync", {{"bytes_downloaded", 1234}, {"pulls", 1}, {"keyframe_pulls", 1}, {"max_pause_ms", 0.5}}}})
+              .first == 200);
+  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}, {"sync", {{"pulls", -1}}}}).second["error"] ==
+        "heartbeat.sync.pulls is not a non-negative integer");
+  {
+    const Json status = o.Post("a-token", "/v1/status", {}, "GET").second;
+    CHECK(status["regions"]["eu"]["sync"]["bytes_downloaded"] == 1234);
+    CHECK(status["regions"]["eu"]["sync"]["digest_mismatches"] == 0);
+    CHECK(status["clusters"][0]["sync"]["keyframe_pulls"] == 1);
+  }
   // A long poll for leases waits until the trainer adds jobs.
   auto waiting = std::async(std::launch::async, [&] { return o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"wait_ms", 5000}}); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
