@@ -35,5 +35,8 @@ void RegisterDemo(CLI::App& app, Action* action);
 void RegisterStore(CLI::App& app, Action* action);
 void RegisterRelay(CLI::App& app, Action* action);
 void RegisterOrchestrator(CLI::App& app, Action* action);
+void RegisterWorker(CLI::App& app, Action* action);
+void RegisterTrain(CLI::App& app, Action* action);
+void RegisterRun(CLI::App& app, Action* action);
 
 }  // namespace weft::cli

@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   weft::cli::RegisterStore(app, &action);
   weft::cli::RegisterRelay(app, &action);
   weft::cli::RegisterOrchestrator(app, &action);
+  weft::cli::RegisterRun(app, &action);
+  weft::cli::RegisterWorker(app, &action);
+  weft::cli::RegisterTrain(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -150,4 +150,10 @@ Result<std::vector<uint8_t>> ReadFile(const std::string& path) {
   return bytes;
 }
 
+Status WriteTextFileAtomic(const std::string& path, std::string_view text) {
+  return WriteFileAtomic(path, [&](int fd) {
+    return WriteAll(fd, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()), path);
+  });
+}
+
 }  // namespace weft

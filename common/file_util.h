@@ -11,6 +11,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -40,6 +41,8 @@ class MappedFile {
 // Calls `write(fd)` on a temporary file, then makes the result durable and visible at `path`.
 // `write` returns a Status; on any error the temporary file is removed and `path` is untouched.
 Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write);
+// The same for a file holding `text`.
+Status WriteTextFileAtomic(const std::string& path, std::string_view text);
 
 // The first half of WriteFileAtomic: `write(fd)` into a new temporary file beside `path`, then
 // chmod 0644, fsync and close. Returns the temporary file's name (a hidden ".NAME.tmp-XXXXXX"),

@@ -1,5 +1,7 @@
 #include "common/yaml_fields.h"
 
+#include <cmath>
+
 #include "common/units.h"
 
 namespace weft {
@@ -56,6 +58,18 @@ Status ReadUnsigned(const YAML::Node& node, const std::string& where, const std:
   const unsigned long long number = std::strtoull(value->c_str(), &end, 10);
   if (value->empty() || (*value)[0] == '-' || *end != '\0') {
     return InvalidArgument(where + "." + key + ": '" + *value + "' is not a non-negative integer" + At(node[key]));
+  }
+  *out = number;
+  return Status::Ok();
+}
+
+Status ReadDouble(const YAML::Node& node, const std::string& where, const std::string& key, double* out) {
+  WEFT_ASSIGN_OR_RETURN(std::optional<std::string> value, Scalar(node, where, key));
+  if (!value) return Status::Ok();
+  char* end = nullptr;
+  const double number = std::strtod(value->c_str(), &end);
+  if (value->empty() || *end != '\0' || !std::isfinite(number)) {
+    return InvalidArgument(where + "." + key + ": '" + *value + "' is not a number" + At(node[key]));
   }
   *out = number;
   return Status::Ok();

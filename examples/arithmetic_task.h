@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "rollout_worker/task.h"
 
 namespace weft::examples {
 
@@ -41,6 +42,17 @@ class ArithmeticTask {
 
  private:
   int digits_;
+};
+
+// The task as a rollout worker sees it: a job's prompt is the problem's text (a JSON string).
+class ArithmeticVerifier : public rollout_worker::Task {
+ public:
+  explicit ArithmeticVerifier(ArithmeticTask task) : task_(task) {}
+  Result<std::vector<int>> Encode(const nlohmann::json& prompt) const override;
+  Result<double> Reward(const nlohmann::json& prompt, const std::vector<int>& completion) const override;
+
+ private:
+  ArithmeticTask task_;
 };
 
 }  // namespace weft::examples

@@ -11,10 +11,14 @@ namespace weft::orchestrator {
 
 Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path) {
   WEFT_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path));
-  OrchestratorConfig config;
-  const std::string file = path + ": ";
   Status status = CheckKeys(root, "(top level)", {"orchestrator"});
   if (!status.ok()) return status.WithContext(path);
+  return ParseOrchestratorConfig(root, path);
+}
+
+Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const std::string& path) {
+  OrchestratorConfig config;
+  const std::string file = path + ": ";
   const YAML::Node o = root["orchestrator"];
   if (!o) return InvalidArgument(file + "no 'orchestrator:' section");
   const std::string where = "orchestrator";

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <yaml-cpp/yaml.h>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct OrchestratorConfig {
 };
 
 Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path);
+// The `orchestrator:` section of an already loaded document (other top-level sections are the
+// caller's to check); `path` names the file in errors.
+Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const std::string& path);
 
 // The prompts of a JSONL dataset: one {"prompt": text or [token ids], "samples": n} per line
 // (samples optional, default 1). Errors name the file and line.

@@ -115,13 +115,23 @@ Result<Submission> ParseSubmission(const Json& body) {
 
 Json SyncReportJson(const SyncReport& r) {
   return Json{{"bytes_downloaded", r.bytes_downloaded}, {"pulls", r.pulls}, {"keyframe_pulls", r.keyframe_pulls},
-              {"digest_mismatches", r.digest_mismatches}, {"commits", r.commits}, {"max_pause_ms", r.max_pause_ms}};
+              {"digest_mismatches", r.digest_mismatches}, {"commits", r.commits}, {"max_pause_ms", r.max_pause_ms},
+              {"first_version", r.first_version ? Json(*r.first_version) : Json(nullptr)},
+              {"newest_version", r.newest_version ? Json(*r.newest_version) : Json(nullptr)}};
 }
 
 Result<SyncReport> ParseSyncReport(const Json& json) {
   SyncReport r;
   const std::string where = "heartbeat.sync";
-  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {}, {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits", "max_pause_ms"}));
+  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {},
+                                   {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits", "max_pause_ms",
+                                    "first_version", "newest_version"}));
+  for (auto [field, value] : {std::pair{"first_version", &r.first_version}, std::pair{"newest_version", &r.newest_version}}) {
+    if (json.contains(field) && !json[field].is_null()) {
+      WEFT_ASSIGN_OR_RETURN(uint64_t version, GetUnsigned(json, field, where));
+      *value = version;
+    }
+  }
   for (auto [field, value] : {std::pair{"bytes_downloaded", &r.bytes_downloaded}, std::pair{"pulls", &r.pulls},
                               std::pair{"keyframe_pulls", &r.keyframe_pulls}, std::pair{"digest_mismatches", &r.digest_mismatches},
                               std::pair{"commits", &r.commits}}) {

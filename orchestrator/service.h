@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -39,6 +40,8 @@ struct SyncReport {
   uint64_t digest_mismatches = 0;  // served state found not to equal a manifest's digests
   uint64_t commits = 0;            // versions the engine switched to
   double max_pause_ms = 0;         // the longest pause a commit caused
+  std::optional<uint64_t> first_version;   // the first version it loaded
+  std::optional<uint64_t> newest_version;  // the newest version it loaded
 };
 nlohmann::json SyncReportJson(const SyncReport& report);
 // Errors name the field.

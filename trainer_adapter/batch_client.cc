@@ -17,7 +17,10 @@ Result<std::vector<TrajectoryGroup>> BatchClient::NextBatch(size_t samples, uint
   size_t held = 0;
   while (held < samples) {
     const auto left = std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-    const uint32_t ask = static_cast<uint32_t>(std::clamp<size_t>(samples - held, 1, 100000));
+    // Groups to ask for: the samples still wanted over the mean group size seen so far (one group
+    // while none has been seen), so a batch does not overshoot by many groups.
+    const size_t group = stats_.groups > 0 ? std::max<uint64_t>(1, stats_.samples / stats_.groups) : samples;
+    const uint32_t ask = static_cast<uint32_t>(std::clamp<size_t>((samples - held + group - 1) / group, 1, 100000));
     WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::ReceivedTrajectory> batch, client_.TakeBatch(ask, left));
     for (orchestrator::ReceivedTrajectory& t : batch) {
       TrajectoryGroup g;

@@ -1,0 +1,55 @@
+// The configuration of a whole run (`weft run`, `weft worker`, `weft train`): one YAML file with
+// the sections run, store, orchestrator (as for `weft orchestrator`), regions, worker, model, task
+// and trainer (see configs/local.yaml and docs/run.md). Unknown keys and bad values are errors
+// naming the key and line.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "examples/example_trainer.h"
+#include "orchestrator/config.h"
+
+namespace weft::cli {
+
+struct RegionConfig {
+  std::string name;
+  std::string relay_listen;             // ADDRESS:PORT of the region's relay
+  uint64_t bandwidth = 0;               // bytes per second of the emulated WAN link (0: unlimited)
+  std::chrono::microseconds latency{0}; // added to each request over it
+  int workers = 2;
+};
+
+struct WorkerSettings {
+  uint32_t capacity = 1;  // jobs generated at once per worker
+  int threads = 1;        // engine threads per worker
+  double temperature = 1.0;
+  double top_p = 1.0;
+  std::chrono::milliseconds heartbeat{1000};
+};
+
+struct RunConfig {
+  std::string path;                   // the file it came from
+  std::string run_id = "local";
+  std::string dir = "runs/local";     // everything the run writes
+  std::chrono::seconds time_limit{900};
+  std::string store_listen = "127.0.0.1:8170";
+  YAML::Node orchestrator_section;    // passed on to `weft orchestrator`
+  orchestrator::OrchestratorConfig orchestrator;
+  std::vector<RegionConfig> regions;
+  WorkerSettings worker;
+  examples::ExampleTrainerOptions trainer;  // model, task and trainer sections (store and URLs unset)
+
+  std::string orchestrator_url() const;
+  std::string store_url() const { return "http://" + store_listen; }
+  const RegionConfig* FindRegion(const std::string& name) const;
+};
+
+Result<RunConfig> LoadRunConfig(const std::string& path);
+
+}  // namespace weft::cli

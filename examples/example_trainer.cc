@@ -1,0 +1,241 @@
+#include "examples/example_trainer.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/logging.h"
+#include "orchestrator/client.h"
+#include "policy_store/object_store.h"
+#include "trainer_adapter/batch_client.h"
+
+namespace weft::examples {
+namespace {
+
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::vector<sync::MasterTensor> Master(const TinyLmLayout& layout, const std::vector<float>& weights) {
+  std::vector<sync::MasterTensor> master;
+  for (const ParameterInfo& p : layout.parameters()) {
+    master.push_back({p.name, p.shape, std::span<const float>(weights).subspan(p.offset, p.size)});
+  }
+  return master;
+}
+
+// A group as the worker submitted it (docs/api.md, "Trajectories"), checked: errors name the job.
+Result<Group> ParseGroup(const trainer_adapter::TrajectoryGroup& received, const ArithmeticTask& task) {
+  const std::string what = "job " + std::to_string(received.submission.job);
+  const Json& t = received.trajectories;
+  if (!t.is_object() || !t.contains("prompt") || !t["prompt"].is_string() || !t.contains("samples") || !t["samples"].is_array()) {
+    return InvalidArgument(what + ": trajectories need a string \"prompt\" and a \"samples\" array");
+  }
+  Group group;
+  WEFT_ASSIGN_OR_RETURN(group.prompt, task.Encode(t["prompt"].get<std::string>()));
+  for (size_t i = 0; i < t["samples"].size(); ++i) {
+    const Json& s = t["samples"][i];
+    const std::string where = what + " sample " + std::to_string(i);
+    if (!s.is_object() || !s.contains("tokens") || !s.contains("logprobs") || !s.contains("reward") || !s["reward"].is_number()) {
+      return InvalidArgument(where + ": needs tokens, logprobs and a numeric reward");
+    }
+    Sample sample;
+    try {
+      sample.tokens = s["tokens"].get<std::vector<int>>();
+      sample.logprobs = s["logprobs"].get<std::vector<float>>();
+    } catch (const Json::exception&) {
+      return InvalidArgument(where + ": tokens must be integers and logprobs numbers");
+    }
+    if (sample.tokens.empty() || sample.tokens.size() != sample.logprobs.size()) {
+      return InvalidArgument(where + ": " + std::to_string(sample.tokens.size()) + " tokens but " +
+                             std::to_string(sample.logprobs.size()) + " logprobs");
+    }
+    sample.reward = s["reward"].get<double>();
+    group.samples.push_back(std::move(sample));
+  }
+  return group;
+}
+
+double MeanReward(const std::vector<StepRecord>& steps, size_t from, size_t to) {
+  if (from >= to) return 0;
+  double sum = 0;
+  size_t samples = 0;
+  for (size_t i = from; i < to; ++i) {
+    sum += steps[i].reward * static_cast<double>(steps[i].samples);
+    samples += steps[i].samples;
+  }
+  return samples > 0 ? sum / static_cast<double>(samples) : 0;
+}
+
+}  // namespace
+
+Json TrainerSummary::ToJson() const {
+  Json records = Json::array();
+  for (const StepRecord& r : steps) {
+    records.push_back({{"step", r.step}, {"version", r.version}, {"reward", r.reward}, {"groups", r.groups}, {"samples", r.samples},
+                       {"mean_lag", r.mean_lag}, {"max_lag", r.max_lag}, {"delta_bytes", r.delta_bytes},
+                       {"keyframe_bytes", r.keyframe_bytes}, {"changed_elements", r.changed_elements}, {"density", r.density},
+                       {"mean_ratio", r.mean_ratio}, {"truncated", r.truncated}, {"seconds", r.seconds}});
+  }
+  return Json{{"phase", phase},
+              {"warmup_step", warmup_step},
+              {"warmup_loss", warmup_loss},
+              {"eval_accuracy_before", eval_accuracy_before},
+              {"eval_accuracy_after", eval_accuracy_after},
+              {"random_policy_reward", random_policy_reward},
+              {"initial_reward", initial_reward},
+              {"final_reward", final_reward},
+              {"versions_published", versions_published},
+              {"served_bytes", served_bytes},
+              {"parameters", parameters},
+              {"bytes_published", bytes_published},
+              {"groups_stale_delivered", groups_stale_delivered},
+              {"staleness_violations", staleness_violations},
+              {"steps", records}};
+}
+
+Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
+                                         const std::function<void(const TrainerSummary&)>& progress) {
+  if (options.steps < 1 || options.prompts_per_step < 1 || options.samples_per_prompt < 2 || options.steps_ahead < 1) {
+    return InvalidArgument("trainer: steps, prompts_per_step and steps_ahead must be at least 1, samples_per_prompt at least 2");
+  }
+  const ArithmeticTask task(options.digits);
+  TinyLmConfig config = options.model;
+  config.max_seq = task.max_length();
+  const TinyLmLayout layout(config);
+  std::vector<float> weights = layout.Initialize(options.seed);
+  std::mt19937_64 rng(options.seed);
+  TrainerSummary summary;
+  summary.parameters = layout.size();
+  std::vector<std::string> eval;
+  {
+    std::mt19937_64 eval_rng(options.seed ^ 0xE7A1);
+    for (int i = 0; i < options.eval_problems; ++i) eval.push_back(task.Problem(eval_rng));
+    for (const std::string& p : eval) summary.random_policy_reward += task.RandomPolicyReward(p);
+    summary.random_policy_reward /= std::max<size_t>(1, eval.size());
+  }
+
+  // 1. Supervised warm-up, locally.
+  summary.phase = "warm-up";
+  {
+    AdamWConfig warmup;
+    warmup.learning_rate = options.warmup_learning_rate;
+    AdamW optimizer(layout, warmup);
+    for (int step = 1; step <= options.warmup_steps; ++step) {
+      WEFT_ASSIGN_OR_RETURN(summary.warmup_loss, SupervisedStep(layout, weights, optimizer, task, rng, options.warmup_batch, options.threads));
+      summary.warmup_step = step;
+      if (step % 25 == 0 || step == options.warmup_steps) progress(summary);
+    }
+  }
+  WEFT_ASSIGN_OR_RETURN(summary.eval_accuracy_before, GreedyAccuracy(layout, weights, task, eval, options.threads));
+
+  // 2. Version 0: the warm-started policy.
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store, policy_store::OpenStore(options.store));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<trainer_adapter::Publisher> publisher,
+                        trainer_adapter::Publisher::Start(*store, options.run_id, Master(layout, weights), sync::ServingPlan{},
+                                                          options.publisher));
+  summary.served_bytes = publisher->served().byte_count();
+  summary.versions_published = 1;
+  if (publisher->last().keyframe) summary.bytes_published += publisher->last().keyframe->bytes;
+  HttpClientOptions http;
+  http.deadline = options.deadline;
+  orchestrator::OrchestratorClient client(options.orchestrator, options.trainer_token, http);
+  WEFT_RETURN_IF_ERROR(client.AnnounceVersion(0).WithContext("announcing version 0"));
+  trainer_adapter::BatchClient batches(client, options.max_staleness);
+
+  // 3. Reinforcement learning.
+  summary.phase = "rl";
+  AdamW optimizer(layout, options.optimizer);
+  const auto started = Clock::now();
+  uint64_t version = 0;
+  const size_t per_step = static_cast<size_t>(options.prompts_per_step);
+  for (int step = 1; step <= options.steps; ++step) {
+    // Keep `steps_ahead` steps of prompts queued, leased or waiting (and no more than the
+    // remaining steps need).
+    WEFT_ASSIGN_OR_RETURN(Json status, client.GetStatus());
+    const size_t pending = status["jobs"]["queued"].get<size_t>() + status["jobs"]["leased"].get<size_t>() +
+                           status["trajectories"]["buffered"].get<size_t>();
+    const size_t want = per_step * static_cast<size_t>(std::min(options.steps_ahead, options.steps - step + 1));
+    if (pending < want) {
+      std::vector<std::pair<Json, uint32_t>> prompts;
+      for (size_t i = pending; i < want; ++i) prompts.emplace_back(Json(task.Problem(rng)), static_cast<uint32_t>(options.samples_per_prompt));
+      WEFT_RETURN_IF_ERROR(client.AddJobs(prompts).status().WithContext("queueing prompts"));
+    }
+    // The step's groups.
+    std::vector<Group> groups;
+    std::vector<trainer_adapter::TrajectoryGroup> received;
+    auto last_arrival = Clock::now();
+    size_t samples = 0;
+    while (groups.size() < per_step) {
+      const size_t wanted = (per_step - groups.size()) * static_cast<size_t>(options.samples_per_prompt);
+      WEFT_ASSIGN_OR_RETURN(std::vector<trainer_adapter::TrajectoryGroup> batch,
+                            batches.NextBatch(wanted, version, std::chrono::milliseconds(2000)));
+      if (!batch.empty()) last_arrival = Clock::now();
+      for (trainer_adapter::TrajectoryGroup& g : batch) {
+        Result<Group> group = ParseGroup(g, task);
+        if (!group.ok()) {
+          WEFT_LOG(kError) << "trainer: skipping a malformed trajectory group: " << group.status().message();
+          continue;
+        }
+        samples += group->samples.size();
+        groups.push_back(std::move(*group));
+        received.push_back(std::move(g));
+      }
+      if (Clock::now() - last_arrival > options.stall_after) {
+        return Unavailable("trainer: no trajectories for " + std::to_string(options.stall_after.count() / 1000) +
+                           " s at step " + std::to_string(step) + " (are any workers ready?)");
+      }
+    }
+    StepRecord record;
+    record.step = step;
+    record.groups = groups.size();
+    record.samples = samples;
+    double rewards = 0;
+    for (const Group& g : groups) {
+      for (const Sample& s : g.samples) rewards += s.reward;
+    }
+    record.reward = samples > 0 ? rewards / static_cast<double>(samples) : 0;
+    for (const trainer_adapter::TrajectoryGroup& g : received) {
+      record.mean_lag += static_cast<double>(g.lag) / static_cast<double>(received.size());
+      record.max_lag = std::max(record.max_lag, g.lag);
+    }
+    WEFT_ASSIGN_OR_RETURN(StepStats stats,
+                          PolicyGradientStep(layout, weights, optimizer, groups, options.policy_gradient, options.threads));
+    record.mean_ratio = stats.mean_ratio;
+    record.truncated = stats.truncated;
+    // Publish the new version and count the served elements it changed.
+    std::vector<std::vector<uint8_t>> before;
+    for (const auto& t : publisher->served().tensors()) before.push_back(t.bytes);
+    WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest, publisher->Publish(Master(layout, weights)));
+    uint64_t elements = 0;
+    for (size_t i = 0; i < before.size(); ++i) {
+      const auto& t = publisher->served().tensors()[i];
+      const size_t width = sync::Info(t.spec.dtype).size;
+      for (size_t k = 0; k < t.bytes.size(); k += width) {
+        record.changed_elements += !std::equal(t.bytes.begin() + k, t.bytes.begin() + k + width, before[i].begin() + k);
+      }
+      elements += t.bytes.size() / width;
+    }
+    record.density = elements > 0 ? static_cast<double>(record.changed_elements) / static_cast<double>(elements) : 0;
+    version = manifest.version;
+    record.version = version;
+    record.delta_bytes = manifest.delta ? manifest.delta->bytes : 0;
+    record.keyframe_bytes = manifest.keyframe ? manifest.keyframe->bytes : 0;
+    summary.bytes_published += record.delta_bytes + record.keyframe_bytes;
+    for (const policy_store::SkipDelta& skip : manifest.skips) summary.bytes_published += skip.blob.bytes;
+    ++summary.versions_published;
+    WEFT_RETURN_IF_ERROR(client.AnnounceVersion(version).WithContext("announcing version " + std::to_string(version)));
+    record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    summary.steps.push_back(record);
+    summary.groups_stale_delivered = batches.staleness().stale_delivered;
+    summary.staleness_violations = batches.staleness().violations;
+    const size_t window = std::min<size_t>(5, summary.steps.size());
+    summary.initial_reward = MeanReward(summary.steps, 0, window);
+    summary.final_reward = MeanReward(summary.steps, summary.steps.size() - window, summary.steps.size());
+    progress(summary);
+  }
+  WEFT_ASSIGN_OR_RETURN(summary.eval_accuracy_after, GreedyAccuracy(layout, weights, task, eval, options.threads));
+  summary.phase = "done";
+  progress(summary);
+  return summary;
+}
+
+}  // namespace weft::examples

@@ -1,0 +1,93 @@
+// The example trainer: teaches TinyLm two-digit addition, first by a short supervised warm-up on
+// its own, then by reinforcement learning from trajectories that rollout workers generate, all
+// through the trainer adapter:
+//   - version 0 is the warm-started policy; every RL step publishes the next version as a delta
+//     (trainer_adapter::Publisher) and announces it to the orchestrator;
+//   - it keeps `steps_ahead` steps of prompts queued at the orchestrator (each a job of
+//     `samples_per_prompt` samples), so workers generate while it learns;
+//   - each step takes `prompts_per_step` groups with trainer_adapter::BatchClient (within the
+//     staleness bound the orchestrator enforces) and applies a GRPO step with truncated
+//     importance ratios against the behaviour logprobs (examples/grpo.h) at a fine-tuning
+//     learning rate.
+// It records per step: the batch's mean reward, the lag of its groups, the bytes of the version's
+// delta and how many served elements changed.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "examples/grpo.h"
+#include "examples/tiny_lm.h"
+#include "trainer_adapter/publisher.h"
+
+namespace weft::examples {
+
+struct ExampleTrainerOptions {
+  TinyLmConfig model;  // max_seq is set from the task
+  int digits = 2;
+  uint64_t seed = 1;
+  int threads = 1;
+  // Supervised warm-up (local, before version 0).
+  int warmup_steps = 500;
+  int warmup_batch = 64;
+  double warmup_learning_rate = 3e-3;
+  // Reinforcement learning.
+  int steps = 80;
+  int prompts_per_step = 32;
+  int samples_per_prompt = 8;
+  int steps_ahead = 2;
+  AdamWConfig optimizer{2e-5, 0.9, 0.95, 1e-8, 0.0, 1.0};
+  PolicyGradientConfig policy_gradient;
+  int eval_problems = 500;
+  // Where it publishes and whom it tells.
+  std::string store;           // a store URI (directory or http)
+  std::string run_id;
+  std::string orchestrator;    // URL
+  std::string trainer_token;
+  uint64_t max_staleness = 2;  // the orchestrator's bound (for the batch client's accounting)
+  trainer_adapter::PublisherOptions publisher;
+  std::chrono::milliseconds deadline{120000};  // per orchestrator call, retries included
+  std::chrono::milliseconds stall_after{300000};  // no trajectory for this long: give up
+};
+
+struct StepRecord {
+  int step = 0;
+  uint64_t version = 0;         // published after this step
+  double reward = 0;            // the batch's mean reward
+  size_t groups = 0, samples = 0;
+  double mean_lag = 0;          // trainer version - version_start, over the batch's groups
+  uint64_t max_lag = 0;
+  uint64_t delta_bytes = 0;     // this version's delta blob
+  uint64_t keyframe_bytes = 0;  // ... and its keyframe, if it has one
+  uint64_t changed_elements = 0;
+  double density = 0;           // changed served elements / all served elements
+  double mean_ratio = 0;        // importance ratio pi/mu over the batch's tokens
+  double truncated = 0;         // fraction of tokens whose ratio was truncated
+  double seconds = 0;           // since the RL phase began
+};
+
+struct TrainerSummary {
+  std::string phase = "starting";  // starting, warm-up, rl, done
+  int warmup_step = 0;
+  double warmup_loss = 0;
+  double eval_accuracy_before = 0;  // greedy accuracy of version 0 (after the warm-up)
+  double eval_accuracy_after = 0;   // ... of the final version
+  double random_policy_reward = 0;  // expected reward of a uniformly random policy
+  std::vector<StepRecord> steps;
+  uint64_t versions_published = 0;
+  uint64_t served_bytes = 0;        // one full checkpoint in the serving format
+  uint64_t parameters = 0;
+  uint64_t bytes_published = 0;     // delta and keyframe blobs written by the trainer
+  uint64_t groups_stale_delivered = 0, staleness_violations = 0;
+  double initial_reward = 0, final_reward = 0;  // mean batch reward of the first / last steps
+  nlohmann::json ToJson() const;
+};
+
+// Runs the whole training; `progress` is called after every warm-up report and RL step.
+Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
+                                         const std::function<void(const TrainerSummary&)>& progress);
+
+}  // namespace weft::examples

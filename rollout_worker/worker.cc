@@ -1,0 +1,305 @@
+#include "rollout_worker/worker.h"
+
+#include <thread>
+#include <vector>
+
+#include "common/logging.h"
+#include "sync/digest.h"
+
+namespace weft::rollout_worker {
+namespace {
+
+using Json = nlohmann::json;
+
+// The first tensor of `model` whose digest, recomputed from its bytes, differs from `manifest`'s
+// (or whose name, dtype or shape does); empty when they all agree.
+std::string FirstDisagreement(const sync::ServedModel& model, const policy_store::Manifest& manifest) {
+  if (model.tensors().size() != manifest.tensors.size()) return "the tensor count";
+  for (const policy_store::ManifestTensor& want : manifest.tensors) {
+    const sync::ServedModel::Tensor* have = model.Find(want.name);
+    if (have == nullptr || have->spec.dtype != want.dtype || have->spec.shape != want.shape) return want.name;
+    if (!(sync::TensorDigest(have->spec.dtype, have->bytes) == want.digest)) return want.name;
+  }
+  return "";
+}
+
+}  // namespace
+
+Status RolloutWorker::Run() {
+  WEFT_RETURN_IF_ERROR(orchestrator_.Register(options_.cluster, options_.region, options_.capacity)
+                           .WithContext("registering cluster " + options_.cluster));
+  WEFT_LOG(kInfo) << "cluster " << options_.cluster << " (region " << options_.region << ", capacity " << options_.capacity
+                  << ") registered";
+  std::vector<std::thread> threads;
+  threads.emplace_back([this] { SyncLoop(); });
+  threads.emplace_back([this] { HeartbeatLoop(); });
+  for (uint32_t i = 0; i < options_.capacity; ++i) threads.emplace_back([this] { JobLoop(); });
+  for (std::thread& t : threads) t.join();
+  // Drained: every running job was submitted; hand back what arrived after the stop, then leave.
+  std::vector<uint64_t> hand_back;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hand_back.swap(to_hand_back_);
+  }
+  Status left = Status::Ok();
+  if (!hand_back.empty()) {
+    left = orchestrator_.Drain(options_.cluster, hand_back);
+    if (left.ok()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.handed_back += hand_back.size();
+    }
+  }
+  SendHeartbeat();  // the final counters
+  Status gone = orchestrator_.Deregister(options_.cluster);
+  if (!left.ok()) return left.WithContext("handing back jobs");
+  return gone.WithContext("deregistering cluster " + options_.cluster);
+}
+
+void RolloutWorker::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+}
+
+bool RolloutWorker::Sleep(std::chrono::milliseconds period) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait_for(lock, period, [this] { return stop_; });
+  return stop_;
+}
+
+orchestrator::SyncReport RolloutWorker::sync_report() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return report_;
+}
+
+WorkerStats RolloutWorker::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+std::optional<uint64_t> RolloutWorker::ready_version() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ready_;
+}
+
+void RolloutWorker::CorruptServedCopyForTest() { corrupt_for_test_ = true; }
+
+void RolloutWorker::SyncLoop() {
+  policy_store::StoreReader reader(store_, options_.run_id, options_.sync_threads);
+  do {
+    SyncOnce(reader);
+  } while (!Sleep(options_.sync_interval));
+}
+
+void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
+  if (corrupt_for_test_.exchange(false) && !served_.tensors().empty()) {
+    // A bit flip in the served copy: only the digest check below can notice it.
+    std::vector<sync::TensorSpec> specs;
+    std::vector<std::vector<uint8_t>> bytes;
+    for (const auto& t : served_.tensors()) {
+      specs.push_back(t.spec);
+      bytes.push_back(t.bytes);
+    }
+    bytes.front()[0] ^= 0x01;
+    served_ = sync::ServedModel::FromTensors(specs, bytes, 1);
+  }
+  // The proof: the bytes served now hash to the digests of the version claimed.
+  if (held_) {
+    Result<policy_store::Manifest> manifest = reader.GetManifest(*held_);
+    if (manifest.ok()) {
+      const std::string wrong = FirstDisagreement(served_, *manifest);
+      if (!wrong.empty()) {
+        WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version " << *held_ << " disagrees with its manifest at "
+                         << wrong << "; re-syncing from a keyframe";
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++report_.digest_mismatches;
+        ready_.reset();
+        held_.reset();
+        served_ = sync::ServedModel();
+      }
+    }
+  }
+  Result<uint64_t> latest = reader.Latest();
+  if (!latest.ok()) {
+    if (latest.status().code() != StatusCode::kNotFound) {
+      WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": cannot read the latest version: " << latest.status().message();
+    }
+    return;
+  }
+  if (held_ && *held_ >= *latest) return;
+  sync::ServedModel next = served_;
+  Result<policy_store::PullReport> pulled = reader.Pull(*latest, held_, &next);
+  if (!pulled.ok()) {
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest << " failed: " << pulled.status().message();
+    if (pulled.status().code() == StatusCode::kDataLoss && held_) {
+      // What we hold does not continue into the store's chain as it should: start over from a keyframe.
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++report_.digest_mismatches;
+      held_.reset();
+      served_ = sync::ServedModel();
+    }
+    return;
+  }
+  Result<policy_store::Manifest> manifest = reader.GetManifest(*latest);
+  if (!manifest.ok()) return;
+  const std::string wrong = FirstDisagreement(next, *manifest);
+  if (!wrong.empty()) {
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": version " << *latest << " as pulled disagrees with its manifest at " << wrong;
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++report_.digest_mismatches;
+    held_.reset();
+    served_ = sync::ServedModel();
+    return;
+  }
+  Status staged = engine_.Stage(next, *latest);
+  if (!staged.ok()) {
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": the engine refused version " << *latest << ": " << staged.message();
+    return;
+  }
+  Result<int64_t> pause = engine_.Commit();
+  if (!pause.ok()) {
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": committing version " << *latest << " failed: " << pause.status().message();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    served_ = std::move(next);
+    held_ = *latest;
+    ready_ = *latest;
+    report_.bytes_downloaded += pulled->bytes_downloaded;
+    ++report_.pulls;
+    if (!pulled->from.has_value() || pulled->path.rfind("keyframe", 0) == 0) ++report_.keyframe_pulls;
+    ++report_.commits;
+    if (!report_.first_version) report_.first_version = *latest;
+    report_.newest_version = *latest;
+    report_.max_pause_ms = std::max(report_.max_pause_ms, static_cast<double>(*pause) / 1000.0);
+  }
+  WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << *latest << " (" << pulled->bytes_downloaded << " bytes: "
+                  << pulled->path << ", digests verified, pause " << *pause << " us)";
+  SendHeartbeat();  // the orchestrator learns at once that this cluster is ready at the new version
+}
+
+void RolloutWorker::SendHeartbeat() {
+  std::optional<uint64_t> ready;
+  orchestrator::SyncReport report;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ready = ready_;
+    report = report_;
+  }
+  Status sent = orchestrator_.Heartbeat(options_.cluster, ready, &report);
+  if (sent.code() == StatusCode::kNotFound) {
+    // The orchestrator does not know this cluster (it was lost after a long silence): join again.
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << " is unknown to the orchestrator; registering again";
+    sent = orchestrator_.Register(options_.cluster, options_.region, options_.capacity);
+    if (sent.ok()) sent = orchestrator_.Heartbeat(options_.cluster, ready, &report);
+  }
+  if (!sent.ok()) {
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": heartbeat failed: " << sent.message();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ready && (!reported_ || *reported_ < *ready)) reported_ = ready;
+  }
+  changed_.notify_all();
+}
+
+void RolloutWorker::HeartbeatLoop() {
+  while (!Sleep(options_.heartbeat_interval)) SendHeartbeat();
+}
+
+void RolloutWorker::JobLoop() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stop_) return;
+    }
+    // Not ready (no version yet, or a re-sync in progress): the orchestrator would not lease.
+    if (!ready_version()) {
+      if (Sleep(std::chrono::milliseconds(100))) return;
+      continue;
+    }
+    Result<std::vector<orchestrator::Lease>> leases = orchestrator_.RequestLeases(options_.cluster, 1, options_.lease_wait);
+    if (!leases.ok()) {
+      WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": lease request failed: " << leases.status().message();
+      if (Sleep(std::chrono::milliseconds(500))) return;
+      continue;
+    }
+    for (const orchestrator::Lease& lease : *leases) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stop_) {
+          to_hand_back_.push_back(lease.job);
+          continue;
+        }
+      }
+      RunJob(lease);
+    }
+  }
+}
+
+void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
+  const std::string what = "job " + std::to_string(lease.job) + " attempt " + std::to_string(lease.attempt);
+  auto fail = [&](const Status& status) {
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": " << what << ": " << status.message();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.generation_errors;
+  };
+  const Json prompt = Json::parse(lease.prompt, nullptr, false);
+  if (prompt.is_discarded()) return fail(InvalidArgument("the prompt is not JSON"));
+  Result<std::vector<int>> tokens = task_.Encode(prompt);
+  if (!tokens.ok()) return fail(tokens.status());
+  Sampling sampling = options_.sampling;
+  sampling.seed = lease.job * 0x9E3779B97F4A7C15ull + lease.attempt * 0xBF58476D1CE4E5B9ull;
+  Result<std::vector<Completion>> completions =
+      engine_.Generate(std::vector<std::vector<int>>(lease.samples, *tokens), sampling);
+  if (!completions.ok()) return fail(completions.status());
+
+  orchestrator::Submission submission;
+  submission.job = lease.job;
+  submission.attempt = lease.attempt;
+  submission.cluster = options_.cluster;
+  Json samples = Json::array();
+  double rewards = 0;
+  for (const Completion& c : *completions) {
+    Result<double> reward = task_.Reward(prompt, c.tokens);
+    if (!reward.ok()) return fail(reward.status());
+    rewards += *reward;
+    samples.push_back({{"tokens", c.tokens}, {"logprobs", c.logprobs}, {"reward", *reward}, {"segments", c.segments}});
+    // The group's segments: its samples' tokens end to end.
+    for (const auto& [version, first] : c.segments) {
+      if (!submission.segments.empty() && submission.segments.back().first == version) continue;
+      submission.segments.emplace_back(version, submission.tokens + first);
+    }
+    submission.tokens += c.tokens.size();
+  }
+  if (submission.segments.empty()) return fail(Internal("the engine returned no completion"));
+  submission.version_start = submission.version_end = submission.segments.front().first;
+  for (const auto& segment : submission.segments) {
+    submission.version_start = std::min(submission.version_start, segment.first);
+    submission.version_end = std::max(submission.version_end, segment.first);
+  }
+  // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
+  // for the heartbeat that follows a commit landing mid-generation.
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_for(lock, std::chrono::seconds(30), [&] { return reported_ && *reported_ >= submission.version_end; });
+  }
+  const Json payload = {{"prompt", prompt}, {"samples", samples}};
+  Result<orchestrator::SubmitResult> submitted = orchestrator_.Submit(submission, payload);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!submitted.ok()) {
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what << " was not accepted: " << submitted.status().message();
+    ++stats_.submissions_rejected;
+    return;
+  }
+  ++stats_.jobs;
+  stats_.samples += completions->size();
+  stats_.tokens += submission.tokens;
+  stats_.reward_sum += rewards;
+}
+
+}  // namespace weft::rollout_worker

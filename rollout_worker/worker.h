@@ -1,0 +1,110 @@
+// RolloutWorker: the agent beside an inference engine (DESIGN.md section 7).
+//
+// Three loops share the worker:
+//   - sync: checks the store's latest version, brings its own copy of the served tensors there
+//     along the cheapest path (policy_store::StoreReader: plan, fetch through the region's relay,
+//     verify every blob and digest, apply), stages it in the engine while generation goes on,
+//     commits it (the short pause), and reports the version in a heartbeat at once. Every round it
+//     also recomputes the state digest of what it serves from the bytes themselves; should they
+//     ever disagree with the manifest, it counts a digest mismatch, stops claiming the version and
+//     re-syncs from a keyframe.
+//   - heartbeats: proof of life with the version proved ready and the sync counters, every
+//     `heartbeat_interval`.
+//   - jobs (`capacity` of them): lease one job (long poll), generate its samples with the engine,
+//     score them with the task's verifier, and submit them with token ids, behaviour logprobs,
+//     rewards, version_start, version_end and the per-token version segments (docs/api.md,
+//     "Trajectories"). A submission waits until the orchestrator has heard that the cluster is
+//     ready at the newest version it used.
+// Stop() drains: no new leases, running jobs finish and are submitted, leases that arrive after
+// the stop are handed back, and the cluster deregisters.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "orchestrator/client.h"
+#include "orchestrator/service.h"
+#include "policy_store/object_store.h"
+#include "policy_store/store_client.h"
+#include "rollout_worker/engine.h"
+#include "rollout_worker/task.h"
+
+namespace weft::rollout_worker {
+
+struct WorkerOptions {
+  std::string cluster;
+  std::string region;
+  std::string run_id;
+  uint32_t capacity = 1;  // jobs generated at once
+  Sampling sampling;      // temperature, top_p, max_tokens, stop token (the seed comes from the job)
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds sync_interval{250};  // how often the store's latest version is checked
+  std::chrono::milliseconds lease_wait{2000};    // long poll for leases
+  int sync_threads = 1;
+};
+
+struct WorkerStats {
+  uint64_t jobs = 0, samples = 0, tokens = 0;
+  uint64_t submissions_rejected = 0, generation_errors = 0;
+  uint64_t handed_back = 0;
+  double reward_sum = 0;
+};
+
+class RolloutWorker {
+ public:
+  // Everything passed must outlive the worker.
+  RolloutWorker(WorkerOptions options, orchestrator::OrchestratorClient& orchestrator, policy_store::ObjectStore& store,
+                Engine& engine, const Task& task)
+      : options_(std::move(options)), orchestrator_(orchestrator), store_(store), engine_(engine), task_(task) {}
+
+  // Registers, then runs the loops until Stop(); returns once drained and deregistered. Fails
+  // only when the cluster cannot register or leave.
+  Status Run();
+  // Thread-safe; Run() returns soon after.
+  void Stop();
+
+  orchestrator::SyncReport sync_report() const;
+  WorkerStats stats() const;
+  std::optional<uint64_t> ready_version() const;
+
+  // Tests: flips one byte of the served copy, as a memory fault would (the next sync round must
+  // notice and re-sync from a keyframe).
+  void CorruptServedCopyForTest();
+
+ private:
+  void SyncLoop();
+  void HeartbeatLoop();
+  void JobLoop();
+  // One round of the sync loop.
+  void SyncOnce(policy_store::StoreReader& reader);
+  void SendHeartbeat();
+  // Generates, scores and submits one leased job.
+  void RunJob(const orchestrator::Lease& lease);
+  // Waits until `stop_` or `period` has passed; returns whether stopping.
+  bool Sleep(std::chrono::milliseconds period);
+
+  WorkerOptions options_;
+  orchestrator::OrchestratorClient& orchestrator_;
+  policy_store::ObjectStore& store_;
+  Engine& engine_;
+  const Task& task_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stop_ = false;
+  sync::ServedModel served_;               // the sync loop's own
+  std::optional<uint64_t> held_;           // the version served_ holds
+  std::optional<uint64_t> ready_;          // proved and committed: what heartbeats report
+  std::optional<uint64_t> reported_;       // the newest ready version the orchestrator acknowledged
+  orchestrator::SyncReport report_;
+  WorkerStats stats_;
+  std::vector<uint64_t> to_hand_back_;
+  std::atomic<bool> corrupt_for_test_{false};
+};
+
+}  // namespace weft::rollout_worker
