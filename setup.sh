@@ -9,7 +9,7 @@ packages=(
   clang libclang-rt-14-dev                            # sanitizers and libFuzzer for the test suite
   libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev libssl-dev
   libboost1.74-dev libcurl4-openssl-dev libyaml-cpp-dev
-  doctest-dev libbenchmark-dev
+  doctest-dev libbenchmark-dev jq                     # jq: the end-to-end tests read reports
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -21,7 +21,7 @@ echo "== sanitizers: address, undefined"
 cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_BENCH=OFF > /dev/null
 cmake --build build-asan --target weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests \
-  weft_orchestrator_tests weft_examples_tests
+  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 build-asan/tests/weft_common_tests
 build-asan/tests/weft_sync_tests
@@ -29,6 +29,7 @@ build-asan/tests/weft_policy_store_tests
 build-asan/tests/weft_trainer_adapter_tests
 build-asan/tests/weft_orchestrator_tests
 build-asan/tests/weft_examples_tests
+build-asan/tests/weft_rollout_worker_tests
 
 echo "== sanitizer: thread"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \

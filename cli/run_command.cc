@@ -499,8 +499,8 @@ Status RunRun(const std::string& config_path) {
       {"max_commit_pause_ms", totals.max_pause_ms},
       {"relays", relays},
       {"relay_corrupted_blobs_refetched", corrupted},
-      {"orchestrator", status.is_object() ? Json{{"jobs", status["jobs"]}, {"leases", status["leases"]}, {"trajectories", status["trajectories"]},
-                                                 {"journal", status["journal"]}, {"regions", status["regions"]}}
+      {"orchestrator", status.is_object() ? Json{{"jobs", status["jobs"]}, {"leases", status["leases"]}, {"clusters_lost", status["clusters_lost"]}, {"trajectories", status["trajectories"]},
+                                                 {"journal", status["journal"]}, {"regions", status["regions"]}, {"clusters", status["clusters"]}}
                                           : Json()},
       {"restarts", Json::object()},
       {"per_step", per_step}};

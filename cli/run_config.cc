@@ -121,7 +121,7 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   if (const YAML::Node tr = root["trainer"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(tr, "trainer", {"seed", "threads", "warmup", "steps", "prompts_per_step", "samples_per_prompt",
                                                     "steps_ahead", "learning_rate", "truncation", "eval_problems", "keyframe_interval",
-                                                    "stall_after"}));
+                                                    "keyframe_budget", "stall_after", "min_step_time"}));
     WEFT_RETURN_IF_ERROR(ReadUnsigned(tr, "trainer", "seed", &t.seed));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "threads", &t.threads, 1, 256));
     if (const YAML::Node warmup = tr["warmup"]) {
@@ -139,9 +139,13 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "eval_problems", &t.eval_problems, 1, 1000000));
     WEFT_RETURN_IF_ERROR(ReadUnsigned(tr, "trainer", "keyframe_interval", &t.publisher.keyframes.interval));
     if (t.publisher.keyframes.interval < 1) return InvalidArgument("trainer.keyframe_interval must be at least 1");
+    WEFT_RETURN_IF_ERROR(ReadPositive(tr, "trainer", "keyframe_budget", &t.publisher.keyframes.delta_budget, 1e9));
     std::chrono::microseconds stall = t.stall_after;
     WEFT_RETURN_IF_ERROR(ReadDuration(tr, "trainer", "stall_after", &stall));
     t.stall_after = std::chrono::duration_cast<std::chrono::milliseconds>(stall);
+    std::chrono::microseconds pace = t.min_step_time;
+    WEFT_RETURN_IF_ERROR(ReadDuration(tr, "trainer", "min_step_time", &pace));
+    t.min_step_time = std::chrono::duration_cast<std::chrono::milliseconds>(pace);
   }
   if (t.prompts_per_step > static_cast<int>(c.orchestrator.core.max_in_flight)) {
     return InvalidArgument("trainer.prompts_per_step is above orchestrator.max_in_flight: a step could never fill");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 
 #include "common/logging.h"
 #include "orchestrator/client.h"
@@ -147,18 +148,21 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
   const auto started = Clock::now();
   uint64_t version = 0;
   const size_t per_step = static_cast<size_t>(options.prompts_per_step);
-  for (int step = 1; step <= options.steps; ++step) {
-    // Keep `steps_ahead` steps of prompts queued, leased or waiting (and no more than the
-    // remaining steps need).
+  // Queues prompts until `want` jobs are queued, leased or buffered at the orchestrator.
+  auto top_up = [&](size_t want) -> Status {
     WEFT_ASSIGN_OR_RETURN(Json status, client.GetStatus());
     const size_t pending = status["jobs"]["queued"].get<size_t>() + status["jobs"]["leased"].get<size_t>() +
                            status["trajectories"]["buffered"].get<size_t>();
-    const size_t want = per_step * static_cast<size_t>(std::min(options.steps_ahead, options.steps - step + 1));
-    if (pending < want) {
-      std::vector<std::pair<Json, uint32_t>> prompts;
-      for (size_t i = pending; i < want; ++i) prompts.emplace_back(Json(task.Problem(rng)), static_cast<uint32_t>(options.samples_per_prompt));
-      WEFT_RETURN_IF_ERROR(client.AddJobs(prompts).status().WithContext("queueing prompts"));
-    }
+    if (pending >= want) return Status::Ok();
+    std::vector<std::pair<Json, uint32_t>> prompts;
+    for (size_t i = pending; i < want; ++i) prompts.emplace_back(Json(task.Problem(rng)), static_cast<uint32_t>(options.samples_per_prompt));
+    return client.AddJobs(prompts).status().WithContext("queueing prompts");
+  };
+  for (int step = 1; step <= options.steps; ++step) {
+    const auto step_started = Clock::now();
+    // Keep `steps_ahead` steps of prompts queued, leased or waiting (and no more than the
+    // remaining steps need).
+    WEFT_RETURN_IF_ERROR(top_up(per_step * static_cast<size_t>(std::min(options.steps_ahead, options.steps - step + 1))));
     // The step's groups.
     std::vector<Group> groups;
     std::vector<trainer_adapter::TrajectoryGroup> received;
@@ -169,6 +173,10 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
       WEFT_ASSIGN_OR_RETURN(std::vector<trainer_adapter::TrajectoryGroup> batch,
                             batches.NextBatch(wanted, version, std::chrono::milliseconds(2000)));
       if (!batch.empty()) last_arrival = Clock::now();
+      if (batch.empty()) {
+        // Nothing came: the work for this step may have been dropped as stale. Queue what is missing.
+        WEFT_RETURN_IF_ERROR(top_up(per_step - groups.size()));
+      }
       for (trainer_adapter::TrajectoryGroup& g : batch) {
         Result<Group> group = ParseGroup(g, task);
         if (!group.ok()) {
@@ -231,6 +239,7 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     summary.initial_reward = MeanReward(summary.steps, 0, window);
     summary.final_reward = MeanReward(summary.steps, summary.steps.size() - window, summary.steps.size());
     progress(summary);
+    std::this_thread::sleep_until(step_started + options.min_step_time);
   }
   WEFT_ASSIGN_OR_RETURN(summary.eval_accuracy_after, GreedyAccuracy(layout, weights, task, eval, options.threads));
   summary.phase = "done";

@@ -51,6 +51,9 @@ struct ExampleTrainerOptions {
   trainer_adapter::PublisherOptions publisher;
   std::chrono::milliseconds deadline{120000};  // per orchestrator call, retries included
   std::chrono::milliseconds stall_after{300000};  // no trajectory for this long: give up
+  // Each RL step takes at least this long (the trainer waits before taking the next batch):
+  // emulates a model whose optimiser step is slow, for tests that need the run to last. 0: off.
+  std::chrono::milliseconds min_step_time{0};
 };
 
 struct StepRecord {

@@ -537,6 +537,7 @@ Json OrchestratorService::Impl::StatusJson() const {
                           {"given_up", n.jobs_given_up}}},
                 {"leases", {{"granted", n.leases_granted}, {"expired", n.leases_expired}, {"handed_back", n.leases_handed_back},
                             {"cancelled", n.leases_cancelled}}},
+                {"clusters_lost", n.clusters_lost},
                 {"trajectories", {{"buffered", c.buffered()}, {"outstanding", c.outstanding()}, {"accepted", n.submissions_accepted},
                                   {"duplicate", n.submissions_duplicate},
                                   {"rejected", n.submissions_rejected}, {"delivered_fresh", n.delivered_fresh},

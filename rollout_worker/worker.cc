@@ -25,6 +25,24 @@ std::string FirstDisagreement(const sync::ServedModel& model, const policy_store
 
 }  // namespace
 
+GroupVersions VersionsOfGroup(const std::vector<Completion>& completions) {
+  GroupVersions g;
+  for (const Completion& c : completions) {
+    for (const auto& [version, first] : c.segments) {
+      if (!g.segments.empty() && g.segments.back().first == version) continue;
+      g.segments.emplace_back(version, g.tokens + first);
+    }
+    g.tokens += c.tokens.size();
+  }
+  if (g.segments.empty()) return g;
+  g.version_start = g.version_end = g.segments.front().first;
+  for (const auto& segment : g.segments) {
+    g.version_start = std::min(g.version_start, segment.first);
+    g.version_end = std::max(g.version_end, segment.first);
+  }
+  return g;
+}
+
 Status RolloutWorker::Run() {
   WEFT_RETURN_IF_ERROR(orchestrator_.Register(options_.cluster, options_.region, options_.capacity)
                            .WithContext("registering cluster " + options_.cluster));
@@ -269,19 +287,13 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     if (!reward.ok()) return fail(reward.status());
     rewards += *reward;
     samples.push_back({{"tokens", c.tokens}, {"logprobs", c.logprobs}, {"reward", *reward}, {"segments", c.segments}});
-    // The group's segments: its samples' tokens end to end.
-    for (const auto& [version, first] : c.segments) {
-      if (!submission.segments.empty() && submission.segments.back().first == version) continue;
-      submission.segments.emplace_back(version, submission.tokens + first);
-    }
-    submission.tokens += c.tokens.size();
   }
-  if (submission.segments.empty()) return fail(Internal("the engine returned no completion"));
-  submission.version_start = submission.version_end = submission.segments.front().first;
-  for (const auto& segment : submission.segments) {
-    submission.version_start = std::min(submission.version_start, segment.first);
-    submission.version_end = std::max(submission.version_end, segment.first);
-  }
+  const GroupVersions versions = VersionsOfGroup(*completions);
+  if (versions.segments.empty()) return fail(Internal("the engine returned no completion"));
+  submission.version_start = versions.version_start;
+  submission.version_end = versions.version_end;
+  submission.segments = versions.segments;
+  submission.tokens = versions.tokens;
   // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
   // for the heartbeat that follows a commit landing mid-generation.
   {

@@ -43,10 +43,19 @@ struct WorkerOptions {
   uint32_t capacity = 1;  // jobs generated at once
   Sampling sampling;      // temperature, top_p, max_tokens, stop token (the seed comes from the job)
   std::chrono::milliseconds heartbeat_interval{1000};
-  std::chrono::milliseconds sync_interval{250};  // how often the store's latest version is checked
+  std::chrono::milliseconds sync_interval{100};  // how often the store's latest version is checked
   std::chrono::milliseconds lease_wait{2000};    // long poll for leases
   int sync_threads = 1;
 };
+
+// A group's versions for its submission: the samples' tokens laid end to end, each run of tokens
+// tagged with the version that generated it (docs/api.md, submissions); version_start and
+// version_end are the oldest and newest versions used, tokens the total.
+struct GroupVersions {
+  uint64_t version_start = 0, version_end = 0, tokens = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> segments;
+};
+GroupVersions VersionsOfGroup(const std::vector<Completion>& completions);
 
 struct WorkerStats {
   uint64_t jobs = 0, samples = 0, tokens = 0;

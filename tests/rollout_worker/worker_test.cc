@@ -1,0 +1,161 @@
+// The rollout worker against a real orchestrator (loopback) and a directory store, with the
+// embedded engine and the arithmetic task.
+#include "rollout_worker/worker.h"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "examples/arithmetic_task.h"
+#include "examples/embedded_engine.h"
+#include "orchestrator/service.h"
+#include "tests/temp_path.h"
+#include "trainer_adapter/batch_client.h"
+#include "trainer_adapter/publisher.h"
+
+namespace weft::rollout_worker {
+namespace {
+
+using namespace weft::orchestrator;
+using Json = nlohmann::json;
+
+TEST_CASE("group versions: samples end to end, runs tagged, range from the oldest to the newest") {
+  Completion a, b, c;
+  a.tokens = {1, 2, 3, 4};
+  a.segments = {{4, 0}, {5, 2}};
+  b.tokens = {1, 2, 3};
+  b.segments = {{4, 0}};  // finished before the commit
+  c.tokens = {7, 7};
+  c.segments = {{5, 0}};
+  const GroupVersions g = VersionsOfGroup({a, b, c});
+  CHECK(g.tokens == 9);
+  CHECK(g.version_start == 4);
+  CHECK(g.version_end == 5);
+  CHECK(g.segments == std::vector<std::pair<uint64_t, uint64_t>>{{4, 0}, {5, 2}, {4, 4}, {5, 7}});
+  // One version throughout: one run.
+  const GroupVersions same = VersionsOfGroup({b, b});
+  CHECK(same.segments == std::vector<std::pair<uint64_t, uint64_t>>{{4, 0}});
+  CHECK(VersionsOfGroup({}).segments.empty());
+}
+
+bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syncs after a digest mismatch; drains") {
+  const std::string journal = testing::TempPath("worker_journal"), store_dir = testing::TempPath("worker_store");
+  auto core = std::move(DurableCore::Open(journal, CoreConfig{})).value();
+  ServiceOptions service_options;
+  service_options.worker_token = "w";
+  service_options.trainer_token = "t";
+  service_options.admin_token = "a";
+  service_options.tick_interval = std::chrono::milliseconds(20);
+  auto service = std::move(OrchestratorService::Start(*core, service_options)).value();
+  const std::string url = "http://127.0.0.1:" + std::to_string(service->port());
+  HttpClientOptions quick;
+  quick.deadline = std::chrono::milliseconds(10000);
+  OrchestratorClient trainer(url, "t", quick), worker_client(url, "w", quick);
+
+  // The policy, published as version 0.
+  const examples::ArithmeticTask task(1);
+  examples::TinyLmConfig model;
+  model.d_model = 16;
+  model.layers = 1;
+  model.heads = 2;
+  model.d_ff = 32;
+  model.max_seq = task.max_length();
+  const examples::TinyLmLayout layout(model);
+  std::vector<float> weights = layout.Initialize(3);
+  auto master = [&] {
+    std::vector<sync::MasterTensor> m;
+    for (const auto& p : layout.parameters()) m.push_back({p.name, p.shape, std::span<const float>(weights).subspan(p.offset, p.size)});
+    return m;
+  };
+  auto store = std::move(policy_store::OpenStore(store_dir)).value();
+  auto publisher = std::move(trainer_adapter::Publisher::Start(*store, "r", master(), sync::ServingPlan{}, {})).value();
+  REQUIRE(trainer.AnnounceVersion(0).ok());
+
+  examples::EmbeddedEngine engine(model, 1);
+  const examples::ArithmeticVerifier verifier(task);
+  WorkerOptions options;
+  options.cluster = "c1";
+  options.region = "eu";
+  options.run_id = "r";
+  options.capacity = 2;
+  options.heartbeat_interval = std::chrono::milliseconds(100);
+  options.sync_interval = std::chrono::milliseconds(20);
+  options.lease_wait = std::chrono::milliseconds(200);
+  options.sampling.max_tokens = 3;
+  options.sampling.stop_token = examples::ArithmeticTask::kEnd;
+  RolloutWorker worker(options, worker_client, *store, engine, verifier);
+  Status ran = Internal("not finished");
+  std::thread running([&] { ran = worker.Run(); });
+
+  REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
+  CHECK(engine.version() == 0);
+  REQUIRE(trainer.AddJobs({{Json("1+2="), 3}, {Json("4+4="), 3}}).ok());
+  trainer_adapter::BatchClient batches(trainer, 2);
+  std::vector<trainer_adapter::TrajectoryGroup> groups;
+  REQUIRE(WaitFor([&] {
+    auto more = batches.NextBatch(6, 0, std::chrono::milliseconds(200));
+    REQUIRE(more.ok());
+    for (auto& g : *more) groups.push_back(std::move(g));
+    return groups.size() >= 2;
+  }));
+  for (const auto& g : groups) {
+    CHECK(g.submission.cluster == "c1");
+    CHECK(g.submission.version_start == 0);
+    CHECK(g.submission.segments == std::vector<std::pair<uint64_t, uint64_t>>{{0, 0}});
+    REQUIRE(g.trajectories["samples"].size() == 3);
+    for (const Json& s : g.trajectories["samples"]) {
+      CHECK(s["tokens"].size() == s["logprobs"].size());
+      CHECK((s["reward"] == 0.0 || s["reward"] == 1.0));
+    }
+    CHECK(g.trajectories["prompt"].is_string());
+  }
+
+  // A new version: the worker pulls the delta, proves it and says so.
+  for (float& w : weights) w *= 1.01f;
+  REQUIRE(publisher->Publish(master()).ok());
+  REQUIRE(trainer.AnnounceVersion(1).ok());
+  REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(1); }));
+  SyncReport report = worker.sync_report();
+  CHECK(report.pulls == 2);
+  CHECK(report.keyframe_pulls == 1);
+  CHECK(report.first_version == 0);
+  CHECK(report.newest_version == 1);
+  CHECK(report.bytes_downloaded > 0);
+  CHECK(report.digest_mismatches == 0);
+
+  // A bit flips in the served copy: the next round's digest check catches it; the worker stops
+  // claiming the version and comes back from a keyframe.
+  worker.CorruptServedCopyForTest();
+  REQUIRE(WaitFor([&] { return worker.sync_report().digest_mismatches == 1 && worker.ready_version() == std::optional<uint64_t>(1); }));
+  CHECK(worker.sync_report().keyframe_pulls == 2);
+  // The orchestrator shows the counters it was sent.
+  REQUIRE(WaitFor([&] {
+    auto status = trainer.GetStatus();
+    return status.ok() && (*status)["regions"]["eu"]["sync"]["digest_mismatches"] == 1;
+  }));
+
+  worker.Stop();
+  running.join();
+  CHECK(ran.ok());
+  auto status = trainer.GetStatus().value();
+  CHECK(status["clusters"][0]["state"] == "gone");
+  CHECK(status["jobs"]["leased"] == 0);
+  CHECK(worker.stats().jobs == 2);
+  CHECK(worker.stats().samples == 6);
+  service->Stop();
+  std::filesystem::remove_all(store_dir);
+  std::filesystem::remove(journal);
+}
+
+}  // namespace
+}  // namespace weft::rollout_worker
