@@ -241,6 +241,7 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     progress(summary);
     std::this_thread::sleep_until(step_started + options.min_step_time);
   }
+  WEFT_RETURN_IF_ERROR(client.AcknowledgeBatches().WithContext("acknowledging the last batch"));
   WEFT_ASSIGN_OR_RETURN(summary.eval_accuracy_after, GreedyAccuracy(layout, weights, task, eval, options.threads));
   summary.phase = "done";
   progress(summary);

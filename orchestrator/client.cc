@@ -104,6 +104,12 @@ Result<std::vector<uint64_t>> OrchestratorClient::AddJobs(const std::vector<std:
   return ids->get<std::vector<uint64_t>>();
 }
 
+Status OrchestratorClient::AcknowledgeBatches() {
+  std::lock_guard<std::mutex> lock(batch_mutex_);
+  if (last_batch_ == 0) return Status::Ok();
+  return Call("POST", "/v1/batches", {{"max", 0}, {"ack", last_batch_}}, true).status();
+}
+
 Result<std::vector<ReceivedTrajectory>> OrchestratorClient::TakeBatch(uint32_t max, std::chrono::milliseconds wait) {
   // One batch at a time per client: the acknowledgement is the last one received. Repeating the
   // request is safe (an unacknowledged batch is simply handed out again).

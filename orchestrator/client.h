@@ -56,6 +56,8 @@ class OrchestratorClient {
   // already (handed out again after a lost answer) are skipped, so each trajectory is returned
   // once by this client. A new client (a restarted trainer) receives unacknowledged batches again.
   Result<std::vector<ReceivedTrajectory>> TakeBatch(uint32_t max, std::chrono::milliseconds wait);
+  // Acknowledges the last batch received without taking another (a trainer that is done).
+  Status AcknowledgeBatches();
 
   Result<nlohmann::json> GetStatus();
 

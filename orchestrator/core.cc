@@ -282,6 +282,7 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
       ++batch.acknowledged;
     }
   }
+  if (max == 0) return batch;  // an acknowledgement only
   if (!outstanding_.empty()) {
     // Handed out again, judged again: what the bound has passed since is no longer fresh.
     std::vector<Delivered>& items = outstanding_.begin()->second;

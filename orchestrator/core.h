@@ -147,7 +147,8 @@ class OrchestratorCore {
   // Retires the outstanding batches with ids up to `ack`, then hands out the oldest batch still
   // outstanding, or else a new one: up to `max` buffered submissions, oldest first, within the
   // staleness bound at the latest version (stale ones are dropped or flagged per config, and
-  // counted). Outstanding trajectories count against max_in_flight.
+  // counted). Outstanding trajectories count against max_in_flight. With `max` 0 it only
+  // acknowledges.
   Batch TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack = std::nullopt);
 
   // --- Time ---

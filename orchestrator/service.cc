@@ -65,7 +65,7 @@ Result<Json> Body(const Request& request) {
 
 // {"max": n, "wait_ms": n} of a long poll, with defaults, and for leases {"request": id}.
 Status PollFields(const Json& body, const std::string& where, uint32_t* max, std::chrono::milliseconds* wait,
-                  uint64_t* request = nullptr) {
+                  uint64_t* request = nullptr, uint64_t least = 1) {
   std::set<std::string> optional = {"max", "wait_ms"};
   if (request != nullptr) optional.insert("request");
   WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, optional));
@@ -74,7 +74,7 @@ Status PollFields(const Json& body, const std::string& where, uint32_t* max, std
   }
   if (body.contains("max")) {
     WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(body, "max", where));
-    if (value == 0 || value > 100000) return InvalidArgument(where + ".max must be 1 to 100000");
+    if (value < least || value > 100000) return InvalidArgument(where + ".max must be " + std::to_string(least) + " to 100000");
     *max = static_cast<uint32_t>(value);
   }
   if (body.contains("wait_ms")) {
@@ -473,8 +473,9 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       }
       body->erase("ack");
     }
-    weft::Status valid = PollFields(*body, "batches", &max, &wait);
+    weft::Status valid = PollFields(*body, "batches", &max, &wait, nullptr, 0);
     if (!valid.ok()) return error(valid);
+    if (max == 0) wait = std::chrono::milliseconds(0);  // an acknowledgement only
     Result<Batch> batch = core.TakeBatch(now, max, ack);  // the ack takes effect even if the poll then waits
     if (!batch.ok()) return error(batch.status());
     if (!batch->items.empty() || wait.count() == 0) {

@@ -132,5 +132,25 @@ rm -f bad.safetensors
 expect_error "corrupted" "$weft" store pull --store st --run r1 --have s2.bf16 -o bad.safetensors
 [ ! -e bad.safetensors ] && ok || fail "output written from a corrupted store"
 
+# Run configs: every mistake is refused before anything starts, naming the key.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+expect_ok "$weft" run --help
+good() { cat "$root/configs/local.yaml"; }
+good | sed 's/^  steps: 150 .*/  stepz: 150/' > bad1.yaml
+expect_error "trainer.stepz: unknown key (line" "$weft" run bad1.yaml
+good | sed 's/name: eu-west/name: EU west/' > bad2.yaml
+expect_error "regions\[1\].name: 'EU west' must be lower-case" "$weft" run bad2.yaml
+good | sed 's/relay: 127.0.0.1:8182/relay: 127.0.0.1:8181/' > bad3.yaml
+expect_error "regions\[1\].relay: 127.0.0.1:8181 is already taken" "$weft" run bad3.yaml
+good | sed 's/^  learning_rate: 2e-5 .*/  learning_rate: fast/' > bad4.yaml
+expect_error "trainer.learning_rate: 'fast' is not a number" "$weft" run bad4.yaml
+good | sed 's/^  max_staleness: 4 .*/  max_staleness: -1/' > bad5.yaml
+expect_error "orchestrator.max_staleness" "$weft" run bad5.yaml
+good | sed 's/^  dir: runs\/local .*/  dir: not-a-run/' > bad6.yaml
+mkdir -p not-a-run && touch not-a-run/precious
+expect_error "holds files weft run did not write" "$weft" run bad6.yaml
+[ -e not-a-run/precious ] && ok || fail "weft run touched a directory it did not make"
+expect_error "region 'mars' is not in" "$weft" worker --config "$root/configs/local.yaml" --cluster x --region mars
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -91,6 +91,25 @@ TEST_CASE("core: a group's segments lay its samples end to end; versions within 
   CHECK(core.Submit(3, s).value() == SubmitResult::kAccepted);
 }
 
+TEST_CASE("core: a batch request with max 0 only acknowledges") {
+  OrchestratorCore core(CoreConfig{});
+  REQUIRE(core.Register(0, "a", "eu", 4).ok());
+  REQUIRE(core.AnnounceVersion(0, 0).ok());
+  REQUIRE(core.Heartbeat(1, "a", 0).ok());
+  core.AddJobs(1, {{"p", 1}, {"q", 1}});
+  const std::vector<Lease> leases = core.RequestLeases(2, "a", 2).value();
+  for (const Lease& lease : leases) REQUIRE(core.Submit(3, Make(lease, "a", 0, 0)).ok());
+  const Batch first = core.TakeBatch(4, 1);
+  REQUIRE(first.items.size() == 1);
+  CHECK(core.outstanding() == 1);
+  const Batch ack = core.TakeBatch(5, 0, first.id);
+  CHECK(ack.id == 0);
+  CHECK(ack.items.empty());
+  CHECK(ack.acknowledged == 1);
+  CHECK(core.outstanding() == 0);
+  CHECK(core.buffered() == 1);  // the other trajectory waits for the next real request
+}
+
 TEST_CASE("core: expired leases and lost clusters re-queue; late submissions count once") {
   CoreConfig config;
   config.lease_duration = 100;
