@@ -2,8 +2,9 @@
 # Builds everything and runs the whole test suite:
 #   1. the doctest suites and the CLI end-to-end test (ctest, release build), and the sync suite
 #      again with the AVX-512 paths off and with every SIMD path off (WEFT_CPU=avx2, scalar);
-#   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and under
-#      ThreadSanitizer (the thread pool, the store server; without the 2^32-element test);
+#   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
+#      with threads of their own under ThreadSanitizer (the thread pool and HTTP plumbing, the store
+#      server, the orchestrator service, the rollout worker);
 #   3. the libFuzzer targets (delta files, sparse chunks, safetensors) for a bounded time each.
 # Usage: ./test.sh      (FUZZ_SECONDS=N to change the fuzzing time per target; default 10)
 set -euo pipefail
@@ -34,13 +35,11 @@ build-asan/tests/weft_rollout_worker_tests
 echo "== sanitizer: thread"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWEFT_SANITIZE=thread -DWEFT_BUILD_BENCH=OFF > /dev/null
-cmake --build build-tsan --target weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests \
-  weft_orchestrator_tests
+cmake --build build-tsan --target weft_common_tests weft_policy_store_tests weft_orchestrator_tests weft_rollout_worker_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_common_tests
-TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_sync_tests -tce='*2^32*'
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_policy_store_tests
-TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_trainer_adapter_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*,*kill -9*'
+TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_rollout_worker_tests
 
 echo "== fuzzing, ${FUZZ_SECONDS:-10} s per target"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \

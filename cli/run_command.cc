@@ -272,10 +272,18 @@ std::string Svg(const Json& report) {
     svg << x_of(i) << "," << h - bottom - (h - top - bottom) * std::clamp(steps[i].value("reward", 0.0), 0.0, 1.0) << " ";
   }
   svg << "\"/>\n<text x=\"" << (w + left) / 2 << "\" y=\"" << h - 10 << "\" text-anchor=\"middle\">step</text>\n";
+  // Step (and version) numbers under both charts.
+  auto ticks = [&](double axis_y) {
+    for (size_t k = 0; k < 5 && n > 0; ++k) {
+      const size_t i = (n - 1) * k / 4;
+      svg << "<text x=\"" << x_of(i) << "\" y=\"" << axis_y + 14 << "\" text-anchor=\"middle\">" << steps[i].value("step", 0) << "</text>\n";
+    }
+  };
+  ticks(h - bottom);
   // Bytes per version, log scale, against one full checkpoint.
   const double full = std::max(1.0, report.value("full_checkpoint_bytes", 1.0));
   const double y0 = h + 20;
-  svg << "<text x=\"" << left << "\" y=\"" << y0 + 18 << "\" font-weight=\"bold\">Bytes published per version (log scale); red: one full checkpoint</text>\n";
+  svg << "<text x=\"" << left << "\" y=\"" << y0 + 18 << "\" font-weight=\"bold\">Delta bytes of each version (log scale); red: one full checkpoint</text>\n";
   const double low = 1e3, high = std::max(full * 2, 1e4);
   auto y_of = [&](double bytes) {
     const double f = (std::log10(std::max(bytes, low)) - std::log10(low)) / (std::log10(high) - std::log10(low));
@@ -293,6 +301,7 @@ std::string Svg(const Json& report) {
   }
   svg << "<line x1=\"" << left << "\" y1=\"" << y_of(full) << "\" x2=\"" << w - right << "\" y2=\"" << y_of(full)
       << "\" stroke=\"red\" stroke-dasharray=\"4\"/>\n";
+  ticks(y0 + h - bottom);
   svg << "<text x=\"" << (w + left) / 2 << "\" y=\"" << y0 + h - 10 << "\" text-anchor=\"middle\">version</text>\n</svg>\n";
   return svg.str();
 }
