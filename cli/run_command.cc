@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,6 +83,7 @@ class Supervisor {
       // The child: its own process group (a Ctrl-C reaches only weft run, which stops everything
       // in order), output to its log, signals unblocked.
       setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // weft run killed outright: its processes stop too
       dup2(fd, 1);
       dup2(fd, 2);
       sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -117,7 +117,7 @@ Json SyncReportJson(const SyncReport& r) {
   return Json{{"bytes_downloaded", r.bytes_downloaded}, {"pulls", r.pulls}, {"keyframe_pulls", r.keyframe_pulls},
               {"digest_mismatches", r.digest_mismatches}, {"commits", r.commits}, {"max_pause_ms", r.max_pause_ms},
               {"first_version", r.first_version ? Json(*r.first_version) : Json(nullptr)},
-              {"newest_version", r.newest_version ? Json(*r.newest_version) : Json(nullptr)}};
+              {"newest_version", r.newest_version ? Json(*r.newest_version) : Json(nullptr)}, {"digest", r.digest}};
 }
 
 Result<SyncReport> ParseSyncReport(const Json& json) {
@@ -125,7 +125,14 @@ Result<SyncReport> ParseSyncReport(const Json& json) {
   const std::string where = "heartbeat.sync";
   WEFT_RETURN_IF_ERROR(CheckFields(json, where, {},
                                    {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits", "max_pause_ms",
-                                    "first_version", "newest_version"}));
+                                    "first_version", "newest_version", "digest"}));
+  if (json.contains("digest")) {
+    if (!json["digest"].is_string() || json["digest"].get<std::string>().size() > 64 ||
+        json["digest"].get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return InvalidArgument(where + ".digest is not a hex digest of at most 64 digits");
+    }
+    r.digest = json["digest"].get<std::string>();
+  }
   for (auto [field, value] : {std::pair{"first_version", &r.first_version}, std::pair{"newest_version", &r.newest_version}}) {
     if (json.contains(field) && !json[field].is_null()) {
       WEFT_ASSIGN_OR_RETURN(uint64_t version, GetUnsigned(json, field, where));
@@ -528,6 +535,23 @@ Json OrchestratorService::Impl::StatusJson() const {
         }
       }
     }
+    // Clusters ready at the same version must serve the same state: say so loudly if not.
+    std::vector<std::string> alerts = c.Alerts(now);
+    std::map<uint64_t, std::map<std::string, std::string>> digests;  // version -> digest -> a cluster
+    for (const ClusterView& v : c.clusters()) {
+      auto report = reports.find(v.id);
+      if (v.gone || !v.ready_version || report == reports.end() || report->second.digest.empty() ||
+          report->second.newest_version != v.ready_version) {
+        continue;
+      }
+      digests[*v.ready_version].emplace(report->second.digest, v.id);
+    }
+    for (const auto& [version, seen] : digests) {
+      if (seen.size() < 2) continue;
+      std::string text = "clusters ready at version " + std::to_string(version) + " serve different states:";
+      for (const auto& [digest, cluster] : seen) text += " " + cluster + " " + digest;
+      alerts.push_back(text);
+    }
     Json histogram = Json::object();
     for (const auto& [version, count] : c.buffered_versions()) histogram[std::to_string(version)] = count;
     return Json{{"run", options.run_id},
@@ -547,7 +571,7 @@ Json OrchestratorService::Impl::StatusJson() const {
                 {"buffered_by_version_start", histogram},
                 {"clusters", clusters},
                 {"regions", regions},
-                {"alerts", c.Alerts(now)},
+                {"alerts", alerts},
                 {"journal", {{"records", core.journal().records()}, {"syncs", core.journal().syncs()}, {"bytes", core.journal().size()},
                              {"generation", core.generation()}, {"compactions", core.compactions()},
                              {"remembered_done", c.remembered_done()}}}};

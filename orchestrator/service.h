@@ -42,6 +42,7 @@ struct SyncReport {
   double max_pause_ms = 0;         // the longest pause a commit caused
   std::optional<uint64_t> first_version;   // the first version it loaded
   std::optional<uint64_t> newest_version;  // the newest version it loaded
+  std::string digest;                      // the state digest it serves (docs/api.md), hex
 };
 nlohmann::json SyncReportJson(const SyncReport& report);
 // Errors name the field.

@@ -1,9 +1,11 @@
 #include "rollout_worker/worker.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
+#include "policy_store/manifest.h"
 #include "sync/digest.h"
 
 namespace weft::rollout_worker {
@@ -21,6 +23,17 @@ std::string FirstDisagreement(const sync::ServedModel& model, const policy_store
     if (!(sync::TensorDigest(have->spec.dtype, have->bytes) == want.digest)) return want.name;
   }
   return "";
+}
+
+// The state digest of the whole model: SHA-256 over each tensor's name and digest, in name order
+// (docs/api.md, heartbeats), first 32 hex digits.
+std::string StateDigest(const sync::ServedModel& model) {
+  std::vector<std::pair<std::string, std::string>> named;
+  for (const auto& t : model.tensors()) named.emplace_back(t.spec.name, t.digest.ToHex());
+  std::sort(named.begin(), named.end());
+  std::string text;
+  for (const auto& [name, hex] : named) text += name + '\0' + hex + '\0';
+  return policy_store::Sha256Hex(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size())).substr(0, 32);
 }
 
 }  // namespace
@@ -124,7 +137,8 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     served_ = sync::ServedModel::FromTensors(specs, bytes, 1);
   }
   // The proof: the bytes served now hash to the digests of the version claimed.
-  if (held_) {
+  if (held_ && std::chrono::steady_clock::now() - verified_ >= options_.verify_interval) {
+    verified_ = std::chrono::steady_clock::now();
     Result<policy_store::Manifest> manifest = reader.GetManifest(*held_);
     if (manifest.ok()) {
       const std::string wrong = FirstDisagreement(served_, *manifest);
@@ -181,6 +195,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     WEFT_LOG(kError) << "cluster " << options_.cluster << ": committing version " << *latest << " failed: " << pause.status().message();
     return;
   }
+  verified_ = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     served_ = std::move(next);
@@ -192,6 +207,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     ++report_.commits;
     if (!report_.first_version) report_.first_version = *latest;
     report_.newest_version = *latest;
+    report_.digest = StateDigest(served_);
     report_.max_pause_ms = std::max(report_.max_pause_ms, static_cast<double>(*pause) / 1000.0);
   }
   WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << *latest << " (" << pulled->bytes_downloaded << " bytes: "

@@ -4,10 +4,10 @@
 //   - sync: checks the store's latest version, brings its own copy of the served tensors there
 //     along the cheapest path (policy_store::StoreReader: plan, fetch through the region's relay,
 //     verify every blob and digest, apply), stages it in the engine while generation goes on,
-//     commits it (the short pause), and reports the version in a heartbeat at once. Every round it
-//     also recomputes the state digest of what it serves from the bytes themselves; should they
-//     ever disagree with the manifest, it counts a digest mismatch, stops claiming the version and
-//     re-syncs from a keyframe.
+//     commits it (the short pause), and reports the version in a heartbeat at once. Every
+//     `verify_interval` it also recomputes the state digest of what it serves from the bytes
+//     themselves; should they ever disagree with the manifest, it counts a digest mismatch, stops
+//     claiming the version and re-syncs from a keyframe.
 //   - heartbeats: proof of life with the version proved ready and the sync counters, every
 //     `heartbeat_interval`.
 //   - jobs (`capacity` of them): lease one job (long poll), generate its samples with the engine,
@@ -44,6 +44,9 @@ struct WorkerOptions {
   Sampling sampling;      // temperature, top_p, max_tokens, stop token (the seed comes from the job)
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds sync_interval{100};  // how often the store's latest version is checked
+  // How often the served copy's digests are recomputed from its bytes between pulls (every pull
+  // is checked as well).
+  std::chrono::milliseconds verify_interval{5000};
   std::chrono::milliseconds lease_wait{2000};    // long poll for leases
   int sync_threads = 1;
 };
@@ -108,6 +111,7 @@ class RolloutWorker {
   bool stop_ = false;
   sync::ServedModel served_;               // the sync loop's own
   std::optional<uint64_t> held_;           // the version served_ holds
+  std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
   std::optional<uint64_t> ready_;          // proved and committed: what heartbeats report
   std::optional<uint64_t> reported_;       // the newest ready version the orchestrator acknowledged
   orchestrator::SyncReport report_;

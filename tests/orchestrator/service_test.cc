@@ -74,6 +74,20 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
     CHECK(status["regions"]["eu"]["sync"]["digest_mismatches"] == 0);
     CHECK(status["clusters"][0]["sync"]["keyframe_pulls"] == 1);
   }
+  // Two clusters proving the same version with different state digests: an alert names them.
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c2"}, {"region", "us"}, {"capacity", 1}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters/c2/heartbeat", {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "bb"}}}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "aa"}}}}).first == 200);
+  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}, {"sync", {{"digest", "XYZ"}}}}).second["error"] ==
+        "heartbeat.sync.digest is not a hex digest of at most 64 digits");
+  {
+    const Json alerts = o.Post("a-token", "/v1/status", {}, "GET").second["alerts"];
+    bool named = false;
+    for (const Json& a : alerts) named |= a.get<std::string>() == "clusters ready at version 0 serve different states: c1 aa c2 bb";
+    CHECK(named);
+  }
+  REQUIRE(o.Post("w-token", "/v1/clusters/c2/heartbeat", {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "aa"}}}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters/c2", {}, "DELETE").first == 200);
   // A long poll for leases waits until the trainer adds jobs.
   auto waiting = std::async(std::launch::async, [&] { return o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"wait_ms", 5000}}); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));

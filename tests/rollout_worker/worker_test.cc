@@ -90,6 +90,7 @@ TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syn
   options.capacity = 2;
   options.heartbeat_interval = std::chrono::milliseconds(100);
   options.sync_interval = std::chrono::milliseconds(20);
+  options.verify_interval = std::chrono::milliseconds(50);
   options.lease_wait = std::chrono::milliseconds(200);
   options.sampling.max_tokens = 3;
   options.sampling.stop_token = examples::ArithmeticTask::kEnd;
