@@ -6,13 +6,13 @@
 namespace weft::examples {
 namespace {
 
-TinyLmLayout SmallLayout() {
+TinyLmLayout SmallLayout(int max_seq = 12) {
   TinyLmConfig config;
   config.d_model = 16;
   config.layers = 1;
   config.heads = 2;
   config.d_ff = 32;
-  config.max_seq = 12;
+  config.max_seq = max_seq;
   return TinyLmLayout(config);
 }
 
@@ -83,13 +83,7 @@ TEST_CASE("policy gradient: groups without a signal change nothing; stale sample
 
 TEST_CASE("supervised warm-up step and greedy accuracy") {
   const ArithmeticTask task(1);
-  TinyLmConfig config;
-  config.d_model = 16;
-  config.layers = 1;
-  config.heads = 2;
-  config.d_ff = 32;
-  config.max_seq = task.max_length();
-  const TinyLmLayout layout(config);
+  const TinyLmLayout layout = SmallLayout(task.max_length());
   std::vector<float> w = layout.Initialize(7);
   AdamWConfig adam;
   adam.learning_rate = 3e-3;

@@ -10,6 +10,7 @@
 
 #include "orchestrator/client.h"
 #include "tests/http_test_util.h"
+#include "tests/orchestrator_test_util.h"
 #include "tests/temp_path.h"
 #include "tests/tls_test_util.h"
 
@@ -17,44 +18,8 @@ namespace weft::orchestrator {
 namespace {
 
 using Json = nlohmann::json;
+using Running = testing::RunningOrchestrator;
 using testing::Raw;
-
-struct Running {
-  std::string path;
-  std::unique_ptr<DurableCore> core;
-  std::unique_ptr<OrchestratorService> service;
-  std::string url;
-
-  explicit Running(CoreConfig config = {}, uint16_t port = 0, const testing::TestCertificate* tls = nullptr) {
-    path = (std::filesystem::temp_directory_path() / ("weft_service_" + std::to_string(getpid()))).string();
-    std::filesystem::remove(path);
-    core = std::move(DurableCore::Open(path, config)).value();
-    ServiceOptions options;
-    options.worker_token = "w-token";
-    options.trainer_token = "t-token";
-    options.admin_token = "a-token";
-    options.tick_interval = std::chrono::milliseconds(20);
-    options.server.threads = 4;
-    options.server.max_body_bytes = 1 << 20;
-    options.server.port = port;
-    if (tls != nullptr) {
-      options.server.tls_cert_file = tls->cert;
-      options.server.tls_key_file = tls->key;
-    }
-    service = std::move(OrchestratorService::Start(*core, options)).value();
-    url = std::string(tls != nullptr ? "https" : "http") + "://127.0.0.1:" + std::to_string(service->port());
-  }
-  ~Running() {
-    service->Stop();
-    std::filesystem::remove(path);
-  }
-  // POST with a role's token; the reply's JSON (or {"status": code} when it is not JSON).
-  std::pair<long, Json> Post(const std::string& token, const std::string& path_part, const Json& body,
-                             const std::string& method = "POST") {
-    auto reply = Raw(url + path_part, method, {"Authorization: Bearer " + token, "Content-Type: application/json"}, body.dump());
-    return {reply.status, Json::parse(reply.text(), nullptr, false)};
-  }
-};
 
 TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   Running o;

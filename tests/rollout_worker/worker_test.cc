@@ -10,7 +10,7 @@
 #include "examples/arithmetic_task.h"
 #include "examples/embedded_engine.h"
 #include "orchestrator/service.h"
-#include "tests/temp_path.h"
+#include "tests/orchestrator_test_util.h"
 #include "trainer_adapter/batch_client.h"
 #include "trainer_adapter/publisher.h"
 
@@ -49,18 +49,12 @@ bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds t
 }
 
 TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syncs after a digest mismatch; drains") {
-  const std::string journal = testing::TempPath("worker_journal"), store_dir = testing::TempPath("worker_store");
-  auto core = std::move(DurableCore::Open(journal, CoreConfig{})).value();
-  ServiceOptions service_options;
-  service_options.worker_token = "w";
-  service_options.trainer_token = "t";
-  service_options.admin_token = "a";
-  service_options.tick_interval = std::chrono::milliseconds(20);
-  auto service = std::move(OrchestratorService::Start(*core, service_options)).value();
-  const std::string url = "http://127.0.0.1:" + std::to_string(service->port());
+  const std::string store_dir = testing::TempPath("worker_store");
+  testing::RunningOrchestrator o;
+  const std::string url = o.url;
   HttpClientOptions quick;
   quick.deadline = std::chrono::milliseconds(10000);
-  OrchestratorClient trainer(url, "t", quick), worker_client(url, "w", quick);
+  OrchestratorClient trainer(url, "t-token", quick), worker_client(url, "w-token", quick);
 
   // The policy, published as version 0.
   const examples::ArithmeticTask task(1);
@@ -153,9 +147,7 @@ TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syn
   CHECK(status["jobs"]["leased"] == 0);
   CHECK(worker.stats().jobs == 2);
   CHECK(worker.stats().samples == 6);
-  service->Stop();
   std::filesystem::remove_all(store_dir);
-  std::filesystem::remove(journal);
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "orchestrator/service.h"
-#include "tests/temp_path.h"
+#include "tests/orchestrator_test_util.h"
 
 namespace weft::trainer_adapter {
 namespace {
@@ -14,21 +14,14 @@ namespace {
 using namespace weft::orchestrator;
 
 TEST_CASE("batch client: groups until enough samples, with the staleness the trainer sees") {
-  const std::string path = testing::TempPath("batch_client_journal");
   CoreConfig config;
   config.max_staleness = 1;
   config.stale_policy = StalePolicy::kDeliverFlagged;
-  auto core = std::move(DurableCore::Open(path, config)).value();
-  ServiceOptions options;
-  options.worker_token = "w";
-  options.trainer_token = "t";
-  options.admin_token = "a";
-  options.tick_interval = std::chrono::milliseconds(20);
-  auto service = std::move(OrchestratorService::Start(*core, options)).value();
-  const std::string url = "http://127.0.0.1:" + std::to_string(service->port());
+  testing::RunningOrchestrator o(config);
+  const std::string url = o.url;
   HttpClientOptions quick;
   quick.deadline = std::chrono::milliseconds(5000);
-  OrchestratorClient trainer(url, "t", quick), worker(url, "w", quick);
+  OrchestratorClient trainer(url, "t-token", quick), worker(url, "w-token", quick);
 
   REQUIRE(trainer.AnnounceVersion(0).ok());
   REQUIRE(worker.Register("c", "eu", 8).ok());
@@ -81,10 +74,6 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
       CHECK(g.trajectories["samples"][0]["reward"] == 1.0);
     }
   }
-  service->Stop();
-  service.reset();
-  core.reset();
-  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -1,0 +1,53 @@
+// An orchestrator (journal, core and HTTP service) on loopback for tests, with the role tokens
+// "w-token", "t-token" and "a-token".
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "orchestrator/service.h"
+#include "tests/http_test_util.h"
+#include "tests/temp_path.h"
+#include "tests/tls_test_util.h"
+
+namespace weft::testing {
+
+struct RunningOrchestrator {
+  std::string path;
+  std::unique_ptr<orchestrator::DurableCore> core;
+  std::unique_ptr<orchestrator::OrchestratorService> service;
+  std::string url;
+
+  explicit RunningOrchestrator(orchestrator::CoreConfig config = {}, uint16_t port = 0, const TestCertificate* tls = nullptr) {
+    path = TempPath("orchestrator_journal");
+    core = std::move(orchestrator::DurableCore::Open(path, config)).value();
+    orchestrator::ServiceOptions options;
+    options.worker_token = "w-token";
+    options.trainer_token = "t-token";
+    options.admin_token = "a-token";
+    options.tick_interval = std::chrono::milliseconds(20);
+    options.server.threads = 4;
+    options.server.max_body_bytes = 1 << 20;
+    options.server.port = port;
+    if (tls != nullptr) {
+      options.server.tls_cert_file = tls->cert;
+      options.server.tls_key_file = tls->key;
+    }
+    service = std::move(orchestrator::OrchestratorService::Start(*core, options)).value();
+    url = std::string(tls != nullptr ? "https" : "http") + "://127.0.0.1:" + std::to_string(service->port());
+  }
+  ~RunningOrchestrator() {
+    service->Stop();
+    std::filesystem::remove(path);
+  }
+  // POST with a role's token; the reply's JSON (or {"status": code} when it is not JSON).
+  std::pair<long, nlohmann::json> Post(const std::string& token, const std::string& path_part, const nlohmann::json& body,
+                                               const std::string& method = "POST") {
+    auto reply = Raw(url + path_part, method, {"Authorization: Bearer " + token, "Content-Type: application/json"}, body.dump());
+    return {reply.status, nlohmann::json::parse(reply.text(), nullptr, false)};
+  }
+};
+
+}  // namespace weft::testing
