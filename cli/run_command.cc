@@ -465,6 +465,7 @@ Status RunRun(const std::string& config_path) {
 
   // The report.
   const Json trainer = ReadJsonFile((dir / "trainer.json").string());
+  const bool trained = trainer.is_object() && trainer.value("phase", "") == "done";
   const SyncTotals totals = Totals(status);
   const double full = trainer.is_object() ? trainer.value("served_bytes", 0.0) : 0.0;
   uint64_t wan = 0, corrupted = 0;
@@ -487,7 +488,7 @@ Status RunRun(const std::string& config_path) {
       {"final_reward", trainer.value("final_reward", 0.0)},
       {"random_policy_reward", trainer.value("random_policy_reward", 0.0)},
       {"eval_accuracy_before", trainer.value("eval_accuracy_before", 0.0)},
-      {"eval_accuracy_after", trainer.value("eval_accuracy_after", 0.0)},
+      {"eval_accuracy_after", trained ? Json(trainer.value("eval_accuracy_after", 0.0)) : Json(nullptr)},
       {"warmup_steps", config.trainer.warmup_steps},
       {"steps", per_step.size()},
       {"versions_published", trainer.value("versions_published", uint64_t{0})},
@@ -527,9 +528,10 @@ Status RunRun(const std::string& config_path) {
   std::printf("  reward            %.3f -> %.3f over %zu RL steps (first and last 5 steps' batches; random policy %.5f)\n",
               report["initial_reward"].get<double>(), report["final_reward"].get<double>(), per_step.size(),
               report["random_policy_reward"].get<double>());
-  std::printf("  greedy accuracy   %.3f -> %.3f (%d held-out problems; after a %d-step supervised warm-up)\n",
-              report["eval_accuracy_before"].get<double>(), report["eval_accuracy_after"].get<double>(), config.trainer.eval_problems,
-              config.trainer.warmup_steps);
+  std::printf("  greedy accuracy   %.3f -> %s (%d held-out problems; after a %d-step supervised warm-up)\n",
+              report["eval_accuracy_before"].get<double>(),
+              trained ? std::to_string(report["eval_accuracy_after"].get<double>()).substr(0, 5).c_str() : "not measured (unfinished)",
+              config.trainer.eval_problems, config.trainer.warmup_steps);
   std::printf("  versions          %llu published, %llu pulls by %llu workers (%llu from a keyframe), digest mismatches %llu\n",
               static_cast<unsigned long long>(report["versions_published"].get<uint64_t>()), static_cast<unsigned long long>(totals.pulls),
               static_cast<unsigned long long>(totals.clusters), static_cast<unsigned long long>(totals.keyframe_pulls),
