@@ -156,7 +156,14 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     if (pending >= want) return Status::Ok();
     std::vector<std::pair<Json, uint32_t>> prompts;
     for (size_t i = pending; i < want; ++i) prompts.emplace_back(Json(task.Problem(rng)), static_cast<uint32_t>(options.samples_per_prompt));
-    return client.AddJobs(prompts).status().WithContext("queueing prompts");
+    Status added = client.AddJobs(prompts).status();
+    if (added.code() == StatusCode::kUnavailable || added.code() == StatusCode::kTimeout) {
+      // The request may or may not have reached the orchestrator (it restarted, say). Not fatal:
+      // the next top-up counts what is pending and queues only what is missing.
+      WEFT_LOG(kWarning) << "trainer: queueing prompts: " << added.message() << "; will count again";
+      return Status::Ok();
+    }
+    return added.WithContext("queueing prompts");
   };
   for (int step = 1; step <= options.steps; ++step) {
     const auto step_started = Clock::now();

@@ -12,7 +12,8 @@ weft=$1 work=$2
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 source "$(dirname "${BASH_SOURCE[0]}")/../test_lib.sh"
 
-base=$((20000 + RANDOM % 40000))
+# Fixed ports below the ephemeral range (32768 and up), where only listeners bind.
+base=$((20000 + RANDOM % 12000))
 cat > run.yaml <<YAML
 run: {id: e2e, dir: $work/run, time_limit: 150s}
 store: {listen: 127.0.0.1:$base}
@@ -117,5 +118,9 @@ grep -q "orchestrator killed by signal 9; restarting it" run.out && ok || fail "
 grep -q "worker-near-1 killed by signal 9" run.out && ok || fail "weft run did not report the killed worker"
 grep -q "corrupted" run/logs/relay-near.log && ok || fail "the relay did not log the corrupted copy"
 
+if [ "$failed" -gt 0 ]; then
+  echo "--- weft run's output"; grep -v '^\[' run.out | tail -30
+  echo "--- the report"; jq 'del(.per_step)' $report 2>/dev/null | head -150
+fi
 echo "e2e: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
