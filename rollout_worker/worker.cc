@@ -166,11 +166,9 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   if (!pulled.ok()) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest << " failed: " << pulled.status().message();
     if (pulled.status().code() == StatusCode::kDataLoss && held_) {
-      // What we hold does not continue into the store's chain as it should: start over from a keyframe.
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++report_.digest_mismatches;
-      held_.reset();
-      served_ = sync::ServedModel();
+      // A delta did not apply to what we hold (or a blob stayed corrupted): check our own copy in
+      // the next round, which re-syncs from a keyframe if it no longer matches its version.
+      verified_ = std::chrono::steady_clock::time_point();
     }
     return;
   }
