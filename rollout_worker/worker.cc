@@ -38,22 +38,20 @@ std::string StateDigest(const sync::ServedModel& model) {
 
 }  // namespace
 
-GroupVersions VersionsOfGroup(const std::vector<Completion>& completions) {
-  GroupVersions g;
+void SetGroupVersions(const std::vector<Completion>& completions, orchestrator::Submission* submission) {
+  submission->segments.clear();
+  submission->tokens = 0;
   for (const Completion& c : completions) {
     for (const auto& [version, first] : c.segments) {
-      if (!g.segments.empty() && g.segments.back().first == version) continue;
-      g.segments.emplace_back(version, g.tokens + first);
+      if (!submission->segments.empty() && submission->segments.back().first == version) continue;
+      submission->segments.emplace_back(version, submission->tokens + first);
     }
-    g.tokens += c.tokens.size();
+    submission->tokens += c.tokens.size();
   }
-  if (g.segments.empty()) return g;
-  g.version_start = g.version_end = g.segments.front().first;
-  for (const auto& segment : g.segments) {
-    g.version_start = std::min(g.version_start, segment.first);
-    g.version_end = std::max(g.version_end, segment.first);
-  }
-  return g;
+  if (submission->segments.empty()) return;
+  const auto [oldest, newest] = std::minmax_element(submission->segments.begin(), submission->segments.end());
+  submission->version_start = oldest->first;
+  submission->version_end = newest->first;
 }
 
 Status RolloutWorker::Run() {
@@ -139,18 +137,15 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   // The proof: the bytes served now hash to the digests of the version claimed.
   if (held_ && std::chrono::steady_clock::now() - verified_ >= options_.verify_interval) {
     verified_ = std::chrono::steady_clock::now();
-    Result<policy_store::Manifest> manifest = reader.GetManifest(*held_);
-    if (manifest.ok()) {
-      const std::string wrong = FirstDisagreement(served_, *manifest);
-      if (!wrong.empty()) {
-        WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version " << *held_ << " disagrees with its manifest at "
-                         << wrong << "; re-syncing from a keyframe";
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++report_.digest_mismatches;
-        ready_.reset();
-        held_.reset();
-        served_ = sync::ServedModel();
-      }
+    const std::string wrong = FirstDisagreement(served_, *held_);
+    if (!wrong.empty()) {
+      WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version " << held_->version
+                       << " disagrees with its manifest at " << wrong << "; re-syncing from a keyframe";
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++report_.digest_mismatches;
+      ready_.reset();
+      held_.reset();
+      served_ = sync::ServedModel();
     }
   }
   Result<uint64_t> latest = reader.Latest();
@@ -160,9 +155,9 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     }
     return;
   }
-  if (held_ && *held_ >= *latest) return;
+  if (held_ && held_->version >= *latest) return;
   sync::ServedModel next = served_;
-  Result<policy_store::PullReport> pulled = reader.Pull(*latest, held_, &next);
+  Result<policy_store::PullReport> pulled = reader.Pull(*latest, held_ ? std::optional<uint64_t>(held_->version) : std::nullopt, &next);
   if (!pulled.ok()) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest << " failed: " << pulled.status().message();
     if (pulled.status().code() == StatusCode::kDataLoss && held_) {
@@ -197,7 +192,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     served_ = std::move(next);
-    held_ = *latest;
+    held_ = std::move(*manifest);
     ready_ = *latest;
     report_.bytes_downloaded += pulled->bytes_downloaded;
     ++report_.pulls;
@@ -294,6 +289,8 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   submission.job = lease.job;
   submission.attempt = lease.attempt;
   submission.cluster = options_.cluster;
+  SetGroupVersions(*completions, &submission);
+  if (submission.segments.empty()) return fail(Internal("the engine returned no completion"));
   Json samples = Json::array();
   double rewards = 0;
   for (const Completion& c : *completions) {
@@ -302,12 +299,6 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     rewards += *reward;
     samples.push_back({{"tokens", c.tokens}, {"logprobs", c.logprobs}, {"reward", *reward}, {"segments", c.segments}});
   }
-  const GroupVersions versions = VersionsOfGroup(*completions);
-  if (versions.segments.empty()) return fail(Internal("the engine returned no completion"));
-  submission.version_start = versions.version_start;
-  submission.version_end = versions.version_end;
-  submission.segments = versions.segments;
-  submission.tokens = versions.tokens;
   // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
   // for the heartbeat that follows a commit landing mid-generation.
   {

@@ -51,14 +51,11 @@ struct WorkerOptions {
   int sync_threads = 1;
 };
 
-// A group's versions for its submission: the samples' tokens laid end to end, each run of tokens
-// tagged with the version that generated it (docs/api.md, submissions); version_start and
-// version_end are the oldest and newest versions used, tokens the total.
-struct GroupVersions {
-  uint64_t version_start = 0, version_end = 0, tokens = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> segments;
-};
-GroupVersions VersionsOfGroup(const std::vector<Completion>& completions);
+// Sets a group's versions in its submission: the samples' tokens laid end to end, each run of
+// tokens tagged with the version that generated it (docs/api.md, submissions); version_start and
+// version_end are the oldest and newest versions used, tokens the total. No completions: no
+// segments.
+void SetGroupVersions(const std::vector<Completion>& completions, orchestrator::Submission* submission);
 
 struct WorkerStats {
   uint64_t jobs = 0, samples = 0, tokens = 0;
@@ -110,7 +107,7 @@ class RolloutWorker {
   std::condition_variable changed_;
   bool stop_ = false;
   sync::ServedModel served_;               // the sync loop's own
-  std::optional<uint64_t> held_;           // the version served_ holds
+  std::optional<policy_store::Manifest> held_;  // the manifest of the version served_ holds
   std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
   std::optional<uint64_t> ready_;          // proved and committed: what heartbeats report
   std::optional<uint64_t> reported_;       // the newest ready version the orchestrator acknowledged

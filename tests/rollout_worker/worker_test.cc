@@ -28,15 +28,19 @@ TEST_CASE("group versions: samples end to end, runs tagged, range from the oldes
   b.segments = {{4, 0}};  // finished before the commit
   c.tokens = {7, 7};
   c.segments = {{5, 0}};
-  const GroupVersions g = VersionsOfGroup({a, b, c});
+  orchestrator::Submission g;
+  SetGroupVersions({a, b, c}, &g);
   CHECK(g.tokens == 9);
   CHECK(g.version_start == 4);
   CHECK(g.version_end == 5);
   CHECK(g.segments == std::vector<std::pair<uint64_t, uint64_t>>{{4, 0}, {5, 2}, {4, 4}, {5, 7}});
   // One version throughout: one run.
-  const GroupVersions same = VersionsOfGroup({b, b});
+  orchestrator::Submission same;
+  SetGroupVersions({b, b}, &same);
   CHECK(same.segments == std::vector<std::pair<uint64_t, uint64_t>>{{4, 0}});
-  CHECK(VersionsOfGroup({}).segments.empty());
+  orchestrator::Submission none;
+  SetGroupVersions({}, &none);
+  CHECK(none.segments.empty());
 }
 
 bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
