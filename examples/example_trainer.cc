@@ -15,14 +15,6 @@ namespace {
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::vector<sync::MasterTensor> Master(const TinyLmLayout& layout, const std::vector<float>& weights) {
-  std::vector<sync::MasterTensor> master;
-  for (const ParameterInfo& p : layout.parameters()) {
-    master.push_back({p.name, p.shape, std::span<const float>(weights).subspan(p.offset, p.size)});
-  }
-  return master;
-}
-
 // A group as the worker submitted it (docs/api.md, "Trajectories"), checked: errors name the job.
 Result<Group> ParseGroup(const trainer_adapter::TrajectoryGroup& received, const ArithmeticTask& task) {
   const std::string what = "job " + std::to_string(received.submission.job);
@@ -131,7 +123,7 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
   // 2. Version 0: the warm-started policy.
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store, policy_store::OpenStore(options.store));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<trainer_adapter::Publisher> publisher,
-                        trainer_adapter::Publisher::Start(*store, options.run_id, Master(layout, weights), sync::ServingPlan{},
+                        trainer_adapter::Publisher::Start(*store, options.run_id, layout.Master(weights), sync::ServingPlan{},
                                                           options.publisher));
   summary.served_bytes = publisher->served().byte_count();
   summary.versions_published = 1;
@@ -219,7 +211,7 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     // Publish the new version and count the served elements it changed.
     std::vector<std::vector<uint8_t>> before;
     for (const auto& t : publisher->served().tensors()) before.push_back(t.bytes);
-    WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest, publisher->Publish(Master(layout, weights)));
+    WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest, publisher->Publish(layout.Master(weights)));
     uint64_t elements = 0;
     for (size_t i = 0; i < before.size(); ++i) {
       const auto& t = publisher->served().tensors()[i];

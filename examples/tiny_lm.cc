@@ -308,6 +308,12 @@ size_t TinyLmLayout::Add(const std::string& name, std::vector<uint64_t> shape, b
   return size_ - count;
 }
 
+std::vector<sync::MasterTensor> TinyLmLayout::Master(std::span<const float> weights) const {
+  std::vector<sync::MasterTensor> master;
+  for (const ParameterInfo& p : parameters_) master.push_back({p.name, p.shape, weights.subspan(p.offset, p.size)});
+  return master;
+}
+
 std::vector<float> TinyLmLayout::Initialize(uint64_t seed) const {
   std::vector<float> w(size_);
   std::mt19937_64 rng(seed);

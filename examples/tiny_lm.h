@@ -24,6 +24,7 @@
 
 #include "common/status.h"
 #include "rollout_worker/engine.h"
+#include "sync/served_model.h"
 
 namespace weft::examples {
 
@@ -54,6 +55,8 @@ class TinyLmLayout {
   // Fresh weights: N(0, 0.02) matrices (output projections of residual branches scaled by
   // 1/sqrt(2 * layers)), unit norm gains.
   std::vector<float> Initialize(uint64_t seed) const;
+  // The named tensors of `weights` (views into it), as the trainer adapter publishes them.
+  std::vector<sync::MasterTensor> Master(std::span<const float> weights) const;
 
   // Offsets of the tensors the network uses.
   struct Block {

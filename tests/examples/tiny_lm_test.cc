@@ -216,11 +216,7 @@ TEST_CASE("tiny LM: supervised steps teach it one-digit addition") {
 
 // The served model of `weights` in BF16, as a worker would hold it.
 sync::ServedModel Served(const TinyLmLayout& layout, const std::vector<float>& weights) {
-  std::vector<sync::MasterTensor> master;
-  for (const ParameterInfo& p : layout.parameters()) {
-    master.push_back({p.name, p.shape, std::span<const float>(weights).subspan(p.offset, p.size)});
-  }
-  return std::move(sync::ServedModel::FromMaster(master, sync::ServingPlan{}, 1)).value();
+  return std::move(sync::ServedModel::FromMaster(layout.Master(weights), sync::ServingPlan{}, 1)).value();
 }
 
 TEST_CASE("embedded engine: serves BF16 weights, commits between tokens and reports version segments") {

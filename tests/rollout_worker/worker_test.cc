@@ -70,13 +70,8 @@ TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syn
   model.max_seq = task.max_length();
   const examples::TinyLmLayout layout(model);
   std::vector<float> weights = layout.Initialize(3);
-  auto master = [&] {
-    std::vector<sync::MasterTensor> m;
-    for (const auto& p : layout.parameters()) m.push_back({p.name, p.shape, std::span<const float>(weights).subspan(p.offset, p.size)});
-    return m;
-  };
   auto store = std::move(policy_store::OpenStore(store_dir)).value();
-  auto publisher = std::move(trainer_adapter::Publisher::Start(*store, "r", master(), sync::ServingPlan{}, {})).value();
+  auto publisher = std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(weights), sync::ServingPlan{}, {})).value();
   REQUIRE(trainer.AnnounceVersion(0).ok());
 
   examples::EmbeddedEngine engine(model, 1);
@@ -121,7 +116,7 @@ TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syn
 
   // A new version: the worker pulls the delta, proves it and says so.
   for (float& w : weights) w *= 1.01f;
-  REQUIRE(publisher->Publish(master()).ok());
+  REQUIRE(publisher->Publish(layout.Master(weights)).ok());
   REQUIRE(trainer.AnnounceVersion(1).ok());
   REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(1); }));
   SyncReport report = worker.sync_report();
