@@ -163,20 +163,22 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     // remaining steps need).
     WEFT_RETURN_IF_ERROR(top_up(per_step * static_cast<size_t>(std::min(options.steps_ahead, options.steps - step + 1))));
     // The step's groups.
+    StepRecord record;
     std::vector<Group> groups;
-    std::vector<trainer_adapter::TrajectoryGroup> received;
     auto last_arrival = Clock::now();
     size_t samples = 0;
+    uint64_t lag_sum = 0;
     while (groups.size() < per_step) {
       const size_t wanted = (per_step - groups.size()) * static_cast<size_t>(options.samples_per_prompt);
       WEFT_ASSIGN_OR_RETURN(std::vector<trainer_adapter::TrajectoryGroup> batch,
                             batches.NextBatch(wanted, version, std::chrono::milliseconds(2000)));
-      if (!batch.empty()) last_arrival = Clock::now();
       if (batch.empty()) {
         // Nothing came: the work for this step may have been dropped as stale. Queue what is missing.
         WEFT_RETURN_IF_ERROR(top_up(per_step - groups.size()));
+      } else {
+        last_arrival = Clock::now();
       }
-      for (trainer_adapter::TrajectoryGroup& g : batch) {
+      for (const trainer_adapter::TrajectoryGroup& g : batch) {
         Result<Group> group = ParseGroup(g, task);
         if (!group.ok()) {
           WEFT_LOG(kError) << "trainer: skipping a malformed trajectory group: " << group.status().message();
@@ -184,14 +186,14 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
         }
         samples += group->samples.size();
         groups.push_back(std::move(*group));
-        received.push_back(std::move(g));
+        lag_sum += g.lag;
+        record.max_lag = std::max(record.max_lag, g.lag);
       }
       if (Clock::now() - last_arrival > options.stall_after) {
         return Unavailable("trainer: no trajectories for " + std::to_string(options.stall_after.count() / 1000) +
                            " s at step " + std::to_string(step) + " (are any workers ready?)");
       }
     }
-    StepRecord record;
     record.step = step;
     record.groups = groups.size();
     record.samples = samples;
@@ -200,10 +202,7 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
       for (const Sample& s : g.samples) rewards += s.reward;
     }
     record.reward = samples > 0 ? rewards / static_cast<double>(samples) : 0;
-    for (const trainer_adapter::TrajectoryGroup& g : received) {
-      record.mean_lag += static_cast<double>(g.lag) / static_cast<double>(received.size());
-      record.max_lag = std::max(record.max_lag, g.lag);
-    }
+    record.mean_lag = static_cast<double>(lag_sum) / static_cast<double>(groups.size());
     WEFT_ASSIGN_OR_RETURN(StepStats stats,
                           PolicyGradientStep(layout, weights, optimizer, groups, options.policy_gradient, options.threads));
     record.mean_ratio = stats.mean_ratio;
