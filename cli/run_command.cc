@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <sstream>
 #include <thread>
 
@@ -48,6 +47,7 @@ struct Child {
   int restarts = 0;
   bool running = false;
   std::string ended;              // how it ended, once it has
+  int exit_code = -1;             // ... and its exit status (128 + signal when killed)
 };
 
 Child MakeChild(std::string name, std::vector<std::string> args, bool restart, std::string listen = "") {
@@ -107,7 +107,7 @@ class Supervisor {
         c.running = false;
         c.ended = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                     : "killed by signal " + std::to_string(WTERMSIG(status));
-        exit_codes_[c.name] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         ended.push_back(&c);
       }
     }
@@ -140,14 +140,8 @@ class Supervisor {
     }
   }
 
-  int exit_code(const std::string& name) const {
-    auto found = exit_codes_.find(name);
-    return found == exit_codes_.end() ? -1 : found->second;
-  }
-
  private:
   std::string binary_, log_dir_;
-  std::map<std::string, int> exit_codes_;
 };
 
 // Waits until something accepts connections on ADDRESS:PORT.
@@ -180,11 +174,8 @@ std::string Megabytes(double bytes) {
 }
 
 Json ReadJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Json();
-  std::stringstream text;
-  text << in.rdbuf();
-  return Json::parse(text.str(), nullptr, false);
+  Result<std::vector<uint8_t>> bytes = ReadFile(path);
+  return bytes.ok() ? Json::parse(bytes->begin(), bytes->end(), nullptr, false) : Json();
 }
 
 // The report's figures that come from the orchestrator's view of the clusters.
@@ -341,7 +332,7 @@ Status RunRun(const std::string& config_path) {
   self[length] = '\0';
 
   std::vector<Child> children;
-  const std::string listen_orchestrator = config.orchestrator.service.server.address + ":" + std::to_string(config.orchestrator.service.server.port);
+  const std::string listen_orchestrator = config.orchestrator_listen();
   children.push_back(MakeChild("store", {"store", "serve", "--store", (dir / "store").string(), "--listen", config.store_listen, "--threads", "4"}, true, config.store_listen));
   children.push_back(MakeChild("orchestrator", {"orchestrator", "--config", (dir / "orchestrator.yaml").string()}, true, listen_orchestrator));
   for (const RegionConfig& r : config.regions) {
@@ -367,11 +358,16 @@ Status RunRun(const std::string& config_path) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   Supervisor supervisor(self, (dir / "logs").string());
-  auto stop_all = [&] {
-    std::vector<Child*> workers, infrastructure;
-    for (size_t i = 0; i < children.size(); ++i) (i >= first_worker ? workers : infrastructure).push_back(&children[i]);
-    supervisor.Stop(workers, std::chrono::seconds(20));  // they drain: hand back jobs, deregister
-    std::reverse(infrastructure.begin(), infrastructure.end());
+  // The workers (and the trainer) first: they drain, handing back jobs, and deregister. Then the
+  // relays, the orchestrator and the store, in the reverse of their start.
+  auto stop_workers = [&] {
+    std::vector<Child*> workers;
+    for (size_t i = first_worker; i < children.size(); ++i) workers.push_back(&children[i]);
+    supervisor.Stop(workers, std::chrono::seconds(20));
+  };
+  auto stop_infrastructure = [&] {
+    std::vector<Child*> infrastructure;
+    for (size_t i = first_worker; i-- > 0;) infrastructure.push_back(&children[i]);
     supervisor.Stop(infrastructure, std::chrono::seconds(10));
   };
   std::printf("weft run %s: run %s in %s (logs in %s/logs)\n", config_path.c_str(), config.run_id.c_str(), dir.string().c_str(),
@@ -379,7 +375,7 @@ Status RunRun(const std::string& config_path) {
   for (size_t i = 0; i < first_worker; ++i) {
     WEFT_RETURN_IF_ERROR(supervisor.Start(children[i]));
     if (!WaitForPort(children[i].listen, std::chrono::seconds(20), children[i])) {
-      stop_all();
+      stop_infrastructure();
       return Unavailable(children[i].name + " did not start listening on " + children[i].listen + " (see " + dir.string() + "/logs/" +
                          children[i].name + ".log)");
     }
@@ -410,7 +406,7 @@ Status RunRun(const std::string& config_path) {
     for (Child* ended : supervisor.Reap(children)) {
       if (ended == &children[trainer_index]) {
         trainer_done = true;
-        if (supervisor.exit_code("trainer") != 0) failure = "the trainer " + ended->ended + " (see " + dir.string() + "/logs/trainer.log)";
+        if (ended->exit_code != 0) failure = "the trainer " + ended->ended + " (see " + dir.string() + "/logs/trainer.log)";
       } else if (ended->restart) {
         std::printf("%s%s %s; restarting it\n", tty ? "\n" : "", ended->name.c_str(), ended->ended.c_str());
         ++ended->restarts;
@@ -446,11 +442,7 @@ Status RunRun(const std::string& config_path) {
   if (tty) std::printf("\n");
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   // Stop the workers first (they drain and send their last counters), then read the final state.
-  {
-    std::vector<Child*> workers;
-    for (size_t i = first_worker; i < children.size(); ++i) workers.push_back(&children[i]);
-    supervisor.Stop(workers, std::chrono::seconds(20));
-  }
+  stop_workers();
   HttpClientOptions patient;
   patient.deadline = std::chrono::milliseconds(10000);
   orchestrator::OrchestratorClient final_client(config.orchestrator_url(), config.orchestrator.service.admin_token, patient);
@@ -461,7 +453,7 @@ Status RunRun(const std::string& config_path) {
     Result<HttpReply> reply = relay.Request("GET", "/v1/stats", {}, {});
     if (reply.ok() && reply->status == 200) relays[r.name] = Json::parse(reply->body.begin(), reply->body.end(), nullptr, false);
   }
-  stop_all();
+  stop_infrastructure();
 
   // The report.
   const Json trainer = ReadJsonFile((dir / "trainer.json").string());

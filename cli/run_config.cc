@@ -159,8 +159,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
 
 }  // namespace
 
-std::string RunConfig::orchestrator_url() const {
-  return "http://" + orchestrator.service.server.address + ":" + std::to_string(orchestrator.service.server.port);
+std::string RunConfig::orchestrator_listen() const {
+  return orchestrator.service.server.address + ":" + std::to_string(orchestrator.service.server.port);
 }
 
 const RegionConfig* RunConfig::FindRegion(const std::string& name) const {

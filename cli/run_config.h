@@ -45,7 +45,8 @@ struct RunConfig {
   WorkerSettings worker;
   examples::ExampleTrainerOptions trainer;  // model, task and trainer sections (store and URLs unset)
 
-  std::string orchestrator_url() const;
+  std::string orchestrator_listen() const;  // ADDRESS:PORT
+  std::string orchestrator_url() const { return "http://" + orchestrator_listen(); }
   std::string store_url() const { return "http://" + store_listen; }
   const RegionConfig* FindRegion(const std::string& name) const;
 };
