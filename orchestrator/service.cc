@@ -127,11 +127,11 @@ Result<SyncReport> ParseSyncReport(const Json& json) {
                                    {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits", "max_pause_ms",
                                     "first_version", "newest_version", "digest"}));
   if (json.contains("digest")) {
-    if (!json["digest"].is_string() || json["digest"].get<std::string>().size() > 64 ||
-        json["digest"].get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos) {
+    Result<std::string> digest = GetString(json, "digest", where);
+    if (!digest.ok() || digest->size() > 64 || digest->find_first_not_of("0123456789abcdef") != std::string::npos) {
       return InvalidArgument(where + ".digest is not a hex digest of at most 64 digits");
     }
-    r.digest = json["digest"].get<std::string>();
+    r.digest = *digest;
   }
   for (auto [field, value] : {std::pair{"first_version", &r.first_version}, std::pair{"newest_version", &r.newest_version}}) {
     if (json.contains(field) && !json[field].is_null()) {
@@ -507,6 +507,8 @@ Json OrchestratorService::Impl::StatusJson() const {
     const Counters& n = c.counters();
     Json clusters = Json::array();
     Json regions = Json::object();
+    std::map<std::string, SyncReport> region_sync;                   // the regions' sums
+    std::map<uint64_t, std::map<std::string, std::string>> digests;  // version -> digest -> a cluster
     for (const ClusterView& v : c.clusters()) {
       clusters.push_back({{"id", v.id}, {"region", v.region}, {"capacity", v.capacity},
                           {"ready_version", v.ready_version ? Json(*v.ready_version) : Json(nullptr)},
@@ -514,17 +516,20 @@ Json OrchestratorService::Impl::StatusJson() const {
                           {"leases", v.leases}, {"completed", v.completed}, {"throughput_per_s", v.throughput},
                           {"seconds_since_heartbeat", static_cast<double>(now - v.last_heartbeat) / 1e6}});
       Json& region = regions[v.region];
-      if (region.is_null()) {
-        region = {{"clusters", 0}, {"ready", 0}, {"leases", 0}, {"newest_ready_version", nullptr},
-                  {"sync", SyncReportJson(SyncReport{})}};
-      }
-      if (auto report = reports.find(v.id); report != reports.end()) {
-        clusters.back()["sync"] = SyncReportJson(report->second);
-        Json& sum = region["sync"];
-        for (const char* field : {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits"}) {
-          sum[field] = sum[field].get<uint64_t>() + clusters.back()["sync"][field].get<uint64_t>();
+      if (region.is_null()) region = {{"clusters", 0}, {"ready", 0}, {"leases", 0}, {"newest_ready_version", nullptr}};
+      SyncReport& sum = region_sync[v.region];
+      if (auto found = reports.find(v.id); found != reports.end()) {
+        const SyncReport& r = found->second;
+        clusters.back()["sync"] = SyncReportJson(r);
+        sum.bytes_downloaded += r.bytes_downloaded;
+        sum.pulls += r.pulls;
+        sum.keyframe_pulls += r.keyframe_pulls;
+        sum.digest_mismatches += r.digest_mismatches;
+        sum.commits += r.commits;
+        sum.max_pause_ms = std::max(sum.max_pause_ms, r.max_pause_ms);
+        if (!v.gone && v.ready_version && !r.digest.empty() && r.newest_version == v.ready_version) {
+          digests[*v.ready_version].emplace(r.digest, v.id);
         }
-        sum["max_pause_ms"] = std::max(sum["max_pause_ms"].get<double>(), report->second.max_pause_ms);
       }
       region["clusters"] = region["clusters"].get<int>() + 1;
       region["leases"] = region["leases"].get<uint64_t>() + v.leases;
@@ -535,17 +540,9 @@ Json OrchestratorService::Impl::StatusJson() const {
         }
       }
     }
+    for (const auto& [name, sum] : region_sync) regions[name]["sync"] = SyncReportJson(sum);
     // Clusters ready at the same version must serve the same state: say so loudly if not.
     std::vector<std::string> alerts = c.Alerts(now);
-    std::map<uint64_t, std::map<std::string, std::string>> digests;  // version -> digest -> a cluster
-    for (const ClusterView& v : c.clusters()) {
-      auto report = reports.find(v.id);
-      if (v.gone || !v.ready_version || report == reports.end() || report->second.digest.empty() ||
-          report->second.newest_version != v.ready_version) {
-        continue;
-      }
-      digests[*v.ready_version].emplace(report->second.digest, v.id);
-    }
     for (const auto& [version, seen] : digests) {
       if (seen.size() < 2) continue;
       std::string text = "clusters ready at version " + std::to_string(version) + " serve different states:";
