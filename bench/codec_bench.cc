@@ -55,7 +55,8 @@ struct Case {
 
 std::vector<MasterTensor> View(const Case& c, const std::vector<std::vector<float>>& weights) {
   std::vector<MasterTensor> view;
-  for (size_t t = 0; t < c.shapes.size(); ++t) view.push_back({c.shapes[t].name, c.shapes[t].shape, weights[t]});
+  for (size_t t = 0; t < c.shapes.size(); ++t)
+    view.push_back({c.shapes[t].name, c.shapes[t].shape, weights[t]});
   return view;
 }
 
@@ -74,7 +75,9 @@ double Entropy(const std::map<int64_t, uint64_t>& histogram, uint64_t total) {
   return h;
 }
 
-double BinaryEntropy(double p) { return p <= 0 || p >= 1 ? 0 : -p * std::log2(p) - (1 - p) * std::log2(1 - p); }
+double BinaryEntropy(double p) {
+  return p <= 0 || p >= 1 ? 0 : -p * std::log2(p) - (1 - p) * std::log2(1 - p);
+}
 
 template <typename T>
 void CountChanges(const uint8_t* a, const uint8_t* b, uint64_t n, KeyKind kind, uint64_t* changes,
@@ -103,15 +106,22 @@ void MeasureSizes(Case& c, const ServedModel& before_model, const ServedModel& a
     std::map<int64_t, uint64_t> histogram;
     const KeyKind kind = KeyKindFor(a.spec.dtype);
     switch (Info(a.spec.dtype).size) {
-      case 1: CountChanges<uint8_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram); break;
-      case 2: CountChanges<uint16_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram); break;
-      default: CountChanges<uint32_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram); break;
+      case 1:
+        CountChanges<uint8_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram);
+        break;
+      case 2:
+        CountChanges<uint16_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram);
+        break;
+      default:
+        CountChanges<uint32_t>(a.bytes.data(), b.bytes.data(), n, kind, &changes, &histogram);
+        break;
     }
     c.changes += changes;
     c.elements += n;
     index_total += changes * (32 + 8 * Info(a.spec.dtype).size);
     if (changes > 0) {
-      floor_total += n * BinaryEntropy(static_cast<double>(changes) / n) + changes * Entropy(histogram, changes);
+      floor_total += n * BinaryEntropy(static_cast<double>(changes) / n) +
+                     changes * Entropy(histogram, changes);
     }
   }
   c.density = static_cast<double>(c.changes) / c.elements;
@@ -127,8 +137,9 @@ void MeasureSizes(Case& c, const ServedModel& before_model, const ServedModel& a
 
 std::vector<std::unique_ptr<Case>> MakeCases(bool quick) {
   // Attention and MLP projections of a 4096-wide model, and a norm vector.
-  std::vector<examples::SyntheticTensor> shapes = {
-      {"attn.q_proj.weight", {4096, 4096}}, {"attn.k_proj.weight", {1024, 4096}}, {"input_norm.weight", {4096}}};
+  std::vector<examples::SyntheticTensor> shapes = {{"attn.q_proj.weight", {4096, 4096}},
+                                                   {"attn.k_proj.weight", {1024, 4096}},
+                                                   {"input_norm.weight", {4096}}};
   if (quick) shapes = {{"attn.q_proj.weight", {1024, 1024}}, {"input_norm.weight", {1024}}};
   std::vector<std::unique_ptr<Case>> cases;
   const int threads = HardwareThreads();
@@ -138,13 +149,16 @@ std::vector<std::unique_ptr<Case>> MakeCases(bool quick) {
     examples::SyntheticAdam adam(shapes, config, 42, threads);
     for (int i = 0; i < 10; ++i) adam.Step(threads);
     std::vector<std::vector<float>> before, after;
-    for (size_t t = 0; t < adam.tensor_count(); ++t) before.emplace_back(adam.weights(t).begin(), adam.weights(t).end());
+    for (size_t t = 0; t < adam.tensor_count(); ++t)
+      before.emplace_back(adam.weights(t).begin(), adam.weights(t).end());
     adam.Step(threads);
-    for (size_t t = 0; t < adam.tensor_count(); ++t) after.emplace_back(adam.weights(t).begin(), adam.weights(t).end());
+    for (size_t t = 0; t < adam.tensor_count(); ++t)
+      after.emplace_back(adam.weights(t).begin(), adam.weights(t).end());
     for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
       auto c = std::make_unique<Case>();
       char name[64];
-      std::snprintf(name, sizeof(name), "%s lr=%.0e", dtype == DType::kBF16 ? "bf16" : "fp8-block128", lr);
+      std::snprintf(name, sizeof(name), "%s lr=%.0e",
+                    dtype == DType::kBF16 ? "bf16" : "fp8-block128", lr);
       c->name = name;
       c->dtype = dtype;
       c->learning_rate = lr;
@@ -158,8 +172,12 @@ std::vector<std::unique_ptr<Case>> MakeCases(bool quick) {
       c->replica = std::make_unique<ServedModel>(*before_model);
       c->before_bytes = Concatenate(*before_model);
       c->after_bytes = Concatenate(*after_model);
-      c->forward = std::move(c->publisher->Update(View(*c, after), CodecOptions{kDefaultChunkLog2, threads})).value();
-      c->backward = std::move(c->publisher->Update(View(*c, before), CodecOptions{kDefaultChunkLog2, threads})).value();
+      c->forward =
+          std::move(c->publisher->Update(View(*c, after), CodecOptions{kDefaultChunkLog2, threads}))
+              .value();
+      c->backward = std::move(c->publisher->Update(View(*c, before),
+                                                   CodecOptions{kDefaultChunkLog2, threads}))
+                        .value();
       MeasureSizes(*c, *before_model, *after_model);
       cases.push_back(std::move(c));
     }
@@ -183,7 +201,8 @@ __attribute__((target("avx2"))) uint64_t FoldAvx2(const uint8_t* p, size_t n) {
 // Reads the encoder's inputs (FP32 master and the served tensors) as fast as the machine can.
 uint64_t StreamRead(const Case& c, bool forward, int threads) {
   std::vector<std::pair<const uint8_t*, size_t>> ranges;
-  for (const auto& w : forward ? c.after : c.before) ranges.push_back({reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4});
+  for (const auto& w : forward ? c.after : c.before)
+    ranges.push_back({reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4});
   for (const auto& t : c.publisher->tensors()) ranges.push_back({t.bytes.data(), t.bytes.size()});
   constexpr size_t kBlock = 1 << 20;
   std::vector<std::pair<const uint8_t*, size_t>> blocks;
@@ -191,7 +210,8 @@ uint64_t StreamRead(const Case& c, bool forward, int threads) {
     for (size_t o = 0; o < n; o += kBlock) blocks.push_back({p + o, std::min(kBlock, n - o)});
   }
   std::vector<uint64_t> sums(blocks.size());
-  ParallelFor(blocks.size(), threads, [&](size_t b) { sums[b] = FoldAvx2(blocks[b].first, blocks[b].second); });
+  ParallelFor(blocks.size(), threads,
+              [&](size_t b) { sums[b] = FoldAvx2(blocks[b].first, blocks[b].second); });
   uint64_t total = 0;
   for (uint64_t s : sums) total ^= s;
   return total;
@@ -233,7 +253,8 @@ void Configure(benchmark::internal::Benchmark* benchmark) {
       ->Unit(benchmark::kMillisecond)
       ->MinTime(0.2)
       ->Repetitions(3)
-      ->ComputeStatistics("min", [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); })
+      ->ComputeStatistics(
+          "min", [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); })
       ->DisplayAggregatesOnly(true);
 }
 
@@ -242,49 +263,59 @@ void Register() {
     Case* c = owned.get();
     for (int threads : {1, 2}) {
       const std::string suffix = "/" + c->name + "/threads:" + std::to_string(threads);
-      Configure(benchmark::RegisterBenchmark(("read_inputs" + suffix).c_str(), [c, threads](benchmark::State& state) {
-        bool forward = true;  // alternate like the encoder, over the same arrays
-        for (auto _ : state) {
-          benchmark::DoNotOptimize(StreamRead(*c, forward, threads));
-          forward = !forward;
-        }
-      }));
-      Configure(benchmark::RegisterBenchmark(("memcpy_served" + suffix).c_str(), [c, threads](benchmark::State& state) {
-        std::vector<uint8_t> to(c->before_bytes.size(), 1);
-        for (auto _ : state) {
-          CopyAll(c->before_bytes, to, threads);
-          benchmark::ClobberMemory();
-        }
-      }));
-      Configure(benchmark::RegisterBenchmark(("encode_fused" + suffix).c_str(), [c, threads](benchmark::State& state) {
+      Configure(benchmark::RegisterBenchmark(
+          ("read_inputs" + suffix).c_str(), [c, threads](benchmark::State& state) {
+            bool forward = true;  // alternate like the encoder, over the same arrays
+            for (auto _ : state) {
+              benchmark::DoNotOptimize(StreamRead(*c, forward, threads));
+              forward = !forward;
+            }
+          }));
+      Configure(benchmark::RegisterBenchmark(("memcpy_served" + suffix).c_str(),
+                                             [c, threads](benchmark::State& state) {
+                                               std::vector<uint8_t> to(c->before_bytes.size(), 1);
+                                               for (auto _ : state) {
+                                                 CopyAll(c->before_bytes, to, threads);
+                                                 benchmark::ClobberMemory();
+                                               }
+                                             }));
+      Configure(benchmark::RegisterBenchmark(("encode_fused" + suffix).c_str(), [c, threads](
+                                                                                    benchmark::
+                                                                                        State&
+                                                                                            state) {
         bool forward = true;
         for (auto _ : state) {
-          auto delta = c->publisher->Update(View(*c, forward ? c->after : c->before), CodecOptions{kDefaultChunkLog2, threads});
+          auto delta = c->publisher->Update(View(*c, forward ? c->after : c->before),
+                                            CodecOptions{kDefaultChunkLog2, threads});
           benchmark::DoNotOptimize(SerializeModelDelta(*delta).size());
           forward = !forward;
         }
-        if (!forward) (void)c->publisher->Update(View(*c, c->before), CodecOptions{kDefaultChunkLog2, threads});
+        if (!forward)
+          (void)c->publisher->Update(View(*c, c->before), CodecOptions{kDefaultChunkLog2, threads});
       }));
-      Configure(benchmark::RegisterBenchmark(("apply" + suffix).c_str(), [c, threads](benchmark::State& state) {
-        bool forward = true;
-        for (auto _ : state) {
-          weft::Status status = c->replica->Apply(forward ? c->forward : c->backward, threads);
-          if (!status.ok()) state.SkipWithError(status.ToString().c_str());
-          forward = !forward;
-        }
-        if (!forward) (void)c->replica->Apply(c->backward, threads);
-      }));
+      Configure(benchmark::RegisterBenchmark(
+          ("apply" + suffix).c_str(), [c, threads](benchmark::State& state) {
+            bool forward = true;
+            for (auto _ : state) {
+              weft::Status status = c->replica->Apply(forward ? c->forward : c->backward, threads);
+              if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+              forward = !forward;
+            }
+            if (!forward) (void)c->replica->Apply(c->backward, threads);
+          }));
     }
-    Configure(benchmark::RegisterBenchmark(("xor_zstd1/" + c->name + "/threads:1").c_str(), [c](benchmark::State& state) {
-      std::vector<uint8_t> x(c->before_bytes.size());
-      std::vector<uint8_t> out(ZSTD_compressBound(x.size()));
-      ZSTD_CCtx* context = ZSTD_createCCtx();
-      for (auto _ : state) {
-        for (size_t i = 0; i < x.size(); ++i) x[i] = c->before_bytes[i] ^ c->after_bytes[i];
-        benchmark::DoNotOptimize(ZSTD_compressCCtx(context, out.data(), out.size(), x.data(), x.size(), 1));
-      }
-      ZSTD_freeCCtx(context);
-    }));
+    Configure(benchmark::RegisterBenchmark(
+        ("xor_zstd1/" + c->name + "/threads:1").c_str(), [c](benchmark::State& state) {
+          std::vector<uint8_t> x(c->before_bytes.size());
+          std::vector<uint8_t> out(ZSTD_compressBound(x.size()));
+          ZSTD_CCtx* context = ZSTD_createCCtx();
+          for (auto _ : state) {
+            for (size_t i = 0; i < x.size(); ++i) x[i] = c->before_bytes[i] ^ c->after_bytes[i];
+            benchmark::DoNotOptimize(
+                ZSTD_compressCCtx(context, out.data(), out.size(), x.data(), x.size(), 1));
+          }
+          ZSTD_freeCCtx(context);
+        }));
   }
 }
 
@@ -294,17 +325,19 @@ void PrintSummary(const Collector& collector) {
     return it == collector.times.end() ? NAN : it->second;
   };
   std::printf("\nSizes: bits per changed element (all served tensors, FP8 scales included)\n");
-  std::printf("%-22s %8s %8s %9s %9s %8s %11s %11s\n", "case", "density", "weft", "u32+raw", "xor+zstd1", "floor",
-              "weft/floor", "zstd/weft");
+  std::printf("%-22s %8s %8s %9s %9s %8s %11s %11s\n", "case", "density", "weft", "u32+raw",
+              "xor+zstd1", "floor", "weft/floor", "zstd/weft");
   for (const auto& c : *g_cases) {
     if (!c->selected) continue;
-    std::printf("%-22s %7.3f%% %8.2f %9.2f %9.2f %8.2f %10.3fx %10.2fx\n", c->name.c_str(), 100 * c->density,
-                c->weft_bits, c->index_bits, c->zstd_bits, c->floor_bits, c->weft_bits / c->floor_bits,
-                c->zstd_bits / c->weft_bits);
+    std::printf("%-22s %7.3f%% %8.2f %9.2f %9.2f %8.2f %10.3fx %10.2fx\n", c->name.c_str(),
+                100 * c->density, c->weft_bits, c->index_bits, c->zstd_bits, c->floor_bits,
+                c->weft_bits / c->floor_bits, c->zstd_bits / c->weft_bits);
   }
-  std::printf("\nTimes: milliseconds per step (real time), ratios against baselines measured in this run\n");
-  std::printf("%-22s %3s %9s %9s %9s %9s %10s %11s %9s %11s\n", "case", "thr", "read in", "encode", "apply", "memcpy",
-              "xor+zstd1", "enc/read", "zstd/enc", "apply/mcpy");
+  std::printf(
+      "\nTimes: milliseconds per step (real time), ratios against baselines measured in this "
+      "run\n");
+  std::printf("%-22s %3s %9s %9s %9s %9s %10s %11s %9s %11s\n", "case", "thr", "read in", "encode",
+              "apply", "memcpy", "xor+zstd1", "enc/read", "zstd/enc", "apply/mcpy");
   for (const auto& c : *g_cases) {
     if (!c->selected) continue;
     for (int threads : {1, 2}) {
@@ -312,12 +345,15 @@ void PrintSummary(const Collector& collector) {
       double read = time("read_inputs" + suffix), encode = time("encode_fused" + suffix);
       double apply = time("apply" + suffix), copy = time("memcpy_served" + suffix);
       double zstd = time("xor_zstd1/" + c->name + "/threads:1");
-      std::printf("%-22s %3d %9.2f %9.2f %9.2f %9.2f %10.2f %10.2fx %8.2fx %10.2fx\n", c->name.c_str(), threads, read,
-                  encode, apply, copy, zstd, encode / read, zstd / encode, apply / copy);
+      std::printf("%-22s %3d %9.2f %9.2f %9.2f %9.2f %10.2f %10.2fx %8.2fx %10.2fx\n",
+                  c->name.c_str(), threads, read, encode, apply, copy, zstd, encode / read,
+                  zstd / encode, apply / copy);
     }
   }
-  std::printf("\nTargets: BF16 weft/floor <= 1.15 at 0.5-10%% density and zstd/weft >= 2; enc/read <= 1.5 and "
-              "zstd/enc >= 3; apply/mcpy <= 0.5 at 2%% density.\n");
+  std::printf(
+      "\nTargets: BF16 weft/floor <= 1.15 at 0.5-10%% density and zstd/weft >= 2; enc/read <= 1.5 "
+      "and "
+      "zstd/enc >= 3; apply/mcpy <= 0.5 at 2%% density.\n");
 }
 
 }  // namespace

@@ -6,14 +6,17 @@
 // lease requests that got a lease and of submissions; next to baselines measured in the same run:
 // sequential journal appends (one fdatasync each) and a no-op request (/livez) on the same client.
 //
-// Usage: orchestrator_bench [--workers N] [--seconds S] [--generate-ms G] [--compact-after BYTES] [--quick]
+// Usage: orchestrator_bench [--workers N] [--seconds S] [--generate-ms G]
+//                           [--compact-after BYTES] [--quick]
 // (--compact-after: journal bytes between snapshots, default 64 MiB as in the configuration)
 #include <curl/curl.h>
 #include <unistd.h>
 
+// Before Boost.Asio: Boost 1.74 uses std::exchange without including it.
+#include <utility>
+
 #include <algorithm>
 #include <atomic>
-#include <utility>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 #include <chrono>
@@ -56,18 +59,31 @@ double Percentile(std::vector<double> values, double p) {
 // One simulated worker: a state machine on one connection.
 class Worker : public std::enable_shared_from_this<Worker> {
  public:
-  Worker(asio::io_context& context, tcp::endpoint endpoint, int id, std::chrono::milliseconds generate, Latencies& latencies,
-         const std::atomic<bool>& measuring, const std::atomic<bool>& stopping, std::atomic<uint64_t>& leases,
-         std::atomic<uint64_t>& submissions)
-      : stream_(context), timer_(context), endpoint_(endpoint), id_("w" + std::to_string(id)), generate_(generate),
-        latencies_(latencies), measuring_(measuring), stopping_(stopping), leases_(leases), submissions_(submissions) {}
+  Worker(asio::io_context& context, tcp::endpoint endpoint, int id,
+         std::chrono::milliseconds generate, Latencies& latencies,
+         const std::atomic<bool>& measuring, const std::atomic<bool>& stopping,
+         std::atomic<uint64_t>& leases, std::atomic<uint64_t>& submissions)
+      : stream_(context),
+        timer_(context),
+        endpoint_(endpoint),
+        id_("w" + std::to_string(id)),
+        generate_(generate),
+        latencies_(latencies),
+        measuring_(measuring),
+        stopping_(stopping),
+        leases_(leases),
+        submissions_(submissions) {}
 
   void Start() {
     stream_.async_connect(endpoint_, [self = shared_from_this()](beast::error_code error) {
       if (error) return self->Fail("connect", error);
-      self->Send("/v1/clusters", Json{{"cluster", self->id_}, {"region", "r" + std::to_string(self->id_.size() % 3)}, {"capacity", 1}},
+      self->Send("/v1/clusters",
+                 Json{{"cluster", self->id_},
+                      {"region", "r" + std::to_string(self->id_.size() % 3)},
+                      {"capacity", 1}},
                  [self](const Json&) {
-                   self->Send("/v1/clusters/" + self->id_ + "/heartbeat", Json{{"ready_version", 0}}, [self](const Json&) { self->Lease(); });
+                   self->Send("/v1/clusters/" + self->id_ + "/heartbeat",
+                              Json{{"ready_version", 0}}, [self](const Json&) { self->Lease(); });
                  });
     });
   }
@@ -77,23 +93,27 @@ class Worker : public std::enable_shared_from_this<Worker> {
   void Lease() {
     if (stopping_) return;
     const auto start = Clock::now();
-    Send("/v1/clusters/" + id_ + "/leases", Json{{"max", 1}, {"wait_ms", 1000}}, [self = shared_from_this(), start](const Json& body) {
-      if (body["leases"].empty()) return self->Lease();
-      if (self->measuring_) {
-        self->latencies_.Add(self->latencies_.lease_ms, start);
-        self->leases_.fetch_add(1);
-      }
-      // "Generate" for a while, as a real worker would, then submit.
-      self->timer_.expires_after(self->generate_);
-      self->timer_.async_wait([self, lease = body["leases"][0]](beast::error_code) { self->Submit(lease); });
-    });
+    Send("/v1/clusters/" + id_ + "/leases", Json{{"max", 1}, {"wait_ms", 1000}},
+         [self = shared_from_this(), start](const Json& body) {
+           if (body["leases"].empty()) return self->Lease();
+           if (self->measuring_) {
+             self->latencies_.Add(self->latencies_.lease_ms, start);
+             self->leases_.fetch_add(1);
+           }
+           // "Generate" for a while, as a real worker would, then submit.
+           self->timer_.expires_after(self->generate_);
+           self->timer_.async_wait(
+               [self, lease = body["leases"][0]](beast::error_code) { self->Submit(lease); });
+         });
   }
 
   void Submit(const Json& lease) {
     static const std::string payload(4096, 'x');
     const auto start = Clock::now();
-    Json submission = {{"job", lease["job"]}, {"attempt", lease["attempt"]}, {"cluster", id_}, {"version_start", 0}, {"version_end", 0},
-                       {"segments", {{0, 0}}}, {"tokens", 1024}, {"trajectories", {{"text", payload}}}};
+    Json submission = {{"job", lease["job"]}, {"attempt", lease["attempt"]},
+                       {"cluster", id_},      {"version_start", 0},
+                       {"version_end", 0},    {"segments", {{0, 0}}},
+                       {"tokens", 1024},      {"trajectories", {{"text", payload}}}};
     Send("/v1/submissions", submission, [self = shared_from_this(), start](const Json&) {
       if (self->measuring_) {
         self->latencies_.Add(self->latencies_.submit_ms, start);
@@ -113,21 +133,26 @@ class Worker : public std::enable_shared_from_this<Worker> {
     request_.set(bhttp::field::authorization, "Bearer worker");
     request_.body() = body.dump();
     request_.prepare_payload();
-    bhttp::async_write(stream_, request_, [self = shared_from_this(), next = std::move(next)](beast::error_code error, size_t) mutable {
-      if (error) return self->Fail("write", error);
-      self->response_ = {};
-      bhttp::async_read(self->stream_, self->buffer_, self->response_,
-                        [self, next = std::move(next)](beast::error_code error, size_t) {
-                          if (error) return self->Fail("read", error);
-                          if (self->response_.result() != bhttp::status::ok) {
-                            if (self->stopping_) return;
-                            std::fprintf(stderr, "%s: HTTP %d %s\n", self->id_.c_str(), self->response_.result_int(), self->response_.body().c_str());
-                            self->failed_ = true;
-                            return;
-                          }
-                          next(Json::parse(self->response_.body(), nullptr, false));
-                        });
-    });
+    bhttp::async_write(stream_, request_,
+                       [self = shared_from_this(), next = std::move(next)](beast::error_code error,
+                                                                           size_t) mutable {
+                         if (error) return self->Fail("write", error);
+                         self->response_ = {};
+                         bhttp::async_read(
+                             self->stream_, self->buffer_, self->response_,
+                             [self, next = std::move(next)](beast::error_code error, size_t) {
+                               if (error) return self->Fail("read", error);
+                               if (self->response_.result() != bhttp::status::ok) {
+                                 if (self->stopping_) return;
+                                 std::fprintf(stderr, "%s: HTTP %d %s\n", self->id_.c_str(),
+                                              self->response_.result_int(),
+                                              self->response_.body().c_str());
+                                 self->failed_ = true;
+                                 return;
+                               }
+                               next(Json::parse(self->response_.body(), nullptr, false));
+                             });
+                       });
   }
 
   void Fail(const char* what, beast::error_code error) {
@@ -194,17 +219,24 @@ int main(int argc, char** argv) {
     } else if (arg == "--generate-ms" && i + 1 < argc) {
       generate_ms = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--workers N] [--seconds S] [--generate-ms G] [--compact-after BYTES] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--workers N] [--seconds S] [--generate-ms G] [--compact-after "
+                   "BYTES] [--quick]\n",
+                   argv[0]);
       return 2;
     }
   }
-  const std::string dir = (std::filesystem::temp_directory_path() / ("weft-orchestrator-bench-" + std::to_string(getpid()))).string();
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("weft-orchestrator-bench-" + std::to_string(getpid())))
+                              .string();
   std::filesystem::create_directories(dir);
 
   // Baseline 1: sequential journal appends of a 4 KiB record, one fdatasync each.
   double journal_per_second = 0;
   {
-    auto journal = std::move(Journal::Open(dir + "/baseline.journal", [](std::string_view) { return Status::Ok(); })).value();
+    auto journal = std::move(Journal::Open(dir + "/baseline.journal", [](std::string_view) {
+                     return Status::Ok();
+                   })).value();
     const std::string record(4200, 'j');
     const auto start = Clock::now();
     int appended = 0;
@@ -257,14 +289,17 @@ int main(int argc, char** argv) {
     CURL* curl = curl_easy_init();
     uint64_t ack = 0;  // the last batch received, acknowledged with the next request
     while (!stopping) {
-      const size_t queued = core->Inspect([](const OrchestratorCore& c) { return c.queued_jobs(); });
+      const size_t queued =
+          core->Inspect([](const OrchestratorCore& c) { return c.queued_jobs(); });
       if (queued < static_cast<size_t>(8 * workers)) {
         Json prompts = Json::array();
         for (int i = 0; i < 2000; ++i) prompts.push_back({{"prompt", "p"}});
         Post(curl, url + "/v1/jobs", {{"prompts", prompts}});
       }
-      Json batch = Post(curl, url + "/v1/batches", {{"max", 1000}, {"ack", ack ? Json(ack) : Json(nullptr)}});
-      if (batch.is_object() && batch.contains("batch") && batch["batch"].is_number_unsigned() && batch["batch"].get<uint64_t>() > 0) {
+      Json batch = Post(curl, url + "/v1/batches",
+                        {{"max", 1000}, {"ack", ack ? Json(ack) : Json(nullptr)}});
+      if (batch.is_object() && batch.contains("batch") && batch["batch"].is_number_unsigned() &&
+          batch["batch"].get<uint64_t>() > 0) {
         ack = batch["batch"].get<uint64_t>();
       }
     }
@@ -274,8 +309,9 @@ int main(int argc, char** argv) {
   const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), service->port());
   std::vector<std::shared_ptr<Worker>> simulated;
   for (int i = 0; i < workers; ++i) {
-    simulated.push_back(std::make_shared<Worker>(context, endpoint, i, std::chrono::milliseconds(generate_ms), latencies, measuring,
-                                                 stopping, leases, submissions));
+    simulated.push_back(std::make_shared<Worker>(context, endpoint, i,
+                                                 std::chrono::milliseconds(generate_ms), latencies,
+                                                 measuring, stopping, leases, submissions));
     simulated.back()->Start();
   }
   std::thread client([&] { context.run(); });
@@ -290,24 +326,34 @@ int main(int argc, char** argv) {
   service->Stop();
   context.stop();
   client.join();
-  const size_t failed = std::count_if(simulated.begin(), simulated.end(), [](const auto& w) { return w->failed(); });
+  const size_t failed =
+      std::count_if(simulated.begin(), simulated.end(), [](const auto& w) { return w->failed(); });
   const uint64_t syncs = core->journal().syncs(), records = core->journal().records();
 
-  std::printf("\nOrchestrator under load over loopback: %d workers (capacity 1 each, long-polling, %d ms of generation per job), "
-              "%.1f s measured\n", workers, generate_ms, elapsed);
+  std::printf(
+      "\nOrchestrator under load over loopback: %d workers (capacity 1 each, long-polling, %d ms "
+      "of generation per job), "
+      "%.1f s measured\n",
+      workers, generate_ms, elapsed);
   std::printf("  %-44s %10s %10s %10s\n", "", "per second", "p50 ms", "p99 ms");
-  std::printf("  %-44s %10.0f %10.2f %10.2f\n", "leases (requests that got one)", leases / elapsed, Percentile(latencies.lease_ms, 0.5),
-              Percentile(latencies.lease_ms, 0.99));
-  std::printf("  %-44s %10.0f %10.2f %10.2f\n", "submissions (4 KiB, journaled)", submissions / elapsed, Percentile(latencies.submit_ms, 0.5),
+  std::printf("  %-44s %10.0f %10.2f %10.2f\n", "leases (requests that got one)", leases / elapsed,
+              Percentile(latencies.lease_ms, 0.5), Percentile(latencies.lease_ms, 0.99));
+  std::printf("  %-44s %10.0f %10.2f %10.2f\n", "submissions (4 KiB, journaled)",
+              submissions / elapsed, Percentile(latencies.submit_ms, 0.5),
               Percentile(latencies.submit_ms, 0.99));
-  std::printf("  %-44s %10.0f %10s %10s\n", "baseline: sequential 4 KiB journal appends", journal_per_second, "-", "-");
-  std::printf("  %-44s %10s %10.3f %10.3f\n", "baseline: no-op request (/livez), idle", "-", Percentile(latencies.noop_ms, 0.5),
-              Percentile(latencies.noop_ms, 0.99));
-  std::printf("  journal: %llu compactions (every %llu bytes)\n", static_cast<unsigned long long>(core->compactions()),
+  std::printf("  %-44s %10.0f %10s %10s\n", "baseline: sequential 4 KiB journal appends",
+              journal_per_second, "-", "-");
+  std::printf("  %-44s %10s %10.3f %10.3f\n", "baseline: no-op request (/livez), idle", "-",
+              Percentile(latencies.noop_ms, 0.5), Percentile(latencies.noop_ms, 0.99));
+  std::printf("  journal: %llu compactions (every %llu bytes)\n",
+              static_cast<unsigned long long>(core->compactions()),
               static_cast<unsigned long long>(compact_after));
-  std::printf("  journal: %llu records in %llu syncs (%.1f per sync); %zu workers failed\n", static_cast<unsigned long long>(records),
-              static_cast<unsigned long long>(syncs), syncs ? static_cast<double>(records) / syncs : 0.0, failed);
-  std::printf("  target on a 2-core machine: >= 5000 journaled submissions/s with p99 lease latency < 20 ms\n");
+  std::printf("  journal: %llu records in %llu syncs (%.1f per sync); %zu workers failed\n",
+              static_cast<unsigned long long>(records), static_cast<unsigned long long>(syncs),
+              syncs ? static_cast<double>(records) / syncs : 0.0, failed);
+  std::printf(
+      "  target on a 2-core machine: >= 5000 journaled submissions/s with p99 lease latency < 20 "
+      "ms\n");
   simulated.clear();
   std::filesystem::remove_all(dir);
   return failed == 0 ? 0 : 1;

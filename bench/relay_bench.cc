@@ -55,19 +55,25 @@ void Check(const Status& status, const char* what) {
   }
 }
 
-double Seconds(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
-std::string Url(const StoreServer& server) { return "http://127.0.0.1:" + std::to_string(server.port()); }
+std::string Url(const StoreServer& server) {
+  return "http://127.0.0.1:" + std::to_string(server.port());
+}
 
 // `readers` concurrent pulls of `version` from nothing through `url`; returns the wall time.
 double PullAll(const std::string& url, uint64_t version, int readers, int threads_each) {
   const auto start = Clock::now();
-  Check(ForEachConcurrently(readers, readers, [&](size_t) -> Status {
-    HttpStore store(url, "");
-    StoreReader reader(store, "bench", threads_each);
-    sync::ServedModel model;
-    return reader.Pull(version, std::nullopt, &model).status();
-  }), "pull");
+  Check(ForEachConcurrently(readers, readers,
+                            [&](size_t) -> Status {
+                              HttpStore store(url, "");
+                              StoreReader reader(store, "bench", threads_each);
+                              sync::ServedModel model;
+                              return reader.Pull(version, std::nullopt, &model).status();
+                            }),
+        "pull");
   return Seconds(start);
 }
 
@@ -81,27 +87,35 @@ size_t Discard(char*, size_t size, size_t count, void* user) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   const int threads = HardwareThreads();
-  const std::string root = (std::filesystem::temp_directory_path() / ("weft-relay-bench-" + std::to_string(getpid()))).string();
+  const std::string root =
+      (std::filesystem::temp_directory_path() / ("weft-relay-bench-" + std::to_string(getpid())))
+          .string();
   std::filesystem::remove_all(root);
   auto directory = std::move(DirectoryStore::Open(root + "/store")).value();
 
   // The run: keyframe at 0, deltas 1..3.
-  const std::vector<examples::SyntheticTensor> shapes = quick ? examples::ProjectionShapes(1024, 4) : examples::ProjectionShapes(4096, 6);
+  const std::vector<examples::SyntheticTensor> shapes =
+      quick ? examples::ProjectionShapes(1024, 4) : examples::ProjectionShapes(4096, 6);
   examples::AdamConfig config;
   config.learning_rate = 1e-6;
   examples::SyntheticAdam adam(shapes, config, 7, threads);
   auto master = [&] { return examples::MasterView(adam); };
   trainer_adapter::PublisherOptions options;
   options.codec.threads = threads;
-  auto publisher = std::move(trainer_adapter::Publisher::Start(*directory, "bench", master(), sync::ServingPlan{}, options)).value();
+  auto publisher = std::move(trainer_adapter::Publisher::Start(*directory, "bench", master(),
+                                                               sync::ServingPlan{}, options))
+                       .value();
   const uint64_t latest = 3;
   for (uint64_t v = 1; v <= latest; ++v) {
     adam.Step(threads);
     Check(publisher->Publish(master()).status(), "publish");
   }
-  // What a pull from nothing fetches (the planner's path), for the per-pull figure and the raw download.
+  // What a pull from nothing fetches (the planner's path), for the per-pull figure and the raw
+  // download.
   sync::ServedModel probe;
-  PullReport plan = std::move(StoreReader(*directory, "bench", threads).Pull(latest, std::nullopt, &probe)).value();
+  PullReport plan =
+      std::move(StoreReader(*directory, "bench", threads).Pull(latest, std::nullopt, &probe))
+          .value();
   const std::vector<BlobRef>& blobs = plan.fetched;
   const uint64_t pull_bytes = plan.bytes_downloaded;
   std::printf("relay_bench: %.0f MB served BF16; a pull from nothing fetches %.1f MB (%s)\n",
@@ -118,7 +132,9 @@ int main(int argc, char** argv) {
   const double direct_seconds = PullAll(Url(*origin), latest, readers, threads_each);
   const uint64_t direct_bytes = counted.served.exchange(0);
   HttpStore upstream(Url(*origin), "");
-  auto cache = std::move(CachingStore::Open(upstream, CacheOptions{root + "/relay-cache", uint64_t{4} << 30})).value();
+  auto cache = std::move(CachingStore::Open(upstream,
+                                            CacheOptions{root + "/relay-cache", uint64_t{4} << 30}))
+                   .value();
   StoreServerOptions relay_options;
   relay_options.threads = 32;
   auto relay = std::move(StoreServer::Start(*cache, relay_options)).value();
@@ -128,39 +144,52 @@ int main(int argc, char** argv) {
   std::printf("\n%d concurrent readers pulling version %llu from nothing (%.1f MB each)\n", readers,
               static_cast<unsigned long long>(latest), pull_bytes / 1e6);
   std::printf("  %-22s %16s %12s %10s\n", "", "upstream bytes", "vs one pull", "wall s");
-  std::printf("  %-22s %16llu %11.2fx %10.2f\n", "direct", static_cast<unsigned long long>(direct_bytes),
+  std::printf("  %-22s %16llu %11.2fx %10.2f\n", "direct",
+              static_cast<unsigned long long>(direct_bytes),
               static_cast<double>(direct_bytes) / pull_bytes, direct_seconds);
-  std::printf("  %-22s %16llu %11.2fx %10.2f\n", "through a relay", static_cast<unsigned long long>(relay_bytes),
+  std::printf("  %-22s %16llu %11.2fx %10.2f\n", "through a relay",
+              static_cast<unsigned long long>(relay_bytes),
               static_cast<double>(relay_bytes) / pull_bytes, relay_seconds);
-  std::printf("  relay: %llu upstream fetches (blobs and manifests), %llu blob reads waited on a fetch, %llu from its cache\n",
-              static_cast<unsigned long long>(stats.upstream_fetches), static_cast<unsigned long long>(stats.misses),
-              static_cast<unsigned long long>(stats.hits));
-  std::printf("  upstream bytes saved by the relay: %.1fx\n", static_cast<double>(direct_bytes) / relay_bytes);
+  std::printf(
+      "  relay: %llu upstream fetches (blobs and manifests), %llu blob reads waited on a fetch, "
+      "%llu from its cache\n",
+      static_cast<unsigned long long>(stats.upstream_fetches),
+      static_cast<unsigned long long>(stats.misses), static_cast<unsigned long long>(stats.hits));
+  std::printf("  upstream bytes saved by the relay: %.1fx\n",
+              static_cast<double>(direct_bytes) / relay_bytes);
   relay->Stop();
 
   // 2. One verified pull next to a raw download of the same blobs, over loopback.
   double raw_best = 1e9, pull_best = 1e9;
   for (int rep = 0; rep < 3; ++rep) {
     auto start = Clock::now();
-    Check(ForEachConcurrently(blobs.size(), 16, [&](size_t i) -> Status {
-      CURL* curl = curl_easy_init();
-      uint64_t got = 0;
-      const std::string url = Url(*origin) + "/v1/objects/" + BlobKey(blobs[i].sha256);
-      curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-      curl_easy_setopt(curl, CURLOPT_PROXY, "");
-      curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Discard);
-      curl_easy_setopt(curl, CURLOPT_WRITEDATA, &got);
-      CURLcode code = curl_easy_perform(curl);
-      curl_easy_cleanup(curl);
-      return code == CURLE_OK && got == blobs[i].bytes ? Status::Ok() : Unavailable("raw download failed");
-    }), "raw download");
+    Check(ForEachConcurrently(blobs.size(), 16,
+                              [&](size_t i) -> Status {
+                                CURL* curl = curl_easy_init();
+                                uint64_t got = 0;
+                                const std::string url =
+                                    Url(*origin) + "/v1/objects/" + BlobKey(blobs[i].sha256);
+                                curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+                                curl_easy_setopt(curl, CURLOPT_PROXY, "");
+                                curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Discard);
+                                curl_easy_setopt(curl, CURLOPT_WRITEDATA, &got);
+                                CURLcode code = curl_easy_perform(curl);
+                                curl_easy_cleanup(curl);
+                                return code == CURLE_OK && got == blobs[i].bytes
+                                           ? Status::Ok()
+                                           : Unavailable("raw download failed");
+                              }),
+          "raw download");
     raw_best = std::min(raw_best, Seconds(start));
     pull_best = std::min(pull_best, PullAll(Url(*origin), latest, 1, threads));
   }
-  std::printf("\nOne pull of version %llu from nothing over loopback HTTP (%.1f MB), fastest of 3\n",
-              static_cast<unsigned long long>(latest), pull_bytes / 1e6);
-  std::printf("  %-44s %8.3f s %9.0f MB/s\n", "raw HTTP download of the same blobs (libcurl)", raw_best, pull_bytes / 1e6 / raw_best);
-  std::printf("  %-44s %8.3f s %9.0f MB/s\n", "weft pull (fetch, SHA-256, parse, apply, digests)", pull_best, pull_bytes / 1e6 / pull_best);
+  std::printf(
+      "\nOne pull of version %llu from nothing over loopback HTTP (%.1f MB), fastest of 3\n",
+      static_cast<unsigned long long>(latest), pull_bytes / 1e6);
+  std::printf("  %-44s %8.3f s %9.0f MB/s\n", "raw HTTP download of the same blobs (libcurl)",
+              raw_best, pull_bytes / 1e6 / raw_best);
+  std::printf("  %-44s %8.3f s %9.0f MB/s\n", "weft pull (fetch, SHA-256, parse, apply, digests)",
+              pull_best, pull_bytes / 1e6 / pull_best);
   std::printf("  pull / raw download time: %.2fx\n", pull_best / raw_best);
   origin->Stop();
   std::filesystem::remove_all(root);

@@ -50,10 +50,13 @@ void Prepare(bool quick) {
   const int threads = HardwareThreads();
   auto* s = new Setup;
   g_setup = s;
-  s->root = (std::filesystem::temp_directory_path() / ("weft-store-bench-" + std::to_string(getpid()))).string();
+  s->root =
+      (std::filesystem::temp_directory_path() / ("weft-store-bench-" + std::to_string(getpid())))
+          .string();
   std::filesystem::remove_all(s->root);
   s->store = std::move(policy_store::DirectoryStore::Open(s->root)).value();
-  const std::vector<examples::SyntheticTensor> shapes = quick ? examples::ProjectionShapes(1024, 4) : examples::ProjectionShapes(4096, 6);
+  const std::vector<examples::SyntheticTensor> shapes =
+      quick ? examples::ProjectionShapes(1024, 4) : examples::ProjectionShapes(4096, 6);
   examples::AdamConfig config;
   config.learning_rate = 1e-6;
   examples::SyntheticAdam adam(shapes, config, 7, threads);
@@ -62,10 +65,13 @@ void Prepare(bool quick) {
   options.keyframes.interval = 1 << 30;
   options.keyframes.delta_budget = 1e9;
   options.codec = sync::CodecOptions{sync::kDefaultChunkLog2, threads};
-  auto publisher = std::move(trainer_adapter::Publisher::Start(*s->store, "bench", examples::MasterView(adam), sync::ServingPlan{}, options)).value();
+  auto publisher =
+      std::move(trainer_adapter::Publisher::Start(*s->store, "bench", examples::MasterView(adam),
+                                                  sync::ServingPlan{}, options))
+          .value();
   const uint64_t total = 110;
-  std::fprintf(stderr, "store_bench: publishing %llu versions of %.0f MB served...\n", static_cast<unsigned long long>(total),
-               publisher->served().byte_count() / 1e6);
+  std::fprintf(stderr, "store_bench: publishing %llu versions of %.0f MB served...\n",
+               static_cast<unsigned long long>(total), publisher->served().byte_count() / 1e6);
   s->full_bytes = publisher->last().keyframe->bytes;
   for (uint64_t v = 1; v <= total; ++v) {
     adam.Step(threads);
@@ -74,7 +80,8 @@ void Prepare(bool quick) {
       if (v != total - lag) continue;
       // A reader holding v: it pins v, so the publisher writes catch-up deltas from v.
       s->held.emplace(v, publisher->served());
-      if (!policy_store::SetPin(*s->store, "bench", "reader-lag" + std::to_string(lag), v).ok()) std::abort();
+      if (!policy_store::SetPin(*s->store, "bench", "reader-lag" + std::to_string(lag), v).ok())
+        std::abort();
     }
   }
   s->latest = total;
@@ -92,9 +99,11 @@ void Prepare(bool quick) {
     for (uint64_t v = total - lag + 1; v <= total; ++v) {
       auto manifest = reader.GetManifest(v);
       row.chain += manifest->delta->bytes;
-      blobs.push_back(std::move(policy_store::FetchVerifiedBlob(*s->store, *manifest->delta, "delta")).value());
+      blobs.push_back(
+          std::move(policy_store::FetchVerifiedBlob(*s->store, *manifest->delta, "delta")).value());
       auto delta = std::move(sync::ParseModelDelta(blobs.back())).value();
-      squashed = squashed ? std::move(sync::SquashModelDeltas(*squashed, delta, threads)).value() : std::move(delta);
+      squashed = squashed ? std::move(sync::SquashModelDeltas(*squashed, delta, threads)).value()
+                          : std::move(delta);
     }
     row.squashed = sync::SerializedSize(*squashed);
     g_sizes.push_back(row);
@@ -115,15 +124,23 @@ void Prepare(bool quick) {
 
 void Register() {
   for (uint64_t lag : kLags) {
-    benchmark::RegisterBenchmark(("pull/lag:" + std::to_string(lag)).c_str(), [lag](benchmark::State& state) {
-      policy_store::StoreReader reader(*g_setup->store, "bench", HardwareThreads());
-      for (auto _ : state) {
-        sync::ServedModel model = g_setup->held.at(g_setup->latest - lag);
-        auto report = reader.Pull(g_setup->latest, g_setup->latest - lag, &model);
-        if (!report.ok()) state.SkipWithError(report.status().ToString().c_str());
-      }
-    })->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.5)->Repetitions(3)
-        ->ComputeStatistics("min", [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); })
+    benchmark::RegisterBenchmark(
+        ("pull/lag:" + std::to_string(lag)).c_str(),
+        [lag](benchmark::State& state) {
+          policy_store::StoreReader reader(*g_setup->store, "bench", HardwareThreads());
+          for (auto _ : state) {
+            sync::ServedModel model = g_setup->held.at(g_setup->latest - lag);
+            auto report = reader.Pull(g_setup->latest, g_setup->latest - lag, &model);
+            if (!report.ok()) state.SkipWithError(report.status().ToString().c_str());
+          }
+        })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(0.5)
+        ->Repetitions(3)
+        ->ComputeStatistics(
+            "min",
+            [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); })
         ->DisplayAggregatesOnly(true);
   }
 }
@@ -134,7 +151,10 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") quick = true; else args.push_back(argv[i]);
+    if (std::string(argv[i]) == "--quick")
+      quick = true;
+    else
+      args.push_back(argv[i]);
   }
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
@@ -142,34 +162,44 @@ int main(int argc, char** argv) {
   Register();
   benchmark::RunSpecifiedBenchmarks();
   std::printf("\nCatch-up to version %llu, bytes downloaded (full copy: %llu bytes)\n",
-              static_cast<unsigned long long>(g_setup->latest), static_cast<unsigned long long>(g_setup->full_bytes));
-  std::printf("%5s %14s %14s %10s %14s %10s %10s  %s\n", "lag", "downloaded", "squashed", "vs squash", "plain chain", "vs chain",
-              "vs full", "path");
+              static_cast<unsigned long long>(g_setup->latest),
+              static_cast<unsigned long long>(g_setup->full_bytes));
+  std::printf("%5s %14s %14s %10s %14s %10s %10s  %s\n", "lag", "downloaded", "squashed",
+              "vs squash", "plain chain", "vs chain", "vs full", "path");
   for (const SizeRow& row : g_sizes) {
-    std::printf("%5llu %14llu %14llu %9.2fx %14llu %9.2fx %9.2f%%  %s\n", static_cast<unsigned long long>(row.lag),
-                static_cast<unsigned long long>(row.planned), static_cast<unsigned long long>(row.squashed),
-                static_cast<double>(row.planned) / row.squashed, static_cast<unsigned long long>(row.chain),
-                static_cast<double>(row.planned) / row.chain, 100.0 * row.planned / g_setup->full_bytes, row.path.c_str());
+    std::printf(
+        "%5llu %14llu %14llu %9.2fx %14llu %9.2fx %9.2f%%  %s\n",
+        static_cast<unsigned long long>(row.lag), static_cast<unsigned long long>(row.planned),
+        static_cast<unsigned long long>(row.squashed),
+        static_cast<double>(row.planned) / row.squashed, static_cast<unsigned long long>(row.chain),
+        static_cast<double>(row.planned) / row.chain, 100.0 * row.planned / g_setup->full_bytes,
+        row.path.c_str());
   }
   std::printf("\nThe same readers without pins (no catch-up delta; skip deltas only)\n");
   std::printf("%5s %14s %10s  %s\n", "lag", "downloaded", "vs squash", "path");
   for (const SizeRow& row : g_sizes) {
-    std::printf("%5llu %14llu %9.2fx  %s\n", static_cast<unsigned long long>(row.lag), static_cast<unsigned long long>(row.unpinned),
+    std::printf("%5llu %14llu %9.2fx  %s\n", static_cast<unsigned long long>(row.lag),
+                static_cast<unsigned long long>(row.unpinned),
                 static_cast<double>(row.unpinned) / row.squashed, row.unpinned_path.c_str());
   }
   uint64_t catchup_bytes = 0;
   size_t catchups = 0;
-  const std::vector<std::string> records = g_setup->store->List(policy_store::CatchupPrefix("bench", g_setup->latest)).value();
+  const std::vector<std::string> records =
+      g_setup->store->List(policy_store::CatchupPrefix("bench", g_setup->latest)).value();
   for (const std::string& key : records) {
     auto text = g_setup->store->Get(key);
-    auto record = policy_store::Catchup::FromJson({reinterpret_cast<const char*>(text->data()), text->size()});
+    auto record = policy_store::Catchup::FromJson(
+        {reinterpret_cast<const char*>(text->data()), text->size()});
     catchup_bytes += record->blob.bytes;
     ++catchups;
   }
-  std::printf("Cost of the catch-up deltas: one per pinned reader 2 or more versions behind, %zu for version %llu, "
-              "%llu bytes (%.1fx its plain delta)\n",
-              catchups, static_cast<unsigned long long>(g_setup->latest), static_cast<unsigned long long>(catchup_bytes),
-              static_cast<double>(catchup_bytes) / g_sizes.front().planned);
+  std::printf(
+      "Cost of the catch-up deltas: one per pinned reader 2 or more versions behind, %zu for "
+      "version %llu, "
+      "%llu bytes (%.1fx its plain delta)\n",
+      catchups, static_cast<unsigned long long>(g_setup->latest),
+      static_cast<unsigned long long>(catchup_bytes),
+      static_cast<double>(catchup_bytes) / g_sizes.front().planned);
   std::printf("Target: at most about 1.3x the single squashed delta.\n");
   std::filesystem::remove_all(g_setup->root);
   benchmark::Shutdown();

@@ -28,22 +28,27 @@ struct CastOptions {
 };
 
 bool EndsWith(const std::string& text, std::string_view suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The block size of an existing scale tensor for `tensor`, or nullopt for a per-tensor scale.
-Result<BlockScaling> ScalingOfExisting(const SafetensorsTensor& tensor, const SafetensorsTensor& scale) {
+Result<BlockScaling> ScalingOfExisting(const SafetensorsTensor& tensor,
+                                       const SafetensorsTensor& scale) {
   BlockScaling per_tensor = ScalingForShape(tensor.shape, 0);
   if (scale.element_count() == 1) return per_tensor;
-  if (scale.shape.size() != 2) return InvalidArgument("scale tensor '" + scale.name + "' is not 2-D");
+  if (scale.shape.size() != 2)
+    return InvalidArgument("scale tensor '" + scale.name + "' is not 2-D");
   for (uint32_t block : {128u, 64u, 256u, 32u, 16u, 512u}) {
     BlockScaling candidate = ScalingForShape(tensor.shape, block);
-    if (candidate.block_rows() == scale.shape[0] && candidate.block_cols() == scale.shape[1]) return candidate;
+    if (candidate.block_rows() == scale.shape[0] && candidate.block_cols() == scale.shape[1])
+      return candidate;
   }
   return InvalidArgument("cannot infer the block size of scale tensor '" + scale.name + "'");
 }
 
-Result<std::vector<float>> ReadAsFloat(const SafetensorsFile& file, const SafetensorsTensor& tensor) {
+Result<std::vector<float>> ReadAsFloat(const SafetensorsFile& file,
+                                       const SafetensorsTensor& tensor) {
   std::vector<float> values(tensor.element_count());
   ConvertToFloat(tensor.dtype, tensor.data, values);
   const bool fp8 = tensor.dtype == DType::kF8E4M3 || tensor.dtype == DType::kF8E5M2;
@@ -68,7 +73,8 @@ Status RunCast(const CastOptions& options) {
   const bool to_fp8 = Info(target).size == 1;
   if (options.block != 0 && !to_fp8) return InvalidArgument("--block applies to FP8 targets only");
   WEFT_ASSIGN_OR_RETURN(SafetensorsFile input, SafetensorsFile::Open(options.input));
-  const Saturation saturation = options.no_saturate ? Saturation::kNoSaturate : Saturation::kSaturateFinite;
+  const Saturation saturation =
+      options.no_saturate ? Saturation::kNoSaturate : Saturation::kSaturateFinite;
   const Fp8Format fp8 = target == DType::kF8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
 
   std::vector<std::vector<uint8_t>> storage;
@@ -76,8 +82,9 @@ Status RunCast(const CastOptions& options) {
   std::vector<TensorToWrite> outputs;
   size_t converted = 0;
   for (const SafetensorsTensor& tensor : input.tensors()) {
-    const bool is_scale = EndsWith(tensor.name, kScaleSuffix) &&
-                          input.Find(tensor.name.substr(0, tensor.name.size() - kScaleSuffix.size())) != nullptr;
+    const bool is_scale =
+        EndsWith(tensor.name, kScaleSuffix) &&
+        input.Find(tensor.name.substr(0, tensor.name.size() - kScaleSuffix.size())) != nullptr;
     if (is_scale) continue;  // recomputed for FP8 targets, folded into the values otherwise
     if (!Info(tensor.dtype).is_float) {
       outputs.push_back({tensor.name, tensor.dtype, tensor.shape, tensor.data});
@@ -98,7 +105,8 @@ Status RunCast(const CastOptions& options) {
       QuantizeFp8(*values, scaling, scales, fp8, saturation, out);
       storage.emplace_back(scales.size() * sizeof(float));
       std::memcpy(storage.back().data(), scales.data(), storage.back().size());
-      outputs.push_back({ScaleTensorName(tensor.name), DType::kF32, scaling.scale_shape(), storage.back()});
+      outputs.push_back(
+          {ScaleTensorName(tensor.name), DType::kF32, scaling.scale_shape(), storage.back()});
     }
     outputs.push_back({tensor.name, target, tensor.shape, out});
     ++converted;
@@ -120,13 +128,17 @@ Status RunCast(const CastOptions& options) {
 void RegisterCast(CLI::App& app, Action* action) {
   auto options = std::make_shared<CastOptions>();
   CLI::App* cast = app.add_subcommand("cast", "Convert a safetensors file to a serving format");
-  cast->add_option("input", options->input, "input .safetensors")->required()->check(CLI::ExistingFile);
+  cast->add_option("input", options->input, "input .safetensors")
+      ->required()
+      ->check(CLI::ExistingFile);
   cast->add_option("--to", options->target, "target format")
       ->required()
       ->check(CLI::IsMember({"bf16", "fp16", "fp8-e4m3", "fp8-e5m2"}));
-  cast->add_option("--block", options->block, "FP8: scale per N x N block (e.g. 128); default one scale per tensor")
+  cast->add_option("--block", options->block,
+                   "FP8: scale per N x N block (e.g. 128); default one scale per tensor")
       ->check(CLI::Range(1u, 1u << 16));
-  cast->add_flag("--no-saturate", options->no_saturate, "FP8: overflow to NaN/inf instead of the largest finite value");
+  cast->add_flag("--no-saturate", options->no_saturate,
+                 "FP8: overflow to NaN/inf instead of the largest finite value");
   cast->add_option("-o,--output", options->output, "output .safetensors")->required();
   cast->callback([options, action] { *action = [options] { return RunCast(*options); }; });
 }

@@ -51,7 +51,9 @@ Result<LoadedDelta> LoadDelta(const std::string& path) {
   return loaded;
 }
 
-TensorSpec SpecOf(const SafetensorsTensor& tensor) { return TensorSpec{tensor.name, tensor.dtype, tensor.shape}; }
+TensorSpec SpecOf(const SafetensorsTensor& tensor) {
+  return TensorSpec{tensor.name, tensor.dtype, tensor.shape};
+}
 
 Status RunEncode(const DeltaOptions& options) {
   const std::string& old_path = options.inputs[0];
@@ -60,16 +62,20 @@ Status RunEncode(const DeltaOptions& options) {
   WEFT_ASSIGN_OR_RETURN(SafetensorsFile new_file, SafetensorsFile::Open(new_path));
   if (old_file.tensors().size() != new_file.tensors().size()) {
     return InvalidArgument(old_path + " has " + std::to_string(old_file.tensors().size()) +
-                           " tensors, " + new_path + " has " + std::to_string(new_file.tensors().size()));
+                           " tensors, " + new_path + " has " +
+                           std::to_string(new_file.tensors().size()));
   }
   auto start = std::chrono::steady_clock::now();
   ModelDelta delta;
   uint64_t bytes_in = 0;
   for (const SafetensorsTensor& old_tensor : old_file.tensors()) {
     const SafetensorsTensor* new_tensor = new_file.Find(old_tensor.name);
-    if (new_tensor == nullptr) return InvalidArgument(new_path + ": no tensor '" + old_tensor.name + "' (present in " + old_path + ")");
+    if (new_tensor == nullptr)
+      return InvalidArgument(new_path + ": no tensor '" + old_tensor.name + "' (present in " +
+                             old_path + ")");
     if (new_tensor->dtype != old_tensor.dtype || new_tensor->shape != old_tensor.shape) {
-      return InvalidArgument("tensor '" + old_tensor.name + "' has a different dtype or shape in " + old_path + " and " + new_path);
+      return InvalidArgument("tensor '" + old_tensor.name + "' has a different dtype or shape in " +
+                             old_path + " and " + new_path);
     }
     WEFT_ASSIGN_OR_RETURN(TensorDelta tensor_delta,
                           EncodeTensorDelta(SpecOf(old_tensor), old_tensor.data, new_tensor->data,
@@ -81,12 +87,15 @@ Status RunEncode(const DeltaOptions& options) {
   double seconds = Seconds(start);
   WEFT_RETURN_IF_ERROR(WriteBytes(options.output, bytes));
   DeltaStats stats = ComputeStats(delta);
-  std::printf("%s: %zu tensors, %llu of %llu elements changed (%.3f%%), %llu bytes (%.2f%% of the %llu-byte tensors), encoded in %.3f s\n",
-              options.output.c_str(), delta.tensors.size(), static_cast<unsigned long long>(stats.changes),
-              static_cast<unsigned long long>(stats.units),
-              stats.sparse_units ? 100.0 * stats.changes / stats.sparse_units : 0.0,
-              static_cast<unsigned long long>(bytes.size()), bytes_in ? 100.0 * bytes.size() / bytes_in : 0.0,
-              static_cast<unsigned long long>(bytes_in), seconds);
+  std::printf(
+      "%s: %zu tensors, %llu of %llu elements changed (%.3f%%), %llu bytes (%.2f%% of the "
+      "%llu-byte tensors), encoded in %.3f s\n",
+      options.output.c_str(), delta.tensors.size(), static_cast<unsigned long long>(stats.changes),
+      static_cast<unsigned long long>(stats.units),
+      stats.sparse_units ? 100.0 * stats.changes / stats.sparse_units : 0.0,
+      static_cast<unsigned long long>(bytes.size()),
+      bytes_in ? 100.0 * bytes.size() / bytes_in : 0.0, static_cast<unsigned long long>(bytes_in),
+      seconds);
   return Status::Ok();
 }
 
@@ -102,12 +111,15 @@ Status RunApply(const DeltaOptions& options) {
   for (const TensorDelta& tensor_delta : loaded.delta.tensors) {
     const SafetensorsTensor* tensor = old_file.Find(tensor_delta.spec.name);
     if (tensor == nullptr) {
-      return InvalidArgument(delta_path + " changes tensor '" + tensor_delta.spec.name + "', which " + old_path + " does not have");
+      return InvalidArgument(delta_path + " changes tensor '" + tensor_delta.spec.name +
+                             "', which " + old_path + " does not have");
     }
     if (tensor->dtype != tensor_delta.spec.dtype || tensor->shape != tensor_delta.spec.shape) {
-      return InvalidArgument("tensor '" + tensor->name + "' has a different dtype or shape in " + old_path + " and " + delta_path);
+      return InvalidArgument("tensor '" + tensor->name + "' has a different dtype or shape in " +
+                             old_path + " and " + delta_path);
     }
-    std::span<uint8_t> served(result.data() + old_file.data_start() + tensor->data_offset, tensor->data.size());
+    std::span<uint8_t> served(result.data() + old_file.data_start() + tensor->data_offset,
+                              tensor->data.size());
     Status status = ApplyTensorDelta(tensor_delta, served, std::nullopt, Threads(options));
     if (status.code() == StatusCode::kConflict) {
       return status.WithContext(old_path + " is not the version " + delta_path + " was made from");
@@ -130,14 +142,16 @@ Status RunSquash(const DeltaOptions& options) {
     WEFT_ASSIGN_OR_RETURN(LoadedDelta next, LoadDelta(options.inputs[i]));
     Result<ModelDelta> squashed = SquashModelDeltas(accumulated, next.delta, Threads(options));
     if (!squashed.ok()) {
-      return squashed.status().WithContext("squashing " + options.inputs[i] + " onto " + options.inputs[i - 1]);
+      return squashed.status().WithContext("squashing " + options.inputs[i] + " onto " +
+                                           options.inputs[i - 1]);
     }
     accumulated = std::move(squashed).value();
     keep.push_back(std::move(next));
   }
   std::vector<uint8_t> bytes = SerializeModelDelta(accumulated);
   WEFT_RETURN_IF_ERROR(WriteBytes(options.output, bytes));
-  std::printf("%s: %zu deltas squashed into one of %zu bytes\n", options.output.c_str(), options.inputs.size(), bytes.size());
+  std::printf("%s: %zu deltas squashed into one of %zu bytes\n", options.output.c_str(),
+              options.inputs.size(), bytes.size());
   return Status::Ok();
 }
 
@@ -154,40 +168,68 @@ Status RunInspect(const DeltaOptions& options) {
   const double density = s.sparse_units ? static_cast<double>(s.changes) / s.sparse_units : 0.0;
   const uint64_t coded = s.gap_bytes + s.sign_bytes + s.big_bytes + s.magnitude_bytes;
   const double bits_per_change = s.changes ? 8.0 * coded / s.changes : 0.0;
-  const double entropy_floor = (density > 0 && density < 1)
-      ? (-density * std::log2(density) - (1 - density) * std::log2(1 - density)) / density : 0.0;
+  const double entropy_floor =
+      (density > 0 && density < 1)
+          ? (-density * std::log2(density) - (1 - density) * std::log2(1 - density)) / density
+          : 0.0;
   if (options.json) {
     nlohmann::json out = {
-        {"file", path}, {"format_version", kDeltaFormatVersion}, {"tensors", loaded.delta.tensors.size()},
-        {"units", s.units}, {"changed_units", s.changes}, {"changed_by_more_than_one", s.big_changes},
+        {"file", path},
+        {"format_version", kDeltaFormatVersion},
+        {"tensors", loaded.delta.tensors.size()},
+        {"units", s.units},
+        {"changed_units", s.changes},
+        {"changed_by_more_than_one", s.big_changes},
         {"density", density},
-        {"chunks", {{"unchanged", s.unchanged_chunks}, {"sparse", s.sparse_chunks}, {"raw", s.raw_chunks}}},
-        {"bytes", {{"total", s.total_bytes}, {"headers", s.header_bytes}, {"positions", s.gap_bytes},
-                   {"signs", s.sign_bytes}, {"large_change_positions", s.big_bytes},
-                   {"magnitudes", s.magnitude_bytes}, {"raw", s.raw_bytes}}},
+        {"chunks",
+         {{"unchanged", s.unchanged_chunks}, {"sparse", s.sparse_chunks}, {"raw", s.raw_chunks}}},
+        {"bytes",
+         {{"total", s.total_bytes},
+          {"headers", s.header_bytes},
+          {"positions", s.gap_bytes},
+          {"signs", s.sign_bytes},
+          {"large_change_positions", s.big_bytes},
+          {"magnitudes", s.magnitude_bytes},
+          {"raw", s.raw_bytes}}},
         {"bits_per_changed_element", bits_per_change},
         {"position_entropy_floor_bits", entropy_floor}};
     std::printf("%s\n", out.dump(2).c_str());
     return Status::Ok();
   }
-  std::printf("%s: weft delta, format version %u, %zu tensors\n", path.c_str(), kDeltaFormatVersion, loaded.delta.tensors.size());
-  std::printf("  elements          %llu (%llu in raw chunks)\n", static_cast<unsigned long long>(s.units), static_cast<unsigned long long>(s.raw_units));
-  std::printf("  changed           %llu in sparse chunks, density %.4f%%, %s of them by more than one step\n",
-              static_cast<unsigned long long>(s.changes), 100 * density, Percent(s.big_changes, s.changes).c_str());
-  std::printf("  chunks            %llu unchanged, %llu sparse, %llu raw\n", static_cast<unsigned long long>(s.unchanged_chunks),
-              static_cast<unsigned long long>(s.sparse_chunks), static_cast<unsigned long long>(s.raw_chunks));
+  std::printf("%s: weft delta, format version %u, %zu tensors\n", path.c_str(), kDeltaFormatVersion,
+              loaded.delta.tensors.size());
+  std::printf("  elements          %llu (%llu in raw chunks)\n",
+              static_cast<unsigned long long>(s.units),
+              static_cast<unsigned long long>(s.raw_units));
+  std::printf(
+      "  changed           %llu in sparse chunks, density %.4f%%, %s of them by more than one "
+      "step\n",
+      static_cast<unsigned long long>(s.changes), 100 * density,
+      Percent(s.big_changes, s.changes).c_str());
+  std::printf("  chunks            %llu unchanged, %llu sparse, %llu raw\n",
+              static_cast<unsigned long long>(s.unchanged_chunks),
+              static_cast<unsigned long long>(s.sparse_chunks),
+              static_cast<unsigned long long>(s.raw_chunks));
   std::printf("  bytes             %llu total\n", static_cast<unsigned long long>(s.total_bytes));
-  const std::pair<const char*, uint64_t> sections[] = {{"headers+checksums", s.header_bytes}, {"positions", s.gap_bytes},
-      {"signs", s.sign_bytes}, {"large-change pos.", s.big_bytes}, {"magnitudes", s.magnitude_bytes}, {"raw chunks", s.raw_bytes}};
+  const std::pair<const char*, uint64_t> sections[] = {{"headers+checksums", s.header_bytes},
+                                                       {"positions", s.gap_bytes},
+                                                       {"signs", s.sign_bytes},
+                                                       {"large-change pos.", s.big_bytes},
+                                                       {"magnitudes", s.magnitude_bytes},
+                                                       {"raw chunks", s.raw_bytes}};
   for (const auto& [name, bytes] : sections) {
-    std::printf("    %-18s %12llu  %7s\n", name, static_cast<unsigned long long>(bytes), Percent(bytes, s.total_bytes).c_str());
+    std::printf("    %-18s %12llu  %7s\n", name, static_cast<unsigned long long>(bytes),
+                Percent(bytes, s.total_bytes).c_str());
   }
   if (s.changes > 0) {
-    std::printf("  bits per change   %.3f (sparse sections); positions alone %.3f vs iid floor H(p)/p = %.3f\n",
-                bits_per_change, 8.0 * s.gap_bytes / s.changes, entropy_floor);
+    std::printf(
+        "  bits per change   %.3f (sparse sections); positions alone %.3f vs iid floor H(p)/p = "
+        "%.3f\n",
+        bits_per_change, 8.0 * s.gap_bytes / s.changes, entropy_floor);
   }
   if (options.per_tensor) {
-    std::printf("  %-40s %-8s %14s %12s %10s\n", "tensor", "dtype", "elements", "changed", "chunks");
+    std::printf("  %-40s %-8s %14s %12s %10s\n", "tensor", "dtype", "elements", "changed",
+                "chunks");
     for (const TensorDelta& t : loaded.delta.tensors) {
       uint64_t changed = 0;
       size_t raw = 0;
@@ -197,57 +239,86 @@ Status RunInspect(const DeltaOptions& options) {
       }
       std::printf("  %-40s %-8s %14llu %12llu %6zu%s\n", t.spec.name.c_str(),
                   std::string(Info(t.spec.dtype).safetensors_name).c_str(),
-                  static_cast<unsigned long long>(t.spec.element_count()), static_cast<unsigned long long>(changed),
-                  t.chunks.size(), raw ? (" (" + std::to_string(raw) + " raw)").c_str() : "");
+                  static_cast<unsigned long long>(t.spec.element_count()),
+                  static_cast<unsigned long long>(changed), t.chunks.size(),
+                  raw ? (" (" + std::to_string(raw) + " raw)").c_str() : "");
     }
   }
   return Status::Ok();
 }
 
 void AddThreads(CLI::App* command, DeltaOptions* options) {
-  command->add_option("--threads", options->threads, "worker threads (default: all cores)")->check(CLI::Range(1, 1024));
+  command->add_option("--threads", options->threads, "worker threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
 }
 
 }  // namespace
 
 void RegisterDelta(CLI::App& app, Action* action) {
-  CLI::App* delta = app.add_subcommand("delta", "Encode, apply, squash and inspect served-weight deltas");
+  CLI::App* delta =
+      app.add_subcommand("delta", "Encode, apply, squash and inspect served-weight deltas");
   delta->require_subcommand(1);
 
   auto encode_options = std::make_shared<DeltaOptions>();
   encode_options->inputs.resize(2);
-  CLI::App* encode = delta->add_subcommand("encode", "Delta from OLD.safetensors to NEW.safetensors");
-  encode->add_option("old", encode_options->inputs[0], "base version")->required()->check(CLI::ExistingFile);
-  encode->add_option("new", encode_options->inputs[1], "new version")->required()->check(CLI::ExistingFile);
+  CLI::App* encode =
+      delta->add_subcommand("encode", "Delta from OLD.safetensors to NEW.safetensors");
+  encode->add_option("old", encode_options->inputs[0], "base version")
+      ->required()
+      ->check(CLI::ExistingFile);
+  encode->add_option("new", encode_options->inputs[1], "new version")
+      ->required()
+      ->check(CLI::ExistingFile);
   encode->add_option("-o,--output", encode_options->output, "delta file to write")->required();
-  encode->add_option("--chunk-log2", encode_options->chunk_log2, "elements per chunk, as a power of two")
+  encode
+      ->add_option("--chunk-log2", encode_options->chunk_log2,
+                   "elements per chunk, as a power of two")
       ->check(CLI::Range(kMinChunkLog2, kMaxChunkLog2));
   AddThreads(encode, encode_options.get());
-  encode->callback([encode_options, action] { *action = [encode_options] { return RunEncode(*encode_options); }; });
+  encode->callback([encode_options, action] {
+    *action = [encode_options] { return RunEncode(*encode_options); };
+  });
 
   auto apply_options = std::make_shared<DeltaOptions>();
   apply_options->inputs.resize(2);
-  CLI::App* apply = delta->add_subcommand("apply", "Apply a delta to OLD.safetensors, verifying digests");
-  apply->add_option("old", apply_options->inputs[0], "base version")->required()->check(CLI::ExistingFile);
-  apply->add_option("delta", apply_options->inputs[1], "delta file")->required()->check(CLI::ExistingFile);
+  CLI::App* apply =
+      delta->add_subcommand("apply", "Apply a delta to OLD.safetensors, verifying digests");
+  apply->add_option("old", apply_options->inputs[0], "base version")
+      ->required()
+      ->check(CLI::ExistingFile);
+  apply->add_option("delta", apply_options->inputs[1], "delta file")
+      ->required()
+      ->check(CLI::ExistingFile);
   apply->add_option("-o,--output", apply_options->output, "safetensors file to write")->required();
   AddThreads(apply, apply_options.get());
-  apply->callback([apply_options, action] { *action = [apply_options] { return RunApply(*apply_options); }; });
+  apply->callback(
+      [apply_options, action] { *action = [apply_options] { return RunApply(*apply_options); }; });
 
   auto squash_options = std::make_shared<DeltaOptions>();
-  CLI::App* squash = delta->add_subcommand("squash", "Squash consecutive deltas D1 (A->B), D2 (B->C), ... into one");
-  squash->add_option("deltas", squash_options->inputs, "delta files, oldest first")->required()->expected(2, 1 << 20)->check(CLI::ExistingFile);
+  CLI::App* squash = delta->add_subcommand(
+      "squash", "Squash consecutive deltas D1 (A->B), D2 (B->C), ... into one");
+  squash->add_option("deltas", squash_options->inputs, "delta files, oldest first")
+      ->required()
+      ->expected(2, 1 << 20)
+      ->check(CLI::ExistingFile);
   squash->add_option("-o,--output", squash_options->output, "delta file to write")->required();
   AddThreads(squash, squash_options.get());
-  squash->callback([squash_options, action] { *action = [squash_options] { return RunSquash(*squash_options); }; });
+  squash->callback([squash_options, action] {
+    *action = [squash_options] { return RunSquash(*squash_options); };
+  });
 
   auto inspect_options = std::make_shared<DeltaOptions>();
   inspect_options->inputs.resize(1);
-  CLI::App* inspect = delta->add_subcommand("inspect", "Density, bytes per section and bits per changed element");
-  inspect->add_option("delta", inspect_options->inputs[0], "delta file")->required()->check(CLI::ExistingFile);
+  CLI::App* inspect =
+      delta->add_subcommand("inspect", "Density, bytes per section and bits per changed element");
+  inspect->add_option("delta", inspect_options->inputs[0], "delta file")
+      ->required()
+      ->check(CLI::ExistingFile);
   inspect->add_flag("--json", inspect_options->json, "print JSON");
   inspect->add_flag("--tensors", inspect_options->per_tensor, "one line per tensor");
-  inspect->callback([inspect_options, action] { *action = [inspect_options] { return RunInspect(*inspect_options); }; });
+  inspect->callback([inspect_options, action] {
+    *action = [inspect_options] { return RunInspect(*inspect_options); };
+  });
 }
 
 }  // namespace weft::cli

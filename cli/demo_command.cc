@@ -56,7 +56,8 @@ std::vector<examples::SyntheticTensor> ModelShapes(int layers) {
   std::vector<examples::SyntheticTensor> shapes = {{"embed_tokens.weight", {8192, 1024}}};
   for (int l = 0; l < layers; ++l) {
     std::string p = "layers." + std::to_string(l) + ".";
-    for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj"}) shapes.push_back({p + "attn." + name + ".weight", {1024, 1024}});
+    for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      shapes.push_back({p + "attn." + name + ".weight", {1024, 1024}});
     shapes.push_back({p + "mlp.gate_proj.weight", {2816, 1024}});
     shapes.push_back({p + "mlp.up_proj.weight", {2816, 1024}});
     shapes.push_back({p + "mlp.down_proj.weight", {1024, 2816}});
@@ -67,38 +68,55 @@ std::vector<examples::SyntheticTensor> ModelShapes(int layers) {
 
 bool SameBytes(const ServedModel& a, const ServedModel& b) {
   for (size_t t = 0; t < a.tensors().size(); ++t) {
-    if (a.tensors()[t].bytes != b.tensors()[t].bytes || a.tensors()[t].digest != b.tensors()[t].digest) return false;
+    if (a.tensors()[t].bytes != b.tensors()[t].bytes ||
+        a.tensors()[t].digest != b.tensors()[t].digest)
+      return false;
   }
   return true;
 }
 
 Status RunDemo(const DemoOptions& options) {
-  static const std::map<std::string, DType> kFormats = {
-      {"bf16", DType::kBF16}, {"fp16", DType::kF16}, {"fp8-e4m3", DType::kF8E4M3}, {"fp8-e5m2", DType::kF8E5M2}};
+  static const std::map<std::string, DType> kFormats = {{"bf16", DType::kBF16},
+                                                        {"fp16", DType::kF16},
+                                                        {"fp8-e4m3", DType::kF8E4M3},
+                                                        {"fp8-e5m2", DType::kF8E5M2}};
   const int threads = ThreadsOrAll(options.threads);
   ServingPlan plan{kFormats.at(options.format), options.block, Saturation::kSaturateFinite};
-  std::string out_dir = options.out_dir.empty()
-      ? (std::filesystem::temp_directory_path() / ("weft-demo-" + std::to_string(::getpid()))).string()
-      : options.out_dir;
+  std::string out_dir =
+      options.out_dir.empty()
+          ? (std::filesystem::temp_directory_path() / ("weft-demo-" + std::to_string(::getpid())))
+                .string()
+          : options.out_dir;
   std::filesystem::create_directories(out_dir);
 
   std::printf("weft demo: served-weight sync on a synthetic RL fine-tuning run\n");
-  std::printf("  (the end-to-end run, weft run configs/local.yaml, does not exist yet; this exercises the sync core)\n");
+  std::printf(
+      "  (the end-to-end run, weft run configs/local.yaml, does not exist yet; this exercises the "
+      "sync core)\n");
   examples::AdamConfig config;
   config.learning_rate = options.learning_rate;
   examples::SyntheticAdam adam(ModelShapes(options.layers), config, options.seed, threads);
-  std::printf("  model: %zu tensors, %.1f M parameters, FP32 master ~ N(0, 0.02); Adam lr %.1e; served as %s%s\n",
-              adam.tensor_count(), adam.parameter_count() / 1e6, options.learning_rate, options.format.c_str(),
-              Info(plan.dtype).size == 1 ? (" with " + std::to_string(options.block) + "x" + std::to_string(options.block) + " block scales").c_str() : "");
+  std::printf(
+      "  model: %zu tensors, %.1f M parameters, FP32 master ~ N(0, 0.02); Adam lr %.1e; served as "
+      "%s%s\n",
+      adam.tensor_count(), adam.parameter_count() / 1e6, options.learning_rate,
+      options.format.c_str(),
+      Info(plan.dtype).size == 1 ? (" with " + std::to_string(options.block) + "x" +
+                                    std::to_string(options.block) + " block scales")
+                                       .c_str()
+                                 : "");
   std::printf("  warming up the optimiser state for %d steps (not published)...\n", options.warmup);
   for (int i = 0; i < options.warmup; ++i) adam.Step(threads);
 
-  WEFT_ASSIGN_OR_RETURN(ServedModel publisher, ServedModel::FromMaster(examples::MasterView(adam), plan, threads));
-  ServedModel replica = publisher;   // loaded version 0 as a full checkpoint
+  WEFT_ASSIGN_OR_RETURN(ServedModel publisher,
+                        ServedModel::FromMaster(examples::MasterView(adam), plan, threads));
+  ServedModel replica = publisher;    // loaded version 0 as a full checkpoint
   ServedModel straggler = publisher;  // stays at version 0 until the end
   const uint64_t checkpoint_bytes = publisher.byte_count();
-  std::printf("  version 0: %s served (a full checkpoint); deltas go to %s\n\n", Bytes(checkpoint_bytes).c_str(), out_dir.c_str());
-  std::printf("  %-4s %9s %11s %10s %12s %10s %10s  %s\n", "ver", "density", "delta", "vs full", "bits/change", "encode", "apply", "replica");
+  std::printf("  version 0: %s served (a full checkpoint); deltas go to %s\n\n",
+              Bytes(checkpoint_bytes).c_str(), out_dir.c_str());
+  std::printf("  %-4s %9s %11s %10s %12s %10s %10s  %s\n", "ver", "density", "delta", "vs full",
+              "bits/change", "encode", "apply", "replica");
 
   const CodecOptions codec{kDefaultChunkLog2, threads};
   uint64_t total_delta_bytes = 0, total_changes = 0, total_units = 0;
@@ -125,7 +143,9 @@ Status RunDemo(const DemoOptions& options) {
     for (size_t t = 0; t < publisher.tensors().size(); ++t) {
       digests_match &= publisher.tensors()[t].digest == replica.tensors()[t].digest;
     }
-    if (!digests_match) return DataLoss("version " + std::to_string(v) + ": replica digest differs from the publisher's");
+    if (!digests_match)
+      return DataLoss("version " + std::to_string(v) +
+                      ": replica digest differs from the publisher's");
 
     DeltaStats stats = ComputeStats(delta);
     total_delta_bytes += bytes.size();
@@ -133,10 +153,12 @@ Status RunDemo(const DemoOptions& options) {
     total_units += stats.sparse_units;
     total_encode += encode_seconds;
     total_apply += apply_seconds;
-    double density = stats.sparse_units ? static_cast<double>(stats.changes) / stats.sparse_units : 0;
-    std::printf("  v%-3d %8.3f%% %11s %9.2f%% %12.2f %8.0f ms %8.0f ms  digest ok\n", v, 100 * density,
-                Bytes(bytes.size()).c_str(), 100.0 * bytes.size() / checkpoint_bytes,
-                stats.changes ? 8.0 * bytes.size() / stats.changes : 0.0, 1e3 * encode_seconds, 1e3 * apply_seconds);
+    double density =
+        stats.sparse_units ? static_cast<double>(stats.changes) / stats.sparse_units : 0;
+    std::printf("  v%-3d %8.3f%% %11s %9.2f%% %12.2f %8.0f ms %8.0f ms  digest ok\n", v,
+                100 * density, Bytes(bytes.size()).c_str(), 100.0 * bytes.size() / checkpoint_bytes,
+                stats.changes ? 8.0 * bytes.size() / stats.changes : 0.0, 1e3 * encode_seconds,
+                1e3 * apply_seconds);
     std::fflush(stdout);
   }
 
@@ -164,23 +186,31 @@ Status RunDemo(const DemoOptions& options) {
   }
   for (const auto& tensor : publisher.tensors()) {
     if (TensorDigest(tensor.spec.dtype, tensor.bytes, threads) != tensor.digest) {
-      return Internal("tensor '" + tensor.spec.name + "': incremental digest differs from a full recomputation");
+      return Internal("tensor '" + tensor.spec.name +
+                      "': incremental digest differs from a full recomputation");
     }
   }
   const double full_bytes = static_cast<double>(checkpoint_bytes) * options.steps;
   std::printf("\nsummary\n");
   std::printf("  versions published        %d\n", options.steps);
-  std::printf("  mean density              %.3f%% of served elements changed per version\n", total_units ? 100.0 * total_changes / total_units : 0.0);
-  std::printf("  bytes sent per replica    %s in deltas vs %s as full checkpoints (%.2f%%)\n", Bytes(total_delta_bytes).c_str(),
-              Bytes(full_bytes).c_str(), 100.0 * total_delta_bytes / full_bytes);
+  std::printf("  mean density              %.3f%% of served elements changed per version\n",
+              total_units ? 100.0 * total_changes / total_units : 0.0);
+  std::printf("  bytes sent per replica    %s in deltas vs %s as full checkpoints (%.2f%%)\n",
+              Bytes(total_delta_bytes).c_str(), Bytes(full_bytes).c_str(),
+              100.0 * total_delta_bytes / full_bytes);
   std::printf("  bits per changed element  %.2f (u32 index + raw value would be %d)\n",
-              total_changes ? 8.0 * total_delta_bytes / total_changes : 0.0, 32 + 8 * Info(plan.dtype).size);
-  std::printf("  time per version          encode %.0f ms, apply %.0f ms (%d threads)\n", 1e3 * total_encode / options.steps,
-              1e3 * total_apply / options.steps, threads);
-  std::printf("  catch-up from version 0   one squashed delta of %s (the chain is %s), applied in %.0f ms\n",
-              Bytes(squashed_bytes).c_str(), Bytes(total_delta_bytes).c_str(), 1e3 * squash_seconds);
-  std::printf("  verified                  every version by digest; final bytes identical on both replicas;\n"
-              "                            incremental digests equal full recomputations\n");
+              total_changes ? 8.0 * total_delta_bytes / total_changes : 0.0,
+              32 + 8 * Info(plan.dtype).size);
+  std::printf("  time per version          encode %.0f ms, apply %.0f ms (%d threads)\n",
+              1e3 * total_encode / options.steps, 1e3 * total_apply / options.steps, threads);
+  std::printf(
+      "  catch-up from version 0   one squashed delta of %s (the chain is %s), applied in %.0f "
+      "ms\n",
+      Bytes(squashed_bytes).c_str(), Bytes(total_delta_bytes).c_str(), 1e3 * squash_seconds);
+  std::printf(
+      "  verified                  every version by digest; final bytes identical on both "
+      "replicas;\n"
+      "                            incremental digests equal full recomputations\n");
   return Status::Ok();
 }
 
@@ -188,15 +218,23 @@ Status RunDemo(const DemoOptions& options) {
 
 void RegisterDemo(CLI::App& app, Action* action) {
   auto options = std::make_shared<DemoOptions>();
-  CLI::App* demo = app.add_subcommand("demo", "Run the sync core on a synthetic RL fine-tuning run");
+  CLI::App* demo =
+      app.add_subcommand("demo", "Run the sync core on a synthetic RL fine-tuning run");
   demo->add_option("--steps", options->steps, "versions to publish")->check(CLI::Range(1, 10000));
-  demo->add_option("--warmup", options->warmup, "optimiser steps before version 0")->check(CLI::Range(0, 10000));
-  demo->add_option("--lr", options->learning_rate, "Adam learning rate")->check(CLI::PositiveNumber);
-  demo->add_option("--format", options->format, "serving format")->check(CLI::IsMember({"bf16", "fp16", "fp8-e4m3", "fp8-e5m2"}));
-  demo->add_option("--block", options->block, "FP8 scale block size (0: per tensor)")->check(CLI::Range(0u, 1u << 16));
-  demo->add_option("--layers", options->layers, "transformer blocks in the synthetic model")->check(CLI::Range(1, 64));
-  demo->add_option("--threads", options->threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
-  demo->add_option("--out", options->out_dir, "directory for the delta files (default: a temporary directory)");
+  demo->add_option("--warmup", options->warmup, "optimiser steps before version 0")
+      ->check(CLI::Range(0, 10000));
+  demo->add_option("--lr", options->learning_rate, "Adam learning rate")
+      ->check(CLI::PositiveNumber);
+  demo->add_option("--format", options->format, "serving format")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp8-e4m3", "fp8-e5m2"}));
+  demo->add_option("--block", options->block, "FP8 scale block size (0: per tensor)")
+      ->check(CLI::Range(0u, 1u << 16));
+  demo->add_option("--layers", options->layers, "transformer blocks in the synthetic model")
+      ->check(CLI::Range(1, 64));
+  demo->add_option("--threads", options->threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  demo->add_option("--out", options->out_dir,
+                   "directory for the delta files (default: a temporary directory)");
   demo->add_option("--seed", options->seed, "random seed");
   demo->callback([options, action] { *action = [options] { return RunDemo(*options); }; });
 }

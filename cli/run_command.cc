@@ -46,11 +46,12 @@ struct Child {
   pid_t pid = -1;
   int restarts = 0;
   bool running = false;
-  std::string ended;              // how it ended, once it has
-  int exit_code = -1;             // ... and its exit status (128 + signal when killed)
+  std::string ended;   // how it ended, once it has
+  int exit_code = -1;  // ... and its exit status (128 + signal when killed)
 };
 
-Child MakeChild(std::string name, std::vector<std::string> args, bool restart, std::string listen = "") {
+Child MakeChild(std::string name, std::vector<std::string> args, bool restart,
+                std::string listen = "") {
   Child child;
   child.name = std::move(name);
   child.args = std::move(args);
@@ -61,7 +62,8 @@ Child MakeChild(std::string name, std::vector<std::string> args, bool restart, s
 
 class Supervisor {
  public:
-  Supervisor(std::string binary, std::string log_dir) : binary_(std::move(binary)), log_dir_(std::move(log_dir)) {}
+  Supervisor(std::string binary, std::string log_dir)
+      : binary_(std::move(binary)), log_dir_(std::move(log_dir)) {}
 
   Status Start(Child& child) {
     std::vector<std::string> argv = {binary_};
@@ -132,7 +134,8 @@ class Supervisor {
           kill(c->pid, SIGKILL);
           waitpid(c->pid, &status, 0);
           c->running = false;
-          c->ended = "killed after not stopping within " + std::to_string(grace.count() / 1000) + " s";
+          c->ended =
+              "killed after not stopping within " + std::to_string(grace.count() / 1000) + " s";
           break;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -168,8 +171,13 @@ bool WaitForPort(const std::string& listen, std::chrono::milliseconds timeout, c
 
 std::string Megabytes(double bytes) {
   char text[32];
-  std::snprintf(text, sizeof(text), bytes >= 1e9 ? "%.2f GB" : bytes >= 1e6 ? "%.1f MB" : "%.0f kB",
-                bytes >= 1e9 ? bytes / 1e9 : bytes >= 1e6 ? bytes / 1e6 : bytes / 1e3);
+  std::snprintf(text, sizeof(text),
+                bytes >= 1e9   ? "%.2f GB"
+                : bytes >= 1e6 ? "%.1f MB"
+                               : "%.0f kB",
+                bytes >= 1e9   ? bytes / 1e9
+                : bytes >= 1e6 ? bytes / 1e6
+                               : bytes / 1e3);
   return text;
 }
 
@@ -198,7 +206,8 @@ SyncTotals Totals(const Json& status) {
     t.keyframe_pulls += s["keyframe_pulls"].get<uint64_t>();
     t.max_pause_ms = std::max(t.max_pause_ms, s["max_pause_ms"].get<double>());
     if (!s["first_version"].is_null() && !s["newest_version"].is_null()) {
-      t.full_versions += static_cast<double>(s["newest_version"].get<uint64_t>() - s["first_version"].get<uint64_t>() + 1);
+      t.full_versions += static_cast<double>(s["newest_version"].get<uint64_t>() -
+                                             s["first_version"].get<uint64_t>() + 1);
     }
   }
   return t;
@@ -209,16 +218,19 @@ std::string ProgressLine(const Json& trainer, const Json& status, const RunConfi
   char buffer[256];
   const std::string phase = trainer.is_object() ? trainer.value("phase", "starting") : "starting";
   if (phase == "warm-up") {
-    std::snprintf(buffer, sizeof(buffer), "warm-up %d/%d loss %.3f", trainer.value("warmup_step", 0), config.trainer.warmup_steps,
+    std::snprintf(buffer, sizeof(buffer), "warm-up %d/%d loss %.3f",
+                  trainer.value("warmup_step", 0), config.trainer.warmup_steps,
                   trainer.value("warmup_loss", 0.0));
     line << buffer;
   } else if (phase == "rl" || phase == "done") {
     const Json& steps = trainer["steps"];
     if (!steps.empty()) {
       const Json& last = steps.back();
-      std::snprintf(buffer, sizeof(buffer), "step %d/%d v%llu reward %.3f lag %.1f (max %llu)", last.value("step", 0),
-                    config.trainer.steps, static_cast<unsigned long long>(last.value("version", uint64_t{0})), last.value("reward", 0.0),
-                    last.value("mean_lag", 0.0), static_cast<unsigned long long>(last.value("max_lag", uint64_t{0})));
+      std::snprintf(buffer, sizeof(buffer), "step %d/%d v%llu reward %.3f lag %.1f (max %llu)",
+                    last.value("step", 0), config.trainer.steps,
+                    static_cast<unsigned long long>(last.value("version", uint64_t{0})),
+                    last.value("reward", 0.0), last.value("mean_lag", 0.0),
+                    static_cast<unsigned long long>(last.value("max_lag", uint64_t{0})));
       line << buffer;
     } else {
       line << "step 0/" << config.trainer.steps << " v0 (waiting for trajectories)";
@@ -248,54 +260,75 @@ std::string Svg(const Json& report) {
   const double w = 720, h = 260, left = 60, right = 20, top = 30, bottom = 40;
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << 2 * h + 20
-      << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+      << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+         "fill=\"white\"/>\n";
   const size_t n = steps.size();
-  auto x_of = [&](size_t i) { return left + (n <= 1 ? 0.0 : (w - left - right) * static_cast<double>(i) / static_cast<double>(n - 1)); };
+  auto x_of = [&](size_t i) {
+    return left + (n <= 1
+                       ? 0.0
+                       : (w - left - right) * static_cast<double>(i) / static_cast<double>(n - 1));
+  };
   // Reward.
-  svg << "<text x=\"" << left << "\" y=\"18\" font-weight=\"bold\">Mean reward of each step's batch (the rollouts' own rewards)</text>\n";
-  svg << "<line x1=\"" << left << "\" y1=\"" << h - bottom << "\" x2=\"" << w - right << "\" y2=\"" << h - bottom << "\" stroke=\"black\"/>\n";
-  svg << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\"" << h - bottom << "\" stroke=\"black\"/>\n";
+  svg << "<text x=\"" << left
+      << "\" y=\"18\" font-weight=\"bold\">Mean reward of each step's batch (the rollouts' own "
+         "rewards)</text>\n";
+  svg << "<line x1=\"" << left << "\" y1=\"" << h - bottom << "\" x2=\"" << w - right << "\" y2=\""
+      << h - bottom << "\" stroke=\"black\"/>\n";
+  svg << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\""
+      << h - bottom << "\" stroke=\"black\"/>\n";
   for (double r : {0.0, 0.25, 0.5, 0.75, 1.0}) {
     const double y = h - bottom - (h - top - bottom) * r;
-    svg << "<text x=\"" << left - 8 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << r << "</text>\n";
-    svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << w - right << "\" y2=\"" << y << "\" stroke=\"#ddd\"/>\n";
+    svg << "<text x=\"" << left - 8 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << r
+        << "</text>\n";
+    svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << w - right << "\" y2=\"" << y
+        << "\" stroke=\"#ddd\"/>\n";
   }
   svg << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"";
   for (size_t i = 0; i < n; ++i) {
-    svg << x_of(i) << "," << h - bottom - (h - top - bottom) * std::clamp(steps[i].value("reward", 0.0), 0.0, 1.0) << " ";
+    svg << x_of(i) << ","
+        << h - bottom - (h - top - bottom) * std::clamp(steps[i].value("reward", 0.0), 0.0, 1.0)
+        << " ";
   }
-  svg << "\"/>\n<text x=\"" << (w + left) / 2 << "\" y=\"" << h - 10 << "\" text-anchor=\"middle\">step</text>\n";
+  svg << "\"/>\n<text x=\"" << (w + left) / 2 << "\" y=\"" << h - 10
+      << "\" text-anchor=\"middle\">step</text>\n";
   // Step (and version) numbers under both charts.
   auto ticks = [&](double axis_y) {
     for (size_t k = 0; k < 5 && n > 0; ++k) {
       const size_t i = (n - 1) * k / 4;
-      svg << "<text x=\"" << x_of(i) << "\" y=\"" << axis_y + 14 << "\" text-anchor=\"middle\">" << steps[i].value("step", 0) << "</text>\n";
+      svg << "<text x=\"" << x_of(i) << "\" y=\"" << axis_y + 14 << "\" text-anchor=\"middle\">"
+          << steps[i].value("step", 0) << "</text>\n";
     }
   };
   ticks(h - bottom);
   // Bytes per version, log scale, against one full checkpoint.
   const double full = std::max(1.0, report.value("full_checkpoint_bytes", 1.0));
   const double y0 = h + 20;
-  svg << "<text x=\"" << left << "\" y=\"" << y0 + 18 << "\" font-weight=\"bold\">Delta bytes of each version (log scale); red: one full checkpoint</text>\n";
+  svg << "<text x=\"" << left << "\" y=\"" << y0 + 18
+      << "\" font-weight=\"bold\">Delta bytes of each version (log scale); red: one full "
+         "checkpoint</text>\n";
   const double low = 1e3, high = std::max(full * 2, 1e4);
   auto y_of = [&](double bytes) {
-    const double f = (std::log10(std::max(bytes, low)) - std::log10(low)) / (std::log10(high) - std::log10(low));
+    const double f =
+        (std::log10(std::max(bytes, low)) - std::log10(low)) / (std::log10(high) - std::log10(low));
     return y0 + h - bottom - (h - top - bottom) * f;
   };
-  svg << "<line x1=\"" << left << "\" y1=\"" << y0 + h - bottom << "\" x2=\"" << w - right << "\" y2=\"" << y0 + h - bottom << "\" stroke=\"black\"/>\n";
+  svg << "<line x1=\"" << left << "\" y1=\"" << y0 + h - bottom << "\" x2=\"" << w - right
+      << "\" y2=\"" << y0 + h - bottom << "\" stroke=\"black\"/>\n";
   for (double b = low; b <= high; b *= 10) {
-    svg << "<text x=\"" << left - 8 << "\" y=\"" << y_of(b) + 4 << "\" text-anchor=\"end\">" << Megabytes(b) << "</text>\n";
+    svg << "<text x=\"" << left - 8 << "\" y=\"" << y_of(b) + 4 << "\" text-anchor=\"end\">"
+        << Megabytes(b) << "</text>\n";
   }
   const double bar = std::max(1.0, (w - left - right) / std::max<size_t>(1, n) - 1);
   for (size_t i = 0; i < n; ++i) {
     const double bytes = steps[i].value("delta_bytes", 0.0);
-    svg << "<rect x=\"" << x_of(i) - bar / 2 << "\" y=\"" << y_of(bytes) << "\" width=\"" << bar << "\" height=\""
-        << y0 + h - bottom - y_of(bytes) << "\" fill=\"#2ca02c\"/>\n";
+    svg << "<rect x=\"" << x_of(i) - bar / 2 << "\" y=\"" << y_of(bytes) << "\" width=\"" << bar
+        << "\" height=\"" << y0 + h - bottom - y_of(bytes) << "\" fill=\"#2ca02c\"/>\n";
   }
-  svg << "<line x1=\"" << left << "\" y1=\"" << y_of(full) << "\" x2=\"" << w - right << "\" y2=\"" << y_of(full)
-      << "\" stroke=\"red\" stroke-dasharray=\"4\"/>\n";
+  svg << "<line x1=\"" << left << "\" y1=\"" << y_of(full) << "\" x2=\"" << w - right << "\" y2=\""
+      << y_of(full) << "\" stroke=\"red\" stroke-dasharray=\"4\"/>\n";
   ticks(y0 + h - bottom);
-  svg << "<text x=\"" << (w + left) / 2 << "\" y=\"" << y0 + h - 10 << "\" text-anchor=\"middle\">version</text>\n</svg>\n";
+  svg << "<text x=\"" << (w + left) / 2 << "\" y=\"" << y0 + h - 10
+      << "\" text-anchor=\"middle\">version</text>\n</svg>\n";
   return svg.str();
 }
 
@@ -305,9 +338,11 @@ Status RunRun(const std::string& config_path) {
   // A fresh directory, or one an earlier run made (its marker says so): start it afresh.
   std::error_code error;
   if (fs::exists(dir)) {
-    if (!fs::is_directory(dir)) return InvalidArgument("run.dir " + dir.string() + " is not a directory");
+    if (!fs::is_directory(dir))
+      return InvalidArgument("run.dir " + dir.string() + " is not a directory");
     if (!fs::is_empty(dir) && !fs::exists(dir / kMarker)) {
-      return InvalidArgument("run.dir " + dir.string() + " holds files weft run did not write; pick another run.dir");
+      return InvalidArgument("run.dir " + dir.string() +
+                             " holds files weft run did not write; pick another run.dir");
     }
     for (const auto& entry : fs::directory_iterator(dir)) fs::remove_all(entry.path(), error);
   }
@@ -323,7 +358,8 @@ Status RunRun(const std::string& config_path) {
     root["orchestrator"] = section;
     YAML::Emitter out;
     out << root;
-    WEFT_RETURN_IF_ERROR(WriteTextFileAtomic((dir / "orchestrator.yaml").string(), std::string(out.c_str()) + "\n"));
+    WEFT_RETURN_IF_ERROR(
+        WriteTextFileAtomic((dir / "orchestrator.yaml").string(), std::string(out.c_str()) + "\n"));
   }
   const std::string config_abs = fs::absolute(config_path).string();
   char self[4096];
@@ -333,24 +369,44 @@ Status RunRun(const std::string& config_path) {
 
   std::vector<Child> children;
   const std::string listen_orchestrator = config.orchestrator_listen();
-  children.push_back(MakeChild("store", {"store", "serve", "--store", (dir / "store").string(), "--listen", config.store_listen, "--threads", "4"}, true, config.store_listen));
-  children.push_back(MakeChild("orchestrator", {"orchestrator", "--config", (dir / "orchestrator.yaml").string()}, true, listen_orchestrator));
+  children.push_back(MakeChild("store",
+                               {"store", "serve", "--store", (dir / "store").string(), "--listen",
+                                config.store_listen, "--threads", "4"},
+                               true, config.store_listen));
+  children.push_back(MakeChild("orchestrator",
+                               {"orchestrator", "--config", (dir / "orchestrator.yaml").string()},
+                               true, listen_orchestrator));
   for (const RegionConfig& r : config.regions) {
-    std::vector<std::string> args = {"relay", "--upstream", config.store_url(), "--cache", (dir / "relays" / r.name).string(), "--listen",
-                                     r.relay_listen, "--threads", "16"};
-    if (r.bandwidth > 0) args.insert(args.end(), {"--shape-bandwidth", std::to_string(r.bandwidth)});
-    if (r.latency.count() > 0) args.insert(args.end(), {"--shape-latency", std::to_string(r.latency.count()) + "us"});
+    std::vector<std::string> args = {"relay",
+                                     "--upstream",
+                                     config.store_url(),
+                                     "--cache",
+                                     (dir / "relays" / r.name).string(),
+                                     "--listen",
+                                     r.relay_listen,
+                                     "--threads",
+                                     "16"};
+    if (r.bandwidth > 0)
+      args.insert(args.end(), {"--shape-bandwidth", std::to_string(r.bandwidth)});
+    if (r.latency.count() > 0)
+      args.insert(args.end(), {"--shape-latency", std::to_string(r.latency.count()) + "us"});
     children.push_back(MakeChild("relay-" + r.name, args, true, r.relay_listen));
   }
   const size_t first_worker = children.size();
   for (const RegionConfig& r : config.regions) {
     for (int i = 1; i <= r.workers; ++i) {
       const std::string name = r.name + "-" + std::to_string(i);
-      children.push_back(MakeChild("worker-" + name, {"worker", "--config", config_abs, "--cluster", name, "--region", r.name}, false));
+      children.push_back(MakeChild(
+          "worker-" + name,
+          {"worker", "--config", config_abs, "--cluster", name, "--region", r.name}, false));
     }
   }
   const size_t trainer_index = children.size();
-  children.push_back(MakeChild("trainer", {"train", "--config", config_abs, "--store", (dir / "store").string(), "--progress", (dir / "trainer.json").string()}, false));
+  children.push_back(
+      MakeChild("trainer",
+                {"train", "--config", config_abs, "--store", (dir / "store").string(), "--progress",
+                 (dir / "trainer.json").string()},
+                false));
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -370,25 +426,29 @@ Status RunRun(const std::string& config_path) {
     for (size_t i = first_worker; i-- > 0;) infrastructure.push_back(&children[i]);
     supervisor.Stop(infrastructure, std::chrono::seconds(10));
   };
-  std::printf("weft run %s: run %s in %s (logs in %s/logs)\n", config_path.c_str(), config.run_id.c_str(), dir.string().c_str(),
-              dir.string().c_str());
+  std::printf("weft run %s: run %s in %s (logs in %s/logs)\n", config_path.c_str(),
+              config.run_id.c_str(), dir.string().c_str(), dir.string().c_str());
   for (size_t i = 0; i < first_worker; ++i) {
     WEFT_RETURN_IF_ERROR(supervisor.Start(children[i]));
     if (!WaitForPort(children[i].listen, std::chrono::seconds(20), children[i])) {
       stop_infrastructure();
-      return Unavailable(children[i].name + " did not start listening on " + children[i].listen + " (see " + dir.string() + "/logs/" +
-                         children[i].name + ".log)");
+      return Unavailable(children[i].name + " did not start listening on " + children[i].listen +
+                         " (see " + dir.string() + "/logs/" + children[i].name + ".log)");
     }
   }
-  for (size_t i = first_worker; i < children.size(); ++i) WEFT_RETURN_IF_ERROR(supervisor.Start(children[i]));
-  std::printf("started the store (%s), the orchestrator (%s), %zu relays, %zu workers and the trainer\n", config.store_listen.c_str(),
-              listen_orchestrator.c_str(), config.regions.size(), trainer_index - first_worker);
+  for (size_t i = first_worker; i < children.size(); ++i)
+    WEFT_RETURN_IF_ERROR(supervisor.Start(children[i]));
+  std::printf(
+      "started the store (%s), the orchestrator (%s), %zu relays, %zu workers and the trainer\n",
+      config.store_listen.c_str(), listen_orchestrator.c_str(), config.regions.size(),
+      trainer_index - first_worker);
   std::fflush(stdout);
 
   HttpClientOptions quick;
   quick.attempts = 1;
   quick.deadline = std::chrono::milliseconds(2000);
-  orchestrator::OrchestratorClient status_client(config.orchestrator_url(), config.orchestrator.service.admin_token, quick);
+  orchestrator::OrchestratorClient status_client(config.orchestrator_url(),
+                                                 config.orchestrator.service.admin_token, quick);
   const bool tty = isatty(1);
   const auto started = Clock::now();
   auto last_line = Clock::now() - std::chrono::hours(1);
@@ -406,30 +466,36 @@ Status RunRun(const std::string& config_path) {
     for (Child* ended : supervisor.Reap(children)) {
       if (ended == &children[trainer_index]) {
         trainer_done = true;
-        if (ended->exit_code != 0) failure = "the trainer " + ended->ended + " (see " + dir.string() + "/logs/trainer.log)";
+        if (ended->exit_code != 0)
+          failure = "the trainer " + ended->ended + " (see " + dir.string() + "/logs/trainer.log)";
       } else if (ended->restart) {
-        std::printf("%s%s %s; restarting it\n", tty ? "\n" : "", ended->name.c_str(), ended->ended.c_str());
+        std::printf("%s%s %s; restarting it\n", tty ? "\n" : "", ended->name.c_str(),
+                    ended->ended.c_str());
         ++ended->restarts;
         if (ended->restarts > 5) {
-          failure = ended->name + " keeps dying (see " + dir.string() + "/logs/" + ended->name + ".log)";
+          failure =
+              ended->name + " keeps dying (see " + dir.string() + "/logs/" + ended->name + ".log)";
           break;
         }
         Status restarted = supervisor.Start(*ended);
         if (!restarted.ok()) failure = restarted.message();
       } else {
-        std::printf("%s%s %s; its jobs go to the other workers\n", tty ? "\n" : "", ended->name.c_str(), ended->ended.c_str());
+        std::printf("%s%s %s; its jobs go to the other workers\n", tty ? "\n" : "",
+                    ended->name.c_str(), ended->ended.c_str());
       }
     }
     if (!failure.empty() || trainer_done) break;
     if (Clock::now() - started > config.time_limit) {
-      failure = "the run passed its time limit of " + std::to_string(config.time_limit.count()) + " s";
+      failure =
+          "the run passed its time limit of " + std::to_string(config.time_limit.count()) + " s";
       break;
     }
     if (Clock::now() - last_line >= std::chrono::seconds(tty ? 1 : 5)) {
       last_line = Clock::now();
       Result<Json> s = status_client.GetStatus();
       if (s.ok()) status = *s;
-      const std::string line = ProgressLine(ReadJsonFile((dir / "trainer.json").string()), s.ok() ? status : Json(), config);
+      const std::string line = ProgressLine(ReadJsonFile((dir / "trainer.json").string()),
+                                            s.ok() ? status : Json(), config);
       const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
       if (tty) {
         std::printf("\r\033[K[%5.0fs] %s", elapsed, line.c_str());
@@ -445,13 +511,15 @@ Status RunRun(const std::string& config_path) {
   stop_workers();
   HttpClientOptions patient;
   patient.deadline = std::chrono::milliseconds(10000);
-  orchestrator::OrchestratorClient final_client(config.orchestrator_url(), config.orchestrator.service.admin_token, patient);
+  orchestrator::OrchestratorClient final_client(config.orchestrator_url(),
+                                                config.orchestrator.service.admin_token, patient);
   if (Result<Json> s = final_client.GetStatus(); s.ok()) status = *s;
   Json relays = Json::object();
   for (const RegionConfig& r : config.regions) {
     HttpClient relay("http://" + r.relay_listen, quick);
     Result<HttpReply> reply = relay.Request("GET", "/v1/stats", {}, {});
-    if (reply.ok() && reply->status == 200) relays[r.name] = Json::parse(reply->body.begin(), reply->body.end(), nullptr, false);
+    if (reply.ok() && reply->status == 200)
+      relays[r.name] = Json::parse(reply->body.begin(), reply->body.end(), nullptr, false);
   }
   stop_infrastructure();
 
@@ -466,7 +534,8 @@ Status RunRun(const std::string& config_path) {
     wan += stats.value("upstream_bytes", uint64_t{0});
     corrupted += stats.value("corrupted", uint64_t{0});
   }
-  Json per_step = trainer.is_object() && trainer.contains("steps") ? trainer["steps"] : Json::array();
+  Json per_step =
+      trainer.is_object() && trainer.contains("steps") ? trainer["steps"] : Json::array();
   double density_sum = 0;
   for (const Json& s : per_step) density_sum += s.value("density", 0.0);
   Json report = {
@@ -475,12 +544,14 @@ Status RunRun(const std::string& config_path) {
       {"completed", failure.empty()},
       {"failure", failure.empty() ? Json(nullptr) : Json(failure)},
       {"seconds", seconds},
-      {"task", "two-number addition, " + std::to_string(config.trainer.digits) + "-digit operands, exact-match reward"},
+      {"task", "two-number addition, " + std::to_string(config.trainer.digits) +
+                   "-digit operands, exact-match reward"},
       {"initial_reward", trainer.value("initial_reward", 0.0)},
       {"final_reward", trainer.value("final_reward", 0.0)},
       {"random_policy_reward", trainer.value("random_policy_reward", 0.0)},
       {"eval_accuracy_before", trainer.value("eval_accuracy_before", 0.0)},
-      {"eval_accuracy_after", trained ? Json(trainer.value("eval_accuracy_after", 0.0)) : Json(nullptr)},
+      {"eval_accuracy_after",
+       trained ? Json(trainer.value("eval_accuracy_after", 0.0)) : Json(nullptr)},
       {"warmup_steps", config.trainer.warmup_steps},
       {"steps", per_step.size()},
       {"versions_published", trainer.value("versions_published", uint64_t{0})},
@@ -489,11 +560,16 @@ Status RunRun(const std::string& config_path) {
       {"digest_mismatches", totals.digest_mismatches},
       {"staleness_violations", trainer.value("staleness_violations", uint64_t{0})},
       {"max_staleness", config.orchestrator.core.max_staleness},
-      {"trajectories_dropped_stale", status.is_object() ? status["trajectories"].value("dropped_stale", uint64_t{0}) : 0},
-      {"trajectories_delivered_stale", status.is_object() ? status["trajectories"].value("delivered_stale", uint64_t{0}) : 0},
+      {"trajectories_dropped_stale",
+       status.is_object() ? status["trajectories"].value("dropped_stale", uint64_t{0}) : 0},
+      {"trajectories_delivered_stale",
+       status.is_object() ? status["trajectories"].value("delivered_stale", uint64_t{0}) : 0},
       {"bytes_sent", totals.bytes_sent},
       {"bytes_full_equivalent", totals.full_versions * full},
-      {"bytes_sent_fraction", totals.full_versions * full > 0 ? static_cast<double>(totals.bytes_sent) / (totals.full_versions * full) : 0.0},
+      {"bytes_sent_fraction",
+       totals.full_versions * full > 0
+           ? static_cast<double>(totals.bytes_sent) / (totals.full_versions * full)
+           : 0.0},
       {"bytes_wan", wan},
       {"bytes_published", trainer.value("bytes_published", uint64_t{0})},
       {"mean_density", per_step.empty() ? 0.0 : density_sum / static_cast<double>(per_step.size())},
@@ -503,8 +579,13 @@ Status RunRun(const std::string& config_path) {
       {"max_commit_pause_ms", totals.max_pause_ms},
       {"relays", relays},
       {"relay_corrupted_blobs_refetched", corrupted},
-      {"orchestrator", status.is_object() ? Json{{"jobs", status["jobs"]}, {"leases", status["leases"]}, {"clusters_lost", status["clusters_lost"]}, {"trajectories", status["trajectories"]},
-                                                 {"journal", status["journal"]}, {"regions", status["regions"]}, {"clusters", status["clusters"]}}
+      {"orchestrator", status.is_object() ? Json{{"jobs", status["jobs"]},
+                                                 {"leases", status["leases"]},
+                                                 {"clusters_lost", status["clusters_lost"]},
+                                                 {"trajectories", status["trajectories"]},
+                                                 {"journal", status["journal"]},
+                                                 {"regions", status["regions"]},
+                                                 {"clusters", status["clusters"]}}
                                           : Json()},
       {"restarts", Json::object()},
       {"per_step", per_step}};
@@ -516,28 +597,42 @@ Status RunRun(const std::string& config_path) {
   WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(report_path, report.dump(2) + "\n"));
   WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(svg_path, Svg(report)));
 
-  std::printf("\nsummary of run %s (%.0f s%s)\n", config.run_id.c_str(), seconds, failure.empty() ? "" : (", " + failure).c_str());
-  std::printf("  reward            %.3f -> %.3f over %zu RL steps (first and last 5 steps' batches; random policy %.5f)\n",
-              report["initial_reward"].get<double>(), report["final_reward"].get<double>(), per_step.size(),
-              report["random_policy_reward"].get<double>());
-  std::printf("  greedy accuracy   %.3f -> %s (%d held-out problems; after a %d-step supervised warm-up)\n",
-              report["eval_accuracy_before"].get<double>(),
-              trained ? std::to_string(report["eval_accuracy_after"].get<double>()).substr(0, 5).c_str() : "not measured (unfinished)",
-              config.trainer.eval_problems, config.trainer.warmup_steps);
-  std::printf("  versions          %llu published, %llu pulls by %llu workers (%llu from a keyframe), digest mismatches %llu\n",
-              static_cast<unsigned long long>(report["versions_published"].get<uint64_t>()), static_cast<unsigned long long>(totals.pulls),
-              static_cast<unsigned long long>(totals.clusters), static_cast<unsigned long long>(totals.keyframe_pulls),
-              static_cast<unsigned long long>(totals.digest_mismatches));
-  std::printf("  staleness         bound %llu, violations %llu, dropped stale %llu\n",
-              static_cast<unsigned long long>(config.orchestrator.core.max_staleness),
-              static_cast<unsigned long long>(report["staleness_violations"].get<uint64_t>()),
-              static_cast<unsigned long long>(report["trajectories_dropped_stale"].get<uint64_t>()));
-  std::printf("  bytes to workers  %s, %.1f%% of %s for full checkpoints (mean density %.2f%% of served elements per version); WAN %s\n",
-              Megabytes(static_cast<double>(totals.bytes_sent)).c_str(), 100.0 * report["bytes_sent_fraction"].get<double>(),
-              Megabytes(totals.full_versions * full).c_str(), 100.0 * report["mean_density"].get<double>(),
-              Megabytes(static_cast<double>(wan)).c_str());
+  std::printf("\nsummary of run %s (%.0f s%s)\n", config.run_id.c_str(), seconds,
+              failure.empty() ? "" : (", " + failure).c_str());
+  std::printf(
+      "  reward            %.3f -> %.3f over %zu RL steps (first and last 5 steps' batches; random "
+      "policy %.5f)\n",
+      report["initial_reward"].get<double>(), report["final_reward"].get<double>(), per_step.size(),
+      report["random_policy_reward"].get<double>());
+  std::printf(
+      "  greedy accuracy   %.3f -> %s (%d held-out problems; after a %d-step supervised warm-up)\n",
+      report["eval_accuracy_before"].get<double>(),
+      trained ? std::to_string(report["eval_accuracy_after"].get<double>()).substr(0, 5).c_str()
+              : "not measured (unfinished)",
+      config.trainer.eval_problems, config.trainer.warmup_steps);
+  std::printf(
+      "  versions          %llu published, %llu pulls by %llu workers (%llu from a keyframe), "
+      "digest mismatches %llu\n",
+      static_cast<unsigned long long>(report["versions_published"].get<uint64_t>()),
+      static_cast<unsigned long long>(totals.pulls),
+      static_cast<unsigned long long>(totals.clusters),
+      static_cast<unsigned long long>(totals.keyframe_pulls),
+      static_cast<unsigned long long>(totals.digest_mismatches));
+  std::printf(
+      "  staleness         bound %llu, violations %llu, dropped stale %llu\n",
+      static_cast<unsigned long long>(config.orchestrator.core.max_staleness),
+      static_cast<unsigned long long>(report["staleness_violations"].get<uint64_t>()),
+      static_cast<unsigned long long>(report["trajectories_dropped_stale"].get<uint64_t>()));
+  std::printf(
+      "  bytes to workers  %s, %.1f%% of %s for full checkpoints (mean density %.2f%% of served "
+      "elements per version); WAN %s\n",
+      Megabytes(static_cast<double>(totals.bytes_sent)).c_str(),
+      100.0 * report["bytes_sent_fraction"].get<double>(),
+      Megabytes(totals.full_versions * full).c_str(), 100.0 * report["mean_density"].get<double>(),
+      Megabytes(static_cast<double>(wan)).c_str());
   std::printf("report: %s (picture: %s)\n", report_path.c_str(), svg_path.c_str());
-  if (interrupted) return Unavailable("interrupted; everything was stopped and the report covers the run so far");
+  if (interrupted)
+    return Unavailable("interrupted; everything was stopped and the report covers the run so far");
   if (!failure.empty()) return Internal(failure);
   return Status::Ok();
 }
@@ -546,7 +641,9 @@ Status RunRun(const std::string& config_path) {
 
 void RegisterRun(CLI::App& app, Action* action) {
   auto config = std::make_shared<std::string>();
-  CLI::App* r = app.add_subcommand("run", "Run everything on this machine from one config (e.g. configs/local.yaml) and write a report");
+  CLI::App* r = app.add_subcommand("run",
+                                   "Run everything on this machine from one config (e.g. "
+                                   "configs/local.yaml) and write a report");
   r->add_option("config", *config, "the run's YAML config")->required()->check(CLI::ExistingFile);
   r->callback([config, action] { *action = [config] { return RunRun(*config); }; });
 }

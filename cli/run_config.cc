@@ -12,31 +12,41 @@ namespace {
 Status CheckListen(const std::string& value, const std::string& where) {
   const size_t colon = value.rfind(':');
   char* end = nullptr;
-  const unsigned long port = colon == std::string::npos ? 0 : std::strtoul(value.c_str() + colon + 1, &end, 10);
-  if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || port < 1 || port > 65535) {
-    return InvalidArgument(where + ": '" + value + "' is not ADDRESS:PORT (a fixed port: other processes connect to it)");
+  const unsigned long port =
+      colon == std::string::npos ? 0 : std::strtoul(value.c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || port < 1 ||
+      port > 65535) {
+    return InvalidArgument(where + ": '" + value +
+                           "' is not ADDRESS:PORT (a fixed port: other processes connect to it)");
   }
   return Status::Ok();
 }
 
-Status ReadInt(const YAML::Node& node, const std::string& where, const std::string& key, int* out, int low, int high) {
+Status ReadInt(const YAML::Node& node, const std::string& where, const std::string& key, int* out,
+               int low, int high) {
   uint64_t value = static_cast<uint64_t>(*out);
   WEFT_RETURN_IF_ERROR(ReadUnsigned(node, where, key, &value));
   if (value < static_cast<uint64_t>(low) || value > static_cast<uint64_t>(high)) {
-    return InvalidArgument(where + "." + key + " must be " + std::to_string(low) + " to " + std::to_string(high));
+    return InvalidArgument(where + "." + key + " must be " + std::to_string(low) + " to " +
+                           std::to_string(high));
   }
   *out = static_cast<int>(value);
   return Status::Ok();
 }
 
-Status ReadPositive(const YAML::Node& node, const std::string& where, const std::string& key, double* out, double high) {
+Status ReadPositive(const YAML::Node& node, const std::string& where, const std::string& key,
+                    double* out, double high) {
   WEFT_RETURN_IF_ERROR(ReadDouble(node, where, key, out));
-  if (!(*out > 0) || *out > high) return InvalidArgument(where + "." + key + " must be above 0 and at most " + std::to_string(high));
+  if (!(*out > 0) || *out > high)
+    return InvalidArgument(where + "." + key + " must be above 0 and at most " +
+                           std::to_string(high));
   return Status::Ok();
 }
 
 Status ParseSections(const YAML::Node& root, RunConfig& c) {
-  WEFT_RETURN_IF_ERROR(CheckKeys(root, "(top level)", {"run", "store", "orchestrator", "regions", "worker", "model", "task", "trainer"}));
+  WEFT_RETURN_IF_ERROR(
+      CheckKeys(root, "(top level)",
+                {"run", "store", "orchestrator", "regions", "worker", "model", "task", "trainer"}));
   if (const YAML::Node run = root["run"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(run, "run", {"id", "dir", "time_limit"}));
     WEFT_RETURN_IF_ERROR(ReadString(run, "run", "id", &c.run_id));
@@ -57,20 +67,25 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   // The orchestrator section, as `weft orchestrator` reads it; its run is the run's.
   if (!root["orchestrator"]) return InvalidArgument("no 'orchestrator:' section");
   c.orchestrator_section = YAML::Clone(root["orchestrator"]);
-  if (c.orchestrator_section.IsMap() && c.orchestrator_section["run"] && c.orchestrator_section["run"].as<std::string>("") != c.run_id) {
-    return InvalidArgument("orchestrator.run must be left out or equal run.id ('" + c.run_id + "')");
+  if (c.orchestrator_section.IsMap() && c.orchestrator_section["run"] &&
+      c.orchestrator_section["run"].as<std::string>("") != c.run_id) {
+    return InvalidArgument("orchestrator.run must be left out or equal run.id ('" + c.run_id +
+                           "')");
   }
   if (c.orchestrator_section.IsMap()) c.orchestrator_section["run"] = c.run_id;
   YAML::Node wrapped;
   wrapped["orchestrator"] = c.orchestrator_section;
   WEFT_ASSIGN_OR_RETURN(c.orchestrator, orchestrator::ParseOrchestratorConfig(wrapped, c.path));
   if (!c.orchestrator.service.server.tls_cert_file.empty()) {
-    return InvalidArgument("orchestrator.tls: a run on one machine speaks plain HTTP on loopback; leave tls out");
+    return InvalidArgument(
+        "orchestrator.tls: a run on one machine speaks plain HTTP on loopback; leave tls out");
   }
-  if (c.orchestrator.service.server.port == 0) return InvalidArgument("orchestrator.listen needs a fixed port: workers connect to it");
+  if (c.orchestrator.service.server.port == 0)
+    return InvalidArgument("orchestrator.listen needs a fixed port: workers connect to it");
 
   const YAML::Node regions = root["regions"];
-  if (!regions || !regions.IsSequence() || regions.size() == 0) return InvalidArgument("regions: a list of at least one region is needed");
+  if (!regions || !regions.IsSequence() || regions.size() == 0)
+    return InvalidArgument("regions: a list of at least one region is needed");
   std::set<std::string> names, listens = {c.store_listen};
   for (size_t i = 0; i < regions.size(); ++i) {
     const std::string where = "regions[" + std::to_string(i) + "]";
@@ -78,13 +93,17 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     WEFT_RETURN_IF_ERROR(CheckKeys(r, where, {"name", "relay", "bandwidth", "latency", "workers"}));
     RegionConfig region;
     WEFT_RETURN_IF_ERROR(ReadString(r, where, "name", &region.name));
-    if (region.name.empty() || region.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos) {
-      return InvalidArgument(where + ".name: '" + region.name + "' must be lower-case letters, digits and '-'");
+    if (region.name.empty() || region.name.find_first_not_of(
+                                   "abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos) {
+      return InvalidArgument(where + ".name: '" + region.name +
+                             "' must be lower-case letters, digits and '-'");
     }
-    if (!names.insert(region.name).second) return InvalidArgument(where + ".name: region '" + region.name + "' appears twice");
+    if (!names.insert(region.name).second)
+      return InvalidArgument(where + ".name: region '" + region.name + "' appears twice");
     WEFT_RETURN_IF_ERROR(ReadString(r, where, "relay", &region.relay_listen));
     WEFT_RETURN_IF_ERROR(CheckListen(region.relay_listen, where + ".relay"));
-    if (!listens.insert(region.relay_listen).second) return InvalidArgument(where + ".relay: " + region.relay_listen + " is already taken");
+    if (!listens.insert(region.relay_listen).second)
+      return InvalidArgument(where + ".relay: " + region.relay_listen + " is already taken");
     WEFT_RETURN_IF_ERROR(ReadBytes(r, where, "bandwidth", &region.bandwidth));
     WEFT_RETURN_IF_ERROR(ReadDuration(r, where, "latency", &region.latency));
     WEFT_RETURN_IF_ERROR(ReadInt(r, where, "workers", &region.workers, 0, 64));
@@ -92,7 +111,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   }
 
   if (const YAML::Node w = root["worker"]) {
-    WEFT_RETURN_IF_ERROR(CheckKeys(w, "worker", {"capacity", "threads", "temperature", "top_p", "heartbeat"}));
+    WEFT_RETURN_IF_ERROR(
+        CheckKeys(w, "worker", {"capacity", "threads", "temperature", "top_p", "heartbeat"}));
     int capacity = static_cast<int>(c.worker.capacity);
     WEFT_RETURN_IF_ERROR(ReadInt(w, "worker", "capacity", &capacity, 1, 256));
     c.worker.capacity = static_cast<uint32_t>(capacity);
@@ -102,7 +122,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     std::chrono::microseconds heartbeat = c.worker.heartbeat;
     WEFT_RETURN_IF_ERROR(ReadDuration(w, "worker", "heartbeat", &heartbeat));
     c.worker.heartbeat = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat);
-    if (c.worker.heartbeat.count() < 10) return InvalidArgument("worker.heartbeat must be at least 10ms");
+    if (c.worker.heartbeat.count() < 10)
+      return InvalidArgument("worker.heartbeat must be at least 10ms");
   }
 
   examples::ExampleTrainerOptions& t = c.trainer;
@@ -112,34 +133,45 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "layers", &t.model.layers, 1, 64));
     WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "heads", &t.model.heads, 1, 64));
     WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_ff", &t.model.d_ff, 4, 65536));
-    if (t.model.d_model % t.model.heads != 0) return InvalidArgument("model.d_model must be a multiple of model.heads");
+    if (t.model.d_model % t.model.heads != 0)
+      return InvalidArgument("model.d_model must be a multiple of model.heads");
   }
   if (const YAML::Node task = root["task"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(task, "task", {"digits"}));
     WEFT_RETURN_IF_ERROR(ReadInt(task, "task", "digits", &t.digits, 1, 6));
   }
   if (const YAML::Node tr = root["trainer"]) {
-    WEFT_RETURN_IF_ERROR(CheckKeys(tr, "trainer", {"seed", "threads", "warmup", "steps", "prompts_per_step", "samples_per_prompt",
-                                                    "steps_ahead", "learning_rate", "truncation", "eval_problems", "keyframe_interval",
-                                                    "keyframe_budget", "stall_after", "min_step_time"}));
+    WEFT_RETURN_IF_ERROR(
+        CheckKeys(tr, "trainer",
+                  {"seed", "threads", "warmup", "steps", "prompts_per_step", "samples_per_prompt",
+                   "steps_ahead", "learning_rate", "truncation", "eval_problems",
+                   "keyframe_interval", "keyframe_budget", "stall_after", "min_step_time"}));
     WEFT_RETURN_IF_ERROR(ReadUnsigned(tr, "trainer", "seed", &t.seed));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "threads", &t.threads, 1, 256));
     if (const YAML::Node warmup = tr["warmup"]) {
-      WEFT_RETURN_IF_ERROR(CheckKeys(warmup, "trainer.warmup", {"steps", "batch", "learning_rate"}));
+      WEFT_RETURN_IF_ERROR(
+          CheckKeys(warmup, "trainer.warmup", {"steps", "batch", "learning_rate"}));
       WEFT_RETURN_IF_ERROR(ReadInt(warmup, "trainer.warmup", "steps", &t.warmup_steps, 0, 1000000));
       WEFT_RETURN_IF_ERROR(ReadInt(warmup, "trainer.warmup", "batch", &t.warmup_batch, 1, 65536));
-      WEFT_RETURN_IF_ERROR(ReadPositive(warmup, "trainer.warmup", "learning_rate", &t.warmup_learning_rate, 1.0));
+      WEFT_RETURN_IF_ERROR(
+          ReadPositive(warmup, "trainer.warmup", "learning_rate", &t.warmup_learning_rate, 1.0));
     }
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "steps", &t.steps, 1, 1000000));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "prompts_per_step", &t.prompts_per_step, 1, 65536));
-    WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "samples_per_prompt", &t.samples_per_prompt, 2, 1024));
+    WEFT_RETURN_IF_ERROR(
+        ReadInt(tr, "trainer", "samples_per_prompt", &t.samples_per_prompt, 2, 1024));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "steps_ahead", &t.steps_ahead, 1, 1000));
-    WEFT_RETURN_IF_ERROR(ReadPositive(tr, "trainer", "learning_rate", &t.optimizer.learning_rate, 1.0));
-    WEFT_RETURN_IF_ERROR(ReadPositive(tr, "trainer", "truncation", &t.policy_gradient.truncation, 1e6));
+    WEFT_RETURN_IF_ERROR(
+        ReadPositive(tr, "trainer", "learning_rate", &t.optimizer.learning_rate, 1.0));
+    WEFT_RETURN_IF_ERROR(
+        ReadPositive(tr, "trainer", "truncation", &t.policy_gradient.truncation, 1e6));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "eval_problems", &t.eval_problems, 1, 1000000));
-    WEFT_RETURN_IF_ERROR(ReadUnsigned(tr, "trainer", "keyframe_interval", &t.publisher.keyframes.interval));
-    if (t.publisher.keyframes.interval < 1) return InvalidArgument("trainer.keyframe_interval must be at least 1");
-    WEFT_RETURN_IF_ERROR(ReadPositive(tr, "trainer", "keyframe_budget", &t.publisher.keyframes.delta_budget, 1e9));
+    WEFT_RETURN_IF_ERROR(
+        ReadUnsigned(tr, "trainer", "keyframe_interval", &t.publisher.keyframes.interval));
+    if (t.publisher.keyframes.interval < 1)
+      return InvalidArgument("trainer.keyframe_interval must be at least 1");
+    WEFT_RETURN_IF_ERROR(
+        ReadPositive(tr, "trainer", "keyframe_budget", &t.publisher.keyframes.delta_budget, 1e9));
     std::chrono::microseconds stall = t.stall_after;
     WEFT_RETURN_IF_ERROR(ReadDuration(tr, "trainer", "stall_after", &stall));
     t.stall_after = std::chrono::duration_cast<std::chrono::milliseconds>(stall);
@@ -148,7 +180,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     t.min_step_time = std::chrono::duration_cast<std::chrono::milliseconds>(pace);
   }
   if (t.prompts_per_step > static_cast<int>(c.orchestrator.core.max_in_flight)) {
-    return InvalidArgument("trainer.prompts_per_step is above orchestrator.max_in_flight: a step could never fill");
+    return InvalidArgument(
+        "trainer.prompts_per_step is above orchestrator.max_in_flight: a step could never fill");
   }
   t.run_id = c.run_id;
   t.max_staleness = c.orchestrator.core.max_staleness;
@@ -160,7 +193,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
 }  // namespace
 
 std::string RunConfig::orchestrator_listen() const {
-  return orchestrator.service.server.address + ":" + std::to_string(orchestrator.service.server.port);
+  return orchestrator.service.server.address + ":" +
+         std::to_string(orchestrator.service.server.port);
 }
 
 const RegionConfig* RunConfig::FindRegion(const std::string& name) const {

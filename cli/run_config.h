@@ -19,9 +19,9 @@ namespace weft::cli {
 
 struct RegionConfig {
   std::string name;
-  std::string relay_listen;             // ADDRESS:PORT of the region's relay
-  uint64_t bandwidth = 0;               // bytes per second of the emulated WAN link (0: unlimited)
-  std::chrono::microseconds latency{0}; // added to each request over it
+  std::string relay_listen;              // ADDRESS:PORT of the region's relay
+  uint64_t bandwidth = 0;                // bytes per second of the emulated WAN link (0: unlimited)
+  std::chrono::microseconds latency{0};  // added to each request over it
   int workers = 2;
 };
 
@@ -34,16 +34,17 @@ struct WorkerSettings {
 };
 
 struct RunConfig {
-  std::string path;                   // the file it came from
+  std::string path;  // the file it came from
   std::string run_id = "local";
-  std::string dir = "runs/local";     // everything the run writes
+  std::string dir = "runs/local";  // everything the run writes
   std::chrono::seconds time_limit{900};
   std::string store_listen = "127.0.0.1:8170";
-  YAML::Node orchestrator_section;    // passed on to `weft orchestrator`
+  YAML::Node orchestrator_section;  // passed on to `weft orchestrator`
   orchestrator::OrchestratorConfig orchestrator;
   std::vector<RegionConfig> regions;
   WorkerSettings worker;
-  examples::ExampleTrainerOptions trainer;  // model, task and trainer sections (store and URLs unset)
+  examples::ExampleTrainerOptions
+      trainer;  // model, task and trainer sections (store and URLs unset)
 
   std::string orchestrator_listen() const;  // ADDRESS:PORT
   std::string orchestrator_url() const { return "http://" + orchestrator_listen(); }

@@ -27,7 +27,7 @@ using namespace weft::policy_store;
 struct StoreOptions {
   std::string store;
   std::string run;
-  std::string model;   // publish: the file to publish; pull: --have
+  std::string model;  // publish: the file to publish; pull: --have
   std::string output;
   int64_t version = -1;
   uint64_t keyframe_interval = 50;
@@ -42,9 +42,9 @@ struct StoreOptions {
   std::string deadline = "120s";
   std::string cache_dir;
   std::string cache_bytes = "10GiB";
-  std::string upstream;         // relay
-  std::string holder;           // pull --pin-as, pin --holder
-  bool remove = false;          // pin --remove
+  std::string upstream;  // relay
+  std::string holder;    // pull --pin-as, pin --holder
+  bool remove = false;   // pin --remove
 };
 
 // The OpenOptions the flags describe.
@@ -57,7 +57,8 @@ Result<OpenOptions> LinkOptions(const StoreOptions& options) {
     WEFT_ASSIGN_OR_RETURN(open.shape_latency, ParseDuration(options.shape_latency));
   }
   WEFT_ASSIGN_OR_RETURN(std::chrono::microseconds deadline, ParseDuration(options.deadline));
-  open.deadline = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(deadline));
+  open.deadline = std::max(std::chrono::milliseconds(1),
+                           std::chrono::duration_cast<std::chrono::milliseconds>(deadline));
   open.cache_dir = options.cache_dir;
   WEFT_ASSIGN_OR_RETURN(open.cache_bytes, ParseByteSize(options.cache_bytes));
   return open;
@@ -70,12 +71,14 @@ std::string TransferNote(ObjectStore& store) {
   if (auto* cache = dynamic_cast<CachingStore*>(&store)) {
     const CacheStats stats = cache->stats();
     notes.push_back(std::to_string(stats.hits) + " blobs from the local cache");
-    if (stats.corrupted > 0) notes.push_back(std::to_string(stats.corrupted) + " corrupted copies fetched again");
+    if (stats.corrupted > 0)
+      notes.push_back(std::to_string(stats.corrupted) + " corrupted copies fetched again");
     reached = &cache->upstream();
   }
   if (auto* http = dynamic_cast<HttpStore*>(reached)) {
     if (http->retries() > 0) notes.push_back(std::to_string(http->retries()) + " requests retried");
-    if (http->resumed() > 0) notes.push_back(std::to_string(http->resumed()) + " downloads resumed");
+    if (http->resumed() > 0)
+      notes.push_back(std::to_string(http->resumed()) + " downloads resumed");
   }
   std::string text;
   for (const std::string& note : notes) text += (text.empty() ? "" : ", ") + note;
@@ -84,12 +87,17 @@ std::string TransferNote(ObjectStore& store) {
 
 // The flags that say how a store is reached.
 void AddLinkFlags(CLI::App* command, StoreOptions* options, bool cache) {
-  command->add_option("--shape-bandwidth", options->shape_bandwidth, "emulate a link of this many bytes per second (e.g. 100MB)");
-  command->add_option("--shape-latency", options->shape_latency, "emulate a link adding this latency to each request (e.g. 40ms)");
-  command->add_option("--deadline", options->deadline, "give up on a request after this long, retries included (default 120s)");
+  command->add_option("--shape-bandwidth", options->shape_bandwidth,
+                      "emulate a link of this many bytes per second (e.g. 100MB)");
+  command->add_option("--shape-latency", options->shape_latency,
+                      "emulate a link adding this latency to each request (e.g. 40ms)");
+  command->add_option("--deadline", options->deadline,
+                      "give up on a request after this long, retries included (default 120s)");
   if (cache) {
-    command->add_option("--cache", options->cache_dir, "keep fetched blobs in this directory and read them from there");
-    command->add_option("--cache-bytes", options->cache_bytes, "the most the cache holds (default 10GiB)");
+    command->add_option("--cache", options->cache_dir,
+                        "keep fetched blobs in this directory and read them from there");
+    command->add_option("--cache-bytes", options->cache_bytes,
+                        "the most the cache holds (default 10GiB)");
   }
 }
 
@@ -111,40 +119,54 @@ Status RunPublish(const StoreOptions& options) {
   if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();
   const uint64_t version = latest.ok() ? *latest + 1 : 0;
   if (options.version >= 0 && static_cast<uint64_t>(options.version) != version) {
-    return Conflict("run '" + options.run + "' is at " + (latest.ok() ? "version " + std::to_string(*latest) : "no version") +
-                    "; the next version is " + std::to_string(version) + ", not " + std::to_string(options.version));
+    return Conflict("run '" + options.run + "' is at " +
+                    (latest.ok() ? "version " + std::to_string(*latest) : "no version") +
+                    "; the next version is " + std::to_string(version) + ", not " +
+                    std::to_string(options.version));
   }
   Manifest manifest;
   if (!latest.ok()) {
-    WEFT_ASSIGN_OR_RETURN(manifest, PublishVersion(*store, options.run, nullptr, next, nullptr, policy));
+    WEFT_ASSIGN_OR_RETURN(manifest,
+                          PublishVersion(*store, options.run, nullptr, next, nullptr, policy));
   } else {
     // The delta is taken against the published state, rebuilt from the store.
     sync::ServedModel current;
     WEFT_RETURN_IF_ERROR(reader.Pull(*latest, std::nullopt, &current).status());
     WEFT_ASSIGN_OR_RETURN(Manifest previous, reader.GetManifest(*latest));
     if (current.tensors().size() != next.tensors().size()) {
-      return InvalidArgument(options.model + " has " + std::to_string(next.tensors().size()) + " tensors, version " +
-                             std::to_string(*latest) + " has " + std::to_string(current.tensors().size()) +
+      return InvalidArgument(options.model + " has " + std::to_string(next.tensors().size()) +
+                             " tensors, version " + std::to_string(*latest) + " has " +
+                             std::to_string(current.tensors().size()) +
                              "; a different tensor set needs a new run");
     }
     sync::ModelDelta delta;
     for (const auto& t : next.tensors()) {
       const auto* old = current.Find(t.spec.name);
       if (old == nullptr || old->spec.dtype != t.spec.dtype || old->spec.shape != t.spec.shape) {
-        return InvalidArgument("tensor '" + t.spec.name + "' of " + options.model + " is not in version " +
-                               std::to_string(*latest) + " with the same dtype and shape; a different tensor set needs a new run");
+        return InvalidArgument(
+            "tensor '" + t.spec.name + "' of " + options.model + " is not in version " +
+            std::to_string(*latest) +
+            " with the same dtype and shape; a different tensor set needs a new run");
       }
-      WEFT_ASSIGN_OR_RETURN(sync::TensorDelta d, sync::EncodeTensorDelta(t.spec, old->bytes, t.bytes,
-                                                                         sync::CodecOptions{sync::kDefaultChunkLog2, Threads(options)},
-                                                                         old->digest));
+      WEFT_ASSIGN_OR_RETURN(
+          sync::TensorDelta d,
+          sync::EncodeTensorDelta(t.spec, old->bytes, t.bytes,
+                                  sync::CodecOptions{sync::kDefaultChunkLog2, Threads(options)},
+                                  old->digest));
       delta.tensors.push_back(std::move(d));
     }
-    WEFT_ASSIGN_OR_RETURN(manifest, PublishVersion(*store, options.run, &previous, next, &delta, policy, Threads(options)));
+    WEFT_ASSIGN_OR_RETURN(manifest, PublishVersion(*store, options.run, &previous, next, &delta,
+                                                   policy, Threads(options)));
   }
-  std::printf("published %s version %llu to %s: %s%s\n", options.run.c_str(), static_cast<unsigned long long>(manifest.version),
-              store->Describe().c_str(),
-              manifest.delta ? ("delta of " + std::to_string(manifest.delta->bytes) + " bytes").c_str() : "",
-              manifest.keyframe ? ((manifest.delta ? " and " : "") + std::string("keyframe of ") + std::to_string(manifest.keyframe->bytes) + " bytes").c_str() : "");
+  std::printf("published %s version %llu to %s: %s%s\n", options.run.c_str(),
+              static_cast<unsigned long long>(manifest.version), store->Describe().c_str(),
+              manifest.delta
+                  ? ("delta of " + std::to_string(manifest.delta->bytes) + " bytes").c_str()
+                  : "",
+              manifest.keyframe ? ((manifest.delta ? " and " : "") + std::string("keyframe of ") +
+                                   std::to_string(manifest.keyframe->bytes) + " bytes")
+                                      .c_str()
+                                : "");
   return Status::Ok();
 }
 
@@ -165,20 +187,24 @@ Status RunPull(const StoreOptions& options) {
     WEFT_ASSIGN_OR_RETURN(model, LoadModel(options.model, Threads(options)));
     WEFT_ASSIGN_OR_RETURN(have, reader.IdentifyVersion(model));
     if (!have) {
-      std::printf("%s matches none of the recent versions of run '%s'; pulling without it\n", options.model.c_str(), options.run.c_str());
+      std::printf("%s matches none of the recent versions of run '%s'; pulling without it\n",
+                  options.model.c_str(), options.run.c_str());
       model = sync::ServedModel();
     } else if (*have > target) {
-      return InvalidArgument(options.model + " holds version " + std::to_string(*have) + ", newer than the requested " + std::to_string(target));
+      return InvalidArgument(options.model + " holds version " + std::to_string(*have) +
+                             ", newer than the requested " + std::to_string(target));
     }
   }
   WEFT_ASSIGN_OR_RETURN(PullReport report, reader.Pull(target, have, &model));
   WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(options.output, model.AsTensorsToWrite()));
-  if (!options.holder.empty()) WEFT_RETURN_IF_ERROR(SetPin(*store, options.run, options.holder, target));
+  if (!options.holder.empty())
+    WEFT_RETURN_IF_ERROR(SetPin(*store, options.run, options.holder, target));
   const std::string note = TransferNote(*store);
-  std::printf("%s: run %s version %llu, %llu bytes downloaded (%s), every blob and digest verified%s\n",
-              options.output.c_str(), options.run.c_str(), static_cast<unsigned long long>(target),
-              static_cast<unsigned long long>(report.bytes_downloaded), report.path.c_str(),
-              note.empty() ? "" : ("; " + note).c_str());
+  std::printf(
+      "%s: run %s version %llu, %llu bytes downloaded (%s), every blob and digest verified%s\n",
+      options.output.c_str(), options.run.c_str(), static_cast<unsigned long long>(target),
+      static_cast<unsigned long long>(report.bytes_downloaded), report.path.c_str(),
+      note.empty() ? "" : ("; " + note).c_str());
   return Status::Ok();
 }
 
@@ -205,8 +231,10 @@ Status RunList(const StoreOptions& options) {
     }
     for (uint64_t v : versions) {
       WEFT_ASSIGN_OR_RETURN(Manifest m, reader.GetManifest(v));
-      std::printf("  v%-6llu %3zu tensors  delta %10s  keyframe %12s%s\n", static_cast<unsigned long long>(v), m.tensors.size(),
-                  m.delta ? std::to_string(m.delta->bytes).c_str() : "-", m.keyframe ? std::to_string(m.keyframe->bytes).c_str() : "-",
+      std::printf("  v%-6llu %3zu tensors  delta %10s  keyframe %12s%s\n",
+                  static_cast<unsigned long long>(v), m.tensors.size(),
+                  m.delta ? std::to_string(m.delta->bytes).c_str() : "-",
+                  m.keyframe ? std::to_string(m.keyframe->bytes).c_str() : "-",
                   latest.ok() && v > *latest ? "  (not yet visible: latest is behind)" : "");
     }
   }
@@ -214,18 +242,22 @@ Status RunList(const StoreOptions& options) {
 }
 
 // Serves `backend` until SIGINT or SIGTERM. `what` says what is served, for the first line.
-Status Serve(ObjectStore& backend, const StoreOptions& options, StoreServerOptions server, const std::string& what) {
+Status Serve(ObjectStore& backend, const StoreOptions& options, StoreServerOptions server,
+             const std::string& what) {
   const size_t colon = options.listen.rfind(':');
-  if (colon == std::string::npos) return InvalidArgument("--listen takes ADDRESS:PORT, not '" + options.listen + "'");
+  if (colon == std::string::npos)
+    return InvalidArgument("--listen takes ADDRESS:PORT, not '" + options.listen + "'");
   server.address = options.listen.substr(0, colon);
   const std::string port = options.listen.substr(colon + 1);
   char* end = nullptr;
   const unsigned long value = std::strtoul(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || value > 65535) return InvalidArgument("--listen: bad port '" + port + "'");
+  if (port.empty() || *end != '\0' || value > 65535)
+    return InvalidArgument("--listen: bad port '" + port + "'");
   server.port = static_cast<uint16_t>(value);
   StopSignals stop;  // before the server's threads start
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(backend, server));
-  std::printf("serving %s on http://%s:%u (%s)\n", what.c_str(), server.address.c_str(), static_cast<unsigned>(running->port()),
+  std::printf("serving %s on http://%s:%u (%s)\n", what.c_str(), server.address.c_str(),
+              static_cast<unsigned>(running->port()),
               server.writer_token.empty() ? "read-only" : "writes need WEFT_STORE_TOKEN");
   std::fflush(stdout);
   stop.Wait();
@@ -248,21 +280,25 @@ Status RunServe(const StoreOptions& options) {
 // and listings passed through.
 Status RunRelay(const StoreOptions& options) {
   if (options.upstream.rfind("http://", 0) != 0 && options.upstream.rfind("https://", 0) != 0) {
-    return InvalidArgument("--upstream must be an http:// or https:// store URL, not '" + options.upstream + "'");
+    return InvalidArgument("--upstream must be an http:// or https:// store URL, not '" +
+                           options.upstream + "'");
   }
   StoreOptions link_flags = options;
   link_flags.cache_dir.clear();  // the relay's cache is set up here, with its statistics served
   WEFT_ASSIGN_OR_RETURN(OpenOptions link, LinkOptions(link_flags));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> upstream, OpenStore(options.upstream, link));
   WEFT_ASSIGN_OR_RETURN(uint64_t max_bytes, ParseByteSize(options.cache_bytes));
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache, CachingStore::Open(*upstream, CacheOptions{options.cache_dir, max_bytes}));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache,
+                        CachingStore::Open(*upstream, CacheOptions{options.cache_dir, max_bytes}));
   StoreServerOptions server;
   // Each request may wait on the upstream link: enough threads that readers do not queue behind it.
   server.threads = options.threads > 0 ? options.threads : 64;
   server.stats = [&cache] { return cache->StatsJson(); };
-  std::string what = "relay of " + options.upstream + " (cache " + options.cache_dir + ", at most " + options.cache_bytes;
+  std::string what = "relay of " + options.upstream + " (cache " + options.cache_dir +
+                     ", at most " + options.cache_bytes;
   if (link.shape_bytes_per_second > 0 || link.shape_latency.count() > 0) {
-    what += "; upstream link shaped to " + LinkShape{link.shape_bytes_per_second, link.shape_latency}.Describe();
+    what += "; upstream link shaped to " +
+            LinkShape{link.shape_bytes_per_second, link.shape_latency}.Describe();
   }
   return Serve(*cache, options, server, what + ")");
 }
@@ -271,55 +307,81 @@ Status RunPin(const StoreOptions& options) {
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
   if (options.remove) {
     WEFT_RETURN_IF_ERROR(RemovePin(*store, options.run, options.holder));
-    std::printf("run %s: %s holds no version any more\n", options.run.c_str(), options.holder.c_str());
+    std::printf("run %s: %s holds no version any more\n", options.run.c_str(),
+                options.holder.c_str());
     return Status::Ok();
   }
   if (options.version < 0) return InvalidArgument("give the pinned --version, or --remove");
   StoreReader reader(*store, options.run, 1);
   WEFT_RETURN_IF_ERROR(reader.GetManifest(static_cast<uint64_t>(options.version)).status());
-  WEFT_RETURN_IF_ERROR(SetPin(*store, options.run, options.holder, static_cast<uint64_t>(options.version)));
-  std::printf("run %s: %s holds version %lld\n", options.run.c_str(), options.holder.c_str(), static_cast<long long>(options.version));
+  WEFT_RETURN_IF_ERROR(
+      SetPin(*store, options.run, options.holder, static_cast<uint64_t>(options.version)));
+  std::printf("run %s: %s holds version %lld\n", options.run.c_str(), options.holder.c_str(),
+              static_cast<long long>(options.version));
   return Status::Ok();
 }
 
 Status RunCollect(const StoreOptions& options) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
-  WEFT_ASSIGN_OR_RETURN(CollectReport report, CollectGarbage(*store, options.run, options.pins, options.dry_run));
-  std::printf("%s run %s: keeping versions from %llu; %s %llu versions and %llu blobs (%llu bytes)\n",
-              store->Describe().c_str(), options.run.c_str(), static_cast<unsigned long long>(report.kept_from),
-              options.dry_run ? "would delete" : "deleted", static_cast<unsigned long long>(report.versions_deleted),
-              static_cast<unsigned long long>(report.blobs_deleted), static_cast<unsigned long long>(report.bytes_freed));
+  WEFT_ASSIGN_OR_RETURN(CollectReport report,
+                        CollectGarbage(*store, options.run, options.pins, options.dry_run));
+  std::printf(
+      "%s run %s: keeping versions from %llu; %s %llu versions and %llu blobs (%llu bytes)\n",
+      store->Describe().c_str(), options.run.c_str(),
+      static_cast<unsigned long long>(report.kept_from),
+      options.dry_run ? "would delete" : "deleted",
+      static_cast<unsigned long long>(report.versions_deleted),
+      static_cast<unsigned long long>(report.blobs_deleted),
+      static_cast<unsigned long long>(report.bytes_freed));
   return Status::Ok();
 }
 
 }  // namespace
 
 void RegisterStore(CLI::App& app, Action* action) {
-  CLI::App* store = app.add_subcommand("store", "Publish to, pull from, list, collect and serve policy stores");
+  CLI::App* store =
+      app.add_subcommand("store", "Publish to, pull from, list, collect and serve policy stores");
   store->require_subcommand(1);
 
   auto publish = std::make_shared<StoreOptions>();
-  CLI::App* p = store->add_subcommand("publish", "Publish MODEL.safetensors as the next version of a run");
-  p->add_option("--store", publish->store, "store: a directory, file://PATH or http://HOST:PORT")->required();
+  CLI::App* p =
+      store->add_subcommand("publish", "Publish MODEL.safetensors as the next version of a run");
+  p->add_option("--store", publish->store, "store: a directory, file://PATH or http://HOST:PORT")
+      ->required();
   p->add_option("--run", publish->run, "run id")->required();
-  p->add_option("--version", publish->version, "expected version number (refused if it is not the next one)")->check(CLI::NonNegativeNumber);
-  p->add_option("--keyframe-interval", publish->keyframe_interval, "a keyframe at least every N versions")->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
-  p->add_option("--keyframe-budget", publish->keyframe_budget, "a keyframe once deltas since the last exceed this fraction of it")->check(CLI::NonNegativeNumber);
-  p->add_option("model", publish->model, "served tensors (.safetensors)")->required()->check(CLI::ExistingFile);
-  p->add_option("--threads", publish->threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
+  p->add_option("--version", publish->version,
+                "expected version number (refused if it is not the next one)")
+      ->check(CLI::NonNegativeNumber);
+  p->add_option("--keyframe-interval", publish->keyframe_interval,
+                "a keyframe at least every N versions")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
+  p->add_option("--keyframe-budget", publish->keyframe_budget,
+                "a keyframe once deltas since the last exceed this fraction of it")
+      ->check(CLI::NonNegativeNumber);
+  p->add_option("model", publish->model, "served tensors (.safetensors)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  p->add_option("--threads", publish->threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
   p->callback([publish, action] { *action = [publish] { return RunPublish(*publish); }; });
 
   auto pull = std::make_shared<StoreOptions>();
   CLI::App* g = store->add_subcommand("pull", "Fetch a version (default: latest) as safetensors");
-  g->add_option("--store", pull->store, "store: a directory, file://PATH or http://HOST:PORT")->required();
+  g->add_option("--store", pull->store, "store: a directory, file://PATH or http://HOST:PORT")
+      ->required();
   g->add_option("--run", pull->run, "run id")->required();
-  g->add_option("--version", pull->version, "version (default: latest)")->check(CLI::NonNegativeNumber);
-  g->add_option("--have", pull->model, "a local copy of an earlier version, to download only deltas")->check(CLI::ExistingFile);
+  g->add_option("--version", pull->version, "version (default: latest)")
+      ->check(CLI::NonNegativeNumber);
+  g->add_option("--have", pull->model,
+                "a local copy of an earlier version, to download only deltas")
+      ->check(CLI::ExistingFile);
   g->add_option("-o,--output", pull->output, "safetensors file to write")->required();
-  g->add_option("--threads", pull->threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
+  g->add_option("--threads", pull->threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
   AddLinkFlags(g, pull.get(), true);
-  g->add_option("--pin-as", pull->holder, "record the pulled version as still needed by this holder (a worker id)");
+  g->add_option("--pin-as", pull->holder,
+                "record the pulled version as still needed by this holder (a worker id)");
   g->callback([pull, action] { *action = [pull] { return RunPull(*pull); }; });
 
   auto list = std::make_shared<StoreOptions>();
@@ -329,8 +391,11 @@ void RegisterStore(CLI::App& app, Action* action) {
   l->callback([list, action] { *action = [list] { return RunList(*list); }; });
 
   auto pin = std::make_shared<StoreOptions>();
-  CLI::App* n = store->add_subcommand("pin", "Record the version a holder still needs (retention keeps it; publishers write catch-up deltas from it)");
-  n->add_option("--store", pin->store, "store: a directory, file://PATH or http://HOST:PORT")->required();
+  CLI::App* n = store->add_subcommand("pin",
+                                      "Record the version a holder still needs (retention keeps "
+                                      "it; publishers write catch-up deltas from it)");
+  n->add_option("--store", pin->store, "store: a directory, file://PATH or http://HOST:PORT")
+      ->required();
   n->add_option("--run", pin->run, "run id")->required();
   n->add_option("--holder", pin->holder, "who needs it: a worker, job or trainer id")->required();
   n->add_option("--version", pin->version, "the version it holds")->check(CLI::NonNegativeNumber);
@@ -338,29 +403,40 @@ void RegisterStore(CLI::App& app, Action* action) {
   n->callback([pin, action] { *action = [pin] { return RunPin(*pin); }; });
 
   auto collect = std::make_shared<StoreOptions>();
-  CLI::App* c = store->add_subcommand("gc", "Delete versions and blobs that no pinned version needs");
+  CLI::App* c =
+      store->add_subcommand("gc", "Delete versions and blobs that no pinned version needs");
   c->add_option("--store", collect->store, "store: a directory or file://PATH")->required();
   c->add_option("--run", collect->run, "run id")->required();
-  c->add_option("--pin", collect->pins, "a version still needed (repeatable), besides the store's pins; the latest is always kept");
+  c->add_option(
+      "--pin", collect->pins,
+      "a version still needed (repeatable), besides the store's pins; the latest is always kept");
   c->add_flag("--dry-run", collect->dry_run, "report what would be deleted, delete nothing");
   c->callback([collect, action] { *action = [collect] { return RunCollect(*collect); }; });
 
   auto serve = std::make_shared<StoreOptions>();
-  CLI::App* v = store->add_subcommand("serve", "Serve a store over HTTP (writes need WEFT_STORE_TOKEN)");
-  v->add_option("--store", serve->store, "the store to serve: a directory or file://PATH")->required();
+  CLI::App* v =
+      store->add_subcommand("serve", "Serve a store over HTTP (writes need WEFT_STORE_TOKEN)");
+  v->add_option("--store", serve->store, "the store to serve: a directory or file://PATH")
+      ->required();
   v->add_option("--listen", serve->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
-  v->add_option("--threads", serve->threads, "server threads (default: all cores, at least 2)")->check(CLI::Range(1, 1024));
+  v->add_option("--threads", serve->threads, "server threads (default: all cores, at least 2)")
+      ->check(CLI::Range(1, 1024));
   v->callback([serve, action] { *action = [serve] { return RunServe(*serve); }; });
 }
 
 void RegisterRelay(CLI::App& app, Action* action) {
   auto relay = std::make_shared<StoreOptions>();
-  CLI::App* r = app.add_subcommand("relay", "A regional pull-through cache of a store server (read-only)");
-  r->add_option("--upstream", relay->upstream, "the store server to relay: http://HOST:PORT")->required();
+  CLI::App* r =
+      app.add_subcommand("relay", "A regional pull-through cache of a store server (read-only)");
+  r->add_option("--upstream", relay->upstream, "the store server to relay: http://HOST:PORT")
+      ->required();
   r->add_option("--cache", relay->cache_dir, "directory for cached blobs")->required();
-  r->add_option("--max-bytes", relay->cache_bytes, "the most the cache holds (e.g. 50GiB; default 10GiB)");
+  r->add_option("--max-bytes", relay->cache_bytes,
+                "the most the cache holds (e.g. 50GiB; default 10GiB)");
   r->add_option("--listen", relay->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
-  r->add_option("--threads", relay->threads, "server threads (default 64: requests wait on the upstream link)")->check(CLI::Range(1, 1024));
+  r->add_option("--threads", relay->threads,
+                "server threads (default 64: requests wait on the upstream link)")
+      ->check(CLI::Range(1, 1024));
   AddLinkFlags(r, relay.get(), false);
   r->callback([relay, action] { *action = [relay] { return RunRelay(*relay); }; });
 }

@@ -30,23 +30,28 @@ struct WorkerFlags {
 Status RunWorker(const WorkerFlags& flags) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
   if (flags.cluster.empty() || flags.cluster.find_first_of("/ ") != std::string::npos) {
-    return InvalidArgument("--cluster: '" + flags.cluster + "' is not a cluster name (no '/' or spaces)");
+    return InvalidArgument("--cluster: '" + flags.cluster +
+                           "' is not a cluster name (no '/' or spaces)");
   }
   std::string store_uri = flags.store;
   if (store_uri.empty()) {
     const RegionConfig* region = config.FindRegion(flags.region);
     if (region == nullptr) {
-      return InvalidArgument("region '" + flags.region + "' is not in " + flags.config + "; give --store (the region's relay or store URL)");
+      return InvalidArgument("region '" + flags.region + "' is not in " + flags.config +
+                             "; give --store (the region's relay or store URL)");
     }
     store_uri = "http://" + region->relay_listen;
   }
-  const std::string orchestrator_url = flags.orchestrator.empty() ? config.orchestrator_url() : flags.orchestrator;
+  const std::string orchestrator_url =
+      flags.orchestrator.empty() ? config.orchestrator_url() : flags.orchestrator;
   policy_store::OpenOptions link;
   link.deadline = std::chrono::milliseconds(60000);
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store, policy_store::OpenStore(store_uri, link));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store,
+                        policy_store::OpenStore(store_uri, link));
   HttpClientOptions http;
   http.deadline = std::chrono::milliseconds(60000);  // rides out an orchestrator restart
-  orchestrator::OrchestratorClient client(orchestrator_url, config.orchestrator.service.worker_token, http);
+  orchestrator::OrchestratorClient client(orchestrator_url,
+                                          config.orchestrator.service.worker_token, http);
 
   const examples::ArithmeticTask task(config.trainer.digits);
   examples::TinyLmConfig model = config.trainer.model;
@@ -67,8 +72,8 @@ Status RunWorker(const WorkerFlags& flags) {
   rollout_worker::RolloutWorker worker(options, client, *store, engine, verifier);
 
   StopSignals stop;  // before any thread starts
-  std::printf("worker %s (region %s): orchestrator %s, weights from %s\n", flags.cluster.c_str(), flags.region.c_str(),
-              orchestrator_url.c_str(), store_uri.c_str());
+  std::printf("worker %s (region %s): orchestrator %s, weights from %s\n", flags.cluster.c_str(),
+              flags.region.c_str(), orchestrator_url.c_str(), store_uri.c_str());
   std::fflush(stdout);
   std::thread stopper([&] {
     stop.Wait();
@@ -82,13 +87,18 @@ Status RunWorker(const WorkerFlags& flags) {
   }
   const rollout_worker::WorkerStats stats = worker.stats();
   const orchestrator::SyncReport sync = worker.sync_report();
-  std::printf("worker %s stopped: %llu jobs (%llu samples, mean reward %.3f), %llu handed back, %llu rejected; %llu versions loaded, "
-              "%llu bytes downloaded, %llu digest mismatches\n",
-              flags.cluster.c_str(), static_cast<unsigned long long>(stats.jobs), static_cast<unsigned long long>(stats.samples),
-              stats.samples > 0 ? stats.reward_sum / static_cast<double>(stats.samples) : 0.0,
-              static_cast<unsigned long long>(stats.handed_back), static_cast<unsigned long long>(stats.submissions_rejected),
-              static_cast<unsigned long long>(sync.commits), static_cast<unsigned long long>(sync.bytes_downloaded),
-              static_cast<unsigned long long>(sync.digest_mismatches));
+  std::printf(
+      "worker %s stopped: %llu jobs (%llu samples, mean reward %.3f), %llu handed back, %llu "
+      "rejected; %llu versions loaded, "
+      "%llu bytes downloaded, %llu digest mismatches\n",
+      flags.cluster.c_str(), static_cast<unsigned long long>(stats.jobs),
+      static_cast<unsigned long long>(stats.samples),
+      stats.samples > 0 ? stats.reward_sum / static_cast<double>(stats.samples) : 0.0,
+      static_cast<unsigned long long>(stats.handed_back),
+      static_cast<unsigned long long>(stats.submissions_rejected),
+      static_cast<unsigned long long>(sync.commits),
+      static_cast<unsigned long long>(sync.bytes_downloaded),
+      static_cast<unsigned long long>(sync.digest_mismatches));
   return ran;
 }
 
@@ -102,17 +112,22 @@ Status RunTrain(const TrainFlags& flags) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
   examples::ExampleTrainerOptions options = config.trainer;
   options.store = flags.store.empty() ? config.dir + "/store" : flags.store;
-  const std::string progress_path = flags.progress.empty() ? config.dir + "/trainer.json" : flags.progress;
+  const std::string progress_path =
+      flags.progress.empty() ? config.dir + "/trainer.json" : flags.progress;
   auto write = [&](const examples::TrainerSummary& summary) {
     Status written = WriteTextFileAtomic(progress_path, summary.ToJson().dump());
     if (!written.ok()) {
       WEFT_LOG(kWarning) << "cannot write " << progress_path << ": " << written.message();
     }
   };
-  WEFT_ASSIGN_OR_RETURN(examples::TrainerSummary summary, examples::RunExampleTrainer(options, write));
-  std::printf("trained %zu steps: reward %.3f -> %.3f, greedy accuracy %.3f -> %.3f (random policy %.5f); %llu versions published\n",
-              summary.steps.size(), summary.initial_reward, summary.final_reward, summary.eval_accuracy_before,
-              summary.eval_accuracy_after, summary.random_policy_reward, static_cast<unsigned long long>(summary.versions_published));
+  WEFT_ASSIGN_OR_RETURN(examples::TrainerSummary summary,
+                        examples::RunExampleTrainer(options, write));
+  std::printf(
+      "trained %zu steps: reward %.3f -> %.3f, greedy accuracy %.3f -> %.3f (random policy %.5f); "
+      "%llu versions published\n",
+      summary.steps.size(), summary.initial_reward, summary.final_reward,
+      summary.eval_accuracy_before, summary.eval_accuracy_after, summary.random_policy_reward,
+      static_cast<unsigned long long>(summary.versions_published));
   return Status::Ok();
 }
 
@@ -120,21 +135,29 @@ Status RunTrain(const TrainFlags& flags) {
 
 void RegisterWorker(CLI::App& app, Action* action) {
   auto flags = std::make_shared<WorkerFlags>();
-  CLI::App* w = app.add_subcommand("worker", "Join a run as a rollout cluster (the embedded engine); SIGTERM drains it");
-  w->add_option("--config", flags->config, "the run's YAML config")->required()->check(CLI::ExistingFile);
+  CLI::App* w = app.add_subcommand(
+      "worker", "Join a run as a rollout cluster (the embedded engine); SIGTERM drains it");
+  w->add_option("--config", flags->config, "the run's YAML config")
+      ->required()
+      ->check(CLI::ExistingFile);
   w->add_option("--cluster", flags->cluster, "this cluster's name (unique in the run)")->required();
   w->add_option("--region", flags->region, "its region")->required();
-  w->add_option("--orchestrator", flags->orchestrator, "orchestrator URL (default: from the config)");
-  w->add_option("--store", flags->store, "where weights come from (default: the region's relay from the config)");
+  w->add_option("--orchestrator", flags->orchestrator,
+                "orchestrator URL (default: from the config)");
+  w->add_option("--store", flags->store,
+                "where weights come from (default: the region's relay from the config)");
   w->callback([flags, action] { *action = [flags] { return RunWorker(*flags); }; });
 }
 
 void RegisterTrain(CLI::App& app, Action* action) {
   auto flags = std::make_shared<TrainFlags>();
   CLI::App* t = app.add_subcommand("train", "The example trainer of a run (weft run starts it)");
-  t->add_option("--config", flags->config, "the run's YAML config")->required()->check(CLI::ExistingFile);
+  t->add_option("--config", flags->config, "the run's YAML config")
+      ->required()
+      ->check(CLI::ExistingFile);
   t->add_option("--store", flags->store, "the store it publishes to (default: <run dir>/store)");
-  t->add_option("--progress", flags->progress, "JSON file rewritten after every step (default: <run dir>/trainer.json)");
+  t->add_option("--progress", flags->progress,
+                "JSON file rewritten after every step (default: <run dir>/trainer.json)");
   t->callback([flags, action] { *action = [flags] { return RunTrain(*flags); }; });
 }
 

@@ -28,10 +28,10 @@ class ByteWriter {
     }
     out_->push_back(static_cast<uint8_t>(v));
   }
-  void Bytes(std::span<const uint8_t> bytes) { out_->insert(out_->end(), bytes.begin(), bytes.end()); }
-  void Bytes(const std::string& text) {
-    out_->insert(out_->end(), text.begin(), text.end());
+  void Bytes(std::span<const uint8_t> bytes) {
+    out_->insert(out_->end(), bytes.begin(), bytes.end());
   }
+  void Bytes(const std::string& text) { out_->insert(out_->end(), text.begin(), text.end()); }
   size_t size() const { return out_->size(); }
 
  private:

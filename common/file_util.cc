@@ -80,7 +80,8 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what)
   return Status::Ok();
 }
 
-Result<std::string> WriteTemporaryFile(const std::string& path, const std::function<Status(int fd)>& write) {
+Result<std::string> WriteTemporaryFile(const std::string& path,
+                                       const std::function<Status(int fd)>& write) {
   std::filesystem::path target(path);
   std::filesystem::path directory = target.parent_path();
   if (directory.empty()) directory = ".";
@@ -152,7 +153,9 @@ Result<std::vector<uint8_t>> ReadFile(const std::string& path) {
 
 Status WriteTextFileAtomic(const std::string& path, std::string_view text) {
   return WriteFileAtomic(path, [&](int fd) {
-    return WriteAll(fd, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()), path);
+    return WriteAll(
+        fd, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()),
+        path);
   });
 }
 

@@ -33,7 +33,8 @@ struct Transfer {
 size_t Collect(char* data, size_t size, size_t count, void* user) {
   auto* transfer = static_cast<Transfer*>(user);
   const size_t bytes = size * count;
-  transfer->body->insert(transfer->body->end(), reinterpret_cast<uint8_t*>(data), reinterpret_cast<uint8_t*>(data) + bytes);
+  transfer->body->insert(transfer->body->end(), reinterpret_cast<uint8_t*>(data),
+                         reinterpret_cast<uint8_t*>(data) + bytes);
   transfer->counter->fetch_add(bytes);
   if (transfer->received != nullptr && *transfer->received) (*transfer->received)(bytes);
   return bytes;
@@ -43,18 +44,22 @@ size_t CollectHeader(char* data, size_t size, size_t count, void* user) {
   auto* transfer = static_cast<Transfer*>(user);
   std::string line(data, size * count);
   std::string lower;
-  for (char c : line) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (char c : line)
+    lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   if (lower.rfind("http/", 0) == 0) {
     transfer->etag.clear();  // a new response (after a redirect or 100) starts over
     transfer->partial_content = lower.find(" 206") != std::string::npos;
   } else if (lower.rfind("content-length:", 0) == 0) {
     // Room for the whole body up front: no reallocation while hundreds of MB arrive.
     const unsigned long long length = std::strtoull(line.c_str() + 15, nullptr, 10);
-    if (length > 0 && length < (uint64_t{1} << 40)) transfer->body->reserve(transfer->body->size() + length);
+    if (length > 0 && length < (uint64_t{1} << 40))
+      transfer->body->reserve(transfer->body->size() + length);
   } else if (lower.rfind("etag:", 0) == 0) {
     std::string value = line.substr(5);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.erase(value.begin());
-    while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' ')) value.pop_back();
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.erase(value.begin());
+    while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' '))
+      value.pop_back();
     transfer->etag = value;
   }
   return size * count;
@@ -77,13 +82,16 @@ CURL* ThreadHandle() {
 // The server's message from a JSON error body, or the raw text.
 std::string Message(const HttpReply& reply) {
   Json body = Json::parse(reply.body.begin(), reply.body.end(), nullptr, false);
-  if (body.is_object() && body.contains("error") && body["error"].is_string()) return body["error"].get<std::string>();
-  return std::string(reply.body.begin(), reply.body.begin() + std::min<size_t>(reply.body.size(), 200));
+  if (body.is_object() && body.contains("error") && body["error"].is_string())
+    return body["error"].get<std::string>();
+  return std::string(reply.body.begin(),
+                     reply.body.begin() + std::min<size_t>(reply.body.size(), 200));
 }
 
 }  // namespace
 
-HttpClient::HttpClient(std::string base_url, HttpClientOptions options) : base_url_(std::move(base_url)), options_(std::move(options)) {
+HttpClient::HttpClient(std::string base_url, HttpClientOptions options)
+    : base_url_(std::move(base_url)), options_(std::move(options)) {
   while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
   for (const char* host : {"://127.", "://localhost", "://[::1]"}) {
     if (base_url_.find(host) != std::string::npos) loopback_ = true;
@@ -91,8 +99,10 @@ HttpClient::HttpClient(std::string base_url, HttpClientOptions options) : base_u
   InitCurlOnce();
 }
 
-Result<HttpReply> HttpClient::Request(const std::string& method, const std::string& path, std::span<const uint8_t> body,
-                                      const std::vector<std::string>& extra_headers, bool idempotent) {
+Result<HttpReply> HttpClient::Request(const std::string& method, const std::string& path,
+                                      std::span<const uint8_t> body,
+                                      const std::vector<std::string>& extra_headers,
+                                      bool idempotent) {
   using Clock = std::chrono::steady_clock;
   const std::string url = base_url_ + path;
   const Clock::time_point deadline = Clock::now() + options_.deadline;
@@ -103,7 +113,8 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
   int attempt = 0;
   while (true) {
     ++attempt;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) break;
     CURL* curl = ThreadHandle();
     if (curl == nullptr) return Internal("cannot create an HTTP request");
@@ -112,7 +123,8 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
     if (!resume) reply.body.clear();
     Transfer transfer{&reply.body, &options_.received, &bytes_received_, "", false};
     curl_slist* headers = nullptr;
-    for (const std::string& header : extra_headers) headers = curl_slist_append(headers, header.c_str());
+    for (const std::string& header : extra_headers)
+      headers = curl_slist_append(headers, header.c_str());
     headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
     std::string if_range = "If-Range: " + etag;
     if (resume) {
@@ -127,9 +139,11 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
     curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, CollectHeader);
     curl_easy_setopt(curl, CURLOPT_HEADERDATA, &transfer);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(left.count()));
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout.count()));
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(options_.connect_timeout.count()));
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(options_.stall_timeout.count() / 1000)));
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                     std::max(1L, static_cast<long>(options_.stall_timeout.count() / 1000)));
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     // Loopback never goes through a proxy, whatever the environment says; other hosts honour
     // the usual proxy variables.
@@ -164,8 +178,8 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
     if (!transfer.etag.empty()) etag = transfer.etag;
     const bool server_error = code == CURLE_OK && reply.status >= 500 && reply.status != 501;
     if (code == CURLE_OK && !server_error && reply.status != 416) return reply;
-    if (code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE || code == CURLE_SSL_CERTPROBLEM ||
-        code == CURLE_UNSUPPORTED_PROTOCOL) {
+    if (code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE ||
+        code == CURLE_SSL_CERTPROBLEM || code == CURLE_UNSUPPORTED_PROTOCOL) {
       // Trying again cannot help: the server's certificate is not trusted, the CA file is bad.
       return Unavailable(method + " " + url + ": " + curl_easy_strerror(code) +
                          (options_.ca_file.empty() ? "" : " (CA file " + options_.ca_file + ")"));
@@ -184,31 +198,41 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
       etag.clear();
     }
     // A request that may have reached the server is repeated only when repeating it is harmless.
-    const bool unsent = code == CURLE_COULDNT_CONNECT || code == CURLE_COULDNT_RESOLVE_HOST || code == CURLE_COULDNT_RESOLVE_PROXY;
+    const bool unsent = code == CURLE_COULDNT_CONNECT || code == CURLE_COULDNT_RESOLVE_HOST ||
+                        code == CURLE_COULDNT_RESOLVE_PROXY;
     if (!idempotent && !unsent) {
-      return Unavailable(method + " " + url + ": " + last_error + " (not repeated: the server may have acted on it)");
+      return Unavailable(method + " " + url + ": " + last_error +
+                         " (not repeated: the server may have acted on it)");
     }
     if (attempt >= options_.attempts || Clock::now() + backoff >= deadline) break;
     retries_.fetch_add(1);
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
   }
-  const double waited = std::chrono::duration<double>(Clock::now() - (deadline - options_.deadline)).count();
+  const double waited =
+      std::chrono::duration<double>(Clock::now() - (deadline - options_.deadline)).count();
   char seconds[32];
   std::snprintf(seconds, sizeof(seconds), "%.1f", waited);
-  std::string progress = method == "GET" && !reply.body.empty() ? ", " + std::to_string(reply.body.size()) + " bytes had arrived" : "";
-  return Unavailable(method + " " + url + ": " + last_error + " (gave up after " + std::to_string(attempt) +
-                     (attempt == 1 ? " try" : " tries") + " in " + seconds + " s" + progress + ")");
+  std::string progress = method == "GET" && !reply.body.empty()
+                             ? ", " + std::to_string(reply.body.size()) + " bytes had arrived"
+                             : "";
+  return Unavailable(method + " " + url + ": " + last_error + " (gave up after " +
+                     std::to_string(attempt) + (attempt == 1 ? " try" : " tries") + " in " +
+                     seconds + " s" + progress + ")");
 }
 
 Status StatusOfReply(const HttpReply& reply, const std::string& what) {
   if (reply.status >= 200 && reply.status < 300) return Status::Ok();
   std::string text = what + ": HTTP " + std::to_string(reply.status) + ": " + Message(reply);
   switch (reply.status) {
-    case 404: return NotFound(text);
-    case 409: return Conflict(text);
-    case 504: return Timeout(text);
-    default: return reply.status >= 500 ? Unavailable(text) : InvalidArgument(text);
+    case 404:
+      return NotFound(text);
+    case 409:
+      return Conflict(text);
+    case 504:
+      return Timeout(text);
+    default:
+      return reply.status >= 500 ? Unavailable(text) : InvalidArgument(text);
   }
 }
 

@@ -23,16 +23,16 @@
 namespace weft {
 
 struct HttpClientOptions {
-  int attempts = 8;                                // at most this many tries per operation
-  std::chrono::milliseconds first_backoff{100};    // doubles after every failed try, up to 5 s
-  std::chrono::milliseconds deadline{120000};      // per operation, retries included
+  int attempts = 8;                              // at most this many tries per operation
+  std::chrono::milliseconds first_backoff{100};  // doubles after every failed try, up to 5 s
+  std::chrono::milliseconds deadline{120000};    // per operation, retries included
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds stall_timeout{15000};  // a try that receives nothing this long fails
   // For https:// URLs: a PEM file of the CA certificates to trust instead of the system's
   // (a private CA, or a self-signed server certificate). Certificates are always verified.
   std::string ca_file;
-  std::function<void()> before_request;            // e.g. a link's latency
-  std::function<void(uint64_t)> received;          // called per chunk of body received
+  std::function<void()> before_request;    // e.g. a link's latency
+  std::function<void(uint64_t)> received;  // called per chunk of body received
 };
 
 struct HttpReply {
@@ -48,8 +48,9 @@ class HttpClient {
   // One operation with retries; `method` is GET, HEAD, PUT, POST or DELETE, `path` starts with '/'.
   // Any HTTP answer is returned as it is (see StatusOfReply); only transport failures and 5xx
   // after the last try are errors.
-  Result<HttpReply> Request(const std::string& method, const std::string& path, std::span<const uint8_t> body,
-                            const std::vector<std::string>& headers, bool idempotent = true);
+  Result<HttpReply> Request(const std::string& method, const std::string& path,
+                            std::span<const uint8_t> body, const std::vector<std::string>& headers,
+                            bool idempotent = true);
 
   const std::string& base_url() const { return base_url_; }
   const HttpClientOptions& options() const { return options_; }

@@ -41,17 +41,22 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 template <typename Stream>
 class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(Stream stream, const ServerOptions& options, const Handler& handler, std::shared_ptr<Liveness> liveness)
-      : stream_(std::move(stream)), options_(options), handler_(handler), liveness_(std::move(liveness)) {}
+  Session(Stream stream, const ServerOptions& options, const Handler& handler,
+          std::shared_ptr<Liveness> liveness)
+      : stream_(std::move(stream)),
+        options_(options),
+        handler_(handler),
+        liveness_(std::move(liveness)) {}
 
   void Run() {
     asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
       if constexpr (kTls) {
         self->Socket().expires_after(self->options_.read_timeout);
-        self->stream_.async_handshake(asio::ssl::stream_base::server, [self](beast::error_code error) {
-          if (error) return self->Socket().close();  // not TLS, a bad certificate, a timeout
-          self->Read();
-        });
+        self->stream_.async_handshake(
+            asio::ssl::stream_base::server, [self](beast::error_code error) {
+              if (error) return self->Socket().close();  // not TLS, a bad certificate, a timeout
+              self->Read();
+            });
       } else {
         self->Read();
       }
@@ -68,14 +73,17 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     parser_->body_limit(options_.max_body_bytes);
     parser_->header_limit(16 * 1024);
     Socket().expires_after(options_.read_timeout);
-    bhttp::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::OnRead, Self()));
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      beast::bind_front_handler(&Session::OnRead, Self()));
   }
 
   void OnRead(beast::error_code error, size_t) {
     if (error == bhttp::error::body_limit || error == bhttp::error::header_limit) {
       Request request;
       request.version(11);
-      return Send(ErrorResponse(request, bhttp::status::payload_too_large, "request larger than the server's limit"), true);
+      return Send(ErrorResponse(request, bhttp::status::payload_too_large,
+                                "request larger than the server's limit"),
+                  true);
     }
     if (error) return Close();  // end of stream, timeout or a broken connection
     Request request = parser_->release();
@@ -87,16 +95,18 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       std::lock_guard<std::mutex> lock(liveness_->mutex);
       liveness_->waiting.emplace(this, Self());
     }
-    Responder respond = [weak = std::weak_ptr<Session>(Self()), liveness = liveness_, keep_alive](Response response) {
+    Responder respond = [weak = std::weak_ptr<Session>(Self()), liveness = liveness_,
+                         keep_alive](Response response) {
       std::lock_guard<std::mutex> lock(liveness->mutex);
       if (!liveness->alive) return;
       std::shared_ptr<Session> self = weak.lock();
       if (!self) return;
       liveness->waiting.erase(self.get());  // the posted answer holds it now
-      asio::post(self->stream_.get_executor(), [self, keep_alive, response = std::move(response)]() mutable {
-        response.keep_alive(keep_alive);
-        self->Send(std::move(response), !keep_alive);
-      });
+      asio::post(self->stream_.get_executor(),
+                 [self, keep_alive, response = std::move(response)]() mutable {
+                   response.keep_alive(keep_alive);
+                   self->Send(std::move(response), !keep_alive);
+                 });
     };
     try {
       handler_(std::move(request), std::move(respond));
@@ -115,7 +125,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     response_ = std::make_shared<Response>(std::move(response));
     if (close) response_->keep_alive(false);
     Socket().expires_after(options_.read_timeout);
-    bhttp::async_write(stream_, *response_, beast::bind_front_handler(&Session::OnWrite, Self(), close));
+    bhttp::async_write(stream_, *response_,
+                       beast::bind_front_handler(&Session::OnWrite, Self(), close));
   }
 
   void OnWrite(bool close, beast::error_code error, size_t) {
@@ -146,12 +157,18 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
-  Listener(asio::io_context& context, tcp::acceptor acceptor, const ServerOptions& options, const Handler& handler,
-           std::shared_ptr<Liveness> liveness, asio::ssl::context* tls)
-      : context_(context), acceptor_(std::move(acceptor)), options_(options), handler_(handler), liveness_(std::move(liveness)), tls_(tls) {}
+  Listener(asio::io_context& context, tcp::acceptor acceptor, const ServerOptions& options,
+           const Handler& handler, std::shared_ptr<Liveness> liveness, asio::ssl::context* tls)
+      : context_(context),
+        acceptor_(std::move(acceptor)),
+        options_(options),
+        handler_(handler),
+        liveness_(std::move(liveness)),
+        tls_(tls) {}
 
   void Accept() {
-    acceptor_.async_accept(asio::make_strand(context_), beast::bind_front_handler(&Listener::OnAccept, shared_from_this()));
+    acceptor_.async_accept(asio::make_strand(context_),
+                           beast::bind_front_handler(&Listener::OnAccept, shared_from_this()));
   }
   void Close() {
     beast::error_code ignored;
@@ -162,9 +179,13 @@ class Listener : public std::enable_shared_from_this<Listener> {
   void OnAccept(beast::error_code error, tcp::socket socket) {
     if (error == asio::error::operation_aborted) return;
     if (!error && tls_ != nullptr) {
-      std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *tls_), options_, handler_, liveness_)->Run();
+      std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *tls_), options_, handler_,
+                                           liveness_)
+          ->Run();
     } else if (!error) {
-      std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), options_, handler_, liveness_)->Run();
+      std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), options_,
+                                                   handler_, liveness_)
+          ->Run();
     }
     Accept();
   }
@@ -184,14 +205,17 @@ Result<std::unique_ptr<asio::ssl::context>> TlsContext(const ServerOptions& opti
   }
   if (options.tls_cert_file.empty()) return std::unique_ptr<asio::ssl::context>();
   auto tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
-  tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 |
-                   asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
+  tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                   asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                   asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
   beast::error_code error;
   tls->use_certificate_chain_file(options.tls_cert_file, error);
-  if (error) return InvalidArgument("TLS certificate '" + options.tls_cert_file + "': " + error.message());
+  if (error)
+    return InvalidArgument("TLS certificate '" + options.tls_cert_file + "': " + error.message());
   tls->use_private_key_file(options.tls_key_file, asio::ssl::context::pem, error);
   if (error) {
-    return InvalidArgument("TLS key '" + options.tls_key_file + "': " + error.message() + " (it must be the PEM private key of the certificate '" +
+    return InvalidArgument("TLS key '" + options.tls_key_file + "': " + error.message() +
+                           " (it must be the PEM private key of the certificate '" +
                            options.tls_cert_file + "', and must match it)");
   }
   return tls;
@@ -201,7 +225,9 @@ Result<std::unique_ptr<asio::ssl::context>> TlsContext(const ServerOptions& opti
 
 struct HttpServer::Impl {
   Impl(const ServerOptions& options, Handler handler)
-      : options(options), handler(std::move(handler)), context(std::make_unique<asio::io_context>(std::max(1, options.threads))) {}
+      : options(options),
+        handler(std::move(handler)),
+        context(std::make_unique<asio::io_context>(std::max(1, options.threads))) {}
   ServerOptions options;
   Handler handler;
   // Sessions live in the context's pending handlers: destroying the context closes them all.
@@ -213,23 +239,29 @@ struct HttpServer::Impl {
   uint16_t port = 0;
 };
 
-Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options, Handler handler) {
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options,
+                                                      Handler handler) {
   auto impl = std::make_unique<Impl>(options, std::move(handler));
   WEFT_ASSIGN_OR_RETURN(impl->tls, TlsContext(options));
   beast::error_code error;
   auto address = asio::ip::make_address(options.address, error);
-  if (error) return InvalidArgument("cannot listen on '" + options.address + "': not an IP address");
+  if (error)
+    return InvalidArgument("cannot listen on '" + options.address + "': not an IP address");
   tcp::acceptor acceptor(*impl->context);
   tcp::endpoint endpoint(address, options.port);
   acceptor.open(endpoint.protocol(), error);
   if (!error) acceptor.set_option(asio::socket_base::reuse_address(true), error);
   if (!error) acceptor.bind(endpoint, error);
   if (!error) acceptor.listen(asio::socket_base::max_listen_connections, error);
-  if (error) return Unavailable("cannot listen on " + options.address + ":" + std::to_string(options.port) + ": " + error.message());
+  if (error)
+    return Unavailable("cannot listen on " + options.address + ":" + std::to_string(options.port) +
+                       ": " + error.message());
   impl->port = acceptor.local_endpoint().port();
-  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options, impl->handler, impl->liveness, impl->tls.get());
+  impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options,
+                                              impl->handler, impl->liveness, impl->tls.get());
   impl->listener->Accept();
-  for (int t = 0; t < std::max(1, options.threads); ++t) impl->threads.emplace_back([context = impl->context.get()] { context->run(); });
+  for (int t = 0; t < std::max(1, options.threads); ++t)
+    impl->threads.emplace_back([context = impl->context.get()] { context->run(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 
@@ -266,14 +298,21 @@ void HttpServer::Stop() {
 
 bhttp::status HttpStatusFor(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return bhttp::status::ok;
-    case StatusCode::kInvalidArgument: return bhttp::status::bad_request;
-    case StatusCode::kNotFound: return bhttp::status::not_found;
-    case StatusCode::kConflict: return bhttp::status::conflict;
-    case StatusCode::kUnavailable: return bhttp::status::service_unavailable;
-    case StatusCode::kTimeout: return bhttp::status::gateway_timeout;
+    case StatusCode::kOk:
+      return bhttp::status::ok;
+    case StatusCode::kInvalidArgument:
+      return bhttp::status::bad_request;
+    case StatusCode::kNotFound:
+      return bhttp::status::not_found;
+    case StatusCode::kConflict:
+      return bhttp::status::conflict;
+    case StatusCode::kUnavailable:
+      return bhttp::status::service_unavailable;
+    case StatusCode::kTimeout:
+      return bhttp::status::gateway_timeout;
     case StatusCode::kDataLoss:
-    case StatusCode::kInternal: return bhttp::status::internal_server_error;
+    case StatusCode::kInternal:
+      return bhttp::status::internal_server_error;
   }
   return bhttp::status::internal_server_error;
 }
@@ -299,7 +338,9 @@ bool BearerMatches(const Request& request, const std::string& token) {
   if (token.empty()) return false;
   const auto header = request[bhttp::field::authorization];
   const std::string prefix = "Bearer ";
-  std::string given = header.substr(0, prefix.size()) == prefix ? std::string(header.substr(prefix.size())) : std::string();
+  std::string given = header.substr(0, prefix.size()) == prefix
+                          ? std::string(header.substr(prefix.size()))
+                          : std::string();
   if (given.empty()) return false;
   unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(given.data()), given.size(), a);

@@ -60,8 +60,10 @@ class HttpServer {
 
 // A JSON response to `request` (its HTTP version), and the JSON error body {"error": message}
 // with the status code that fits a Status.
-Response JsonResponse(const Request& request, boost::beast::http::status status, const nlohmann::json& body);
-Response ErrorResponse(const Request& request, boost::beast::http::status status, const std::string& message);
+Response JsonResponse(const Request& request, boost::beast::http::status status,
+                      const nlohmann::json& body);
+Response ErrorResponse(const Request& request, boost::beast::http::status status,
+                       const std::string& message);
 Response ErrorResponse(const Request& request, const Status& status);
 boost::beast::http::status HttpStatusFor(StatusCode code);
 

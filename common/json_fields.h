@@ -12,9 +12,12 @@
 namespace weft {
 
 // `object` must be an object with every `required` field and no field outside required/optional.
-Status CheckFields(const nlohmann::json& object, const std::string& where, const std::set<std::string>& required,
+Status CheckFields(const nlohmann::json& object, const std::string& where,
+                   const std::set<std::string>& required,
                    const std::set<std::string>& optional = {});
-Result<uint64_t> GetUnsigned(const nlohmann::json& object, const std::string& field, const std::string& where);
-Result<std::string> GetString(const nlohmann::json& object, const std::string& field, const std::string& where);
+Result<uint64_t> GetUnsigned(const nlohmann::json& object, const std::string& field,
+                             const std::string& where);
+Result<std::string> GetString(const nlohmann::json& object, const std::string& field,
+                              const std::string& where);
 
 }  // namespace weft

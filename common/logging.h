@@ -35,7 +35,7 @@ class LogLine {
 
 }  // namespace weft
 
-#define WEFT_LOG(level)                                        \
-  if (::weft::LogLevel::level < ::weft::GetLogLevel()) {       \
-  } else                                                       \
+#define WEFT_LOG(level)                                  \
+  if (::weft::LogLevel::level < ::weft::GetLogLevel()) { \
+  } else                                                 \
     ::weft::LogLine(::weft::LogLevel::level, __FILE__, __LINE__)

@@ -77,7 +77,8 @@ class Pool {
       // A job usually follows the previous one closely: spin briefly before sleeping.
       SpinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; });
       std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
+      work_ready_.wait(
+          lock, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
       if (stopping_) return;
       seen = generation_.load(std::memory_order_relaxed);
       if (id >= participants_) continue;
@@ -95,8 +96,8 @@ class Pool {
   const std::function<void(size_t)>* fn_ = nullptr;
   size_t count_ = 0;
   std::atomic<size_t> next_{0};
-  size_t participants_ = 0;           // guarded by mutex_
-  std::atomic<size_t> running_{0};    // helpers still working on the current job
+  size_t participants_ = 0;              // guarded by mutex_
+  std::atomic<size_t> running_{0};       // helpers still working on the current job
   std::atomic<uint64_t> generation_{0};  // written under mutex_, read by spinning helpers too
   bool stopping_ = false;
 };

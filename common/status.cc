@@ -4,14 +4,22 @@ namespace weft {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kConflict: return "conflict";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kTimeout: return "timeout";
-    case StatusCode::kDataLoss: return "data loss";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kConflict:
+      return "conflict";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kTimeout:
+      return "timeout";
+    case StatusCode::kDataLoss:
+      return "data loss";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }

@@ -77,7 +77,7 @@ inline Status Internal(std::string message) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!status_.ok() && "a Result built from a Status must carry an error");
   }
@@ -113,9 +113,9 @@ class [[nodiscard]] Result {
 #define WEFT_CONCAT(a, b) WEFT_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function when `expr` is not OK.
-#define WEFT_RETURN_IF_ERROR(expr)            \
-  do {                                        \
-    ::weft::Status weft_status_ = (expr);     \
+#define WEFT_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::weft::Status weft_status_ = (expr);        \
     if (!weft_status_.ok()) return weft_status_; \
   } while (0)
 

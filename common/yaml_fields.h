@@ -18,13 +18,18 @@ namespace weft {
 Result<YAML::Node> LoadYamlFile(const std::string& path);
 
 // `node` (at `where`) must be a map whose keys are all in `allowed`.
-Status CheckKeys(const YAML::Node& node, const std::string& where, const std::set<std::string>& allowed);
+Status CheckKeys(const YAML::Node& node, const std::string& where,
+                 const std::set<std::string>& allowed);
 
 // Reads `node[key]` into `*out` when present (absent keys leave `*out` as it is).
-Status ReadString(const YAML::Node& node, const std::string& where, const std::string& key, std::string* out);
-Status ReadUnsigned(const YAML::Node& node, const std::string& where, const std::string& key, uint64_t* out);
-Status ReadDouble(const YAML::Node& node, const std::string& where, const std::string& key, double* out);
-Status ReadBytes(const YAML::Node& node, const std::string& where, const std::string& key, uint64_t* out);  // "64MiB"
+Status ReadString(const YAML::Node& node, const std::string& where, const std::string& key,
+                  std::string* out);
+Status ReadUnsigned(const YAML::Node& node, const std::string& where, const std::string& key,
+                    uint64_t* out);
+Status ReadDouble(const YAML::Node& node, const std::string& where, const std::string& key,
+                  double* out);
+Status ReadBytes(const YAML::Node& node, const std::string& where, const std::string& key,
+                 uint64_t* out);  // "64MiB"
 Status ReadDuration(const YAML::Node& node, const std::string& where, const std::string& key,
                     std::chrono::microseconds* out);  // "30s"
 

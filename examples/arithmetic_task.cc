@@ -12,8 +12,10 @@ Result<std::pair<uint64_t, uint64_t>> Operands(const std::string& problem, int d
     return InvalidArgument("problem '" + problem + "' is not of the form A+B=");
   }
   auto number = [&](const std::string& text) -> Result<uint64_t> {
-    if (text.empty() || text.size() > static_cast<size_t>(digits) || text.find_first_not_of("0123456789") != std::string::npos) {
-      return InvalidArgument("problem '" + problem + "': '" + text + "' is not a number of 1 to " + std::to_string(digits) + " digits");
+    if (text.empty() || text.size() > static_cast<size_t>(digits) ||
+        text.find_first_not_of("0123456789") != std::string::npos) {
+      return InvalidArgument("problem '" + problem + "': '" + text + "' is not a number of 1 to " +
+                             std::to_string(digits) + " digits");
     }
     return std::stoull(text);
   };
@@ -46,7 +48,8 @@ Result<std::vector<int>> ArithmeticTask::Answer(const std::string& problem) cons
   return tokens;
 }
 
-double ArithmeticTask::Reward(const std::string& problem, const std::vector<int>& completion) const {
+double ArithmeticTask::Reward(const std::string& problem,
+                              const std::vector<int>& completion) const {
   Result<std::vector<int>> answer = Answer(problem);
   return answer.ok() && *answer == completion ? 1.0 : 0.0;
 }
@@ -54,7 +57,12 @@ double ArithmeticTask::Reward(const std::string& problem, const std::vector<int>
 std::string ArithmeticTask::Decode(const std::vector<int>& tokens) {
   std::string text;
   for (int t : tokens) {
-    text.push_back(t >= 0 && t <= 9 ? static_cast<char>('0' + t) : t == kPlus ? '+' : t == kEquals ? '=' : t == kEnd ? '$' : t == kBegin ? '^' : '?');
+    text.push_back(t >= 0 && t <= 9 ? static_cast<char>('0' + t)
+                   : t == kPlus     ? '+'
+                   : t == kEquals   ? '='
+                   : t == kEnd      ? '$'
+                   : t == kBegin    ? '^'
+                                    : '?');
   }
   return text;
 }
@@ -65,12 +73,17 @@ double ArithmeticTask::RandomPolicyReward(const std::string& problem) const {
 }
 
 Result<std::vector<int>> ArithmeticVerifier::Encode(const nlohmann::json& prompt) const {
-  if (!prompt.is_string()) return InvalidArgument("an arithmetic prompt is a string like \"12+34=\", not " + prompt.dump());
+  if (!prompt.is_string())
+    return InvalidArgument("an arithmetic prompt is a string like \"12+34=\", not " +
+                           prompt.dump());
   return task_.Encode(prompt.get<std::string>());
 }
 
-Result<double> ArithmeticVerifier::Reward(const nlohmann::json& prompt, const std::vector<int>& completion) const {
-  if (!prompt.is_string()) return InvalidArgument("an arithmetic prompt is a string like \"12+34=\", not " + prompt.dump());
+Result<double> ArithmeticVerifier::Reward(const nlohmann::json& prompt,
+                                          const std::vector<int>& completion) const {
+  if (!prompt.is_string())
+    return InvalidArgument("an arithmetic prompt is a string like \"12+34=\", not " +
+                           prompt.dump());
   WEFT_RETURN_IF_ERROR(task_.Answer(prompt.get<std::string>()).status());
   return task_.Reward(prompt.get<std::string>(), completion);
 }

@@ -49,7 +49,8 @@ class ArithmeticVerifier : public rollout_worker::Task {
  public:
   explicit ArithmeticVerifier(ArithmeticTask task) : task_(task) {}
   Result<std::vector<int>> Encode(const nlohmann::json& prompt) const override;
-  Result<double> Reward(const nlohmann::json& prompt, const std::vector<int>& completion) const override;
+  Result<double> Reward(const nlohmann::json& prompt,
+                        const std::vector<int>& completion) const override;
 
  private:
   ArithmeticTask task_;

@@ -22,8 +22,9 @@ class EmbeddedEngine : public rollout_worker::Engine {
   Status Stage(const sync::ServedModel& model, uint64_t version) override;
   Result<int64_t> Commit() override;
   std::optional<uint64_t> version() const override;
-  Result<std::vector<rollout_worker::Completion>> Generate(const std::vector<std::vector<int>>& prompts,
-                                                           const rollout_worker::Sampling& sampling) override;
+  Result<std::vector<rollout_worker::Completion>> Generate(
+      const std::vector<std::vector<int>>& prompts,
+      const rollout_worker::Sampling& sampling) override;
   rollout_worker::EngineHealth Health() const override;
 
   const TinyLmLayout& layout() const { return layout_; }

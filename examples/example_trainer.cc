@@ -16,18 +16,22 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // A group as the worker submitted it (docs/api.md, "Trajectories"), checked: errors name the job.
-Result<Group> ParseGroup(const trainer_adapter::TrajectoryGroup& received, const ArithmeticTask& task) {
+Result<Group> ParseGroup(const trainer_adapter::TrajectoryGroup& received,
+                         const ArithmeticTask& task) {
   const std::string what = "job " + std::to_string(received.submission.job);
   const Json& t = received.trajectories;
-  if (!t.is_object() || !t.contains("prompt") || !t["prompt"].is_string() || !t.contains("samples") || !t["samples"].is_array()) {
-    return InvalidArgument(what + ": trajectories need a string \"prompt\" and a \"samples\" array");
+  if (!t.is_object() || !t.contains("prompt") || !t["prompt"].is_string() ||
+      !t.contains("samples") || !t["samples"].is_array()) {
+    return InvalidArgument(what +
+                           ": trajectories need a string \"prompt\" and a \"samples\" array");
   }
   Group group;
   WEFT_ASSIGN_OR_RETURN(group.prompt, task.Encode(t["prompt"].get<std::string>()));
   for (size_t i = 0; i < t["samples"].size(); ++i) {
     const Json& s = t["samples"][i];
     const std::string where = what + " sample " + std::to_string(i);
-    if (!s.is_object() || !s.contains("tokens") || !s.contains("logprobs") || !s.contains("reward") || !s["reward"].is_number()) {
+    if (!s.is_object() || !s.contains("tokens") || !s.contains("logprobs") ||
+        !s.contains("reward") || !s["reward"].is_number()) {
       return InvalidArgument(where + ": needs tokens, logprobs and a numeric reward");
     }
     Sample sample;
@@ -63,10 +67,20 @@ double MeanReward(const std::vector<StepRecord>& steps, size_t from, size_t to) 
 Json TrainerSummary::ToJson() const {
   Json records = Json::array();
   for (const StepRecord& r : steps) {
-    records.push_back({{"step", r.step}, {"version", r.version}, {"reward", r.reward}, {"groups", r.groups}, {"samples", r.samples},
-                       {"mean_lag", r.mean_lag}, {"max_lag", r.max_lag}, {"delta_bytes", r.delta_bytes},
-                       {"keyframe_bytes", r.keyframe_bytes}, {"changed_elements", r.changed_elements}, {"density", r.density},
-                       {"mean_ratio", r.mean_ratio}, {"truncated", r.truncated}, {"seconds", r.seconds}});
+    records.push_back({{"step", r.step},
+                       {"version", r.version},
+                       {"reward", r.reward},
+                       {"groups", r.groups},
+                       {"samples", r.samples},
+                       {"mean_lag", r.mean_lag},
+                       {"max_lag", r.max_lag},
+                       {"delta_bytes", r.delta_bytes},
+                       {"keyframe_bytes", r.keyframe_bytes},
+                       {"changed_elements", r.changed_elements},
+                       {"density", r.density},
+                       {"mean_ratio", r.mean_ratio},
+                       {"truncated", r.truncated},
+                       {"seconds", r.seconds}});
   }
   return Json{{"phase", phase},
               {"warmup_step", warmup_step},
@@ -85,10 +99,14 @@ Json TrainerSummary::ToJson() const {
               {"steps", records}};
 }
 
-Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
-                                         const std::function<void(const TrainerSummary&)>& progress) {
-  if (options.steps < 1 || options.prompts_per_step < 1 || options.samples_per_prompt < 2 || options.steps_ahead < 1) {
-    return InvalidArgument("trainer: steps, prompts_per_step and steps_ahead must be at least 1, samples_per_prompt at least 2");
+Result<TrainerSummary> RunExampleTrainer(
+    const ExampleTrainerOptions& options,
+    const std::function<void(const TrainerSummary&)>& progress) {
+  if (options.steps < 1 || options.prompts_per_step < 1 || options.samples_per_prompt < 2 ||
+      options.steps_ahead < 1) {
+    return InvalidArgument(
+        "trainer: steps, prompts_per_step and steps_ahead must be at least 1, samples_per_prompt "
+        "at least 2");
   }
   const ArithmeticTask task(options.digits);
   TinyLmConfig config = options.model;
@@ -113,18 +131,23 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     warmup.learning_rate = options.warmup_learning_rate;
     AdamW optimizer(layout, warmup);
     for (int step = 1; step <= options.warmup_steps; ++step) {
-      WEFT_ASSIGN_OR_RETURN(summary.warmup_loss, SupervisedStep(layout, weights, optimizer, task, rng, options.warmup_batch, options.threads));
+      WEFT_ASSIGN_OR_RETURN(summary.warmup_loss,
+                            SupervisedStep(layout, weights, optimizer, task, rng,
+                                           options.warmup_batch, options.threads));
       summary.warmup_step = step;
       if (step % 25 == 0 || step == options.warmup_steps) progress(summary);
     }
   }
-  WEFT_ASSIGN_OR_RETURN(summary.eval_accuracy_before, GreedyAccuracy(layout, weights, task, eval, options.threads));
+  WEFT_ASSIGN_OR_RETURN(summary.eval_accuracy_before,
+                        GreedyAccuracy(layout, weights, task, eval, options.threads));
 
   // 2. Version 0: the warm-started policy.
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store, policy_store::OpenStore(options.store));
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<trainer_adapter::Publisher> publisher,
-                        trainer_adapter::Publisher::Start(*store, options.run_id, layout.Master(weights), sync::ServingPlan{},
-                                                          options.publisher));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store,
+                        policy_store::OpenStore(options.store));
+  WEFT_ASSIGN_OR_RETURN(
+      std::unique_ptr<trainer_adapter::Publisher> publisher,
+      trainer_adapter::Publisher::Start(*store, options.run_id, layout.Master(weights),
+                                        sync::ServingPlan{}, options.publisher));
   summary.served_bytes = publisher->served().byte_count();
   summary.versions_published = 1;
   if (publisher->last().keyframe) summary.bytes_published += publisher->last().keyframe->bytes;
@@ -143,16 +166,20 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
   // Queues prompts until `want` jobs are queued, leased or buffered at the orchestrator.
   auto top_up = [&](size_t want) -> Status {
     WEFT_ASSIGN_OR_RETURN(Json status, client.GetStatus());
-    const size_t pending = status["jobs"]["queued"].get<size_t>() + status["jobs"]["leased"].get<size_t>() +
+    const size_t pending = status["jobs"]["queued"].get<size_t>() +
+                           status["jobs"]["leased"].get<size_t>() +
                            status["trajectories"]["buffered"].get<size_t>();
     if (pending >= want) return Status::Ok();
     std::vector<std::pair<Json, uint32_t>> prompts;
-    for (size_t i = pending; i < want; ++i) prompts.emplace_back(Json(task.Problem(rng)), static_cast<uint32_t>(options.samples_per_prompt));
+    for (size_t i = pending; i < want; ++i)
+      prompts.emplace_back(Json(task.Problem(rng)),
+                           static_cast<uint32_t>(options.samples_per_prompt));
     Status added = client.AddJobs(prompts).status();
     if (added.code() == StatusCode::kUnavailable || added.code() == StatusCode::kTimeout) {
       // The request may or may not have reached the orchestrator (it restarted, say). Not fatal:
       // the next top-up counts what is pending and queues only what is missing.
-      WEFT_LOG(kWarning) << "trainer: queueing prompts: " << added.message() << "; will count again";
+      WEFT_LOG(kWarning) << "trainer: queueing prompts: " << added.message()
+                         << "; will count again";
       return Status::Ok();
     }
     return added.WithContext("queueing prompts");
@@ -161,7 +188,8 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     const auto step_started = Clock::now();
     // Keep `steps_ahead` steps of prompts queued, leased or waiting (and no more than the
     // remaining steps need).
-    WEFT_RETURN_IF_ERROR(top_up(per_step * static_cast<size_t>(std::min(options.steps_ahead, options.steps - step + 1))));
+    WEFT_RETURN_IF_ERROR(top_up(
+        per_step * static_cast<size_t>(std::min(options.steps_ahead, options.steps - step + 1))));
     // The step's groups.
     StepRecord record;
     std::vector<Group> groups;
@@ -169,11 +197,13 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     size_t samples = 0;
     uint64_t lag_sum = 0;
     while (groups.size() < per_step) {
-      const size_t wanted = (per_step - groups.size()) * static_cast<size_t>(options.samples_per_prompt);
+      const size_t wanted =
+          (per_step - groups.size()) * static_cast<size_t>(options.samples_per_prompt);
       WEFT_ASSIGN_OR_RETURN(std::vector<trainer_adapter::TrajectoryGroup> batch,
                             batches.NextBatch(wanted, version, std::chrono::milliseconds(2000)));
       if (batch.empty()) {
-        // Nothing came: the work for this step may have been dropped as stale. Queue what is missing.
+        // Nothing came: the work for this step may have been dropped as stale. Queue what is
+        // missing.
         WEFT_RETURN_IF_ERROR(top_up(per_step - groups.size()));
       } else {
         last_arrival = Clock::now();
@@ -181,7 +211,8 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
       for (const trainer_adapter::TrajectoryGroup& g : batch) {
         Result<Group> group = ParseGroup(g, task);
         if (!group.ok()) {
-          WEFT_LOG(kError) << "trainer: skipping a malformed trajectory group: " << group.status().message();
+          WEFT_LOG(kError) << "trainer: skipping a malformed trajectory group: "
+                           << group.status().message();
           continue;
         }
         samples += group->samples.size();
@@ -190,8 +221,9 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
         record.max_lag = std::max(record.max_lag, g.lag);
       }
       if (Clock::now() - last_arrival > options.stall_after) {
-        return Unavailable("trainer: no trajectories for " + std::to_string(options.stall_after.count() / 1000) +
-                           " s at step " + std::to_string(step) + " (are any workers ready?)");
+        return Unavailable("trainer: no trajectories for " +
+                           std::to_string(options.stall_after.count() / 1000) + " s at step " +
+                           std::to_string(step) + " (are any workers ready?)");
       }
     }
     record.step = step;
@@ -204,43 +236,52 @@ Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
     record.reward = samples > 0 ? rewards / static_cast<double>(samples) : 0;
     record.mean_lag = static_cast<double>(lag_sum) / static_cast<double>(groups.size());
     WEFT_ASSIGN_OR_RETURN(StepStats stats,
-                          PolicyGradientStep(layout, weights, optimizer, groups, options.policy_gradient, options.threads));
+                          PolicyGradientStep(layout, weights, optimizer, groups,
+                                             options.policy_gradient, options.threads));
     record.mean_ratio = stats.mean_ratio;
     record.truncated = stats.truncated;
     // Publish the new version and count the served elements it changed.
     std::vector<std::vector<uint8_t>> before;
     for (const auto& t : publisher->served().tensors()) before.push_back(t.bytes);
-    WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest, publisher->Publish(layout.Master(weights)));
+    WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest,
+                          publisher->Publish(layout.Master(weights)));
     uint64_t elements = 0;
     for (size_t i = 0; i < before.size(); ++i) {
       const auto& t = publisher->served().tensors()[i];
       const size_t width = sync::Info(t.spec.dtype).size;
       for (size_t k = 0; k < t.bytes.size(); k += width) {
-        record.changed_elements += !std::equal(t.bytes.begin() + k, t.bytes.begin() + k + width, before[i].begin() + k);
+        record.changed_elements +=
+            !std::equal(t.bytes.begin() + k, t.bytes.begin() + k + width, before[i].begin() + k);
       }
       elements += t.bytes.size() / width;
     }
-    record.density = elements > 0 ? static_cast<double>(record.changed_elements) / static_cast<double>(elements) : 0;
+    record.density =
+        elements > 0 ? static_cast<double>(record.changed_elements) / static_cast<double>(elements)
+                     : 0;
     version = manifest.version;
     record.version = version;
     record.delta_bytes = manifest.delta ? manifest.delta->bytes : 0;
     record.keyframe_bytes = manifest.keyframe ? manifest.keyframe->bytes : 0;
     summary.bytes_published += record.delta_bytes + record.keyframe_bytes;
-    for (const policy_store::SkipDelta& skip : manifest.skips) summary.bytes_published += skip.blob.bytes;
+    for (const policy_store::SkipDelta& skip : manifest.skips)
+      summary.bytes_published += skip.blob.bytes;
     ++summary.versions_published;
-    WEFT_RETURN_IF_ERROR(client.AnnounceVersion(version).WithContext("announcing version " + std::to_string(version)));
+    WEFT_RETURN_IF_ERROR(client.AnnounceVersion(version).WithContext("announcing version " +
+                                                                     std::to_string(version)));
     record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     summary.steps.push_back(record);
     summary.groups_stale_delivered = batches.staleness().stale_delivered;
     summary.staleness_violations = batches.staleness().violations;
     const size_t window = std::min<size_t>(5, summary.steps.size());
     summary.initial_reward = MeanReward(summary.steps, 0, window);
-    summary.final_reward = MeanReward(summary.steps, summary.steps.size() - window, summary.steps.size());
+    summary.final_reward =
+        MeanReward(summary.steps, summary.steps.size() - window, summary.steps.size());
     progress(summary);
     std::this_thread::sleep_until(step_started + options.min_step_time);
   }
   WEFT_RETURN_IF_ERROR(client.AcknowledgeBatches().WithContext("acknowledging the last batch"));
-  WEFT_ASSIGN_OR_RETURN(summary.eval_accuracy_after, GreedyAccuracy(layout, weights, task, eval, options.threads));
+  WEFT_ASSIGN_OR_RETURN(summary.eval_accuracy_after,
+                        GreedyAccuracy(layout, weights, task, eval, options.threads));
   summary.phase = "done";
   progress(summary);
   return summary;

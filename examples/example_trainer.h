@@ -43,13 +43,13 @@ struct ExampleTrainerOptions {
   PolicyGradientConfig policy_gradient;
   int eval_problems = 500;
   // Where it publishes and whom it tells.
-  std::string store;           // a store URI (directory or http)
+  std::string store;  // a store URI (directory or http)
   std::string run_id;
-  std::string orchestrator;    // URL
+  std::string orchestrator;  // URL
   std::string trainer_token;
   uint64_t max_staleness = 2;  // the orchestrator's bound (for the batch client's accounting)
   trainer_adapter::PublisherOptions publisher;
-  std::chrono::milliseconds deadline{120000};  // per orchestrator call, retries included
+  std::chrono::milliseconds deadline{120000};     // per orchestrator call, retries included
   std::chrono::milliseconds stall_after{300000};  // no trajectory for this long: give up
   // Each RL step takes at least this long (the trainer waits before taking the next batch):
   // emulates a model whose optimiser step is slow, for tests that need the run to last. 0: off.
@@ -58,18 +58,18 @@ struct ExampleTrainerOptions {
 
 struct StepRecord {
   int step = 0;
-  uint64_t version = 0;         // published after this step
-  double reward = 0;            // the batch's mean reward
+  uint64_t version = 0;  // published after this step
+  double reward = 0;     // the batch's mean reward
   size_t groups = 0, samples = 0;
-  double mean_lag = 0;          // trainer version - version_start, over the batch's groups
+  double mean_lag = 0;  // trainer version - version_start, over the batch's groups
   uint64_t max_lag = 0;
   uint64_t delta_bytes = 0;     // this version's delta blob
   uint64_t keyframe_bytes = 0;  // ... and its keyframe, if it has one
   uint64_t changed_elements = 0;
-  double density = 0;           // changed served elements / all served elements
-  double mean_ratio = 0;        // importance ratio pi/mu over the batch's tokens
-  double truncated = 0;         // fraction of tokens whose ratio was truncated
-  double seconds = 0;           // since the RL phase began
+  double density = 0;     // changed served elements / all served elements
+  double mean_ratio = 0;  // importance ratio pi/mu over the batch's tokens
+  double truncated = 0;   // fraction of tokens whose ratio was truncated
+  double seconds = 0;     // since the RL phase began
 };
 
 struct TrainerSummary {
@@ -81,16 +81,17 @@ struct TrainerSummary {
   double random_policy_reward = 0;  // expected reward of a uniformly random policy
   std::vector<StepRecord> steps;
   uint64_t versions_published = 0;
-  uint64_t served_bytes = 0;        // one full checkpoint in the serving format
+  uint64_t served_bytes = 0;  // one full checkpoint in the serving format
   uint64_t parameters = 0;
-  uint64_t bytes_published = 0;     // delta and keyframe blobs written by the trainer
+  uint64_t bytes_published = 0;  // delta and keyframe blobs written by the trainer
   uint64_t groups_stale_delivered = 0, staleness_violations = 0;
   double initial_reward = 0, final_reward = 0;  // mean batch reward of the first / last steps
   nlohmann::json ToJson() const;
 };
 
 // Runs the whole training; `progress` is called after every warm-up report and RL step.
-Result<TrainerSummary> RunExampleTrainer(const ExampleTrainerOptions& options,
-                                         const std::function<void(const TrainerSummary&)>& progress);
+Result<TrainerSummary> RunExampleTrainer(
+    const ExampleTrainerOptions& options,
+    const std::function<void(const TrainerSummary&)>& progress);
 
 }  // namespace weft::examples

@@ -5,8 +5,9 @@
 
 namespace weft::examples {
 
-Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<float>& weights, AdamW& optimizer,
-                                     const std::vector<Group>& groups, const PolicyGradientConfig& config, int threads) {
+Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<float>& weights,
+                                     AdamW& optimizer, const std::vector<Group>& groups,
+                                     const PolicyGradientConfig& config, int threads) {
   std::vector<TrainingSequence> batch;
   std::vector<double> advantages;
   std::vector<const Sample*> sources;
@@ -23,8 +24,10 @@ Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<flo
     for (size_t i = 0; i < group.samples.size(); ++i) {
       const Sample& s = group.samples[i];
       if (s.tokens.empty() || s.tokens.size() != s.logprobs.size()) {
-        return InvalidArgument("group " + std::to_string(g) + " sample " + std::to_string(i) + ": " + std::to_string(s.tokens.size()) +
-                               " tokens but " + std::to_string(s.logprobs.size()) + " logprobs (at least one of each needed)");
+        return InvalidArgument("group " + std::to_string(g) + " sample " + std::to_string(i) +
+                               ": " + std::to_string(s.tokens.size()) + " tokens but " +
+                               std::to_string(s.logprobs.size()) +
+                               " logprobs (at least one of each needed)");
       }
     }
     if (std_dev < config.min_std) continue;
@@ -41,7 +44,8 @@ Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<flo
   if (batch.empty()) return stats;
   const double per_token = 1.0 / static_cast<double>(stats.tokens);
   // Ratio statistics per sequence (weigh runs concurrently for different sequences).
-  std::vector<double> ratio_sums(batch.size(), 0), truncated(batch.size(), 0), max_log(batch.size(), 0);
+  std::vector<double> ratio_sums(batch.size(), 0), truncated(batch.size(), 0),
+      max_log(batch.size(), 0);
   auto weigh = [&](size_t i, std::span<const float> logprobs, std::span<float> out) {
     const Sample& s = *sources[i];
     for (size_t t = 0; t < logprobs.size(); ++t) {
@@ -55,7 +59,8 @@ Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<flo
   };
   std::vector<float> gradient(layout.size(), 0.0f);
   const Trainer trainer(layout);
-  WEFT_ASSIGN_OR_RETURN(stats.objective, trainer.Accumulate(weights, batch, weigh, gradient, threads));
+  WEFT_ASSIGN_OR_RETURN(stats.objective,
+                        trainer.Accumulate(weights, batch, weigh, gradient, threads));
   for (float& g : gradient) g = -g;  // AdamW minimises; the objective is maximised
   stats.gradient_norm = optimizer.Step(weights, gradient);
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -66,8 +71,9 @@ Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<flo
   return stats;
 }
 
-Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& weights, AdamW& optimizer, const ArithmeticTask& task,
-                              std::mt19937_64& rng, int batch_size, int threads) {
+Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& weights,
+                              AdamW& optimizer, const ArithmeticTask& task, std::mt19937_64& rng,
+                              int batch_size, int threads) {
   std::vector<TrainingSequence> batch;
   size_t targets = 0;
   for (int i = 0; i < batch_size; ++i) {
@@ -80,17 +86,21 @@ Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& we
     batch.push_back(std::move(s));
   }
   const float weight = 1.0f / static_cast<float>(targets);
-  auto weigh = [weight](size_t, std::span<const float>, std::span<float> out) { std::fill(out.begin(), out.end(), weight); };
+  auto weigh = [weight](size_t, std::span<const float>, std::span<float> out) {
+    std::fill(out.begin(), out.end(), weight);
+  };
   std::vector<float> gradient(layout.size(), 0.0f);
   const Trainer trainer(layout);
-  WEFT_ASSIGN_OR_RETURN(double objective, trainer.Accumulate(weights, batch, weigh, gradient, threads));
+  WEFT_ASSIGN_OR_RETURN(double objective,
+                        trainer.Accumulate(weights, batch, weigh, gradient, threads));
   for (float& g : gradient) g = -g;
   optimizer.Step(weights, gradient);
   return -objective;
 }
 
-Result<double> GreedyAccuracy(const TinyLmLayout& layout, const std::vector<float>& weights, const ArithmeticTask& task,
-                              const std::vector<std::string>& problems, int threads) {
+Result<double> GreedyAccuracy(const TinyLmLayout& layout, const std::vector<float>& weights,
+                              const ArithmeticTask& task, const std::vector<std::string>& problems,
+                              int threads) {
   if (problems.empty()) return InvalidArgument("no problems to measure accuracy on");
   std::vector<std::vector<int>> prompts;
   for (const std::string& p : problems) {
@@ -101,7 +111,8 @@ Result<double> GreedyAccuracy(const TinyLmLayout& layout, const std::vector<floa
   greedy.temperature = 0.0f;
   greedy.max_tokens = task.digits() + 2;
   greedy.stop_token = ArithmeticTask::kEnd;
-  WEFT_ASSIGN_OR_RETURN(std::vector<Completion> out, Decoder(layout, weights).Generate(prompts, greedy, threads));
+  WEFT_ASSIGN_OR_RETURN(std::vector<Completion> out,
+                        Decoder(layout, weights).Generate(prompts, greedy, threads));
   double right = 0;
   for (size_t i = 0; i < out.size(); ++i) right += task.Reward(problems[i], out[i].tokens);
   return right / static_cast<double>(out.size());

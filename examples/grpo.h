@@ -40,27 +40,30 @@ struct PolicyGradientConfig {
 };
 
 struct StepStats {
-  double objective = 0;       // the surrogate objective (per token)
-  double gradient_norm = 0;   // before clipping
-  size_t groups_used = 0;     // groups with a learning signal
+  double objective = 0;      // the surrogate objective (per token)
+  double gradient_norm = 0;  // before clipping
+  size_t groups_used = 0;    // groups with a learning signal
   size_t tokens = 0;
-  double mean_ratio = 0;      // importance ratio pi/mu, averaged over tokens (before truncation)
-  double truncated = 0;       // fraction of tokens whose ratio was truncated
-  double max_log_ratio = 0;   // the largest |log(pi/mu)| seen
+  double mean_ratio = 0;     // importance ratio pi/mu, averaged over tokens (before truncation)
+  double truncated = 0;      // fraction of tokens whose ratio was truncated
+  double max_log_ratio = 0;  // the largest |log(pi/mu)| seen
 };
 
 // One policy-gradient step on `groups` (weights updated in place by `optimizer`). Errors name the
 // malformed group or sample (logprobs not matching tokens, a sequence too long for the model).
-Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<float>& weights, AdamW& optimizer,
-                                     const std::vector<Group>& groups, const PolicyGradientConfig& config, int threads);
+Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<float>& weights,
+                                     AdamW& optimizer, const std::vector<Group>& groups,
+                                     const PolicyGradientConfig& config, int threads);
 
 // One supervised step: `batch` random problems of `task` with their answers, cross-entropy on the
 // answer tokens. Returns the mean negative log-likelihood per answer token.
-Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& weights, AdamW& optimizer, const ArithmeticTask& task,
-                              std::mt19937_64& rng, int batch, int threads);
+Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& weights,
+                              AdamW& optimizer, const ArithmeticTask& task, std::mt19937_64& rng,
+                              int batch, int threads);
 
 // Greedy accuracy of `weights` on `problems`.
-Result<double> GreedyAccuracy(const TinyLmLayout& layout, const std::vector<float>& weights, const ArithmeticTask& task,
-                              const std::vector<std::string>& problems, int threads);
+Result<double> GreedyAccuracy(const TinyLmLayout& layout, const std::vector<float>& weights,
+                              const ArithmeticTask& task, const std::vector<std::string>& problems,
+                              int threads);
 
 }  // namespace weft::examples

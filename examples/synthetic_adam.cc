@@ -12,7 +12,8 @@ constexpr uint64_t kBlock = 1 << 16;
 // A small counter-based generator: every (seed, stream) pair gives an independent sequence.
 class Random {
  public:
-  Random(uint64_t seed, uint64_t stream) : state_(seed * 0x9E3779B97F4A7C15ull ^ (stream + 1) * 0xD1B54A32D192ED03ull) {}
+  Random(uint64_t seed, uint64_t stream)
+      : state_(seed * 0x9E3779B97F4A7C15ull ^ (stream + 1) * 0xD1B54A32D192ED03ull) {}
   uint64_t Next() {
     state_ += 0x9E3779B97F4A7C15ull;
     uint64_t z = state_;
@@ -96,7 +97,8 @@ void SyntheticAdam::Step(int threads) {
 
 std::vector<sync::MasterTensor> MasterView(const SyntheticAdam& adam) {
   std::vector<sync::MasterTensor> master;
-  for (size_t t = 0; t < adam.tensor_count(); ++t) master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
+  for (size_t t = 0; t < adam.tensor_count(); ++t)
+    master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
   return master;
 }
 

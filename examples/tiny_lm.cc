@@ -25,7 +25,8 @@ void VecMat(const float* x, const float* w, int in, int out, float* y) {
 }
 
 // dx += dy W^T; dW += x^T dy.
-void VecMatBackward(const float* x, const float* w, const float* dy, int in, int out, float* dx, float* dw) {
+void VecMatBackward(const float* x, const float* w, const float* dy, int in, int out, float* dx,
+                    float* dw) {
   for (int i = 0; i < in; ++i) {
     const float* row = w + static_cast<size_t>(i) * out;
     float* drow = dw + static_cast<size_t>(i) * out;
@@ -49,7 +50,8 @@ float RmsNorm(const float* x, const float* g, int n, float* y) {
 }
 
 // dx += d(RmsNorm)/dx . dy; dg += dy * x / rms.
-void RmsNormBackward(const float* x, const float* g, float inverse, const float* dy, int n, float* dx, float* dg) {
+void RmsNormBackward(const float* x, const float* g, float inverse, const float* dy, int n,
+                     float* dx, float* dg) {
   float dot = 0.0f;
   for (int i = 0; i < n; ++i) dot += g[i] * dy[i] * x[i];
   const float scale = inverse * inverse * inverse * dot / static_cast<float>(n);
@@ -112,7 +114,8 @@ class Run {
       if (acts) acts->x_in = x_;
       const float r1 = RmsNorm(x_.data(), w_ + b.norm1, d, h.data());
       VecMat(h.data(), w_ + b.qkv, d, 3 * d, qkv.data());
-      std::copy(qkv.begin() + d, qkv.begin() + 2 * d, keys_[l].begin() + static_cast<size_t>(p) * d);
+      std::copy(qkv.begin() + d, qkv.begin() + 2 * d,
+                keys_[l].begin() + static_cast<size_t>(p) * d);
       std::copy(qkv.begin() + 2 * d, qkv.end(), values_[l].begin() + static_cast<size_t>(p) * d);
       std::fill(att.begin(), att.end(), 0.0f);
       for (int head = 0; head < heads; ++head) {
@@ -175,15 +178,19 @@ class Run {
   void Backward(const std::vector<std::vector<float>>& dlogits, float* grad) {
     const int d = c_.d_model, f = c_.d_ff, heads = c_.heads, dh = d / heads, v = c_.vocab;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-    std::vector<std::vector<float>> dkeys(c_.layers, std::vector<float>(static_cast<size_t>(c_.max_seq) * d, 0.0f));
+    std::vector<std::vector<float>> dkeys(
+        c_.layers, std::vector<float>(static_cast<size_t>(c_.max_seq) * d, 0.0f));
     std::vector<std::vector<float>> dvalues = dkeys;
-    std::vector<float> dx(d), dh_(std::max(d, f)), dmid(d), datt(d), dqkv(3 * d), du(f), a(f), dprobs(c_.max_seq);
+    std::vector<float> dx(d), dh_(std::max(d, f)), dmid(d), datt(d), dqkv(3 * d), du(f), a(f),
+        dprobs(c_.max_seq);
     for (int p = positions_ - 1; p >= 0; --p) {
       const FinalActs& fa = final_acts_[p];
       std::fill(dx.begin(), dx.end(), 0.0f);
       std::fill(dh_.begin(), dh_.begin() + d, 0.0f);
-      VecMatBackward(fa.hf.data(), w_ + layout_.unembedding, dlogits[p].data(), d, v, dh_.data(), grad + layout_.unembedding);
-      RmsNormBackward(fa.x.data(), w_ + layout_.final_norm, fa.rf, dh_.data(), d, dx.data(), grad + layout_.final_norm);
+      VecMatBackward(fa.hf.data(), w_ + layout_.unembedding, dlogits[p].data(), d, v, dh_.data(),
+                     grad + layout_.unembedding);
+      RmsNormBackward(fa.x.data(), w_ + layout_.final_norm, fa.rf, dh_.data(), d, dx.data(),
+                      grad + layout_.final_norm);
       for (int l = c_.layers - 1; l >= 0; --l) {
         const auto& b = layout_.blocks[l];
         const LayerActs& acts = layer_acts_[static_cast<size_t>(l) * c_.max_seq + p];
@@ -195,7 +202,8 @@ class Run {
         std::fill(dh_.begin(), dh_.begin() + d, 0.0f);
         VecMatBackward(acts.h2.data(), w_ + b.up, du.data(), d, f, dh_.data(), grad + b.up);
         dmid = dx;
-        RmsNormBackward(acts.x_mid.data(), w_ + b.norm2, acts.r2, dh_.data(), d, dmid.data(), grad + b.norm2);
+        RmsNormBackward(acts.x_mid.data(), w_ + b.norm2, acts.r2, dh_.data(), d, dmid.data(),
+                        grad + b.norm2);
         // Attention: x_mid = x_in + out(attention(qkv(norm1(x_in)))).
         std::fill(datt.begin(), datt.end(), 0.0f);
         VecMatBackward(acts.att.data(), w_ + b.out, dmid.data(), d, d, datt.data(), grad + b.out);
@@ -232,7 +240,8 @@ class Run {
         std::fill(dh_.begin(), dh_.begin() + d, 0.0f);
         VecMatBackward(acts.h1.data(), w_ + b.qkv, dqkv.data(), d, 3 * d, dh_.data(), grad + b.qkv);
         dx = dmid;
-        RmsNormBackward(acts.x_in.data(), w_ + b.norm1, acts.r1, dh_.data(), d, dx.data(), grad + b.norm1);
+        RmsNormBackward(acts.x_in.data(), w_ + b.norm1, acts.r1, dh_.data(), d, dx.data(),
+                        grad + b.norm1);
       }
       float* dtok = grad + layout_.token_embedding + static_cast<size_t>(fa.token) * d;
       float* dpos = grad + layout_.position_embedding + static_cast<size_t>(p) * d;
@@ -262,7 +271,7 @@ class Run {
   std::vector<std::vector<float>> keys_, values_;  // per layer, [position][d_model]
   std::vector<float> x_;
   std::vector<float> h_, qkv_, att_, o_, u_, a_, probs_, logp_;  // one step's working vectors
-  std::vector<LayerActs> layer_acts_;  // [layer][position]
+  std::vector<LayerActs> layer_acts_;                            // [layer][position]
   std::vector<FinalActs> final_acts_;
 
  public:
@@ -272,7 +281,8 @@ class Run {
 Status CheckTokens(const TinyLmConfig& c, const std::vector<int>& tokens, const std::string& what) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.vocab) {
-      return InvalidArgument(what + ": token " + std::to_string(i) + " is " + std::to_string(tokens[i]) + ", outside the vocabulary of " +
+      return InvalidArgument(what + ": token " + std::to_string(i) + " is " +
+                             std::to_string(tokens[i]) + ", outside the vocabulary of " +
                              std::to_string(c.vocab));
     }
   }
@@ -310,7 +320,8 @@ size_t TinyLmLayout::Add(const std::string& name, std::vector<uint64_t> shape, b
 
 std::vector<sync::MasterTensor> TinyLmLayout::Master(std::span<const float> weights) const {
   std::vector<sync::MasterTensor> master;
-  for (const ParameterInfo& p : parameters_) master.push_back({p.name, p.shape, weights.subspan(p.offset, p.size)});
+  for (const ParameterInfo& p : parameters_)
+    master.push_back({p.name, p.shape, weights.subspan(p.offset, p.size)});
   return master;
 }
 
@@ -330,30 +341,36 @@ std::vector<float> TinyLmLayout::Initialize(uint64_t seed) const {
   return w;
 }
 
-Result<std::vector<Completion>> Decoder::Generate(const std::vector<std::vector<int>>& prompts, const Sampling& params,
-                                                  int threads) const {
-  if (weights_.size() != layout_.size()) return InvalidArgument("decoder: the weights do not match the model's layout");
+Result<std::vector<Completion>> Decoder::Generate(const std::vector<std::vector<int>>& prompts,
+                                                  const Sampling& params, int threads) const {
+  if (weights_.size() != layout_.size())
+    return InvalidArgument("decoder: the weights do not match the model's layout");
   return GenerateImpl(layout_, WeightsNow(), weights_, prompts, params, threads);
 }
 
-Result<std::vector<Completion>> Decoder::Generate(const TinyLmLayout& layout, const WeightsNow& weights,
-                                                  const std::vector<std::vector<int>>& prompts, const Sampling& params,
-                                                  int threads) {
+Result<std::vector<Completion>> Decoder::Generate(const TinyLmLayout& layout,
+                                                  const WeightsNow& weights,
+                                                  const std::vector<std::vector<int>>& prompts,
+                                                  const Sampling& params, int threads) {
   if (!weights) return InvalidArgument("decoder: no weights");
   return GenerateImpl(layout, weights, {}, prompts, params, threads);
 }
 
-Result<std::vector<Completion>> Decoder::GenerateImpl(const TinyLmLayout& layout_, const WeightsNow& source, std::span<const float> fixed,
-                                                      const std::vector<std::vector<int>>& prompts, const Sampling& params,
-                                                      int threads) {
+Result<std::vector<Completion>> Decoder::GenerateImpl(const TinyLmLayout& layout_,
+                                                      const WeightsNow& source,
+                                                      std::span<const float> fixed,
+                                                      const std::vector<std::vector<int>>& prompts,
+                                                      const Sampling& params, int threads) {
   const TinyLmConfig& c = layout_.config();
-  if (!(params.temperature >= 0.0f) || !(params.top_p > 0.0f && params.top_p <= 1.0f) || params.max_tokens < 1) {
+  if (!(params.temperature >= 0.0f) || !(params.top_p > 0.0f && params.top_p <= 1.0f) ||
+      params.max_tokens < 1) {
     return InvalidArgument("sampling: temperature must be >= 0, top_p in (0, 1], max_tokens >= 1");
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string what = "prompt " + std::to_string(i);
     if (prompts[i].empty() || prompts[i].size() >= static_cast<size_t>(c.max_seq)) {
-      return InvalidArgument(what + ": needs 1 to " + std::to_string(c.max_seq - 1) + " tokens, has " + std::to_string(prompts[i].size()));
+      return InvalidArgument(what + ": needs 1 to " + std::to_string(c.max_seq - 1) +
+                             " tokens, has " + std::to_string(prompts[i].size()));
     }
     WEFT_RETURN_IF_ERROR(CheckTokens(c, prompts[i], what));
   }
@@ -374,7 +391,8 @@ Result<std::vector<Completion>> Decoder::GenerateImpl(const TinyLmLayout& layout
     Run run(layout_, source ? std::span<const float>(held->values) : fixed, false);
     const float* logp = nullptr;
     for (int token : prompts[i]) logp = run.Step(token);
-    const int budget = std::min<int>(params.max_tokens, c.max_seq - static_cast<int>(prompts[i].size()));
+    const int budget =
+        std::min<int>(params.max_tokens, c.max_seq - static_cast<int>(prompts[i].size()));
     std::vector<float> probs(c.vocab);
     std::vector<int> order(c.vocab);
     for (int n = 0; n < budget; ++n) {
@@ -386,10 +404,13 @@ Result<std::vector<Completion>> Decoder::GenerateImpl(const TinyLmLayout& layout
         float top = -1e30f;
         for (int k = 0; k < c.vocab; ++k) top = std::max(top, logp[k] / params.temperature);
         float sum = 0.0f;
-        for (int k = 0; k < c.vocab; ++k) sum += (probs[k] = std::exp(logp[k] / params.temperature - top));
+        for (int k = 0; k < c.vocab; ++k)
+          sum += (probs[k] = std::exp(logp[k] / params.temperature - top));
         for (float& p : probs) p /= sum;
         std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(), [&](int a, int b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+        std::sort(order.begin(), order.end(), [&](int a, int b) {
+          return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+        });
         float kept = 0.0f;
         int cut = 0;
         while (cut < c.vocab && (cut == 0 || kept < params.top_p)) kept += probs[order[cut++]];
@@ -429,7 +450,8 @@ Result<std::vector<float>> Decoder::Score(const std::vector<int>& tokens) const 
   return out;
 }
 
-Result<double> Trainer::Accumulate(std::span<const float> weights, const std::vector<TrainingSequence>& batch, const Weigh& weigh,
+Result<double> Trainer::Accumulate(std::span<const float> weights,
+                                   const std::vector<TrainingSequence>& batch, const Weigh& weigh,
                                    std::span<float> gradient, int threads) const {
   const TinyLmConfig& c = layout_.config();
   if (weights.size() != layout_.size() || gradient.size() != layout_.size()) {
@@ -438,8 +460,10 @@ Result<double> Trainer::Accumulate(std::span<const float> weights, const std::ve
   for (size_t i = 0; i < batch.size(); ++i) {
     const TrainingSequence& s = batch[i];
     const std::string what = "training sequence " + std::to_string(i);
-    if (s.tokens.size() < 2 || s.tokens.size() > static_cast<size_t>(c.max_seq) || s.first_target < 1 || s.first_target >= s.tokens.size()) {
-      return InvalidArgument(what + ": needs 2 to " + std::to_string(c.max_seq) + " tokens and a first target inside");
+    if (s.tokens.size() < 2 || s.tokens.size() > static_cast<size_t>(c.max_seq) ||
+        s.first_target < 1 || s.first_target >= s.tokens.size()) {
+      return InvalidArgument(what + ": needs 2 to " + std::to_string(c.max_seq) +
+                             " tokens and a first target inside");
     }
     WEFT_RETURN_IF_ERROR(CheckTokens(c, s.tokens, what));
   }
@@ -484,19 +508,23 @@ double AdamW::Step(std::span<float> weights, std::span<const float> gradient) {
   double squares = 0.0;
   for (float g : gradient) squares += static_cast<double>(g) * g;
   const double norm = std::sqrt(squares);
-  const double clip = config_.clip_norm > 0 && norm > config_.clip_norm ? config_.clip_norm / norm : 1.0;
+  const double clip =
+      config_.clip_norm > 0 && norm > config_.clip_norm ? config_.clip_norm / norm : 1.0;
   ++steps_;
   const double correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
   const double correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
   const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
   for (const ParameterInfo& p : layout_.parameters()) {
-    const float decay = p.decays ? static_cast<float>(config_.learning_rate * config_.weight_decay) : 0.0f;
+    const float decay =
+        p.decays ? static_cast<float>(config_.learning_rate * config_.weight_decay) : 0.0f;
     for (size_t k = p.offset; k < p.offset + p.size; ++k) {
       const float g = static_cast<float>(gradient[k] * clip);
       m_[k] = b1 * m_[k] + (1.0f - b1) * g;
       v_[k] = b2 * v_[k] + (1.0f - b2) * g * g;
       const double m_hat = m_[k] / correction1, v_hat = v_[k] / correction2;
-      weights[k] -= static_cast<float>(config_.learning_rate * m_hat / (std::sqrt(v_hat) + config_.epsilon)) + decay * weights[k];
+      weights[k] -=
+          static_cast<float>(config_.learning_rate * m_hat / (std::sqrt(v_hat) + config_.epsilon)) +
+          decay * weights[k];
     }
   }
   return norm;

@@ -91,21 +91,25 @@ using WeightsNow = std::function<std::shared_ptr<const VersionedWeights>()>;
 // engines do when weights are updated in flight).
 class Decoder {
  public:
-  Decoder(const TinyLmLayout& layout, std::span<const float> weights) : layout_(layout), weights_(weights) {}
+  Decoder(const TinyLmLayout& layout, std::span<const float> weights)
+      : layout_(layout), weights_(weights) {}
   // Samples a continuation of each prompt; prompt i uses seed params.seed + i. Prompts plus
   // continuation must fit in max_seq (max_tokens is cut to fit). Errors name the bad prompt.
-  Result<std::vector<Completion>> Generate(const std::vector<std::vector<int>>& prompts, const Sampling& params,
-                                           int threads = 1) const;
-  static Result<std::vector<Completion>> Generate(const TinyLmLayout& layout, const WeightsNow& weights,
-                                                  const std::vector<std::vector<int>>& prompts, const Sampling& params,
-                                                  int threads = 1);
+  Result<std::vector<Completion>> Generate(const std::vector<std::vector<int>>& prompts,
+                                           const Sampling& params, int threads = 1) const;
+  static Result<std::vector<Completion>> Generate(const TinyLmLayout& layout,
+                                                  const WeightsNow& weights,
+                                                  const std::vector<std::vector<int>>& prompts,
+                                                  const Sampling& params, int threads = 1);
   // Log-probabilities of every token of `tokens` after the first (teacher forcing).
   Result<std::vector<float>> Score(const std::vector<int>& tokens) const;
 
  private:
-  static Result<std::vector<Completion>> GenerateImpl(const TinyLmLayout& layout, const WeightsNow& source, std::span<const float> fixed,
-                                                      const std::vector<std::vector<int>>& prompts, const Sampling& params,
-                                                      int threads);
+  static Result<std::vector<Completion>> GenerateImpl(const TinyLmLayout& layout,
+                                                      const WeightsNow& source,
+                                                      std::span<const float> fixed,
+                                                      const std::vector<std::vector<int>>& prompts,
+                                                      const Sampling& params, int threads);
   const TinyLmLayout& layout_;
   std::span<const float> weights_;
 };
@@ -125,7 +129,8 @@ class Trainer {
   // layout as the weights). Returns the sum of weight_t * logprob_t. Thread-safe `weigh` needed
   // when threads > 1 (it is called for different i concurrently).
   using Weigh = std::function<void(size_t, std::span<const float>, std::span<float>)>;
-  Result<double> Accumulate(std::span<const float> weights, const std::vector<TrainingSequence>& batch, const Weigh& weigh,
+  Result<double> Accumulate(std::span<const float> weights,
+                            const std::vector<TrainingSequence>& batch, const Weigh& weigh,
                             std::span<float> gradient, int threads = 1) const;
 
  private:
@@ -145,7 +150,8 @@ struct AdamWConfig {
 // loss, i.e. the negative of what Accumulate gives for an objective to maximise).
 class AdamW {
  public:
-  AdamW(const TinyLmLayout& layout, AdamWConfig config) : layout_(layout), config_(config), m_(layout.size()), v_(layout.size()) {}
+  AdamW(const TinyLmLayout& layout, AdamWConfig config)
+      : layout_(layout), config_(config), m_(layout.size()), v_(layout.size()) {}
   // Returns the gradient norm before clipping.
   double Step(std::span<float> weights, std::span<const float> gradient);
   AdamWConfig& config() { return config_; }

@@ -16,22 +16,26 @@ Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path) {
   return ParseOrchestratorConfig(root, path);
 }
 
-Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const std::string& path) {
+Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
+                                                   const std::string& path) {
   OrchestratorConfig config;
   const std::string file = path + ": ";
   const YAML::Node o = root["orchestrator"];
   if (!o) return InvalidArgument(file + "no 'orchestrator:' section");
   const std::string where = "orchestrator";
   auto check = [&](const Status& s) { return s.ok() ? s : s.WithContext(path); };
-  WEFT_RETURN_IF_ERROR(check(CheckKeys(o, where, {"listen", "journal", "run", "dataset", "max_staleness", "stale_policy", "lease",
-                                                  "cluster_timeout", "max_in_flight", "max_attempts", "stall_after", "threads",
-                                                  "max_request_bytes", "tokens", "tick", "max_wait", "tls", "compact_after",
-                                                  "remember_done"})));
+  WEFT_RETURN_IF_ERROR(
+      check(CheckKeys(o, where,
+                      {"listen", "journal", "run", "dataset", "max_staleness", "stale_policy",
+                       "lease", "cluster_timeout", "max_in_flight", "max_attempts", "stall_after",
+                       "threads", "max_request_bytes", "tokens", "tick", "max_wait", "tls",
+                       "compact_after", "remember_done"})));
   std::string listen = "127.0.0.1:8090";
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "listen", &listen)));
   const size_t colon = listen.rfind(':');
   char* end = nullptr;
-  const unsigned long port = colon == std::string::npos ? 70000 : std::strtoul(listen.c_str() + colon + 1, &end, 10);
+  const unsigned long port =
+      colon == std::string::npos ? 70000 : std::strtoul(listen.c_str() + colon + 1, &end, 10);
   if (colon == std::string::npos || port > 65535 || *end != '\0' || colon + 1 == listen.size()) {
     return InvalidArgument(file + "orchestrator.listen: '" + listen + "' is not ADDRESS:PORT");
   }
@@ -49,9 +53,11 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
   } else if (policy == "deliver_flagged") {
     config.core.stale_policy = StalePolicy::kDeliverFlagged;
   } else {
-    return InvalidArgument(file + "orchestrator.stale_policy: '" + policy + "' is not drop or deliver_flagged");
+    return InvalidArgument(file + "orchestrator.stale_policy: '" + policy +
+                           "' is not drop or deliver_flagged");
   }
-  std::chrono::microseconds lease(config.core.lease_duration), timeout(config.core.cluster_timeout), stall(config.core.stall_after);
+  std::chrono::microseconds lease(config.core.lease_duration), timeout(config.core.cluster_timeout),
+      stall(config.core.stall_after);
   std::chrono::microseconds tick(config.service.tick_interval), max_wait(config.service.max_wait);
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "lease", &lease)));
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "cluster_timeout", &timeout)));
@@ -59,7 +65,8 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "tick", &tick)));
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "max_wait", &max_wait)));
   if (lease.count() <= 0 || timeout.count() <= 0 || tick.count() < 1000) {
-    return InvalidArgument(file + "orchestrator: lease and cluster_timeout must be positive and tick at least 1ms");
+    return InvalidArgument(
+        file + "orchestrator: lease and cluster_timeout must be positive and tick at least 1ms");
   }
   config.core.lease_duration = lease.count();
   config.core.cluster_timeout = timeout.count();
@@ -70,39 +77,55 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
   uint64_t attempts = config.core.max_attempts, threads = 8;
   WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "max_attempts", &attempts)));
   WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "threads", &threads)));
-  if (attempts < 1 || attempts > 1000) return InvalidArgument(file + "orchestrator.max_attempts must be 1 to 1000");
-  if (threads < 1 || threads > 1024) return InvalidArgument(file + "orchestrator.threads must be 1 to 1024");
-  if (config.core.max_in_flight < 1) return InvalidArgument(file + "orchestrator.max_in_flight must be at least 1");
+  if (attempts < 1 || attempts > 1000)
+    return InvalidArgument(file + "orchestrator.max_attempts must be 1 to 1000");
+  if (threads < 1 || threads > 1024)
+    return InvalidArgument(file + "orchestrator.threads must be 1 to 1024");
+  if (config.core.max_in_flight < 1)
+    return InvalidArgument(file + "orchestrator.max_in_flight must be at least 1");
   config.core.max_attempts = static_cast<uint32_t>(attempts);
   config.service.server.threads = static_cast<int>(threads);
   config.service.server.max_body_bytes = uint64_t{64} << 20;
-  WEFT_RETURN_IF_ERROR(check(ReadBytes(o, where, "max_request_bytes", &config.service.server.max_body_bytes)));
-  WEFT_RETURN_IF_ERROR(check(ReadBytes(o, where, "compact_after", &config.durable.compact_after_bytes)));
-  if (config.durable.compact_after_bytes < 4096) return InvalidArgument(file + "orchestrator.compact_after must be at least 4KiB");
+  WEFT_RETURN_IF_ERROR(
+      check(ReadBytes(o, where, "max_request_bytes", &config.service.server.max_body_bytes)));
+  WEFT_RETURN_IF_ERROR(
+      check(ReadBytes(o, where, "compact_after", &config.durable.compact_after_bytes)));
+  if (config.durable.compact_after_bytes < 4096)
+    return InvalidArgument(file + "orchestrator.compact_after must be at least 4KiB");
   WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "remember_done", &config.core.remember_done)));
-  if (config.core.remember_done < 1) return InvalidArgument(file + "orchestrator.remember_done must be at least 1");
+  if (config.core.remember_done < 1)
+    return InvalidArgument(file + "orchestrator.remember_done must be at least 1");
   if (const YAML::Node tls = o["tls"]) {
     WEFT_RETURN_IF_ERROR(check(CheckKeys(tls, where + ".tls", {"cert", "key"})));
-    WEFT_RETURN_IF_ERROR(check(ReadString(tls, where + ".tls", "cert", &config.service.server.tls_cert_file)));
-    WEFT_RETURN_IF_ERROR(check(ReadString(tls, where + ".tls", "key", &config.service.server.tls_key_file)));
+    WEFT_RETURN_IF_ERROR(
+        check(ReadString(tls, where + ".tls", "cert", &config.service.server.tls_cert_file)));
+    WEFT_RETURN_IF_ERROR(
+        check(ReadString(tls, where + ".tls", "key", &config.service.server.tls_key_file)));
     if (config.service.server.tls_cert_file.empty() || config.service.server.tls_key_file.empty()) {
       return InvalidArgument(file + "orchestrator.tls: both cert and key are needed");
     }
   }
   if (const YAML::Node tokens = o["tokens"]) {
-    WEFT_RETURN_IF_ERROR(check(CheckKeys(tokens, where + ".tokens", {"worker", "trainer", "admin"})));
-    WEFT_RETURN_IF_ERROR(check(ReadString(tokens, where + ".tokens", "worker", &config.service.worker_token)));
-    WEFT_RETURN_IF_ERROR(check(ReadString(tokens, where + ".tokens", "trainer", &config.service.trainer_token)));
-    WEFT_RETURN_IF_ERROR(check(ReadString(tokens, where + ".tokens", "admin", &config.service.admin_token)));
+    WEFT_RETURN_IF_ERROR(
+        check(CheckKeys(tokens, where + ".tokens", {"worker", "trainer", "admin"})));
+    WEFT_RETURN_IF_ERROR(
+        check(ReadString(tokens, where + ".tokens", "worker", &config.service.worker_token)));
+    WEFT_RETURN_IF_ERROR(
+        check(ReadString(tokens, where + ".tokens", "trainer", &config.service.trainer_token)));
+    WEFT_RETURN_IF_ERROR(
+        check(ReadString(tokens, where + ".tokens", "admin", &config.service.admin_token)));
   }
   for (auto [variable, token] : {std::pair{"WEFT_WORKER_TOKEN", &config.service.worker_token},
                                  std::pair{"WEFT_TRAINER_TOKEN", &config.service.trainer_token},
                                  std::pair{"WEFT_ADMIN_TOKEN", &config.service.admin_token}}) {
     if (const char* value = std::getenv(variable)) *token = value;
   }
-  if (config.service.worker_token.empty() || config.service.trainer_token.empty() || config.service.admin_token.empty()) {
-    return InvalidArgument(file + "orchestrator.tokens: the worker, trainer and admin tokens are all needed (in the file or "
-                           "WEFT_WORKER_TOKEN, WEFT_TRAINER_TOKEN, WEFT_ADMIN_TOKEN)");
+  if (config.service.worker_token.empty() || config.service.trainer_token.empty() ||
+      config.service.admin_token.empty()) {
+    return InvalidArgument(
+        file +
+        "orchestrator.tokens: the worker, trainer and admin tokens are all needed (in the file or "
+        "WEFT_WORKER_TOKEN, WEFT_TRAINER_TOKEN, WEFT_ADMIN_TOKEN)");
   }
   return config;
 }
@@ -120,12 +143,15 @@ Result<std::vector<std::pair<std::string, uint32_t>>> LoadPrompts(const std::str
     WEFT_RETURN_IF_ERROR(CheckFields(row, where, {"prompt"}, {"samples"}));
     const nlohmann::json& prompt = row["prompt"];
     bool tokens = prompt.is_array();
-    for (const auto& t : prompt.is_array() ? prompt : nlohmann::json::array()) tokens = tokens && t.is_number_unsigned();
-    if (!prompt.is_string() && !tokens) return InvalidArgument(where + ".prompt must be text or an array of token ids");
+    for (const auto& t : prompt.is_array() ? prompt : nlohmann::json::array())
+      tokens = tokens && t.is_number_unsigned();
+    if (!prompt.is_string() && !tokens)
+      return InvalidArgument(where + ".prompt must be text or an array of token ids");
     uint64_t samples = 1;
     if (row.contains("samples")) {
       WEFT_ASSIGN_OR_RETURN(samples, GetUnsigned(row, "samples", where));
-      if (samples < 1 || samples > 4096) return InvalidArgument(where + ".samples must be 1 to 4096");
+      if (samples < 1 || samples > 4096)
+        return InvalidArgument(where + ".samples must be 1 to 4096");
     }
     prompts.emplace_back(prompt.dump(), static_cast<uint32_t>(samples));
   }

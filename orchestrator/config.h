@@ -4,8 +4,8 @@
 // the tokens in the file.
 #pragma once
 
-#include <string>
 #include <yaml-cpp/yaml.h>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,7 +20,8 @@ struct OrchestratorConfig {
   ServiceOptions service;
   DurableCore::Options durable;
   std::string journal = "orchestrator.journal";
-  std::string dataset;  // JSONL prompts queued when the journal is new; empty: jobs come from the trainer
+  std::string
+      dataset;  // JSONL prompts queued when the journal is new; empty: jobs come from the trainer
 };
 
 Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path);

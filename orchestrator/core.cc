@@ -20,10 +20,14 @@ uint64_t OrchestratorCore::admissible_version() const {
   return *latest_ >= config_.max_staleness ? *latest_ - config_.max_staleness : 0;
 }
 
-Status OrchestratorCore::Register(Micros now, const std::string& cluster, const std::string& region, uint32_t capacity) {
-  if (cluster.empty() || cluster.size() > 128) return InvalidArgument("cluster id must be 1 to 128 bytes");
-  if (region.empty() || region.size() > 128) return InvalidArgument("cluster " + cluster + ": region must be 1 to 128 bytes");
-  if (capacity == 0 || capacity > 1'000'000) return InvalidArgument("cluster " + cluster + ": capacity must be 1 to 1000000");
+Status OrchestratorCore::Register(Micros now, const std::string& cluster, const std::string& region,
+                                  uint32_t capacity) {
+  if (cluster.empty() || cluster.size() > 128)
+    return InvalidArgument("cluster id must be 1 to 128 bytes");
+  if (region.empty() || region.size() > 128)
+    return InvalidArgument("cluster " + cluster + ": region must be 1 to 128 bytes");
+  if (capacity == 0 || capacity > 1'000'000)
+    return InvalidArgument("cluster " + cluster + ": capacity must be 1 to 1000000");
   Cluster& c = clusters_[cluster];
   c.region = region;
   c.capacity = capacity;
@@ -33,7 +37,8 @@ Status OrchestratorCore::Register(Micros now, const std::string& cluster, const 
   return Status::Ok();
 }
 
-Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version) {
+Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster,
+                                   std::optional<uint64_t> ready_version) {
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
   c->gone = false;  // declared lost but alive after all: its old leases were re-queued already
@@ -44,14 +49,17 @@ Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster, std::
   return Status::Ok();
 }
 
-Status OrchestratorCore::Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs) {
+Status OrchestratorCore::Drain(Micros now, const std::string& cluster,
+                               const std::vector<uint64_t>& jobs) {
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
   c->draining = true;
   c->last_heartbeat = now;
-  std::vector<uint64_t> handed = jobs.empty() ? std::vector<uint64_t>(c->jobs.begin(), c->jobs.end()) : jobs;
+  std::vector<uint64_t> handed =
+      jobs.empty() ? std::vector<uint64_t>(c->jobs.begin(), c->jobs.end()) : jobs;
   for (uint64_t job : handed) {
-    if (!c->jobs.count(job)) return InvalidArgument("cluster " + cluster + " does not hold a lease on " + JobName(job));
+    if (!c->jobs.count(job))
+      return InvalidArgument("cluster " + cluster + " does not hold a lease on " + JobName(job));
   }
   for (uint64_t job : handed) {
     Requeue(job);
@@ -91,25 +99,31 @@ void OrchestratorCore::Requeue(uint64_t job) {
   queue_.push_front(job);  // it waited already: first in line
 }
 
-Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std::string& cluster, uint32_t max, uint64_t request) {
+Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std::string& cluster,
+                                                           uint32_t max, uint64_t request) {
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
-  if (c->gone) return NotFound("cluster " + cluster + " was lost (no heartbeat) or left; register again");
+  if (c->gone)
+    return NotFound("cluster " + cluster + " was lost (no heartbeat) or left; register again");
   // (Liveness comes from heartbeats only: a request that grants nothing changes no state, so it
   // need not be journaled.)
   std::vector<Lease> leases;
   if (request != 0 && request == c->last_request) {
     for (const auto& [job, attempt] : c->last_granted) {
       auto found = jobs_.find(job);
-      if (found == jobs_.end() || found->second.leased_to != cluster || found->second.holders.size() != attempt) continue;
+      if (found == jobs_.end() || found->second.leased_to != cluster ||
+          found->second.holders.size() != attempt)
+        continue;
       leases.push_back(LeaseOf(job, found->second, attempt));
     }
     return leases;
   }
-  if (c->draining || !latest_ || !c->ready_version || *c->ready_version < admissible_version()) return leases;
+  if (c->draining || !latest_ || !c->ready_version || *c->ready_version < admissible_version())
+    return leases;
   const uint64_t in_flight = leases_.size() + buffer_.size() + outstanding_items_;
-  uint64_t grant = std::min<uint64_t>({max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue_.size(),
-                                       config_.max_in_flight - std::min(config_.max_in_flight, in_flight)});
+  uint64_t grant = std::min<uint64_t>(
+      {max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue_.size(),
+       config_.max_in_flight - std::min(config_.max_in_flight, in_flight)});
   // When there are fewer queued jobs than free slots, share them by free slots, counting clusters
   // at the latest version twice (they waste nothing when the bound moves on) and weighing each by
   // its recent throughput against the others' (4 at the mean, from 1 to 8): work goes where it
@@ -132,7 +146,8 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
     const uint64_t free = x.capacity - std::min<uint64_t>(x.capacity, x.jobs.size());
     uint64_t speed = 4;
     if (mean_throughput > 0 && x.throughput > 0) {
-      speed = static_cast<uint64_t>(std::clamp(std::llround(4 * x.throughput / mean_throughput), 1LL, 8LL));
+      speed = static_cast<uint64_t>(
+          std::clamp(std::llround(4 * x.throughput / mean_throughput), 1LL, 8LL));
     }
     return free * (*x.ready_version >= *latest_ ? 2 : 1) * speed;
   };
@@ -179,20 +194,26 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, Submission s) {
       ++counters_.submissions_duplicate;
       return SubmitResult::kDuplicate;
     }
-    return reject(Conflict(what + ": the job was already completed by attempt " + std::to_string(done->second)));
+    return reject(Conflict(what + ": the job was already completed by attempt " +
+                           std::to_string(done->second)));
   }
   auto found = jobs_.find(s.job);
   if (found == jobs_.end()) {
-    if (s.job == 0 || s.job >= next_job_) return reject(NotFound(what + ": no such job was ever added"));
-    return reject(NotFound(what + ": the job is closed (given up after " + std::to_string(config_.max_attempts) +
-                           " attempts, or completed before the last " + std::to_string(done_.size()) + " remembered completions)"));
+    if (s.job == 0 || s.job >= next_job_)
+      return reject(NotFound(what + ": no such job was ever added"));
+    return reject(NotFound(what + ": the job is closed (given up after " +
+                           std::to_string(config_.max_attempts) +
+                           " attempts, or completed before the last " +
+                           std::to_string(done_.size()) + " remembered completions)"));
   }
   Job& j = found->second;
   if (s.attempt == 0 || s.attempt > j.holders.size()) {
-    return reject(InvalidArgument(what + ": the job has had " + std::to_string(j.holders.size()) + " leases"));
+    return reject(InvalidArgument(what + ": the job has had " + std::to_string(j.holders.size()) +
+                                  " leases"));
   }
   if (j.holders[s.attempt - 1] != s.cluster) {
-    return reject(InvalidArgument(what + " was leased to cluster " + j.holders[s.attempt - 1] + ", not " + s.cluster));
+    return reject(InvalidArgument(what + " was leased to cluster " + j.holders[s.attempt - 1] +
+                                  ", not " + s.cluster));
   }
   const Cluster* c = FindCluster(s.cluster);
   // Versions: token runs, each tagged with the version that generated it, from a version the lease
@@ -203,25 +224,31 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, Submission s) {
   }
   uint64_t lowest = s.segments.front().first, highest = lowest;
   for (size_t i = 1; i < s.segments.size(); ++i) {
-    if (s.segments[i].first == s.segments[i - 1].first || s.segments[i].second <= s.segments[i - 1].second) {
-      return reject(InvalidArgument(what + ": segment " + std::to_string(i) + " does not change the version at a later token"));
+    if (s.segments[i].first == s.segments[i - 1].first ||
+        s.segments[i].second <= s.segments[i - 1].second) {
+      return reject(InvalidArgument(what + ": segment " + std::to_string(i) +
+                                    " does not change the version at a later token"));
     }
     lowest = std::min(lowest, s.segments[i].first);
     highest = std::max(highest, s.segments[i].first);
   }
   if (lowest != s.version_start || highest != s.version_end) {
-    return reject(InvalidArgument(what + ": version_start and version_end must be the oldest and newest versions of the segments"));
+    return reject(InvalidArgument(
+        what +
+        ": version_start and version_end must be the oldest and newest versions of the segments"));
   }
   if (s.tokens > 0 && s.segments.back().second >= s.tokens) {
     return reject(InvalidArgument(what + ": a segment starts past the last token"));
   }
   if (s.version_start < j.min_versions[s.attempt - 1]) {
-    return reject(InvalidArgument(what + ": version_start " + std::to_string(s.version_start) + " is below the lease's minimum " +
+    return reject(InvalidArgument(what + ": version_start " + std::to_string(s.version_start) +
+                                  " is below the lease's minimum " +
                                   std::to_string(j.min_versions[s.attempt - 1])));
   }
   if (c == nullptr || s.version_end > c->max_ready_version) {
-    return reject(InvalidArgument(what + ": version_end " + std::to_string(s.version_end) + " is newer than any version cluster " +
-                                  s.cluster + " proved it was ready at"));
+    return reject(InvalidArgument(what + ": version_end " + std::to_string(s.version_end) +
+                                  " is newer than any version cluster " + s.cluster +
+                                  " proved it was ready at"));
   }
   // Accepted: the job is done, whichever lease it holds now is cancelled.
   if (j.leased_to) {
@@ -251,14 +278,16 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, Submission s) {
 
 Status OrchestratorCore::AnnounceVersion(Micros now, uint64_t version) {
   if (latest_ && version < *latest_) {
-    return InvalidArgument("version " + std::to_string(version) + " is older than the announced " + std::to_string(*latest_));
+    return InvalidArgument("version " + std::to_string(version) + " is older than the announced " +
+                           std::to_string(*latest_));
   }
   latest_ = version;
   Progress(now);
   return Status::Ok();
 }
 
-std::vector<uint64_t> OrchestratorCore::AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts) {
+std::vector<uint64_t> OrchestratorCore::AddJobs(
+    Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts) {
   std::vector<uint64_t> ids;
   for (const auto& [prompt, samples] : prompts) {
     const uint64_t id = next_job_++;
@@ -269,7 +298,8 @@ std::vector<uint64_t> OrchestratorCore::AddJobs(Micros now, const std::vector<st
     ids.push_back(id);
     ++counters_.jobs_added;
   }
-  if (!ids.empty() && queue_.size() == ids.size() && leases_.empty()) Progress(now);  // work arrives after idling
+  if (!ids.empty() && queue_.size() == ids.size() && leases_.empty())
+    Progress(now);  // work arrives after idling
   return ids;
 }
 
@@ -329,7 +359,8 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
 }
 
 bool OrchestratorCore::Tick(Micros now) {
-  const uint64_t before = counters_.leases_expired + counters_.clusters_lost + counters_.jobs_given_up;
+  const uint64_t before =
+      counters_.leases_expired + counters_.clusters_lost + counters_.jobs_given_up;
   std::vector<uint64_t> expired;
   for (uint64_t job : leases_) {
     if (jobs_[job].deadline <= now) expired.push_back(job);
@@ -355,8 +386,9 @@ bool OrchestratorCore::Tick(Micros now) {
 std::vector<ClusterView> OrchestratorCore::clusters() const {
   std::vector<ClusterView> views;
   for (const auto& [id, c] : clusters_) {
-    views.push_back({id, c.region, c.capacity, c.ready_version, c.draining, c.gone, static_cast<uint32_t>(c.jobs.size()),
-                     c.completed, c.throughput, c.last_heartbeat});
+    views.push_back({id, c.region, c.capacity, c.ready_version, c.draining, c.gone,
+                     static_cast<uint32_t>(c.jobs.size()), c.completed, c.throughput,
+                     c.last_heartbeat});
   }
   return views;
 }
@@ -373,15 +405,18 @@ std::vector<std::string> OrchestratorCore::Alerts(Micros now) const {
   if (work && !latest_) alerts.push_back("no policy version announced yet: nothing can be leased");
   size_t ready = 0;
   for (const auto& [id, c] : clusters_) {
-    if (!c.gone && !c.draining && c.ready_version && *c.ready_version >= admissible_version()) ++ready;
+    if (!c.gone && !c.draining && c.ready_version && *c.ready_version >= admissible_version())
+      ++ready;
   }
   if (!queue_.empty() && latest_ && ready == 0) {
-    alerts.push_back(std::to_string(queue_.size()) + " jobs queued and no cluster is ready at version " +
+    alerts.push_back(std::to_string(queue_.size()) +
+                     " jobs queued and no cluster is ready at version " +
                      std::to_string(admissible_version()) + " or newer");
   }
   if (work && now - last_progress_ >= config_.stall_after) {
     alerts.push_back("stalled: no lease granted, trajectory accepted or batch taken for " +
-                     std::to_string((now - last_progress_) / 1'000'000) + " s (" + std::to_string(queue_.size()) + " jobs queued, " +
+                     std::to_string((now - last_progress_) / 1'000'000) + " s (" +
+                     std::to_string(queue_.size()) + " jobs queued, " +
                      std::to_string(leases_.size()) + " leased)");
   }
   return alerts;

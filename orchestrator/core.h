@@ -42,13 +42,13 @@ using Micros = int64_t;
 enum class StalePolicy { kDrop, kDeliverFlagged };
 
 struct CoreConfig {
-  uint64_t max_staleness = 2;             // k
+  uint64_t max_staleness = 2;  // k
   StalePolicy stale_policy = StalePolicy::kDrop;
-  Micros lease_duration = 60'000'000;     // a lease lasts this long past its last heartbeat
-  Micros cluster_timeout = 30'000'000;    // a cluster silent this long is dead
-  uint64_t max_in_flight = 1024;          // jobs leased + submissions buffered for the trainer
-  uint32_t max_attempts = 5;              // a job that failed this many leases is given up (counted)
-  Micros stall_after = 120'000'000;       // no progress this long with work pending: a stall
+  Micros lease_duration = 60'000'000;   // a lease lasts this long past its last heartbeat
+  Micros cluster_timeout = 30'000'000;  // a cluster silent this long is dead
+  uint64_t max_in_flight = 1024;        // jobs leased + submissions buffered for the trainer
+  uint32_t max_attempts = 5;            // a job that failed this many leases is given up (counted)
+  Micros stall_after = 120'000'000;     // no progress this long with work pending: a stall
   // Completed jobs remembered (newest ids kept) so that a repeated or late submission is answered
   // precisely; one older than that is refused as unknown, never counted again.
   uint64_t remember_done = 100'000;
@@ -87,8 +87,8 @@ struct Delivered {
 // oldest outstanding batch out again, so an answer lost on the way costs a repeat, never the
 // trajectories. The trainer skips ids it has seen.
 struct Batch {
-  uint64_t id = 0;            // 0: nothing to deliver
-  bool redelivered = false;   // handed out before and not acknowledged
+  uint64_t id = 0;           // 0: nothing to deliver
+  bool redelivered = false;  // handed out before and not acknowledged
   std::vector<Delivered> items;
   uint64_t acknowledged = 0;  // batches this call's `ack` retired
 };
@@ -122,7 +122,8 @@ class OrchestratorCore {
 
   // --- Clusters ---
   // Registers (or re-registers after a restart: leases it held stay until they expire).
-  Status Register(Micros now, const std::string& cluster, const std::string& region, uint32_t capacity);
+  Status Register(Micros now, const std::string& cluster, const std::string& region,
+                  uint32_t capacity);
   // Proof of life; `ready_version` is the version whose digests the cluster has matched (nullopt
   // while it has none). Extends the deadline of every lease the cluster holds.
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
@@ -136,14 +137,16 @@ class OrchestratorCore {
   // `request` (non-zero) makes the call idempotent: asked again with the same id (its answer was
   // lost and the worker retries), the cluster gets back the leases that request granted and
   // still holds, and nothing new.
-  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max, uint64_t request = 0);
+  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max,
+                                           uint64_t request = 0);
   Result<SubmitResult> Submit(Micros now, Submission submission);
 
   // --- Trainer ---
   // The latest published version (announcements only move forward).
   Status AnnounceVersion(Micros now, uint64_t version);
   // Queues jobs; returns their ids.
-  std::vector<uint64_t> AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts_and_samples);
+  std::vector<uint64_t> AddJobs(
+      Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts_and_samples);
   // Retires the outstanding batches with ids up to `ack`, then hands out the oldest batch still
   // outstanding, or else a new one: up to `max` buffered submissions, oldest first, within the
   // staleness bound at the latest version (stale ones are dropped or flagged per config, and
@@ -184,9 +187,9 @@ class OrchestratorCore {
   struct Job {
     std::string prompt;
     uint32_t samples = 1;
-    std::vector<std::string> holders;       // the cluster of each attempt (attempt i at i - 1)
-    std::vector<uint64_t> min_versions;     // the minimum version of each attempt's lease
-    std::optional<std::string> leased_to;   // cluster of the current lease
+    std::vector<std::string> holders;      // the cluster of each attempt (attempt i at i - 1)
+    std::vector<uint64_t> min_versions;    // the minimum version of each attempt's lease
+    std::optional<std::string> leased_to;  // cluster of the current lease
     Micros deadline = 0;
   };
   struct Cluster {
@@ -199,7 +202,7 @@ class OrchestratorCore {
     Micros last_heartbeat = 0;
     std::set<uint64_t> jobs;  // leased to it
     uint64_t completed = 0;
-    double throughput = 0;    // completions per second, smoothed
+    double throughput = 0;  // completions per second, smoothed
     Micros last_completion = 0;
     uint64_t last_request = 0;  // the id of the last lease request that granted something
     std::vector<std::pair<uint64_t, uint32_t>> last_granted;  // its (job, attempt)s
@@ -218,11 +221,11 @@ class OrchestratorCore {
   CoreConfig config_;
   std::optional<uint64_t> latest_;
   uint64_t next_job_ = 1;
-  std::map<uint64_t, Job> jobs_;               // open jobs (queued or leased)
-  std::deque<uint64_t> queue_;                 // queued jobs, in dispatch order
-  std::set<uint64_t> leases_;                  // leased jobs
-  std::map<uint64_t, uint32_t> done_;          // job -> the attempt that completed it
-  std::deque<Submission> buffer_;              // accepted, not yet taken by the trainer
+  std::map<uint64_t, Job> jobs_;       // open jobs (queued or leased)
+  std::deque<uint64_t> queue_;         // queued jobs, in dispatch order
+  std::set<uint64_t> leases_;          // leased jobs
+  std::map<uint64_t, uint32_t> done_;  // job -> the attempt that completed it
+  std::deque<Submission> buffer_;      // accepted, not yet taken by the trainer
   std::map<uint64_t, std::vector<Delivered>> outstanding_;  // batches handed out, not acknowledged
   size_t outstanding_items_ = 0;
   uint64_t next_batch_ = 1;

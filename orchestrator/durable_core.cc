@@ -27,23 +27,29 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
   // The event's JSON, then (submissions only) a newline and the trajectories as they came: large
   // payloads are neither escaped nor parsed on the way through.
   const size_t newline = text.find('\n');
-  const std::string_view head = newline == std::string::npos ? std::string_view(text) : std::string_view(text).substr(0, newline);
+  const std::string_view head = newline == std::string::npos
+                                    ? std::string_view(text)
+                                    : std::string_view(text).substr(0, newline);
   Json e = Json::parse(head, nullptr, false);
-  if (e.is_discarded() || !e.is_object() || !e.contains("e") || !e.contains("t")) return InvalidArgument("malformed journal event");
+  if (e.is_discarded() || !e.is_object() || !e.contains("e") || !e.contains("t"))
+    return InvalidArgument("malformed journal event");
   try {
     const std::string kind = e["e"].get<std::string>();
     const Micros now = e["t"].get<Micros>();
-    if (kind == "register") return core_.Register(now, e["cluster"], e["region"], e["capacity"].get<uint32_t>());
+    if (kind == "register")
+      return core_.Register(now, e["cluster"], e["region"], e["capacity"].get<uint32_t>());
     if (kind == "heartbeat") {
       std::optional<uint64_t> ready;
       if (!e["ready"].is_null()) ready = e["ready"].get<uint64_t>();
       return core_.Heartbeat(now, e["cluster"], ready);
     }
-    if (kind == "drain") return core_.Drain(now, e["cluster"], e["jobs"].get<std::vector<uint64_t>>());
+    if (kind == "drain")
+      return core_.Drain(now, e["cluster"], e["jobs"].get<std::vector<uint64_t>>());
     if (kind == "deregister") return core_.Deregister(now, e["cluster"]);
     if (kind == "leases") {
       const uint64_t request = e.contains("request") ? e["request"].get<uint64_t>() : 0;
-      WEFT_ASSIGN_OR_RETURN(out->leases, core_.RequestLeases(now, e["cluster"], e["max"].get<uint32_t>(), request));
+      WEFT_ASSIGN_OR_RETURN(
+          out->leases, core_.RequestLeases(now, e["cluster"], e["max"].get<uint32_t>(), request));
       out->changed = !out->leases.empty();
       return Status::Ok();
     }
@@ -56,7 +62,8 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
       s.version_end = e["version_end"];
       s.segments = e["segments"].get<std::vector<std::pair<uint64_t, uint64_t>>>();
       s.tokens = e["tokens"];
-      if (newline == std::string::npos) return InvalidArgument("submission event without its payload");
+      if (newline == std::string::npos)
+        return InvalidArgument("submission event without its payload");
       s.payload = text.substr(newline + 1);
       WEFT_ASSIGN_OR_RETURN(out->submit, core_.Submit(now, std::move(s)));
       out->changed = out->submit == SubmitResult::kAccepted;  // a duplicate changes nothing
@@ -64,7 +71,8 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
     }
     if (kind == "announce") return core_.AnnounceVersion(now, e["version"].get<uint64_t>());
     if (kind == "jobs") {
-      out->jobs = core_.AddJobs(now, e["prompts"].get<std::vector<std::pair<std::string, uint32_t>>>());
+      out->jobs =
+          core_.AddJobs(now, e["prompts"].get<std::vector<std::pair<std::string, uint32_t>>>());
       return Status::Ok();
     }
     if (kind == "batch") {
@@ -74,7 +82,8 @@ Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
       out->batch = core_.TakeBatch(now, e["max"].get<size_t>(), ack);
       // Journaled when it acknowledged, handed out a batch (a redelivery re-judges staleness, and
       // is rare) or dropped stale trajectories.
-      out->changed = out->batch.acknowledged > 0 || out->batch.id != 0 || core_.buffered() != buffered;
+      out->changed =
+          out->batch.acknowledged > 0 || out->batch.id != 0 || core_.buffered() != buffered;
       return Status::Ok();
     }
     if (kind == "tick") {
@@ -96,7 +105,8 @@ constexpr size_t kSnapshotHeader = 8 + 8 + 8 + 8;  // magic, generation, length,
 std::vector<uint64_t> Generations(const std::string& prefix) {
   std::vector<uint64_t> found;
   const std::filesystem::path base(prefix);
-  const std::filesystem::path dir = base.has_parent_path() ? base.parent_path() : std::filesystem::path(".");
+  const std::filesystem::path dir =
+      base.has_parent_path() ? base.parent_path() : std::filesystem::path(".");
   const std::string name = base.filename().string();
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
@@ -111,19 +121,23 @@ std::vector<uint64_t> Generations(const std::string& prefix) {
 }
 
 // The state stored in a snapshot file, or an error when the file is not a complete snapshot of
-// `generation` (a crash can leave only a temporary file, never a partial one, but a damaged disk can).
+// `generation` (a crash can leave only a temporary file, never a partial one, but a damaged disk
+// can).
 Result<std::string> ReadSnapshot(const std::string& path, uint64_t generation) {
   WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
   ByteReader reader(bytes);
   std::span<const uint8_t> magic;
   uint64_t stored_generation = 0, length = 0, hash = 0;
-  if (!reader.Bytes(sizeof(kSnapshotMagic), &magic) || std::memcmp(magic.data(), kSnapshotMagic, sizeof(kSnapshotMagic)) != 0 ||
+  if (!reader.Bytes(sizeof(kSnapshotMagic), &magic) ||
+      std::memcmp(magic.data(), kSnapshotMagic, sizeof(kSnapshotMagic)) != 0 ||
       !reader.U64(&stored_generation) || !reader.U64(&length) || !reader.U64(&hash)) {
     return DataLoss(path + " is not a weft orchestrator snapshot (bad magic or header)");
   }
-  if (stored_generation != generation) return DataLoss(path + " holds generation " + std::to_string(stored_generation));
+  if (stored_generation != generation)
+    return DataLoss(path + " holds generation " + std::to_string(stored_generation));
   if (length != reader.remaining()) return DataLoss(path + " is truncated");
-  if (XXH64(bytes.data() + kSnapshotHeader, length, 0) != hash) return DataLoss(path + " is corrupted (hash mismatch)");
+  if (XXH64(bytes.data() + kSnapshotHeader, length, 0) != hash)
+    return DataLoss(path + " is corrupted (hash mismatch)");
   return std::string(bytes.begin() + kSnapshotHeader, bytes.end());
 }
 
@@ -133,13 +147,17 @@ std::string DurableCore::JournalPath(uint64_t generation) const {
   return generation == 0 ? base_ : base_ + "." + std::to_string(generation);
 }
 
-std::string DurableCore::SnapshotPath(uint64_t generation) const { return base_ + ".snapshot." + std::to_string(generation); }
+std::string DurableCore::SnapshotPath(uint64_t generation) const {
+  return base_ + ".snapshot." + std::to_string(generation);
+}
 
-Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journal_path, const CoreConfig& config) {
+Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journal_path,
+                                                       const CoreConfig& config) {
   return Open(journal_path, config, Options{});
 }
 
-Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journal_path, const CoreConfig& config, Options options) {
+Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journal_path,
+                                                       const CoreConfig& config, Options options) {
   std::unique_ptr<DurableCore> durable(new DurableCore(journal_path, config, options));
   // The newest intact snapshot; an older one serves when a crash came before the newest was
   // complete (its journals are still there: they go only once a newer snapshot is durable).
@@ -159,7 +177,8 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     break;
   }
   if (start == 0 && !snapshots.empty() && !std::filesystem::exists(journal_path)) {
-    return DataLoss("no intact snapshot of " + journal_path + " and its first journal is gone: the state cannot be rebuilt");
+    return DataLoss("no intact snapshot of " + journal_path +
+                    " and its first journal is gone: the state cannot be rebuilt");
   }
   // Every journal from that generation on, in order; the last one stays open for appending.
   uint64_t last = start;
@@ -172,7 +191,8 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     return durable->ApplyEvent(std::string(record), &ignored);
   };
   for (uint64_t g = start; g < last; ++g) {
-    if (!std::filesystem::exists(durable->JournalPath(g))) continue;  // a rotation that never created it
+    if (!std::filesystem::exists(durable->JournalPath(g)))
+      continue;  // a rotation that never created it
     WEFT_RETURN_IF_ERROR(Journal::Replay(durable->JournalPath(g), replay));
   }
   WEFT_ASSIGN_OR_RETURN(durable->journal_, Journal::Open(durable->JournalPath(last), replay));
@@ -229,13 +249,16 @@ Status DurableCore::Record(const std::string& event, Outcome* outcome, bool wait
     if (outcome->changed) {
       WEFT_ASSIGN_OR_RETURN(sequence, journal_->Enqueue(event));
     } else {
-      sequence = journal_->records();  // nothing new, but what it saw (a duplicate's original) must be durable
+      sequence =
+          journal_
+              ->records();  // nothing new, but what it saw (a duplicate's original) must be durable
     }
   }
   return wait ? journal_->Wait(sequence) : Status::Ok();
 }
 
-void DurableCore::SubmitAsync(Micros now, Submission s, std::function<void(Result<SubmitResult>)> done) {
+void DurableCore::SubmitAsync(Micros now, Submission s,
+                              std::function<void(Result<SubmitResult>)> done) {
   const std::string event = SubmitEvent(now, s);
   Outcome out;
   Status status;
@@ -275,7 +298,8 @@ Json Event(const char* kind, Micros now) { return Json{{"e", kind}, {"t", now}};
 
 }  // namespace
 
-Status DurableCore::Register(Micros now, const std::string& cluster, const std::string& region, uint32_t capacity) {
+Status DurableCore::Register(Micros now, const std::string& cluster, const std::string& region,
+                             uint32_t capacity) {
   Json e = Event("register", now);
   e["cluster"] = cluster;
   e["region"] = region;
@@ -284,7 +308,8 @@ Status DurableCore::Register(Micros now, const std::string& cluster, const std::
   return Record(e.dump(), &out);
 }
 
-Status DurableCore::Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version) {
+Status DurableCore::Heartbeat(Micros now, const std::string& cluster,
+                              std::optional<uint64_t> ready_version) {
   Json e = Event("heartbeat", now);
   e["cluster"] = cluster;
   e["ready"] = ready_version ? Json(*ready_version) : Json(nullptr);
@@ -292,7 +317,8 @@ Status DurableCore::Heartbeat(Micros now, const std::string& cluster, std::optio
   return Record(e.dump(), &out, false);
 }
 
-Status DurableCore::Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs) {
+Status DurableCore::Drain(Micros now, const std::string& cluster,
+                          const std::vector<uint64_t>& jobs) {
   Json e = Event("drain", now);
   e["cluster"] = cluster;
   e["jobs"] = jobs;
@@ -307,7 +333,8 @@ Status DurableCore::Deregister(Micros now, const std::string& cluster) {
   return Record(e.dump(), &out);
 }
 
-Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::string& cluster, uint32_t max, uint64_t request) {
+Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::string& cluster,
+                                                      uint32_t max, uint64_t request) {
   Json e = Event("leases", now);
   e["cluster"] = cluster;
   e["max"] = max;
@@ -330,7 +357,8 @@ Status DurableCore::AnnounceVersion(Micros now, uint64_t version) {
   return Record(e.dump(), &out);
 }
 
-Result<std::vector<uint64_t>> DurableCore::AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts) {
+Result<std::vector<uint64_t>> DurableCore::AddJobs(
+    Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts) {
   Json e = Event("jobs", now);
   e["prompts"] = prompts;
   Outcome out;

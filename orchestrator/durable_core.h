@@ -1,16 +1,16 @@
 // DurableCore: the orchestrator core behind a write-ahead journal, for the service.
 //
 // Every event that changes the core is applied under a lock, queued to the journal in the same
-// order (docs/formats.md section 7, with the events' JSON), and acknowledged only once the journal has it on disk; concurrent events share syncs.
-// Lease grants and heartbeats are the exception: they are journaled in order but answered without
-// waiting for the disk (any later acknowledged event makes them durable too). A crash can lose
-// the last of them; the effect is that of a lease never granted (its worker's result is refused
-// and the job is leased again) or of a heartbeat never sent, never a lost or doubled trajectory.
-// Open() replays the journal into a fresh core, so after a crash the core is exactly as it was
-// after the last acknowledged event (the core is deterministic and every event carries its
-// time). Events the core refuses change nothing but a counter and are not journaled (so the counts
-// of rejected and duplicate submissions start again from the last snapshot after a restart); a Tick is journaled only
-// when it expired something.
+// order (docs/formats.md section 7, with the events' JSON), and acknowledged only once the journal
+// has it on disk; concurrent events share syncs. Lease grants and heartbeats are the exception:
+// they are journaled in order but answered without waiting for the disk (any later acknowledged
+// event makes them durable too). A crash can lose the last of them; the effect is that of a lease
+// never granted (its worker's result is refused and the job is leased again) or of a heartbeat
+// never sent, never a lost or doubled trajectory. Open() replays the journal into a fresh core, so
+// after a crash the core is exactly as it was after the last acknowledged event (the core is
+// deterministic and every event carries its time). Events the core refuses change nothing but a
+// counter and are not journaled (so the counts of rejected and duplicate submissions start again
+// from the last snapshot after a restart); a Tick is journaled only when it expired something.
 //
 // Compaction keeps the journal from growing without bound: Compact() (called from outside, off
 // the request path, when NeedsCompaction()) writes the core's snapshot for a new generation and
@@ -37,20 +37,26 @@ class DurableCore {
   struct Options {
     uint64_t compact_after_bytes = uint64_t{64} << 20;  // journal bytes since the last snapshot
   };
-  static Result<std::unique_ptr<DurableCore>> Open(const std::string& journal_path, const CoreConfig& config);
-  static Result<std::unique_ptr<DurableCore>> Open(const std::string& journal_path, const CoreConfig& config, Options options);
+  static Result<std::unique_ptr<DurableCore>> Open(const std::string& journal_path,
+                                                   const CoreConfig& config);
+  static Result<std::unique_ptr<DurableCore>> Open(const std::string& journal_path,
+                                                   const CoreConfig& config, Options options);
 
-  Status Register(Micros now, const std::string& cluster, const std::string& region, uint32_t capacity);
+  Status Register(Micros now, const std::string& cluster, const std::string& region,
+                  uint32_t capacity);
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
   Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs);
   Status Deregister(Micros now, const std::string& cluster);
-  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max, uint64_t request = 0);
+  Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max,
+                                           uint64_t request = 0);
   Result<SubmitResult> Submit(Micros now, Submission submission);
   // The same without blocking: `done` is called once the answer is durable (on the journal's
   // thread; it must be quick), or at once when the core refuses the submission.
-  void SubmitAsync(Micros now, Submission submission, std::function<void(Result<SubmitResult>)> done);
+  void SubmitAsync(Micros now, Submission submission,
+                   std::function<void(Result<SubmitResult>)> done);
   Status AnnounceVersion(Micros now, uint64_t version);
-  Result<std::vector<uint64_t>> AddJobs(Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts);
+  Result<std::vector<uint64_t>> AddJobs(
+      Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts);
   Result<Batch> TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack = std::nullopt);
   Status Tick(Micros now);
 

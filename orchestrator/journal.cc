@@ -17,8 +17,8 @@ namespace weft::orchestrator {
 namespace {
 
 constexpr char kMagic[8] = {'W', 'E', 'F', 'T', 'J', 'R', 'N', '1'};
-constexpr size_t kHeader = 12;                    // u32 length + u64 hash
-constexpr uint32_t kMaxRecord = 64u << 20;        // a record is an event, never this large
+constexpr size_t kHeader = 12;              // u32 length + u64 hash
+constexpr uint32_t kMaxRecord = 64u << 20;  // a record is an event, never this large
 
 void PutLe(uint8_t* out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
@@ -32,8 +32,8 @@ uint64_t GetLe(const uint8_t* in, int bytes) {
 
 // Replays the intact records of `bytes` (a journal file's contents). `*valid` ends at the end of
 // the last intact record; `*torn` says whether a torn or corrupted tail follows it.
-Status Scan(const std::vector<uint8_t>& bytes, const std::string& path, const std::function<Status(std::string_view)>& replay,
-            size_t* valid, bool* torn) {
+Status Scan(const std::vector<uint8_t>& bytes, const std::string& path,
+            const std::function<Status(std::string_view)>& replay, size_t* valid, bool* torn) {
   *torn = false;
   *valid = sizeof(kMagic);
   if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
@@ -52,15 +52,18 @@ Status Scan(const std::vector<uint8_t>& bytes, const std::string& path, const st
       // followed by an intact one is damage to acknowledged data instead.
       const size_t next = *valid + kHeader + length;
       uint32_t next_length = 0;
-      if (length <= kMaxRecord && bytes.size() - *valid >= kHeader + length && next < bytes.size() && intact_at(next, &next_length)) {
-        return DataLoss(path + ": record " + std::to_string(count) + " at byte " + std::to_string(*valid) +
-                        " is corrupted and followed by intact records");
+      if (length <= kMaxRecord && bytes.size() - *valid >= kHeader + length &&
+          next < bytes.size() && intact_at(next, &next_length)) {
+        return DataLoss(path + ": record " + std::to_string(count) + " at byte " +
+                        std::to_string(*valid) + " is corrupted and followed by intact records");
       }
       *torn = true;
       return Status::Ok();
     }
-    Status applied = replay({reinterpret_cast<const char*>(bytes.data() + *valid + kHeader), length});
-    if (!applied.ok()) return applied.WithContext(path + ": replaying record " + std::to_string(count));
+    Status applied =
+        replay({reinterpret_cast<const char*>(bytes.data() + *valid + kHeader), length});
+    if (!applied.ok())
+      return applied.WithContext(path + ": replaying record " + std::to_string(count));
     *valid += kHeader + length;
   }
   return Status::Ok();
@@ -71,7 +74,8 @@ Result<int> CreateFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Unavailable("cannot create the journal " + path + ": " + std::strerror(errno));
   Status written = WriteAll(fd, {reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic)}, path);
-  if (written.ok() && ::fdatasync(fd) != 0) written = Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
+  if (written.ok() && ::fdatasync(fd) != 0)
+    written = Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
   if (!written.ok()) {
     ::close(fd);
     return written;
@@ -82,16 +86,20 @@ Result<int> CreateFile(const std::string& path) {
 
 }  // namespace
 
-Status Journal::Replay(const std::string& path, const std::function<Status(std::string_view)>& replay) {
+Status Journal::Replay(const std::string& path,
+                       const std::function<Status(std::string_view)>& replay) {
   WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
   size_t valid = 0;
   bool torn = false;
   WEFT_RETURN_IF_ERROR(Scan(bytes, path, replay, &valid, &torn));
-  if (torn) return DataLoss(path + ": damaged at byte " + std::to_string(valid) + ", and it is not the last journal file");
+  if (torn)
+    return DataLoss(path + ": damaged at byte " + std::to_string(valid) +
+                    ", and it is not the last journal file");
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Journal>> Journal::Open(const std::string& path, const std::function<Status(std::string_view)>& replay) {
+Result<std::unique_ptr<Journal>> Journal::Open(
+    const std::string& path, const std::function<Status(std::string_view)>& replay) {
   if (!std::filesystem::exists(path)) {
     WEFT_ASSIGN_OR_RETURN(const int fd, CreateFile(path));
     std::unique_ptr<Journal> journal(new Journal(path, fd));
@@ -107,12 +115,14 @@ Result<std::unique_ptr<Journal>> Journal::Open(const std::string& path, const st
   bool torn = false;
   WEFT_RETURN_IF_ERROR(Scan(bytes, path, replay, &valid, &torn));
   if (torn) {
-    WEFT_LOG(kWarning) << path << ": cutting off " << bytes.size() - valid << " bytes of a torn last record at byte " << valid;
+    WEFT_LOG(kWarning) << path << ": cutting off " << bytes.size() - valid
+                       << " bytes of a torn last record at byte " << valid;
     if (::ftruncate(fd, static_cast<off_t>(valid)) != 0 || ::fdatasync(fd) != 0) {
       return Unavailable("cannot cut off the torn tail of " + path + ": " + std::strerror(errno));
     }
   }
-  if (::lseek(fd, static_cast<off_t>(valid), SEEK_SET) < 0) return Unavailable("cannot seek in " + path);
+  if (::lseek(fd, static_cast<off_t>(valid), SEEK_SET) < 0)
+    return Unavailable("cannot seek in " + path);
   journal->size_ = valid;
   journal->Start();
   return journal;
@@ -148,7 +158,9 @@ Status Journal::Append(std::string record) {
 }
 
 Result<uint64_t> Journal::Enqueue(std::string record) {
-  if (record.size() > kMaxRecord) return InvalidArgument("journal record of " + std::to_string(record.size()) + " bytes is too large");
+  if (record.size() > kMaxRecord)
+    return InvalidArgument("journal record of " + std::to_string(record.size()) +
+                           " bytes is too large");
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.ok()) return failure_;
   pending_.push_back({std::move(record), false});
@@ -175,7 +187,9 @@ uint64_t Journal::size() const {
 }
 
 Status Journal::EnqueueThen(std::string record, std::function<void(Status)> durable) {
-  if (record.size() > kMaxRecord) return InvalidArgument("journal record of " + std::to_string(record.size()) + " bytes is too large");
+  if (record.size() > kMaxRecord)
+    return InvalidArgument("journal record of " + std::to_string(record.size()) +
+                           " bytes is too large");
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.ok()) return failure_;
   pending_.push_back({std::move(record), false});
@@ -221,7 +235,8 @@ void Journal::WriteLoop() {
     auto flush = [&] {
       if (!status.ok()) return;
       status = WriteAll(fd, bytes, path);
-      if (status.ok() && ::fdatasync(fd) != 0) status = Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
+      if (status.ok() && ::fdatasync(fd) != 0)
+        status = Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
       if (status.ok()) size += bytes.size();
       bytes.clear();
     };
@@ -256,7 +271,8 @@ void Journal::WriteLoop() {
     if (status.ok()) {
       durable_ = last;
     } else if (failure_.ok()) {
-      failure_ = status;  // the file's state is unknown now: refuse everything until a restart replays it
+      failure_ =
+          status;  // the file's state is unknown now: refuse everything until a restart replays it
       pending_.clear();
     }
     // Callbacks whose record is now on disk (all of them after a failure), in order.

@@ -30,11 +30,12 @@ namespace weft::orchestrator {
 class Journal {
  public:
   // Opens (creating) the journal at `path`, calling `replay` on every record already in it.
-  static Result<std::unique_ptr<Journal>> Open(const std::string& path,
-                                               const std::function<Status(std::string_view)>& replay);
+  static Result<std::unique_ptr<Journal>> Open(
+      const std::string& path, const std::function<Status(std::string_view)>& replay);
   // Replays a journal file that is not the last one (rotated away from): it must be intact to its
   // end, as its last records were synced before the next file began.
-  static Status Replay(const std::string& path, const std::function<Status(std::string_view)>& replay);
+  static Status Replay(const std::string& path,
+                       const std::function<Status(std::string_view)>& replay);
   ~Journal();
 
   Status Append(std::string record);
@@ -69,15 +70,15 @@ class Journal {
   std::string path_;
   int fd_ = -1;
   mutable std::mutex mutex_;
-  std::condition_variable synced_;   // durable_ moved
+  std::condition_variable synced_;     // durable_ moved
   std::condition_variable queued_cv_;  // something to write, or stopping
-  std::vector<Pending> pending_;      // queued, not yet written
+  std::vector<Pending> pending_;       // queued, not yet written
   uint64_t size_ = 0;
   std::vector<std::pair<uint64_t, std::function<void(Status)>>> callbacks_;  // by sequence
-  uint64_t queued_ = 0;               // sequence number of the last queued record
-  uint64_t durable_ = 0;              // ... of the last record on disk
+  uint64_t queued_ = 0;   // sequence number of the last queued record
+  uint64_t durable_ = 0;  // ... of the last record on disk
   bool stopping_ = false;
-  Status failure_;                    // once a write fails, every later append fails
+  Status failure_;  // once a write fails, every later append fails
   uint64_t syncs_ = 0;
   std::thread writer_;
 };

@@ -4,10 +4,10 @@
 #include <condition_variable>
 #include <list>
 #include <map>
-#include <tuple>
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "common/json_fields.h"
 #include "common/logging.h"
@@ -37,8 +37,12 @@ struct Waiter {
 Json LeasesJson(const std::vector<Lease>& leases) {
   Json list = Json::array();
   for (const Lease& l : leases) {
-    list.push_back({{"job", l.job}, {"attempt", l.attempt}, {"deadline_us", l.deadline}, {"min_version", l.min_version},
-                    {"prompt", l.prompt}, {"samples", l.samples}});
+    list.push_back({{"job", l.job},
+                    {"attempt", l.attempt},
+                    {"deadline_us", l.deadline},
+                    {"min_version", l.min_version},
+                    {"prompt", l.prompt},
+                    {"samples", l.samples}});
   }
   return Json{{"leases", list}};
 }
@@ -47,11 +51,19 @@ Json BatchJson(const Batch& batch, std::optional<uint64_t> latest) {
   Json list = Json::array();
   for (const Delivered& d : batch.items) {
     const Submission& s = d.submission;
-    list.push_back({{"job", s.job}, {"attempt", s.attempt}, {"cluster", s.cluster}, {"version_start", s.version_start},
-                    {"version_end", s.version_end}, {"segments", s.segments}, {"tokens", s.tokens}, {"stale", d.stale},
+    list.push_back({{"job", s.job},
+                    {"attempt", s.attempt},
+                    {"cluster", s.cluster},
+                    {"version_start", s.version_start},
+                    {"version_end", s.version_end},
+                    {"segments", s.segments},
+                    {"tokens", s.tokens},
+                    {"stale", d.stale},
                     {"trajectories", Json::parse(s.payload, nullptr, false)}});
   }
-  return Json{{"batch", batch.id}, {"redelivered", batch.redelivered}, {"trajectories", list},
+  return Json{{"batch", batch.id},
+              {"redelivered", batch.redelivered},
+              {"trajectories", list},
               {"latest_version", latest ? Json(*latest) : Json(nullptr)}};
 }
 
@@ -64,8 +76,9 @@ Result<Json> Body(const Request& request) {
 }
 
 // {"max": n, "wait_ms": n} of a long poll, with defaults, and for leases {"request": id}.
-Status PollFields(const Json& body, const std::string& where, uint32_t* max, std::chrono::milliseconds* wait,
-                  uint64_t* request = nullptr, uint64_t least = 1) {
+Status PollFields(const Json& body, const std::string& where, uint32_t* max,
+                  std::chrono::milliseconds* wait, uint64_t* request = nullptr,
+                  uint64_t least = 1) {
   std::set<std::string> optional = {"max", "wait_ms"};
   if (request != nullptr) optional.insert("request");
   WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, optional));
@@ -74,7 +87,8 @@ Status PollFields(const Json& body, const std::string& where, uint32_t* max, std
   }
   if (body.contains("max")) {
     WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(body, "max", where));
-    if (value < least || value > 100000) return InvalidArgument(where + ".max must be " + std::to_string(least) + " to 100000");
+    if (value < least || value > 100000)
+      return InvalidArgument(where + ".max must be " + std::to_string(least) + " to 100000");
     *max = static_cast<uint32_t>(value);
   }
   if (body.contains("wait_ms")) {
@@ -86,7 +100,9 @@ Status PollFields(const Json& body, const std::string& where, uint32_t* max, std
 
 Result<Submission> ParseSubmission(const Json& body) {
   const std::string where = "submission";
-  WEFT_RETURN_IF_ERROR(CheckFields(body, where, {"job", "attempt", "cluster", "version_start", "version_end", "segments", "tokens", "trajectories"}));
+  WEFT_RETURN_IF_ERROR(CheckFields(body, where,
+                                   {"job", "attempt", "cluster", "version_start", "version_end",
+                                    "segments", "tokens", "trajectories"}));
   Submission s;
   WEFT_ASSIGN_OR_RETURN(s.job, GetUnsigned(body, "job", where));
   WEFT_ASSIGN_OR_RETURN(uint64_t attempt, GetUnsigned(body, "attempt", where));
@@ -98,12 +114,15 @@ Result<Submission> ParseSubmission(const Json& body) {
   WEFT_ASSIGN_OR_RETURN(s.tokens, GetUnsigned(body, "tokens", where));
   const Json& segments = body["segments"];
   if (!segments.is_array() || segments.empty() || segments.size() > 100000) {
-    return InvalidArgument(where + ".segments must be a non-empty array of [version, first_token] pairs");
+    return InvalidArgument(where +
+                           ".segments must be a non-empty array of [version, first_token] pairs");
   }
   for (size_t i = 0; i < segments.size(); ++i) {
     const Json& pair = segments[i];
-    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_unsigned() || !pair[1].is_number_unsigned()) {
-      return InvalidArgument(where + ".segments[" + std::to_string(i) + "] is not a [version, first_token] pair");
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_unsigned() ||
+        !pair[1].is_number_unsigned()) {
+      return InvalidArgument(where + ".segments[" + std::to_string(i) +
+                             "] is not a [version, first_token] pair");
     }
     s.segments.emplace_back(pair[0].get<uint64_t>(), pair[1].get<uint64_t>());
   }
@@ -114,34 +133,43 @@ Result<Submission> ParseSubmission(const Json& body) {
 }  // namespace
 
 Json SyncReportJson(const SyncReport& r) {
-  return Json{{"bytes_downloaded", r.bytes_downloaded}, {"pulls", r.pulls}, {"keyframe_pulls", r.keyframe_pulls},
-              {"digest_mismatches", r.digest_mismatches}, {"commits", r.commits}, {"max_pause_ms", r.max_pause_ms},
+  return Json{{"bytes_downloaded", r.bytes_downloaded},
+              {"pulls", r.pulls},
+              {"keyframe_pulls", r.keyframe_pulls},
+              {"digest_mismatches", r.digest_mismatches},
+              {"commits", r.commits},
+              {"max_pause_ms", r.max_pause_ms},
               {"first_version", r.first_version ? Json(*r.first_version) : Json(nullptr)},
-              {"newest_version", r.newest_version ? Json(*r.newest_version) : Json(nullptr)}, {"digest", r.digest}};
+              {"newest_version", r.newest_version ? Json(*r.newest_version) : Json(nullptr)},
+              {"digest", r.digest}};
 }
 
 Result<SyncReport> ParseSyncReport(const Json& json) {
   SyncReport r;
   const std::string where = "heartbeat.sync";
-  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {},
-                                   {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits", "max_pause_ms",
-                                    "first_version", "newest_version", "digest"}));
+  WEFT_RETURN_IF_ERROR(
+      CheckFields(json, where, {},
+                  {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits",
+                   "max_pause_ms", "first_version", "newest_version", "digest"}));
   if (json.contains("digest")) {
     Result<std::string> digest = GetString(json, "digest", where);
-    if (!digest.ok() || digest->size() > 64 || digest->find_first_not_of("0123456789abcdef") != std::string::npos) {
+    if (!digest.ok() || digest->size() > 64 ||
+        digest->find_first_not_of("0123456789abcdef") != std::string::npos) {
       return InvalidArgument(where + ".digest is not a hex digest of at most 64 digits");
     }
     r.digest = *digest;
   }
-  for (auto [field, value] : {std::pair{"first_version", &r.first_version}, std::pair{"newest_version", &r.newest_version}}) {
+  for (auto [field, value] : {std::pair{"first_version", &r.first_version},
+                              std::pair{"newest_version", &r.newest_version}}) {
     if (json.contains(field) && !json[field].is_null()) {
       WEFT_ASSIGN_OR_RETURN(uint64_t version, GetUnsigned(json, field, where));
       *value = version;
     }
   }
-  for (auto [field, value] : {std::pair{"bytes_downloaded", &r.bytes_downloaded}, std::pair{"pulls", &r.pulls},
-                              std::pair{"keyframe_pulls", &r.keyframe_pulls}, std::pair{"digest_mismatches", &r.digest_mismatches},
-                              std::pair{"commits", &r.commits}}) {
+  for (auto [field, value] :
+       {std::pair{"bytes_downloaded", &r.bytes_downloaded}, std::pair{"pulls", &r.pulls},
+        std::pair{"keyframe_pulls", &r.keyframe_pulls},
+        std::pair{"digest_mismatches", &r.digest_mismatches}, std::pair{"commits", &r.commits}}) {
     if (json.contains(field)) {
       WEFT_ASSIGN_OR_RETURN(*value, GetUnsigned(json, field, where));
     }
@@ -156,7 +184,9 @@ Result<SyncReport> ParseSyncReport(const Json& json) {
 }
 
 Micros WallMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 struct OrchestratorService::Impl {
@@ -220,10 +250,12 @@ bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
     }
     if (batch->items.empty() && !expired) return false;
     const auto latest = core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
-    waiter.respond(http::JsonResponse(waiter.request, bhttp::status::ok, BatchJson(*batch, latest)));
+    waiter.respond(
+        http::JsonResponse(waiter.request, bhttp::status::ok, BatchJson(*batch, latest)));
     return true;
   }
-  Result<std::vector<Lease>> leases = core.RequestLeases(now, waiter.cluster, waiter.max, waiter.lease_request);
+  Result<std::vector<Lease>> leases =
+      core.RequestLeases(now, waiter.cluster, waiter.max, waiter.lease_request);
   if (!leases.ok()) {
     waiter.respond(http::ErrorResponse(waiter.request, leases.status()));
     return true;
@@ -285,7 +317,9 @@ void OrchestratorService::Impl::Poll() {
   }
   // Stopping: answer whoever still waits, with nothing.
   std::lock_guard<std::mutex> lock(mutex);
-  for (Waiter& waiter : waiters) waiter.respond(http::ErrorResponse(waiter.request, Unavailable("the orchestrator is stopping")));
+  for (Waiter& waiter : waiters)
+    waiter.respond(
+        http::ErrorResponse(waiter.request, Unavailable("the orchestrator is stopping")));
   waiters.clear();
 }
 
@@ -300,9 +334,11 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
   const auto method = request.method();
   auto error = [&](const weft::Status& status) { return http::ErrorResponse(request, status); };
   auto ok = [&](const Json& body) { return http::JsonResponse(request, bhttp::status::ok, body); };
-  if (target.find_first_of("?%#") != std::string::npos) return error(InvalidArgument("query strings and escapes are not supported"));
+  if (target.find_first_of("?%#") != std::string::npos)
+    return error(InvalidArgument("query strings and escapes are not supported"));
   if (target == "/livez") return ok(Json{{"ok", true}});
-  if (target == "/readyz") return ok(Json{{"ready", true}, {"events_replayed", core.events_replayed()}});
+  if (target == "/readyz")
+    return ok(Json{{"ready", true}, {"events_replayed", core.events_replayed()}});
   if (target == "/metrics") {
     Response response(bhttp::status::ok, request.version());
     response.set(bhttp::field::content_type, "text/plain; version=0.0.4");
@@ -312,15 +348,20 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     return response;
   }
   if (role == Role::kNone) {
-    return http::ErrorResponse(request, bhttp::status::unauthorized, "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
+    return http::ErrorResponse(
+        request, bhttp::status::unauthorized,
+        "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
   }
   auto needs = [&](Role wanted) -> std::optional<Response> {
     if (role == wanted || role == Role::kAdmin) return std::nullopt;
     return http::ErrorResponse(request, bhttp::status::forbidden,
-                               std::string("this endpoint needs the ") + (wanted == Role::kWorker ? "worker" : "trainer") + " or admin token");
+                               std::string("this endpoint needs the ") +
+                                   (wanted == Role::kWorker ? "worker" : "trainer") +
+                                   " or admin token");
   };
   if (target == "/v1/status") {
-    if (method != bhttp::verb::get) return http::ErrorResponse(request, bhttp::status::method_not_allowed, "status takes GET");
+    if (method != bhttp::verb::get)
+      return http::ErrorResponse(request, bhttp::status::method_not_allowed, "status takes GET");
     return ok(StatusJson());
   }
   const Micros now = WallMicros();
@@ -337,7 +378,8 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     for (const weft::Status& s : {id.status(), region.status(), capacity.status()}) {
       if (!s.ok()) return error(s);
     }
-    if (*capacity > 1'000'000) return error(InvalidArgument("cluster.capacity must be 1 to 1000000"));
+    if (*capacity > 1'000'000)
+      return error(InvalidArgument("cluster.capacity must be 1 to 1000000"));
     weft::Status done = core.Register(now, *id, *region, static_cast<uint32_t>(*capacity));
     if (!done.ok()) return error(done);
     Wake();
@@ -356,7 +398,9 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       Wake();
       return ok(Json{{"cluster", id}, {"deregistered", true}});
     }
-    if (method != bhttp::verb::post) return http::ErrorResponse(request, bhttp::status::method_not_allowed, "cluster actions take POST (or DELETE to leave)");
+    if (method != bhttp::verb::post)
+      return http::ErrorResponse(request, bhttp::status::method_not_allowed,
+                                 "cluster actions take POST (or DELETE to leave)");
     Result<Json> body = Body(request);
     if (!body.ok()) return error(body.status());
     if (action == "heartbeat") {
@@ -371,7 +415,9 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       std::optional<uint64_t> ready;
       if (!(*body)["ready_version"].is_null()) {
         Result<uint64_t> version = GetUnsigned(*body, "ready_version", "heartbeat");
-        if (!version.ok()) return error(InvalidArgument("heartbeat.ready_version is not a non-negative integer or null"));
+        if (!version.ok())
+          return error(
+              InvalidArgument("heartbeat.ready_version is not a non-negative integer or null"));
         ready = *version;
       }
       weft::Status done = core.Heartbeat(now, id, ready);
@@ -392,7 +438,9 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       Result<std::vector<Lease>> leases = core.RequestLeases(now, id, max, lease_request);
       if (!leases.ok()) return error(leases.status());
       if (!leases->empty() || wait.count() == 0) return ok(LeasesJson(*leases));
-      Park({false, id, max, lease_request, std::chrono::steady_clock::now() + std::min(wait, options.max_wait), request, std::move(*respond)});
+      Park({false, id, max, lease_request,
+            std::chrono::steady_clock::now() + std::min(wait, options.max_wait), request,
+            std::move(*respond)});
       *respond = nullptr;
       return Response();
     }
@@ -401,9 +449,11 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       if (!valid.ok()) return error(valid);
       std::vector<uint64_t> jobs;
       if (body->contains("jobs")) {
-        if (!(*body)["jobs"].is_array()) return error(InvalidArgument("drain.jobs is not an array of job ids"));
+        if (!(*body)["jobs"].is_array())
+          return error(InvalidArgument("drain.jobs is not an array of job ids"));
         for (const Json& job : (*body)["jobs"]) {
-          if (!job.is_number_unsigned()) return error(InvalidArgument("drain.jobs holds something that is not a job id"));
+          if (!job.is_number_unsigned())
+            return error(InvalidArgument("drain.jobs holds something that is not a job id"));
           jobs.push_back(job.get<uint64_t>());
         }
       }
@@ -412,27 +462,36 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       Wake();
       return ok(Json{{"cluster", id}, {"draining", true}});
     }
-    return http::ErrorResponse(request, bhttp::status::not_found, "no such cluster action: " + action);
+    return http::ErrorResponse(request, bhttp::status::not_found,
+                               "no such cluster action: " + action);
   }
   if (target == "/v1/submissions") {
     if (auto refused = needs(Role::kWorker)) return *refused;
-    if (method != bhttp::verb::post) return http::ErrorResponse(request, bhttp::status::method_not_allowed, "submissions take POST");
+    if (method != bhttp::verb::post)
+      return http::ErrorResponse(request, bhttp::status::method_not_allowed,
+                                 "submissions take POST");
     Result<Json> body = Body(request);
     if (!body.ok()) return error(body.status());
     Result<Submission> submission = ParseSubmission(*body);
     if (!submission.ok()) return error(submission.status());
     // Answered from the journal's thread once durable: no server thread waits on the disk.
     // (A job done moves from leased to buffered: no admission room opens, no poll to wake.)
-    core.SubmitAsync(now, std::move(*submission), [request, answer = std::move(*respond)](Result<SubmitResult> result) {
-      if (!result.ok()) return answer(http::ErrorResponse(request, result.status()));
-      answer(http::JsonResponse(request, bhttp::status::ok, Json{{"result", *result == SubmitResult::kAccepted ? "accepted" : "duplicate"}}));
-    });
+    core.SubmitAsync(
+        now, std::move(*submission),
+        [request, answer = std::move(*respond)](Result<SubmitResult> result) {
+          if (!result.ok()) return answer(http::ErrorResponse(request, result.status()));
+          answer(http::JsonResponse(
+              request, bhttp::status::ok,
+              Json{{"result", *result == SubmitResult::kAccepted ? "accepted" : "duplicate"}}));
+        });
     *respond = nullptr;
     return Response();
   }
   if (target == "/v1/versions" || target == "/v1/jobs" || target == "/v1/batches") {
     if (auto refused = needs(Role::kTrainer)) return *refused;
-    if (method != bhttp::verb::post) return http::ErrorResponse(request, bhttp::status::method_not_allowed, target + " takes POST");
+    if (method != bhttp::verb::post)
+      return http::ErrorResponse(request, bhttp::status::method_not_allowed,
+                                 target + " takes POST");
     Result<Json> body = Body(request);
     if (!body.ok()) return error(body.status());
     if (target == "/v1/versions") {
@@ -449,7 +508,8 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       weft::Status valid = CheckFields(*body, "jobs", {"prompts"});
       if (!valid.ok()) return error(valid);
       const Json& prompts = (*body)["prompts"];
-      if (!prompts.is_array() || prompts.size() > 100000) return error(InvalidArgument("jobs.prompts must be an array of at most 100000 prompts"));
+      if (!prompts.is_array() || prompts.size() > 100000)
+        return error(InvalidArgument("jobs.prompts must be an array of at most 100000 prompts"));
       std::vector<std::pair<std::string, uint32_t>> list;
       for (size_t i = 0; i < prompts.size(); ++i) {
         const std::string where = "jobs.prompts[" + std::to_string(i) + "]";
@@ -458,7 +518,8 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
         uint64_t samples = 1;
         if (prompts[i].contains("samples")) {
           Result<uint64_t> n = GetUnsigned(prompts[i], "samples", where);
-          if (!n.ok() || *n == 0 || *n > 4096) return error(InvalidArgument(where + ".samples must be 1 to 4096"));
+          if (!n.ok() || *n == 0 || *n > 4096)
+            return error(InvalidArgument(where + ".samples must be 1 to 4096"));
           samples = *n;
         }
         // A prompt is token ids or text, kept as the JSON the trainer sent.
@@ -483,13 +544,16 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     weft::Status valid = PollFields(*body, "batches", &max, &wait, nullptr, 0);
     if (!valid.ok()) return error(valid);
     if (max == 0) wait = std::chrono::milliseconds(0);  // an acknowledgement only
-    Result<Batch> batch = core.TakeBatch(now, max, ack);  // the ack takes effect even if the poll then waits
+    Result<Batch> batch =
+        core.TakeBatch(now, max, ack);  // the ack takes effect even if the poll then waits
     if (!batch.ok()) return error(batch.status());
     if (!batch->items.empty() || wait.count() == 0) {
       Wake();  // admission room freed
-      return ok(BatchJson(*batch, core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); })));
+      return ok(BatchJson(
+          *batch, core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); })));
     }
-    Park({true, "", max, 0, std::chrono::steady_clock::now() + std::min(wait, options.max_wait), request, std::move(*respond)});
+    Park({true, "", max, 0, std::chrono::steady_clock::now() + std::min(wait, options.max_wait),
+          request, std::move(*respond)});
     *respond = nullptr;
     return Response();
   }
@@ -507,16 +571,26 @@ Json OrchestratorService::Impl::StatusJson() const {
     const Counters& n = c.counters();
     Json clusters = Json::array();
     Json regions = Json::object();
-    std::map<std::string, SyncReport> region_sync;                   // the regions' sums
-    std::map<uint64_t, std::map<std::string, std::string>> digests;  // version -> digest -> a cluster
+    std::map<std::string, SyncReport> region_sync;  // the regions' sums
+    std::map<uint64_t, std::map<std::string, std::string>>
+        digests;  // version -> digest -> a cluster
     for (const ClusterView& v : c.clusters()) {
-      clusters.push_back({{"id", v.id}, {"region", v.region}, {"capacity", v.capacity},
-                          {"ready_version", v.ready_version ? Json(*v.ready_version) : Json(nullptr)},
-                          {"state", v.gone ? "gone" : v.draining ? "draining" : v.ready_version ? "ready" : "syncing"},
-                          {"leases", v.leases}, {"completed", v.completed}, {"throughput_per_s", v.throughput},
-                          {"seconds_since_heartbeat", static_cast<double>(now - v.last_heartbeat) / 1e6}});
+      clusters.push_back(
+          {{"id", v.id},
+           {"region", v.region},
+           {"capacity", v.capacity},
+           {"ready_version", v.ready_version ? Json(*v.ready_version) : Json(nullptr)},
+           {"state", v.gone            ? "gone"
+                     : v.draining      ? "draining"
+                     : v.ready_version ? "ready"
+                                       : "syncing"},
+           {"leases", v.leases},
+           {"completed", v.completed},
+           {"throughput_per_s", v.throughput},
+           {"seconds_since_heartbeat", static_cast<double>(now - v.last_heartbeat) / 1e6}});
       Json& region = regions[v.region];
-      if (region.is_null()) region = {{"clusters", 0}, {"ready", 0}, {"leases", 0}, {"newest_ready_version", nullptr}};
+      if (region.is_null())
+        region = {{"clusters", 0}, {"ready", 0}, {"leases", 0}, {"newest_ready_version", nullptr}};
       SyncReport& sum = region_sync[v.region];
       if (auto found = reports.find(v.id); found != reports.end()) {
         const SyncReport& r = found->second;
@@ -527,7 +601,8 @@ Json OrchestratorService::Impl::StatusJson() const {
         sum.digest_mismatches += r.digest_mismatches;
         sum.commits += r.commits;
         sum.max_pause_ms = std::max(sum.max_pause_ms, r.max_pause_ms);
-        if (!v.gone && v.ready_version && !r.digest.empty() && r.newest_version == v.ready_version) {
+        if (!v.gone && v.ready_version && !r.digest.empty() &&
+            r.newest_version == v.ready_version) {
           digests[*v.ready_version].emplace(r.digest, v.id);
         }
       }
@@ -535,7 +610,8 @@ Json OrchestratorService::Impl::StatusJson() const {
       region["leases"] = region["leases"].get<uint64_t>() + v.leases;
       if (!v.gone && v.ready_version) {
         region["ready"] = region["ready"].get<int>() + 1;
-        if (region["newest_ready_version"].is_null() || region["newest_ready_version"].get<uint64_t>() < *v.ready_version) {
+        if (region["newest_ready_version"].is_null() ||
+            region["newest_ready_version"].get<uint64_t>() < *v.ready_version) {
           region["newest_ready_version"] = *v.ready_version;
         }
       }
@@ -545,33 +621,51 @@ Json OrchestratorService::Impl::StatusJson() const {
     std::vector<std::string> alerts = c.Alerts(now);
     for (const auto& [version, seen] : digests) {
       if (seen.size() < 2) continue;
-      std::string text = "clusters ready at version " + std::to_string(version) + " serve different states:";
+      std::string text =
+          "clusters ready at version " + std::to_string(version) + " serve different states:";
       for (const auto& [digest, cluster] : seen) text += " " + cluster + " " + digest;
       alerts.push_back(text);
     }
     Json histogram = Json::object();
-    for (const auto& [version, count] : c.buffered_versions()) histogram[std::to_string(version)] = count;
+    for (const auto& [version, count] : c.buffered_versions())
+      histogram[std::to_string(version)] = count;
     return Json{{"run", options.run_id},
                 {"latest_version", c.latest_version() ? Json(*c.latest_version()) : Json(nullptr)},
                 {"admissible_version", c.admissible_version()},
                 {"max_staleness", options.max_staleness},
-                {"jobs", {{"queued", c.queued_jobs()}, {"leased", c.leased_jobs()}, {"added", n.jobs_added}, {"done", n.jobs_done},
-                          {"given_up", n.jobs_given_up}}},
-                {"leases", {{"granted", n.leases_granted}, {"expired", n.leases_expired}, {"handed_back", n.leases_handed_back},
-                            {"cancelled", n.leases_cancelled}}},
+                {"jobs",
+                 {{"queued", c.queued_jobs()},
+                  {"leased", c.leased_jobs()},
+                  {"added", n.jobs_added},
+                  {"done", n.jobs_done},
+                  {"given_up", n.jobs_given_up}}},
+                {"leases",
+                 {{"granted", n.leases_granted},
+                  {"expired", n.leases_expired},
+                  {"handed_back", n.leases_handed_back},
+                  {"cancelled", n.leases_cancelled}}},
                 {"clusters_lost", n.clusters_lost},
-                {"trajectories", {{"buffered", c.buffered()}, {"outstanding", c.outstanding()}, {"accepted", n.submissions_accepted},
-                                  {"duplicate", n.submissions_duplicate},
-                                  {"rejected", n.submissions_rejected}, {"delivered_fresh", n.delivered_fresh},
-                                  {"delivered_stale", n.delivered_stale}, {"dropped_stale", n.dropped_stale}}},
+                {"trajectories",
+                 {{"buffered", c.buffered()},
+                  {"outstanding", c.outstanding()},
+                  {"accepted", n.submissions_accepted},
+                  {"duplicate", n.submissions_duplicate},
+                  {"rejected", n.submissions_rejected},
+                  {"delivered_fresh", n.delivered_fresh},
+                  {"delivered_stale", n.delivered_stale},
+                  {"dropped_stale", n.dropped_stale}}},
                 {"batches", {{"delivered", n.batches}, {"redelivered", n.batches_redelivered}}},
                 {"buffered_by_version_start", histogram},
                 {"clusters", clusters},
                 {"regions", regions},
                 {"alerts", alerts},
-                {"journal", {{"records", core.journal().records()}, {"syncs", core.journal().syncs()}, {"bytes", core.journal().size()},
-                             {"generation", core.generation()}, {"compactions", core.compactions()},
-                             {"remembered_done", c.remembered_done()}}}};
+                {"journal",
+                 {{"records", core.journal().records()},
+                  {"syncs", core.journal().syncs()},
+                  {"bytes", core.journal().size()},
+                  {"generation", core.generation()},
+                  {"compactions", core.compactions()},
+                  {"remembered_done", c.remembered_done()}}}};
   });
 }
 
@@ -580,51 +674,77 @@ std::string OrchestratorService::Impl::Metrics() const {
   core.Inspect([&](const OrchestratorCore& c) {
     const Counters& n = c.counters();
     auto metric = [&](const char* name, const char* type, const char* help, double value) {
-      out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_" << name << " " << type << "\n"
+      out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
+          << name << " " << type << "\n"
           << "weft_orchestrator_" << name << " " << value << "\n";
     };
-    metric("latest_version", "gauge", "The latest announced policy version.", c.latest_version() ? static_cast<double>(*c.latest_version()) : -1);
-    metric("jobs_queued", "gauge", "Jobs waiting for a lease.", static_cast<double>(c.queued_jobs()));
-    metric("jobs_leased", "gauge", "Jobs leased to clusters.", static_cast<double>(c.leased_jobs()));
-    metric("trajectories_buffered", "gauge", "Accepted submissions waiting for the trainer.", static_cast<double>(c.buffered()));
+    metric("latest_version", "gauge", "The latest announced policy version.",
+           c.latest_version() ? static_cast<double>(*c.latest_version()) : -1);
+    metric("jobs_queued", "gauge", "Jobs waiting for a lease.",
+           static_cast<double>(c.queued_jobs()));
+    metric("jobs_leased", "gauge", "Jobs leased to clusters.",
+           static_cast<double>(c.leased_jobs()));
+    metric("trajectories_buffered", "gauge", "Accepted submissions waiting for the trainer.",
+           static_cast<double>(c.buffered()));
     metric("jobs_added_total", "counter", "Jobs added.", static_cast<double>(n.jobs_added));
     metric("jobs_done_total", "counter", "Jobs completed.", static_cast<double>(n.jobs_done));
-    metric("jobs_given_up_total", "counter", "Jobs given up after too many failed leases.", static_cast<double>(n.jobs_given_up));
-    metric("leases_granted_total", "counter", "Leases granted.", static_cast<double>(n.leases_granted));
-    metric("leases_expired_total", "counter", "Leases that expired or whose cluster was lost.", static_cast<double>(n.leases_expired));
-    metric("submissions_accepted_total", "counter", "Submissions accepted.", static_cast<double>(n.submissions_accepted));
-    metric("submissions_duplicate_total", "counter", "Repeated submissions acknowledged without counting.", static_cast<double>(n.submissions_duplicate));
-    metric("submissions_rejected_total", "counter", "Submissions refused.", static_cast<double>(n.submissions_rejected));
-    metric("trajectories_dropped_stale_total", "counter", "Submissions dropped as older than the staleness bound.", static_cast<double>(n.dropped_stale));
-    metric("trajectories_delivered_total", "counter", "Submissions delivered to the trainer.", static_cast<double>(n.delivered_fresh + n.delivered_stale));
-    metric("clusters_lost_total", "counter", "Clusters declared lost for missing heartbeats.", static_cast<double>(n.clusters_lost));
-    out << "# HELP weft_orchestrator_cluster_ready_version The version each cluster proved it serves (-1: none).\n"
+    metric("jobs_given_up_total", "counter", "Jobs given up after too many failed leases.",
+           static_cast<double>(n.jobs_given_up));
+    metric("leases_granted_total", "counter", "Leases granted.",
+           static_cast<double>(n.leases_granted));
+    metric("leases_expired_total", "counter", "Leases that expired or whose cluster was lost.",
+           static_cast<double>(n.leases_expired));
+    metric("submissions_accepted_total", "counter", "Submissions accepted.",
+           static_cast<double>(n.submissions_accepted));
+    metric("submissions_duplicate_total", "counter",
+           "Repeated submissions acknowledged without counting.",
+           static_cast<double>(n.submissions_duplicate));
+    metric("submissions_rejected_total", "counter", "Submissions refused.",
+           static_cast<double>(n.submissions_rejected));
+    metric("trajectories_dropped_stale_total", "counter",
+           "Submissions dropped as older than the staleness bound.",
+           static_cast<double>(n.dropped_stale));
+    metric("trajectories_delivered_total", "counter", "Submissions delivered to the trainer.",
+           static_cast<double>(n.delivered_fresh + n.delivered_stale));
+    metric("clusters_lost_total", "counter", "Clusters declared lost for missing heartbeats.",
+           static_cast<double>(n.clusters_lost));
+    out << "# HELP weft_orchestrator_cluster_ready_version The version each cluster proved it "
+           "serves (-1: none).\n"
         << "# TYPE weft_orchestrator_cluster_ready_version gauge\n";
     for (const ClusterView& v : c.clusters()) {
-      out << "weft_orchestrator_cluster_ready_version{cluster=\"" << v.id << "\",region=\"" << v.region << "\"} "
+      out << "weft_orchestrator_cluster_ready_version{cluster=\"" << v.id << "\",region=\""
+          << v.region << "\"} "
           << (v.ready_version && !v.gone ? static_cast<double>(*v.ready_version) : -1) << "\n";
     }
     return 0;
   });
   std::lock_guard<std::mutex> lock(sync_mutex);
-  for (auto [name, help, field] : {std::tuple{"cluster_sync_bytes_total", "Weight bytes each cluster downloaded (as it last reported).",
-                                              &SyncReport::bytes_downloaded},
-                                   std::tuple{"cluster_digest_mismatches_total", "Times a cluster's served state did not match a manifest.",
-                                              &SyncReport::digest_mismatches}}) {
-    out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_" << name << " counter\n";
+  for (auto [name, help, field] :
+       {std::tuple{"cluster_sync_bytes_total",
+                   "Weight bytes each cluster downloaded (as it last reported).",
+                   &SyncReport::bytes_downloaded},
+        std::tuple{"cluster_digest_mismatches_total",
+                   "Times a cluster's served state did not match a manifest.",
+                   &SyncReport::digest_mismatches}}) {
+    out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
+        << name << " counter\n";
     for (const auto& [cluster, report] : sync_reports) {
-      out << "weft_orchestrator_" << name << "{cluster=\"" << cluster << "\"} " << report.*field << "\n";
+      out << "weft_orchestrator_" << name << "{cluster=\"" << cluster << "\"} " << report.*field
+          << "\n";
     }
   }
   return out.str();
 }
 
-Result<std::unique_ptr<OrchestratorService>> OrchestratorService::Start(DurableCore& core, ServiceOptions options) {
+Result<std::unique_ptr<OrchestratorService>> OrchestratorService::Start(DurableCore& core,
+                                                                        ServiceOptions options) {
   auto impl = std::make_unique<Impl>(core, std::move(options));
   Impl* raw = impl.get();
-  WEFT_ASSIGN_OR_RETURN(impl->server, http::HttpServer::Start(impl->options.server, [raw](Request request, Responder respond) {
-    raw->Handle(std::move(request), std::move(respond));
-  }));
+  WEFT_ASSIGN_OR_RETURN(
+      impl->server,
+      http::HttpServer::Start(impl->options.server, [raw](Request request, Responder respond) {
+        raw->Handle(std::move(request), std::move(respond));
+      }));
   impl->poller = std::thread([raw] { raw->Poll(); });
   return std::unique_ptr<OrchestratorService>(new OrchestratorService(std::move(impl)));
 }

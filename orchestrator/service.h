@@ -34,12 +34,13 @@ struct ServiceOptions {
 // since the worker started. The service keeps the last report of each cluster for /v1/status
 // (per cluster and summed per region) and /metrics.
 struct SyncReport {
-  uint64_t bytes_downloaded = 0;   // blob bytes fetched from the store or relay, initial load included
-  uint64_t pulls = 0;              // versions brought in
-  uint64_t keyframe_pulls = 0;     // ... of which started from a keyframe
-  uint64_t digest_mismatches = 0;  // served state found not to equal a manifest's digests
-  uint64_t commits = 0;            // versions the engine switched to
-  double max_pause_ms = 0;         // the longest pause a commit caused
+  uint64_t bytes_downloaded =
+      0;                        // blob bytes fetched from the store or relay, initial load included
+  uint64_t pulls = 0;           // versions brought in
+  uint64_t keyframe_pulls = 0;  // ... of which started from a keyframe
+  uint64_t digest_mismatches = 0;          // served state found not to equal a manifest's digests
+  uint64_t commits = 0;                    // versions the engine switched to
+  double max_pause_ms = 0;                 // the longest pause a commit caused
   std::optional<uint64_t> first_version;   // the first version it loaded
   std::optional<uint64_t> newest_version;  // the newest version it loaded
   std::string digest;                      // the state digest it serves (docs/api.md), hex
@@ -51,7 +52,8 @@ Result<SyncReport> ParseSyncReport(const nlohmann::json& json);
 class OrchestratorService {
  public:
   // `core` must outlive the service.
-  static Result<std::unique_ptr<OrchestratorService>> Start(DurableCore& core, ServiceOptions options);
+  static Result<std::unique_ptr<OrchestratorService>> Start(DurableCore& core,
+                                                            ServiceOptions options);
   ~OrchestratorService();
 
   uint16_t port() const;

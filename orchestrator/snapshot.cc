@@ -42,7 +42,8 @@ std::optional<T> GetOptional(const Json& value) {
 // A submission without its payload, whose bytes go after the document (in `payloads`).
 Json SubmissionJson(const Submission& s, std::string* payloads) {
   payloads->append(s.payload);
-  return Json::array({s.job, s.attempt, s.cluster, s.version_start, s.version_end, s.segments, s.tokens, s.payload.size()});
+  return Json::array({s.job, s.attempt, s.cluster, s.version_start, s.version_end, s.segments,
+                      s.tokens, s.payload.size()});
 }
 
 // The inverse, taking the payload from `payloads` at `*offset`.
@@ -56,7 +57,8 @@ Submission SubmissionOf(const Json& j, std::string_view payloads, size_t* offset
   s.segments = j.at(5).get<std::vector<std::pair<uint64_t, uint64_t>>>();
   s.tokens = j.at(6).get<uint64_t>();
   const uint64_t size = j.at(7).get<uint64_t>();
-  if (size > payloads.size() - *offset) throw std::out_of_range("a payload runs past the end of the snapshot");
+  if (size > payloads.size() - *offset)
+    throw std::out_of_range("a payload runs past the end of the snapshot");
   s.payload = std::string(payloads.substr(*offset, size));
   *offset += size;
   return s;
@@ -75,14 +77,17 @@ std::string OrchestratorCore::Snapshot() const {
   for (const auto& [name, field] : kCounterFields) counters[name] = counters_.*field;
   doc["counters"] = counters;
   Json jobs = Json::array();
-  for (const auto& [id, j] : jobs_) jobs.push_back({id, j.prompt, j.samples, j.holders, j.min_versions, Optional(j.leased_to), j.deadline});
+  for (const auto& [id, j] : jobs_)
+    jobs.push_back(
+        {id, j.prompt, j.samples, j.holders, j.min_versions, Optional(j.leased_to), j.deadline});
   doc["jobs"] = std::move(jobs);
   doc["queue"] = queue_;
   doc["done"] = done_;
   Json clusters = Json::array();
   for (const auto& [id, c] : clusters_) {
-    clusters.push_back({id, c.region, c.capacity, Optional(c.ready_version), c.max_ready_version, c.draining, c.gone, c.last_heartbeat,
-                        c.completed, c.throughput, c.last_completion, c.last_request, c.last_granted});
+    clusters.push_back({id, c.region, c.capacity, Optional(c.ready_version), c.max_ready_version,
+                        c.draining, c.gone, c.last_heartbeat, c.completed, c.throughput,
+                        c.last_completion, c.last_request, c.last_granted});
   }
   doc["clusters"] = std::move(clusters);
   Json buffer = Json::array();
@@ -91,7 +96,8 @@ std::string OrchestratorCore::Snapshot() const {
   Json outstanding = Json::array();
   for (const auto& [id, items] : outstanding_) {
     Json batch = Json::array();
-    for (const Delivered& d : items) batch.push_back({SubmissionJson(d.submission, &payloads), d.stale});
+    for (const Delivered& d : items)
+      batch.push_back({SubmissionJson(d.submission, &payloads), d.stale});
     outstanding.push_back({id, std::move(batch)});
   }
   doc["outstanding"] = std::move(outstanding);
@@ -100,9 +106,11 @@ std::string OrchestratorCore::Snapshot() const {
 
 Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::string_view snapshot) {
   const size_t newline = snapshot.find('\n');
-  if (newline == std::string_view::npos) return DataLoss("core snapshot: no newline after the state document");
+  if (newline == std::string_view::npos)
+    return DataLoss("core snapshot: no newline after the state document");
   Json doc = Json::parse(snapshot.substr(0, newline), nullptr, false);
-  if (doc.is_discarded() || !doc.is_object()) return DataLoss("core snapshot: the state document is not a JSON object");
+  if (doc.is_discarded() || !doc.is_object())
+    return DataLoss("core snapshot: the state document is not a JSON object");
   const std::string_view payloads = snapshot.substr(newline + 1);
   size_t offset = 0;
   OrchestratorCore core(config);
@@ -111,7 +119,8 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
     core.next_job_ = doc.at("next_job").get<uint64_t>();
     core.next_batch_ = doc.at("next_batch").get<uint64_t>();
     core.last_progress_ = doc.at("last_progress").get<Micros>();
-    for (const auto& [name, field] : kCounterFields) core.counters_.*field = doc.at("counters").at(name).get<uint64_t>();
+    for (const auto& [name, field] : kCounterFields)
+      core.counters_.*field = doc.at("counters").at(name).get<uint64_t>();
     for (const Json& c : doc.at("clusters")) {
       Cluster& cluster = core.clusters_[c.at(0).get<std::string>()];
       cluster.region = c.at(1).get<std::string>();
@@ -136,26 +145,33 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
       job.min_versions = j.at(4).get<std::vector<uint64_t>>();
       job.leased_to = GetOptional<std::string>(j.at(5));
       job.deadline = j.at(6).get<Micros>();
-      if (job.holders.size() != job.min_versions.size()) return DataLoss("core snapshot: job " + std::to_string(id) + " is inconsistent");
+      if (job.holders.size() != job.min_versions.size())
+        return DataLoss("core snapshot: job " + std::to_string(id) + " is inconsistent");
       if (job.leased_to) {
         Cluster* holder = core.FindCluster(*job.leased_to);
-        if (holder == nullptr) return DataLoss("core snapshot: job " + std::to_string(id) + " is leased to an unknown cluster");
+        if (holder == nullptr)
+          return DataLoss("core snapshot: job " + std::to_string(id) +
+                          " is leased to an unknown cluster");
         holder->jobs.insert(id);
         core.leases_.insert(id);
       }
     }
     core.queue_ = doc.at("queue").get<std::deque<uint64_t>>();
     core.done_ = doc.at("done").get<std::map<uint64_t, uint32_t>>();
-    for (const Json& s : doc.at("buffer")) core.buffer_.push_back(SubmissionOf(s, payloads, &offset));
+    for (const Json& s : doc.at("buffer"))
+      core.buffer_.push_back(SubmissionOf(s, payloads, &offset));
     for (const Json& batch : doc.at("outstanding")) {
       std::vector<Delivered>& items = core.outstanding_[batch.at(0).get<uint64_t>()];
-      for (const Json& d : batch.at(1)) items.push_back({SubmissionOf(d.at(0), payloads, &offset), d.at(1).get<bool>()});
+      for (const Json& d : batch.at(1))
+        items.push_back({SubmissionOf(d.at(0), payloads, &offset), d.at(1).get<bool>()});
       core.outstanding_items_ += items.size();
     }
   } catch (const std::exception& error) {
     return DataLoss(std::string("core snapshot: ") + error.what());
   }
-  if (offset != payloads.size()) return DataLoss("core snapshot: " + std::to_string(payloads.size() - offset) + " bytes after the last payload");
+  if (offset != payloads.size())
+    return DataLoss("core snapshot: " + std::to_string(payloads.size() - offset) +
+                    " bytes after the last payload");
   return core;
 }
 

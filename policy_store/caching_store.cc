@@ -17,7 +17,9 @@ namespace weft::policy_store {
 namespace {
 
 bool IsHex64(const std::string& text) {
-  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 // The sha256 of a blob key, or empty for other keys.
@@ -28,8 +30,8 @@ std::string BlobHash(const std::string& key) {
 }
 
 bool IsVersionManifest(const std::string& key) {
-  return key.rfind("runs/", 0) == 0 && key.find("/versions/") != std::string::npos && key.size() > 5 &&
-         key.compare(key.size() - 5, 5, ".json") == 0;
+  return key.rfind("runs/", 0) == 0 && key.find("/versions/") != std::string::npos &&
+         key.size() > 5 && key.compare(key.size() - 5, 5, ".json") == 0;
 }
 
 }  // namespace
@@ -40,17 +42,20 @@ struct CachingStore::Flight {
   std::condition_variable finished;
 };
 
-Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream, CacheOptions options) {
+Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream,
+                                                         CacheOptions options) {
   if (options.dir.empty()) return InvalidArgument("the cache needs a directory");
   if (options.fetch_attempts < 1) options.fetch_attempts = 1;
   std::error_code error;
   std::filesystem::create_directories(std::filesystem::path(options.dir) / "blobs", error);
-  if (error) return Unavailable("cannot create the cache directory " + options.dir + ": " + error.message());
+  if (error)
+    return Unavailable("cannot create the cache directory " + options.dir + ": " + error.message());
   std::unique_ptr<CachingStore> cache(new CachingStore(upstream, std::move(options)));
   // Index what an earlier run left, least recently used first; stray files (temporaries of a
   // process killed while writing) are removed.
   std::vector<std::pair<std::filesystem::file_time_type, std::string>> found;
-  for (const auto& file : std::filesystem::directory_iterator(std::filesystem::path(cache->options_.dir) / "blobs", error)) {
+  for (const auto& file : std::filesystem::directory_iterator(
+           std::filesystem::path(cache->options_.dir) / "blobs", error)) {
     const std::string name = file.path().filename().string();
     if (!IsHex64(name) || !file.is_regular_file()) {
       std::filesystem::remove(file.path(), error);
@@ -71,15 +76,20 @@ Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream, 
   return cache;
 }
 
-Result<std::unique_ptr<CachingStore>> CachingStore::Open(std::unique_ptr<ObjectStore> upstream, CacheOptions options) {
+Result<std::unique_ptr<CachingStore>> CachingStore::Open(std::unique_ptr<ObjectStore> upstream,
+                                                         CacheOptions options) {
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache, Open(*upstream, std::move(options)));
   cache->owned_upstream_ = std::move(upstream);
   return cache;
 }
 
-std::string CachingStore::PathOf(const std::string& sha256) const { return options_.dir + "/blobs/" + sha256; }
+std::string CachingStore::PathOf(const std::string& sha256) const {
+  return options_.dir + "/blobs/" + sha256;
+}
 
-std::string CachingStore::Describe() const { return "cache:" + options_.dir + " in front of " + upstream_.Describe(); }
+std::string CachingStore::Describe() const {
+  return "cache:" + options_.dir + " in front of " + upstream_.Describe();
+}
 
 CacheStats CachingStore::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -91,11 +101,16 @@ CacheStats CachingStore::stats() const {
 
 std::string CachingStore::StatsJson() const {
   const CacheStats s = stats();
-  nlohmann::json json = {{"upstream", upstream_.Describe()},  {"hits", s.hits},
-                         {"misses", s.misses},                {"upstream_fetches", s.upstream_fetches},
-                         {"upstream_bytes", s.upstream_bytes}, {"corrupted", s.corrupted},
-                         {"evicted", s.evicted},              {"cached_blobs", s.cached_blobs},
-                         {"cached_bytes", s.cached_bytes},    {"max_bytes", options_.max_bytes}};
+  nlohmann::json json = {{"upstream", upstream_.Describe()},
+                         {"hits", s.hits},
+                         {"misses", s.misses},
+                         {"upstream_fetches", s.upstream_fetches},
+                         {"upstream_bytes", s.upstream_bytes},
+                         {"corrupted", s.corrupted},
+                         {"evicted", s.evicted},
+                         {"cached_blobs", s.cached_blobs},
+                         {"cached_bytes", s.cached_bytes},
+                         {"max_bytes", options_.max_bytes}};
   return json.dump();
 }
 
@@ -122,7 +137,8 @@ std::optional<std::vector<uint8_t>> CachingStore::ReadCached(const std::string& 
   auto entry = entries_.find(sha256);
   if (bytes.ok()) {
     ++stats_.corrupted;
-    WEFT_LOG(kWarning) << "cache " << options_.dir << ": blob " << sha256 << " is corrupted on disk; removing it and fetching it again";
+    WEFT_LOG(kWarning) << "cache " << options_.dir << ": blob " << sha256
+                       << " is corrupted on disk; removing it and fetching it again";
   }
   if (entry != entries_.end()) {
     cached_bytes_ -= entry->second.bytes;
@@ -136,9 +152,11 @@ std::optional<std::vector<uint8_t>> CachingStore::ReadCached(const std::string& 
 
 void CachingStore::Insert(const std::string& sha256, std::span<const uint8_t> bytes) {
   if (!sha256.empty() && bytes.size() <= options_.max_bytes) {
-    Status written = WriteFileAtomic(PathOf(sha256), [&](int fd) { return WriteAll(fd, bytes, PathOf(sha256)); });
+    Status written = WriteFileAtomic(PathOf(sha256),
+                                     [&](int fd) { return WriteAll(fd, bytes, PathOf(sha256)); });
     if (!written.ok()) {
-      WEFT_LOG(kWarning) << "cache " << options_.dir << ": cannot keep blob " << sha256 << ": " << written.message();
+      WEFT_LOG(kWarning) << "cache " << options_.dir << ": cannot keep blob " << sha256 << ": "
+                         << written.message();
     } else {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!entries_.count(sha256)) {
@@ -160,7 +178,8 @@ void CachingStore::Insert(const std::string& sha256, std::span<const uint8_t> by
   }
 }
 
-Result<std::vector<uint8_t>> CachingStore::FetchBlob(const std::string& key, const std::string& sha256) {
+Result<std::vector<uint8_t>> CachingStore::FetchBlob(const std::string& key,
+                                                     const std::string& sha256) {
   for (int attempt = 1;; ++attempt) {
     Result<std::vector<uint8_t>> bytes = upstream_.Get(key);
     {
@@ -174,15 +193,17 @@ Result<std::vector<uint8_t>> CachingStore::FetchBlob(const std::string& key, con
       std::lock_guard<std::mutex> lock(mutex_);
       ++stats_.corrupted;
     }
-    WEFT_LOG(kWarning) << upstream_.Describe() << ": blob " << sha256 << " arrived corrupted (try " << attempt << " of "
-                       << options_.fetch_attempts << ")";
+    WEFT_LOG(kWarning) << upstream_.Describe() << ": blob " << sha256 << " arrived corrupted (try "
+                       << attempt << " of " << options_.fetch_attempts << ")";
     if (attempt >= options_.fetch_attempts) {
-      return DataLoss(upstream_.Describe() + ": blob " + sha256 + " failed its hash on each of " + std::to_string(attempt) + " fetches");
+      return DataLoss(upstream_.Describe() + ": blob " + sha256 + " failed its hash on each of " +
+                      std::to_string(attempt) + " fetches");
     }
   }
 }
 
-Result<std::vector<uint8_t>> CachingStore::GetBlob(const std::string& key, const std::string& sha256) {
+Result<std::vector<uint8_t>> CachingStore::GetBlob(const std::string& key,
+                                                   const std::string& sha256) {
   if (std::optional<std::vector<uint8_t>> cached = ReadCached(sha256)) return std::move(*cached);
   std::shared_ptr<Flight> flight;
   bool leader = false;
@@ -253,13 +274,16 @@ Result<bool> CachingStore::Exists(const std::string& key) {
   return upstream_.Exists(key);
 }
 
-Result<std::vector<std::string>> CachingStore::List(const std::string& prefix) { return upstream_.List(prefix); }
+Result<std::vector<std::string>> CachingStore::List(const std::string& prefix) {
+  return upstream_.List(prefix);
+}
 
 Status CachingStore::PutImmutable(const std::string& key, std::span<const uint8_t> bytes) {
   return upstream_.PutImmutable(key, bytes);
 }
 
-Status CachingStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected, const std::string& desired) {
+Status CachingStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected,
+                                    const std::string& desired) {
   return upstream_.CompareAndSwap(key, std::move(expected), desired);
 }
 

@@ -50,7 +50,8 @@ class CachingStore : public ObjectStore {
   // `upstream` must outlive the cache.
   static Result<std::unique_ptr<CachingStore>> Open(ObjectStore& upstream, CacheOptions options);
   // The same, owning its upstream.
-  static Result<std::unique_ptr<CachingStore>> Open(std::unique_ptr<ObjectStore> upstream, CacheOptions options);
+  static Result<std::unique_ptr<CachingStore>> Open(std::unique_ptr<ObjectStore> upstream,
+                                                    CacheOptions options);
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
   Result<bool> Exists(const std::string& key) override;
@@ -66,7 +67,8 @@ class CachingStore : public ObjectStore {
   std::string StatsJson() const;
 
  private:
-  CachingStore(ObjectStore& upstream, CacheOptions options) : upstream_(upstream), options_(std::move(options)) {}
+  CachingStore(ObjectStore& upstream, CacheOptions options)
+      : upstream_(upstream), options_(std::move(options)) {}
   struct Flight;
 
   Result<std::vector<uint8_t>> GetBlob(const std::string& key, const std::string& sha256);

@@ -28,7 +28,8 @@ Status EnsureParent(const std::string& path) {
 
 Result<std::vector<uint8_t>> ReadWhole(const std::string& path) {
   Result<std::vector<uint8_t>> bytes = ReadFile(path);
-  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) return NotFound(path + ": no such object");
+  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound)
+    return NotFound(path + ": no such object");
   return bytes;
 }
 
@@ -41,9 +42,11 @@ Result<std::string> WriteTemporary(const std::string& path, std::span<const uint
 Result<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::string& root) {
   std::error_code error;
   fs::create_directories(root, error);
-  if (error) return InvalidArgument(root + ": cannot create the store directory: " + error.message());
+  if (error)
+    return InvalidArgument(root + ": cannot create the store directory: " + error.message());
   if (!fs::is_directory(root)) return InvalidArgument(root + ": not a directory");
-  return std::unique_ptr<DirectoryStore>(new DirectoryStore(fs::absolute(root).lexically_normal().string()));
+  return std::unique_ptr<DirectoryStore>(
+      new DirectoryStore(fs::absolute(root).lexically_normal().string()));
 }
 
 Result<std::vector<uint8_t>> DirectoryStore::Get(const std::string& key) {
@@ -68,8 +71,8 @@ Result<std::vector<std::string>> DirectoryStore::List(const std::string& prefix)
   std::error_code error;
   fs::path base = PathOf(prefix);
   if (!fs::is_directory(base, error)) return keys;
-  for (auto it = fs::recursive_directory_iterator(base, error); !error && it != fs::recursive_directory_iterator();
-       it.increment(error)) {
+  for (auto it = fs::recursive_directory_iterator(base, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
     if (!it->is_regular_file()) continue;
     std::string name = it->path().filename().string();
     if (name.find(".tmp-") != std::string::npos) continue;  // a write in progress
@@ -93,9 +96,11 @@ Status DirectoryStore::PutImmutable(const std::string& key, std::span<const uint
     SyncParentDirectory(path);
     return Status::Ok();
   }
-  if (link_errno != EEXIST) return Unavailable(path + ": cannot publish: " + std::strerror(link_errno));
+  if (link_errno != EEXIST)
+    return Unavailable(path + ": cannot publish: " + std::strerror(link_errno));
   WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> existing, ReadWhole(path));
-  if (existing.size() == bytes.size() && std::equal(existing.begin(), existing.end(), bytes.begin())) {
+  if (existing.size() == bytes.size() &&
+      std::equal(existing.begin(), existing.end(), bytes.begin())) {
     return Status::Ok();  // the same immutable object, written again
   }
   return Conflict(key + " already exists with different content");
@@ -122,14 +127,17 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
     return status;
   };
   Result<std::vector<uint8_t>> current = ReadWhole(path);
-  if (!current.ok() && current.status().code() != StatusCode::kNotFound) return finish(current.status());
+  if (!current.ok() && current.status().code() != StatusCode::kNotFound)
+    return finish(current.status());
   std::optional<std::string> actual;
   if (current.ok()) actual = std::string(current->begin(), current->end());
   if (actual != expected) {
-    return finish(Conflict(key + " changed concurrently (expected " + (expected ? "'" + *expected + "'" : "absent") +
-                           ", found " + (actual ? "'" + *actual + "'" : "absent") + ")"));
+    return finish(Conflict(key + " changed concurrently (expected " +
+                           (expected ? "'" + *expected + "'" : "absent") + ", found " +
+                           (actual ? "'" + *actual + "'" : "absent") + ")"));
   }
-  Result<std::string> temp = WriteTemporary(path, {reinterpret_cast<const uint8_t*>(desired.data()), desired.size()});
+  Result<std::string> temp =
+      WriteTemporary(path, {reinterpret_cast<const uint8_t*>(desired.data()), desired.size()});
   if (!temp.ok()) return finish(temp.status());
   if (::rename(temp->c_str(), path.c_str()) != 0) {
     std::string error = ErrnoText();
@@ -143,7 +151,8 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
 Status DirectoryStore::Delete(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Unavailable(path + ": cannot delete: " + ErrnoText());
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    return Unavailable(path + ": cannot delete: " + ErrnoText());
   SyncParentDirectory(path);
   return Status::Ok();
 }

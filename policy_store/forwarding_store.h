@@ -12,7 +12,9 @@ class ForwardingStore : public ObjectStore {
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override { return inner_.Get(key); }
   Result<bool> Exists(const std::string& key) override { return inner_.Exists(key); }
-  Result<std::vector<std::string>> List(const std::string& prefix) override { return inner_.List(prefix); }
+  Result<std::vector<std::string>> List(const std::string& prefix) override {
+    return inner_.List(prefix);
+  }
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override {
     return inner_.PutImmutable(key, bytes);
   }

@@ -25,10 +25,13 @@ Response Error(const Request& request, http::status status, const std::string& m
   return weft::http::ErrorResponse(request, status, message);
 }
 
-Response Error(const Request& request, const Status& status) { return weft::http::ErrorResponse(request, status); }
+Response Error(const Request& request, const Status& status) {
+  return weft::http::ErrorResponse(request, status);
+}
 
 bool ImmutableKey(const std::string& key) {
-  return key.rfind("blobs/", 0) == 0 || (key.rfind("runs/", 0) == 0 && key.find("/versions/") != std::string::npos);
+  return key.rfind("blobs/", 0) == 0 ||
+         (key.rfind("runs/", 0) == 0 && key.find("/versions/") != std::string::npos);
 }
 
 // Parses a single "bytes=a-b", "bytes=a-" or "bytes=-n" range against `size`.
@@ -36,7 +39,8 @@ std::optional<std::pair<uint64_t, uint64_t>> ParseRange(std::string_view header,
   if (header.rfind("bytes=", 0) != 0) return std::nullopt;
   std::string_view spec = header.substr(6);
   size_t dash = spec.find('-');
-  if (dash == std::string_view::npos || spec.find(',') != std::string_view::npos) return std::nullopt;
+  if (dash == std::string_view::npos || spec.find(',') != std::string_view::npos)
+    return std::nullopt;
   auto number = [](std::string_view text, uint64_t* out) {
     if (text.empty() || text.size() > 19) return false;
     uint64_t value = 0;
@@ -73,9 +77,11 @@ struct Shared {
 
 // Writes need the writer token (compared in constant time).
 std::optional<Response> CheckWriter(const Shared& shared, const Request& request) {
-  if (shared.options.writer_token.empty()) return Error(request, http::status::forbidden, "this store server is read-only");
+  if (shared.options.writer_token.empty())
+    return Error(request, http::status::forbidden, "this store server is read-only");
   if (!weft::http::BearerMatches(request, shared.options.writer_token)) {
-    return Error(request, http::status::unauthorized, "writes need the writer token (Authorization: Bearer ...)");
+    return Error(request, http::status::unauthorized,
+                 "writes need the writer token (Authorization: Bearer ...)");
   }
   return std::nullopt;
 }
@@ -90,32 +96,39 @@ Response HandleObject(const Shared& shared, const Request& request, const std::s
       Response response(http::status::ok, request.version());
       response.set(http::field::content_type, "application/octet-stream");
       response.set(http::field::accept_ranges, "bytes");
-      const std::string etag = "\"" + (key.rfind("blobs/", 0) == 0 ? key.substr(6) : Sha256Hex(*object)) + "\"";
+      const std::string etag =
+          "\"" + (key.rfind("blobs/", 0) == 0 ? key.substr(6) : Sha256Hex(*object)) + "\"";
       response.set(http::field::etag, etag);
-      response.set(http::field::cache_control, ImmutableKey(key) ? "public, max-age=31536000, immutable" : "no-cache");
+      response.set(http::field::cache_control,
+                   ImmutableKey(key) ? "public, max-age=31536000, immutable" : "no-cache");
       if (request[http::field::if_none_match] == etag) {
         response.result(http::status::not_modified);
         return response;
       }
       uint64_t first = 0, last = size == 0 ? 0 : size - 1;
       // If-Range: a range of a different version of the object is refused by sending it whole.
-      const bool same_object = request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
+      const bool same_object =
+          request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
       if (request.count(http::field::range) > 0 && same_object) {
         const auto header = request[http::field::range];
         auto range = ParseRange(std::string_view(header.data(), header.size()), size);
         if (!range) {
-          Response refused = Error(request, http::status::range_not_satisfiable, "unsatisfiable or unsupported range");
+          Response refused = Error(request, http::status::range_not_satisfiable,
+                                   "unsatisfiable or unsupported range");
           refused.set(http::field::content_range, "bytes */" + std::to_string(size));
           return refused;
         }
         std::tie(first, last) = *range;
         response.result(http::status::partial_content);
-        response.set(http::field::content_range, "bytes " + std::to_string(first) + "-" + std::to_string(last) + "/" + std::to_string(size));
+        response.set(http::field::content_range, "bytes " + std::to_string(first) + "-" +
+                                                     std::to_string(last) + "/" +
+                                                     std::to_string(size));
       }
       if (first == 0 && last + 1 == size) {
         response.body() = std::move(*object);
       } else if (size > 0) {
-        response.body().assign(object->begin() + static_cast<long>(first), object->begin() + static_cast<long>(last) + 1);
+        response.body().assign(object->begin() + static_cast<long>(first),
+                               object->begin() + static_cast<long>(last) + 1);
       }
       response.prepare_payload();
       if (request.method() == http::verb::head) response.body().clear();
@@ -133,17 +146,22 @@ Response HandleObject(const Shared& shared, const Request& request, const std::s
       if (!status.ok()) return Error(request, status);
       return JsonResponse(request, http::status::ok, Json{{"key", key}});
     }
-    default: return Error(request, http::status::method_not_allowed, "objects take GET, HEAD, PUT and DELETE");
+    default:
+      return Error(request, http::status::method_not_allowed,
+                   "objects take GET, HEAD, PUT and DELETE");
   }
 }
 
 Response Handle(const Shared& shared, const Request& request) {
   try {
     const std::string target(request.target());
-    if (target.find_first_of("?%#") != std::string::npos) return Error(request, http::status::bad_request, "query strings and escapes are not supported");
+    if (target.find_first_of("?%#") != std::string::npos)
+      return Error(request, http::status::bad_request,
+                   "query strings and escapes are not supported");
     if (target == "/livez") return JsonResponse(request, http::status::ok, Json{{"ok", true}});
     if (target == "/v1/stats" && shared.options.stats) {
-      return JsonResponse(request, http::status::ok, Json::parse(shared.options.stats(), nullptr, false));
+      return JsonResponse(request, http::status::ok,
+                          Json::parse(shared.options.stats(), nullptr, false));
     }
     auto keyed = [&](const std::string& prefix, std::string* key) {
       if (target.rfind(prefix, 0) != 0) return false;
@@ -159,21 +177,26 @@ Response Handle(const Shared& shared, const Request& request) {
     if (keyed("/v1/cas/", &key)) {
       Status valid = ValidateKey(key);
       if (!valid.ok()) return Error(request, valid);
-      if (request.method() != http::verb::post) return Error(request, http::status::method_not_allowed, "compare-and-swap takes POST");
+      if (request.method() != http::verb::post)
+        return Error(request, http::status::method_not_allowed, "compare-and-swap takes POST");
       if (auto refused = CheckWriter(shared, request)) return *refused;
       Json body = Json::parse(request.body().begin(), request.body().end(), nullptr, false);
-      if (body.is_discarded() || !body.is_object() || !body.contains("desired") || !body["desired"].is_string() ||
-          !body.contains("expected") || !(body["expected"].is_null() || body["expected"].is_string()) || body.size() != 2) {
-        return Error(request, http::status::bad_request, "expected a JSON object {\"expected\": string or null, \"desired\": string}");
+      if (body.is_discarded() || !body.is_object() || !body.contains("desired") ||
+          !body["desired"].is_string() || !body.contains("expected") ||
+          !(body["expected"].is_null() || body["expected"].is_string()) || body.size() != 2) {
+        return Error(request, http::status::bad_request,
+                     "expected a JSON object {\"expected\": string or null, \"desired\": string}");
       }
       std::optional<std::string> expected;
       if (body["expected"].is_string()) expected = body["expected"].get<std::string>();
-      Status status = shared.backend.CompareAndSwap(key, expected, body["desired"].get<std::string>());
+      Status status =
+          shared.backend.CompareAndSwap(key, expected, body["desired"].get<std::string>());
       if (!status.ok()) return Error(request, status);
       return JsonResponse(request, http::status::ok, Json{{"key", key}});
     }
     if (keyed("/v1/list/", &key)) {
-      if (request.method() != http::verb::get) return Error(request, http::status::method_not_allowed, "listing takes GET");
+      if (request.method() != http::verb::get)
+        return Error(request, http::status::method_not_allowed, "listing takes GET");
       Result<std::vector<std::string>> keys = shared.backend.List(key);
       if (!keys.ok()) return Error(request, keys.status());
       return JsonResponse(request, http::status::ok, Json{{"keys", *keys}});
@@ -192,7 +215,8 @@ struct StoreServer::Impl {
   std::unique_ptr<weft::http::HttpServer> server;
 };
 
-Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend, const StoreServerOptions& options) {
+Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend,
+                                                        const StoreServerOptions& options) {
   auto impl = std::make_unique<Impl>(backend, options);
   weft::http::ServerOptions server_options;
   server_options.address = options.address;
@@ -201,10 +225,12 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend, co
   server_options.threads = options.threads;
   server_options.read_timeout = options.read_timeout;
   const Shared* shared = &impl->shared;
-  WEFT_ASSIGN_OR_RETURN(impl->server, weft::http::HttpServer::Start(server_options, [shared](Request request, weft::http::Responder respond) {
-    Response response = Handle(*shared, request);
-    respond(std::move(response));
-  }));
+  WEFT_ASSIGN_OR_RETURN(
+      impl->server, weft::http::HttpServer::Start(
+                        server_options, [shared](Request request, weft::http::Responder respond) {
+                          Response response = Handle(*shared, request);
+                          respond(std::move(response));
+                        }));
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 

@@ -22,8 +22,8 @@ namespace weft::policy_store {
 
 struct StoreServerOptions {
   std::string address = "127.0.0.1";
-  uint16_t port = 0;             // 0: any free port (see StoreServer::port)
-  std::string writer_token;      // empty: the server is read-only
+  uint16_t port = 0;         // 0: any free port (see StoreServer::port)
+  std::string writer_token;  // empty: the server is read-only
   uint64_t max_body_bytes = uint64_t{4} << 30;
   int threads = 2;
   std::chrono::seconds read_timeout{30};
@@ -33,7 +33,8 @@ struct StoreServerOptions {
 
 class StoreServer {
  public:
-  static Result<std::unique_ptr<StoreServer>> Start(ObjectStore& backend, const StoreServerOptions& options);
+  static Result<std::unique_ptr<StoreServer>> Start(ObjectStore& backend,
+                                                    const StoreServerOptions& options);
   ~StoreServer();
 
   uint16_t port() const;

@@ -20,10 +20,11 @@ HttpClientOptions ClientOptions(const HttpStoreOptions& options) {
 }  // namespace
 
 HttpStore::HttpStore(std::string base_url, std::string writer_token, HttpStoreOptions options)
-    : client_(std::move(base_url), ClientOptions(options)), writer_token_(std::move(writer_token)) {}
+    : client_(std::move(base_url), ClientOptions(options)),
+      writer_token_(std::move(writer_token)) {}
 
-Result<HttpStore::Reply> HttpStore::Request(const std::string& method, const std::string& path, std::span<const uint8_t> body,
-                                            bool authorize) {
+Result<HttpStore::Reply> HttpStore::Request(const std::string& method, const std::string& path,
+                                            std::span<const uint8_t> body, bool authorize) {
   std::vector<std::string> headers;
   if (authorize) headers.push_back("Authorization: Bearer " + writer_token_);
   // Every Store API request is idempotent: immutable puts, compare-and-swap, deletes.
@@ -56,7 +57,8 @@ Result<std::vector<std::string>> HttpStore::List(const std::string& prefix) {
   }
   std::vector<std::string> keys;
   for (const Json& key : body["keys"]) {
-    if (!key.is_string() || !ValidateKey(key.get<std::string>()).ok()) return DataLoss(client_.base_url() + ": malformed key in listing");
+    if (!key.is_string() || !ValidateKey(key.get<std::string>()).ok())
+      return DataLoss(client_.base_url() + ": malformed key in listing");
     keys.push_back(key.get<std::string>());
   }
   return keys;
@@ -68,11 +70,14 @@ Status HttpStore::PutImmutable(const std::string& key, std::span<const uint8_t> 
   return StatusOfReply(reply, "PUT " + client_.base_url() + "/v1/objects/" + key);
 }
 
-Status HttpStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected, const std::string& desired) {
+Status HttpStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected,
+                                 const std::string& desired) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   Json body = {{"expected", expected ? Json(*expected) : Json(nullptr)}, {"desired", desired}};
   std::string text = body.dump();
-  WEFT_ASSIGN_OR_RETURN(Reply reply, Request("POST", "/v1/cas/" + key, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}, true));
+  WEFT_ASSIGN_OR_RETURN(
+      Reply reply, Request("POST", "/v1/cas/" + key,
+                           {reinterpret_cast<const uint8_t*>(text.data()), text.size()}, true));
   return StatusOfReply(reply, "POST " + client_.base_url() + "/v1/cas/" + key);
 }
 

@@ -9,7 +9,8 @@ namespace weft::policy_store {
 std::string LinkShape::Describe() const {
   char text[96];
   if (bytes_per_second > 0) {
-    std::snprintf(text, sizeof(text), "%.1f MB/s, +%.1f ms per request", bytes_per_second / 1e6, latency.count() / 1000.0);
+    std::snprintf(text, sizeof(text), "%.1f MB/s, +%.1f ms per request", bytes_per_second / 1e6,
+                  latency.count() / 1000.0);
   } else {
     std::snprintf(text, sizeof(text), "unlimited, +%.1f ms per request", latency.count() / 1000.0);
   }
@@ -27,8 +28,8 @@ void LinkShaper::Received(uint64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const Clock::time_point now = Clock::now();
-    const auto cost = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(static_cast<double>(bytes) / static_cast<double>(shape_.bytes_per_second)));
+    const auto cost = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+        static_cast<double>(bytes) / static_cast<double>(shape_.bytes_per_second)));
     free_at_ = std::max(free_at_, now - burst) + cost;
     wake = free_at_ - burst;
   }

@@ -15,8 +15,8 @@
 namespace weft::policy_store {
 
 struct LinkShape {
-  uint64_t bytes_per_second = 0;          // 0: unlimited
-  std::chrono::microseconds latency{0};   // added before each request
+  uint64_t bytes_per_second = 0;         // 0: unlimited
+  std::chrono::microseconds latency{0};  // added before each request
   bool active() const { return bytes_per_second > 0 || latency.count() > 0; }
   std::string Describe() const;
 };

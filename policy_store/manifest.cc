@@ -52,11 +52,14 @@ std::string Manifest::ToJson() const {
                {"last_keyframe", last_keyframe},
                {"delta_bytes_since_keyframe", delta_bytes_since_keyframe}};
   if (keyframe) json["keyframe"] = BlobJson(*keyframe);
-  if (delta) json["delta"] = {{"base", *delta_base}, {"sha256", delta->sha256}, {"bytes", delta->bytes}};
+  if (delta)
+    json["delta"] = {{"base", *delta_base}, {"sha256", delta->sha256}, {"bytes", delta->bytes}};
   if (shard) json["shard"] = {{"rank", shard->rank}, {"world", shard->world}};
   if (!skips.empty()) {
     Json list = Json::array();
-    for (const SkipDelta& skip : skips) list.push_back({{"base", skip.base}, {"sha256", skip.blob.sha256}, {"bytes", skip.blob.bytes}});
+    for (const SkipDelta& skip : skips)
+      list.push_back(
+          {{"base", skip.base}, {"sha256", skip.blob.sha256}, {"bytes", skip.blob.bytes}});
     json["skips"] = list;
   }
   return json.dump(1);
@@ -69,10 +72,10 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
   } catch (const Json::exception& error) {
     return InvalidArgument(std::string("manifest is not valid JSON: ") + error.what());
   }
-  WEFT_RETURN_IF_ERROR(CheckFields(json, "manifest",
-                                   {"format", "run", "version", "tensors", "last_keyframe",
-                                    "delta_bytes_since_keyframe"},
-                                   {"keyframe", "delta", "skips", "shard"}));
+  WEFT_RETURN_IF_ERROR(CheckFields(
+      json, "manifest",
+      {"format", "run", "version", "tensors", "last_keyframe", "delta_bytes_since_keyframe"},
+      {"keyframe", "delta", "skips", "shard"}));
   if (json["format"] != kManifestFormat) {
     return InvalidArgument("manifest format is not " + std::string(kManifestFormat));
   }
@@ -82,8 +85,10 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(m.run_id));
   WEFT_ASSIGN_OR_RETURN(m.version, GetUnsigned(json, "version", "manifest"));
   WEFT_ASSIGN_OR_RETURN(m.last_keyframe, GetUnsigned(json, "last_keyframe", "manifest"));
-  WEFT_ASSIGN_OR_RETURN(m.delta_bytes_since_keyframe, GetUnsigned(json, "delta_bytes_since_keyframe", "manifest"));
-  if (m.last_keyframe > m.version) return InvalidArgument("manifest.last_keyframe is after the version");
+  WEFT_ASSIGN_OR_RETURN(m.delta_bytes_since_keyframe,
+                        GetUnsigned(json, "delta_bytes_since_keyframe", "manifest"));
+  if (m.last_keyframe > m.version)
+    return InvalidArgument("manifest.last_keyframe is after the version");
   if (!json["tensors"].is_array()) return InvalidArgument("manifest.tensors is not an array");
   std::set<std::string> names;
   for (size_t i = 0; i < json["tensors"].size(); ++i) {
@@ -91,20 +96,26 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
     const std::string where = "manifest.tensors[" + std::to_string(i) + "]";
     WEFT_RETURN_IF_ERROR(CheckFields(t, where, {"name", "dtype", "shape", "digest"}, {}));
     ManifestTensor tensor;
-    if (!t["name"].is_string() || t["name"].get<std::string>().empty()) return InvalidArgument(where + ".name is not a non-empty string");
+    if (!t["name"].is_string() || t["name"].get<std::string>().empty())
+      return InvalidArgument(where + ".name is not a non-empty string");
     tensor.name = t["name"].get<std::string>();
-    if (!names.insert(tensor.name).second) return InvalidArgument(where + ": tensor '" + tensor.name + "' appears twice");
+    if (!names.insert(tensor.name).second)
+      return InvalidArgument(where + ": tensor '" + tensor.name + "' appears twice");
     std::optional<sync::DType> dtype =
-        t["dtype"].is_string() ? sync::DTypeFromSafetensorsName(t["dtype"].get<std::string>()) : std::nullopt;
+        t["dtype"].is_string() ? sync::DTypeFromSafetensorsName(t["dtype"].get<std::string>())
+                               : std::nullopt;
     if (!dtype) return InvalidArgument(where + ".dtype is not a known dtype");
     tensor.dtype = *dtype;
-    if (!t["shape"].is_array() || t["shape"].size() > sync::kMaxRank) return InvalidArgument(where + ".shape is not an array of at most 8 dimensions");
+    if (!t["shape"].is_array() || t["shape"].size() > sync::kMaxRank)
+      return InvalidArgument(where + ".shape is not an array of at most 8 dimensions");
     for (const Json& d : t["shape"]) {
-      if (!d.is_number_unsigned()) return InvalidArgument(where + ".shape has a dimension that is not a non-negative integer");
+      if (!d.is_number_unsigned())
+        return InvalidArgument(where + ".shape has a dimension that is not a non-negative integer");
       tensor.shape.push_back(d.get<uint64_t>());
     }
-    std::optional<sync::Digest> digest =
-        t["digest"].is_string() ? sync::Digest::FromHex(t["digest"].get<std::string>()) : std::nullopt;
+    std::optional<sync::Digest> digest = t["digest"].is_string()
+                                             ? sync::Digest::FromHex(t["digest"].get<std::string>())
+                                             : std::nullopt;
     if (!digest) return InvalidArgument(where + ".digest is not 32 lowercase hex digits");
     tensor.digest = *digest;
     m.tensors.push_back(std::move(tensor));
@@ -144,21 +155,27 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
     WEFT_ASSIGN_OR_RETURN(shard.rank, GetUnsigned(k, "rank", "manifest.shard"));
     WEFT_ASSIGN_OR_RETURN(shard.world, GetUnsigned(k, "world", "manifest.shard"));
     if (shard.world < 1 || shard.world > 65536 || shard.rank >= shard.world) {
-      return InvalidArgument("manifest.shard: rank " + std::to_string(shard.rank) + " of world " + std::to_string(shard.world) + " is not valid");
+      return InvalidArgument("manifest.shard: rank " + std::to_string(shard.rank) + " of world " +
+                             std::to_string(shard.world) + " is not valid");
     }
     m.shard = shard;
   }
-  if (!m.keyframe && !m.delta) return InvalidArgument("manifest has neither a keyframe nor a delta");
+  if (!m.keyframe && !m.delta)
+    return InvalidArgument("manifest has neither a keyframe nor a delta");
   if (m.version == 0 && !m.keyframe) return InvalidArgument("version 0 must have a keyframe");
-  if (m.keyframe && m.last_keyframe != m.version) return InvalidArgument("manifest.last_keyframe must equal the version of a keyframe");
+  if (m.keyframe && m.last_keyframe != m.version)
+    return InvalidArgument("manifest.last_keyframe must equal the version of a keyframe");
   return m;
 }
 
 Status ValidateRunId(const std::string& run_id) {
-  if (run_id.empty() || run_id.size() > 128) return InvalidArgument("run id must be 1 to 128 characters");
+  if (run_id.empty() || run_id.size() > 128)
+    return InvalidArgument("run id must be 1 to 128 characters");
   for (char c : run_id) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
-    if (!ok) return InvalidArgument("run id '" + run_id + "' has a character outside [A-Za-z0-9._-]");
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.';
+    if (!ok)
+      return InvalidArgument("run id '" + run_id + "' has a character outside [A-Za-z0-9._-]");
   }
   if (run_id == "." || run_id == "..") return InvalidArgument("run id cannot be '.' or '..'");
   return Status::Ok();
@@ -177,10 +194,13 @@ std::string ShardPrefix(const std::string& run_id, uint64_t version) {
 }
 
 std::string ShardKey(const std::string& run_id, uint64_t version, uint64_t rank, uint64_t world) {
-  return ShardPrefix(run_id, version) + std::to_string(rank) + "-of-" + std::to_string(world) + ".json";
+  return ShardPrefix(run_id, version) + std::to_string(rank) + "-of-" + std::to_string(world) +
+         ".json";
 }
 
-std::string PinKey(const std::string& run_id, const std::string& holder) { return "runs/" + run_id + "/pins/" + holder; }
+std::string PinKey(const std::string& run_id, const std::string& holder) {
+  return "runs/" + run_id + "/pins/" + holder;
+}
 
 std::string CatchupPrefix(const std::string& run_id, uint64_t target) {
   char digits[24];
@@ -195,29 +215,40 @@ std::string CatchupKey(const std::string& run_id, uint64_t target, uint64_t base
 }
 
 Status ValidateHolder(const std::string& holder) {
-  if (holder.empty() || holder.size() > 128 || holder == "." || holder == ".." || holder.find('/') != std::string::npos) {
-    return InvalidArgument("pin holder '" + holder + "' must be 1 to 128 characters of [A-Za-z0-9._-]");
+  if (holder.empty() || holder.size() > 128 || holder == "." || holder == ".." ||
+      holder.find('/') != std::string::npos) {
+    return InvalidArgument("pin holder '" + holder +
+                           "' must be 1 to 128 characters of [A-Za-z0-9._-]");
   }
   return ValidateKey(holder).WithContext("pin holder");
 }
 
 std::string Catchup::ToJson() const {
-  return Json({{"format", "weft.catchup.v1"}, {"run", run_id}, {"base", base}, {"target", target},
-               {"sha256", blob.sha256}, {"bytes", blob.bytes}}).dump();
+  return Json({{"format", "weft.catchup.v1"},
+               {"run", run_id},
+               {"base", base},
+               {"target", target},
+               {"sha256", blob.sha256},
+               {"bytes", blob.bytes}})
+      .dump();
 }
 
 Result<Catchup> Catchup::FromJson(std::string_view text) {
   Json json = Json::parse(text, nullptr, false);
   if (json.is_discarded()) return InvalidArgument("catch-up record is not valid JSON");
-  WEFT_RETURN_IF_ERROR(CheckFields(json, "catch-up record", {"format", "run", "base", "target", "sha256", "bytes"}, {}));
-  if (json["format"] != "weft.catchup.v1") return InvalidArgument("catch-up record format is not weft.catchup.v1");
+  WEFT_RETURN_IF_ERROR(CheckFields(json, "catch-up record",
+                                   {"format", "run", "base", "target", "sha256", "bytes"}, {}));
+  if (json["format"] != "weft.catchup.v1")
+    return InvalidArgument("catch-up record format is not weft.catchup.v1");
   Catchup c;
   if (!json["run"].is_string()) return InvalidArgument("catch-up record: run is not a string");
   c.run_id = json["run"].get<std::string>();
   WEFT_ASSIGN_OR_RETURN(c.base, GetUnsigned(json, "base", "catch-up record"));
   WEFT_ASSIGN_OR_RETURN(c.target, GetUnsigned(json, "target", "catch-up record"));
   if (c.base >= c.target) return InvalidArgument("catch-up record: base is not before target");
-  WEFT_ASSIGN_OR_RETURN(c.blob, ParseBlob(Json{{"sha256", json["sha256"]}, {"bytes", json["bytes"]}}, "catch-up record"));
+  WEFT_ASSIGN_OR_RETURN(
+      c.blob,
+      ParseBlob(Json{{"sha256", json["sha256"]}, {"bytes", json["bytes"]}}, "catch-up record"));
   return c;
 }
 

@@ -1,7 +1,8 @@
 // Manifests: the description of one immutable policy version, and the store layout around them.
 //
 // Layout in an ObjectStore (docs/formats.md, "Policy store"):
-//   blobs/<sha256 hex>                       immutable, content-addressed: safetensors keyframes and
+//   blobs/<sha256 hex>                       immutable, content-addressed: safetensors keyframes
+//   and
 //                                            weft delta files
 //   runs/<run>/versions/<version, 20 digits>.json   the manifest of that version, immutable
 //   runs/<run>/shards/<version>/<rank>-of-<world>.json   one rank's part of a sharded version,
@@ -20,8 +21,8 @@
 
 #include <cstdint>
 #include <optional>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -54,11 +55,11 @@ struct Manifest {
   std::string run_id;
   uint64_t version = 0;
   std::vector<ManifestTensor> tensors;
-  std::optional<BlobRef> keyframe;       // the whole version, as a safetensors file
-  std::optional<uint64_t> delta_base;    // the version the delta starts from
-  std::optional<BlobRef> delta;          // a weft delta file from delta_base to this version
-  std::vector<SkipDelta> skips;          // longer deltas ending here, by increasing span
-  uint64_t last_keyframe = 0;            // the newest version <= this one that has a keyframe
+  std::optional<BlobRef> keyframe;          // the whole version, as a safetensors file
+  std::optional<uint64_t> delta_base;       // the version the delta starts from
+  std::optional<BlobRef> delta;             // a weft delta file from delta_base to this version
+  std::vector<SkipDelta> skips;             // longer deltas ending here, by increasing span
+  uint64_t last_keyframe = 0;               // the newest version <= this one that has a keyframe
   uint64_t delta_bytes_since_keyframe = 0;  // delta bytes from last_keyframe up to this version
   // Set on the part of a version written by one rank of a sharded trainer (stored under
   // ShardKey, never under ManifestKey): its tensors and blobs only, merged into the version's
@@ -92,7 +93,8 @@ Status ValidateRunId(const std::string& run_id);
 Status ValidateHolder(const std::string& holder);
 std::string ManifestKey(const std::string& run_id, uint64_t version);
 std::string LatestKey(const std::string& run_id);
-// runs/<run>/shards/<version, 20 digits>/<rank>-of-<world>.json, and the folder of a version's parts.
+// runs/<run>/shards/<version, 20 digits>/<rank>-of-<world>.json, and the folder of a version's
+// parts.
 std::string ShardKey(const std::string& run_id, uint64_t version, uint64_t rank, uint64_t world);
 std::string ShardPrefix(const std::string& run_id, uint64_t version);
 // runs/<run>/pins/<holder>: the version a holder still needs, in decimal (section 6.4).

@@ -21,7 +21,8 @@ Status ValidateKey(const std::string& key) {
     for (char c : segment) {
       bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                 c == '.' || c == '_' || c == '-';
-      if (!ok) return InvalidArgument("object key '" + key + "' has a character outside [A-Za-z0-9._-/]");
+      if (!ok)
+        return InvalidArgument("object key '" + key + "' has a character outside [A-Za-z0-9._-/]");
     }
     start = end + 1;
   }
@@ -35,18 +36,22 @@ Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const Ope
     const char* token = std::getenv("WEFT_STORE_TOKEN");
     HttpStoreOptions http;
     http.deadline = options.deadline;
-    if (shaped) http.shaper = std::make_shared<LinkShaper>(LinkShape{options.shape_bytes_per_second, options.shape_latency});
+    if (shaped)
+      http.shaper = std::make_shared<LinkShaper>(
+          LinkShape{options.shape_bytes_per_second, options.shape_latency});
     store = std::make_unique<HttpStore>(uri, token ? token : "", http);
   } else {
-    if (shaped) return InvalidArgument("link shaping applies to http:// stores, not to the directory " + uri);
+    if (shaped)
+      return InvalidArgument("link shaping applies to http:// stores, not to the directory " + uri);
     std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri;
     if (path.empty()) return InvalidArgument("empty store path");
     WEFT_ASSIGN_OR_RETURN(std::unique_ptr<DirectoryStore> directory, DirectoryStore::Open(path));
     store = std::move(directory);
   }
   if (options.cache_dir.empty()) return store;
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache,
-                        CachingStore::Open(std::move(store), CacheOptions{options.cache_dir, options.cache_bytes}));
+  WEFT_ASSIGN_OR_RETURN(
+      std::unique_ptr<CachingStore> cache,
+      CachingStore::Open(std::move(store), CacheOptions{options.cache_dir, options.cache_bytes}));
   return std::unique_ptr<ObjectStore>(std::move(cache));
 }
 

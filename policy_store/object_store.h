@@ -49,15 +49,16 @@ Status ValidateKey(const std::string& key);
 // How a store is reached. `shape` and `deadline` apply to HTTP stores (shaping a directory is
 // refused); with a `cache_dir`, blobs are read through a bounded local cache (CachingStore).
 struct OpenOptions {
-  uint64_t shape_bytes_per_second = 0;           // 0: unlimited
-  std::chrono::microseconds shape_latency{0};    // added before each request
-  std::chrono::milliseconds deadline{120000};    // per request, retries included
-  std::string cache_dir;                         // empty: no local cache
+  uint64_t shape_bytes_per_second = 0;         // 0: unlimited
+  std::chrono::microseconds shape_latency{0};  // added before each request
+  std::chrono::milliseconds deadline{120000};  // per request, retries included
+  std::string cache_dir;                       // empty: no local cache
   uint64_t cache_bytes = uint64_t{10} << 30;
 };
 
 // Opens a store from a URI: a directory path, file://PATH, or http(s)://HOST:PORT (a Store API
 // server; writes use the token in the environment variable WEFT_STORE_TOKEN).
-Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const OpenOptions& options = {});
+Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri,
+                                               const OpenOptions& options = {});
 
 }  // namespace weft::policy_store

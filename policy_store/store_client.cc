@@ -25,15 +25,19 @@ Result<BlobRef> PutBlob(ObjectStore& store, std::span<const uint8_t> bytes) {
 
 std::string VersionText(uint64_t version) { return std::to_string(version) + "\n"; }
 
-std::string Deltas(size_t count) { return std::to_string(count) + (count == 1 ? " delta" : " deltas"); }
+std::string Deltas(size_t count) {
+  return std::to_string(count) + (count == 1 ? " delta" : " deltas");
+}
 
 Result<Manifest> ReadManifest(ObjectStore& store, const std::string& run_id, uint64_t version) {
   const std::string key = ManifestKey(run_id, version);
   WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> text, store.Get(key));
-  Result<Manifest> manifest = Manifest::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
+  Result<Manifest> manifest =
+      Manifest::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
   if (!manifest.ok()) return DataLoss(manifest.status().message()).WithContext(key);
   if (manifest->run_id != run_id || manifest->version != version) {
-    return DataLoss(key + ": manifest names run '" + manifest->run_id + "' version " + std::to_string(manifest->version));
+    return DataLoss(key + ": manifest names run '" + manifest->run_id + "' version " +
+                    std::to_string(manifest->version));
   }
   return manifest;
 }
@@ -62,11 +66,15 @@ Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t vers
       }
     }
     if (!left_blob) break;  // published without skips: nothing longer can be built
-    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> left_bytes,
-                          FetchVerifiedBlob(store, *left_blob, "skip delta ending at version " + std::to_string(middle)));
+    WEFT_ASSIGN_OR_RETURN(
+        std::vector<uint8_t> left_bytes,
+        FetchVerifiedBlob(store, *left_blob,
+                          "skip delta ending at version " + std::to_string(middle)));
     Result<sync::ModelDelta> left = sync::ParseModelDelta(left_bytes);
-    if (!left.ok()) return left.status().WithContext("skip delta ending at version " + std::to_string(middle));
-    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta squashed, sync::SquashModelDeltas(*left, *right, threads));
+    if (!left.ok())
+      return left.status().WithContext("skip delta ending at version " + std::to_string(middle));
+    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta squashed,
+                          sync::SquashModelDeltas(*left, *right, threads));
     std::vector<uint8_t> bytes = sync::SerializeModelDelta(squashed);
     WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
     skips->push_back({version - span, blob});
@@ -76,7 +84,8 @@ Status PublishSkips(ObjectStore& store, const std::string& run_id, uint64_t vers
   return Status::Ok();
 }
 
-Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob, const std::string& what) {
+Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob,
+                                               const std::string& what) {
   constexpr int kTries = 3;
   for (int attempt = 1;; ++attempt) {
     Result<std::vector<uint8_t>> bytes = store.Get(BlobKey(blob.sha256));
@@ -86,7 +95,8 @@ Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef
     WEFT_LOG(kWarning) << what << ": blob " << blob.sha256 << " from " << store.Describe()
                        << " does not match its hash (try " << attempt << " of " << kTries << ")";
     if (attempt == kTries) {
-      return DataLoss(what + ": blob " + blob.sha256 + " is corrupted (its content does not match its hash on " +
+      return DataLoss(what + ": blob " + blob.sha256 +
+                      " is corrupted (its content does not match its hash on " +
                       std::to_string(kTries) + " fetches)");
     }
   }
@@ -96,17 +106,20 @@ std::vector<uint8_t> KeyframeBytes(const sync::ServedModel& model) {
   std::vector<sync::TensorToWrite> tensors = model.AsTensorsToWrite();
   Result<sync::SafetensorsLayout> layout = sync::PlanSafetensors(tensors, {});
   std::vector<uint8_t> bytes = layout->header;  // served tensors always form a valid file
-  for (size_t i : layout->order) bytes.insert(bytes.end(), tensors[i].data.begin(), tensors[i].data.end());
+  for (size_t i : layout->order)
+    bytes.insert(bytes.end(), tensors[i].data.begin(), tensors[i].data.end());
   return bytes;
 }
 
 Result<bool> KeyframeDue(ObjectStore& store, const std::string& run_id, const Manifest* previous,
                          const KeyframePolicy& policy) {
-  if (previous == nullptr || previous->version + 1 - previous->last_keyframe >= policy.interval) return true;
+  if (previous == nullptr || previous->version + 1 - previous->last_keyframe >= policy.interval)
+    return true;
   if (previous->delta_bytes_since_keyframe == 0) return false;
   // The budget is relative to the last keyframe's size, read from its manifest.
   WEFT_ASSIGN_OR_RETURN(Manifest last, ReadManifest(store, run_id, previous->last_keyframe));
-  const double budget = policy.delta_budget * static_cast<double>(last.keyframe ? last.keyframe->bytes : 0);
+  const double budget =
+      policy.delta_budget * static_cast<double>(last.keyframe ? last.keyframe->bytes : 0);
   return static_cast<double>(previous->delta_bytes_since_keyframe) > budget;
 }
 
@@ -114,14 +127,16 @@ namespace {
 
 std::vector<ManifestTensor> ManifestTensors(const sync::ServedModel& model) {
   std::vector<ManifestTensor> tensors;
-  for (const auto& t : model.tensors()) tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.digest});
+  for (const auto& t : model.tensors())
+    tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.digest});
   return tensors;
 }
 
 // Writes a version whose tensors, delta and keyframe (made only when one is due) are given: blobs,
 // skip deltas, manifest, then `latest`.
-Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id, const Manifest* previous,
-                                std::vector<ManifestTensor> tensors, const sync::ModelDelta* delta,
+Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
+                                const Manifest* previous, std::vector<ManifestTensor> tensors,
+                                const sync::ModelDelta* delta,
                                 const std::function<Result<std::vector<uint8_t>>()>& keyframe_bytes,
                                 const KeyframePolicy& policy, int threads) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
@@ -142,7 +157,8 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id, c
     manifest.delta_base = previous->version;
     delta_bytes = bytes.size();
   }
-  WEFT_RETURN_IF_ERROR(PublishSkips(store, run_id, manifest.version, delta, policy, threads, &manifest.skips));
+  WEFT_RETURN_IF_ERROR(
+      PublishSkips(store, run_id, manifest.version, delta, policy, threads, &manifest.skips));
   WEFT_ASSIGN_OR_RETURN(bool keyframe, KeyframeDue(store, run_id, previous, policy));
   if (keyframe) {
     WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, keyframe_bytes());
@@ -155,7 +171,8 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id, c
     manifest.delta_bytes_since_keyframe = previous->delta_bytes_since_keyframe + delta_bytes;
   }
   // Then the manifest, then the pointer.
-  Status status = store.PutImmutable(ManifestKey(run_id, manifest.version), AsBytes(manifest.ToJson()));
+  Status status =
+      store.PutImmutable(ManifestKey(run_id, manifest.version), AsBytes(manifest.ToJson()));
   if (status.code() == StatusCode::kConflict) {
     return Conflict("run '" + run_id + "' version " + std::to_string(manifest.version) +
                     " was already published differently (another publisher?)");
@@ -167,7 +184,8 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id, c
   if (status.code() == StatusCode::kConflict) {
     // A rerun of a publisher that died after moving the pointer finds it already moved here.
     Result<std::vector<uint8_t>> latest = store.Get(LatestKey(run_id));
-    if (!latest.ok() || std::string(latest->begin(), latest->end()) != VersionText(manifest.version)) {
+    if (!latest.ok() ||
+        std::string(latest->begin(), latest->end()) != VersionText(manifest.version)) {
       return status.WithContext("run '" + run_id + "': latest moved while publishing version " +
                                 std::to_string(manifest.version));
     }
@@ -179,14 +197,16 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id, c
   if (delta != nullptr) {
     Status catchups = PublishCatchups(store, run_id, manifest, *delta, policy, threads);
     if (!catchups.ok()) {
-      WEFT_LOG(kWarning) << "run '" << run_id << "' version " << manifest.version << ": catch-up deltas not written: " << catchups.message();
+      WEFT_LOG(kWarning) << "run '" << run_id << "' version " << manifest.version
+                         << ": catch-up deltas not written: " << catchups.message();
     }
   }
   return manifest;
 }
 
 // Polls `ready` with backoff until it returns true or `deadline` passes.
-Result<bool> PollUntil(std::chrono::milliseconds deadline, const std::function<Result<bool>()>& ready) {
+Result<bool> PollUntil(std::chrono::milliseconds deadline,
+                       const std::function<Result<bool>()>& ready) {
   const auto end = std::chrono::steady_clock::now() + deadline;
   std::chrono::milliseconds pause(5);
   while (true) {
@@ -204,15 +224,19 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
                                 const Manifest* previous, const sync::ServedModel& model,
                                 const sync::ModelDelta* delta, const KeyframePolicy& policy,
                                 int threads) {
-  return PublishContent(store, run_id, previous, ManifestTensors(model), delta,
-                        [&model]() -> Result<std::vector<uint8_t>> { return KeyframeBytes(model); }, policy, threads);
+  return PublishContent(
+      store, run_id, previous, ManifestTensors(model), delta,
+      [&model]() -> Result<std::vector<uint8_t>> { return KeyframeBytes(model); }, policy, threads);
 }
 
-Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id, const Manifest* previous,
-                              uint64_t rank, uint64_t world, const sync::ServedModel& shard,
-                              const sync::ModelDelta* delta, const KeyframePolicy& policy) {
+Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id,
+                              const Manifest* previous, uint64_t rank, uint64_t world,
+                              const sync::ServedModel& shard, const sync::ModelDelta* delta,
+                              const KeyframePolicy& policy) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
-  if (world < 1 || rank >= world) return InvalidArgument("rank " + std::to_string(rank) + " is not in a world of " + std::to_string(world));
+  if (world < 1 || rank >= world)
+    return InvalidArgument("rank " + std::to_string(rank) + " is not in a world of " +
+                           std::to_string(world));
   if ((previous == nullptr) != (delta == nullptr)) {
     return InvalidArgument("a version after the first needs a delta from its predecessor");
   }
@@ -235,53 +259,67 @@ Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id, con
   } else {
     part.last_keyframe = previous->last_keyframe;
   }
-  Status status = store.PutImmutable(ShardKey(run_id, part.version, rank, world), AsBytes(part.ToJson()));
+  Status status =
+      store.PutImmutable(ShardKey(run_id, part.version, rank, world), AsBytes(part.ToJson()));
   if (status.code() == StatusCode::kConflict) {
-    return Conflict("rank " + std::to_string(rank) + " of " + std::to_string(world) + " already published a different part of run '" +
-                    run_id + "' version " + std::to_string(part.version));
+    return Conflict("rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                    " already published a different part of run '" + run_id + "' version " +
+                    std::to_string(part.version));
   }
   WEFT_RETURN_IF_ERROR(status);
   return part;
 }
 
-Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id, const Manifest* previous,
-                              uint64_t world, const KeyframePolicy& policy, int threads,
+Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id,
+                              const Manifest* previous, uint64_t world,
+                              const KeyframePolicy& policy, int threads,
                               std::chrono::milliseconds deadline) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
   const uint64_t version = previous ? previous->version + 1 : 0;
   const std::string where = "run '" + run_id + "' version " + std::to_string(version);
   std::vector<std::optional<Manifest>> parts(world);
-  WEFT_ASSIGN_OR_RETURN(bool complete, PollUntil(deadline, [&]() -> Result<bool> {
-    for (uint64_t rank = 0; rank < world; ++rank) {
-      if (parts[rank]) continue;
-      Result<std::vector<uint8_t>> text = store.Get(ShardKey(run_id, version, rank, world));
-      if (!text.ok() && text.status().code() == StatusCode::kNotFound) return false;
-      if (!text.ok()) return text.status();
-      Result<Manifest> part = Manifest::FromJson({reinterpret_cast<const char*>(text->data()), text->size()});
-      if (!part.ok()) return DataLoss(part.status().message()).WithContext(ShardKey(run_id, version, rank, world));
-      parts[rank] = std::move(*part);
-    }
-    return true;
-  }));
+  WEFT_ASSIGN_OR_RETURN(
+      bool complete, PollUntil(deadline, [&]() -> Result<bool> {
+        for (uint64_t rank = 0; rank < world; ++rank) {
+          if (parts[rank]) continue;
+          Result<std::vector<uint8_t>> text = store.Get(ShardKey(run_id, version, rank, world));
+          if (!text.ok() && text.status().code() == StatusCode::kNotFound) return false;
+          if (!text.ok()) return text.status();
+          Result<Manifest> part =
+              Manifest::FromJson({reinterpret_cast<const char*>(text->data()), text->size()});
+          if (!part.ok())
+            return DataLoss(part.status().message())
+                .WithContext(ShardKey(run_id, version, rank, world));
+          parts[rank] = std::move(*part);
+        }
+        return true;
+      }));
   if (!complete) {
     std::string missing;
     for (uint64_t rank = 0; rank < world; ++rank) {
       if (!parts[rank]) missing += (missing.empty() ? "" : ", ") + std::to_string(rank);
     }
-    return Timeout(where + ": ranks " + missing + " of " + std::to_string(world) + " did not publish their parts in time");
+    return Timeout(where + ": ranks " + missing + " of " + std::to_string(world) +
+                   " did not publish their parts in time");
   }
   // Every part must continue the same version and agree on the keyframe.
   std::vector<ManifestTensor> tensors;
   std::set<std::string> names;
   for (const std::optional<Manifest>& part : parts) {
-    const std::string which = where + ", rank " + std::to_string(part->shard ? part->shard->rank : 0);
-    if (part->run_id != run_id || part->version != version || !part->shard || part->shard->world != world ||
-        part->delta_base != (previous ? std::optional<uint64_t>(previous->version) : std::nullopt)) {
-      return DataLoss(which + ": the part does not continue version " + (previous ? std::to_string(previous->version) : "none"));
+    const std::string which =
+        where + ", rank " + std::to_string(part->shard ? part->shard->rank : 0);
+    if (part->run_id != run_id || part->version != version || !part->shard ||
+        part->shard->world != world ||
+        part->delta_base !=
+            (previous ? std::optional<uint64_t>(previous->version) : std::nullopt)) {
+      return DataLoss(which + ": the part does not continue version " +
+                      (previous ? std::to_string(previous->version) : "none"));
     }
-    if (part->keyframe.has_value() != parts[0]->keyframe.has_value()) return DataLoss(which + ": the parts disagree on the keyframe");
+    if (part->keyframe.has_value() != parts[0]->keyframe.has_value())
+      return DataLoss(which + ": the parts disagree on the keyframe");
     for (const ManifestTensor& t : part->tensors) {
-      if (!names.insert(t.name).second) return DataLoss(which + ": tensor '" + t.name + "' is in two parts");
+      if (!names.insert(t.name).second)
+        return DataLoss(which + ": tensor '" + t.name + "' is in two parts");
       tensors.push_back(t);
     }
   }
@@ -290,7 +328,8 @@ Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id, con
   if (previous != nullptr) {
     for (const std::optional<Manifest>& part : parts) {
       const std::string what = where + ", the delta of rank " + std::to_string(part->shard->rank);
-      WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store, *part->delta, what));
+      WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                            FetchVerifiedBlob(store, *part->delta, what));
       delta_blobs.push_back(std::move(bytes));
       Result<sync::ModelDelta> shard_delta = sync::ParseModelDelta(delta_blobs.back());
       if (!shard_delta.ok()) return shard_delta.status().WithContext(what);
@@ -302,9 +341,11 @@ Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id, con
     std::vector<sync::TensorSpec> specs;
     std::vector<std::vector<uint8_t>> datas;
     for (const std::optional<Manifest>& part : parts) {
-      const std::string what = where + ", the keyframe of rank " + std::to_string(part->shard->rank);
+      const std::string what =
+          where + ", the keyframe of rank " + std::to_string(part->shard->rank);
       if (!part->keyframe) return DataLoss(what + " is missing: a keyframe is due");
-      WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store, *part->keyframe, what));
+      WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                            FetchVerifiedBlob(store, *part->keyframe, what));
       Result<sync::SafetensorsFile> file = sync::SafetensorsFile::Parse(bytes);
       if (!file.ok()) return file.status().WithContext(what);
       sync::ServedModel model = sync::ServedModel::FromSafetensors(*file, threads);
@@ -313,23 +354,32 @@ Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id, con
         datas.push_back(t.bytes);
       }
     }
-    return KeyframeBytes(sync::ServedModel::FromTensors(std::move(specs), std::move(datas), threads));
+    return KeyframeBytes(
+        sync::ServedModel::FromTensors(std::move(specs), std::move(datas), threads));
   };
-  return PublishContent(store, run_id, previous, std::move(tensors), previous ? &delta : nullptr, keyframe, policy, threads);
+  return PublishContent(store, run_id, previous, std::move(tensors), previous ? &delta : nullptr,
+                        keyframe, policy, threads);
 }
 
 Result<Manifest> WaitForVersion(ObjectStore& store, const std::string& run_id, uint64_t version,
                                 std::chrono::milliseconds deadline) {
   WEFT_ASSIGN_OR_RETURN(bool visible, PollUntil(deadline, [&]() -> Result<bool> {
-    Result<std::vector<uint8_t>> latest = store.Get(LatestKey(run_id));
-    if (!latest.ok()) return latest.status().code() == StatusCode::kNotFound ? Result<bool>(false) : Result<bool>(latest.status());
-    return std::strtoull(std::string(latest->begin(), latest->end()).c_str(), nullptr, 10) >= version;
-  }));
-  if (!visible) return Timeout("run '" + run_id + "' version " + std::to_string(version) + " was not committed in time");
+                          Result<std::vector<uint8_t>> latest = store.Get(LatestKey(run_id));
+                          if (!latest.ok())
+                            return latest.status().code() == StatusCode::kNotFound
+                                       ? Result<bool>(false)
+                                       : Result<bool>(latest.status());
+                          return std::strtoull(std::string(latest->begin(), latest->end()).c_str(),
+                                               nullptr, 10) >= version;
+                        }));
+  if (!visible)
+    return Timeout("run '" + run_id + "' version " + std::to_string(version) +
+                   " was not committed in time");
   return ReadManifest(store, run_id, version);
 }
 
-Status SetPin(ObjectStore& store, const std::string& run_id, const std::string& holder, uint64_t version) {
+Status SetPin(ObjectStore& store, const std::string& run_id, const std::string& holder,
+              uint64_t version) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
   WEFT_RETURN_IF_ERROR(ValidateHolder(holder));
   const std::string key = PinKey(run_id, holder);
@@ -343,7 +393,8 @@ Status SetPin(ObjectStore& store, const std::string& run_id, const std::string& 
     }
     if (expected == VersionText(version)) return Status::Ok();
     Status status = store.CompareAndSwap(key, expected, VersionText(version));
-    if (status.code() != StatusCode::kConflict || attempt >= 8) return status;  // raced another writer: read again
+    if (status.code() != StatusCode::kConflict || attempt >= 8)
+      return status;  // raced another writer: read again
   }
 }
 
@@ -365,7 +416,8 @@ Result<std::map<std::string, uint64_t>> ListPins(ObjectStore& store, const std::
     std::string value(text->begin(), text->end());
     char* end = nullptr;
     const unsigned long long version = std::strtoull(value.c_str(), &end, 10);
-    if (value.empty() || end == value.c_str() || (*end != '\n' && *end != '\0')) return DataLoss(key + " does not hold a version number");
+    if (value.empty() || end == value.c_str() || (*end != '\n' && *end != '\0'))
+      return DataLoss(key + " does not hold a version number");
     pins[key.substr(prefix.size())] = version;
   }
   return pins;
@@ -374,7 +426,8 @@ Result<std::map<std::string, uint64_t>> ListPins(ObjectStore& store, const std::
 namespace {
 
 // Squashes the deltas in `blobs` (each parsed in place), in order.
-Result<std::vector<uint8_t>> SquashBlobs(const std::vector<std::vector<uint8_t>>& blobs, const sync::ModelDelta* last, int threads) {
+Result<std::vector<uint8_t>> SquashBlobs(const std::vector<std::vector<uint8_t>>& blobs,
+                                         const sync::ModelDelta* last, int threads) {
   std::optional<sync::ModelDelta> squashed;
   std::vector<uint8_t> owned;  // the serialized squash, which later squashes read from
   for (const auto& bytes : blobs) {
@@ -389,7 +442,8 @@ Result<std::vector<uint8_t>> SquashBlobs(const std::vector<std::vector<uint8_t>>
   }
   if (last != nullptr) {
     if (!squashed) return sync::SerializeModelDelta(*last);
-    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta both, sync::SquashModelDeltas(*squashed, *last, threads));
+    WEFT_ASSIGN_OR_RETURN(sync::ModelDelta both,
+                          sync::SquashModelDeltas(*squashed, *last, threads));
     return sync::SerializeModelDelta(both);
   }
   return sync::SerializeModelDelta(*squashed);
@@ -410,7 +464,8 @@ Status PublishCatchups(ObjectStore& store, const std::string& run_id, const Mani
   size_t written = 0;
   for (uint64_t base : bases) {
     if (written++ == policy.max_catchup_bases) break;
-    const std::string what = "catch-up delta from version " + std::to_string(base) + " to " + std::to_string(target);
+    const std::string what =
+        "catch-up delta from version " + std::to_string(base) + " to " + std::to_string(target);
     // From base to target - 1: the previous catch-up delta, or the cheapest chain of deltas.
     std::vector<std::vector<uint8_t>> blobs;
     WEFT_ASSIGN_OR_RETURN(std::optional<BlobRef> previous, reader.FindCatchup(target - 1, base));
@@ -423,7 +478,8 @@ Status PublishCatchups(ObjectStore& store, const std::string& run_id, const Mani
       Result<StoreReader::Plan> plan = reader.PlanPath(*before, base, false);
       if (!plan.ok()) continue;  // the pinned version was collected or never chained: nothing to do
       for (const StoreReader::Plan::Step& step : plan->steps) {
-        WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store, step.blob, what));
+        WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                              FetchVerifiedBlob(store, step.blob, what));
         blobs.push_back(std::move(bytes));
       }
     }
@@ -431,7 +487,8 @@ Status PublishCatchups(ObjectStore& store, const std::string& run_id, const Mani
     if (!bytes.ok()) return bytes.status().WithContext(what);
     WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, *bytes));
     Catchup record{run_id, base, target, blob};
-    WEFT_RETURN_IF_ERROR(store.PutImmutable(CatchupKey(run_id, target, base), AsBytes(record.ToJson())));
+    WEFT_RETURN_IF_ERROR(
+        store.PutImmutable(CatchupKey(run_id, target, base), AsBytes(record.ToJson())));
   }
   return Status::Ok();
 }
@@ -439,7 +496,8 @@ Status PublishCatchups(ObjectStore& store, const std::string& run_id, const Mani
 Result<uint64_t> StoreReader::Latest() {
   Result<std::vector<uint8_t>> bytes = store_.Get(LatestKey(run_id_));
   if (!bytes.ok()) {
-    if (bytes.status().code() == StatusCode::kNotFound) return NotFound("run '" + run_id_ + "' has no published version");
+    if (bytes.status().code() == StatusCode::kNotFound)
+      return NotFound("run '" + run_id_ + "' has no published version");
     return bytes.status();
   }
   std::string text(bytes->begin(), bytes->end());
@@ -460,7 +518,8 @@ Result<Manifest> StoreReader::GetManifest(uint64_t version) {
 }
 
 Result<std::vector<uint64_t>> StoreReader::Versions() {
-  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_.List("runs/" + run_id_ + "/versions/"));
+  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> keys,
+                        store_.List("runs/" + run_id_ + "/versions/"));
   std::vector<uint64_t> versions;
   for (const std::string& key : keys) {
     size_t slash = key.rfind('/');
@@ -474,21 +533,27 @@ Result<std::vector<uint64_t>> StoreReader::Versions() {
 Status StoreReader::CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
                                          const sync::ModelDelta* pending) {
   if (model.tensors().size() != manifest.tensors.size()) {
-    return DataLoss("version " + std::to_string(manifest.version) + " has " + std::to_string(manifest.tensors.size()) +
-                    " tensors, the local copy " + std::to_string(model.tensors().size()));
+    return DataLoss("version " + std::to_string(manifest.version) + " has " +
+                    std::to_string(manifest.tensors.size()) + " tensors, the local copy " +
+                    std::to_string(model.tensors().size()));
   }
   for (const ManifestTensor& t : manifest.tensors) {
     const sync::ServedModel::Tensor* local = model.Find(t.name);
     const sync::TensorDelta* change = pending ? pending->Find(t.name) : nullptr;
-    const sync::Digest digest = change ? change->result_digest : local ? local->digest : sync::Digest{};
-    if (local == nullptr || local->spec.dtype != t.dtype || local->spec.shape != t.shape || digest != t.digest) {
-      return DataLoss("tensor '" + t.name + "' does not match version " + std::to_string(manifest.version) + "'s manifest");
+    const sync::Digest digest = change  ? change->result_digest
+                                : local ? local->digest
+                                        : sync::Digest{};
+    if (local == nullptr || local->spec.dtype != t.dtype || local->spec.shape != t.shape ||
+        digest != t.digest) {
+      return DataLoss("tensor '" + t.name + "' does not match version " +
+                      std::to_string(manifest.version) + "'s manifest");
     }
   }
   return Status::Ok();
 }
 
-Result<sync::ServedModel> StoreReader::LoadKeyframe(const Manifest& manifest, std::span<const uint8_t> bytes) {
+Result<sync::ServedModel> StoreReader::LoadKeyframe(const Manifest& manifest,
+                                                    std::span<const uint8_t> bytes) {
   const std::string what = "keyframe of version " + std::to_string(manifest.version);
   Result<sync::SafetensorsFile> file = sync::SafetensorsFile::Parse(bytes);
   if (!file.ok()) return file.status().WithContext(what);
@@ -502,8 +567,10 @@ std::string StoreReader::Plan::Describe() const {
   size_t catchups = 0;
   for (const Step& step : steps) catchups += step.catchup ? 1 : 0;
   if (!steps.empty()) {
-    std::string what = catchups == steps.size() && steps.size() == 1 ? "1 catch-up delta" : Deltas(steps.size());
-    text += (from_keyframe ? " + " : "") + what + (from_keyframe ? "" : " from v" + std::to_string(start));
+    std::string what =
+        catchups == steps.size() && steps.size() == 1 ? "1 catch-up delta" : Deltas(steps.size());
+    text += (from_keyframe ? " + " : "") + what +
+            (from_keyframe ? "" : " from v" + std::to_string(start));
   } else if (!from_keyframe) {
     text = "already at the target";
   }
@@ -517,8 +584,10 @@ Result<std::optional<BlobRef>> StoreReader::FindCatchup(uint64_t target, uint64_
     if (text.status().code() == StatusCode::kNotFound) return std::optional<BlobRef>();
     return text.status();
   }
-  Result<Catchup> catchup = Catchup::FromJson({reinterpret_cast<const char*>(text->data()), text->size()});
-  if (!catchup.ok() || catchup->run_id != run_id_ || catchup->target != target || catchup->base != base) {
+  Result<Catchup> catchup =
+      Catchup::FromJson({reinterpret_cast<const char*>(text->data()), text->size()});
+  if (!catchup.ok() || catchup->run_id != run_id_ || catchup->target != target ||
+      catchup->base != base) {
     // A catch-up delta is an optimisation: a bad one is reported and planned around.
     WEFT_LOG(kWarning) << key << " is not a valid catch-up record; ignoring it";
     return std::optional<BlobRef>();
@@ -526,20 +595,24 @@ Result<std::optional<BlobRef>> StoreReader::FindCatchup(uint64_t target, uint64_
   return std::optional<BlobRef>(catchup->blob);
 }
 
-Result<StoreReader::Plan> StoreReader::PlanPath(const Manifest& goal, std::optional<uint64_t> have, bool allow_keyframe) {
+Result<StoreReader::Plan> StoreReader::PlanPath(const Manifest& goal, std::optional<uint64_t> have,
+                                                bool allow_keyframe) {
   const uint64_t target = goal.version;
   Plan plan;
   plan.target = target;
   if (allow_keyframe) {
     WEFT_ASSIGN_OR_RETURN(plan.keyframe, GetManifest(goal.last_keyframe));
-    if (!plan.keyframe.keyframe) return DataLoss("version " + std::to_string(goal.last_keyframe) + " is named as a keyframe but has none");
+    if (!plan.keyframe.keyframe)
+      return DataLoss("version " + std::to_string(goal.last_keyframe) +
+                      " is named as a keyframe but has none");
   } else if (!have) {
     return InvalidArgument("a path of deltas needs a starting version");
   }
   // Cheapest path in bytes: starts are the local copy (free) and the keyframe (its size); edges
   // are each version's delta from its predecessor, its skip deltas, and a catch-up delta from
   // the local copy's version straight to the target when the publisher wrote one.
-  const uint64_t low = have ? (allow_keyframe ? std::min(*have, goal.last_keyframe) : *have) : goal.last_keyframe;
+  const uint64_t low =
+      have ? (allow_keyframe ? std::min(*have, goal.last_keyframe) : *have) : goal.last_keyframe;
   const size_t count = static_cast<size_t>(target - low + 1);
   constexpr uint64_t kUnreachable = ~uint64_t{0};
   std::vector<uint64_t> cost(count, kUnreachable);
@@ -558,7 +631,8 @@ Result<StoreReader::Plan> StoreReader::PlanPath(const Manifest& goal, std::optio
       catchup = *found;
       return Status::Ok();
     }
-    Result<Manifest> m = i + 1 == manifests.size() ? Result<Manifest>(goal) : GetManifest(low + 1 + i);
+    Result<Manifest> m =
+        i + 1 == manifests.size() ? Result<Manifest>(goal) : GetManifest(low + 1 + i);
     if (!m.ok()) return m.status();
     manifests[i] = std::move(*m);
     return Status::Ok();
@@ -578,7 +652,8 @@ Result<StoreReader::Plan> StoreReader::PlanPath(const Manifest& goal, std::optio
       }
     }
   }
-  if (cost[target - low] == kUnreachable) return DataLoss("no chain of deltas reaches version " + std::to_string(target));
+  if (cost[target - low] == kUnreachable)
+    return DataLoss("no chain of deltas reaches version " + std::to_string(target));
   uint64_t at = target;
   while (via[at - low]) {
     plan.steps.push_back(*via[at - low]);
@@ -590,16 +665,20 @@ Result<StoreReader::Plan> StoreReader::PlanPath(const Manifest& goal, std::optio
   return plan;
 }
 
-Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> have, sync::ServedModel* model) {
+Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> have,
+                                     sync::ServedModel* model) {
   WEFT_ASSIGN_OR_RETURN(Manifest goal, GetManifest(target));
   PullReport report;
   report.from = have;
   report.to = target;
   if (have) {
-    if (*have > target) return InvalidArgument("cannot go back from version " + std::to_string(*have) + " to " + std::to_string(target));
+    if (*have > target)
+      return InvalidArgument("cannot go back from version " + std::to_string(*have) + " to " +
+                             std::to_string(target));
     Result<Manifest> held = GetManifest(*have);
     if (!held.ok() && held.status().code() == StatusCode::kNotFound) {
-      have.reset();  // retention removed it: nothing chains from there any more, start from a keyframe
+      have.reset();  // retention removed it: nothing chains from there any more, start from a
+                     // keyframe
     } else {
       if (!held.ok()) return held.status();
       WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, *held).WithContext("the local copy"));
@@ -616,18 +695,22 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   // Every blob of the path (and the keyframe) is fetched concurrently.
   std::vector<std::vector<uint8_t>> blobs(path.size());
   std::vector<uint8_t> keyframe_bytes;
-  WEFT_RETURN_IF_ERROR(ForEachConcurrently(path.size() + (from_keyframe ? 1 : 0), fetch_concurrency_, [&](size_t i) {
-    if (i == path.size()) {
-      Result<std::vector<uint8_t>> bytes = FetchVerifiedBlob(store_, *keyframe.keyframe, "keyframe of version " + std::to_string(keyframe.version));
-      if (!bytes.ok()) return bytes.status();
-      keyframe_bytes = std::move(*bytes);
-      return Status::Ok();
-    }
-    Result<std::vector<uint8_t>> bytes = FetchVerifiedBlob(store_, path[i].blob, "delta from version " + std::to_string(path[i].base));
-    if (!bytes.ok()) return bytes.status();
-    blobs[i] = std::move(*bytes);
-    return Status::Ok();
-  }));
+  WEFT_RETURN_IF_ERROR(
+      ForEachConcurrently(path.size() + (from_keyframe ? 1 : 0), fetch_concurrency_, [&](size_t i) {
+        if (i == path.size()) {
+          Result<std::vector<uint8_t>> bytes =
+              FetchVerifiedBlob(store_, *keyframe.keyframe,
+                                "keyframe of version " + std::to_string(keyframe.version));
+          if (!bytes.ok()) return bytes.status();
+          keyframe_bytes = std::move(*bytes);
+          return Status::Ok();
+        }
+        Result<std::vector<uint8_t>> bytes = FetchVerifiedBlob(
+            store_, path[i].blob, "delta from version " + std::to_string(path[i].base));
+        if (!bytes.ok()) return bytes.status();
+        blobs[i] = std::move(*bytes);
+        return Status::Ok();
+      }));
   for (const auto& bytes : blobs) report.bytes_downloaded += bytes.size();
   report.bytes_downloaded += keyframe_bytes.size();
   if (from_keyframe) report.fetched.push_back(*keyframe.keyframe);
@@ -636,9 +719,13 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
     // One delta (the common case of a reader one version behind) applies atomically in place:
     // check that it lands on the target's digests, then apply, which verifies it before writing.
     Result<sync::ModelDelta> delta = sync::ParseModelDelta(blobs[0]);
-    if (!delta.ok()) return delta.status().WithContext("delta from version " + std::to_string(path[0].base));
-    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, goal, &*delta).WithContext("the delta from version " + std::to_string(path[0].base)));
-    WEFT_RETURN_IF_ERROR(model->Apply(*delta, threads_).WithContext("delta from version " + std::to_string(path[0].base)));
+    if (!delta.ok())
+      return delta.status().WithContext("delta from version " + std::to_string(path[0].base));
+    WEFT_RETURN_IF_ERROR(
+        CheckAgainstManifest(*model, goal, &*delta)
+            .WithContext("the delta from version " + std::to_string(path[0].base)));
+    WEFT_RETURN_IF_ERROR(model->Apply(*delta, threads_)
+                             .WithContext("delta from version " + std::to_string(path[0].base)));
     return report;
   }
   sync::ServedModel work;
@@ -665,12 +752,16 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
   WEFT_ASSIGN_OR_RETURN(uint64_t latest, reader.Latest());
   uint64_t oldest_pin = latest;
   for (uint64_t pin : pins) {
-    if (pin > latest) return InvalidArgument("pinned version " + std::to_string(pin) + " is after the latest, " + std::to_string(latest));
+    if (pin > latest)
+      return InvalidArgument("pinned version " + std::to_string(pin) + " is after the latest, " +
+                             std::to_string(latest));
     oldest_pin = std::min(oldest_pin, pin);
   }
   WEFT_ASSIGN_OR_RETURN(auto stored_pins, ListPins(store, run_id));
   for (const auto& [holder, pin] : stored_pins) {
-    if (pin > latest) return DataLoss("holder '" + holder + "' pins version " + std::to_string(pin) + ", after the latest, " + std::to_string(latest));
+    if (pin > latest)
+      return DataLoss("holder '" + holder + "' pins version " + std::to_string(pin) +
+                      ", after the latest, " + std::to_string(latest));
     oldest_pin = std::min(oldest_pin, pin);
   }
   WEFT_ASSIGN_OR_RETURN(Manifest pinned, reader.GetManifest(oldest_pin));
@@ -703,12 +794,14 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
   // Parts of sharded versions that are committed (at or below `latest`) were merged into their
   // version's blobs: they and the blobs only they reference go.
   std::vector<std::string> doomed_parts;
-  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> part_keys, store.List("runs/" + run_id + "/shards/"));
+  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> part_keys,
+                        store.List("runs/" + run_id + "/shards/"));
   for (const std::string& key : part_keys) {
     const size_t start = ("runs/" + run_id + "/shards/").size();
     if (std::strtoull(key.substr(start, 20).c_str(), nullptr, 10) > latest) continue;
     WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> text, store.Get(key));
-    Result<Manifest> part = Manifest::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
+    Result<Manifest> part =
+        Manifest::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
     if (!part.ok()) return DataLoss(part.status().message()).WithContext(key);
     doomed_parts.push_back(key);
     for (const std::optional<BlobRef>& blob : {part->delta, part->keyframe}) {
@@ -716,15 +809,18 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
     }
   }
   // Catch-up deltas to versions before `latest`: no reader plans towards them any more.
-  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> catchup_keys, store.List("runs/" + run_id + "/catchup/"));
+  WEFT_ASSIGN_OR_RETURN(std::vector<std::string> catchup_keys,
+                        store.List("runs/" + run_id + "/catchup/"));
   std::set<std::string> kept_catchup_blobs;
   for (const std::string& key : catchup_keys) {
     WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> text, store.Get(key));
-    Result<Catchup> record = Catchup::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
+    Result<Catchup> record =
+        Catchup::FromJson({reinterpret_cast<const char*>(text.data()), text.size()});
     const bool stale = !record.ok() || record->target < latest;
     if (stale) {
       doomed_parts.push_back(key);
-      if (record.ok() && !kept_blobs.count(record->blob.sha256)) doomed_blobs[record->blob.sha256] = record->blob.bytes;
+      if (record.ok() && !kept_blobs.count(record->blob.sha256))
+        doomed_blobs[record->blob.sha256] = record->blob.bytes;
     } else {
       kept_catchup_blobs.insert(record->blob.sha256);
     }
@@ -735,13 +831,16 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
   for (const auto& [sha256, bytes] : doomed_blobs) report.bytes_freed += bytes;
   if (dry_run) return report;
   // Manifests first, so that no listed version ever lacks its blobs.
-  for (const Manifest& m : doomed) WEFT_RETURN_IF_ERROR(store.Delete(ManifestKey(run_id, m.version)));
+  for (const Manifest& m : doomed)
+    WEFT_RETURN_IF_ERROR(store.Delete(ManifestKey(run_id, m.version)));
   for (const std::string& key : doomed_parts) WEFT_RETURN_IF_ERROR(store.Delete(key));
-  for (const auto& [sha256, bytes] : doomed_blobs) WEFT_RETURN_IF_ERROR(store.Delete(BlobKey(sha256)));
+  for (const auto& [sha256, bytes] : doomed_blobs)
+    WEFT_RETURN_IF_ERROR(store.Delete(BlobKey(sha256)));
   return report;
 }
 
-Result<std::optional<uint64_t>> StoreReader::IdentifyVersion(const sync::ServedModel& model, uint64_t max_versions) {
+Result<std::optional<uint64_t>> StoreReader::IdentifyVersion(const sync::ServedModel& model,
+                                                             uint64_t max_versions) {
   WEFT_ASSIGN_OR_RETURN(uint64_t latest, Latest());
   for (uint64_t checked = 0; checked < max_versions && checked <= latest; ++checked) {
     WEFT_ASSIGN_OR_RETURN(Manifest m, GetManifest(latest - checked));

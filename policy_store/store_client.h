@@ -8,9 +8,10 @@
 //
 // StoreReader brings a local copy of the served tensors to a target version along the path of
 // fewest bytes, starting from the version it holds or from the newest keyframe at or below the
-// target, over plain deltas and skip deltas. Manifests and blobs are fetched concurrently. Every blob's SHA-256 is checked against its manifest, every
-// delta's digests are checked as it is applied, and the result's digests against the target's
-// manifest; nothing that fails a check reaches the caller. Not thread-safe; one per caller.
+// target, over plain deltas and skip deltas. Manifests and blobs are fetched concurrently. Every
+// blob's SHA-256 is checked against its manifest, every delta's digests are checked as it is
+// applied, and the result's digests against the target's manifest; nothing that fails a check
+// reaches the caller. Not thread-safe; one per caller.
 #pragma once
 
 #include <chrono>
@@ -37,7 +38,8 @@ struct KeyframePolicy {
 
 // Pins: the version each holder (a worker, an in-flight job, the trainer) still needs, kept in
 // the store (PinKey) so that retention and the publisher see them. SetPin creates or moves a pin.
-Status SetPin(ObjectStore& store, const std::string& run_id, const std::string& holder, uint64_t version);
+Status SetPin(ObjectStore& store, const std::string& run_id, const std::string& holder,
+              uint64_t version);
 Status RemovePin(ObjectStore& store, const std::string& run_id, const std::string& holder);
 Result<std::map<std::string, uint64_t>> ListPins(ObjectStore& store, const std::string& run_id);
 
@@ -81,11 +83,13 @@ Result<bool> KeyframeDue(ObjectStore& store, const std::string& run_id, const Ma
 // them into one delta (and keyframe) and publishes the version as PublishVersion does. Both are
 // idempotent: a rerun after a crash rewrites the same bytes. WaitForVersion lets the other ranks
 // wait until the version is visible.
-Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id, const Manifest* previous,
-                              uint64_t rank, uint64_t world, const sync::ServedModel& shard,
-                              const sync::ModelDelta* delta, const KeyframePolicy& policy);
-Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id, const Manifest* previous,
-                              uint64_t world, const KeyframePolicy& policy, int threads,
+Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id,
+                              const Manifest* previous, uint64_t rank, uint64_t world,
+                              const sync::ServedModel& shard, const sync::ModelDelta* delta,
+                              const KeyframePolicy& policy);
+Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id,
+                              const Manifest* previous, uint64_t world,
+                              const KeyframePolicy& policy, int threads,
                               std::chrono::milliseconds deadline);
 Result<Manifest> WaitForVersion(ObjectStore& store, const std::string& run_id, uint64_t version,
                                 std::chrono::milliseconds deadline);
@@ -111,7 +115,7 @@ struct PullReport {
 // died before writing its manifest) are not deleted: they cannot be told apart from a publish in
 // progress. Catch-up deltas to versions before `latest` are deleted (no reader targets them).
 struct CollectReport {
-  uint64_t kept_from = 0;         // the oldest version kept
+  uint64_t kept_from = 0;  // the oldest version kept
   uint64_t versions_deleted = 0;
   uint64_t blobs_deleted = 0;
   uint64_t bytes_freed = 0;
@@ -123,9 +127,13 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
 
 class StoreReader {
  public:
-  // `threads` compute (decoding, digests); up to `fetch_concurrency` requests are in flight at once.
+  // `threads` compute (decoding, digests); up to `fetch_concurrency` requests are in flight at
+  // once.
   StoreReader(ObjectStore& store, std::string run_id, int threads, int fetch_concurrency = 16)
-      : store_(store), run_id_(std::move(run_id)), threads_(threads), fetch_concurrency_(fetch_concurrency) {}
+      : store_(store),
+        run_id_(std::move(run_id)),
+        threads_(threads),
+        fetch_concurrency_(fetch_concurrency) {}
 
   // The latest complete version; kNotFound when the run has none.
   Result<uint64_t> Latest();
@@ -145,8 +153,8 @@ class StoreReader {
                                                   uint64_t max_versions = 1000);
 
  private:
-  friend Status PublishCatchups(ObjectStore&, const std::string&, const Manifest&, const sync::ModelDelta&,
-                                const KeyframePolicy&, int);
+  friend Status PublishCatchups(ObjectStore&, const std::string&, const Manifest&,
+                                const sync::ModelDelta&, const KeyframePolicy&, int);
   // The cheapest way to `goal`: from the keyframe at or below it (when `allow_keyframe`) or from
   // `have`, over plain, skip and catch-up deltas.
   struct Plan {
@@ -157,8 +165,8 @@ class StoreReader {
     };
     uint64_t target = 0;
     bool from_keyframe = false;
-    uint64_t start = 0;      // the keyframe's version, or `have`
-    Manifest keyframe;       // when allowed: the manifest of the keyframe at or below the target
+    uint64_t start = 0;  // the keyframe's version, or `have`
+    Manifest keyframe;   // when allowed: the manifest of the keyframe at or below the target
     std::vector<Step> steps;
     std::string Describe() const;
   };

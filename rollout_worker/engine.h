@@ -55,7 +55,8 @@ class Engine {
   virtual std::optional<uint64_t> version() const = 0;
 
   // Samples one completion per prompt (token ids); prompt i draws from seed sampling.seed + i.
-  virtual Result<std::vector<Completion>> Generate(const std::vector<std::vector<int>>& prompts, const Sampling& sampling) = 0;
+  virtual Result<std::vector<Completion>> Generate(const std::vector<std::vector<int>>& prompts,
+                                                   const Sampling& sampling) = 0;
 
   virtual EngineHealth Health() const = 0;
 };

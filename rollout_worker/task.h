@@ -17,7 +17,8 @@ class Task {
   // The prompt's token ids; errors say what is wrong with the prompt.
   virtual Result<std::vector<int>> Encode(const nlohmann::json& prompt) const = 0;
   // The reward of `completion` (generated token ids) for `prompt`.
-  virtual Result<double> Reward(const nlohmann::json& prompt, const std::vector<int>& completion) const = 0;
+  virtual Result<double> Reward(const nlohmann::json& prompt,
+                                const std::vector<int>& completion) const = 0;
 };
 
 }  // namespace weft::rollout_worker

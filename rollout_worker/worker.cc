@@ -15,11 +15,13 @@ using Json = nlohmann::json;
 
 // The first tensor of `model` whose digest, recomputed from its bytes, differs from `manifest`'s
 // (or whose name, dtype or shape does); empty when they all agree.
-std::string FirstDisagreement(const sync::ServedModel& model, const policy_store::Manifest& manifest) {
+std::string FirstDisagreement(const sync::ServedModel& model,
+                              const policy_store::Manifest& manifest) {
   if (model.tensors().size() != manifest.tensors.size()) return "the tensor count";
   for (const policy_store::ManifestTensor& want : manifest.tensors) {
     const sync::ServedModel::Tensor* have = model.Find(want.name);
-    if (have == nullptr || have->spec.dtype != want.dtype || have->spec.shape != want.shape) return want.name;
+    if (have == nullptr || have->spec.dtype != want.dtype || have->spec.shape != want.shape)
+      return want.name;
     if (!(sync::TensorDigest(have->spec.dtype, have->bytes) == want.digest)) return want.name;
   }
   return "";
@@ -33,12 +35,15 @@ std::string StateDigest(const sync::ServedModel& model) {
   std::sort(named.begin(), named.end());
   std::string text;
   for (const auto& [name, hex] : named) text += name + '\0' + hex + '\0';
-  return policy_store::Sha256Hex(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size())).substr(0, 32);
+  return policy_store::Sha256Hex(
+             std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()))
+      .substr(0, 32);
 }
 
 }  // namespace
 
-void SetGroupVersions(const std::vector<Completion>& completions, orchestrator::Submission* submission) {
+void SetGroupVersions(const std::vector<Completion>& completions,
+                      orchestrator::Submission* submission) {
   submission->segments.clear();
   submission->tokens = 0;
   for (const Completion& c : completions) {
@@ -49,7 +54,8 @@ void SetGroupVersions(const std::vector<Completion>& completions, orchestrator::
     submission->tokens += c.tokens.size();
   }
   if (submission->segments.empty()) return;
-  const auto [oldest, newest] = std::minmax_element(submission->segments.begin(), submission->segments.end());
+  const auto [oldest, newest] =
+      std::minmax_element(submission->segments.begin(), submission->segments.end());
   submission->version_start = oldest->first;
   submission->version_end = newest->first;
 }
@@ -57,8 +63,8 @@ void SetGroupVersions(const std::vector<Completion>& completions, orchestrator::
 Status RolloutWorker::Run() {
   WEFT_RETURN_IF_ERROR(orchestrator_.Register(options_.cluster, options_.region, options_.capacity)
                            .WithContext("registering cluster " + options_.cluster));
-  WEFT_LOG(kInfo) << "cluster " << options_.cluster << " (region " << options_.region << ", capacity " << options_.capacity
-                  << ") registered";
+  WEFT_LOG(kInfo) << "cluster " << options_.cluster << " (region " << options_.region
+                  << ", capacity " << options_.capacity << ") registered";
   std::vector<std::thread> threads;
   threads.emplace_back([this] { SyncLoop(); });
   threads.emplace_back([this] { HeartbeatLoop(); });
@@ -139,8 +145,9 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     verified_ = std::chrono::steady_clock::now();
     const std::string wrong = FirstDisagreement(served_, *held_);
     if (!wrong.empty()) {
-      WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version " << held_->version
-                       << " disagrees with its manifest at " << wrong << "; re-syncing from a keyframe";
+      WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version "
+                       << held_->version << " disagrees with its manifest at " << wrong
+                       << "; re-syncing from a keyframe";
       std::lock_guard<std::mutex> lock(mutex_);
       ++report_.digest_mismatches;
       ready_.reset();
@@ -151,15 +158,18 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   Result<uint64_t> latest = reader.Latest();
   if (!latest.ok()) {
     if (latest.status().code() != StatusCode::kNotFound) {
-      WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": cannot read the latest version: " << latest.status().message();
+      WEFT_LOG(kWarning) << "cluster " << options_.cluster
+                         << ": cannot read the latest version: " << latest.status().message();
     }
     return;
   }
   if (held_ && held_->version >= *latest) return;
   sync::ServedModel next = served_;
-  Result<policy_store::PullReport> pulled = reader.Pull(*latest, held_ ? std::optional<uint64_t>(held_->version) : std::nullopt, &next);
+  Result<policy_store::PullReport> pulled =
+      reader.Pull(*latest, held_ ? std::optional<uint64_t>(held_->version) : std::nullopt, &next);
   if (!pulled.ok()) {
-    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest << " failed: " << pulled.status().message();
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest
+                       << " failed: " << pulled.status().message();
     if (pulled.status().code() == StatusCode::kDataLoss && held_) {
       // A delta did not apply to what we hold (or a blob stayed corrupted): check our own copy in
       // the next round, which re-syncs from a keyframe if it no longer matches its version.
@@ -171,7 +181,8 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   if (!manifest.ok()) return;
   const std::string wrong = FirstDisagreement(next, *manifest);
   if (!wrong.empty()) {
-    WEFT_LOG(kError) << "cluster " << options_.cluster << ": version " << *latest << " as pulled disagrees with its manifest at " << wrong;
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": version " << *latest
+                     << " as pulled disagrees with its manifest at " << wrong;
     std::lock_guard<std::mutex> lock(mutex_);
     ++report_.digest_mismatches;
     held_.reset();
@@ -180,12 +191,14 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   }
   Status staged = engine_.Stage(next, *latest);
   if (!staged.ok()) {
-    WEFT_LOG(kError) << "cluster " << options_.cluster << ": the engine refused version " << *latest << ": " << staged.message();
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": the engine refused version " << *latest
+                     << ": " << staged.message();
     return;
   }
   Result<int64_t> pause = engine_.Commit();
   if (!pause.ok()) {
-    WEFT_LOG(kError) << "cluster " << options_.cluster << ": committing version " << *latest << " failed: " << pause.status().message();
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": committing version " << *latest
+                     << " failed: " << pause.status().message();
     return;
   }
   verified_ = std::chrono::steady_clock::now();
@@ -196,15 +209,17 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     ready_ = *latest;
     report_.bytes_downloaded += pulled->bytes_downloaded;
     ++report_.pulls;
-    if (!pulled->from.has_value() || pulled->path.rfind("keyframe", 0) == 0) ++report_.keyframe_pulls;
+    if (!pulled->from.has_value() || pulled->path.rfind("keyframe", 0) == 0)
+      ++report_.keyframe_pulls;
     ++report_.commits;
     if (!report_.first_version) report_.first_version = *latest;
     report_.newest_version = *latest;
     report_.digest = StateDigest(served_);
     report_.max_pause_ms = std::max(report_.max_pause_ms, static_cast<double>(*pause) / 1000.0);
   }
-  WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << *latest << " (" << pulled->bytes_downloaded << " bytes: "
-                  << pulled->path << ", digests verified, pause " << *pause << " us)";
+  WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << *latest << " ("
+                  << pulled->bytes_downloaded << " bytes: " << pulled->path
+                  << ", digests verified, pause " << *pause << " us)";
   SendHeartbeat();  // the orchestrator learns at once that this cluster is ready at the new version
 }
 
@@ -219,12 +234,14 @@ void RolloutWorker::SendHeartbeat() {
   Status sent = orchestrator_.Heartbeat(options_.cluster, ready, &report);
   if (sent.code() == StatusCode::kNotFound) {
     // The orchestrator does not know this cluster (it was lost after a long silence): join again.
-    WEFT_LOG(kWarning) << "cluster " << options_.cluster << " is unknown to the orchestrator; registering again";
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster
+                       << " is unknown to the orchestrator; registering again";
     sent = orchestrator_.Register(options_.cluster, options_.region, options_.capacity);
     if (sent.ok()) sent = orchestrator_.Heartbeat(options_.cluster, ready, &report);
   }
   if (!sent.ok()) {
-    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": heartbeat failed: " << sent.message();
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster
+                       << ": heartbeat failed: " << sent.message();
     return;
   }
   {
@@ -249,9 +266,11 @@ void RolloutWorker::JobLoop() {
       if (Sleep(std::chrono::milliseconds(100))) return;
       continue;
     }
-    Result<std::vector<orchestrator::Lease>> leases = orchestrator_.RequestLeases(options_.cluster, 1, options_.lease_wait);
+    Result<std::vector<orchestrator::Lease>> leases =
+        orchestrator_.RequestLeases(options_.cluster, 1, options_.lease_wait);
     if (!leases.ok()) {
-      WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": lease request failed: " << leases.status().message();
+      WEFT_LOG(kWarning) << "cluster " << options_.cluster
+                         << ": lease request failed: " << leases.status().message();
       if (Sleep(std::chrono::milliseconds(500))) return;
       continue;
     }
@@ -269,7 +288,8 @@ void RolloutWorker::JobLoop() {
 }
 
 void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
-  const std::string what = "job " + std::to_string(lease.job) + " attempt " + std::to_string(lease.attempt);
+  const std::string what =
+      "job " + std::to_string(lease.job) + " attempt " + std::to_string(lease.attempt);
   auto fail = [&](const Status& status) {
     WEFT_LOG(kError) << "cluster " << options_.cluster << ": " << what << ": " << status.message();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -297,19 +317,24 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     Result<double> reward = task_.Reward(prompt, c.tokens);
     if (!reward.ok()) return fail(reward.status());
     rewards += *reward;
-    samples.push_back({{"tokens", c.tokens}, {"logprobs", c.logprobs}, {"reward", *reward}, {"segments", c.segments}});
+    samples.push_back({{"tokens", c.tokens},
+                       {"logprobs", c.logprobs},
+                       {"reward", *reward},
+                       {"segments", c.segments}});
   }
   // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
   // for the heartbeat that follows a commit landing mid-generation.
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait_for(lock, std::chrono::seconds(30), [&] { return reported_ && *reported_ >= submission.version_end; });
+    changed_.wait_for(lock, std::chrono::seconds(30),
+                      [&] { return reported_ && *reported_ >= submission.version_end; });
   }
   const Json payload = {{"prompt", prompt}, {"samples", samples}};
   Result<orchestrator::SubmitResult> submitted = orchestrator_.Submit(submission, payload);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!submitted.ok()) {
-    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what << " was not accepted: " << submitted.status().message();
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what
+                       << " was not accepted: " << submitted.status().message();
     ++stats_.submissions_rejected;
     return;
   }

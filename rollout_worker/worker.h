@@ -41,13 +41,13 @@ struct WorkerOptions {
   std::string region;
   std::string run_id;
   uint32_t capacity = 1;  // jobs generated at once
-  Sampling sampling;      // temperature, top_p, max_tokens, stop token (the seed comes from the job)
+  Sampling sampling;  // temperature, top_p, max_tokens, stop token (the seed comes from the job)
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds sync_interval{100};  // how often the store's latest version is checked
   // How often the served copy's digests are recomputed from its bytes between pulls (every pull
   // is checked as well).
   std::chrono::milliseconds verify_interval{5000};
-  std::chrono::milliseconds lease_wait{2000};    // long poll for leases
+  std::chrono::milliseconds lease_wait{2000};  // long poll for leases
   int sync_threads = 1;
 };
 
@@ -55,7 +55,8 @@ struct WorkerOptions {
 // tokens tagged with the version that generated it (docs/api.md, submissions); version_start and
 // version_end are the oldest and newest versions used, tokens the total. No completions: no
 // segments.
-void SetGroupVersions(const std::vector<Completion>& completions, orchestrator::Submission* submission);
+void SetGroupVersions(const std::vector<Completion>& completions,
+                      orchestrator::Submission* submission);
 
 struct WorkerStats {
   uint64_t jobs = 0, samples = 0, tokens = 0;
@@ -67,9 +68,13 @@ struct WorkerStats {
 class RolloutWorker {
  public:
   // Everything passed must outlive the worker.
-  RolloutWorker(WorkerOptions options, orchestrator::OrchestratorClient& orchestrator, policy_store::ObjectStore& store,
-                Engine& engine, const Task& task)
-      : options_(std::move(options)), orchestrator_(orchestrator), store_(store), engine_(engine), task_(task) {}
+  RolloutWorker(WorkerOptions options, orchestrator::OrchestratorClient& orchestrator,
+                policy_store::ObjectStore& store, Engine& engine, const Task& task)
+      : options_(std::move(options)),
+        orchestrator_(orchestrator),
+        store_(store),
+        engine_(engine),
+        task_(task) {}
 
   // Registers, then runs the loops until Stop(); returns once drained and deregistered. Fails
   // only when the cluster cannot register or leave.
@@ -106,11 +111,11 @@ class RolloutWorker {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   bool stop_ = false;
-  sync::ServedModel served_;               // the sync loop's own
-  std::optional<policy_store::Manifest> held_;  // the manifest of the version served_ holds
+  sync::ServedModel served_;                        // the sync loop's own
+  std::optional<policy_store::Manifest> held_;      // the manifest of the version served_ holds
   std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
-  std::optional<uint64_t> ready_;          // proved and committed: what heartbeats report
-  std::optional<uint64_t> reported_;       // the newest ready version the orchestrator acknowledged
+  std::optional<uint64_t> ready_;                   // proved and committed: what heartbeats report
+  std::optional<uint64_t> reported_;  // the newest ready version the orchestrator acknowledged
   orchestrator::SyncReport report_;
   WorkerStats stats_;
   std::vector<uint64_t> to_hand_back_;

@@ -4,10 +4,10 @@
 #include <bit>
 #include <cassert>
 #include <cmath>
-#include <tuple>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "sync/bit_stream.h"
 #include "sync/convert.h"
@@ -143,9 +143,9 @@ WEFT_AVX2 void ScanAvx2(KeyKind kind, const uint8_t* old_bytes, const uint8_t* n
       _mm_prefetch(reinterpret_cast<const char*>(b) + detail::kPrefetchBytes, _MM_HINT_T0);
       size = AppendSetBits<sizeof(T)>(DiffMask64<T>(a, b), offset_base + j, offsets, size);
     }
-    digest += FinishWindow<T>(kind, old_bytes, new_bytes, offsets + window_start, residuals + window_start,
-                              size - window_start, offset_base, index_base - offset_base,
-                              digest_change != nullptr);
+    digest += FinishWindow<T>(kind, old_bytes, new_bytes, offsets + window_start,
+                              residuals + window_start, size - window_start, offset_base,
+                              index_base - offset_base, digest_change != nullptr);
   }
   changes->offsets.resize(size);
   changes->residuals.resize(size);
@@ -172,22 +172,21 @@ WEFT_AVX512 inline __m512i Bf16Round16(const float* source) {
   const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_srli_epi32(
       _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                   _mm512_set1_epi32(0x7F800000));
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
   return _mm512_mask_blend_epi32(is_nan, rounded, _mm512_or_si512(high, _mm512_set1_epi32(0x0040)));
 }
 
 WEFT_AVX512 void ScanFromMasterBf16Avx512(const float* master, uint8_t* served_bytes,
-                                          uint32_t count, uint32_t offset_base,
-                                          uint64_t index_base, ChangeList* changes,
-                                          Digest* digest_change) {
+                                          uint32_t count, uint32_t offset_base, uint64_t index_base,
+                                          ChangeList* changes, Digest* digest_change) {
   constexpr uint32_t kPerBlock = 32;
   constexpr uint32_t kWindow = kWindowUnits;
   uint16_t* served = reinterpret_cast<uint16_t*>(served_bytes);
   // Word indices that gather the low 16 bits of the 32 lanes of two vectors.
-  const __m512i pick_low = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36,
-                                            34, 32, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8,
-                                            6, 4, 2, 0);
+  const __m512i pick_low =
+      _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
+                       24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   alignas(64) uint16_t fresh[kWindow];
   const uint32_t blocks_end = count - count % kPerBlock;
   size_t size = changes->size();
@@ -203,20 +202,22 @@ WEFT_AVX512 void ScanFromMasterBf16Avx512(const float* master, uint8_t* served_b
     const uint32_t window_end = std::min(blocks_end, j + kWindow);
     for (; j < window_end; j += kPerBlock) {
       _mm_prefetch(reinterpret_cast<const char*>(master + j) + detail::kPrefetchBytes, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(master + j + 16) + detail::kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(master + j + 16) + detail::kPrefetchBytes,
+                   _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(served + j) + detail::kPrefetchBytes, _MM_HINT_T0);
-      const __m512i converted =
-          _mm512_permutex2var_epi16(Bf16Round16(master + j), pick_low, Bf16Round16(master + j + 16));
+      const __m512i converted = _mm512_permutex2var_epi16(Bf16Round16(master + j), pick_low,
+                                                          Bf16Round16(master + j + 16));
       _mm512_store_si512(fresh + (j - window_begin), converted);
       const uint64_t mask = _mm512_cmpneq_epi16_mask(converted, _mm512_loadu_si512(served + j));
       size = AppendSetBits<1>(mask, offset_base + j, offsets, size);
     }
     // The old values are still in `served` (window-relative), the new ones in `fresh`.
     const size_t window_changes = size - window_start;
-    digest += FinishWindow<uint16_t>(KeyKind::kFloat, served_bytes + size_t{window_begin} * 2,
-                                     reinterpret_cast<const uint8_t*>(fresh), offsets + window_start,
-                                     residuals + window_start, window_changes, offset_base + window_begin,
-                                     index_base - offset_base, digest_change != nullptr);
+    digest +=
+        FinishWindow<uint16_t>(KeyKind::kFloat, served_bytes + size_t{window_begin} * 2,
+                               reinterpret_cast<const uint8_t*>(fresh), offsets + window_start,
+                               residuals + window_start, window_changes, offset_base + window_begin,
+                               index_base - offset_base, digest_change != nullptr);
     for (size_t k = 0; k < window_changes; ++k) {
       const uint32_t element = offsets[window_start + k] - offset_base;
       served[element] = fresh[element - window_begin];
@@ -231,7 +232,8 @@ WEFT_AVX512 void ScanFromMasterBf16Avx512(const float* master, uint8_t* served_b
 }
 #endif
 
-// ---- Codes ---------------------------------------------------------------------------------------
+// ---- Codes
+// ---------------------------------------------------------------------------------------
 
 constexpr int kRiceEscape = 24;  // unary prefixes reaching this length escape to a raw 32-bit gap
 
@@ -240,7 +242,8 @@ inline void PutRice(BitWriter& out, uint32_t value, int k) {
   if (quotient < kRiceEscape) {
     // Unary quotient (zeros, then a one), then the k low bits: at most 24 + 26 bits.
     uint64_t low = value & ((uint64_t{1} << k) - 1);
-    out.Put((uint64_t{1} << quotient) | (low << (quotient + 1)), static_cast<int>(quotient) + 1 + k);
+    out.Put((uint64_t{1} << quotient) | (low << (quotient + 1)),
+            static_cast<int>(quotient) + 1 + k);
   } else {
     out.Put(0, kRiceEscape);
     out.Put(value, 32);
@@ -316,7 +319,8 @@ uint64_t RiceCost(const Vector& values, int k) {
     uint32_t partial = 0;
     for (size_t i = begin; i < end; ++i) {
       const int32_t quotient = static_cast<int32_t>(values[i] >> k);
-      partial += quotient < kRiceEscape ? static_cast<uint32_t>(quotient + 1 + k) : kRiceEscape + 32;
+      partial +=
+          quotient < kRiceEscape ? static_cast<uint32_t>(quotient + 1 + k) : kRiceEscape + 32;
     }
     total += partial;
   }
@@ -335,7 +339,8 @@ void ScanFromMasterBf16Ref(const float* master, uint8_t* served, uint32_t count,
     uint16_t x;
     std::memcpy(&x, served + size_t{j} * 2, 2);
     if (x == y) continue;
-    Record<uint16_t>(KeyKind::kFloat, x, y, offset_base + j, index_base + j, changes, digest_change);
+    Record<uint16_t>(KeyKind::kFloat, x, y, offset_base + j, index_base + j, changes,
+                     digest_change);
     std::memcpy(served + size_t{j} * 2, &y, 2);
   }
 }
@@ -364,9 +369,9 @@ KeyKind KeyKindFor(DType dtype) {
   return Info(dtype).is_float ? KeyKind::kFloat : KeyKind::kInteger;
 }
 
-void ScanChangesRef(KeyKind kind, uint8_t width, const uint8_t* old_bytes,
-                    const uint8_t* new_bytes, uint32_t count, uint32_t offset_base,
-                    uint64_t index_base, ChangeList* changes, Digest* digest_change) {
+void ScanChangesRef(KeyKind kind, uint8_t width, const uint8_t* old_bytes, const uint8_t* new_bytes,
+                    uint32_t count, uint32_t offset_base, uint64_t index_base, ChangeList* changes,
+                    Digest* digest_change) {
   switch (width) {
     case 1:
       return ScanScalar<uint8_t>(kind, old_bytes, new_bytes, 0, count, offset_base, index_base,
@@ -416,7 +421,7 @@ void EncodeChanges(const ChangeList& changes, uint8_t width, ValueCoding coding,
   uint64_t gap_sum = 0, big_gap_sum = 0, big_value_sum = 0, sign_word = 0;
   size_t big_count = 0;
   uint32_t previous = std::numeric_limits<uint32_t>::max();  // offset "-1"
-  size_t previous_big = std::numeric_limits<size_t>::max();   // change "-1"
+  size_t previous_big = std::numeric_limits<size_t>::max();  // change "-1"
   const uint32_t* offsets = changes.offsets.data();
   const uint32_t* residuals = changes.residuals.data();
   for (size_t j = 0; j < n; ++j) {
@@ -561,8 +566,8 @@ Status DecodeChanges(const SparseHeader& header, std::span<const uint8_t> payloa
       magnitude = uint64_t{value} + 2;
       if (magnitude > max_magnitude) return DataLoss("magnitude too large for the element width");
       ++bigs_read;
-      next_big = bigs_read < header.big_count ? j + 1 + uint64_t{GetRice(bigs, header.k_big)}
-                                              : UINT64_MAX;
+      next_big =
+          bigs_read < header.big_count ? j + 1 + uint64_t{GetRice(bigs, header.k_big)} : UINT64_MAX;
     }
     uint64_t residual = magnitude;
     if (ordered && ((signs[j >> 3] >> (j & 7)) & 1) != 0) residual = (0 - magnitude) & mask;

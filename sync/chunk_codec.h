@@ -48,18 +48,24 @@ inline T OrderKeyInverse(T key) {
 template <typename T>
 inline T Residual(KeyKind kind, T old_bits, T new_bits) {
   switch (kind) {
-    case KeyKind::kFloat: return static_cast<T>(OrderKey(new_bits) - OrderKey(old_bits));
-    case KeyKind::kInteger: return static_cast<T>(new_bits - old_bits);
-    case KeyKind::kXor: return static_cast<T>(new_bits ^ old_bits);
+    case KeyKind::kFloat:
+      return static_cast<T>(OrderKey(new_bits) - OrderKey(old_bits));
+    case KeyKind::kInteger:
+      return static_cast<T>(new_bits - old_bits);
+    case KeyKind::kXor:
+      return static_cast<T>(new_bits ^ old_bits);
   }
   return 0;
 }
 template <typename T>
 inline T ApplyResidual(KeyKind kind, T old_bits, T residual) {
   switch (kind) {
-    case KeyKind::kFloat: return OrderKeyInverse(static_cast<T>(OrderKey(old_bits) + residual));
-    case KeyKind::kInteger: return static_cast<T>(old_bits + residual);
-    case KeyKind::kXor: return static_cast<T>(old_bits ^ residual);
+    case KeyKind::kFloat:
+      return OrderKeyInverse(static_cast<T>(OrderKey(old_bits) + residual));
+    case KeyKind::kInteger:
+      return static_cast<T>(old_bits + residual);
+    case KeyKind::kXor:
+      return static_cast<T>(old_bits ^ residual);
   }
   return old_bits;
 }
@@ -105,9 +111,9 @@ struct ChangeList {
 void ScanChanges(KeyKind kind, uint8_t width, const uint8_t* old_bytes, const uint8_t* new_bytes,
                  uint32_t count, uint32_t offset_base, uint64_t index_base, ChangeList* changes,
                  Digest* digest_change);
-void ScanChangesRef(KeyKind kind, uint8_t width, const uint8_t* old_bytes,
-                    const uint8_t* new_bytes, uint32_t count, uint32_t offset_base,
-                    uint64_t index_base, ChangeList* changes, Digest* digest_change);
+void ScanChangesRef(KeyKind kind, uint8_t width, const uint8_t* old_bytes, const uint8_t* new_bytes,
+                    uint32_t count, uint32_t offset_base, uint64_t index_base, ChangeList* changes,
+                    Digest* digest_change);
 
 // The fused BF16 kernel: converts master[j] (FP32) to BF16 for j in [0, count), compares it
 // with served element j, appends each change as ScanChanges does, adds its digest change, and

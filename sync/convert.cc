@@ -17,18 +17,18 @@ struct Fp8Params {
   uint32_t min_normal;          // float bits of the smallest normal
   uint32_t overflow_above;      // float bits: strictly above this the value overflows
   uint8_t max_finite;
-  uint8_t overflow_code;        // result of an overflow without saturation (NaN or infinity)
+  uint8_t overflow_code;  // result of an overflow without saturation (NaN or infinity)
 };
 
-constexpr Fp8Params kE4M3 = {3, 7, 0x3A800000u /*2^-10*/, 0x3C800000u /*2^-6*/,
-                             0x43E80000u /*464 = 448 + ulp/2*/, 0x7E, 0x7F};
+constexpr Fp8Params kE4M3 = {
+    3,    7,   0x3A800000u /*2^-10*/, 0x3C800000u /*2^-6*/, 0x43E80000u /*464 = 448 + ulp/2*/,
+    0x7E, 0x7F};
 // 61440 = 57344 + ulp/2 is a tie that rounds to the (odd) infinity, so it overflows too.
-constexpr Fp8Params kE5M2 = {2, 15, 0x37000000u /*2^-17*/, 0x38800000u /*2^-14*/,
-                             0x476FFFFFu /*just below 61440*/, 0x7B, 0x7C};
+constexpr Fp8Params kE5M2 = {
+    2,    15,  0x37000000u /*2^-17*/, 0x38800000u /*2^-14*/, 0x476FFFFFu /*just below 61440*/,
+    0x7B, 0x7C};
 
-const Fp8Params& ParamsFor(Fp8Format format) {
-  return format == Fp8Format::kE4M3 ? kE4M3 : kE5M2;
-}
+const Fp8Params& ParamsFor(Fp8Format format) { return format == Fp8Format::kE4M3 ? kE4M3 : kE5M2; }
 
 std::array<float, 256> MakeFp8Table(Fp8Format format) {
   std::array<float, 256> table{};
@@ -112,7 +112,7 @@ uint8_t FloatToFp8Ref(float value, Fp8Format format, Saturation saturation) {
     result = (static_cast<uint32_t>(exponent) << p.mantissa_bits) | mantissa;
     remainder = magnitude & ((1u << drop) - 1u);
     half = 1u << (drop - 1);
-  } else {  // subnormal in FP8
+  } else {                                                            // subnormal in FP8
     int exponent = static_cast<int>(magnitude >> 23) - 127 + p.bias;  // <= 0
     int shift = drop + 1 - exponent;
     uint32_t significand = (magnitude & 0x7FFFFFu) | 0x800000u;
@@ -158,7 +158,8 @@ void ConvertF16Ref(std::span<const float> in, std::span<uint16_t> out) {
 void ConvertFp8RefBulk(std::span<const float> in, std::span<uint8_t> out, Fp8Format format,
                        Saturation saturation, float divisor) {
   assert(in.size() == out.size());
-  for (size_t i = 0; i < in.size(); ++i) out[i] = FloatToFp8Ref(in[i] / divisor, format, saturation);
+  for (size_t i = 0; i < in.size(); ++i)
+    out[i] = FloatToFp8Ref(in[i] / divisor, format, saturation);
 }
 
 void ConvertBf16(std::span<const float> in, std::span<uint16_t> out) {
@@ -201,21 +202,51 @@ void ConvertToFloat(DType dtype, std::span<const uint8_t> in, std::span<float> o
   };
   for (size_t i = 0; i < n; ++i) {
     switch (dtype) {
-      case DType::kF32: out[i] = load(i, static_cast<float*>(nullptr)); break;
-      case DType::kF64: out[i] = static_cast<float>(load(i, static_cast<double*>(nullptr))); break;
-      case DType::kBF16: out[i] = Bf16ToFloat(load(i, static_cast<uint16_t*>(nullptr))); break;
-      case DType::kF16: out[i] = F16ToFloat(load(i, static_cast<uint16_t*>(nullptr))); break;
-      case DType::kF8E4M3: out[i] = Fp8ToFloat(in[i], Fp8Format::kE4M3); break;
-      case DType::kF8E5M2: out[i] = Fp8ToFloat(in[i], Fp8Format::kE5M2); break;
-      case DType::kI8: out[i] = static_cast<int8_t>(in[i]); break;
-      case DType::kU8: out[i] = in[i]; break;
-      case DType::kBool: out[i] = in[i] != 0 ? 1.0f : 0.0f; break;
-      case DType::kI16: out[i] = load(i, static_cast<int16_t*>(nullptr)); break;
-      case DType::kU16: out[i] = load(i, static_cast<uint16_t*>(nullptr)); break;
-      case DType::kI32: out[i] = static_cast<float>(load(i, static_cast<int32_t*>(nullptr))); break;
-      case DType::kU32: out[i] = static_cast<float>(load(i, static_cast<uint32_t*>(nullptr))); break;
-      case DType::kI64: out[i] = static_cast<float>(load(i, static_cast<int64_t*>(nullptr))); break;
-      case DType::kU64: out[i] = static_cast<float>(load(i, static_cast<uint64_t*>(nullptr))); break;
+      case DType::kF32:
+        out[i] = load(i, static_cast<float*>(nullptr));
+        break;
+      case DType::kF64:
+        out[i] = static_cast<float>(load(i, static_cast<double*>(nullptr)));
+        break;
+      case DType::kBF16:
+        out[i] = Bf16ToFloat(load(i, static_cast<uint16_t*>(nullptr)));
+        break;
+      case DType::kF16:
+        out[i] = F16ToFloat(load(i, static_cast<uint16_t*>(nullptr)));
+        break;
+      case DType::kF8E4M3:
+        out[i] = Fp8ToFloat(in[i], Fp8Format::kE4M3);
+        break;
+      case DType::kF8E5M2:
+        out[i] = Fp8ToFloat(in[i], Fp8Format::kE5M2);
+        break;
+      case DType::kI8:
+        out[i] = static_cast<int8_t>(in[i]);
+        break;
+      case DType::kU8:
+        out[i] = in[i];
+        break;
+      case DType::kBool:
+        out[i] = in[i] != 0 ? 1.0f : 0.0f;
+        break;
+      case DType::kI16:
+        out[i] = load(i, static_cast<int16_t*>(nullptr));
+        break;
+      case DType::kU16:
+        out[i] = load(i, static_cast<uint16_t*>(nullptr));
+        break;
+      case DType::kI32:
+        out[i] = static_cast<float>(load(i, static_cast<int32_t*>(nullptr)));
+        break;
+      case DType::kU32:
+        out[i] = static_cast<float>(load(i, static_cast<uint32_t*>(nullptr)));
+        break;
+      case DType::kI64:
+        out[i] = static_cast<float>(load(i, static_cast<int64_t*>(nullptr)));
+        break;
+      case DType::kU64:
+        out[i] = static_cast<float>(load(i, static_cast<uint64_t*>(nullptr)));
+        break;
     }
   }
 }

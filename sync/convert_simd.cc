@@ -85,21 +85,23 @@ WEFT_AVX2 inline __m256i Fp8Convert8(__m256 values, uint32_t min_normal, uint32_
   __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
   // Normal range: rebias the exponent, then round to nearest even by adding (half - 1 + lsb).
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(magnitude, kDrop), _mm256_set1_epi32(1));
-  __m256i normal = _mm256_add_epi32(
-      _mm256_sub_epi32(magnitude, _mm256_set1_epi32((127 - kBias) << 23)),
-      _mm256_add_epi32(_mm256_set1_epi32((1 << (kDrop - 1)) - 1), lsb));
+  __m256i normal =
+      _mm256_add_epi32(_mm256_sub_epi32(magnitude, _mm256_set1_epi32((127 - kBias) << 23)),
+                       _mm256_add_epi32(_mm256_set1_epi32((1 << (kDrop - 1)) - 1), lsb));
   normal = _mm256_srli_epi32(normal, kDrop);
   // Subnormal range (and zero): adding 2^k whose ulp is the FP8 subnormal step rounds to nearest
   // even in hardware; the low bits of the sum are the FP8 code.
   __m256 absolute = _mm256_castsi256_ps(magnitude);
-  __m256i subnormal = _mm256_sub_epi32(
-      _mm256_castps_si256(_mm256_add_ps(absolute, subnormal_magic)),
-      _mm256_castps_si256(subnormal_magic));
+  __m256i subnormal =
+      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(absolute, subnormal_magic)),
+                       _mm256_castps_si256(subnormal_magic));
   __m256i is_normal =
       _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(static_cast<int>(min_normal - 1)));
   __m256i result = _mm256_blendv_epi8(subnormal, normal, is_normal);
-  __m256i overflows = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(static_cast<int>(overflow_above)));
-  result = _mm256_blendv_epi8(result, _mm256_set1_epi32(static_cast<int>(overflow_result)), overflows);
+  __m256i overflows =
+      _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(static_cast<int>(overflow_above)));
+  result =
+      _mm256_blendv_epi8(result, _mm256_set1_epi32(static_cast<int>(overflow_result)), overflows);
   result = _mm256_or_si256(result, sign);
   __m256i is_nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F800000));
   return _mm256_blendv_epi8(result, _mm256_set1_epi32(0x7F), is_nan);
@@ -117,9 +119,9 @@ WEFT_AVX2 void ConvertFp8Loop(std::span<const float> in, std::span<uint8_t> out,
   const __m256 scale = _mm256_set1_ps(divisor);
   const bool divide = divisor != 1.0f;
   size_t i = 0;
-  const __m256i shuffle = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                           -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
-                                           -1, -1, -1, -1);
+  const __m256i shuffle =
+      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   for (; i + 8 <= n; i += 8) {
     _mm_prefetch(reinterpret_cast<const char*>(in.data() + i) + kPrefetchBytes, _MM_HINT_T0);
     __m256 values = _mm256_loadu_ps(in.data() + i);
@@ -141,8 +143,8 @@ void ConvertFp8Avx2(std::span<const float> in, std::span<uint8_t> out, Fp8Format
                     Saturation saturation, float divisor) {
   // magic = 2^(23 + log2(min subnormal)): E4M3 min subnormal 2^-9, E5M2 2^-16.
   if (format == Fp8Format::kE4M3) {
-    ConvertFp8Loop<3, 7>(in, out, format, saturation, divisor, 0x3C800000u, 0x43E80000u, 0x7E,
-                         0x7F, 16384.0f);
+    ConvertFp8Loop<3, 7>(in, out, format, saturation, divisor, 0x3C800000u, 0x43E80000u, 0x7E, 0x7F,
+                         16384.0f);
   } else {
     ConvertFp8Loop<2, 15>(in, out, format, saturation, divisor, 0x38800000u, 0x476FFFFFu, 0x7B,
                           0x7C, 128.0f);
@@ -153,7 +155,9 @@ void ConvertFp8Avx2(std::span<const float> in, std::span<uint8_t> out, Fp8Format
 
 bool CpuHasAvx2F16c() { return false; }
 float AbsMaxAvx2(std::span<const float> values) { return AbsMaxRef(values); }
-void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out) { ConvertBf16Ref(in, out); }
+void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out) {
+  ConvertBf16Ref(in, out);
+}
 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out) { ConvertF16Ref(in, out); }
 void ConvertFp8Avx2(std::span<const float> in, std::span<uint8_t> out, Fp8Format format,
                     Saturation saturation, float divisor) {

@@ -8,9 +8,9 @@
 namespace weft::sync {
 
 struct CpuFeatures {
-  bool avx2_f16c = false;   // AVX2, F16C, BMI1, BMI2
-  bool avx512dq = false;    // AVX-512 F + DQ (64-bit lane multiplies)
-  bool avx512bw = false;    // AVX-512 F + BW (16-bit lanes) and AVX2
+  bool avx2_f16c = false;  // AVX2, F16C, BMI1, BMI2
+  bool avx512dq = false;   // AVX-512 F + DQ (64-bit lane multiplies)
+  bool avx512bw = false;   // AVX-512 F + BW (16-bit lanes) and AVX2
 };
 
 const CpuFeatures& Cpu();

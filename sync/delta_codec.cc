@@ -137,7 +137,8 @@ void WriteNewValues(const ChangeList& changes, uint8_t* served, uint64_t first) 
   constexpr size_t kAhead = 16;
   const size_t n = changes.size();
   for (size_t j = 0; j < n; ++j) {
-    __builtin_prefetch(served + (first + changes.offsets[std::min(j + kAhead, n - 1)]) * sizeof(T), 1);
+    __builtin_prefetch(served + (first + changes.offsets[std::min(j + kAhead, n - 1)]) * sizeof(T),
+                       1);
     Store<T>(served, first + changes.offsets[j], static_cast<T>(changes.residuals[j]));
   }
 }
@@ -161,9 +162,12 @@ uint32_t Compose(KeyKind kind, uint32_t first, uint32_t second) {
 template <typename Fn>
 decltype(auto) WithUnitType(uint8_t width, Fn&& fn) {
   switch (width) {
-    case 1: return fn.template operator()<uint8_t>();
-    case 2: return fn.template operator()<uint16_t>();
-    default: return fn.template operator()<uint32_t>();
+    case 1:
+      return fn.template operator()<uint8_t>();
+    case 2:
+      return fn.template operator()<uint16_t>();
+    default:
+      return fn.template operator()<uint32_t>();
   }
 }
 
@@ -209,7 +213,8 @@ Result<TensorDelta> EncodeTensorDelta(const TensorSpec& spec, std::span<const ui
   const uint8_t width = CodedWidth(spec.dtype);
   const KeyKind kind = KeyKindFor(spec.dtype);
   const ValueCoding coding = CodingFor(spec.dtype);
-  delta.base_digest = base_digest ? *base_digest : TensorDigest(spec.dtype, old_bytes, options.threads);
+  delta.base_digest =
+      base_digest ? *base_digest : TensorDigest(spec.dtype, old_bytes, options.threads);
   std::vector<Digest> changes(delta.chunks.size());
   ParallelFor(delta.chunks.size(), options.threads, [&](size_t c) {
     uint64_t first = uint64_t{c} << delta.chunk_log2;
@@ -217,8 +222,8 @@ Result<TensorDelta> EncodeTensorDelta(const TensorSpec& spec, std::span<const ui
     ChangeList list;
     ScanChanges(kind, width, old_bytes.data() + first * width, new_bytes.data() + first * width,
                 count, 0, first, &list, &changes[c]);
-    delta.chunks[c] = MakeChunk(list, new_bytes.subspan(first * width, size_t{count} * width),
-                                width, coding);
+    delta.chunks[c] =
+        MakeChunk(list, new_bytes.subspan(first * width, size_t{count} * width), width, coding);
   });
   delta.result_digest = delta.base_digest;
   for (const Digest& d : changes) delta.result_digest += d;
@@ -234,11 +239,13 @@ Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const flo
   }
   const bool is_fp8 = format.dtype == DType::kF8E4M3 || format.dtype == DType::kF8E5M2;
   if (format.dtype != DType::kBF16 && format.dtype != DType::kF16 && !is_fp8) {
-    return InvalidArgument("tensor '" + spec.name + "': the fused path serves BF16, F16 or FP8, not " +
+    return InvalidArgument("tensor '" + spec.name +
+                           "': the fused path serves BF16, F16 or FP8, not " +
                            std::string(Info(format.dtype).safetensors_name));
   }
   if (master.size() != spec.element_count() || served.size() != spec.byte_count()) {
-    return InvalidArgument("tensor '" + spec.name + "': master or served size does not match shape");
+    return InvalidArgument("tensor '" + spec.name +
+                           "': master or served size does not match shape");
   }
   if (is_fp8 && format.scaling != nullptr &&
       (format.scales.size() != format.scaling->scale_count() ||
@@ -290,9 +297,8 @@ Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const flo
         }
       }
     }
-    delta.chunks[c] =
-        MakeChunk(list, served.subspan(first * width, (end - first) * width), width,
-                  ValueCoding::kOrderedDiff);
+    delta.chunks[c] = MakeChunk(list, served.subspan(first * width, (end - first) * width), width,
+                                ValueCoding::kOrderedDiff);
   });
   delta.base_digest = *served_digest;
   for (const Digest& d : changes) *served_digest += d;
@@ -347,8 +353,8 @@ Result<PreparedTensorDelta> PrepareTensorDelta(const TensorDelta& delta,
         return;
       }
       // The list holds offsets of differing units; values are written from the payload.
-      ScanChanges(kind, width, served.data() + first * width, chunk.payload.data(), units, 0,
-                  first, &list, &changes[c]);
+      ScanChanges(kind, width, served.data() + first * width, chunk.payload.data(), units, 0, first,
+                  &list, &changes[c]);
     }
   });
   WEFT_RETURN_IF_ERROR(FirstError(statuses));
@@ -362,7 +368,8 @@ Result<PreparedTensorDelta> PrepareTensorDelta(const TensorDelta& delta,
   return prepared;
 }
 
-void CommitTensorDelta(const PreparedTensorDelta& prepared, std::span<uint8_t> served, int threads) {
+void CommitTensorDelta(const PreparedTensorDelta& prepared, std::span<uint8_t> served,
+                       int threads) {
   const TensorDelta& delta = *prepared.delta;
   const uint8_t width = CodedWidth(delta.spec.dtype);
   ParallelFor(delta.chunks.size(), threads, [&](size_t c) {
@@ -434,7 +441,8 @@ Result<TensorDelta> SquashTensorDeltas(const TensorDelta& first, const TensorDel
     }
     if (a.mode == ChunkMode::kRaw) {  // the new bytes are known: apply b to them
       if (a.payload.size() != size_t{units} * width) {
-        statuses[c] = DataLoss("first delta, " + ChunkContext(spec, c) + ": raw chunk has the wrong length");
+        statuses[c] =
+            DataLoss("first delta, " + ChunkContext(spec, c) + ": raw chunk has the wrong length");
         return;
       }
       std::vector<uint8_t> bytes(a.payload.begin(), a.payload.end());
@@ -462,7 +470,8 @@ Result<TensorDelta> SquashTensorDeltas(const TensorDelta& first, const TensorDel
           (i < first_changes.size() && first_changes.offsets[i] < second_changes.offsets[j])) {
         offset = first_changes.offsets[i];
         residual = first_changes.residuals[i++];
-      } else if (i == first_changes.size() || second_changes.offsets[j] < first_changes.offsets[i]) {
+      } else if (i == first_changes.size() ||
+                 second_changes.offsets[j] < first_changes.offsets[i]) {
         offset = second_changes.offsets[j];
         residual = second_changes.residuals[j++];
       } else {
@@ -550,7 +559,9 @@ void WriteModelDelta(const ModelDelta& delta, Sink& sink) {
 
 std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta) {
   std::vector<uint8_t> bytes;
-  auto append = [&](std::span<const uint8_t> part) { bytes.insert(bytes.end(), part.begin(), part.end()); };
+  auto append = [&](std::span<const uint8_t> part) {
+    bytes.insert(bytes.end(), part.begin(), part.end());
+  };
   WriteModelDelta(delta, append);
   return bytes;
 }
@@ -589,7 +600,8 @@ Status ParseTensor(ByteReader& in, size_t index, TensorDelta* tensor) {
   tensor->spec.name.assign(name.begin(), name.end());
   const std::string named = "tensor '" + tensor->spec.name + "'";
   uint8_t dtype_code, coding, rank, chunk_log2;
-  if (!h.U8(&dtype_code) || !h.U8(&coding) || !h.U8(&rank)) return DataLoss(named + ": truncated header");
+  if (!h.U8(&dtype_code) || !h.U8(&coding) || !h.U8(&rank))
+    return DataLoss(named + ": truncated header");
   std::optional<DType> dtype = DTypeFromCode(dtype_code);
   if (!dtype) return DataLoss(named + ": unknown dtype code " + std::to_string(dtype_code));
   tensor->spec.dtype = *dtype;
@@ -679,10 +691,11 @@ Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes) {
   if (!in.Bytes(8, &magic) || std::memcmp(magic.data(), kMagic, 8) != 0) {
     return DataLoss("not a weft delta (bad magic)");
   }
-  if (!in.U16(&version) || !in.U16(&flags) || !in.U32(&count)) return DataLoss("truncated file header");
+  if (!in.U16(&version) || !in.U16(&flags) || !in.U32(&count))
+    return DataLoss("truncated file header");
   if (version != kDeltaFormatVersion) {
-    return DataLoss("delta format version " + std::to_string(version) + " is not supported (this is " +
-                    std::to_string(kDeltaFormatVersion) + ")");
+    return DataLoss("delta format version " + std::to_string(version) +
+                    " is not supported (this is " + std::to_string(kDeltaFormatVersion) + ")");
   }
   if (flags != 0) return DataLoss("unknown flags " + std::to_string(flags));
   // Every tensor record takes at least 13 bytes.
@@ -700,7 +713,8 @@ Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes) {
       }
     }
   }
-  if (!in.at_end()) return DataLoss(std::to_string(in.remaining()) + " trailing bytes after the last tensor");
+  if (!in.at_end())
+    return DataLoss(std::to_string(in.remaining()) + " trailing bytes after the last tensor");
   return delta;
 }
 

@@ -60,9 +60,9 @@ enum class ChunkMode : uint8_t { kUnchanged = 0, kSparse = 1, kRaw = 2 };
 
 struct DeltaChunk {
   ChunkMode mode = ChunkMode::kUnchanged;
-  SparseHeader sparse;                // kSparse only
-  std::span<const uint8_t> payload;   // sparse streams, or the chunk's new bytes (kRaw)
-  std::vector<uint8_t> owned;         // backing store of `payload` when the chunk owns it
+  SparseHeader sparse;               // kSparse only
+  std::span<const uint8_t> payload;  // sparse streams, or the chunk's new bytes (kRaw)
+  std::vector<uint8_t> owned;        // backing store of `payload` when the chunk owns it
 
   DeltaChunk() = default;
   DeltaChunk(DeltaChunk&&) = default;
@@ -108,7 +108,7 @@ Result<TensorDelta> EncodeTensorDelta(const TensorSpec& spec, std::span<const ui
 
 // How FP32 master weights become the served tensor in the fused path.
 struct ServeFormat {
-  DType dtype = DType::kBF16;  // kBF16, kF16, kF8E4M3 or kF8E5M2
+  DType dtype = DType::kBF16;                           // kBF16, kF16, kF8E4M3 or kF8E5M2
   Saturation saturation = Saturation::kSaturateFinite;  // FP8 only
   const BlockScaling* scaling = nullptr;                // FP8 only: the tiles of `scales`
   std::span<const float> scales;                        // FP8 only: divisor per tile
@@ -166,21 +166,21 @@ Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes);
 
 // Statistics for `weft delta inspect` and the benchmarks.
 struct DeltaStats {
-  uint64_t units = 0;             // coded units over all tensors
+  uint64_t units = 0;  // coded units over all tensors
   uint64_t unchanged_chunks = 0;
   uint64_t sparse_chunks = 0;
   uint64_t raw_chunks = 0;
-  uint64_t sparse_units = 0;      // units in sparse or unchanged chunks
+  uint64_t sparse_units = 0;  // units in sparse or unchanged chunks
   uint64_t raw_units = 0;
-  uint64_t changes = 0;           // changed units in sparse chunks
-  uint64_t big_changes = 0;       // of which magnitude > 1
-  uint64_t header_bytes = 0;      // file header, tensor headers, chunk headers and checksums
+  uint64_t changes = 0;       // changed units in sparse chunks
+  uint64_t big_changes = 0;   // of which magnitude > 1
+  uint64_t header_bytes = 0;  // file header, tensor headers, chunk headers and checksums
   uint64_t gap_bytes = 0;
   uint64_t sign_bytes = 0;
   uint64_t big_bytes = 0;
   uint64_t magnitude_bytes = 0;
   uint64_t raw_bytes = 0;
-  uint64_t total_bytes = 0;       // serialised size
+  uint64_t total_bytes = 0;  // serialised size
 };
 DeltaStats ComputeStats(const ModelDelta& delta);
 

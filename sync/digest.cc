@@ -62,16 +62,20 @@ WEFT_AVX512 Digest SumElementChangesAvx512(uint64_t first, const uint32_t* offse
   size_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m512i index = _mm512_add_epi64(
-        base, _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + j))));
+        base,
+        _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + j))));
     const __m512i key = MixA8(_mm512_xor_si512(index, seed));
-    const __m512i before = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(old_values + j)));
-    const __m512i after = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(new_values + j)));
+    const __m512i before =
+        _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(old_values + j)));
+    const __m512i after =
+        _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(new_values + j)));
     lane0 = _mm512_add_epi64(lane0, _mm512_sub_epi64(MixB8(_mm512_xor_si512(key, after)),
                                                      MixB8(_mm512_xor_si512(key, before))));
     const __m512i scaled_key = _mm512_mullo_epi64(key, key_factor);
     lane1 = _mm512_add_epi64(
-        lane1, _mm512_sub_epi64(MixA8(_mm512_xor_si512(scaled_key, _mm512_mullo_epi64(after, value_factor))),
-                                MixA8(_mm512_xor_si512(scaled_key, _mm512_mullo_epi64(before, value_factor)))));
+        lane1, _mm512_sub_epi64(
+                   MixA8(_mm512_xor_si512(scaled_key, _mm512_mullo_epi64(after, value_factor))),
+                   MixA8(_mm512_xor_si512(scaled_key, _mm512_mullo_epi64(before, value_factor)))));
   }
   Digest sum{static_cast<uint64_t>(_mm512_reduce_add_epi64(lane0)),
              static_cast<uint64_t>(_mm512_reduce_add_epi64(lane1))};
@@ -84,7 +88,8 @@ WEFT_AVX512 Digest SumElementChangesAvx512(uint64_t first, const uint32_t* offse
 Digest SumElementChangesRef(uint64_t first, const uint32_t* offsets, const uint32_t* old_values,
                             const uint32_t* new_values, size_t n) {
   Digest sum;
-  for (size_t j = 0; j < n; ++j) sum += ElementChange(first + offsets[j], old_values[j], new_values[j]);
+  for (size_t j = 0; j < n; ++j)
+    sum += ElementChange(first + offsets[j], old_values[j], new_values[j]);
   return sum;
 }
 
@@ -134,10 +139,14 @@ Digest BaseDigest(uint64_t element_count, DType dtype) {
 Digest ElementsDigest(std::span<const uint8_t> bytes, uint8_t element_size, uint64_t first_index) {
   size_t count = bytes.size() / element_size;
   switch (element_size) {
-    case 1: return SumTerms<uint8_t>(bytes.data(), count, first_index);
-    case 2: return SumTerms<uint16_t>(bytes.data(), count, first_index);
-    case 4: return SumTerms<uint32_t>(bytes.data(), count, first_index);
-    default: return SumTerms<uint64_t>(bytes.data(), count, first_index);
+    case 1:
+      return SumTerms<uint8_t>(bytes.data(), count, first_index);
+    case 2:
+      return SumTerms<uint16_t>(bytes.data(), count, first_index);
+    case 4:
+      return SumTerms<uint32_t>(bytes.data(), count, first_index);
+    default:
+      return SumTerms<uint64_t>(bytes.data(), count, first_index);
   }
 }
 

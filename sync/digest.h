@@ -17,8 +17,8 @@
 //
 // Elements are hashed by their stored bit pattern (1, 2 or 4 bytes, little-endian), so every NaN
 // payload, both zeros and every subnormal are distinct. The unit is the codec's coded unit
-// (CodedWidth): the element itself, except for bytewise-coded dtypes, which are hashed per byte. All functions are pure and
-// thread-safe.
+// (CodedWidth): the element itself, except for bytewise-coded dtypes, which are hashed per byte.
+// All functions are pure and thread-safe.
 #pragma once
 
 #include <cstddef>

@@ -22,7 +22,9 @@ namespace weft::sync {
 
 // The served scale tensor of FP8 tensor `name` is named name + kScaleSuffix.
 inline constexpr std::string_view kScaleSuffix = "_scale_inv";
-inline std::string ScaleTensorName(const std::string& name) { return name + std::string(kScaleSuffix); }
+inline std::string ScaleTensorName(const std::string& name) {
+  return name + std::string(kScaleSuffix);
+}
 
 struct BlockScaling {
   uint64_t rows = 0;

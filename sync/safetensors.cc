@@ -15,21 +15,36 @@ using Json = nlohmann::json;
 // descending, so wider types come first and every tensor stays aligned.
 int ReferenceRank(DType dtype) {
   switch (dtype) {
-    case DType::kBool: return 0;
-    case DType::kU8: return 1;
-    case DType::kI8: return 2;
-    case DType::kF8E5M2: return 3;
-    case DType::kF8E4M3: return 4;
-    case DType::kI16: return 5;
-    case DType::kU16: return 6;
-    case DType::kF16: return 7;
-    case DType::kBF16: return 8;
-    case DType::kI32: return 9;
-    case DType::kU32: return 10;
-    case DType::kF32: return 11;
-    case DType::kF64: return 12;
-    case DType::kI64: return 13;
-    case DType::kU64: return 14;
+    case DType::kBool:
+      return 0;
+    case DType::kU8:
+      return 1;
+    case DType::kI8:
+      return 2;
+    case DType::kF8E5M2:
+      return 3;
+    case DType::kF8E4M3:
+      return 4;
+    case DType::kI16:
+      return 5;
+    case DType::kU16:
+      return 6;
+    case DType::kF16:
+      return 7;
+    case DType::kBF16:
+      return 8;
+    case DType::kI32:
+      return 9;
+    case DType::kU32:
+      return 10;
+    case DType::kF32:
+      return 11;
+    case DType::kF64:
+      return 12;
+    case DType::kI64:
+      return 13;
+    case DType::kU64:
+      return 14;
   }
   return 0;
 }
@@ -63,7 +78,9 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
 }
 
 Result<SafetensorsFile> SafetensorsFile::Parse(std::span<const uint8_t> bytes) {
-  if (bytes.size() < 8) return DataLoss("file of " + std::to_string(bytes.size()) + " bytes is too short for a safetensors header");
+  if (bytes.size() < 8)
+    return DataLoss("file of " + std::to_string(bytes.size()) +
+                    " bytes is too short for a safetensors header");
   uint64_t header_length = 0;
   for (int i = 0; i < 8; ++i) header_length |= uint64_t{bytes[i]} << (8 * i);
   if (header_length > kMaxSafetensorsHeaderBytes) {
@@ -104,7 +121,8 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::span<const uint8_t> bytes) {
     if (name == "__metadata__") {
       if (!entry.is_object()) return DataLoss("__metadata__ is not an object");
       for (auto m = entry.begin(); m != entry.end(); ++m) {
-        if (!m.value().is_string()) return DataLoss("__metadata__ value '" + m.key() + "' is not a string");
+        if (!m.value().is_string())
+          return DataLoss("__metadata__ value '" + m.key() + "' is not a string");
         file.metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -117,14 +135,16 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::span<const uint8_t> bytes) {
     const Json& dtype_name = entry["dtype"];
     if (!dtype_name.is_string()) return DataLoss(where + ": dtype is not a string");
     std::optional<DType> dtype = DTypeFromSafetensorsName(dtype_name.get<std::string>());
-    if (!dtype) return DataLoss(where + ": unsupported dtype '" + dtype_name.get<std::string>() + "'");
+    if (!dtype)
+      return DataLoss(where + ": unsupported dtype '" + dtype_name.get<std::string>() + "'");
     SafetensorsTensor tensor;
     tensor.name = name;
     tensor.dtype = *dtype;
     const Json& shape = entry["shape"];
     if (!shape.is_array()) return DataLoss(where + ": shape is not an array");
     for (const Json& d : shape) {
-      if (!d.is_number_unsigned()) return DataLoss(where + ": shape has a non-integer or negative dimension");
+      if (!d.is_number_unsigned())
+        return DataLoss(where + ": shape has a non-integer or negative dimension");
       tensor.shape.push_back(d.get<uint64_t>());
     }
     const Json& offsets = entry["data_offsets"];
@@ -185,7 +205,8 @@ Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToWrite>& tens
   std::set<std::string> names;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorToWrite& t = tensors[i];
-    if (t.name.empty() || t.name == "__metadata__") return InvalidArgument("invalid tensor name '" + t.name + "'");
+    if (t.name.empty() || t.name == "__metadata__")
+      return InvalidArgument("invalid tensor name '" + t.name + "'");
     if (!names.insert(t.name).second) return InvalidArgument("tensor '" + t.name + "' given twice");
     uint64_t bytes;
     if (!CheckedProduct(t.shape, Info(t.dtype).size, &bytes) || bytes != t.data.size()) {

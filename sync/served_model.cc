@@ -5,7 +5,9 @@
 namespace weft::sync {
 namespace {
 
-Fp8Format Fp8Of(DType dtype) { return dtype == DType::kF8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2; }
+Fp8Format Fp8Of(DType dtype) {
+  return dtype == DType::kF8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+}
 
 std::span<const uint8_t> AsBytes(const std::vector<float>& values) {
   return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(float)};
@@ -37,7 +39,8 @@ Result<ServedModel> ServedModel::FromMaster(const std::vector<MasterTensor>& mas
       QuantizeFp8(m.weights, scaling, scales, Fp8Of(plan.dtype), plan.saturation, values.bytes);
       TensorSpec scale_spec{ScaleTensorName(m.name), DType::kF32, scaling.scale_shape()};
       std::span<const uint8_t> scale_bytes = AsBytes(scales);
-      model.tensors_.push_back({scale_spec, std::vector<uint8_t>(scale_bytes.begin(), scale_bytes.end()),
+      model.tensors_.push_back({scale_spec,
+                                std::vector<uint8_t>(scale_bytes.begin(), scale_bytes.end()),
                                 TensorDigest(DType::kF32, scale_bytes)});
     }
     values.digest = TensorDigest(plan.dtype, values.bytes, threads);
@@ -68,7 +71,8 @@ ServedModel ServedModel::FromSafetensors(const SafetensorsFile& file, int thread
 
 std::vector<TensorToWrite> ServedModel::AsTensorsToWrite() const {
   std::vector<TensorToWrite> tensors;
-  for (const Tensor& t : tensors_) tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes});
+  for (const Tensor& t : tensors_)
+    tensors.push_back({t.spec.name, t.spec.dtype, t.spec.shape, t.bytes});
   return tensors;
 }
 
@@ -88,16 +92,18 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
       scaling = ScalingForShape(m.shape, plan_.fp8_block);
       scales = ComputeScales(m.weights, scaling, Fp8Of(plan_.dtype));
       std::span<const uint8_t> scale_bytes = AsBytes(scales);
-      WEFT_ASSIGN_OR_RETURN(TensorDelta scale_delta,
-                            EncodeTensorDelta(scale->spec, scale->bytes, scale_bytes, options, scale->digest));
+      WEFT_ASSIGN_OR_RETURN(
+          TensorDelta scale_delta,
+          EncodeTensorDelta(scale->spec, scale->bytes, scale_bytes, options, scale->digest));
       std::memcpy(scale->bytes.data(), scale_bytes.data(), scale_bytes.size());
       scale->digest = scale_delta.result_digest;
       delta.tensors.push_back(std::move(scale_delta));
       format.scaling = &scaling;
       format.scales = scales;
     }
-    WEFT_ASSIGN_OR_RETURN(TensorDelta value_delta,
-                          EncodeFromMaster(values->spec, m.weights, format, values->bytes, &values->digest, options));
+    WEFT_ASSIGN_OR_RETURN(
+        TensorDelta value_delta,
+        EncodeFromMaster(values->spec, m.weights, format, values->bytes, &values->digest, options));
     delta.tensors.push_back(std::move(value_delta));
   }
   return delta;
@@ -108,9 +114,11 @@ Status ServedModel::Apply(const ModelDelta& delta, int threads) {
   std::vector<std::pair<Tensor*, PreparedTensorDelta>> staged;
   for (const TensorDelta& t : delta.tensors) {
     Tensor* tensor = FindMutable(t.spec.name);
-    if (tensor == nullptr) return InvalidArgument("delta changes unknown tensor '" + t.spec.name + "'");
+    if (tensor == nullptr)
+      return InvalidArgument("delta changes unknown tensor '" + t.spec.name + "'");
     if (tensor->spec.dtype != t.spec.dtype || tensor->spec.shape != t.spec.shape) {
-      return InvalidArgument("tensor '" + t.spec.name + "': the delta has a different dtype or shape");
+      return InvalidArgument("tensor '" + t.spec.name +
+                             "': the delta has a different dtype or shape");
     }
     WEFT_ASSIGN_OR_RETURN(PreparedTensorDelta prepared,
                           PrepareTensorDelta(t, tensor->bytes, tensor->digest, threads));

@@ -46,8 +46,8 @@ class ServedModel {
                                         const ServingPlan& plan, int threads);
   // Tensors that are already served (read from a checkpoint or a keyframe); their digests are
   // computed. Update() needs a model built FromMaster; Apply() works on either.
-  static ServedModel FromTensors(std::vector<TensorSpec> specs, std::vector<std::vector<uint8_t>> bytes,
-                                 int threads);
+  static ServedModel FromTensors(std::vector<TensorSpec> specs,
+                                 std::vector<std::vector<uint8_t>> bytes, int threads);
   // Every tensor of a safetensors file, in file order (copied; digests computed).
   static ServedModel FromSafetensors(const SafetensorsFile& file, int threads);
   // The tensors as a safetensors writer takes them (views into this model).

@@ -16,8 +16,8 @@ struct RawReply {
   std::string text() const { return std::string(body.begin(), body.end()); }
 };
 
-inline RawReply Raw(const std::string& url, const std::string& method, const std::vector<std::string>& headers = {},
-                    const std::string& body = "") {
+inline RawReply Raw(const std::string& url, const std::string& method,
+                    const std::vector<std::string>& headers = {}, const std::string& body = "") {
   RawReply reply;
   CURL* curl = curl_easy_init();
   curl_slist* list = nullptr;
@@ -31,13 +31,15 @@ inline RawReply Raw(const std::string& url, const std::string& method, const std
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.data());
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
   }
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t count, void* user) {
-    auto* out = static_cast<std::vector<uint8_t>*>(user);
-    out->insert(out->end(), data, data + size * count);
-    return size * count;
-  });
+  curl_easy_setopt(
+      curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t count, void* user) {
+        auto* out = static_cast<std::vector<uint8_t>*>(user);
+        out->insert(out->end(), data, data + size * count);
+        return size * count;
+      });
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &reply.body);
-  if (curl_easy_perform(curl) == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &reply.status);
+  if (curl_easy_perform(curl) == CURLE_OK)
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &reply.status);
   curl_slist_free_all(list);
   curl_easy_cleanup(curl);
   return reply;

@@ -20,7 +20,8 @@ struct RunningOrchestrator {
   std::unique_ptr<orchestrator::OrchestratorService> service;
   std::string url;
 
-  explicit RunningOrchestrator(orchestrator::CoreConfig config = {}, uint16_t port = 0, const TestCertificate* tls = nullptr) {
+  explicit RunningOrchestrator(orchestrator::CoreConfig config = {}, uint16_t port = 0,
+                               const TestCertificate* tls = nullptr) {
     path = TempPath("orchestrator_journal");
     core = std::move(orchestrator::DurableCore::Open(path, config)).value();
     orchestrator::ServiceOptions options;
@@ -36,16 +37,20 @@ struct RunningOrchestrator {
       options.server.tls_key_file = tls->key;
     }
     service = std::move(orchestrator::OrchestratorService::Start(*core, options)).value();
-    url = std::string(tls != nullptr ? "https" : "http") + "://127.0.0.1:" + std::to_string(service->port());
+    url = std::string(tls != nullptr ? "https" : "http") +
+          "://127.0.0.1:" + std::to_string(service->port());
   }
   ~RunningOrchestrator() {
     service->Stop();
     std::filesystem::remove(path);
   }
   // POST with a role's token; the reply's JSON (or {"status": code} when it is not JSON).
-  std::pair<long, nlohmann::json> Post(const std::string& token, const std::string& path_part, const nlohmann::json& body,
-                                               const std::string& method = "POST") {
-    auto reply = Raw(url + path_part, method, {"Authorization: Bearer " + token, "Content-Type: application/json"}, body.dump());
+  std::pair<long, nlohmann::json> Post(const std::string& token, const std::string& path_part,
+                                       const nlohmann::json& body,
+                                       const std::string& method = "POST") {
+    auto reply =
+        Raw(url + path_part, method,
+            {"Authorization: Bearer " + token, "Content-Type: application/json"}, body.dump());
     return {reply.status, nlohmann::json::parse(reply.text(), nullptr, false)};
   }
 };

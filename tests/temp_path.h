@@ -9,7 +9,8 @@
 namespace weft::testing {
 
 inline std::string TempPath(const std::string& name) {
-  auto path = std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
+  auto path =
+      std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
   std::filesystem::remove_all(path);
   return path.string();
 }

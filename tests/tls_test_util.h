@@ -34,19 +34,23 @@ inline TestCertificate MakeCertificate(const std::string& dir, const std::string
   X509_gmtime_adj(X509_getm_notAfter(x509), 3600);
   X509_set_pubkey(x509, key);
   X509_NAME* subject = X509_get_subject_name(x509);
-  X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(name.c_str()), -1, -1, 0);
+  X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(name.c_str()), -1, -1, 0);
   X509_set_issuer_name(x509, subject);
   X509V3_CTX context;
   X509V3_set_ctx_nodb(&context);
   X509V3_set_ctx(&context, x509, x509, nullptr, nullptr, 0);
-  X509_EXTENSION* san = X509V3_EXT_conf_nid(nullptr, &context, NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost");
+  X509_EXTENSION* san =
+      X509V3_EXT_conf_nid(nullptr, &context, NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost");
   REQUIRE(san != nullptr);
   X509_add_ext(x509, san, -1);
   X509_EXTENSION_free(san);
   REQUIRE(X509_sign(x509, key, EVP_sha256()) > 0);
   TestCertificate out{dir + "/" + name + ".crt", dir + "/" + name + ".key"};
   WritePem(out.cert, [&](FILE* f) { return PEM_write_X509(f, x509); });
-  WritePem(out.key, [&](FILE* f) { return PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr); });
+  WritePem(out.key, [&](FILE* f) {
+    return PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
+  });
   X509_free(x509);
   EVP_PKEY_free(key);
   return out;

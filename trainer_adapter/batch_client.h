@@ -25,7 +25,9 @@ namespace weft::trainer_adapter {
 struct TrajectoryGroup : orchestrator::ReceivedTrajectory {
   uint64_t lag = 0;             // trainer version when received - version_start
   nlohmann::json trajectories;  // what the worker submitted (docs/api.md, "Trajectories")
-  size_t samples() const { return trajectories.contains("samples") ? trajectories["samples"].size() : 1; }
+  size_t samples() const {
+    return trajectories.contains("samples") ? trajectories["samples"].size() : 1;
+  }
 };
 
 struct StalenessStats {
@@ -40,11 +42,13 @@ struct StalenessStats {
 class BatchClient {
  public:
   // `client` carries the trainer token; `max_staleness` is the bound k the orchestrator enforces.
-  BatchClient(orchestrator::OrchestratorClient& client, uint64_t max_staleness) : client_(client), max_staleness_(max_staleness) {}
+  BatchClient(orchestrator::OrchestratorClient& client, uint64_t max_staleness)
+      : client_(client), max_staleness_(max_staleness) {}
 
   // Groups until they hold at least `samples` samples, or what has arrived when `wait` is over
   // (possibly nothing). `trainer_version` is the version the trainer holds now (its lag baseline).
-  Result<std::vector<TrajectoryGroup>> NextBatch(size_t samples, uint64_t trainer_version, std::chrono::milliseconds wait);
+  Result<std::vector<TrajectoryGroup>> NextBatch(size_t samples, uint64_t trainer_version,
+                                                 std::chrono::milliseconds wait);
 
   const StalenessStats& staleness() const { return stats_; }
 

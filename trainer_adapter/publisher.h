@@ -37,7 +37,8 @@ class Publisher {
  public:
   // Starts run `run_id`, which must not exist yet, with version 0 served from `master` (this
   // rank's tensors when sharded).
-  static Result<std::unique_ptr<Publisher>> Start(policy_store::ObjectStore& store, std::string run_id,
+  static Result<std::unique_ptr<Publisher>> Start(policy_store::ObjectStore& store,
+                                                  std::string run_id,
                                                   const std::vector<sync::MasterTensor>& master,
                                                   const sync::ServingPlan& plan,
                                                   const PublisherOptions& options);
@@ -54,7 +55,8 @@ class Publisher {
       : store_(store), run_id_(std::move(run_id)), served_(std::move(served)), options_(options) {}
 
   // Publishes `served` (with `delta` from the last version, null for version 0), sharded or not.
-  Result<policy_store::Manifest> PublishServed(const sync::ServedModel& served, const sync::ModelDelta* delta);
+  Result<policy_store::Manifest> PublishServed(const sync::ServedModel& served,
+                                               const sync::ModelDelta* delta);
 
   policy_store::ObjectStore& store_;
   std::string run_id_;

@@ -3,13 +3,14 @@
 // Writes a deterministic model for the CLI tests: FP32 weight matrices ~ N(0, 0.02) with special
 // values (NaN payloads, infinities, signed zeros, subnormals) and one tensor of every other dtype.
 // A fifth argument "small" makes every tensor tiny (fuzzing seeds), "big" makes the matrices 16
-// times taller (about 7 MB), "huge" 64 times (about 29 MB). VERSION > 0 applies that many small update steps, so versions 0, 1, 2 ... of the same seed
-// differ the way consecutive training steps do.
-#include <cstdio>
+// times taller (about 7 MB), "huge" 64 times (about 29 MB). VERSION > 0 applies that many small
+// update steps, so versions 0, 1, 2 ... of the same seed differ the way consecutive training steps
+// do.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <random>
+#include <string>
 
 #include "sync/safetensors.h"
 #include "tests/sync/test_util.h"
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
   const int version = std::atoi(argv[3]);
   const std::string size = argc == 5 ? argv[4] : "";
   if (!size.empty() && size != "small" && size != "big" && size != "huge") {
-    std::fprintf(stderr, "the fifth argument is 'small', 'big' or 'huge', not '%s'\n", size.c_str());
+    std::fprintf(stderr, "the fifth argument is 'small', 'big' or 'huge', not '%s'\n",
+                 size.c_str());
     return 2;
   }
   const int scale = size == "small" ? 20 : 1;  // tiny tensors, for fuzzing seeds
@@ -52,12 +54,15 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < std::size(specials); ++i) w[i * 17] = specials[i];
     std::vector<uint8_t> bytes(w.size() * 4);
     std::memcpy(bytes.data(), w.data(), bytes.size());
-    std::vector<uint64_t> shape = rows == 1 ? std::vector<uint64_t>{uint64_t(cols)} : std::vector<uint64_t>{uint64_t(rows), uint64_t(cols)};
+    std::vector<uint64_t> shape = rows == 1 ? std::vector<uint64_t>{uint64_t(cols)}
+                                            : std::vector<uint64_t>{uint64_t(rows), uint64_t(cols)};
     tensors.push_back({name, DType::kF32, shape, bytes});
   }
   for (DType dtype : testing::kAllDTypes) {
     if (dtype == DType::kF32) continue;
-    tensors.push_back({"extra." + std::string(Info(dtype).safetensors_name), dtype, {7, uint64_t(91 / scale)},
+    tensors.push_back({"extra." + std::string(Info(dtype).safetensors_name),
+                       dtype,
+                       {7, uint64_t(91 / scale)},
                        testing::RandomTensor(dtype, 7 * (91 / scale), rng)});
   }
   // Each version: FP32 weights take a small step (most BF16/FP8 values stay put), other tensors
@@ -67,7 +72,8 @@ int main(int argc, char** argv) {
     for (Owned& t : tensors) {
       if (t.dtype == DType::kF32) {
         float* w = reinterpret_cast<float*>(t.bytes.data());
-        for (size_t i = 0; i < t.bytes.size() / 4; ++i) w[i] -= 2e-5f * std::normal_distribution<float>(0, 1)(step_rng);
+        for (size_t i = 0; i < t.bytes.size() / 4; ++i)
+          w[i] -= 2e-5f * std::normal_distribution<float>(0, 1)(step_rng);
       } else {
         t.bytes = testing::Perturb(t.bytes, t.dtype, 0.02, step_rng);
       }

@@ -1,9 +1,9 @@
 // The shared HTTP server and client: plain and TLS.
 #include <doctest/doctest.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
-#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -20,9 +20,12 @@ namespace {
 namespace bhttp = boost::beast::http;
 
 std::unique_ptr<http::HttpServer> EchoServer(http::ServerOptions options) {
-  auto server = http::HttpServer::Start(options, [](http::Request request, http::Responder respond) {
-    respond(http::JsonResponse(request, bhttp::status::ok, {{"path", std::string(request.target())}, {"bytes", request.body().size()}}));
-  });
+  auto server =
+      http::HttpServer::Start(options, [](http::Request request, http::Responder respond) {
+        respond(http::JsonResponse(
+            request, bhttp::status::ok,
+            {{"path", std::string(request.target())}, {"bytes", request.body().size()}}));
+      });
   REQUIRE_MESSAGE(server.ok(), server.status().ToString());
   return std::move(server).value();
 }
@@ -49,10 +52,12 @@ TEST_CASE("HTTPS: a client that trusts the certificate talks to the server; othe
   HttpClient client(https, trusting);
   const std::string body(100000, 'x');
   for (int i = 0; i < 3; ++i) {  // the connection is kept alive across requests
-    auto reply = client.Request("POST", "/v1/echo", {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, {});
+    auto reply = client.Request("POST", "/v1/echo",
+                                {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, {});
     REQUIRE_MESSAGE(reply.ok(), reply.status().ToString());
     CHECK(reply->status == 200);
-    CHECK(std::string(reply->body.begin(), reply->body.end()) == R"({"bytes":100000,"path":"/v1/echo"})");
+    CHECK(std::string(reply->body.begin(), reply->body.end()) ==
+          R"({"bytes":100000,"path":"/v1/echo"})");
   }
 
   SUBCASE("a client that does not trust it fails at once, saying why") {
@@ -67,7 +72,8 @@ TEST_CASE("HTTPS: a client that trusts the certificate talks to the server; othe
   SUBCASE("plain HTTP to the TLS port gets no answer") {
     HttpClientOptions plain = Quick();
     plain.attempts = 1;
-    auto reply = HttpClient("http://127.0.0.1:" + std::to_string(server->port()), plain).Request("GET", "/v1/x", {}, {});
+    auto reply = HttpClient("http://127.0.0.1:" + std::to_string(server->port()), plain)
+                     .Request("GET", "/v1/x", {}, {});
     CHECK(!(reply.ok() && reply->status == 200));
   }
   server->Stop();

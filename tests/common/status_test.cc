@@ -85,7 +85,8 @@ TEST_CASE("ParallelFor nests and runs from several threads at once without deadl
   std::vector<std::thread> callers;
   for (int c = 0; c < 4; ++c) {
     callers.emplace_back([&] {
-      for (int round = 0; round < 50; ++round) ParallelFor(100, 3, [&](size_t) { total.fetch_add(1); });
+      for (int round = 0; round < 50; ++round)
+        ParallelFor(100, 3, [&](size_t) { total.fetch_add(1); });
     });
   }
   for (auto& caller : callers) caller.join();

@@ -17,7 +17,8 @@ TinyLmLayout SmallLayout(int max_seq = 12) {
 }
 
 // The sum of the log-probabilities `weights` give `tokens` after `prompt`.
-double LogProb(const TinyLmLayout& layout, const std::vector<float>& weights, const std::vector<int>& prompt, const std::vector<int>& tokens) {
+double LogProb(const TinyLmLayout& layout, const std::vector<float>& weights,
+               const std::vector<int>& prompt, const std::vector<int>& tokens) {
   std::vector<int> all = prompt;
   all.insert(all.end(), tokens.begin(), tokens.end());
   const std::vector<float> scores = Decoder(layout, weights).Score(all).value();
@@ -26,8 +27,8 @@ double LogProb(const TinyLmLayout& layout, const std::vector<float>& weights, co
   return sum;
 }
 
-Sample OnPolicy(const TinyLmLayout& layout, const std::vector<float>& weights, const std::vector<int>& prompt, std::vector<int> tokens,
-                double reward) {
+Sample OnPolicy(const TinyLmLayout& layout, const std::vector<float>& weights,
+                const std::vector<int>& prompt, std::vector<int> tokens, double reward) {
   std::vector<int> all = prompt;
   all.insert(all.end(), tokens.begin(), tokens.end());
   const std::vector<float> scores = Decoder(layout, weights).Score(all).value();
@@ -43,9 +44,12 @@ TEST_CASE("policy gradient: the rewarded sample gains probability, the other los
   adam.learning_rate = 1e-2;
   AdamW optimizer(layout, adam);
   const std::vector<int> prompt = {13, 1, 10, 2, 11}, good = {3, 12}, bad = {4, 12};
-  Group group{prompt, {OnPolicy(layout, w, prompt, good, 1.0), OnPolicy(layout, w, prompt, bad, 0.0)}};
-  const double good_before = LogProb(layout, w, prompt, good), bad_before = LogProb(layout, w, prompt, bad);
-  const StepStats stats = PolicyGradientStep(layout, w, optimizer, {group}, PolicyGradientConfig{}, 2).value();
+  Group group{prompt,
+              {OnPolicy(layout, w, prompt, good, 1.0), OnPolicy(layout, w, prompt, bad, 0.0)}};
+  const double good_before = LogProb(layout, w, prompt, good),
+               bad_before = LogProb(layout, w, prompt, bad);
+  const StepStats stats =
+      PolicyGradientStep(layout, w, optimizer, {group}, PolicyGradientConfig{}, 2).value();
   CHECK(stats.groups_used == 1);
   CHECK(stats.tokens == 4);
   CHECK(stats.mean_ratio == doctest::Approx(1.0).epsilon(1e-4));  // on-policy
@@ -54,31 +58,41 @@ TEST_CASE("policy gradient: the rewarded sample gains probability, the other los
   CHECK(LogProb(layout, w, prompt, bad) < bad_before);
 }
 
-TEST_CASE("policy gradient: groups without a signal change nothing; stale samples are truncated; bad samples are named") {
+TEST_CASE(
+    "policy gradient: groups without a signal change nothing; stale samples are truncated; bad "
+    "samples are named") {
   const TinyLmLayout layout = SmallLayout();
   std::vector<float> w = layout.Initialize(6);
   AdamW optimizer(layout, AdamWConfig{});
   const std::vector<int> prompt = {13, 1, 10, 2, 11};
-  Group same{prompt, {OnPolicy(layout, w, prompt, {3, 12}, 1.0), OnPolicy(layout, w, prompt, {4, 12}, 1.0)}};
+  Group same{
+      prompt,
+      {OnPolicy(layout, w, prompt, {3, 12}, 1.0), OnPolicy(layout, w, prompt, {4, 12}, 1.0)}};
   const std::vector<float> before = w;
-  const StepStats none = PolicyGradientStep(layout, w, optimizer, {same}, PolicyGradientConfig{}, 1).value();
+  const StepStats none =
+      PolicyGradientStep(layout, w, optimizer, {same}, PolicyGradientConfig{}, 1).value();
   CHECK(none.groups_used == 0);
   CHECK(w == before);
 
   // Behaviour logprobs far below the current policy's: every ratio is over the truncation.
-  Group stale{prompt, {OnPolicy(layout, w, prompt, {3, 12}, 1.0), OnPolicy(layout, w, prompt, {4, 12}, 0.0)}};
+  Group stale{
+      prompt,
+      {OnPolicy(layout, w, prompt, {3, 12}, 1.0), OnPolicy(layout, w, prompt, {4, 12}, 0.0)}};
   for (Sample& s : stale.samples) {
     for (float& l : s.logprobs) l -= 5.0f;
   }
-  const StepStats truncated = PolicyGradientStep(layout, w, optimizer, {stale}, PolicyGradientConfig{2.0}, 1).value();
+  const StepStats truncated =
+      PolicyGradientStep(layout, w, optimizer, {stale}, PolicyGradientConfig{2.0}, 1).value();
   CHECK(truncated.truncated == doctest::Approx(1.0));
   CHECK(truncated.mean_ratio > 100.0);
   CHECK(truncated.max_log_ratio == doctest::Approx(5.0).epsilon(1e-3));
 
   Group broken{prompt, {Sample{{3, 12}, {-1.0f}, 1.0}, OnPolicy(layout, w, prompt, {4, 12}, 0.0)}};
-  auto refused = PolicyGradientStep(layout, w, optimizer, {same, broken}, PolicyGradientConfig{}, 1);
+  auto refused =
+      PolicyGradientStep(layout, w, optimizer, {same, broken}, PolicyGradientConfig{}, 1);
   REQUIRE(!refused.ok());
-  CHECK(refused.status().message() == "group 1 sample 0: 2 tokens but 1 logprobs (at least one of each needed)");
+  CHECK(refused.status().message() ==
+        "group 1 sample 0: 2 tokens but 1 logprobs (at least one of each needed)");
 }
 
 TEST_CASE("supervised warm-up step and greedy accuracy") {
@@ -91,7 +105,8 @@ TEST_CASE("supervised warm-up step and greedy accuracy") {
   std::mt19937_64 rng(1);
   const double first = SupervisedStep(layout, w, optimizer, task, rng, 32, 2).value();
   double last = first;
-  for (int i = 0; i < 40; ++i) last = SupervisedStep(layout, w, optimizer, task, rng, 32, 2).value();
+  for (int i = 0; i < 40; ++i)
+    last = SupervisedStep(layout, w, optimizer, task, rng, 32, 2).value();
   CHECK(last < first);  // the answer tokens' NLL falls
   const double accuracy = GreedyAccuracy(layout, w, task, {"1+2=", "3+4="}, 1).value();
   CHECK(accuracy >= 0.0);

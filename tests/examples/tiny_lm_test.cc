@@ -34,7 +34,8 @@ TEST_CASE("tiny LM: gradients match finite differences") {
   const std::vector<TrainingSequence> batch = {{{1, 2, 3, 4, 5, 6}, 2}, {{6, 0, 3}, 1}};
   // Objective: sum of weighted log-probabilities, with weights that differ per target.
   auto weigh = [](size_t i, std::span<const float>, std::span<float> out) {
-    for (size_t t = 0; t < out.size(); ++t) out[t] = 0.5f + static_cast<float>(t) - static_cast<float>(i);
+    for (size_t t = 0; t < out.size(); ++t)
+      out[t] = 0.5f + static_cast<float>(t) - static_cast<float>(i);
   };
   const Trainer trainer(layout);
   std::vector<float> grad(layout.size(), 0.0f);
@@ -76,7 +77,9 @@ TEST_CASE("tiny LM: the gradient does not depend on the thread count") {
   const std::vector<float> w = layout.Initialize(9);
   std::vector<TrainingSequence> batch;
   for (int i = 0; i < 30; ++i) batch.push_back({{i % 7, (i + 1) % 7, (i * 3) % 7, 2}, 1});
-  auto weigh = [](size_t, std::span<const float>, std::span<float> out) { std::fill(out.begin(), out.end(), 1.0f); };
+  auto weigh = [](size_t, std::span<const float>, std::span<float> out) {
+    std::fill(out.begin(), out.end(), 1.0f);
+  };
   const Trainer trainer(layout);
   std::vector<float> one(layout.size(), 0.0f), four(layout.size(), 0.0f);
   REQUIRE(trainer.Accumulate(w, batch, weigh, one, 1).ok());
@@ -84,7 +87,9 @@ TEST_CASE("tiny LM: the gradient does not depend on the thread count") {
   CHECK(one == four);
 }
 
-TEST_CASE("tiny LM: sampling is reproducible, its log-probabilities are the model's, bad input is refused") {
+TEST_CASE(
+    "tiny LM: sampling is reproducible, its log-probabilities are the model's, bad input is "
+    "refused") {
   const TinyLmLayout layout(Small());
   const std::vector<float> w = layout.Initialize(1);
   const Decoder decoder(layout, w);
@@ -101,29 +106,35 @@ TEST_CASE("tiny LM: sampling is reproducible, its log-probabilities are the mode
   full.insert(full.end(), (*a)[0].tokens.begin(), (*a)[0].tokens.end());
   auto scores = decoder.Score(full);
   REQUIRE(scores.ok());
-  for (size_t i = 0; i < (*a)[0].logprobs.size(); ++i) CHECK((*a)[0].logprobs[i] == doctest::Approx((*scores)[i + 1]));
+  for (size_t i = 0; i < (*a)[0].logprobs.size(); ++i)
+    CHECK((*a)[0].logprobs[i] == doctest::Approx((*scores)[i + 1]));
   // Greedy picks the most likely token.
   params.temperature = 0.0f;
   auto greedy = decoder.Generate({{1, 2}}, params);
   REQUIRE(greedy.ok());
-  CHECK(decoder.Score({1, 2, (*greedy)[0].tokens[0]}).value()[1] == doctest::Approx((*greedy)[0].logprobs[0]));
+  CHECK(decoder.Score({1, 2, (*greedy)[0].tokens[0]}).value()[1] ==
+        doctest::Approx((*greedy)[0].logprobs[0]));
   // max_tokens is cut to what fits.
   params.max_tokens = 100;
   CHECK(decoder.Generate({{1, 2, 3}}, params).value()[0].tokens.size() == 3);
-  CHECK(decoder.Generate({{1, 9}}, params).status().message().find("prompt 0: token 1 is 9") != std::string::npos);
+  CHECK(decoder.Generate({{1, 9}}, params).status().message().find("prompt 0: token 1 is 9") !=
+        std::string::npos);
   CHECK(!decoder.Generate({{}}, params).ok());
   params.top_p = 0.0f;
   CHECK(!decoder.Generate({{1}}, params).ok());
 }
 
-TEST_CASE("tiny LM: weights that change mid-generation are used from the next token on, and segmented") {
+TEST_CASE(
+    "tiny LM: weights that change mid-generation are used from the next token on, and segmented") {
   const TinyLmLayout layout(Small());
   auto v3 = std::make_shared<VersionedWeights>(VersionedWeights{3, layout.Initialize(1)});
   auto v4 = std::make_shared<VersionedWeights>(VersionedWeights{4, layout.Initialize(2)});
   int calls = 0;
   // Asked once before the prompt, then before each token after the first: the third token is
   // the first sampled at version 4.
-  WeightsNow source = [&]() -> std::shared_ptr<const VersionedWeights> { return ++calls <= 3 ? v3 : v4; };
+  WeightsNow source = [&]() -> std::shared_ptr<const VersionedWeights> {
+    return ++calls <= 3 ? v3 : v4;
+  };
   Sampling params;
   params.max_tokens = 5;
   auto out = Decoder::Generate(layout, source, {{1}}, params);
@@ -141,12 +152,15 @@ TEST_CASE("tiny LM: weights that change mid-generation are used from the next to
 
 TEST_CASE("arithmetic task: tokens, answers, rewards, errors") {
   ArithmeticTask task(2);
-  CHECK(task.Encode("37+5=").value() == std::vector<int>{ArithmeticTask::kBegin, 3, 7, ArithmeticTask::kPlus, 5, ArithmeticTask::kEquals});
+  CHECK(task.Encode("37+5=").value() == std::vector<int>{ArithmeticTask::kBegin, 3, 7,
+                                                         ArithmeticTask::kPlus, 5,
+                                                         ArithmeticTask::kEquals});
   CHECK(task.Answer("37+5=").value() == std::vector<int>{4, 2, ArithmeticTask::kEnd});
   CHECK(task.Reward("99+99=", {1, 9, 8, ArithmeticTask::kEnd}) == 1.0);
   CHECK(task.Reward("99+99=", {1, 9, 8}) == 0.0);
   CHECK(task.Reward("99+99=", {1, 9, 8, ArithmeticTask::kEnd, 3}) == 0.0);
-  CHECK(task.Encode("123+4=").status().message().find("'123' is not a number of 1 to 2 digits") != std::string::npos);
+  CHECK(task.Encode("123+4=").status().message().find("'123' is not a number of 1 to 2 digits") !=
+        std::string::npos);
   CHECK(!task.Encode("3*4=").ok());
   CHECK(ArithmeticTask::Decode({13, 1, 10, 2, 11, 3, 12}) == "^1+2=3$");
   CHECK(task.RandomPolicyReward("1+2=") == doctest::Approx(1.0 / 256));
@@ -154,7 +168,8 @@ TEST_CASE("arithmetic task: tokens, answers, rewards, errors") {
   for (int i = 0; i < 100; ++i) {
     const std::string p = task.Problem(rng);
     REQUIRE(task.Encode(p).ok());
-    CHECK(task.Encode(p)->size() + task.Answer(p)->size() <= static_cast<size_t>(task.max_length()));
+    CHECK(task.Encode(p)->size() + task.Answer(p)->size() <=
+          static_cast<size_t>(task.max_length()));
   }
 }
 
@@ -203,23 +218,28 @@ TEST_CASE("tiny LM: supervised steps teach it one-digit addition") {
       batch.push_back(std::move(s));
     }
     std::vector<float> grad(layout.size(), 0.0f);
-    auto weigh = [](size_t, std::span<const float>, std::span<float> out) { std::fill(out.begin(), out.end(), 1.0f / 32); };
+    auto weigh = [](size_t, std::span<const float>, std::span<float> out) {
+      std::fill(out.begin(), out.end(), 1.0f / 32);
+    };
     REQUIRE(trainer.Accumulate(w, batch, weigh, grad, 2).ok());
     for (float& g : grad) g = -g;  // maximise the log-likelihood
     optimizer.Step(w, grad);
   }
   const double after = accuracy();
-  MESSAGE("one-digit addition, greedy accuracy: " << before << " before, " << after << " after 300 supervised steps");
+  MESSAGE("one-digit addition, greedy accuracy: " << before << " before, " << after
+                                                  << " after 300 supervised steps");
   CHECK(before < 0.2);
   CHECK(after > 0.9);
 }
 
 // The served model of `weights` in BF16, as a worker would hold it.
 sync::ServedModel Served(const TinyLmLayout& layout, const std::vector<float>& weights) {
-  return std::move(sync::ServedModel::FromMaster(layout.Master(weights), sync::ServingPlan{}, 1)).value();
+  return std::move(sync::ServedModel::FromMaster(layout.Master(weights), sync::ServingPlan{}, 1))
+      .value();
 }
 
-TEST_CASE("embedded engine: serves BF16 weights, commits between tokens and reports version segments") {
+TEST_CASE(
+    "embedded engine: serves BF16 weights, commits between tokens and reports version segments") {
   TinyLmConfig config = Small();
   config.max_seq = 24;
   EmbeddedEngine engine(config, 2);
@@ -238,7 +258,8 @@ TEST_CASE("embedded engine: serves BF16 weights, commits between tokens and repo
   {
     const sync::ServedModel served = Served(layout, v0);
     for (const ParameterInfo& p : layout.parameters()) {
-      sync::ConvertToFloat(sync::DType::kBF16, served.Find(p.name)->bytes, std::span<float>(rounded).subspan(p.offset, p.size));
+      sync::ConvertToFloat(sync::DType::kBF16, served.Find(p.name)->bytes,
+                           std::span<float>(rounded).subspan(p.offset, p.size));
     }
   }
   auto out = engine.Generate({{1, 2}, {3}}, sampling);
@@ -274,7 +295,9 @@ TEST_CASE("embedded engine: serves BF16 weights, commits between tokens and repo
   TinyLmConfig other = Small();
   other.d_model = 4;
   const TinyLmLayout other_layout(other);
-  CHECK(engine.Stage(Served(other_layout, other_layout.Initialize(1)), 2).message().find("another shape") != std::string::npos);
+  CHECK(engine.Stage(Served(other_layout, other_layout.Initialize(1)), 2)
+            .message()
+            .find("another shape") != std::string::npos);
 }
 
 }  // namespace

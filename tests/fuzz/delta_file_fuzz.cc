@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const TensorDelta& tensor : parsed->tensors) {
     if (tensor.spec.byte_count() > (1u << 22)) continue;
     std::vector<uint8_t> served(tensor.spec.byte_count(), 0);
-    weft::Result<PreparedTensorDelta> prepared = PrepareTensorDelta(tensor, served, tensor.base_digest, 1);
+    weft::Result<PreparedTensorDelta> prepared =
+        PrepareTensorDelta(tensor, served, tensor.base_digest, 1);
     if (prepared.ok()) CommitTensorDelta(*prepared, served, 1);
     weft::Result<TensorDelta> squashed = SquashTensorDeltas(tensor, tensor, 1);
     if (squashed.ok()) {

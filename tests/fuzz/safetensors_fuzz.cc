@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   weft::Result<SafetensorsLayout> layout = PlanSafetensors(tensors, file->metadata());
   if (!layout.ok()) std::abort();
   std::vector<uint8_t> bytes = layout->header;
-  for (size_t i : layout->order) bytes.insert(bytes.end(), tensors[i].data.begin(), tensors[i].data.end());
+  for (size_t i : layout->order)
+    bytes.insert(bytes.end(), tensors[i].data.begin(), tensors[i].data.end());
   weft::Result<SafetensorsFile> again = SafetensorsFile::Parse(bytes);
   if (!again.ok() || again->tensors().size() != tensors.size()) std::abort();
   return 0;

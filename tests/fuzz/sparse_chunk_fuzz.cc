@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   header.big_count = data[7] | (data[8] << 8);
   const size_t payload_size = size - 16;
   // Split the payload into the four streams at positions chosen by bytes 9..14.
-  size_t cuts[3] = {payload_size * data[9] / 255, payload_size * data[10] / 255, payload_size * data[11] / 255};
+  size_t cuts[3] = {payload_size * data[9] / 255, payload_size * data[10] / 255,
+                    payload_size * data[11] / 255};
   if (cuts[0] > cuts[1]) std::swap(cuts[0], cuts[1]);
   if (cuts[1] > cuts[2]) std::swap(cuts[1], cuts[2]);
   if (cuts[0] > cuts[1]) std::swap(cuts[0], cuts[1]);
@@ -32,7 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   header.big_bytes = static_cast<uint32_t>(cuts[2] - cuts[1]);
   header.mag_bytes = static_cast<uint32_t>(payload_size - cuts[2]);
   ChangeList decoded;
-  if (!DecodeChanges(header, {data + 16, payload_size}, chunk, width, coding, &decoded).ok()) return 0;
+  if (!DecodeChanges(header, {data + 16, payload_size}, chunk, width, coding, &decoded).ok())
+    return 0;
   const uint64_t mask = width == 4 ? 0xFFFFFFFFull : (uint64_t{1} << (8 * width)) - 1;
   for (size_t j = 0; j < decoded.size(); ++j) {
     if (decoded.offsets[j] >= chunk || decoded.residuals[j] == 0 || decoded.residuals[j] > mask ||

@@ -11,7 +11,8 @@ namespace weft::orchestrator {
 namespace {
 
 std::string Write(const std::string& name, const std::string& text) {
-  auto path = std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
+  auto path =
+      std::filesystem::temp_directory_path() / ("weft_" + name + "_" + std::to_string(getpid()));
   std::ofstream(path) << text;
   return path.string();
 }
@@ -25,11 +26,13 @@ TEST_CASE("orchestrator config: the shipped example loads; values land where the
   CHECK(config->service.max_wait == std::chrono::milliseconds(30000));
   CHECK(config->service.server.max_body_bytes == uint64_t{64} << 20);
   setenv("WEFT_ADMIN_TOKEN", "from-the-environment", 1);
-  CHECK(LoadOrchestratorConfig(WEFT_SOURCE_DIR "/configs/orchestrator.yaml")->service.admin_token == "from-the-environment");
+  CHECK(LoadOrchestratorConfig(WEFT_SOURCE_DIR "/configs/orchestrator.yaml")->service.admin_token ==
+        "from-the-environment");
   unsetenv("WEFT_ADMIN_TOKEN");
 }
 
-TEST_CASE("orchestrator config: unknown keys, bad values and missing tokens are errors naming the key") {
+TEST_CASE(
+    "orchestrator config: unknown keys, bad values and missing tokens are errors naming the key") {
   const std::string tokens = "  tokens: {worker: w, trainer: t, admin: a}\n";
   auto error = [&](const std::string& body) {
     const std::string path = Write("config", "orchestrator:\n" + body);
@@ -38,19 +41,31 @@ TEST_CASE("orchestrator config: unknown keys, bad values and missing tokens are 
     return config.ok() ? std::string("ok") : config.status().message();
   };
   CHECK(error(tokens) == "ok");
-  CHECK(error(tokens + "  leases: 5s\n").find("orchestrator.leases: unknown key (line 3)") != std::string::npos);
-  CHECK(error(tokens + "  lease: soon\n").find("orchestrator.lease (line 3): 'soon' is not a duration") != std::string::npos);
-  CHECK(error(tokens + "  max_staleness: -1\n").find("orchestrator.max_staleness: '-1' is not a non-negative integer") != std::string::npos);
-  CHECK(error(tokens + "  stale_policy: keep\n").find("not drop or deliver_flagged") != std::string::npos);
+  CHECK(error(tokens + "  leases: 5s\n").find("orchestrator.leases: unknown key (line 3)") !=
+        std::string::npos);
+  CHECK(error(tokens + "  lease: soon\n")
+            .find("orchestrator.lease (line 3): 'soon' is not a duration") != std::string::npos);
+  CHECK(error(tokens + "  max_staleness: -1\n")
+            .find("orchestrator.max_staleness: '-1' is not a non-negative integer") !=
+        std::string::npos);
+  CHECK(error(tokens + "  stale_policy: keep\n").find("not drop or deliver_flagged") !=
+        std::string::npos);
   CHECK(error(tokens + "  listen: nowhere\n").find("is not ADDRESS:PORT") != std::string::npos);
   CHECK(error("  run: x\n").find("tokens are all needed") != std::string::npos);
-  CHECK(error(tokens + "  compact_after: 1KiB\n").find("compact_after must be at least 4KiB") != std::string::npos);
-  CHECK(error(tokens + "  compact_after: lots\n").find("orchestrator.compact_after") != std::string::npos);
-  CHECK(error(tokens + "  remember_done: 0\n").find("remember_done must be at least 1") != std::string::npos);
-  CHECK(error(tokens + "  tls: {cert: a.pem}\n").find("orchestrator.tls: both cert and key are needed") != std::string::npos);
-  CHECK(error(tokens + "  tls: {cert: a.pem, key: b.pem, ca: c}\n").find("orchestrator.tls.ca: unknown key") != std::string::npos);
+  CHECK(error(tokens + "  compact_after: 1KiB\n").find("compact_after must be at least 4KiB") !=
+        std::string::npos);
+  CHECK(error(tokens + "  compact_after: lots\n").find("orchestrator.compact_after") !=
+        std::string::npos);
+  CHECK(error(tokens + "  remember_done: 0\n").find("remember_done must be at least 1") !=
+        std::string::npos);
+  CHECK(error(tokens + "  tls: {cert: a.pem}\n")
+            .find("orchestrator.tls: both cert and key are needed") != std::string::npos);
+  CHECK(error(tokens + "  tls: {cert: a.pem, key: b.pem, ca: c}\n")
+            .find("orchestrator.tls.ca: unknown key") != std::string::npos);
   {
-    const std::string path = Write("config_tls", "orchestrator:\n" + tokens + "  tls: {cert: a.pem, key: b.pem}\n  compact_after: 1MiB\n");
+    const std::string path =
+        Write("config_tls", "orchestrator:\n" + tokens +
+                                "  tls: {cert: a.pem, key: b.pem}\n  compact_after: 1MiB\n");
     auto config = LoadOrchestratorConfig(path);
     std::filesystem::remove(path);
     REQUIRE(config.ok());
@@ -59,19 +74,22 @@ TEST_CASE("orchestrator config: unknown keys, bad values and missing tokens are 
     CHECK(config->durable.compact_after_bytes == (1u << 20));
   }
   const std::string other = Write("config_other", "trainer:\n  lr: 1\n");
-  CHECK(LoadOrchestratorConfig(other).status().message().find("trainer: unknown key") != std::string::npos);
+  CHECK(LoadOrchestratorConfig(other).status().message().find("trainer: unknown key") !=
+        std::string::npos);
   std::filesystem::remove(other);
 }
 
 TEST_CASE("orchestrator dataset: JSONL prompts, errors with the line") {
-  const std::string good = Write("prompts", "{\"prompt\": \"2+2=\", \"samples\": 4}\n\n{\"prompt\": [1, 2, 3]}\n");
+  const std::string good =
+      Write("prompts", "{\"prompt\": \"2+2=\", \"samples\": 4}\n\n{\"prompt\": [1, 2, 3]}\n");
   auto prompts = LoadPrompts(good);
   REQUIRE(prompts.ok());
   REQUIRE(prompts->size() == 2);
   CHECK((*prompts)[0] == std::make_pair(std::string("\"2+2=\""), uint32_t{4}));
   CHECK((*prompts)[1].first == "[1,2,3]");
   const std::string bad = Write("prompts_bad", "{\"prompt\": \"a\"}\n{\"prompt\": [1, -2]}\n");
-  CHECK(LoadPrompts(bad).status().message().find(":2.prompt must be text or an array of token ids") != std::string::npos);
+  CHECK(LoadPrompts(bad).status().message().find(
+            ":2.prompt must be text or an array of token ids") != std::string::npos);
   std::filesystem::remove(good);
   std::filesystem::remove(bad);
 }

@@ -23,7 +23,9 @@ Submission Make(const Lease& lease, const std::string& cluster, uint64_t start, 
   return s;
 }
 
-TEST_CASE("core: leases only to ready clusters at an admissible version; submissions; staleness at the trainer") {
+TEST_CASE(
+    "core: leases only to ready clusters at an admissible version; submissions; staleness at the "
+    "trainer") {
   CoreConfig config;
   config.max_staleness = 1;
   OrchestratorCore core(config);
@@ -46,12 +48,21 @@ TEST_CASE("core: leases only to ready clusters at an admissible version; submiss
   CHECK(core.Submit(5, Make((*leases)[0], "a", 4, 4)).value() == SubmitResult::kAccepted);
   CHECK(core.Submit(6, Make((*leases)[0], "a", 4, 4)).value() == SubmitResult::kDuplicate);
   // Wrong cluster, versions newer than the cluster was ever ready at, bad segments: refused.
-  CHECK(core.Submit(6, Make((*leases)[1], "b", 4, 4)).status().message().find("was leased to cluster a") != std::string::npos);
-  CHECK(core.Submit(6, Make((*leases)[1], "a", 4, 5)).status().message().find("newer than any version") != std::string::npos);
+  CHECK(core.Submit(6, Make((*leases)[1], "b", 4, 4))
+            .status()
+            .message()
+            .find("was leased to cluster a") != std::string::npos);
+  CHECK(core.Submit(6, Make((*leases)[1], "a", 4, 5))
+            .status()
+            .message()
+            .find("newer than any version") != std::string::npos);
   Submission backwards = Make((*leases)[1], "a", 4, 4);
   backwards.segments = {{4, 0}, {4, 3}};
   CHECK(core.Submit(6, backwards).status().code() == StatusCode::kInvalidArgument);
-  CHECK(core.Submit(6, Make((*leases)[1], "a", 3, 4)).status().message().find("below the lease's minimum") != std::string::npos);
+  CHECK(core.Submit(6, Make((*leases)[1], "a", 3, 4))
+            .status()
+            .message()
+            .find("below the lease's minimum") != std::string::npos);
   CHECK(core.counters().submissions_rejected == 4);
   // The version moves on to 6: the trajectory from 4 is now stale and dropped, never fresh.
   REQUIRE(core.AnnounceVersion(7, 6).ok());
@@ -60,10 +71,12 @@ TEST_CASE("core: leases only to ready clusters at an admissible version; submiss
   // Cluster a is now below the bound: no more leases until it proves 5 or 6.
   CHECK(core.RequestLeases(9, "a", 1)->empty());
   CHECK(!core.Alerts(9).empty());
-  CHECK(core.AnnounceVersion(10, 2).code() == StatusCode::kInvalidArgument);  // versions only move forward
+  CHECK(core.AnnounceVersion(10, 2).code() ==
+        StatusCode::kInvalidArgument);  // versions only move forward
 }
 
-TEST_CASE("core: a group's segments lay its samples end to end; versions within the declared range") {
+TEST_CASE(
+    "core: a group's segments lay its samples end to end; versions within the declared range") {
   OrchestratorCore core(CoreConfig{});
   REQUIRE(core.Register(0, "a", "eu", 4).ok());
   REQUIRE(core.AnnounceVersion(0, 5).ok());
@@ -78,16 +91,20 @@ TEST_CASE("core: a group's segments lay its samples end to end; versions within 
   s.version_start = 4;
   Submission wrong_start = s;
   wrong_start.version_start = 3;
-  CHECK(core.Submit(3, wrong_start).status().message().find("oldest and newest") != std::string::npos);
+  CHECK(core.Submit(3, wrong_start).status().message().find("oldest and newest") !=
+        std::string::npos);
   Submission late_first = s;
   late_first.segments.front().second = 1;
-  CHECK(core.Submit(3, late_first).status().message().find("start at token 0") != std::string::npos);
+  CHECK(core.Submit(3, late_first).status().message().find("start at token 0") !=
+        std::string::npos);
   Submission same_version = s;
   same_version.segments = {{4, 0}, {4, 6}, {5, 9}};
-  CHECK(core.Submit(3, same_version).status().message().find("segment 1 does not change") != std::string::npos);
+  CHECK(core.Submit(3, same_version).status().message().find("segment 1 does not change") !=
+        std::string::npos);
   Submission past_end = s;
   past_end.tokens = 9;
-  CHECK(core.Submit(3, past_end).status().message().find("past the last token") != std::string::npos);
+  CHECK(core.Submit(3, past_end).status().message().find("past the last token") !=
+        std::string::npos);
   CHECK(core.Submit(3, s).value() == SubmitResult::kAccepted);
 }
 
@@ -133,7 +150,10 @@ TEST_CASE("core: expired leases and lost clusters re-queue; late submissions cou
   // The first attempt arrives late: accepted once, b's lease cancelled; b's submission is refused.
   CHECK(core.Submit(160, Make(first, "a", 0, 0)).value() == SubmitResult::kAccepted);
   CHECK(core.counters().leases_cancelled == 1);
-  CHECK(core.Submit(161, Make(second, "b", 0, 0)).status().message().find("already completed by attempt 1") != std::string::npos);
+  CHECK(core.Submit(161, Make(second, "b", 0, 0))
+            .status()
+            .message()
+            .find("already completed by attempt 1") != std::string::npos);
   CHECK(core.TakeBatch(162, 10).items.size() == 1);
   // A cluster that stops heartbeating is lost and its lease goes to another.
   core.AddJobs(200, {{"q", 1}});
@@ -142,7 +162,8 @@ TEST_CASE("core: expired leases and lost clusters re-queue; late submissions cou
   core.Tick(1300);
   CHECK(core.counters().clusters_lost == 1);
   CHECK(core.RequestLeases(1301, "b", 1)->size() == 1);
-  CHECK(core.RequestLeases(1302, "a", 1).status().code() == StatusCode::kNotFound);  // lost: register again
+  CHECK(core.RequestLeases(1302, "a", 1).status().code() ==
+        StatusCode::kNotFound);  // lost: register again
   // Draining hands leases back and takes no more.
   REQUIRE(core.Register(1400, "a", "eu", 1).ok());
   REQUIRE(core.Heartbeat(1400, "a", 0).ok());
@@ -168,7 +189,8 @@ TEST_CASE("core: admission bounds jobs in flight plus buffered trajectories; a s
   CHECK(core.RequestLeases(3, "a", 10)->empty());  // 2 leased + 1 buffered
   Batch batch = core.TakeBatch(4, 1);
   CHECK(batch.items.size() == 1);
-  CHECK(core.RequestLeases(5, "a", 10)->empty());  // handed out but not acknowledged: still in flight
+  CHECK(
+      core.RequestLeases(5, "a", 10)->empty());  // handed out but not acknowledged: still in flight
   // The answer was lost: asking again without an acknowledgement hands the same batch out again.
   Batch again = core.TakeBatch(5, 1);
   CHECK(again.id == batch.id);
@@ -190,7 +212,8 @@ TEST_CASE("core: when jobs are scarce, faster clusters at the latest version get
   core.AddJobs(0, std::vector<std::pair<std::string, uint32_t>>(6, {"p", 1}));
   auto fast = core.RequestLeases(1, "fast", 3).value();
   std::vector<Lease> slow;
-  for (int i = 0; i < 3 && slow.size() < 3; ++i) {  // shared while jobs are scarce: may take two asks
+  for (int i = 0; i < 3 && slow.size() < 3;
+       ++i) {  // shared while jobs are scarce: may take two asks
     const std::vector<Lease> got = core.RequestLeases(1, "slow", 3).value();
     slow.insert(slow.end(), got.begin(), got.end());
   }
@@ -213,7 +236,9 @@ TEST_CASE("core: when jobs are scarce, faster clusters at the latest version get
   CHECK(core.RequestLeases(5'000'001, "behind", 10)->size() == 1);  // its share rounds up to one
 }
 
-TEST_CASE("core: a repeated lease request (its answer was lost) gets the same leases back, nothing more") {
+TEST_CASE(
+    "core: a repeated lease request (its answer was lost) gets the same leases back, nothing "
+    "more") {
   OrchestratorCore core({});
   REQUIRE(core.AnnounceVersion(0, 1).ok());
   REQUIRE(core.Register(0, "a", "eu", 8).ok());
@@ -249,19 +274,30 @@ TEST_CASE("core: a damaged snapshot is refused with a reason") {
   REQUIRE(core.Submit(2, Make(leases[0], "a", 1, 1)).ok());
   const std::string snapshot = core.Snapshot();
   CHECK(OrchestratorCore::Restore({}, snapshot).ok());
-  CHECK(OrchestratorCore::Restore({}, "garbage").status().message().find("no newline") != std::string::npos);
-  CHECK(OrchestratorCore::Restore({}, "{}\n").status().message().find("core snapshot") != std::string::npos);
-  CHECK(OrchestratorCore::Restore({}, snapshot.substr(0, snapshot.size() - 3)).status().message().find("past the end") != std::string::npos);
-  CHECK(OrchestratorCore::Restore({}, snapshot + "xx").status().message().find("2 bytes after the last payload") != std::string::npos);
+  CHECK(OrchestratorCore::Restore({}, "garbage").status().message().find("no newline") !=
+        std::string::npos);
+  CHECK(OrchestratorCore::Restore({}, "{}\n").status().message().find("core snapshot") !=
+        std::string::npos);
+  CHECK(OrchestratorCore::Restore({}, snapshot.substr(0, snapshot.size() - 3))
+            .status()
+            .message()
+            .find("past the end") != std::string::npos);
+  CHECK(OrchestratorCore::Restore({}, snapshot + "xx")
+            .status()
+            .message()
+            .find("2 bytes after the last payload") != std::string::npos);
 }
 
 // Random interleavings of every event over many seeds; the invariants hold after each one.
-TEST_CASE("core: invariants under random events, duplicates, deaths and clock jumps (property test)") {
+TEST_CASE(
+    "core: invariants under random events, duplicates, deaths and clock jumps (property test)") {
   Counters total;  // over all seeds: every kind of event must actually have happened
   for (uint64_t seed = 1; seed <= 150; ++seed) {
     CAPTURE(seed);
     std::mt19937_64 rng(seed);
-    auto uniform = [&](uint64_t n) { return n == 0 ? 0 : std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
+    auto uniform = [&](uint64_t n) {
+      return n == 0 ? 0 : std::uniform_int_distribution<uint64_t>(0, n - 1)(rng);
+    };
     CoreConfig config;
     config.max_staleness = uniform(3);
     config.stale_policy = seed % 2 ? StalePolicy::kDrop : StalePolicy::kDeliverFlagged;
@@ -275,7 +311,7 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
     uint64_t latest = 0;
     std::map<std::string, std::optional<uint64_t>> ready;  // what each cluster last claimed
     std::map<std::string, uint64_t> max_ready;
-    std::vector<std::pair<std::string, Lease>> granted;     // every lease ever granted
+    std::vector<std::pair<std::string, Lease>> granted;  // every lease ever granted
     std::vector<Submission> accepted;
     std::map<uint64_t, int> accepted_per_job, delivered_per_job;
     uint64_t delivered = 0, last_batch = 0;
@@ -304,12 +340,17 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
           for (const Lease& lease : *leases) granted.push_back({id, lease});
         }
       } else if (event < 65 && !granted.empty()) {
-        // Submit for a recent lease (sometimes an old, superseded one); sometimes with bad versions.
-        const size_t pick = granted.size() - 1 - std::min<uint64_t>(granted.size() - 1, uniform(uniform(4) ? 4 : granted.size()));
+        // Submit for a recent lease (sometimes an old, superseded one); sometimes with bad
+        // versions.
+        const size_t pick =
+            granted.size() - 1 -
+            std::min<uint64_t>(granted.size() - 1, uniform(uniform(4) ? 4 : granted.size()));
         const auto& [id, lease] = granted[pick];
         const uint64_t top = max_ready.count(id) ? max_ready[id] : 0;
-        const uint64_t start = lease.min_version + uniform(top >= lease.min_version ? top - lease.min_version + 1 : 1);
-        const uint64_t end = uniform(8) ? std::max(start, top) : top + 1;  // one in eight claims too new a version
+        const uint64_t start =
+            lease.min_version + uniform(top >= lease.min_version ? top - lease.min_version + 1 : 1);
+        const uint64_t end =
+            uniform(8) ? std::max(start, top) : top + 1;  // one in eight claims too new a version
         auto result = core.Submit(now, Make(lease, id, start, end));
         if (result.ok() && *result == SubmitResult::kAccepted) {
           CHECK(++accepted_per_job[lease.job] == 1);
@@ -320,8 +361,10 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
         // A duplicate of an accepted submission: acknowledged while the completion is remembered,
         // refused after; never counted again.
         const Submission& again = accepted[uniform(accepted.size())];
-        const bool remembered = accepted_per_job.size() - std::min<size_t>(accepted_per_job.size(), config.remember_done) <=
-                                static_cast<size_t>(std::distance(accepted_per_job.begin(), accepted_per_job.find(again.job)));
+        const bool remembered = accepted_per_job.size() - std::min<size_t>(accepted_per_job.size(),
+                                                                           config.remember_done) <=
+                                static_cast<size_t>(std::distance(
+                                    accepted_per_job.begin(), accepted_per_job.find(again.job)));
         auto result = core.Submit(now, again);
         if (remembered) {
           REQUIRE(result.ok());
@@ -336,7 +379,8 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
         core.AddJobs(now, {{"prompt", 1 + static_cast<uint32_t>(uniform(4))}});
       } else if (event < 88) {
         // The trainer acknowledges what it processed; one answer in six is lost on the way.
-        Batch batch = core.TakeBatch(now, 1 + uniform(5), last_batch ? std::optional<uint64_t>(last_batch) : std::nullopt);
+        Batch batch = core.TakeBatch(
+            now, 1 + uniform(5), last_batch ? std::optional<uint64_t>(last_batch) : std::nullopt);
         for (const Delivered& d : batch.items) {
           // Invariant: nothing over the bound is handed out as fresh, first time or again.
           if (!d.stale) CHECK(d.submission.version_start >= core.admissible_version());
@@ -372,13 +416,15 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
       REQUIRE(c.jobs_added == c.jobs_done + c.jobs_given_up + core.open_jobs());
       REQUIRE(core.open_jobs() == core.queued_jobs() + core.leased_jobs());
       REQUIRE(c.submissions_accepted == c.jobs_done);
-      REQUIRE(c.submissions_accepted == c.delivered_fresh + c.delivered_stale + c.dropped_stale + core.buffered());
+      REQUIRE(c.submissions_accepted ==
+              c.delivered_fresh + c.delivered_stale + c.dropped_stale + core.buffered());
       REQUIRE(c.delivered_fresh + c.delivered_stale >= delivered);
       REQUIRE(core.leased_jobs() + core.buffered() + core.outstanding() <= config.max_in_flight);
     }
     // Drain the buffer at the end: every accepted submission is delivered once or counted dropped.
     for (;;) {
-      Batch batch = core.TakeBatch(now, 100, last_batch ? std::optional<uint64_t>(last_batch) : std::nullopt);
+      Batch batch =
+          core.TakeBatch(now, 100, last_batch ? std::optional<uint64_t>(last_batch) : std::nullopt);
       if (batch.id == 0) break;
       if (batch.id <= last_batch) continue;
       last_batch = batch.id;
@@ -387,7 +433,8 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
     }
     CHECK(core.outstanding() == 0);
     CHECK(core.counters().delivered_fresh + core.counters().delivered_stale == delivered);
-    CHECK(core.counters().submissions_accepted == core.counters().delivered_fresh + core.counters().delivered_stale +
+    CHECK(core.counters().submissions_accepted == core.counters().delivered_fresh +
+                                                      core.counters().delivered_stale +
                                                       core.counters().dropped_stale);
     const Counters& c = core.counters();
     total.leases_granted += c.leases_granted;
@@ -404,16 +451,19 @@ TEST_CASE("core: invariants under random events, duplicates, deaths and clock ju
     total.delivered_fresh += c.delivered_fresh;
     total.batches_redelivered += c.batches_redelivered;
   }
-  INFO("leases " << total.leases_granted << ", accepted " << total.submissions_accepted << ", duplicates "
-                    << total.submissions_duplicate << ", rejected " << total.submissions_rejected << ", expired "
-                    << total.leases_expired << ", cancelled " << total.leases_cancelled << ", handed back "
-                    << total.leases_handed_back << ", clusters lost " << total.clusters_lost << ", given up "
-                    << total.jobs_given_up << ", fresh " << total.delivered_fresh << ", stale delivered "
-                    << total.delivered_stale << ", stale dropped " << total.dropped_stale);
-  for (uint64_t count : {total.leases_granted, total.submissions_accepted, total.submissions_duplicate, total.submissions_rejected,
-                         total.leases_expired, total.leases_cancelled, total.leases_handed_back, total.clusters_lost,
-                         total.jobs_given_up, total.delivered_fresh, total.delivered_stale, total.dropped_stale,
-                         total.batches_redelivered}) {
+  INFO("leases " << total.leases_granted << ", accepted " << total.submissions_accepted
+                 << ", duplicates " << total.submissions_duplicate << ", rejected "
+                 << total.submissions_rejected << ", expired " << total.leases_expired
+                 << ", cancelled " << total.leases_cancelled << ", handed back "
+                 << total.leases_handed_back << ", clusters lost " << total.clusters_lost
+                 << ", given up " << total.jobs_given_up << ", fresh " << total.delivered_fresh
+                 << ", stale delivered " << total.delivered_stale << ", stale dropped "
+                 << total.dropped_stale);
+  for (uint64_t count :
+       {total.leases_granted, total.submissions_accepted, total.submissions_duplicate,
+        total.submissions_rejected, total.leases_expired, total.leases_cancelled,
+        total.leases_handed_back, total.clusters_lost, total.jobs_given_up, total.delivered_fresh,
+        total.delivered_stale, total.dropped_stale, total.batches_redelivered}) {
     CHECK(count > 0);
   }
 }

@@ -34,12 +34,17 @@ Submission Make(const Lease& lease, const std::string& cluster, uint64_t version
 // A snapshot of everything observable, to compare a replayed core with the original.
 std::string Picture(const DurableCore& durable) {
   return durable.Inspect([](const OrchestratorCore& core) {
-    std::string text = "queued " + std::to_string(core.queued_jobs()) + " leased " + std::to_string(core.leased_jobs()) +
-                       " buffered " + std::to_string(core.buffered()) + " open " + std::to_string(core.open_jobs()) + " latest " +
-                       std::to_string(core.latest_version().value_or(999)) + " done " + std::to_string(core.counters().jobs_done) +
-                       " expired " + std::to_string(core.counters().leases_expired) + " lost " + std::to_string(core.counters().clusters_lost);
+    std::string text = "queued " + std::to_string(core.queued_jobs()) + " leased " +
+                       std::to_string(core.leased_jobs()) + " buffered " +
+                       std::to_string(core.buffered()) + " open " +
+                       std::to_string(core.open_jobs()) + " latest " +
+                       std::to_string(core.latest_version().value_or(999)) + " done " +
+                       std::to_string(core.counters().jobs_done) + " expired " +
+                       std::to_string(core.counters().leases_expired) + " lost " +
+                       std::to_string(core.counters().clusters_lost);
     for (const ClusterView& c : core.clusters()) {
-      text += " | " + c.id + " " + c.region + " ready " + (c.ready_version ? std::to_string(*c.ready_version) : "-") + " leases " +
+      text += " | " + c.id + " " + c.region + " ready " +
+              (c.ready_version ? std::to_string(*c.ready_version) : "-") + " leases " +
               std::to_string(c.leases) + (c.gone ? " gone" : "") + (c.draining ? " draining" : "");
     }
     return text;
@@ -82,7 +87,8 @@ TEST_CASE("durable core: a reopened journal rebuilds exactly the state that was 
 void RemoveJournal(const std::string& path) {
   const std::filesystem::path base(path);
   for (const auto& entry : std::filesystem::directory_iterator(base.parent_path())) {
-    if (entry.path().filename().string().rfind(base.filename().string(), 0) == 0) std::filesystem::remove(entry.path());
+    if (entry.path().filename().string().rfind(base.filename().string(), 0) == 0)
+      std::filesystem::remove(entry.path());
   }
 }
 
@@ -110,7 +116,8 @@ std::string SnapshotOf(const DurableCore& durable) {
   return durable.Inspect([](const OrchestratorCore& core) { return core.Snapshot(); });
 }
 
-TEST_CASE("durable core: compaction writes a snapshot, drops old files and restores the same state") {
+TEST_CASE(
+    "durable core: compaction writes a snapshot, drops old files and restores the same state") {
   const std::string path = TempPath("compact");
   DurableCore::Options options;
   options.compact_after_bytes = 4 << 10;
@@ -142,7 +149,8 @@ TEST_CASE("durable core: compaction writes a snapshot, drops old files and resto
   RemoveJournal(path);
 }
 
-TEST_CASE("durable core: a crash after the rotation and before the snapshot replays both journals") {
+TEST_CASE(
+    "durable core: a crash after the rotation and before the snapshot replays both journals") {
   // Reproduces the files such a crash leaves: generation 0's journal complete, generation 1's
   // journal started, no snapshot of generation 1.
   const std::string path = TempPath("rotation_crash");
@@ -185,7 +193,8 @@ TEST_CASE("durable core: a crash after the rotation and before the snapshot repl
 // A child process runs the orchestrator under load and reports each acknowledged submission on a
 // pipe; it is killed with SIGKILL at a random moment, and the journal must hold every one it
 // acknowledged, exactly once.
-TEST_CASE("durable core: kill -9 under load loses no acknowledged trajectory and counts none twice") {
+TEST_CASE(
+    "durable core: kill -9 under load loses no acknowledged trajectory and counts none twice") {
   std::mt19937_64 rng(7);
   int compacted_rounds = 0;
   for (int round = 0; round < 6; ++round) {
@@ -208,10 +217,13 @@ TEST_CASE("durable core: kill -9 under load loses no acknowledged trajectory and
         }
       });
       compactor.detach();
-      if (!durable->AnnounceVersion(0, 0).ok() || !durable->Register(0, "w", "eu", 64).ok() || !durable->Heartbeat(0, "w", 0).ok()) _exit(2);
+      if (!durable->AnnounceVersion(0, 0).ok() || !durable->Register(0, "w", "eu", 64).ok() ||
+          !durable->Heartbeat(0, "w", 0).ok())
+        _exit(2);
       std::optional<uint64_t> trainer_ack;
       for (Micros now = 1;; ++now) {
-        auto jobs = durable->AddJobs(now, std::vector<std::pair<std::string, uint32_t>>(8, {"p", 1}));
+        auto jobs =
+            durable->AddJobs(now, std::vector<std::pair<std::string, uint32_t>>(8, {"p", 1}));
         auto leases = durable->RequestLeases(now, "w", 8);
         if (!jobs.ok() || !leases.ok()) _exit(3);
         for (const Lease& lease : *leases) {
@@ -233,7 +245,8 @@ TEST_CASE("durable core: kill -9 under load loses no acknowledged trajectory and
     std::set<uint64_t> acknowledged;
     uint64_t job = 0;
     const size_t kill_after = 50 + rng() % 400;
-    while (acknowledged.size() < kill_after && read(pipe_fds[0], &job, sizeof(job)) == sizeof(job)) acknowledged.insert(job);
+    while (acknowledged.size() < kill_after && read(pipe_fds[0], &job, sizeof(job)) == sizeof(job))
+      acknowledged.insert(job);
     kill(child, SIGKILL);
     int status = 0;
     waitpid(child, &status, 0);
@@ -250,7 +263,9 @@ TEST_CASE("durable core: kill -9 under load loses no acknowledged trajectory and
     const uint64_t delivered_before = (*recovered)->Inspect([](const OrchestratorCore& core) {
       return core.counters().delivered_fresh + core.counters().delivered_stale;
     });
-    const uint64_t accepted = (*recovered)->Inspect([](const OrchestratorCore& core) { return core.counters().submissions_accepted; });
+    const uint64_t accepted = (*recovered)->Inspect([](const OrchestratorCore& core) {
+      return core.counters().submissions_accepted;
+    });
     CHECK(accepted >= acknowledged.size());
     std::optional<uint64_t> ack;
     for (;;) {

@@ -27,11 +27,13 @@ std::vector<std::string> ReplayAll(const std::string& path, Status* status = nul
 TEST_CASE("journal: records come back in order after reopening; concurrent appends share syncs") {
   const std::string path = TempPath("journal");
   {
-    auto journal = std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
+    auto journal =
+        std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
     std::vector<std::thread> threads;
     for (int t = 0; t < 8; ++t) {
       threads.emplace_back([&, t] {
-        for (int i = 0; i < 50; ++i) REQUIRE(journal->Append("t" + std::to_string(t) + " r" + std::to_string(i)).ok());
+        for (int i = 0; i < 50; ++i)
+          REQUIRE(journal->Append("t" + std::to_string(t) + " r" + std::to_string(i)).ok());
       });
     }
     for (auto& thread : threads) thread.join();
@@ -44,14 +46,16 @@ TEST_CASE("journal: records come back in order after reopening; concurrent appen
   for (int t = 0; t < 8; ++t) {  // each thread's records in its order
     int next = 0;
     for (const auto& r : records) {
-      if (r.rfind("t" + std::to_string(t) + " ", 0) == 0) CHECK(r == "t" + std::to_string(t) + " r" + std::to_string(next++));
+      if (r.rfind("t" + std::to_string(t) + " ", 0) == 0)
+        CHECK(r == "t" + std::to_string(t) + " r" + std::to_string(next++));
     }
     CHECK(next == 50);
   }
   CHECK(records.back().size() == 100000);
   // Appending after a reopen continues the file.
   {
-    auto journal = std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
+    auto journal =
+        std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
     REQUIRE(journal->Append("after").ok());
   }
   CHECK(ReplayAll(path).back() == "after");
@@ -61,7 +65,8 @@ TEST_CASE("journal: records come back in order after reopening; concurrent appen
 TEST_CASE("journal: rotation moves later records to a new file; the old one replays intact") {
   const std::string first = TempPath("journal_a"), second = TempPath("journal_b");
   {
-    auto journal = std::move(Journal::Open(first, [](std::string_view) { return Status::Ok(); })).value();
+    auto journal =
+        std::move(Journal::Open(first, [](std::string_view) { return Status::Ok(); })).value();
     REQUIRE(journal->Append("one").ok());
     REQUIRE(journal->Enqueue("two").ok());
     auto rotation = journal->Rotate(second);
@@ -70,7 +75,8 @@ TEST_CASE("journal: rotation moves later records to a new file; the old one repl
     REQUIRE(journal->Wait(*rotation).ok());
     CHECK(journal->path() == second);
     REQUIRE(journal->Append("four").ok());
-    CHECK(journal->size() == 8 + 2 * (12 + 4) + 1);  // magic, two 12-byte headers, "three" and "four"
+    CHECK(journal->size() ==
+          8 + 2 * (12 + 4) + 1);  // magic, two 12-byte headers, "three" and "four"
   }
   std::vector<std::string> old;
   REQUIRE(Journal::Replay(first, [&](std::string_view r) {
@@ -87,10 +93,13 @@ TEST_CASE("journal: rotation moves later records to a new file; the old one repl
   std::filesystem::remove(second);
 }
 
-TEST_CASE("journal: a torn tail is cut off; damage in the middle, a foreign file, a failing replay are errors") {
+TEST_CASE(
+    "journal: a torn tail is cut off; damage in the middle, a foreign file, a failing replay are "
+    "errors") {
   const std::string path = TempPath("journal_torn");
   {
-    auto journal = std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
+    auto journal =
+        std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
     for (int i = 0; i < 3; ++i) REQUIRE(journal->Append("record " + std::to_string(i)).ok());
   }
   const auto size = std::filesystem::file_size(path);
@@ -98,7 +107,8 @@ TEST_CASE("journal: a torn tail is cut off; damage in the middle, a foreign file
   CHECK(ReplayAll(path).size() == 2);
   CHECK(std::filesystem::file_size(path) < size - 3);  // cut back to the last whole record
   {
-    auto journal = std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
+    auto journal =
+        std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
     REQUIRE(journal->Append("record 2 again").ok());
   }
   CHECK(ReplayAll(path).back() == "record 2 again");
@@ -120,10 +130,12 @@ TEST_CASE("journal: a torn tail is cut off; damage in the middle, a foreign file
   CHECK(status.message().find("bad magic") != std::string::npos);
   std::filesystem::remove(path);
   {
-    auto journal = std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
+    auto journal =
+        std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
     REQUIRE(journal->Append("x").ok());
   }
-  auto refused = Journal::Open(path, [](std::string_view) { return InvalidArgument("unknown event"); });
+  auto refused =
+      Journal::Open(path, [](std::string_view) { return InvalidArgument("unknown event"); });
   CHECK(refused.status().message().find("replaying record 0") != std::string::npos);
   std::filesystem::remove(path);
 }

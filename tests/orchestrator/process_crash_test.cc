@@ -29,20 +29,24 @@ pid_t Spawn(const std::string& config, const std::string& log) {
   if (pid == 0) {
     FILE* out = std::freopen(log.c_str(), "a", stdout);
     (void)out;
-    execl(WEFT_BINARY, WEFT_BINARY, "orchestrator", "--config", config.c_str(), static_cast<char*>(nullptr));
+    execl(WEFT_BINARY, WEFT_BINARY, "orchestrator", "--config", config.c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
 }
 
-TEST_CASE("weft orchestrator: killed with SIGKILL under load and restarted, loses and doubles nothing acknowledged") {
+TEST_CASE(
+    "weft orchestrator: killed with SIGKILL under load and restarted, loses and doubles nothing "
+    "acknowledged") {
   const std::string dir = testing::TempPath("orchestrator_process");
   std::filesystem::create_directories(dir);
   const uint16_t port = static_cast<uint16_t>(20000 + getpid() % 20000);
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
   const std::string config = dir + "/orchestrator.yaml";
   std::ofstream(config) << "orchestrator:\n  listen: 127.0.0.1:" << port << "\n  journal: " << dir
-                        << "/journal\n  max_staleness: 100\n  max_in_flight: 100000\n  lease: 60s\n  cluster_timeout: 60s\n  tick: 20ms\n  compact_after: 256KiB\n"
+                        << "/journal\n  max_staleness: 100\n  max_in_flight: 100000\n  lease: "
+                           "60s\n  cluster_timeout: 60s\n  tick: 20ms\n  compact_after: 256KiB\n"
                         << "  tokens: {worker: w, trainer: t, admin: a}\n";
   HttpClientOptions quick;
   quick.deadline = std::chrono::milliseconds(5000);
@@ -116,7 +120,8 @@ TEST_CASE("weft orchestrator: killed with SIGKILL under load and restarted, lose
   size_t missing = 0;
   for (uint64_t job : acknowledged) missing += delivered.count(job) ? 0 : 1;
   CHECK(missing == 0);
-  MESSAGE(acknowledged.size() << " acknowledged submissions over 3 kills, " << delivered.size() << " delivered after recovery");
+  MESSAGE(acknowledged.size() << " acknowledged submissions over 3 kills, " << delivered.size()
+                              << " delivered after recovery");
   kill(pid, SIGTERM);
   waitpid(pid, nullptr, 0);
   std::filesystem::remove_all(dir);

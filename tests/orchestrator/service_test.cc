@@ -25,14 +25,21 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   Running o;
   auto [code, body] = o.Post("t-token", "/v1/versions", {{"version", 0}});
   REQUIRE(code == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 2}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 2}})
+              .first == 200);
   REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
   // Sync counters ride on heartbeats and show per cluster and per region.
   REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat",
-                 {{"ready_version", 0}, {"sync", {{"bytes_downloaded", 1234}, {"pulls", 1}, {"keyframe_pulls", 1}, {"max_pause_ms", 0.5}}}})
+                 {{"ready_version", 0},
+                  {"sync",
+                   {{"bytes_downloaded", 1234},
+                    {"pulls", 1},
+                    {"keyframe_pulls", 1},
+                    {"max_pause_ms", 0.5}}}})
               .first == 200);
-  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}, {"sync", {{"pulls", -1}}}}).second["error"] ==
-        "heartbeat.sync.pulls is not a non-negative integer");
+  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat",
+               {{"ready_version", 0}, {"sync", {{"pulls", -1}}}})
+            .second["error"] == "heartbeat.sync.pulls is not a non-negative integer");
   {
     const Json status = o.Post("a-token", "/v1/status", {}, "GET").second;
     CHECK(status["regions"]["eu"]["sync"]["bytes_downloaded"] == 1234);
@@ -40,23 +47,37 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
     CHECK(status["clusters"][0]["sync"]["keyframe_pulls"] == 1);
   }
   // Two clusters proving the same version with different state digests: an alert names them.
-  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c2"}, {"region", "us"}, {"capacity", 1}}).first == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters/c2/heartbeat", {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "bb"}}}}).first == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "aa"}}}}).first == 200);
-  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}, {"sync", {{"digest", "XYZ"}}}}).second["error"] ==
-        "heartbeat.sync.digest is not a hex digest of at most 64 digits");
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c2"}, {"region", "us"}, {"capacity", 1}})
+              .first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters/c2/heartbeat",
+                 {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "bb"}}}})
+              .first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat",
+                 {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "aa"}}}})
+              .first == 200);
+  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat",
+               {{"ready_version", 0}, {"sync", {{"digest", "XYZ"}}}})
+            .second["error"] == "heartbeat.sync.digest is not a hex digest of at most 64 digits");
   {
     const Json alerts = o.Post("a-token", "/v1/status", {}, "GET").second["alerts"];
     bool named = false;
-    for (const Json& a : alerts) named |= a.get<std::string>() == "clusters ready at version 0 serve different states: c1 aa c2 bb";
+    for (const Json& a : alerts)
+      named |=
+          a.get<std::string>() == "clusters ready at version 0 serve different states: c1 aa c2 bb";
     CHECK(named);
   }
-  REQUIRE(o.Post("w-token", "/v1/clusters/c2/heartbeat", {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "aa"}}}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters/c2/heartbeat",
+                 {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "aa"}}}})
+              .first == 200);
   REQUIRE(o.Post("w-token", "/v1/clusters/c2", {}, "DELETE").first == 200);
   // A long poll for leases waits until the trainer adds jobs.
-  auto waiting = std::async(std::launch::async, [&] { return o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"wait_ms", 5000}}); });
+  auto waiting = std::async(std::launch::async, [&] {
+    return o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"wait_ms", 5000}});
+  });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  auto added = o.Post("t-token", "/v1/jobs", {{"prompts", {{{"prompt", "2+2="}, {"samples", 4}}, {{"prompt", {1, 2, 3}}}}}});
+  auto added =
+      o.Post("t-token", "/v1/jobs",
+             {{"prompts", {{{"prompt", "2+2="}, {"samples", 4}}, {{"prompt", {1, 2, 3}}}}}});
   REQUIRE(added.first == 200);
   REQUIRE(added.second["jobs"].size() == 2);
   auto [lease_code, leases] = waiting.get();
@@ -65,8 +86,10 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   const Json lease = leases["leases"][0];
   CHECK(lease["prompt"] == "\"2+2=\"");
   CHECK(lease["samples"] == 4);
-  Json submission = {{"job", lease["job"]}, {"attempt", lease["attempt"]}, {"cluster", "c1"}, {"version_start", 0},
-                     {"version_end", 0}, {"segments", {{0, 0}}}, {"tokens", 12}, {"trajectories", {{"text", "4"}, {"reward", 1.0}}}};
+  Json submission = {{"job", lease["job"]}, {"attempt", lease["attempt"]},
+                     {"cluster", "c1"},     {"version_start", 0},
+                     {"version_end", 0},    {"segments", {{0, 0}}},
+                     {"tokens", 12},        {"trajectories", {{"text", "4"}, {"reward", 1.0}}}};
   auto [submit_code, submitted] = o.Post("w-token", "/v1/submissions", submission);
   REQUIRE(submit_code == 200);
   CHECK(submitted["result"] == "accepted");
@@ -88,7 +111,9 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   auto metrics = Raw(o.url + "/metrics", "GET");
   CHECK(metrics.status == 200);
   CHECK(metrics.text().find("weft_orchestrator_submissions_accepted_total 1") != std::string::npos);
-  CHECK(metrics.text().find("weft_orchestrator_cluster_ready_version{cluster=\"c1\",region=\"eu\"} 0") != std::string::npos);
+  CHECK(metrics.text().find(
+            "weft_orchestrator_cluster_ready_version{cluster=\"c1\",region=\"eu\"} 0") !=
+        std::string::npos);
   CHECK(Raw(o.url + "/livez", "GET").status == 200);
   CHECK(Raw(o.url + "/readyz", "GET").status == 200);
 }
@@ -124,9 +149,12 @@ TEST_CASE("orchestrator API over TLS: a client trusting the certificate works; t
 TEST_CASE("orchestrator API: a lease request repeated with its id gets the same leases") {
   Running o;
   REQUIRE(o.Post("t-token", "/v1/versions", {{"version", 0}}).first == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 4}}).first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 4}})
+              .first == 200);
   REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
-  REQUIRE(o.Post("t-token", "/v1/jobs", {{"prompts", {{{"prompt", "a"}}, {{"prompt", "b"}}, {{"prompt", "c"}}}}}).first == 200);
+  REQUIRE(o.Post("t-token", "/v1/jobs",
+                 {{"prompts", {{{"prompt", "a"}}, {{"prompt", "b"}}, {{"prompt", "c"}}}}})
+              .first == 200);
   auto first = o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"request", 9}});
   auto again = o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"request", 9}});
   REQUIRE(first.first == 200);
@@ -141,9 +169,11 @@ TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests"
   Running o;
   CHECK(o.Post("", "/v1/versions", {{"version", 1}}).first == 401);
   CHECK(o.Post("guess", "/v1/versions", {{"version", 1}}).first == 401);
-  CHECK(o.Post("w-token", "/v1/versions", {{"version", 1}}).first == 403);   // a worker cannot announce
-  CHECK(o.Post("t-token", "/v1/clusters", {{"cluster", "x"}, {"region", "r"}, {"capacity", 1}}).first == 403);
-  CHECK(o.Post("a-token", "/v1/versions", {{"version", 1}}).first == 200);   // admin may
+  CHECK(o.Post("w-token", "/v1/versions", {{"version", 1}}).first ==
+        403);  // a worker cannot announce
+  CHECK(o.Post("t-token", "/v1/clusters", {{"cluster", "x"}, {"region", "r"}, {"capacity", 1}})
+            .first == 403);
+  CHECK(o.Post("a-token", "/v1/versions", {{"version", 1}}).first == 200);  // admin may
   CHECK(Raw(o.url + "/v1/status", "GET").status == 401);
   auto bad = Raw(o.url + "/v1/versions", "POST", {"Authorization: Bearer t-token"}, "{not json");
   CHECK(bad.status == 400);
@@ -151,18 +181,26 @@ TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests"
   auto [code, body] = o.Post("t-token", "/v1/versions", {{"version", -3}});
   CHECK(code == 400);
   CHECK(body["error"] == "version.version is not a non-negative integer");
-  CHECK(o.Post("t-token", "/v1/versions", {{"version", 1}, {"extra", 1}}).second["error"] == "version has an unknown field 'extra'");
-  CHECK(o.Post("t-token", "/v1/versions", {{"version", 0}}).first == 400);  // versions only move forward
-  CHECK(o.Post("w-token", "/v1/clusters", {{"cluster", "c"}, {"region", "r"}}).second["error"] == "cluster lacks the field 'capacity'");
-  CHECK(o.Post("w-token", "/v1/clusters/nobody/heartbeat", {{"ready_version", nullptr}}).first == 404);
-  Json submission = {{"job", 1}, {"attempt", 1}, {"cluster", "c"}, {"version_start", 0}, {"version_end", 0},
-                     {"segments", {{0}}}, {"tokens", 1}, {"trajectories", nullptr}};
-  CHECK(o.Post("w-token", "/v1/submissions", submission).second["error"] == "submission.segments[0] is not a [version, first_token] pair");
-  auto huge = Raw(o.url + "/v1/jobs", "POST", {"Authorization: Bearer t-token"}, std::string((1 << 20) + 100, ' '));
+  CHECK(o.Post("t-token", "/v1/versions", {{"version", 1}, {"extra", 1}}).second["error"] ==
+        "version has an unknown field 'extra'");
+  CHECK(o.Post("t-token", "/v1/versions", {{"version", 0}}).first ==
+        400);  // versions only move forward
+  CHECK(o.Post("w-token", "/v1/clusters", {{"cluster", "c"}, {"region", "r"}}).second["error"] ==
+        "cluster lacks the field 'capacity'");
+  CHECK(o.Post("w-token", "/v1/clusters/nobody/heartbeat", {{"ready_version", nullptr}}).first ==
+        404);
+  Json submission = {{"job", 1},           {"attempt", 1},           {"cluster", "c"},
+                     {"version_start", 0}, {"version_end", 0},       {"segments", {{0}}},
+                     {"tokens", 1},        {"trajectories", nullptr}};
+  CHECK(o.Post("w-token", "/v1/submissions", submission).second["error"] ==
+        "submission.segments[0] is not a [version, first_token] pair");
+  auto huge = Raw(o.url + "/v1/jobs", "POST", {"Authorization: Bearer t-token"},
+                  std::string((1 << 20) + 100, ' '));
   CHECK(huge.status == 413);
   CHECK(Raw(o.url + "/v1/nothing", "GET", {"Authorization: Bearer a-token"}).status == 404);
   CHECK(Raw(o.url + "/v1/status?x=1", "GET", {"Authorization: Bearer a-token"}).status == 400);
-  CHECK(o.core->Inspect([](const OrchestratorCore& c) { return c.latest_version(); }) == std::optional<uint64_t>(1));
+  CHECK(o.core->Inspect([](const OrchestratorCore& c) { return c.latest_version(); }) ==
+        std::optional<uint64_t>(1));
 }
 
 TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to another") {
@@ -172,13 +210,17 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
   Running o(config);
   REQUIRE(o.Post("t-token", "/v1/versions", {{"version", 3}}).first == 200);
   for (const char* id : {"gone", "alive"}) {
-    REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", id}, {"region", "us"}, {"capacity", 1}}).first == 200);
-    REQUIRE(o.Post("w-token", std::string("/v1/clusters/") + id + "/heartbeat", {{"ready_version", 3}}).first == 200);
+    REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", id}, {"region", "us"}, {"capacity", 1}})
+                .first == 200);
+    REQUIRE(
+        o.Post("w-token", std::string("/v1/clusters/") + id + "/heartbeat", {{"ready_version", 3}})
+            .first == 200);
   }
   REQUIRE(o.Post("t-token", "/v1/jobs", {{"prompts", {{{"prompt", "p"}}}}}).first == 200);
   auto first = o.Post("w-token", "/v1/clusters/gone/leases", {{"max", 1}});
   REQUIRE(first.second["leases"].size() == 1);
-  // "gone" never heartbeats again; "alive" keeps heartbeating and long-polls until the lease is free.
+  // "gone" never heartbeats again; "alive" keeps heartbeating and long-polls until the lease is
+  // free.
   std::atomic<bool> done{false};
   std::thread heart([&] {
     while (!done) {
@@ -193,17 +235,25 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
   REQUIRE(second.second["leases"].size() == 1);
   CHECK(second.second["leases"][0]["job"] == first.second["leases"][0]["job"]);
   CHECK(second.second["leases"][0]["attempt"] == 2);
-  auto status = Json::parse(Raw(o.url + "/v1/status", "GET", {"Authorization: Bearer a-token"}).text());
+  auto status =
+      Json::parse(Raw(o.url + "/v1/status", "GET", {"Authorization: Bearer a-token"}).text());
   CHECK(status["leases"]["expired"] >= 1);
   // The vanished worker's late result still counts, once; the second attempt then loses cleanly.
   auto submission = [&](const char* cluster, int attempt) {
-    return Json{{"job", first.second["leases"][0]["job"]}, {"attempt", attempt}, {"cluster", cluster}, {"version_start", 3},
-                {"version_end", 3}, {"segments", {{3, 0}}}, {"tokens", 5}, {"trajectories", {"late"}}};
+    return Json{{"job", first.second["leases"][0]["job"]},
+                {"attempt", attempt},
+                {"cluster", cluster},
+                {"version_start", 3},
+                {"version_end", 3},
+                {"segments", {{3, 0}}},
+                {"tokens", 5},
+                {"trajectories", {"late"}}};
   };
   CHECK(o.Post("w-token", "/v1/submissions", submission("gone", 1)).second["result"] == "accepted");
   auto loser = o.Post("w-token", "/v1/submissions", submission("alive", 2));
   CHECK(loser.first == 409);
-  CHECK(loser.second["error"].get<std::string>().find("already completed by attempt 1") != std::string::npos);
+  CHECK(loser.second["error"].get<std::string>().find("already completed by attempt 1") !=
+        std::string::npos);
   // Silent past cluster_timeout, it is lost: it must register again.
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   status = Json::parse(Raw(o.url + "/v1/status", "GET", {"Authorization: Bearer a-token"}).text());
@@ -212,7 +262,9 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
   CHECK(o.Post("w-token", "/v1/clusters/gone/leases", {{"max", 1}}).first == 404);
 }
 
-TEST_CASE("orchestrator client: the loop for a worker and a trainer; retries while the orchestrator is away") {
+TEST_CASE(
+    "orchestrator client: the loop for a worker and a trainer; retries while the orchestrator is "
+    "away") {
   uint16_t port = 0;
   {
     Running o;
@@ -244,9 +296,11 @@ TEST_CASE("orchestrator client: the loop for a worker and a trainer; retries whi
     CHECK(batch->front().submission.payload == "{\"text\":\"hi\"}");
     CHECK(!batch->front().stale);
     // The orchestrator's refusals come back as Status codes with its message.
-    CHECK(*worker.Submit(s, Json()) == SubmitResult::kDuplicate);  // a third repeat, whatever it carries
+    CHECK(*worker.Submit(s, Json()) ==
+          SubmitResult::kDuplicate);  // a third repeat, whatever it carries
     CHECK(worker.Heartbeat("nobody", 1).code() == StatusCode::kNotFound);
-    CHECK(OrchestratorClient(o.url, "w-token").AnnounceVersion(9).code() == StatusCode::kInvalidArgument);  // 403 is a 4xx
+    CHECK(OrchestratorClient(o.url, "w-token").AnnounceVersion(9).code() ==
+          StatusCode::kInvalidArgument);  // 403 is a 4xx
     auto status = trainer.GetStatus();
     REQUIRE(status.ok());
     CHECK((*status)["trajectories"]["accepted"] == 1);
@@ -257,7 +311,9 @@ TEST_CASE("orchestrator client: the loop for a worker and a trainer; retries whi
   patient.first_backoff = std::chrono::milliseconds(20);
   OrchestratorClient trainer("http://127.0.0.1:" + std::to_string(port), "t-token", patient);
   auto announced = std::async(std::launch::async, [&] { return trainer.AnnounceVersion(1); });
-  auto added = std::async(std::launch::async, [&] { return trainer.AddJobs({{Json("p"), 1}}); });  // never sent: safe to repeat
+  auto added = std::async(std::launch::async, [&] {
+    return trainer.AddJobs({{Json("p"), 1}});
+  });  // never sent: safe to repeat
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   {
     Running back(CoreConfig{}, port);
@@ -269,7 +325,8 @@ TEST_CASE("orchestrator client: the loop for a worker and a trainer; retries whi
   HttpClientOptions impatient;
   impatient.deadline = std::chrono::milliseconds(300);
   impatient.first_backoff = std::chrono::milliseconds(20);
-  Status gone = OrchestratorClient("http://127.0.0.1:" + std::to_string(port), "t-token", impatient).AnnounceVersion(2);
+  Status gone = OrchestratorClient("http://127.0.0.1:" + std::to_string(port), "t-token", impatient)
+                    .AnnounceVersion(2);
   CHECK(gone.code() == StatusCode::kUnavailable);
   CHECK(gone.message().find("gave up after") != std::string::npos);
 }

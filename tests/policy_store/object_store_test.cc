@@ -4,8 +4,8 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <atomic>
+#include <filesystem>
 #include <thread>
 
 #include "policy_store/directory_store.h"
@@ -18,12 +18,15 @@
 namespace weft::policy_store {
 namespace {
 
-std::span<const uint8_t> Bytes(const std::string& text) { return {reinterpret_cast<const uint8_t*>(text.data()), text.size()}; }
+std::span<const uint8_t> Bytes(const std::string& text) {
+  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
+}
 
 TEST_CASE("keys: path traversal, absolute paths and odd characters are refused") {
   CHECK(ValidateKey("blobs/abc").ok());
   CHECK(ValidateKey("runs/r-1/versions/00000000000000000001.json").ok());
-  for (const char* bad : {"", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a/b/", "a b", "a\\b", "a/\x01"}) {
+  for (const char* bad :
+       {"", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a/b/", "a b", "a\\b", "a/\x01"}) {
     CAPTURE(bad);
     CHECK(ValidateKey(bad).code() == StatusCode::kInvalidArgument);
   }
@@ -45,11 +48,13 @@ void CheckStoreSemantics(ObjectStore& s) {
   REQUIRE(s.PutImmutable("blobs/empty", {}).ok());
   CHECK(s.Get("blobs/empty")->empty());
 
-  CHECK(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "1\n").code() == StatusCode::kConflict);
+  CHECK(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "1\n").code() ==
+        StatusCode::kConflict);
   REQUIRE(s.CompareAndSwap("runs/r/latest", std::nullopt, "0\n").ok());
   CHECK(s.CompareAndSwap("runs/r/latest", std::nullopt, "0\n").code() == StatusCode::kConflict);
   REQUIRE(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "1\n").ok());
-  CHECK(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "2\n").code() == StatusCode::kConflict);
+  CHECK(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "2\n").code() ==
+        StatusCode::kConflict);
 
   REQUIRE(s.PutImmutable("runs/r/versions/b", Bytes("2")).ok());
   REQUIRE(s.PutImmutable("runs/r/versions/a", Bytes("1")).ok());
@@ -118,7 +123,8 @@ TEST_CASE("HTTP store server: authentication, ranges, caching headers, hostile r
   HttpStore anonymous(served.url, "", FastRetries());
   HttpStore wrong(served.url, "guess", FastRetries());
   CHECK(anonymous.PutImmutable("blobs/new", Bytes("x")).message().find("401") != std::string::npos);
-  CHECK(wrong.CompareAndSwap("runs/r/latest", std::nullopt, "0").message().find("writer token") != std::string::npos);
+  CHECK(wrong.CompareAndSwap("runs/r/latest", std::nullopt, "0").message().find("writer token") !=
+        std::string::npos);
   CHECK(wrong.Delete("blobs/abc").code() == StatusCode::kInvalidArgument);
   CHECK(*anonymous.Exists("blobs/abc"));  // reads need no token
 
@@ -137,8 +143,11 @@ TEST_CASE("HTTP store server: authentication, ranges, caching headers, hostile r
   CHECK(Raw(served.url + "/v1/objects/blobs/abc?x=1", "GET").status == 400);
   CHECK(Raw(served.url + "/v1/nothing", "GET").status == 404);
   CHECK(Raw(object, "PATCH").status == 405);
-  CHECK(Raw(served.url + "/v1/cas/runs/r/latest", "POST", {"Authorization: Bearer secret"}, "{\"desired\": 3}").status == 400);
-  auto too_big = Raw(served.url + "/v1/objects/blobs/big", "PUT", {"Authorization: Bearer secret"}, std::string((1 << 20) + 10, 'x'));
+  CHECK(Raw(served.url + "/v1/cas/runs/r/latest", "POST", {"Authorization: Bearer secret"},
+            "{\"desired\": 3}")
+            .status == 400);
+  auto too_big = Raw(served.url + "/v1/objects/blobs/big", "PUT", {"Authorization: Bearer secret"},
+                     std::string((1 << 20) + 10, 'x'));
   CHECK(too_big.status == 413);
   CHECK(!*served.backend->Exists("blobs/big"));
   CHECK(Raw(served.url + "/livez", "GET").status == 200);
@@ -170,7 +179,8 @@ TEST_CASE("directory store: racing compare-and-swaps, exactly one winner per ste
         auto current = s.Get("runs/r/latest");
         if (!current.ok()) continue;
         std::string text(current->begin(), current->end());
-        if (s.CompareAndSwap("runs/r/latest", text, std::to_string(std::stoi(text) + 1)).ok()) wins++;
+        if (s.CompareAndSwap("runs/r/latest", text, std::to_string(std::stoi(text) + 1)).ok())
+          wins++;
       }
     });
   }
@@ -209,9 +219,11 @@ TEST_CASE("manifests: round trip and strict parsing") {
   CHECK(error("{").find("not valid JSON") != std::string::npos);
   CHECK(error(replace("\"run\"", "\"runn\"")).find("unknown field 'runn'") != std::string::npos);
   CHECK(error(replace("\"BF16\"", "\"Q3\"")).find("dtype") != std::string::npos);
-  CHECK(error(replace(std::string(64, 'a'), std::string(63, 'a') + "g")).find("sha256") != std::string::npos);
+  CHECK(error(replace(std::string(64, 'a'), std::string(63, 'a') + "g")).find("sha256") !=
+        std::string::npos);
   CHECK(error(replace("\"run-1\"", "\"../x\"")).find("run id") != std::string::npos);
-  CHECK(error(replace("\"base\": 2", "\"base\": 3")).find("before the version") != std::string::npos);
+  CHECK(error(replace("\"base\": 2", "\"base\": 3")).find("before the version") !=
+        std::string::npos);
   CHECK(Sha256Hex({}) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 

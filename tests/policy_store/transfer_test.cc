@@ -15,7 +15,6 @@
 
 #include "common/concurrent.h"
 #include "common/units.h"
-#include "tests/policy_store/store_test_util.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/forwarding_store.h"
@@ -24,6 +23,7 @@
 #include "policy_store/link_shaper.h"
 #include "policy_store/manifest.h"
 #include "policy_store/store_client.h"
+#include "tests/policy_store/store_test_util.h"
 
 namespace weft::policy_store {
 namespace {
@@ -76,10 +76,10 @@ TEST_CASE("cache: concurrent misses for one blob make one upstream fetch") {
   auto cache = std::move(CachingStore::Open(upstream.faulty, {dir, 64 << 20})).value();
   std::atomic<int> right{0};
   REQUIRE(ForEachConcurrently(16, 16, [&](size_t) {
-    Result<std::vector<uint8_t>> got = cache->Get(key);
-    if (got.ok() && *got == blob) right.fetch_add(1);
-    return got.status();
-  }).ok());
+            Result<std::vector<uint8_t>> got = cache->Get(key);
+            if (got.ok() && *got == blob) right.fetch_add(1);
+            return got.status();
+          }).ok());
   CHECK(right.load() == 16);
   CHECK(upstream.faulty.gets.load() == 1);
   CHECK(cache->stats().upstream_bytes == blob.size());
@@ -94,7 +94,9 @@ TEST_CASE("cache: concurrent misses for one blob make one upstream fetch") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("cache: a corrupted file is detected, reported and fetched again; corrupted transfers are retried") {
+TEST_CASE(
+    "cache: a corrupted file is detected, reported and fetched again; corrupted transfers are "
+    "retried") {
   Upstream upstream;
   const auto blob = Pattern(100000, 2);
   const std::string key = upstream.Put(blob);
@@ -130,7 +132,9 @@ TEST_CASE("cache: a corrupted file is detected, reported and fetched again; corr
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("cache: bounded, least recently used first; manifests kept in memory; other keys pass through") {
+TEST_CASE(
+    "cache: bounded, least recently used first; manifests kept in memory; other keys pass "
+    "through") {
   Upstream upstream;
   std::vector<std::vector<uint8_t>> blobs;
   std::vector<std::string> keys;
@@ -159,7 +163,10 @@ TEST_CASE("cache: bounded, least recently used first; manifests kept in memory; 
 
   const std::string manifest_key = ManifestKey("r", 3);
   const std::string text = "{}";
-  REQUIRE(upstream.store->PutImmutable(manifest_key, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}).ok());
+  REQUIRE(
+      upstream.store
+          ->PutImmutable(manifest_key, {reinterpret_cast<const uint8_t*>(text.data()), text.size()})
+          .ok());
   const int before = upstream.faulty.gets.load();
   REQUIRE(smaller->Get(manifest_key).ok());
   REQUIRE(smaller->Get(manifest_key).ok());
@@ -171,7 +178,8 @@ TEST_CASE("cache: bounded, least recently used first; manifests kept in memory; 
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("direct reads: a blob corrupted in transit is fetched again; corrupted every time, an error") {
+TEST_CASE(
+    "direct reads: a blob corrupted in transit is fetched again; corrupted every time, an error") {
   Upstream upstream;
   const auto blob = Pattern(3000, 7);
   const BlobRef ref{Sha256Hex(blob), blob.size()};
@@ -184,7 +192,8 @@ TEST_CASE("direct reads: a blob corrupted in transit is fetched again; corrupted
   upstream.faulty.corrupt = 3;
   Status status = FetchVerifiedBlob(upstream.faulty, ref, "test blob").status();
   CHECK(status.code() == StatusCode::kDataLoss);
-  CHECK(status.message().find("test blob: blob " + ref.sha256 + " is corrupted") != std::string::npos);
+  CHECK(status.message().find("test blob: blob " + ref.sha256 + " is corrupted") !=
+        std::string::npos);
 }
 
 // A scripted HTTP server: answers each connection with the next canned response and records the
@@ -247,9 +256,12 @@ TEST_CASE("HTTP store: a transfer cut midway resumes from the byte it reached") 
   const std::string body(1000, 'a');
   const std::string rest(600, 'b');
   ScriptedServer server({
-      "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nETag: \"e1\"\r\nConnection: close\r\n\r\n" + std::string(400, 'a') + "CUT",
-      "HTTP/1.1 206 Partial Content\r\nContent-Length: 600\r\nContent-Range: bytes 400-999/1000\r\nETag: \"e1\"\r\n"
-      "Connection: close\r\n\r\n" + rest,
+      "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nETag: \"e1\"\r\nConnection: close\r\n\r\n" +
+          std::string(400, 'a') + "CUT",
+      "HTTP/1.1 206 Partial Content\r\nContent-Length: 600\r\nContent-Range: bytes "
+      "400-999/1000\r\nETag: \"e1\"\r\n"
+      "Connection: close\r\n\r\n" +
+          rest,
   });
   HttpStoreOptions options;
   options.first_backoff = std::chrono::milliseconds(1);
@@ -264,7 +276,9 @@ TEST_CASE("HTTP store: a transfer cut midway resumes from the byte it reached") 
   CHECK(requests[1].find("If-Range: \"e1\"") != std::string::npos);
 }
 
-TEST_CASE("HTTP store: a resumed object that changed is taken whole; a dead server fails at the deadline") {
+TEST_CASE(
+    "HTTP store: a resumed object that changed is taken whole; a dead server fails at the "
+    "deadline") {
   ScriptedServer server({
       "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nETag: \"old\"\r\nConnection: close\r\n\r\n01234CUT",
       "HTTP/1.1 200 OK\r\nContent-Length: 8\r\nETag: \"new\"\r\nConnection: close\r\n\r\nabcdefgh",
@@ -285,14 +299,16 @@ TEST_CASE("HTTP store: a resumed object that changed is taken whole; a dead serv
   HttpStore gone("http://127.0.0.1:1", "", short_deadline);
   const auto start = std::chrono::steady_clock::now();
   Status status = gone.Get("blobs/x").status();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(status.code() == StatusCode::kUnavailable);
   CHECK(status.message().find("gave up after") != std::string::npos);
   CHECK(seconds >= 0.3);
   CHECK(seconds < 30);
 }
 
-TEST_CASE("link shaping: bandwidth is shared by every request on the link, latency added per request") {
+TEST_CASE(
+    "link shaping: bandwidth is shared by every request on the link, latency added per request") {
   std::string root = TempRoot("shaped");
   auto backend = std::move(DirectoryStore::Open(root)).value();
   const auto blob = Pattern(400000, 5);
@@ -304,7 +320,8 @@ TEST_CASE("link shaping: bandwidth is shared by every request on the link, laten
   const auto start = std::chrono::steady_clock::now();
   // Four concurrent reads of 0.4 MB over a 2 MB/s link: at least 1.6 MB / 2 MB/s less the burst.
   REQUIRE(ForEachConcurrently(4, 4, [&](size_t) { return store.Get("blobs/b").status(); }).ok());
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(seconds >= 0.7);
   CHECK(store.bytes_received() == 4 * blob.size());
   server->Stop();
@@ -316,7 +333,8 @@ TEST_CASE("units: sizes and durations") {
   CHECK(*ParseByteSize("64MiB") == 64ull << 20);
   CHECK(*ParseByteSize("1.5G") == 1500000000ull);
   CHECK(*ParseByteSize("100 mb") == 100000000ull);
-  CHECK(ParseByteSize("ten").status().message().find("'ten' is not a byte size") != std::string::npos);
+  CHECK(ParseByteSize("ten").status().message().find("'ten' is not a byte size") !=
+        std::string::npos);
   CHECK(!ParseByteSize("-1").ok());
   CHECK(!ParseByteSize("5 parsecs").ok());
   CHECK(ParseDuration("40ms")->count() == 40000);

@@ -43,7 +43,8 @@ TEST_CASE("group versions: samples end to end, runs tagged, range from the oldes
   CHECK(none.segments.empty());
 }
 
-bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
+bool WaitFor(const std::function<bool()>& condition,
+             std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (condition()) return true;
@@ -52,7 +53,9 @@ bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds t
   return false;
 }
 
-TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syncs after a digest mismatch; drains") {
+TEST_CASE(
+    "rollout worker: syncs, proves its version, generates, submits; re-syncs after a digest "
+    "mismatch; drains") {
   const std::string store_dir = testing::TempPath("worker_store");
   testing::RunningOrchestrator o;
   const std::string url = o.url;
@@ -71,7 +74,9 @@ TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syn
   const examples::TinyLmLayout layout(model);
   std::vector<float> weights = layout.Initialize(3);
   auto store = std::move(policy_store::OpenStore(store_dir)).value();
-  auto publisher = std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(weights), sync::ServingPlan{}, {})).value();
+  auto publisher = std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(weights),
+                                                               sync::ServingPlan{}, {}))
+                       .value();
   REQUIRE(trainer.AnnounceVersion(0).ok());
 
   examples::EmbeddedEngine engine(model, 1);
@@ -130,7 +135,10 @@ TEST_CASE("rollout worker: syncs, proves its version, generates, submits; re-syn
   // A bit flips in the served copy: the next round's digest check catches it; the worker stops
   // claiming the version and comes back from a keyframe.
   worker.CorruptServedCopyForTest();
-  REQUIRE(WaitFor([&] { return worker.sync_report().digest_mismatches == 1 && worker.ready_version() == std::optional<uint64_t>(1); }));
+  REQUIRE(WaitFor([&] {
+    return worker.sync_report().digest_mismatches == 1 &&
+           worker.ready_version() == std::optional<uint64_t>(1);
+  }));
   CHECK(worker.sync_report().keyframe_pulls == 2);
   // The orchestrator shows the counters it was sent.
   REQUIRE(WaitFor([&] {

@@ -103,7 +103,8 @@ TEST_CASE("the decoder rejects malformed sparse payloads without crashing") {
     CHECK(!DecodeChanges(lie, payload, chunk, 2, ValueCoding::kOrderedDiff, &out).ok());
   }
   SUBCASE("a chunk smaller than the positions") {
-    CHECK(!DecodeChanges(header, payload, list.offsets.back(), 2, ValueCoding::kOrderedDiff, &out).ok());
+    CHECK(!DecodeChanges(header, payload, list.offsets.back(), 2, ValueCoding::kOrderedDiff, &out)
+               .ok());
   }
   SUBCASE("truncated streams") {
     SparseHeader cut = header;
@@ -140,12 +141,15 @@ TEST_CASE("fused BF16 convert + scan (SIMD) equals its scalar reference") {
     if (count > 0) std::memcpy(master.data(), bits.data(), size_t{count} * 4);
     std::vector<uint16_t> served(count);
     ConvertBf16Ref(master, served);
-    for (auto& v : served) if (rng() % 20 == 0) v ^= static_cast<uint16_t>(1 + rng() % 7);
+    for (auto& v : served)
+      if (rng() % 20 == 0) v ^= static_cast<uint16_t>(1 + rng() % 7);
     std::vector<uint16_t> a = served, b = served;
     ChangeList fast, slow;
     Digest fast_digest, slow_digest;
-    ScanFromMasterBf16(master.data(), reinterpret_cast<uint8_t*>(a.data()), count, 3, 77, &fast, &fast_digest);
-    ScanFromMasterBf16Ref(master.data(), reinterpret_cast<uint8_t*>(b.data()), count, 3, 77, &slow, &slow_digest);
+    ScanFromMasterBf16(master.data(), reinterpret_cast<uint8_t*>(a.data()), count, 3, 77, &fast,
+                       &fast_digest);
+    ScanFromMasterBf16Ref(master.data(), reinterpret_cast<uint8_t*>(b.data()), count, 3, 77, &slow,
+                          &slow_digest);
     CHECK(fast.offsets == slow.offsets);
     CHECK(fast.residuals == slow.residuals);
     CHECK(fast_digest == slow_digest);

@@ -34,7 +34,8 @@ std::vector<uint32_t> EdgePatterns() {
       for (int kept : {2, 3, 7, 10}) {
         uint32_t half = 1u << (22 - kept);
         for (uint32_t high = 0; high < 4; ++high) {
-          uint32_t top = (high << (23 - kept)) | (static_cast<uint32_t>(rng()) & 0x7FFFFFu & ~((2u << (22 - kept)) - 1));
+          uint32_t top = (high << (23 - kept)) |
+                         (static_cast<uint32_t>(rng()) & 0x7FFFFFu & ~((2u << (22 - kept)) - 1));
           for (uint32_t low : {half - 1, half, half + 1, 0u, 2 * half - 1}) {
             bits.push_back(base | ((top | low) & 0x7FFFFFu));
           }
@@ -101,7 +102,7 @@ TEST_CASE("FP16 rounding: known values") {
   CHECK(FloatToF16Ref(65519.996f) == 0x7BFF);
   CHECK(FloatToF16Ref(65520.0f) == 0x7C00);
   CHECK(FloatToF16Ref(-INFINITY) == 0xFC00);
-  CHECK(FloatToF16Ref(5.960464477539063e-08f) == 0x0001);  // smallest subnormal
+  CHECK(FloatToF16Ref(5.960464477539063e-08f) == 0x0001);   // smallest subnormal
   CHECK(FloatToF16Ref(2.9802322387695312e-08f) == 0x0000);  // half of it: tie to even zero
   CHECK(FloatToF16Ref(-2.9802322387695312e-08f) == 0x8000);
   CHECK(FloatToF16Ref(6.097555160522461e-05f) == 0x03FF);  // largest subnormal
@@ -212,7 +213,8 @@ TEST_CASE("AbsMax ignores NaN, sees infinities and negative values, and equals i
   CHECK(std::isinf(AbsMax(values)));
   std::vector<float> small = {NAN, -3.0f, 2.0f, NAN, -0.0f};
   for (size_t n = 0; n <= small.size(); ++n) {
-    CHECK(AbsMax(std::span<const float>(small).first(n)) == AbsMaxRef(std::span<const float>(small).first(n)));
+    CHECK(AbsMax(std::span<const float>(small).first(n)) ==
+          AbsMaxRef(std::span<const float>(small).first(n)));
   }
   CHECK(AbsMax(small) == 3.0f);
   std::vector<float> many(1000, 0.5f);
@@ -225,7 +227,8 @@ TEST_CASE("AbsMax ignores NaN, sees infinities and negative values, and equals i
 TEST_CASE("NVIDIA reference (cuda_fp8.h, cuda_fp16.h, cuda_bf16.h on the host): bit for bit") {
   std::vector<uint32_t> patterns = EdgePatterns();
   // A strided sweep over all 2^32 patterns as well.
-  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4093) patterns.push_back(static_cast<uint32_t>(bits));
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4093)
+    patterns.push_back(static_cast<uint32_t>(bits));
   int fp8_mismatches = 0, half_mismatches = 0, bf16_mismatches = 0;
   for (uint32_t bits : patterns) {
     float x = BitsToFloat(bits);

@@ -29,7 +29,8 @@ void CheckRoundTrip(const TensorSpec& spec, const std::vector<uint8_t>& old_byte
   CHECK(SerializeModelDelta(*parsed) == bytes);
   std::vector<uint8_t> served = old_bytes;
   Digest digest;
-  Status status = ApplyTensorDelta(parsed->tensors[0], served, std::nullopt, options.threads, &digest);
+  Status status =
+      ApplyTensorDelta(parsed->tensors[0], served, std::nullopt, options.threads, &digest);
   REQUIRE(status.ok());
   CHECK(served == new_bytes);
   CHECK(digest == TensorDigest(spec.dtype, new_bytes));
@@ -95,8 +96,10 @@ TEST_CASE("fused cast + diff + encode equals cast, then diff, then encode") {
       BlockScaling scaling = ScalingForShape(spec.shape, block);
       auto serve = [&](const std::vector<float>& weights, std::vector<float>* scales) {
         std::vector<uint8_t> out(spec.byte_count());
-        if (dtype == DType::kBF16) ConvertBf16Ref(weights, {reinterpret_cast<uint16_t*>(out.data()), weights.size()});
-        if (dtype == DType::kF16) ConvertF16Ref(weights, {reinterpret_cast<uint16_t*>(out.data()), weights.size()});
+        if (dtype == DType::kBF16)
+          ConvertBf16Ref(weights, {reinterpret_cast<uint16_t*>(out.data()), weights.size()});
+        if (dtype == DType::kF16)
+          ConvertF16Ref(weights, {reinterpret_cast<uint16_t*>(out.data()), weights.size()});
         if (Info(dtype).size == 1) {
           *scales = ComputeScales(weights, scaling, fp8);
           QuantizeFp8(weights, scaling, *scales, fp8, Saturation::kSaturateFinite, out);
@@ -134,7 +137,8 @@ TEST_CASE("fused cast + diff + encode equals cast, then diff, then encode") {
 
 TEST_CASE("squash: A->B then B->C equals A->C, without the weights") {
   std::mt19937_64 rng(15);
-  for (DType dtype : {DType::kBF16, DType::kF32, DType::kF8E4M3, DType::kU8, DType::kI16, DType::kF64}) {
+  for (DType dtype :
+       {DType::kBF16, DType::kF32, DType::kF8E4M3, DType::kU8, DType::kI16, DType::kF64}) {
     for (double density : {0.01, 0.5}) {
       CAPTURE(Info(dtype).safetensors_name);
       TensorSpec spec = Spec(dtype, {5000});
@@ -213,8 +217,9 @@ TEST_CASE("hostile deltas: every truncation and single-byte corruption is reject
 }
 
 TEST_CASE("parse errors say what is wrong") {
-  CHECK(ParseModelDelta(std::vector<uint8_t>{'n', 'o', 'p', 'e'}).status().message().find("magic") !=
-        std::string::npos);
+  CHECK(
+      ParseModelDelta(std::vector<uint8_t>{'n', 'o', 'p', 'e'}).status().message().find("magic") !=
+      std::string::npos);
   ModelDelta empty;
   std::vector<uint8_t> bytes = SerializeModelDelta(empty);
   bytes[8] = 9;  // format version
@@ -225,7 +230,8 @@ TEST_CASE("tensors over 2^32 elements: indices, digests and chunks are 64-bit") 
   // Two 4 GiB + 1 MiB byte tensors of zero pages that are never written except where changed.
   const uint64_t count = (uint64_t{1} << 32) + (1 << 20);
   auto map = [&] {
-    void* p = mmap(nullptr, count, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = mmap(nullptr, count, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     REQUIRE(p != MAP_FAILED);
     return static_cast<uint8_t*>(p);
   };

@@ -31,10 +31,10 @@ TEST_CASE("scales are amax / max_finite per tile, NaN ignored, 1 for an all-zero
   const uint64_t rows = 5, cols = 7;
   BlockScaling scaling{rows, cols, 4};  // tiles: 2 x 2
   std::vector<float> w(rows * cols, 0.0f);
-  w[0] = -448.0f * 2;          // tile (0,0)
-  w[1] = NAN;                  // ignored
-  w[4] = 0.5f;                 // tile (0,1)
-  w[4 * cols + 6] = 44.8f;     // tile (1,1)
+  w[0] = -448.0f * 2;       // tile (0,0)
+  w[1] = NAN;               // ignored
+  w[4] = 0.5f;              // tile (0,1)
+  w[4 * cols + 6] = 44.8f;  // tile (1,1)
   std::vector<float> scales = ComputeScales(w, scaling, Fp8Format::kE4M3);
   REQUIRE(scales.size() == 4);
   CHECK(scales[0] == 2.0f);

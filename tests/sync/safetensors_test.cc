@@ -50,10 +50,12 @@ TEST_CASE("write then read: every dtype, metadata, tensor data") {
   std::vector<TensorToWrite> tensors;
   for (DType dtype : testing::kAllDTypes) {
     storage.push_back(testing::RandomTensor(dtype, 12, rng));
-    tensors.push_back({"t." + std::string(Info(dtype).safetensors_name), dtype, {3, 4}, storage.back()});
+    tensors.push_back(
+        {"t." + std::string(Info(dtype).safetensors_name), dtype, {3, 4}, storage.back()});
   }
   tensors.push_back({"empty", DType::kF32, {0}, {}});
-  std::string path = std::filesystem::temp_directory_path() / ("weft_st_" + std::to_string(getpid()));
+  std::string path =
+      std::filesystem::temp_directory_path() / ("weft_st_" + std::to_string(getpid()));
   REQUIRE(WriteSafetensors(path, tensors, {{"step", "7"}}).ok());
   Result<SafetensorsFile> file = SafetensorsFile::Open(path);
   REQUIRE(file.ok());
@@ -73,18 +75,32 @@ TEST_CASE("write then read: every dtype, metadata, tensor data") {
 }
 
 TEST_CASE("malformed files are rejected with a message that names the problem") {
-  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4).find("outside the data") != std::string::npos);
-  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8).find("need 12 bytes") != std::string::npos);
-  CHECK(ParseError(R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8).find("unsupported dtype 'Q7'") != std::string::npos);
-  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8).find("negative") != std::string::npos);
-  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12).find("gap or overlap") != std::string::npos);
-  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8).find("cover 4 of 8") != std::string::npos);
-  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8).find("twice") != std::string::npos);
+  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4)
+            .find("outside the data") != std::string::npos);
+  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)
+            .find("need 12 bytes") != std::string::npos);
+  CHECK(ParseError(R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8)
+            .find("unsupported dtype 'Q7'") != std::string::npos);
+  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8)
+            .find("negative") != std::string::npos);
+  CHECK(
+      ParseError(
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+          12)
+          .find("gap or overlap") != std::string::npos);
+  CHECK(ParseError(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8)
+            .find("cover 4 of 8") != std::string::npos);
+  CHECK(
+      ParseError(
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          8)
+          .find("twice") != std::string::npos);
   CHECK(ParseError(R"({"__metadata__":{"k":1}})", 0).find("not a string") != std::string::npos);
   CHECK(ParseError(R"([1,2])", 0).find("not a JSON object") != std::string::npos);
   CHECK(ParseError(R"({"a":)", 0).find("not valid JSON") != std::string::npos);
   std::vector<uint8_t> short_file = {1, 2, 3};
-  CHECK(SafetensorsFile::Parse(short_file).status().message().find("too short") != std::string::npos);
+  CHECK(SafetensorsFile::Parse(short_file).status().message().find("too short") !=
+        std::string::npos);
   std::vector<uint8_t> huge = FileBytes("{}", 0);
   huge[5] = 1;  // header length > file size
   CHECK(SafetensorsFile::Parse(huge).status().message().find("exceeds") != std::string::npos);

@@ -26,7 +26,11 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
   REQUIRE(trainer.AnnounceVersion(0).ok());
   REQUIRE(worker.Register("c", "eu", 8).ok());
   REQUIRE(worker.Heartbeat("c", 0).ok());
-  REQUIRE(trainer.AddJobs({{nlohmann::json("1+1="), 2}, {nlohmann::json("2+2="), 2}, {nlohmann::json("3+3="), 2}}).ok());
+  REQUIRE(trainer
+              .AddJobs({{nlohmann::json("1+1="), 2},
+                        {nlohmann::json("2+2="), 2},
+                        {nlohmann::json("3+3="), 2}})
+              .ok());
   auto leases = worker.RequestLeases("c", 3, std::chrono::milliseconds(1000));
   REQUIRE(leases.ok());
   REQUIRE(leases->size() == 3);
@@ -39,7 +43,8 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
     s.segments = {{version, 0}};
     s.tokens = 4;
     nlohmann::json samples = nlohmann::json::array();
-    for (int i = 0; i < 2; ++i) samples.push_back({{"tokens", {2, 12}}, {"logprobs", {-0.1, -0.2}}, {"reward", 1.0}});
+    for (int i = 0; i < 2; ++i)
+      samples.push_back({{"tokens", {2, 12}}, {"logprobs", {-0.1, -0.2}}, {"reward", 1.0}});
     return worker.Submit(s, {{"prompt", lease.prompt}, {"samples", samples}});
   };
   REQUIRE(submit((*leases)[0], 0).ok());
@@ -57,7 +62,8 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
   size_t samples = 0;
   for (const TrajectoryGroup& g : *first) samples += g.samples();
   CHECK(samples >= 3);
-  auto rest = batches.NextBatch(10, 2, std::chrono::milliseconds(300));  // only what is left, after the wait
+  auto rest = batches.NextBatch(
+      10, 2, std::chrono::milliseconds(300));  // only what is left, after the wait
   REQUIRE(rest.ok());
   CHECK(first->size() + rest->size() == 3);
   const StalenessStats& stats = batches.staleness();

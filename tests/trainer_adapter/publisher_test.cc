@@ -24,7 +24,8 @@ struct Fixture {
   examples::SyntheticAdam adam;
 
   Fixture()
-      : root((std::filesystem::temp_directory_path() / ("weft_pub_" + std::to_string(getpid()))).string()),
+      : root((std::filesystem::temp_directory_path() / ("weft_pub_" + std::to_string(getpid())))
+                 .string()),
         adam({{"q", {64, 300}}, {"norm", {300}}}, Config(), 5, 1) {
     std::filesystem::remove_all(root);
     store = std::move(policy_store::DirectoryStore::Open(root)).value();
@@ -125,12 +126,14 @@ TEST_CASE("a corrupted blob is detected and nothing reaches the caller") {
   CHECK(SameBytes(model, v0));
 }
 
-TEST_CASE("a second publisher of the same run or version gets a conflict, the store stays readable") {
+TEST_CASE(
+    "a second publisher of the same run or version gets a conflict, the store stays readable") {
   Fixture f;
   auto first = Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(50));
   REQUIRE(first.ok());
-  CHECK(Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(50)).status().code() ==
-        StatusCode::kConflict);
+  CHECK(Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(50))
+            .status()
+            .code() == StatusCode::kConflict);
   // Two writers racing for version 1 from the same state: the second one loses cleanly.
   sync::ServedModel a = (*first)->served(), b = (*first)->served();
   f.adam.Step(1);
@@ -141,7 +144,8 @@ TEST_CASE("a second publisher of the same run or version gets a conflict, the st
   REQUIRE(delta_b.ok());
   const policy_store::Manifest base = (*first)->last();
   REQUIRE(policy_store::PublishVersion(*f.store, "run", &base, a, &*delta_a, {}).ok());
-  CHECK(policy_store::PublishVersion(*f.store, "run", &base, b, &*delta_b, {}).status().code() == StatusCode::kConflict);
+  CHECK(policy_store::PublishVersion(*f.store, "run", &base, b, &*delta_b, {}).status().code() ==
+        StatusCode::kConflict);
   // Rerunning the winner's publish (a publisher that died after writing) completes idempotently.
   CHECK(policy_store::PublishVersion(*f.store, "run", &base, a, &*delta_a, {}).ok());
   StoreReader reader(*f.store, "run", 1);
@@ -182,7 +186,8 @@ TEST_CASE("retention deletes what no pinned version needs, and nothing else") {
     published.push_back((*publisher)->served());
   }
   StoreReader reader(*f.store, "run", 1);
-  CHECK(policy_store::CollectGarbage(*f.store, "run", {13}, false).status().code() == StatusCode::kInvalidArgument);
+  CHECK(policy_store::CollectGarbage(*f.store, "run", {13}, false).status().code() ==
+        StatusCode::kInvalidArgument);
   // Version 9 is pinned; it is rebuilt from the keyframe at 8, so 0..7 can go.
   auto dry = policy_store::CollectGarbage(*f.store, "run", {9, 11}, true);
   REQUIRE(dry.ok());
@@ -241,11 +246,13 @@ TEST_CASE("sharded trainers: each rank publishes its tensors, the parts form one
   // Three ranks over a store server, each holding some of the tensors of one model; a single
   // unsharded publisher of the whole model in another run is the reference.
   Fixture f;
-  examples::SyntheticAdam adam({{"a", {64, 300}}, {"b", {300}}, {"c", {40, 70}}, {"d", {128}}}, Fixture::Config(), 9, 1);
+  examples::SyntheticAdam adam({{"a", {64, 300}}, {"b", {300}}, {"c", {40, 70}}, {"d", {128}}},
+                               Fixture::Config(), 9, 1);
   for (int i = 0; i < 3; ++i) adam.Step(1);
   auto master_of = [&](std::vector<size_t> which) {
     std::vector<sync::MasterTensor> master;
-    for (size_t t : which) master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
+    for (size_t t : which)
+      master.push_back({adam.tensor(t).name, adam.tensor(t).shape, adam.weights(t)});
     return master;
   };
   const std::vector<std::vector<size_t>> ranks = {{0}, {1, 2}, {3}};
@@ -254,14 +261,18 @@ TEST_CASE("sharded trainers: each rank publishes its tensors, the parts form one
   server_options.threads = 4;
   auto server = std::move(policy_store::StoreServer::Start(*f.store, server_options)).value();
   const std::string url = "http://127.0.0.1:" + std::to_string(server->port());
-  auto whole = std::move(Publisher::Start(*f.store, "whole", master_of({0, 1, 2, 3}), sync::ServingPlan{}, Options(3))).value();
+  auto whole = std::move(Publisher::Start(*f.store, "whole", master_of({0, 1, 2, 3}),
+                                          sync::ServingPlan{}, Options(3)))
+                   .value();
   std::vector<std::unique_ptr<policy_store::HttpStore>> links;
   std::vector<std::unique_ptr<Publisher>> publishers(ranks.size());
-  for (size_t r = 0; r < ranks.size(); ++r) links.push_back(std::make_unique<policy_store::HttpStore>(url, "token"));
+  for (size_t r = 0; r < ranks.size(); ++r)
+    links.push_back(std::make_unique<policy_store::HttpStore>(url, "token"));
   auto all_ranks = [&](const std::function<Status(size_t)>& step) {
     std::vector<Status> results(ranks.size());
     std::vector<std::thread> threads;
-    for (size_t r = 0; r < ranks.size(); ++r) threads.emplace_back([&, r] { results[r] = step(r); });
+    for (size_t r = 0; r < ranks.size(); ++r)
+      threads.emplace_back([&, r] { results[r] = step(r); });
     for (auto& thread : threads) thread.join();
     for (const Status& status : results) REQUIRE_MESSAGE(status.ok(), status.message());
   };
@@ -270,7 +281,8 @@ TEST_CASE("sharded trainers: each rank publishes its tensors, the parts form one
     options.rank = r;
     options.world = ranks.size();
     options.shard_deadline = std::chrono::milliseconds(20000);
-    auto started = Publisher::Start(*links[r], "sharded", master_of(ranks[r]), sync::ServingPlan{}, options);
+    auto started =
+        Publisher::Start(*links[r], "sharded", master_of(ranks[r]), sync::ServingPlan{}, options);
     if (started.ok()) publishers[r] = std::move(*started);
     return started.status();
   });
@@ -278,7 +290,8 @@ TEST_CASE("sharded trainers: each rank publishes its tensors, the parts form one
     adam.Step(1);
     REQUIRE(whole->Publish(master_of({0, 1, 2, 3})).ok());
     all_ranks([&](size_t r) { return publishers[r]->Publish(master_of(ranks[r])).status(); });
-    for (const auto& publisher : publishers) CHECK(publisher->last().version == static_cast<uint64_t>(v));
+    for (const auto& publisher : publishers)
+      CHECK(publisher->last().version == static_cast<uint64_t>(v));
   }
   // The sharded run holds the same versions as the whole one: keyframes at 0, 3, 6, deltas and
   // skips between; a reader pulls them the usual way, from nothing or from an older copy.
@@ -299,16 +312,18 @@ TEST_CASE("sharded trainers: each rank publishes its tensors, the parts form one
   CHECK(SameBytes(from_two, expected));
   // Committed parts are garbage; parts of a version not yet committed are not.
   const std::string prefix = "runs/sharded/shards/";
-  sync::ServedModel part = sync::ServedModel::FromTensors({publishers[0]->served().tensors()[0].spec},
-                                                           {publishers[0]->served().tensors()[0].bytes}, 1);
+  sync::ServedModel part = sync::ServedModel::FromTensors(
+      {publishers[0]->served().tensors()[0].spec}, {publishers[0]->served().tensors()[0].bytes}, 1);
   sync::ModelDelta no_change;
-  REQUIRE(policy_store::PublishShard(*f.store, "sharded", &publishers[0]->last(), 0, 3, part, &no_change, Options(3).keyframes).ok());
+  REQUIRE(policy_store::PublishShard(*f.store, "sharded", &publishers[0]->last(), 0, 3, part,
+                                     &no_change, Options(3).keyframes)
+              .ok());
   auto collected = policy_store::CollectGarbage(*f.store, "sharded", {}, false);
   REQUIRE(collected.ok());
   CHECK(f.store->List(prefix)->size() == 1);
   // A commit whose ranks never arrive times out naming them.
-  auto stuck = policy_store::CommitShards(*f.store, "sharded", &publishers[0]->last(), 3, Options(3).keyframes, 1,
-                                          std::chrono::milliseconds(100));
+  auto stuck = policy_store::CommitShards(*f.store, "sharded", &publishers[0]->last(), 3,
+                                          Options(3).keyframes, 1, std::chrono::milliseconds(100));
   CHECK(stuck.status().code() == StatusCode::kTimeout);
   CHECK(stuck.status().message().find("ranks 1, 2 of 3") != std::string::npos);
   sync::ServedModel after_gc;
@@ -317,9 +332,12 @@ TEST_CASE("sharded trainers: each rank publishes its tensors, the parts form one
   server->Stop();
 }
 
-TEST_CASE("catch-up deltas: a pinned reader downloads one delta, the squash of everything it missed") {
+TEST_CASE(
+    "catch-up deltas: a pinned reader downloads one delta, the squash of everything it missed") {
   Fixture f;
-  auto publisher = std::move(Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(100))).value();
+  auto publisher =
+      std::move(Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(100)))
+          .value();
   std::vector<sync::ServedModel> published = {publisher->served()};
   std::vector<std::vector<uint8_t>> plain;  // delta blobs v-1 -> v, for the reference squash
   StoreReader reader(*f.store, "run", 1);
@@ -328,17 +346,22 @@ TEST_CASE("catch-up deltas: a pinned reader downloads one delta, the squash of e
       REQUIRE(policy_store::SetPin(*f.store, "run", "worker-a", 2).ok());
       REQUIRE(policy_store::SetPin(*f.store, "run", "worker-b", 2).ok());  // two holders, one base
     }
-    if (v == 8) REQUIRE(policy_store::SetPin(*f.store, "run", "worker-c", 5).ok());  // a new pin: built from the chain
+    if (v == 8)
+      REQUIRE(policy_store::SetPin(*f.store, "run", "worker-c", 5)
+                  .ok());  // a new pin: built from the chain
     f.adam.Step(1);
     REQUIRE(publisher->Publish(f.Master()).ok());
     published.push_back(publisher->served());
-    plain.push_back(std::move(policy_store::FetchVerifiedBlob(*f.store, *reader.GetManifest(v)->delta, "delta")).value());
+    plain.push_back(
+        std::move(policy_store::FetchVerifiedBlob(*f.store, *reader.GetManifest(v)->delta, "delta"))
+            .value());
   }
   auto squash_size = [&](int from, int to) {
     std::optional<sync::ModelDelta> squashed;
     for (int v = from + 1; v <= to; ++v) {
       auto d = std::move(sync::ParseModelDelta(plain[v - 1])).value();
-      squashed = squashed ? std::move(sync::SquashModelDeltas(*squashed, d, 1)).value() : std::move(d);
+      squashed =
+          squashed ? std::move(sync::SquashModelDeltas(*squashed, d, 1)).value() : std::move(d);
     }
     return sync::SerializedSize(*squashed);
   };
@@ -360,19 +383,24 @@ TEST_CASE("catch-up deltas: a pinned reader downloads one delta, the squash of e
   const std::string record = policy_store::CatchupKey("run", 12, 5);
   REQUIRE(f.store->Delete(record).ok());
   const std::string junk = "{\"format\": 1}";
-  REQUIRE(f.store->PutImmutable(record, {reinterpret_cast<const uint8_t*>(junk.data()), junk.size()}).ok());
+  REQUIRE(
+      f.store->PutImmutable(record, {reinterpret_cast<const uint8_t*>(junk.data()), junk.size()})
+          .ok());
   sync::ServedModel from_five = published[5];
   REQUIRE(reader.Pull(12, 5, &from_five).ok());
   CHECK(SameBytes(from_five, published[12]));
   // Pins in the store hold back retention; stale catch-up deltas are collected.
   auto collected = policy_store::CollectGarbage(*f.store, "run", {}, false);
   REQUIRE(collected.ok());
-  CHECK(collected->kept_from == 0);  // worker-a and worker-b hold version 2, rebuilt from keyframe 0
+  CHECK(collected->kept_from ==
+        0);  // worker-a and worker-b hold version 2, rebuilt from keyframe 0
   CHECK(f.store->List(policy_store::CatchupPrefix("run", 11))->empty());
-  CHECK(f.store->List(policy_store::CatchupPrefix("run", 12))->size() == 1);  // from 2; the junk one went too
+  CHECK(f.store->List(policy_store::CatchupPrefix("run", 12))->size() ==
+        1);  // from 2; the junk one went too
   REQUIRE(policy_store::RemovePin(*f.store, "run", "worker-a").ok());
   CHECK(policy_store::ListPins(*f.store, "run")->size() == 2);
-  CHECK(policy_store::SetPin(*f.store, "run", "../escape", 3).code() == StatusCode::kInvalidArgument);
+  CHECK(policy_store::SetPin(*f.store, "run", "../escape", 3).code() ==
+        StatusCode::kInvalidArgument);
 }
 
 }  // namespace
