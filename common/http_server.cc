@@ -318,9 +318,12 @@ bhttp::status HttpStatusFor(StatusCode code) {
 }
 
 Response JsonResponse(const Request& request, bhttp::status status, const nlohmann::json& body) {
+  return JsonTextResponse(request, status, body.dump());
+}
+
+Response JsonTextResponse(const Request& request, bhttp::status status, std::string_view text) {
   Response response(status, request.version());
   response.set(bhttp::field::content_type, "application/json");
-  std::string text = body.dump();
   response.body().assign(text.begin(), text.end());
   response.prepare_payload();
   return response;

@@ -20,6 +20,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -58,10 +59,12 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// A JSON response to `request` (its HTTP version), and the JSON error body {"error": message}
-// with the status code that fits a Status.
+// A JSON response to `request` (its HTTP version), from a tree or from JSON text, and the JSON
+// error body {"error": message} with the status code that fits a Status.
 Response JsonResponse(const Request& request, boost::beast::http::status status,
                       const nlohmann::json& body);
+Response JsonTextResponse(const Request& request, boost::beast::http::status status,
+                          std::string_view text);
 Response ErrorResponse(const Request& request, boost::beast::http::status status,
                        const std::string& message);
 Response ErrorResponse(const Request& request, const Status& status);

@@ -16,10 +16,10 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // A group as the worker submitted it (docs/api.md, "Trajectories"), checked: errors name the job.
-Result<Group> ParseGroup(const trainer_adapter::TrajectoryGroup& received,
+Result<Group> ParseGroup(const orchestrator::TrajectoryGroup& received,
                          const ArithmeticTask& task) {
-  const std::string what = "job " + std::to_string(received.submission.job);
-  const Json& t = received.trajectories;
+  const std::string what = "job " + std::to_string(received.job);
+  const Json t = Json::parse(received.trajectories, nullptr, false);
   if (!t.is_object() || !t.contains("prompt") || !t["prompt"].is_string() ||
       !t.contains("samples") || !t["samples"].is_array()) {
     return InvalidArgument(what +
@@ -199,7 +199,7 @@ Result<TrainerSummary> RunExampleTrainer(
     while (groups.size() < per_step) {
       const size_t wanted =
           (per_step - groups.size()) * static_cast<size_t>(options.samples_per_prompt);
-      WEFT_ASSIGN_OR_RETURN(std::vector<trainer_adapter::TrajectoryGroup> batch,
+      WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::Delivered> batch,
                             batches.NextBatch(wanted, version, std::chrono::milliseconds(2000)));
       if (batch.empty()) {
         // Nothing came: the work for this step may have been dropped as stale. Queue what is
@@ -208,8 +208,8 @@ Result<TrainerSummary> RunExampleTrainer(
       } else {
         last_arrival = Clock::now();
       }
-      for (const trainer_adapter::TrajectoryGroup& g : batch) {
-        Result<Group> group = ParseGroup(g, task);
+      for (const orchestrator::Delivered& d : batch) {
+        Result<Group> group = ParseGroup(d.group, task);
         if (!group.ok()) {
           WEFT_LOG(kError) << "trainer: skipping a malformed trajectory group: "
                            << group.status().message();
@@ -217,8 +217,9 @@ Result<TrainerSummary> RunExampleTrainer(
         }
         samples += group->samples.size();
         groups.push_back(std::move(*group));
-        lag_sum += g.lag;
-        record.max_lag = std::max(record.max_lag, g.lag);
+        const uint64_t lag = trainer_adapter::LagOf(d.group, version);
+        lag_sum += lag;
+        record.max_lag = std::max(record.max_lag, lag);
       }
       if (Clock::now() - last_arrival > options.stall_after) {
         return Unavailable("trainer: no trajectories for " +

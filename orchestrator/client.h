@@ -1,14 +1,15 @@
 // OrchestratorClient: the orchestrator API (docs/api.md) for rollout workers and trainers, over
-// common/http_client: every call has a deadline, and is retried with backoff when that is safe.
+// common/http_client, with the bodies of orchestrator/wire.h: every call has a deadline, and is
+// retried with backoff when that is safe.
 //
 // Retried until the deadline: registration, heartbeats, drains, leaving, version announcements,
 // lease requests (each call carries a request id, so a retry after a lost answer gets the same
-// leases back instead of new ones), submissions (idempotent by job
-// and attempt: a repeat is acknowledged as a duplicate, never counted twice) and batches
-// (acknowledged explicitly: a lost answer is handed out again). Adding jobs is repeated only when
-// the request never reached the orchestrator, since a repeat would add the jobs twice; otherwise
-// the error says so. Errors carry the orchestrator's message and map to Status codes (404
-// kNotFound, 409 kConflict, ...). Thread-safe.
+// leases back instead of new ones), submissions (idempotent by job and attempt: a repeat is
+// acknowledged as a duplicate, never counted twice) and batches (acknowledged explicitly: a lost
+// answer is handed out again). Adding jobs is repeated only when the request never reached the
+// orchestrator, since a repeat would add the jobs twice; otherwise the error says so. Errors carry
+// the orchestrator's message and map to Status codes (404 kNotFound, 409 kConflict, ...); an answer
+// that is not what the API promises is kDataLoss. Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -20,15 +21,9 @@
 #include <vector>
 
 #include "common/http_client.h"
-#include "orchestrator/core.h"
-#include "orchestrator/service.h"
+#include "orchestrator/types.h"
 
 namespace weft::orchestrator {
-
-struct ReceivedTrajectory {
-  Submission submission;  // payload: the trajectories' JSON as the worker sent it
-  bool stale = false;
-};
 
 class OrchestratorClient {
  public:
@@ -44,8 +39,8 @@ class OrchestratorClient {
   // Waits up to `wait` for at least one lease (zero: answer at once).
   Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max,
                                            std::chrono::milliseconds wait);
-  // `trajectories` is any JSON (the samples, their tokens, logprobs, rewards).
-  Result<SubmitResult> Submit(const Submission& submission, const nlohmann::json& trajectories);
+  // `group.trajectories` is the samples' JSON text (docs/api.md, "Trajectories").
+  Result<SubmitResult> Submit(const TrajectoryGroup& group);
   Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs = {});
   Status Deregister(const std::string& cluster);
 
@@ -55,19 +50,19 @@ class OrchestratorClient {
   Result<std::vector<uint64_t>> AddJobs(
       const std::vector<std::pair<nlohmann::json, uint32_t>>& prompts);
   // The next batch. Each call acknowledges the last batch this client received, and batches seen
-  // already (handed out again after a lost answer) are skipped, so each trajectory is returned
-  // once by this client. A new client (a restarted trainer) receives unacknowledged batches again.
-  Result<std::vector<ReceivedTrajectory>> TakeBatch(uint32_t max, std::chrono::milliseconds wait);
+  // already (handed out again after a lost answer) are skipped, so each group is returned once by
+  // this client. A new client (a restarted trainer) receives unacknowledged batches again.
+  Result<std::vector<Delivered>> TakeBatch(uint32_t max, std::chrono::milliseconds wait);
   // Acknowledges the last batch received without taking another (a trainer that is done).
   Status AcknowledgeBatches();
 
   Result<nlohmann::json> GetStatus();
 
  private:
-  // POSTs (or `method`s) `body` to `path`, returns the JSON answer or the error it means.
-  Result<nlohmann::json> Call(const std::string& method, const std::string& path,
-                              const nlohmann::json& body, bool idempotent,
-                              std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0));
+  // Sends `body` to `path` with `method`, and returns the answer's text or the error it means.
+  Result<std::string> Call(const std::string& method, const std::string& path,
+                           const std::string& body, bool idempotent,
+                           std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0));
 
   std::string token_;
   HttpClient client_;

@@ -130,10 +130,10 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   return config;
 }
 
-Result<std::vector<std::pair<std::string, uint32_t>>> LoadPrompts(const std::string& path) {
+Result<std::vector<JobSpec>> LoadPrompts(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFound("cannot read the dataset " + path);
-  std::vector<std::pair<std::string, uint32_t>> prompts;
+  std::vector<JobSpec> prompts;
   std::string line;
   for (size_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -153,7 +153,7 @@ Result<std::vector<std::pair<std::string, uint32_t>>> LoadPrompts(const std::str
       if (samples < 1 || samples > 4096)
         return InvalidArgument(where + ".samples must be 1 to 4096");
     }
-    prompts.emplace_back(prompt.dump(), static_cast<uint32_t>(samples));
+    prompts.push_back({prompt.dump(), static_cast<uint32_t>(samples)});
   }
   return prompts;
 }

@@ -31,6 +31,6 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
 
 // The prompts of a JSONL dataset: one {"prompt": text or [token ids], "samples": n} per line
 // (samples optional, default 1). Errors name the file and line.
-Result<std::vector<std::pair<std::string, uint32_t>>> LoadPrompts(const std::string& path);
+Result<std::vector<JobSpec>> LoadPrompts(const std::string& path);
 
 }  // namespace weft::orchestrator

@@ -182,7 +182,7 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
   return leases;
 }
 
-Result<SubmitResult> OrchestratorCore::Submit(Micros now, Submission s) {
+Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
   auto reject = [&](Status status) -> Result<SubmitResult> {
     ++counters_.submissions_rejected;
     return status;
@@ -286,14 +286,13 @@ Status OrchestratorCore::AnnounceVersion(Micros now, uint64_t version) {
   return Status::Ok();
 }
 
-std::vector<uint64_t> OrchestratorCore::AddJobs(
-    Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts) {
+std::vector<uint64_t> OrchestratorCore::AddJobs(Micros now, const std::vector<JobSpec>& jobs) {
   std::vector<uint64_t> ids;
-  for (const auto& [prompt, samples] : prompts) {
+  for (const JobSpec& job : jobs) {
     const uint64_t id = next_job_++;
     Job& j = jobs_[id];
-    j.prompt = prompt;
-    j.samples = std::max<uint32_t>(1, samples);
+    j.prompt = job.prompt;
+    j.samples = std::max<uint32_t>(1, job.samples);
     queue_.push_back(id);
     ids.push_back(id);
     ++counters_.jobs_added;
@@ -305,6 +304,7 @@ std::vector<uint64_t> OrchestratorCore::AddJobs(
 
 Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack) {
   Batch batch;
+  batch.latest_version = latest_;
   if (ack) {
     while (!outstanding_.empty() && outstanding_.begin()->first <= *ack) {
       outstanding_items_ -= outstanding_.begin()->second.size();
@@ -318,7 +318,7 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
     std::vector<Delivered>& items = outstanding_.begin()->second;
     std::vector<Delivered> kept;
     for (Delivered& d : items) {
-      if (!d.stale && d.submission.version_start < admissible_version()) {
+      if (!d.stale && d.group.version_start < admissible_version()) {
         --counters_.delivered_fresh;
         if (config_.stale_policy == StalePolicy::kDrop) {
           ++counters_.dropped_stale;
@@ -338,7 +338,7 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
     return batch;
   }
   while (!buffer_.empty() && batch.items.size() < max) {
-    Submission s = std::move(buffer_.front());
+    TrajectoryGroup s = std::move(buffer_.front());
     buffer_.pop_front();
     const bool stale = s.version_start < admissible_version();
     if (stale && config_.stale_policy == StalePolicy::kDrop) {
@@ -395,7 +395,7 @@ std::vector<ClusterView> OrchestratorCore::clusters() const {
 
 std::map<uint64_t, uint64_t> OrchestratorCore::buffered_versions() const {
   std::map<uint64_t, uint64_t> histogram;
-  for (const Submission& s : buffer_) ++histogram[s.version_start];
+  for (const TrajectoryGroup& s : buffer_) ++histogram[s.version_start];
   return histogram;
 }
 

@@ -34,10 +34,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "orchestrator/types.h"
 
 namespace weft::orchestrator {
-
-using Micros = int64_t;
 
 enum class StalePolicy { kDrop, kDeliverFlagged };
 
@@ -53,47 +52,6 @@ struct CoreConfig {
   // precisely; one older than that is refused as unknown, never counted again.
   uint64_t remember_done = 100'000;
 };
-
-// One trajectory group as a worker submits it: every sample of one attempt at one job.
-struct Submission {
-  uint64_t job = 0;
-  uint32_t attempt = 0;
-  std::string cluster;
-  uint64_t version_start = 0;
-  uint64_t version_end = 0;
-  // (version, first token index) where the policy changed mid-generation; the first entry is
-  // (version_start, 0) and versions increase up to version_end.
-  std::vector<std::pair<uint64_t, uint64_t>> segments;
-  uint64_t tokens = 0;
-  std::string payload;  // the trajectories themselves (opaque to the core)
-};
-
-struct Lease {
-  uint64_t job = 0;
-  uint32_t attempt = 0;
-  Micros deadline = 0;
-  uint64_t min_version = 0;  // the cluster must generate at this version or newer
-  std::string prompt;        // the job's payload (opaque to the core)
-  uint32_t samples = 1;
-};
-
-struct Delivered {
-  Submission submission;
-  bool stale = false;  // only with StalePolicy::kDeliverFlagged
-};
-
-// What the trainer gets: a numbered batch. It stays outstanding until the trainer acknowledges it
-// (by passing its id, or a later one, to the next TakeBatch); until then every TakeBatch hands the
-// oldest outstanding batch out again, so an answer lost on the way costs a repeat, never the
-// trajectories. The trainer skips ids it has seen.
-struct Batch {
-  uint64_t id = 0;           // 0: nothing to deliver
-  bool redelivered = false;  // handed out before and not acknowledged
-  std::vector<Delivered> items;
-  uint64_t acknowledged = 0;  // batches this call's `ack` retired
-};
-
-enum class SubmitResult { kAccepted, kDuplicate };
 
 struct ClusterView {
   std::string id, region;
@@ -139,14 +97,13 @@ class OrchestratorCore {
   // still holds, and nothing new.
   Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max,
                                            uint64_t request = 0);
-  Result<SubmitResult> Submit(Micros now, Submission submission);
+  Result<SubmitResult> Submit(Micros now, TrajectoryGroup group);
 
   // --- Trainer ---
   // The latest published version (announcements only move forward).
   Status AnnounceVersion(Micros now, uint64_t version);
   // Queues jobs; returns their ids.
-  std::vector<uint64_t> AddJobs(
-      Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts_and_samples);
+  std::vector<uint64_t> AddJobs(Micros now, const std::vector<JobSpec>& jobs);
   // Retires the outstanding batches with ids up to `ack`, then hands out the oldest batch still
   // outstanding, or else a new one: up to `max` buffered submissions, oldest first, within the
   // staleness bound at the latest version (stale ones are dropped or flagged per config, and
@@ -221,11 +178,11 @@ class OrchestratorCore {
   CoreConfig config_;
   std::optional<uint64_t> latest_;
   uint64_t next_job_ = 1;
-  std::map<uint64_t, Job> jobs_;       // open jobs (queued or leased)
-  std::deque<uint64_t> queue_;         // queued jobs, in dispatch order
-  std::set<uint64_t> leases_;          // leased jobs
-  std::map<uint64_t, uint32_t> done_;  // job -> the attempt that completed it
-  std::deque<Submission> buffer_;      // accepted, not yet taken by the trainer
+  std::map<uint64_t, Job> jobs_;        // open jobs (queued or leased)
+  std::deque<uint64_t> queue_;          // queued jobs, in dispatch order
+  std::set<uint64_t> leases_;           // leased jobs
+  std::map<uint64_t, uint32_t> done_;   // job -> the attempt that completed it
+  std::deque<TrajectoryGroup> buffer_;  // accepted, not yet taken by the trainer
   std::map<uint64_t, std::vector<Delivered>> outstanding_;  // batches handed out, not acknowledged
   size_t outstanding_items_ = 0;
   uint64_t next_batch_ = 1;

@@ -6,10 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <variant>
 
 #include "common/byte_io.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
 
@@ -20,85 +22,225 @@ struct DurableCore::Outcome {
   SubmitResult submit = SubmitResult::kAccepted;
   std::vector<uint64_t> jobs;
   Batch batch;
-  bool changed = true;  // for ticks: whether to journal
+  bool changed = true;  // whether the event changed the core (only then is it journaled)
 };
 
-Status DurableCore::ApplyEvent(const std::string& text, Outcome* out) {
-  // The event's JSON, then (submissions only) a newline and the trajectories as they came: large
-  // payloads are neither escaped nor parsed on the way through.
+// The core's events (docs/formats.md section 7), as applied and as journaled.
+namespace events {
+
+struct Register {
+  std::string cluster, region;
+  uint32_t capacity = 0;
+};
+struct Heartbeat {
+  std::string cluster;
+  std::optional<uint64_t> ready;
+};
+struct Drain {
+  std::string cluster;
+  std::vector<uint64_t> jobs;
+};
+struct Deregister {
+  std::string cluster;
+};
+struct Leases {
+  std::string cluster;
+  uint32_t max = 0;
+  uint64_t request = 0;
+};
+struct Submit {
+  TrajectoryGroup group;
+};
+struct Announce {
+  uint64_t version = 0;
+};
+struct Jobs {
+  std::vector<JobSpec> jobs;
+};
+struct TakeBatch {
+  size_t max = 0;
+  std::optional<uint64_t> ack;
+};
+struct Tick {};
+
+}  // namespace events
+
+struct DurableCore::Event {
+  Micros now = 0;
+  std::variant<events::Register, events::Heartbeat, events::Drain, events::Deregister,
+               events::Leases, events::Submit, events::Announce, events::Jobs, events::TakeBatch,
+               events::Tick>
+      what;
+};
+
+namespace {
+
+Json Optional(const std::optional<uint64_t>& value) { return value ? Json(*value) : Json(nullptr); }
+
+template <typename... Fns>
+struct Overloaded : Fns... {
+  using Fns::operator()...;
+};
+
+}  // namespace
+
+// One line of JSON with the event's kind `e` and time `t`; a submission's samples follow the line
+// as they came, neither escaped nor parsed on the way through.
+std::string DurableCore::EventText(const Event& event) {
+  Json e;
+  const std::string* samples = nullptr;
+  std::visit(Overloaded{
+                 [&](const events::Register& r) {
+                   e = {{"e", "register"},
+                        {"cluster", r.cluster},
+                        {"region", r.region},
+                        {"capacity", r.capacity}};
+                 },
+                 [&](const events::Heartbeat& h) {
+                   e = {{"e", "heartbeat"}, {"cluster", h.cluster}, {"ready", Optional(h.ready)}};
+                 },
+                 [&](const events::Drain& d) {
+                   e = {{"e", "drain"}, {"cluster", d.cluster}, {"jobs", d.jobs}};
+                 },
+                 [&](const events::Deregister& d) {
+                   e = {{"e", "deregister"}, {"cluster", d.cluster}};
+                 },
+                 [&](const events::Leases& l) {
+                   e = {{"e", "leases"}, {"cluster", l.cluster}, {"max", l.max}};
+                   if (l.request != 0) e["request"] = l.request;
+                 },
+                 [&](const events::Submit& s) {
+                   e = wire::GroupFields(s.group);
+                   e["e"] = "submit";
+                   samples = &s.group.trajectories;
+                 },
+                 [&](const events::Announce& a) {
+                   e = {{"e", "announce"}, {"version", a.version}};
+                 },
+                 [&](const events::Jobs& j) {
+                   Json prompts = Json::array();
+                   for (const JobSpec& job : j.jobs) prompts.push_back({job.prompt, job.samples});
+                   e = {{"e", "jobs"}, {"prompts", std::move(prompts)}};
+                 },
+                 [&](const events::TakeBatch& b) {
+                   e = {{"e", "batch"}, {"max", b.max}, {"ack", Optional(b.ack)}};
+                 },
+                 [&](const events::Tick&) {
+                   e = {{"e", "tick"}};
+                 },
+             },
+             event.what);
+  e["t"] = event.now;
+  std::string text = e.dump();
+  if (samples != nullptr) {
+    text.reserve(text.size() + 1 + samples->size());
+    text += '\n';
+    text += *samples;
+  }
+  return text;
+}
+
+Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
   const size_t newline = text.find('\n');
-  const std::string_view head = newline == std::string::npos
-                                    ? std::string_view(text)
-                                    : std::string_view(text).substr(0, newline);
+  const std::string_view head = text.substr(0, newline);
   Json e = Json::parse(head, nullptr, false);
-  if (e.is_discarded() || !e.is_object() || !e.contains("e") || !e.contains("t"))
+  if (e.is_discarded() || !e.is_object() || !e.contains("e") || !e.contains("t")) {
     return InvalidArgument("malformed journal event");
+  }
+  Event event;
   try {
     const std::string kind = e["e"].get<std::string>();
-    const Micros now = e["t"].get<Micros>();
-    if (kind == "register")
-      return core_.Register(now, e["cluster"], e["region"], e["capacity"].get<uint32_t>());
-    if (kind == "heartbeat") {
+    event.now = e["t"].get<Micros>();
+    if (kind == "register") {
+      event.what = events::Register{e["cluster"], e["region"], e["capacity"].get<uint32_t>()};
+    } else if (kind == "heartbeat") {
       std::optional<uint64_t> ready;
       if (!e["ready"].is_null()) ready = e["ready"].get<uint64_t>();
-      return core_.Heartbeat(now, e["cluster"], ready);
-    }
-    if (kind == "drain")
-      return core_.Drain(now, e["cluster"], e["jobs"].get<std::vector<uint64_t>>());
-    if (kind == "deregister") return core_.Deregister(now, e["cluster"]);
-    if (kind == "leases") {
+      event.what = events::Heartbeat{e["cluster"], ready};
+    } else if (kind == "drain") {
+      event.what = events::Drain{e["cluster"], e["jobs"].get<std::vector<uint64_t>>()};
+    } else if (kind == "deregister") {
+      event.what = events::Deregister{e["cluster"]};
+    } else if (kind == "leases") {
       const uint64_t request = e.contains("request") ? e["request"].get<uint64_t>() : 0;
-      WEFT_ASSIGN_OR_RETURN(
-          out->leases, core_.RequestLeases(now, e["cluster"], e["max"].get<uint32_t>(), request));
-      out->changed = !out->leases.empty();
-      return Status::Ok();
-    }
-    if (kind == "submit") {
-      Submission s;
-      s.job = e["job"];
-      s.attempt = e["attempt"];
-      s.cluster = e["cluster"];
-      s.version_start = e["version_start"];
-      s.version_end = e["version_end"];
-      s.segments = e["segments"].get<std::vector<std::pair<uint64_t, uint64_t>>>();
-      s.tokens = e["tokens"];
-      if (newline == std::string::npos)
+      event.what = events::Leases{e["cluster"], e["max"].get<uint32_t>(), request};
+    } else if (kind == "submit") {
+      if (newline == std::string_view::npos) {
         return InvalidArgument("submission event without its payload");
-      s.payload = text.substr(newline + 1);
-      WEFT_ASSIGN_OR_RETURN(out->submit, core_.Submit(now, std::move(s)));
-      out->changed = out->submit == SubmitResult::kAccepted;  // a duplicate changes nothing
-      return Status::Ok();
-    }
-    if (kind == "announce") return core_.AnnounceVersion(now, e["version"].get<uint64_t>());
-    if (kind == "jobs") {
-      out->jobs =
-          core_.AddJobs(now, e["prompts"].get<std::vector<std::pair<std::string, uint32_t>>>());
-      return Status::Ok();
-    }
-    if (kind == "batch") {
-      const size_t buffered = core_.buffered();
+      }
+      events::Submit submit;
+      WEFT_RETURN_IF_ERROR(wire::ReadGroupFields(e, "submission event", &submit.group));
+      submit.group.trajectories = std::string(text.substr(newline + 1));
+      event.what = std::move(submit);
+    } else if (kind == "announce") {
+      event.what = events::Announce{e["version"].get<uint64_t>()};
+    } else if (kind == "jobs") {
+      events::Jobs jobs;
+      for (const auto& [prompt, samples] :
+           e["prompts"].get<std::vector<std::pair<std::string, uint32_t>>>()) {
+        jobs.jobs.push_back({prompt, samples});
+      }
+      event.what = std::move(jobs);
+    } else if (kind == "batch") {
       std::optional<uint64_t> ack;
       if (e.contains("ack") && !e["ack"].is_null()) ack = e["ack"].get<uint64_t>();
-      out->batch = core_.TakeBatch(now, e["max"].get<size_t>(), ack);
-      // Journaled when it acknowledged, handed out a batch (a redelivery re-judges staleness, and
-      // is rare) or dropped stale trajectories.
-      out->changed =
-          out->batch.acknowledged > 0 || out->batch.id != 0 || core_.buffered() != buffered;
-      return Status::Ok();
+      event.what = events::TakeBatch{e["max"].get<size_t>(), ack};
+    } else if (kind == "tick") {
+      event.what = events::Tick{};
+    } else {
+      return InvalidArgument("unknown journal event '" + kind + "'");
     }
-    if (kind == "tick") {
-      out->changed = core_.Tick(now);
-      return Status::Ok();
-    }
-    return InvalidArgument("unknown journal event '" + kind + "'");
   } catch (const Json::exception& error) {
     return InvalidArgument(std::string("malformed journal event: ") + error.what());
   }
+  return event;
+}
+
+Status DurableCore::Apply(Event event, Outcome* out) {
+  const Micros now = event.now;
+  return std::visit(
+      Overloaded{
+          [&](events::Register& r) { return core_.Register(now, r.cluster, r.region, r.capacity); },
+          [&](events::Heartbeat& h) { return core_.Heartbeat(now, h.cluster, h.ready); },
+          [&](events::Drain& d) { return core_.Drain(now, d.cluster, d.jobs); },
+          [&](events::Deregister& d) { return core_.Deregister(now, d.cluster); },
+          [&](events::Leases& l) -> Status {
+            WEFT_ASSIGN_OR_RETURN(out->leases,
+                                  core_.RequestLeases(now, l.cluster, l.max, l.request));
+            out->changed = !out->leases.empty();
+            return Status::Ok();
+          },
+          [&](events::Submit& s) -> Status {
+            WEFT_ASSIGN_OR_RETURN(out->submit, core_.Submit(now, std::move(s.group)));
+            out->changed = out->submit == SubmitResult::kAccepted;  // a duplicate changes nothing
+            return Status::Ok();
+          },
+          [&](events::Announce& a) { return core_.AnnounceVersion(now, a.version); },
+          [&](events::Jobs& j) {
+            out->jobs = core_.AddJobs(now, j.jobs);
+            return Status::Ok();
+          },
+          [&](events::TakeBatch& b) {
+            const size_t buffered = core_.buffered();
+            out->batch = core_.TakeBatch(now, b.max, b.ack);
+            // Journaled when it acknowledged, handed out a batch (a redelivery re-judges
+            // staleness, and is rare) or dropped stale trajectories.
+            out->changed =
+                out->batch.acknowledged > 0 || out->batch.id != 0 || core_.buffered() != buffered;
+            return Status::Ok();
+          },
+          [&](events::Tick&) {
+            out->changed = core_.Tick(now);
+            return Status::Ok();
+          },
+      },
+      event.what);
 }
 
 namespace {
 
-constexpr char kSnapshotMagic[8] = {'W', 'E', 'F', 'T', 'S', 'N', 'P', '1'};
+// Format 2: groups stored as their API fields (format 1 listed them positionally).
+constexpr char kSnapshotMagic[8] = {'W', 'E', 'F', 'T', 'S', 'N', 'P', '2'};
 constexpr size_t kSnapshotHeader = 8 + 8 + 8 + 8;  // magic, generation, length, XXH64
 
 // Generation numbers of the files named `prefix` followed by a number in `prefix`'s directory.
@@ -188,7 +330,8 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     ++durable->replayed_;
     // Only accepted events were journaled: one the core refuses now means the journal and this
     // build disagree, and continuing would diverge from what was acknowledged.
-    return durable->ApplyEvent(std::string(record), &ignored);
+    WEFT_ASSIGN_OR_RETURN(Event event, ParseEvent(record));
+    return durable->Apply(std::move(event), &ignored);
   };
   for (uint64_t g = start; g < last; ++g) {
     if (!std::filesystem::exists(durable->JournalPath(g)))
@@ -241,30 +384,31 @@ Status DurableCore::Compact() {
   return Status::Ok();
 }
 
-Status DurableCore::Record(const std::string& event, Outcome* outcome, bool wait) {
+Status DurableCore::Record(Event event, Outcome* outcome, bool wait) {
   uint64_t sequence = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    WEFT_RETURN_IF_ERROR(ApplyEvent(event, outcome));
+    std::string text = EventText(event);
+    WEFT_RETURN_IF_ERROR(Apply(std::move(event), outcome));
     if (outcome->changed) {
-      WEFT_ASSIGN_OR_RETURN(sequence, journal_->Enqueue(event));
+      WEFT_ASSIGN_OR_RETURN(sequence, journal_->Enqueue(std::move(text)));
     } else {
-      sequence =
-          journal_
-              ->records();  // nothing new, but what it saw (a duplicate's original) must be durable
+      // Nothing new, but what it saw (a duplicate's original) must be durable.
+      sequence = journal_->records();
     }
   }
   return wait ? journal_->Wait(sequence) : Status::Ok();
 }
 
-void DurableCore::SubmitAsync(Micros now, Submission s,
+void DurableCore::SubmitAsync(Micros now, TrajectoryGroup group,
                               std::function<void(Result<SubmitResult>)> done) {
-  const std::string event = SubmitEvent(now, s);
+  Event event{now, events::Submit{std::move(group)}};
   Outcome out;
   Status status;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    status = ApplyEvent(event, &out);
+    std::string text = EventText(event);
+    status = Apply(std::move(event), &out);
     if (status.ok()) {
       auto answer = [done, result = out.submit](Status durable) {
         if (durable.ok()) {
@@ -273,111 +417,70 @@ void DurableCore::SubmitAsync(Micros now, Submission s,
           done(durable);
         }
       };
-      status = out.changed ? journal_->EnqueueThen(event, answer) : journal_->WhenDurable(answer);
+      status = out.changed ? journal_->EnqueueThen(std::move(text), answer)
+                           : journal_->WhenDurable(answer);
       if (status.ok()) return;
     }
   }
   done(status);
 }
 
-std::string DurableCore::SubmitEvent(Micros now, const Submission& s) {
-  Json e = {{"e", "submit"}, {"t", now}};
-  e["job"] = s.job;
-  e["attempt"] = s.attempt;
-  e["cluster"] = s.cluster;
-  e["version_start"] = s.version_start;
-  e["version_end"] = s.version_end;
-  e["segments"] = s.segments;
-  e["tokens"] = s.tokens;
-  return e.dump() + "\n" + s.payload;
-}
-
-namespace {
-
-Json Event(const char* kind, Micros now) { return Json{{"e", kind}, {"t", now}}; }
-
-}  // namespace
-
 Status DurableCore::Register(Micros now, const std::string& cluster, const std::string& region,
                              uint32_t capacity) {
-  Json e = Event("register", now);
-  e["cluster"] = cluster;
-  e["region"] = region;
-  e["capacity"] = capacity;
   Outcome out;
-  return Record(e.dump(), &out);
+  return Record({now, events::Register{cluster, region, capacity}}, &out);
 }
 
 Status DurableCore::Heartbeat(Micros now, const std::string& cluster,
                               std::optional<uint64_t> ready_version) {
-  Json e = Event("heartbeat", now);
-  e["cluster"] = cluster;
-  e["ready"] = ready_version ? Json(*ready_version) : Json(nullptr);
   Outcome out;
-  return Record(e.dump(), &out, false);
+  return Record({now, events::Heartbeat{cluster, ready_version}}, &out, false);
 }
 
 Status DurableCore::Drain(Micros now, const std::string& cluster,
                           const std::vector<uint64_t>& jobs) {
-  Json e = Event("drain", now);
-  e["cluster"] = cluster;
-  e["jobs"] = jobs;
   Outcome out;
-  return Record(e.dump(), &out);
+  return Record({now, events::Drain{cluster, jobs}}, &out);
 }
 
 Status DurableCore::Deregister(Micros now, const std::string& cluster) {
-  Json e = Event("deregister", now);
-  e["cluster"] = cluster;
   Outcome out;
-  return Record(e.dump(), &out);
+  return Record({now, events::Deregister{cluster}}, &out);
 }
 
 Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::string& cluster,
                                                       uint32_t max, uint64_t request) {
-  Json e = Event("leases", now);
-  e["cluster"] = cluster;
-  e["max"] = max;
-  if (request != 0) e["request"] = request;
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out, false));
+  WEFT_RETURN_IF_ERROR(Record({now, events::Leases{cluster, max, request}}, &out, false));
   return std::move(out.leases);
 }
 
-Result<SubmitResult> DurableCore::Submit(Micros now, Submission s) {
+Result<SubmitResult> DurableCore::Submit(Micros now, TrajectoryGroup group) {
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record(SubmitEvent(now, s), &out));
+  WEFT_RETURN_IF_ERROR(Record({now, events::Submit{std::move(group)}}, &out));
   return out.submit;
 }
 
 Status DurableCore::AnnounceVersion(Micros now, uint64_t version) {
-  Json e = Event("announce", now);
-  e["version"] = version;
   Outcome out;
-  return Record(e.dump(), &out);
+  return Record({now, events::Announce{version}}, &out);
 }
 
-Result<std::vector<uint64_t>> DurableCore::AddJobs(
-    Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts) {
-  Json e = Event("jobs", now);
-  e["prompts"] = prompts;
+Result<std::vector<uint64_t>> DurableCore::AddJobs(Micros now, const std::vector<JobSpec>& jobs) {
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
+  WEFT_RETURN_IF_ERROR(Record({now, events::Jobs{jobs}}, &out));
   return std::move(out.jobs);
 }
 
 Result<Batch> DurableCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack) {
-  Json e = Event("batch", now);
-  e["max"] = max;
-  e["ack"] = ack ? Json(*ack) : Json(nullptr);
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record(e.dump(), &out));
+  WEFT_RETURN_IF_ERROR(Record({now, events::TakeBatch{max, ack}}, &out));
   return std::move(out.batch);
 }
 
 Status DurableCore::Tick(Micros now) {
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record(Event("tick", now).dump(), &out));
+  WEFT_RETURN_IF_ERROR(Record({now, events::Tick{}}, &out));
   // Lease grants and heartbeats not yet on disk get there now, even when nothing else is written.
   return journal_->Wait(journal_->records());
 }

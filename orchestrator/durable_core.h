@@ -49,14 +49,13 @@ class DurableCore {
   Status Deregister(Micros now, const std::string& cluster);
   Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max,
                                            uint64_t request = 0);
-  Result<SubmitResult> Submit(Micros now, Submission submission);
+  Result<SubmitResult> Submit(Micros now, TrajectoryGroup group);
   // The same without blocking: `done` is called once the answer is durable (on the journal's
   // thread; it must be quick), or at once when the core refuses the submission.
-  void SubmitAsync(Micros now, Submission submission,
+  void SubmitAsync(Micros now, TrajectoryGroup group,
                    std::function<void(Result<SubmitResult>)> done);
   Status AnnounceVersion(Micros now, uint64_t version);
-  Result<std::vector<uint64_t>> AddJobs(
-      Micros now, const std::vector<std::pair<std::string, uint32_t>>& prompts);
+  Result<std::vector<uint64_t>> AddJobs(Micros now, const std::vector<JobSpec>& jobs);
   Result<Batch> TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack = std::nullopt);
   Status Tick(Micros now);
 
@@ -86,12 +85,16 @@ class DurableCore {
   std::string SnapshotPath(uint64_t generation) const;
   // Deletes the journals and snapshots of generations before `generation`.
   void DeleteBefore(uint64_t generation) const;
-  // Applies the JSON event to the core (replay and live events alike), filling in its results.
+  // An event of the core with its time, and what applying it gave.
+  struct Event;
   struct Outcome;
-  Status ApplyEvent(const std::string& event, Outcome* outcome);
+  // The event as a journal record, and back.
+  static std::string EventText(const Event& event);
+  static Result<Event> ParseEvent(std::string_view text);
+  // Applies the event to the core (replay and live events alike), filling in its results.
+  Status Apply(Event event, Outcome* outcome);
   // Applies, and when the core accepted it, journals it and (when `wait`) waits for the disk.
-  Status Record(const std::string& event, Outcome* outcome, bool wait = true);
-  static std::string SubmitEvent(Micros now, const Submission& submission);
+  Status Record(Event event, Outcome* outcome, bool wait = true);
 
   const std::string base_;
   const Options options_;

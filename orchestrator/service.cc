@@ -9,8 +9,8 @@
 #include <thread>
 #include <tuple>
 
-#include "common/json_fields.h"
 #include "common/logging.h"
+#include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
 namespace {
@@ -34,154 +34,12 @@ struct Waiter {
   Responder respond;
 };
 
-Json LeasesJson(const std::vector<Lease>& leases) {
-  Json list = Json::array();
-  for (const Lease& l : leases) {
-    list.push_back({{"job", l.job},
-                    {"attempt", l.attempt},
-                    {"deadline_us", l.deadline},
-                    {"min_version", l.min_version},
-                    {"prompt", l.prompt},
-                    {"samples", l.samples}});
-  }
-  return Json{{"leases", list}};
-}
-
-Json BatchJson(const Batch& batch, std::optional<uint64_t> latest) {
-  Json list = Json::array();
-  for (const Delivered& d : batch.items) {
-    const Submission& s = d.submission;
-    list.push_back({{"job", s.job},
-                    {"attempt", s.attempt},
-                    {"cluster", s.cluster},
-                    {"version_start", s.version_start},
-                    {"version_end", s.version_end},
-                    {"segments", s.segments},
-                    {"tokens", s.tokens},
-                    {"stale", d.stale},
-                    {"trajectories", Json::parse(s.payload, nullptr, false)}});
-  }
-  return Json{{"batch", batch.id},
-              {"redelivered", batch.redelivered},
-              {"trajectories", list},
-              {"latest_version", latest ? Json(*latest) : Json(nullptr)}};
-}
-
-// The body as a JSON object, or the 400 to send.
-Result<Json> Body(const Request& request) {
-  Json body = Json::parse(request.body().begin(), request.body().end(), nullptr, false);
-  if (body.is_discarded()) return InvalidArgument("the request body is not valid JSON");
-  if (!body.is_object()) return InvalidArgument("the request body is not a JSON object");
-  return body;
-}
-
-// {"max": n, "wait_ms": n} of a long poll, with defaults, and for leases {"request": id}.
-Status PollFields(const Json& body, const std::string& where, uint32_t* max,
-                  std::chrono::milliseconds* wait, uint64_t* request = nullptr,
-                  uint64_t least = 1) {
-  std::set<std::string> optional = {"max", "wait_ms"};
-  if (request != nullptr) optional.insert("request");
-  WEFT_RETURN_IF_ERROR(CheckFields(body, where, {}, optional));
-  if (request != nullptr && body.contains("request")) {
-    WEFT_ASSIGN_OR_RETURN(*request, GetUnsigned(body, "request", where));
-  }
-  if (body.contains("max")) {
-    WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(body, "max", where));
-    if (value < least || value > 100000)
-      return InvalidArgument(where + ".max must be " + std::to_string(least) + " to 100000");
-    *max = static_cast<uint32_t>(value);
-  }
-  if (body.contains("wait_ms")) {
-    WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(body, "wait_ms", where));
-    *wait = std::chrono::milliseconds(std::min<uint64_t>(value, 3'600'000));
-  }
-  return Status::Ok();
-}
-
-Result<Submission> ParseSubmission(const Json& body) {
-  const std::string where = "submission";
-  WEFT_RETURN_IF_ERROR(CheckFields(body, where,
-                                   {"job", "attempt", "cluster", "version_start", "version_end",
-                                    "segments", "tokens", "trajectories"}));
-  Submission s;
-  WEFT_ASSIGN_OR_RETURN(s.job, GetUnsigned(body, "job", where));
-  WEFT_ASSIGN_OR_RETURN(uint64_t attempt, GetUnsigned(body, "attempt", where));
-  if (attempt > 1'000'000) return InvalidArgument(where + ".attempt is out of range");
-  s.attempt = static_cast<uint32_t>(attempt);
-  WEFT_ASSIGN_OR_RETURN(s.cluster, GetString(body, "cluster", where));
-  WEFT_ASSIGN_OR_RETURN(s.version_start, GetUnsigned(body, "version_start", where));
-  WEFT_ASSIGN_OR_RETURN(s.version_end, GetUnsigned(body, "version_end", where));
-  WEFT_ASSIGN_OR_RETURN(s.tokens, GetUnsigned(body, "tokens", where));
-  const Json& segments = body["segments"];
-  if (!segments.is_array() || segments.empty() || segments.size() > 100000) {
-    return InvalidArgument(where +
-                           ".segments must be a non-empty array of [version, first_token] pairs");
-  }
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const Json& pair = segments[i];
-    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_unsigned() ||
-        !pair[1].is_number_unsigned()) {
-      return InvalidArgument(where + ".segments[" + std::to_string(i) +
-                             "] is not a [version, first_token] pair");
-    }
-    s.segments.emplace_back(pair[0].get<uint64_t>(), pair[1].get<uint64_t>());
-  }
-  s.payload = body["trajectories"].dump();
-  return s;
+// The request's body as the text the wire layer decodes.
+std::string_view BodyText(const Request& request) {
+  return {reinterpret_cast<const char*>(request.body().data()), request.body().size()};
 }
 
 }  // namespace
-
-Json SyncReportJson(const SyncReport& r) {
-  return Json{{"bytes_downloaded", r.bytes_downloaded},
-              {"pulls", r.pulls},
-              {"keyframe_pulls", r.keyframe_pulls},
-              {"digest_mismatches", r.digest_mismatches},
-              {"commits", r.commits},
-              {"max_pause_ms", r.max_pause_ms},
-              {"first_version", r.first_version ? Json(*r.first_version) : Json(nullptr)},
-              {"newest_version", r.newest_version ? Json(*r.newest_version) : Json(nullptr)},
-              {"digest", r.digest}};
-}
-
-Result<SyncReport> ParseSyncReport(const Json& json) {
-  SyncReport r;
-  const std::string where = "heartbeat.sync";
-  WEFT_RETURN_IF_ERROR(
-      CheckFields(json, where, {},
-                  {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits",
-                   "max_pause_ms", "first_version", "newest_version", "digest"}));
-  if (json.contains("digest")) {
-    Result<std::string> digest = GetString(json, "digest", where);
-    if (!digest.ok() || digest->size() > 64 ||
-        digest->find_first_not_of("0123456789abcdef") != std::string::npos) {
-      return InvalidArgument(where + ".digest is not a hex digest of at most 64 digits");
-    }
-    r.digest = *digest;
-  }
-  for (auto [field, value] : {std::pair{"first_version", &r.first_version},
-                              std::pair{"newest_version", &r.newest_version}}) {
-    if (json.contains(field) && !json[field].is_null()) {
-      WEFT_ASSIGN_OR_RETURN(uint64_t version, GetUnsigned(json, field, where));
-      *value = version;
-    }
-  }
-  for (auto [field, value] :
-       {std::pair{"bytes_downloaded", &r.bytes_downloaded}, std::pair{"pulls", &r.pulls},
-        std::pair{"keyframe_pulls", &r.keyframe_pulls},
-        std::pair{"digest_mismatches", &r.digest_mismatches}, std::pair{"commits", &r.commits}}) {
-    if (json.contains(field)) {
-      WEFT_ASSIGN_OR_RETURN(*value, GetUnsigned(json, field, where));
-    }
-  }
-  if (json.contains("max_pause_ms")) {
-    if (!json["max_pause_ms"].is_number() || json["max_pause_ms"].get<double>() < 0) {
-      return InvalidArgument(where + ".max_pause_ms is not a non-negative number");
-    }
-    r.max_pause_ms = json["max_pause_ms"].get<double>();
-  }
-  return r;
-}
 
 Micros WallMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -249,9 +107,7 @@ bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
       return true;
     }
     if (batch->items.empty() && !expired) return false;
-    const auto latest = core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
-    waiter.respond(
-        http::JsonResponse(waiter.request, bhttp::status::ok, BatchJson(*batch, latest)));
+    waiter.respond(http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::Encode(*batch)));
     return true;
   }
   Result<std::vector<Lease>> leases =
@@ -261,7 +117,8 @@ bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
     return true;
   }
   if (leases->empty() && !expired) return false;
-  waiter.respond(http::JsonResponse(waiter.request, bhttp::status::ok, LeasesJson(*leases)));
+  waiter.respond(
+      http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::EncodeLeases(*leases)));
   return true;
 }
 
@@ -365,25 +222,19 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     return ok(StatusJson());
   }
   const Micros now = WallMicros();
+  const std::string_view body = BodyText(request);
+  auto answer = [&](const std::string& text) {
+    return http::JsonTextResponse(request, bhttp::status::ok, text);
+  };
   const std::string clusters = "/v1/clusters";
   if (target == clusters && method == bhttp::verb::post) {
     if (auto refused = needs(Role::kWorker)) return *refused;
-    Result<Json> body = Body(request);
-    if (!body.ok()) return error(body.status());
-    weft::Status valid = CheckFields(*body, "cluster", {"cluster", "region", "capacity"});
-    if (!valid.ok()) return error(valid);
-    Result<std::string> id = GetString(*body, "cluster", "cluster");
-    Result<std::string> region = GetString(*body, "region", "cluster");
-    Result<uint64_t> capacity = GetUnsigned(*body, "capacity", "cluster");
-    for (const weft::Status& s : {id.status(), region.status(), capacity.status()}) {
-      if (!s.ok()) return error(s);
-    }
-    if (*capacity > 1'000'000)
-      return error(InvalidArgument("cluster.capacity must be 1 to 1000000"));
-    weft::Status done = core.Register(now, *id, *region, static_cast<uint32_t>(*capacity));
+    Result<wire::Registration> r = wire::DecodeRegistration(body);
+    if (!r.ok()) return error(r.status());
+    weft::Status done = core.Register(now, r->cluster, r->region, r->capacity);
     if (!done.ok()) return error(done);
     Wake();
-    return ok(Json{{"cluster", *id}, {"registered", true}});
+    return ok(Json{{"cluster", r->cluster}, {"registered", true}});
   }
   if (target.rfind(clusters + "/", 0) == 0) {
     if (auto refused = needs(Role::kWorker)) return *refused;
@@ -401,63 +252,34 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     if (method != bhttp::verb::post)
       return http::ErrorResponse(request, bhttp::status::method_not_allowed,
                                  "cluster actions take POST (or DELETE to leave)");
-    Result<Json> body = Body(request);
-    if (!body.ok()) return error(body.status());
     if (action == "heartbeat") {
-      weft::Status valid = CheckFields(*body, "heartbeat", {"ready_version"}, {"sync"});
-      if (!valid.ok()) return error(valid);
-      std::optional<SyncReport> reported;
-      if (body->contains("sync")) {
-        Result<SyncReport> parsed = ParseSyncReport((*body)["sync"]);
-        if (!parsed.ok()) return error(parsed.status());
-        reported = *parsed;
-      }
-      std::optional<uint64_t> ready;
-      if (!(*body)["ready_version"].is_null()) {
-        Result<uint64_t> version = GetUnsigned(*body, "ready_version", "heartbeat");
-        if (!version.ok())
-          return error(
-              InvalidArgument("heartbeat.ready_version is not a non-negative integer or null"));
-        ready = *version;
-      }
-      weft::Status done = core.Heartbeat(now, id, ready);
+      Result<wire::Heartbeat> h = wire::DecodeHeartbeat(body);
+      if (!h.ok()) return error(h.status());
+      weft::Status done = core.Heartbeat(now, id, h->ready_version);
       if (!done.ok()) return error(done);
-      if (reported) {
+      if (h->sync) {
         std::lock_guard<std::mutex> lock(sync_mutex);
-        sync_reports[id] = *reported;
+        sync_reports[id] = std::move(*h->sync);
       }
       Wake();
       return ok(Json{{"cluster", id}, {"ok", true}});
     }
     if (action == "leases") {
-      uint32_t max = 1;
-      uint64_t lease_request = 0;
-      std::chrono::milliseconds wait(0);
-      weft::Status valid = PollFields(*body, "leases", &max, &wait, &lease_request);
-      if (!valid.ok()) return error(valid);
-      Result<std::vector<Lease>> leases = core.RequestLeases(now, id, max, lease_request);
+      Result<wire::LeaseRequest> r = wire::DecodeLeaseRequest(body);
+      if (!r.ok()) return error(r.status());
+      Result<std::vector<Lease>> leases = core.RequestLeases(now, id, r->max, r->request);
       if (!leases.ok()) return error(leases.status());
-      if (!leases->empty() || wait.count() == 0) return ok(LeasesJson(*leases));
-      Park({false, id, max, lease_request,
-            std::chrono::steady_clock::now() + std::min(wait, options.max_wait), request,
+      if (!leases->empty() || r->wait.count() == 0) return answer(wire::EncodeLeases(*leases));
+      Park({false, id, r->max, r->request,
+            std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
             std::move(*respond)});
       *respond = nullptr;
       return Response();
     }
     if (action == "drain") {
-      weft::Status valid = CheckFields(*body, "drain", {}, {"jobs"});
-      if (!valid.ok()) return error(valid);
-      std::vector<uint64_t> jobs;
-      if (body->contains("jobs")) {
-        if (!(*body)["jobs"].is_array())
-          return error(InvalidArgument("drain.jobs is not an array of job ids"));
-        for (const Json& job : (*body)["jobs"]) {
-          if (!job.is_number_unsigned())
-            return error(InvalidArgument("drain.jobs holds something that is not a job id"));
-          jobs.push_back(job.get<uint64_t>());
-        }
-      }
-      weft::Status done = core.Drain(now, id, jobs);
+      Result<std::vector<uint64_t>> jobs = wire::DecodeDrain(body);
+      if (!jobs.ok()) return error(jobs.status());
+      weft::Status done = core.Drain(now, id, *jobs);
       if (!done.ok()) return error(done);
       Wake();
       return ok(Json{{"cluster", id}, {"draining", true}});
@@ -470,19 +292,15 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     if (method != bhttp::verb::post)
       return http::ErrorResponse(request, bhttp::status::method_not_allowed,
                                  "submissions take POST");
-    Result<Json> body = Body(request);
-    if (!body.ok()) return error(body.status());
-    Result<Submission> submission = ParseSubmission(*body);
-    if (!submission.ok()) return error(submission.status());
+    Result<TrajectoryGroup> group = wire::DecodeSubmission(body);
+    if (!group.ok()) return error(group.status());
     // Answered from the journal's thread once durable: no server thread waits on the disk.
     // (A job done moves from leased to buffered: no admission room opens, no poll to wake.)
     core.SubmitAsync(
-        now, std::move(*submission),
-        [request, answer = std::move(*respond)](Result<SubmitResult> result) {
-          if (!result.ok()) return answer(http::ErrorResponse(request, result.status()));
-          answer(http::JsonResponse(
-              request, bhttp::status::ok,
-              Json{{"result", *result == SubmitResult::kAccepted ? "accepted" : "duplicate"}}));
+        now, std::move(*group),
+        [request, reply = std::move(*respond)](Result<SubmitResult> result) {
+          if (!result.ok()) return reply(http::ErrorResponse(request, result.status()));
+          reply(http::JsonTextResponse(request, bhttp::status::ok, wire::Encode(*result)));
         });
     *respond = nullptr;
     return Response();
@@ -492,68 +310,34 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     if (method != bhttp::verb::post)
       return http::ErrorResponse(request, bhttp::status::method_not_allowed,
                                  target + " takes POST");
-    Result<Json> body = Body(request);
-    if (!body.ok()) return error(body.status());
     if (target == "/v1/versions") {
-      weft::Status valid = CheckFields(*body, "version", {"version"});
-      if (!valid.ok()) return error(valid);
-      Result<uint64_t> version = GetUnsigned(*body, "version", "version");
+      Result<uint64_t> version = wire::DecodeAnnouncement(body);
       if (!version.ok()) return error(version.status());
       weft::Status done = core.AnnounceVersion(now, *version);
       if (!done.ok()) return error(done);
       Wake();
-      return ok(Json{{"version", *version}});
+      return answer(wire::EncodeAnnouncement(*version));
     }
     if (target == "/v1/jobs") {
-      weft::Status valid = CheckFields(*body, "jobs", {"prompts"});
-      if (!valid.ok()) return error(valid);
-      const Json& prompts = (*body)["prompts"];
-      if (!prompts.is_array() || prompts.size() > 100000)
-        return error(InvalidArgument("jobs.prompts must be an array of at most 100000 prompts"));
-      std::vector<std::pair<std::string, uint32_t>> list;
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        const std::string where = "jobs.prompts[" + std::to_string(i) + "]";
-        weft::Status fields = CheckFields(prompts[i], where, {"prompt"}, {"samples"});
-        if (!fields.ok()) return error(fields);
-        uint64_t samples = 1;
-        if (prompts[i].contains("samples")) {
-          Result<uint64_t> n = GetUnsigned(prompts[i], "samples", where);
-          if (!n.ok() || *n == 0 || *n > 4096)
-            return error(InvalidArgument(where + ".samples must be 1 to 4096"));
-          samples = *n;
-        }
-        // A prompt is token ids or text, kept as the JSON the trainer sent.
-        list.emplace_back(prompts[i]["prompt"].dump(), static_cast<uint32_t>(samples));
-      }
-      Result<std::vector<uint64_t>> ids = core.AddJobs(now, list);
+      Result<std::vector<JobSpec>> jobs = wire::DecodeJobs(body);
+      if (!jobs.ok()) return error(jobs.status());
+      Result<std::vector<uint64_t>> ids = core.AddJobs(now, *jobs);
       if (!ids.ok()) return error(ids.status());
       Wake();
-      return ok(Json{{"jobs", *ids}});
+      return answer(wire::EncodeJobIds(*ids));
     }
-    uint32_t max = 64;
-    std::chrono::milliseconds wait(0);
-    std::optional<uint64_t> ack;
-    if (body->contains("ack")) {
-      if (!(*body)["ack"].is_null()) {
-        Result<uint64_t> id = GetUnsigned(*body, "ack", "batches");
-        if (!id.ok()) return error(InvalidArgument("batches.ack is not a batch id or null"));
-        ack = *id;
-      }
-      body->erase("ack");
-    }
-    weft::Status valid = PollFields(*body, "batches", &max, &wait, nullptr, 0);
-    if (!valid.ok()) return error(valid);
-    if (max == 0) wait = std::chrono::milliseconds(0);  // an acknowledgement only
-    Result<Batch> batch =
-        core.TakeBatch(now, max, ack);  // the ack takes effect even if the poll then waits
+    Result<wire::BatchRequest> r = wire::DecodeBatchRequest(body);
+    if (!r.ok()) return error(r.status());
+    // The acknowledgement takes effect even if the poll then waits.
+    Result<Batch> batch = core.TakeBatch(now, r->max, r->ack);
     if (!batch.ok()) return error(batch.status());
-    if (!batch->items.empty() || wait.count() == 0) {
+    if (!batch->items.empty() || r->wait.count() == 0) {
       Wake();  // admission room freed
-      return ok(BatchJson(
-          *batch, core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); })));
+      return answer(wire::Encode(*batch));
     }
-    Park({true, "", max, 0, std::chrono::steady_clock::now() + std::min(wait, options.max_wait),
-          request, std::move(*respond)});
+    Park({true, "", r->max, 0,
+          std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
+          std::move(*respond)});
     *respond = nullptr;
     return Response();
   }
@@ -594,13 +378,8 @@ Json OrchestratorService::Impl::StatusJson() const {
       SyncReport& sum = region_sync[v.region];
       if (auto found = reports.find(v.id); found != reports.end()) {
         const SyncReport& r = found->second;
-        clusters.back()["sync"] = SyncReportJson(r);
-        sum.bytes_downloaded += r.bytes_downloaded;
-        sum.pulls += r.pulls;
-        sum.keyframe_pulls += r.keyframe_pulls;
-        sum.digest_mismatches += r.digest_mismatches;
-        sum.commits += r.commits;
-        sum.max_pause_ms = std::max(sum.max_pause_ms, r.max_pause_ms);
+        clusters.back()["sync"] = wire::SyncReportJson(r);
+        sum.Add(r);
         if (!v.gone && v.ready_version && !r.digest.empty() &&
             r.newest_version == v.ready_version) {
           digests[*v.ready_version].emplace(r.digest, v.id);
@@ -616,7 +395,7 @@ Json OrchestratorService::Impl::StatusJson() const {
         }
       }
     }
-    for (const auto& [name, sum] : region_sync) regions[name]["sync"] = SyncReportJson(sum);
+    for (const auto& [name, sum] : region_sync) regions[name]["sync"] = wire::SyncReportJson(sum);
     // Clusters ready at the same version must serve the same state: say so loudly if not.
     std::vector<std::string> alerts = c.Alerts(now);
     for (const auto& [version, seen] : digests) {

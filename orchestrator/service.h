@@ -1,6 +1,6 @@
 // OrchestratorService: the orchestrator's HTTP API (docs/api.md, "Orchestrator API") around a
-// DurableCore. A thin shell: it authenticates, validates and translates requests into core events
-// stamped with the wall clock, answers with what the core decided once it is journaled, parks long
+// DurableCore. A thin shell: it authenticates, decodes requests (orchestrator/wire.h) into core
+// events stamped with the wall clock, answers with what the core decided once it is journaled, parks long
 // polls (leases, trainer batches) until there is something to hand out or their wait is over, and
 // ticks the core so leases and silent clusters expire.
 //
@@ -18,6 +18,7 @@
 
 #include "common/http_server.h"
 #include "orchestrator/durable_core.h"
+#include "orchestrator/types.h"
 
 namespace weft::orchestrator {
 
@@ -29,25 +30,6 @@ struct ServiceOptions {
   std::chrono::milliseconds max_wait{30000};  // the longest a long poll may wait
   uint64_t max_staleness = 0;                 // for the status page (the core enforces it)
 };
-
-// What a worker reports of its weight sync with each heartbeat ("sync" in docs/api.md): counters
-// since the worker started. The service keeps the last report of each cluster for /v1/status
-// (per cluster and summed per region) and /metrics.
-struct SyncReport {
-  uint64_t bytes_downloaded =
-      0;                        // blob bytes fetched from the store or relay, initial load included
-  uint64_t pulls = 0;           // versions brought in
-  uint64_t keyframe_pulls = 0;  // ... of which started from a keyframe
-  uint64_t digest_mismatches = 0;          // served state found not to equal a manifest's digests
-  uint64_t commits = 0;                    // versions the engine switched to
-  double max_pause_ms = 0;                 // the longest pause a commit caused
-  std::optional<uint64_t> first_version;   // the first version it loaded
-  std::optional<uint64_t> newest_version;  // the newest version it loaded
-  std::string digest;                      // the state digest it serves (docs/api.md), hex
-};
-nlohmann::json SyncReportJson(const SyncReport& report);
-// Errors name the field.
-Result<SyncReport> ParseSyncReport(const nlohmann::json& json);
 
 class OrchestratorService {
  public:

@@ -1,8 +1,9 @@
 // OrchestratorCore::Snapshot and Restore: the core's whole state as one JSON document followed
-// by the trajectories' payloads (docs/formats.md section 7.3).
+// by the samples of the trajectory groups it holds (docs/formats.md section 7.1, "Snapshot file").
 #include <nlohmann/json.hpp>
 
 #include "orchestrator/core.h"
+#include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
 namespace {
@@ -39,35 +40,33 @@ std::optional<T> GetOptional(const Json& value) {
   return value.get<T>();
 }
 
-// A submission without its payload, whose bytes go after the document (in `payloads`).
-Json SubmissionJson(const Submission& s, std::string* payloads) {
-  payloads->append(s.payload);
-  return Json::array({s.job, s.attempt, s.cluster, s.version_start, s.version_end, s.segments,
-                      s.tokens, s.payload.size()});
+// A group without its samples (wire::GroupFields, with the samples' length), whose samples go
+// after the document (in `samples`).
+Json GroupJson(const TrajectoryGroup& group, std::string* samples) {
+  samples->append(group.trajectories);
+  Json fields = wire::GroupFields(group);
+  fields["samples_bytes"] = group.trajectories.size();
+  return fields;
 }
 
-// The inverse, taking the payload from `payloads` at `*offset`.
-Submission SubmissionOf(const Json& j, std::string_view payloads, size_t* offset) {
-  Submission s;
-  s.job = j.at(0).get<uint64_t>();
-  s.attempt = j.at(1).get<uint32_t>();
-  s.cluster = j.at(2).get<std::string>();
-  s.version_start = j.at(3).get<uint64_t>();
-  s.version_end = j.at(4).get<uint64_t>();
-  s.segments = j.at(5).get<std::vector<std::pair<uint64_t, uint64_t>>>();
-  s.tokens = j.at(6).get<uint64_t>();
-  const uint64_t size = j.at(7).get<uint64_t>();
-  if (size > payloads.size() - *offset)
-    throw std::out_of_range("a payload runs past the end of the snapshot");
-  s.payload = std::string(payloads.substr(*offset, size));
+// The inverse, taking the samples from `samples` at `*offset`.
+TrajectoryGroup GroupOf(const Json& fields, std::string_view samples, size_t* offset) {
+  TrajectoryGroup group;
+  Status read = wire::ReadGroupFields(fields, "a buffered group", &group);
+  if (!read.ok()) throw std::invalid_argument(read.message());
+  const uint64_t size = fields.at("samples_bytes").get<uint64_t>();
+  if (size > samples.size() - *offset) {
+    throw std::out_of_range("a group's samples run past the end of the snapshot");
+  }
+  group.trajectories = std::string(samples.substr(*offset, size));
   *offset += size;
-  return s;
+  return group;
 }
 
 }  // namespace
 
 std::string OrchestratorCore::Snapshot() const {
-  std::string payloads;
+  std::string samples;
   Json doc = Json::object();
   doc["latest"] = Optional(latest_);
   doc["next_job"] = next_job_;
@@ -91,17 +90,16 @@ std::string OrchestratorCore::Snapshot() const {
   }
   doc["clusters"] = std::move(clusters);
   Json buffer = Json::array();
-  for (const Submission& s : buffer_) buffer.push_back(SubmissionJson(s, &payloads));
+  for (const TrajectoryGroup& g : buffer_) buffer.push_back(GroupJson(g, &samples));
   doc["buffer"] = std::move(buffer);
   Json outstanding = Json::array();
   for (const auto& [id, items] : outstanding_) {
     Json batch = Json::array();
-    for (const Delivered& d : items)
-      batch.push_back({SubmissionJson(d.submission, &payloads), d.stale});
+    for (const Delivered& d : items) batch.push_back({GroupJson(d.group, &samples), d.stale});
     outstanding.push_back({id, std::move(batch)});
   }
   doc["outstanding"] = std::move(outstanding);
-  return doc.dump() + "\n" + payloads;
+  return doc.dump() + "\n" + samples;
 }
 
 Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::string_view snapshot) {
@@ -111,7 +109,7 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
   Json doc = Json::parse(snapshot.substr(0, newline), nullptr, false);
   if (doc.is_discarded() || !doc.is_object())
     return DataLoss("core snapshot: the state document is not a JSON object");
-  const std::string_view payloads = snapshot.substr(newline + 1);
+  const std::string_view samples = snapshot.substr(newline + 1);
   size_t offset = 0;
   OrchestratorCore core(config);
   try {
@@ -158,20 +156,19 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
     }
     core.queue_ = doc.at("queue").get<std::deque<uint64_t>>();
     core.done_ = doc.at("done").get<std::map<uint64_t, uint32_t>>();
-    for (const Json& s : doc.at("buffer"))
-      core.buffer_.push_back(SubmissionOf(s, payloads, &offset));
+    for (const Json& s : doc.at("buffer")) core.buffer_.push_back(GroupOf(s, samples, &offset));
     for (const Json& batch : doc.at("outstanding")) {
       std::vector<Delivered>& items = core.outstanding_[batch.at(0).get<uint64_t>()];
       for (const Json& d : batch.at(1))
-        items.push_back({SubmissionOf(d.at(0), payloads, &offset), d.at(1).get<bool>()});
+        items.push_back({GroupOf(d.at(0), samples, &offset), d.at(1).get<bool>()});
       core.outstanding_items_ += items.size();
     }
   } catch (const std::exception& error) {
     return DataLoss(std::string("core snapshot: ") + error.what());
   }
-  if (offset != payloads.size())
-    return DataLoss("core snapshot: " + std::to_string(payloads.size() - offset) +
-                    " bytes after the last payload");
+  if (offset != samples.size())
+    return DataLoss("core snapshot: " + std::to_string(samples.size() - offset) +
+                    " bytes after the last group's samples");
   return core;
 }
 

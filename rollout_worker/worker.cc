@@ -43,21 +43,20 @@ std::string StateDigest(const sync::ServedModel& model) {
 }  // namespace
 
 void SetGroupVersions(const std::vector<Completion>& completions,
-                      orchestrator::Submission* submission) {
-  submission->segments.clear();
-  submission->tokens = 0;
+                      orchestrator::TrajectoryGroup* group) {
+  group->segments.clear();
+  group->tokens = 0;
   for (const Completion& c : completions) {
     for (const auto& [version, first] : c.segments) {
-      if (!submission->segments.empty() && submission->segments.back().first == version) continue;
-      submission->segments.emplace_back(version, submission->tokens + first);
+      if (!group->segments.empty() && group->segments.back().first == version) continue;
+      group->segments.emplace_back(version, group->tokens + first);
     }
-    submission->tokens += c.tokens.size();
+    group->tokens += c.tokens.size();
   }
-  if (submission->segments.empty()) return;
-  const auto [oldest, newest] =
-      std::minmax_element(submission->segments.begin(), submission->segments.end());
-  submission->version_start = oldest->first;
-  submission->version_end = newest->first;
+  if (group->segments.empty()) return;
+  const auto [oldest, newest] = std::minmax_element(group->segments.begin(), group->segments.end());
+  group->version_start = oldest->first;
+  group->version_end = newest->first;
 }
 
 Status RolloutWorker::Run() {
@@ -305,12 +304,12 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
       engine_.Generate(std::vector<std::vector<int>>(lease.samples, *tokens), sampling);
   if (!completions.ok()) return fail(completions.status());
 
-  orchestrator::Submission submission;
-  submission.job = lease.job;
-  submission.attempt = lease.attempt;
-  submission.cluster = options_.cluster;
-  SetGroupVersions(*completions, &submission);
-  if (submission.segments.empty()) return fail(Internal("the engine returned no completion"));
+  orchestrator::TrajectoryGroup group;
+  group.job = lease.job;
+  group.attempt = lease.attempt;
+  group.cluster = options_.cluster;
+  SetGroupVersions(*completions, &group);
+  if (group.segments.empty()) return fail(Internal("the engine returned no completion"));
   Json samples = Json::array();
   double rewards = 0;
   for (const Completion& c : *completions) {
@@ -327,10 +326,10 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait_for(lock, std::chrono::seconds(30),
-                      [&] { return reported_ && *reported_ >= submission.version_end; });
+                      [&] { return reported_ && *reported_ >= group.version_end; });
   }
-  const Json payload = {{"prompt", prompt}, {"samples", samples}};
-  Result<orchestrator::SubmitResult> submitted = orchestrator_.Submit(submission, payload);
+  group.trajectories = Json{{"prompt", prompt}, {"samples", std::move(samples)}}.dump();
+  Result<orchestrator::SubmitResult> submitted = orchestrator_.Submit(group);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!submitted.ok()) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what
@@ -340,7 +339,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   }
   ++stats_.jobs;
   stats_.samples += completions->size();
-  stats_.tokens += submission.tokens;
+  stats_.tokens += group.tokens;
   stats_.reward_sum += rewards;
 }
 

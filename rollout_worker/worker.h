@@ -28,7 +28,6 @@
 #include <string>
 
 #include "orchestrator/client.h"
-#include "orchestrator/service.h"
 #include "policy_store/object_store.h"
 #include "policy_store/store_client.h"
 #include "rollout_worker/engine.h"
@@ -56,7 +55,7 @@ struct WorkerOptions {
 // version_end are the oldest and newest versions used, tokens the total. No completions: no
 // segments.
 void SetGroupVersions(const std::vector<Completion>& completions,
-                      orchestrator::Submission* submission);
+                      orchestrator::TrajectoryGroup* group);
 
 struct WorkerStats {
   uint64_t jobs = 0, samples = 0, tokens = 0;

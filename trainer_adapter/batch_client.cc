@@ -2,7 +2,18 @@
 
 #include <algorithm>
 
+#include "common/json_text.h"
+
 namespace weft::trainer_adapter {
+
+size_t SampleCount(const orchestrator::TrajectoryGroup& group) {
+  // The orchestrator checked that the text is JSON when the worker submitted it, and the client
+  // when it arrived: it is only measured here.
+  const std::string_view text = group.trajectories;
+  std::optional<std::string_view> samples = json_text::Member(text, 0, "samples");
+  if (!samples || samples->empty() || samples->front() != '[') return 1;
+  return json_text::Elements(*samples, 0).size();
+}
 
 double StalenessStats::mean_lag() const {
   uint64_t sum = 0;
@@ -10,12 +21,11 @@ double StalenessStats::mean_lag() const {
   return groups == 0 ? 0.0 : static_cast<double>(sum) / static_cast<double>(groups);
 }
 
-Result<std::vector<TrajectoryGroup>> BatchClient::NextBatch(size_t samples,
-                                                            uint64_t trainer_version,
-                                                            std::chrono::milliseconds wait) {
+Result<std::vector<orchestrator::Delivered>> BatchClient::NextBatch(
+    size_t samples, uint64_t trainer_version, std::chrono::milliseconds wait) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline = Clock::now() + wait;
-  std::vector<TrajectoryGroup> groups;
+  std::vector<orchestrator::Delivered> groups;
   size_t held = 0;
   while (held < samples) {
     const auto left =
@@ -27,30 +37,21 @@ Result<std::vector<TrajectoryGroup>> BatchClient::NextBatch(size_t samples,
         stats_.groups > 0 ? std::max<uint64_t>(1, stats_.samples / stats_.groups) : samples;
     const uint32_t ask =
         static_cast<uint32_t>(std::clamp<size_t>((samples - held + group - 1) / group, 1, 100000));
-    WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::ReceivedTrajectory> batch,
-                          client_.TakeBatch(ask, left));
-    for (orchestrator::ReceivedTrajectory& t : batch) {
-      TrajectoryGroup g;
-      static_cast<orchestrator::ReceivedTrajectory&>(g) = std::move(t);
-      orchestrator::Submission& s = g.submission;
-      g.lag = trainer_version > s.version_start ? trainer_version - s.version_start : 0;
-      g.trajectories = nlohmann::json::parse(s.payload, nullptr, false);
-      if (g.trajectories.is_discarded()) {
-        return DataLoss("job " + std::to_string(s.job) +
-                        ": the trajectories delivered are not JSON");
-      }
-      s.payload = std::string();  // parsed: the text is not kept
+    WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::Delivered> batch, client_.TakeBatch(ask, left));
+    for (orchestrator::Delivered& d : batch) {
+      const uint64_t lag = LagOf(d.group, trainer_version);
+      const size_t count = SampleCount(d.group);
       ++stats_.groups;
-      stats_.samples += g.samples();
-      ++stats_.lag_histogram[g.lag];
-      stats_.max_lag = std::max(stats_.max_lag, g.lag);
-      if (g.stale) {
+      stats_.samples += count;
+      ++stats_.lag_histogram[lag];
+      stats_.max_lag = std::max(stats_.max_lag, lag);
+      if (d.stale) {
         ++stats_.stale_delivered;
-      } else if (g.lag > max_staleness_) {
+      } else if (lag > max_staleness_) {
         ++stats_.violations;
       }
-      held += g.samples();
-      groups.push_back(std::move(g));
+      held += count;
+      groups.push_back(std::move(d));
     }
     if (Clock::now() >= deadline) break;
   }

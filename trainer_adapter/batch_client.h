@@ -12,23 +12,19 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "orchestrator/client.h"
 
 namespace weft::trainer_adapter {
 
-// One trajectory group: every sample of one job, with the versions that generated it (the
-// submission's job, attempt, cluster, version_start, version_end and segments; its payload is
-// parsed into `trajectories` and not kept as text) and whether it came flagged as stale.
-struct TrajectoryGroup : orchestrator::ReceivedTrajectory {
-  uint64_t lag = 0;             // trainer version when received - version_start
-  nlohmann::json trajectories;  // what the worker submitted (docs/api.md, "Trajectories")
-  size_t samples() const {
-    return trajectories.contains("samples") ? trajectories["samples"].size() : 1;
-  }
-};
+// The samples in a group: the length of its trajectories' "samples" array (docs/api.md,
+// "Trajectories"); a group without one counts as one sample. Reads the text without parsing it.
+size_t SampleCount(const orchestrator::TrajectoryGroup& group);
+// The group's lag for a trainer at `trainer_version`: how many versions behind its oldest token is.
+inline uint64_t LagOf(const orchestrator::TrajectoryGroup& group, uint64_t trainer_version) {
+  return trainer_version > group.version_start ? trainer_version - group.version_start : 0;
+}
 
 struct StalenessStats {
   std::map<uint64_t, uint64_t> lag_histogram;  // lag -> groups
@@ -46,9 +42,11 @@ class BatchClient {
       : client_(client), max_staleness_(max_staleness) {}
 
   // Groups until they hold at least `samples` samples, or what has arrived when `wait` is over
-  // (possibly nothing). `trainer_version` is the version the trainer holds now (its lag baseline).
-  Result<std::vector<TrajectoryGroup>> NextBatch(size_t samples, uint64_t trainer_version,
-                                                 std::chrono::milliseconds wait);
+  // (possibly nothing), each with its samples as the worker sent them (JSON text, for the trainer
+  // to parse) and whether it came flagged as stale. `trainer_version` is the version the trainer
+  // holds now (its lag baseline).
+  Result<std::vector<orchestrator::Delivered>> NextBatch(size_t samples, uint64_t trainer_version,
+                                                         std::chrono::milliseconds wait);
 
   const StalenessStats& staleness() const { return stats_; }
 

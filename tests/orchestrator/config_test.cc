@@ -85,8 +85,9 @@ TEST_CASE("orchestrator dataset: JSONL prompts, errors with the line") {
   auto prompts = LoadPrompts(good);
   REQUIRE(prompts.ok());
   REQUIRE(prompts->size() == 2);
-  CHECK((*prompts)[0] == std::make_pair(std::string("\"2+2=\""), uint32_t{4}));
-  CHECK((*prompts)[1].first == "[1,2,3]");
+  CHECK((*prompts)[0].prompt == "\"2+2=\"");
+  CHECK((*prompts)[0].samples == 4);
+  CHECK((*prompts)[1].prompt == "[1,2,3]");
   const std::string bad = Write("prompts_bad", "{\"prompt\": \"a\"}\n{\"prompt\": [1, -2]}\n");
   CHECK(LoadPrompts(bad).status().message().find(
             ":2.prompt must be text or an array of token ids") != std::string::npos);

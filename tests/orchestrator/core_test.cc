@@ -9,8 +9,8 @@
 namespace weft::orchestrator {
 namespace {
 
-Submission Make(const Lease& lease, const std::string& cluster, uint64_t start, uint64_t end) {
-  Submission s;
+TrajectoryGroup Make(const Lease& lease, const std::string& cluster, uint64_t start, uint64_t end) {
+  TrajectoryGroup s;
   s.job = lease.job;
   s.attempt = lease.attempt;
   s.cluster = cluster;
@@ -19,7 +19,7 @@ Submission Make(const Lease& lease, const std::string& cluster, uint64_t start, 
   s.segments = {{start, 0}};
   if (end > start) s.segments.push_back({end, 10});
   s.tokens = 20;
-  s.payload = "trajectory of job " + std::to_string(lease.job);
+  s.trajectories = "trajectory of job " + std::to_string(lease.job);
   return s;
 }
 
@@ -56,7 +56,7 @@ TEST_CASE(
             .status()
             .message()
             .find("newer than any version") != std::string::npos);
-  Submission backwards = Make((*leases)[1], "a", 4, 4);
+  TrajectoryGroup backwards = Make((*leases)[1], "a", 4, 4);
   backwards.segments = {{4, 0}, {4, 3}};
   CHECK(core.Submit(6, backwards).status().code() == StatusCode::kInvalidArgument);
   CHECK(core.Submit(6, Make((*leases)[1], "a", 3, 4))
@@ -84,24 +84,24 @@ TEST_CASE(
   core.AddJobs(1, {{"p", 2}});
   auto leases = core.RequestLeases(2, "a", 1).value();
   REQUIRE(leases.size() == 1);
-  Submission s = Make(leases[0], "a", 4, 5);
+  TrajectoryGroup s = Make(leases[0], "a", 4, 5);
   // Sample 1 switched from 4 to 5 at its token 3; sample 2 (tokens 6..) ran at 4 throughout,
   // then the group continues with a third run at 5.
   s.segments = {{4, 0}, {5, 3}, {4, 6}, {5, 9}};
   s.version_start = 4;
-  Submission wrong_start = s;
+  TrajectoryGroup wrong_start = s;
   wrong_start.version_start = 3;
   CHECK(core.Submit(3, wrong_start).status().message().find("oldest and newest") !=
         std::string::npos);
-  Submission late_first = s;
+  TrajectoryGroup late_first = s;
   late_first.segments.front().second = 1;
   CHECK(core.Submit(3, late_first).status().message().find("start at token 0") !=
         std::string::npos);
-  Submission same_version = s;
+  TrajectoryGroup same_version = s;
   same_version.segments = {{4, 0}, {4, 6}, {5, 9}};
   CHECK(core.Submit(3, same_version).status().message().find("segment 1 does not change") !=
         std::string::npos);
-  Submission past_end = s;
+  TrajectoryGroup past_end = s;
   past_end.tokens = 9;
   CHECK(core.Submit(3, past_end).status().message().find("past the last token") !=
         std::string::npos);
@@ -182,7 +182,7 @@ TEST_CASE("core: admission bounds jobs in flight plus buffered trajectories; a s
   REQUIRE(core.AnnounceVersion(0, 0).ok());
   REQUIRE(core.Register(0, "a", "eu", 10).ok());
   REQUIRE(core.Heartbeat(0, "a", 0).ok());
-  core.AddJobs(0, std::vector<std::pair<std::string, uint32_t>>(10, {"p", 1}));
+  core.AddJobs(0, std::vector<JobSpec>(10, {"p", 1}));
   auto leases = core.RequestLeases(1, "a", 10);
   REQUIRE(leases->size() == 3);
   REQUIRE(core.Submit(2, Make((*leases)[0], "a", 0, 0)).ok());
@@ -209,7 +209,7 @@ TEST_CASE("core: when jobs are scarce, faster clusters at the latest version get
     REQUIRE(core.Heartbeat(0, id, 0).ok());
   }
   // Three completions each: "fast" every 0.25 s, "slow" every second.
-  core.AddJobs(0, std::vector<std::pair<std::string, uint32_t>>(6, {"p", 1}));
+  core.AddJobs(0, std::vector<JobSpec>(6, {"p", 1}));
   auto fast = core.RequestLeases(1, "fast", 3).value();
   std::vector<Lease> slow;
   for (int i = 0; i < 3 && slow.size() < 3;
@@ -224,7 +224,7 @@ TEST_CASE("core: when jobs are scarce, faster clusters at the latest version get
     REQUIRE(core.Submit(1'000'000 + i * 1'000'000, Make(slow[i], "slow", 0, 0)).ok());
   }
   // Four jobs for twenty free slots: the slow cluster, asking first, gets one, not four.
-  core.AddJobs(4'000'000, std::vector<std::pair<std::string, uint32_t>>(4, {"p", 1}));
+  core.AddJobs(4'000'000, std::vector<JobSpec>(4, {"p", 1}));
   CHECK(core.RequestLeases(4'000'001, "slow", 10)->size() == 1);
   CHECK(core.RequestLeases(4'000'002, "fast", 10)->size() == 3);
   // A cluster behind the latest version (still admissible) counts half.
@@ -232,7 +232,7 @@ TEST_CASE("core: when jobs are scarce, faster clusters at the latest version get
   REQUIRE(core.Heartbeat(5'000'000, "fast", 1).ok());
   REQUIRE(core.Register(5'000'000, "behind", "us", 10).ok());
   REQUIRE(core.Heartbeat(5'000'000, "behind", 0).ok());
-  core.AddJobs(5'000'000, std::vector<std::pair<std::string, uint32_t>>(2, {"p", 1}));
+  core.AddJobs(5'000'000, std::vector<JobSpec>(2, {"p", 1}));
   CHECK(core.RequestLeases(5'000'001, "behind", 10)->size() == 1);  // its share rounds up to one
 }
 
@@ -285,7 +285,7 @@ TEST_CASE("core: a damaged snapshot is refused with a reason") {
   CHECK(OrchestratorCore::Restore({}, snapshot + "xx")
             .status()
             .message()
-            .find("2 bytes after the last payload") != std::string::npos);
+            .find("2 bytes after the last group's samples") != std::string::npos);
 }
 
 // Random interleavings of every event over many seeds; the invariants hold after each one.
@@ -312,7 +312,7 @@ TEST_CASE(
     std::map<std::string, std::optional<uint64_t>> ready;  // what each cluster last claimed
     std::map<std::string, uint64_t> max_ready;
     std::vector<std::pair<std::string, Lease>> granted;  // every lease ever granted
-    std::vector<Submission> accepted;
+    std::vector<TrajectoryGroup> accepted;
     std::map<uint64_t, int> accepted_per_job, delivered_per_job;
     uint64_t delivered = 0, last_batch = 0;
     int clusters = 0;
@@ -360,7 +360,7 @@ TEST_CASE(
       } else if (event < 70 && !accepted.empty()) {
         // A duplicate of an accepted submission: acknowledged while the completion is remembered,
         // refused after; never counted again.
-        const Submission& again = accepted[uniform(accepted.size())];
+        const TrajectoryGroup& again = accepted[uniform(accepted.size())];
         const bool remembered = accepted_per_job.size() - std::min<size_t>(accepted_per_job.size(),
                                                                            config.remember_done) <=
                                 static_cast<size_t>(std::distance(
@@ -383,12 +383,12 @@ TEST_CASE(
             now, 1 + uniform(5), last_batch ? std::optional<uint64_t>(last_batch) : std::nullopt);
         for (const Delivered& d : batch.items) {
           // Invariant: nothing over the bound is handed out as fresh, first time or again.
-          if (!d.stale) CHECK(d.submission.version_start >= core.admissible_version());
+          if (!d.stale) CHECK(d.group.version_start >= core.admissible_version());
           if (d.stale) CHECK(config.stale_policy == StalePolicy::kDeliverFlagged);
         }
         if (batch.id > last_batch && uniform(6) != 0) {
           last_batch = batch.id;
-          for (const Delivered& d : batch.items) CHECK(++delivered_per_job[d.submission.job] == 1);
+          for (const Delivered& d : batch.items) CHECK(++delivered_per_job[d.group.job] == 1);
           delivered += batch.items.size();
         }
       } else if (event < 90) {
@@ -428,7 +428,7 @@ TEST_CASE(
       if (batch.id == 0) break;
       if (batch.id <= last_batch) continue;
       last_batch = batch.id;
-      for (const Delivered& d : batch.items) CHECK(++delivered_per_job[d.submission.job] == 1);
+      for (const Delivered& d : batch.items) CHECK(++delivered_per_job[d.group.job] == 1);
       delivered += batch.items.size();
     }
     CHECK(core.outstanding() == 0);

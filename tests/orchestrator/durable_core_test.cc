@@ -19,15 +19,15 @@ namespace {
 
 using testing::TempPath;
 
-Submission Make(const Lease& lease, const std::string& cluster, uint64_t version) {
-  Submission s;
+TrajectoryGroup Make(const Lease& lease, const std::string& cluster, uint64_t version) {
+  TrajectoryGroup s;
   s.job = lease.job;
   s.attempt = lease.attempt;
   s.cluster = cluster;
   s.version_start = s.version_end = version;
   s.segments = {{version, 0}};
   s.tokens = 16;
-  s.payload = std::string(256, 'x');
+  s.trajectories = std::string(256, 'x');
   return s;
 }
 
@@ -223,7 +223,7 @@ TEST_CASE(
       std::optional<uint64_t> trainer_ack;
       for (Micros now = 1;; ++now) {
         auto jobs =
-            durable->AddJobs(now, std::vector<std::pair<std::string, uint32_t>>(8, {"p", 1}));
+            durable->AddJobs(now, std::vector<JobSpec>(8, {"p", 1}));
         auto leases = durable->RequestLeases(now, "w", 8);
         if (!jobs.ok() || !leases.ok()) _exit(3);
         for (const Lease& lease : *leases) {
@@ -273,7 +273,7 @@ TEST_CASE(
       REQUIRE(batch.ok());
       if (batch->id == 0) break;
       // Batches handed out before the kill and never acknowledged come first, again.
-      for (const Delivered& d : batch->items) ++seen[d.submission.job];
+      for (const Delivered& d : batch->items) ++seen[d.group.job];
       ack = batch->id;
     }
     for (const auto& [id, count] : seen) CHECK(count == 1);
@@ -281,7 +281,7 @@ TEST_CASE(
     // An acknowledged job no longer buffered was delivered before the crash; either way it is done
     // (a re-submission is a duplicate, not a second trajectory).
     for (uint64_t id : acknowledged) {
-      Submission again;
+      TrajectoryGroup again;
       again.job = id;
       again.attempt = 1;
       again.cluster = "w";

@@ -79,13 +79,14 @@ TEST_CASE(
           auto leases = client.RequestLeases(id, 8, std::chrono::milliseconds(100));
           if (!leases.ok()) continue;  // killed, or a lease lost with it
           for (const Lease& lease : *leases) {
-            Submission s;
+            TrajectoryGroup s;
             s.job = lease.job;
             s.attempt = lease.attempt;
             s.cluster = id;
             s.segments = {{0, 0}};
             s.tokens = 4;
-            auto result = client.Submit(s, Json{{"job", lease.job}});
+            s.trajectories = Json{{"job", lease.job}}.dump();
+            auto result = client.Submit(s);
             if (result.ok()) {
               std::lock_guard<std::mutex> lock(mutex);
               acknowledged.insert(lease.job);
@@ -114,7 +115,7 @@ TEST_CASE(
     auto batch = trainer.TakeBatch(1000, std::chrono::milliseconds(0));
     REQUIRE(batch.ok());
     if (batch->empty()) break;
-    for (const ReceivedTrajectory& t : *batch) ++delivered[t.submission.job];
+    for (const Delivered& d : *batch) ++delivered[d.group.job];
   }
   for (const auto& [job, count] : delivered) CHECK(count == 1);
   size_t missing = 0;

@@ -281,23 +281,24 @@ TEST_CASE(
     REQUIRE(leases.ok());
     REQUIRE(leases->size() == 2);
     CHECK((*leases)[0].prompt == "\"hello\"");
-    Submission s;
+    TrajectoryGroup s;
     s.job = (*leases)[0].job;
     s.attempt = (*leases)[0].attempt;
     s.cluster = "c1";
     s.version_start = s.version_end = 7;
     s.segments = {{7, 0}};
     s.tokens = 3;
-    CHECK(*worker.Submit(s, Json{{"text", "hi"}}) == SubmitResult::kAccepted);
-    CHECK(*worker.Submit(s, Json{{"text", "hi"}}) == SubmitResult::kDuplicate);
+    s.trajectories = R"({"text": "hi"})";
+    CHECK(*worker.Submit(s) == SubmitResult::kAccepted);
+    CHECK(*worker.Submit(s) == SubmitResult::kDuplicate);
     auto batch = trainer.TakeBatch(10, std::chrono::milliseconds(0));
     REQUIRE(batch.ok());
     REQUIRE(batch->size() == 1);
-    CHECK(batch->front().submission.payload == "{\"text\":\"hi\"}");
+    CHECK(batch->front().group.trajectories == R"({"text": "hi"})");  // as the worker sent it
     CHECK(!batch->front().stale);
     // The orchestrator's refusals come back as Status codes with its message.
-    CHECK(*worker.Submit(s, Json()) ==
-          SubmitResult::kDuplicate);  // a third repeat, whatever it carries
+    s.trajectories = "null";
+    CHECK(*worker.Submit(s) == SubmitResult::kDuplicate);  // a third repeat, whatever it carries
     CHECK(worker.Heartbeat("nobody", 1).code() == StatusCode::kNotFound);
     CHECK(OrchestratorClient(o.url, "w-token").AnnounceVersion(9).code() ==
           StatusCode::kInvalidArgument);  // 403 is a 4xx

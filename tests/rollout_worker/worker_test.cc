@@ -28,17 +28,17 @@ TEST_CASE("group versions: samples end to end, runs tagged, range from the oldes
   b.segments = {{4, 0}};  // finished before the commit
   c.tokens = {7, 7};
   c.segments = {{5, 0}};
-  orchestrator::Submission g;
+  orchestrator::TrajectoryGroup g;
   SetGroupVersions({a, b, c}, &g);
   CHECK(g.tokens == 9);
   CHECK(g.version_start == 4);
   CHECK(g.version_end == 5);
   CHECK(g.segments == std::vector<std::pair<uint64_t, uint64_t>>{{4, 0}, {5, 2}, {4, 4}, {5, 7}});
   // One version throughout: one run.
-  orchestrator::Submission same;
+  orchestrator::TrajectoryGroup same;
   SetGroupVersions({b, b}, &same);
   CHECK(same.segments == std::vector<std::pair<uint64_t, uint64_t>>{{4, 0}});
-  orchestrator::Submission none;
+  orchestrator::TrajectoryGroup none;
   SetGroupVersions({}, &none);
   CHECK(none.segments.empty());
 }
@@ -100,23 +100,24 @@ TEST_CASE(
   CHECK(engine.version() == 0);
   REQUIRE(trainer.AddJobs({{Json("1+2="), 3}, {Json("4+4="), 3}}).ok());
   trainer_adapter::BatchClient batches(trainer, 2);
-  std::vector<trainer_adapter::TrajectoryGroup> groups;
+  std::vector<orchestrator::Delivered> groups;
   REQUIRE(WaitFor([&] {
     auto more = batches.NextBatch(6, 0, std::chrono::milliseconds(200));
     REQUIRE(more.ok());
     for (auto& g : *more) groups.push_back(std::move(g));
     return groups.size() >= 2;
   }));
-  for (const auto& g : groups) {
-    CHECK(g.submission.cluster == "c1");
-    CHECK(g.submission.version_start == 0);
-    CHECK(g.submission.segments == std::vector<std::pair<uint64_t, uint64_t>>{{0, 0}});
-    REQUIRE(g.trajectories["samples"].size() == 3);
-    for (const Json& s : g.trajectories["samples"]) {
+  for (const orchestrator::Delivered& d : groups) {
+    CHECK(d.group.cluster == "c1");
+    CHECK(d.group.version_start == 0);
+    CHECK(d.group.segments == std::vector<std::pair<uint64_t, uint64_t>>{{0, 0}});
+    const Json trajectories = Json::parse(d.group.trajectories);
+    REQUIRE(trajectories["samples"].size() == 3);
+    for (const Json& s : trajectories["samples"]) {
       CHECK(s["tokens"].size() == s["logprobs"].size());
       CHECK((s["reward"] == 0.0 || s["reward"] == 1.0));
     }
-    CHECK(g.trajectories["prompt"].is_string());
+    CHECK(trajectories["prompt"].is_string());
   }
 
   // A new version: the worker pulls the delta, proves it and says so.

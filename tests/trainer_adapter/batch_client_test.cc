@@ -35,7 +35,7 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
   REQUIRE(leases.ok());
   REQUIRE(leases->size() == 3);
   auto submit = [&](const Lease& lease, uint64_t version) {
-    Submission s;
+    TrajectoryGroup s;
     s.job = lease.job;
     s.attempt = lease.attempt;
     s.cluster = "c";
@@ -45,7 +45,8 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
     nlohmann::json samples = nlohmann::json::array();
     for (int i = 0; i < 2; ++i)
       samples.push_back({{"tokens", {2, 12}}, {"logprobs", {-0.1, -0.2}}, {"reward", 1.0}});
-    return worker.Submit(s, {{"prompt", lease.prompt}, {"samples", samples}});
+    s.trajectories = nlohmann::json{{"prompt", lease.prompt}, {"samples", samples}}.dump();
+    return worker.Submit(s);
   };
   REQUIRE(submit((*leases)[0], 0).ok());
   // The trainer moves on to version 2; the cluster follows.
@@ -60,7 +61,7 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
   auto first = batches.NextBatch(3, 2, std::chrono::milliseconds(2000));
   REQUIRE_MESSAGE(first.ok(), first.status().ToString());
   size_t samples = 0;
-  for (const TrajectoryGroup& g : *first) samples += g.samples();
+  for (const Delivered& d : *first) samples += SampleCount(d.group);
   CHECK(samples >= 3);
   auto rest = batches.NextBatch(
       10, 2, std::chrono::milliseconds(300));  // only what is left, after the wait
@@ -75,9 +76,10 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
   CHECK(stats.max_lag == 2);
   CHECK(stats.mean_lag() == doctest::Approx(1.0));
   for (const auto& batch : {*first, *rest}) {
-    for (const TrajectoryGroup& g : batch) {
-      CHECK(g.stale == (g.submission.version_start == 0));
-      CHECK(g.trajectories["samples"][0]["reward"] == 1.0);
+    for (const Delivered& d : batch) {
+      CHECK(d.stale == (d.group.version_start == 0));
+      const nlohmann::json g = nlohmann::json::parse(d.group.trajectories);
+      CHECK(g["samples"][0]["reward"] == 1.0);
     }
   }
 }

@@ -1,0 +1,27 @@
+// Where values lie in JSON text, so that a large member (a trajectory group's samples) can be
+// passed on as the text it came as instead of being parsed into a tree and printed again.
+//
+// The text must already be known to be valid JSON (a parser checked it first); these functions
+// only find boundaries. They never read outside `text`, whatever it holds: on text that is not
+// valid JSON they return positions that make no sense, never crash. Pure and thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace weft::json_text {
+
+// The first position at or after `pos` that is not JSON white space.
+size_t SkipSpace(std::string_view text, size_t pos);
+// The position just past the value that starts at `begin` (white space before it is skipped).
+size_t ValueEnd(std::string_view text, size_t begin);
+// The text of the value of member `key` of the object that starts at `begin` (white space before
+// it is skipped), or nullopt when it has none. A key repeated takes its last value, as parsers do;
+// keys are compared after their escapes are decoded.
+std::optional<std::string_view> Member(std::string_view text, size_t begin, std::string_view key);
+// Where each element of the array that starts at `begin` starts.
+std::vector<size_t> Elements(std::string_view text, size_t begin);
+
+}  // namespace weft::json_text

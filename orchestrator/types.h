@@ -1,0 +1,97 @@
+// The orchestrator API's vocabulary: what rollout workers, trainers and the orchestrator exchange
+// (docs/api.md, "Orchestrator API"). Plain data without behaviour: the core (core.h) decides with
+// these types, orchestrator/wire.h maps them to and from JSON, and the client (client.h) sends and
+// receives them. Nothing here depends on the core, the service or HTTP.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace weft::orchestrator {
+
+// Time in the core: microseconds on any monotonic scale (the service uses the wall clock).
+using Micros = int64_t;
+
+// One trajectory group: every sample of one attempt at one job, with the versions that generated
+// its tokens. Workers submit it, the orchestrator buffers and journals it, the trainer receives it.
+struct TrajectoryGroup {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  std::string cluster;
+  uint64_t version_start = 0;  // the oldest version that generated a token of the group
+  uint64_t version_end = 0;    // the newest
+  // (version, first token index): the tokens of the group's samples counted end to end, each run
+  // tagged with the version that generated it (docs/api.md, submissions).
+  std::vector<std::pair<uint64_t, uint64_t>> segments;
+  uint64_t tokens = 0;
+  // The samples (docs/api.md, "Trajectories") as JSON text. The orchestrator passes it on as it
+  // came and never parses it; whoever consumes the group does, once.
+  std::string trajectories;
+};
+
+// A job leased to a cluster.
+struct Lease {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  Micros deadline = 0;
+  uint64_t min_version = 0;  // the cluster must generate at this version or newer
+  std::string prompt;        // the job's prompt as JSON text (a string or token ids)
+  uint32_t samples = 1;
+};
+
+// A job as the trainer adds it.
+struct JobSpec {
+  std::string prompt;    // JSON text: a string or token ids (any JSON the task understands)
+  uint32_t samples = 1;  // samples to generate: the group's size
+};
+
+// A trajectory group handed to the trainer; `stale` only under the deliver-flagged policy.
+struct Delivered {
+  TrajectoryGroup group;
+  bool stale = false;
+};
+
+// What the trainer gets: a numbered batch of groups, oldest first (docs/api.md, batches). It stays
+// outstanding until the trainer acknowledges it; until then it is handed out again.
+struct Batch {
+  uint64_t id = 0;           // 0: nothing to deliver
+  bool redelivered = false;  // handed out before and not acknowledged
+  std::vector<Delivered> items;
+  std::optional<uint64_t> latest_version;  // the latest announced version when it was handed out
+  uint64_t acknowledged = 0;  // batches this request's acknowledgement retired (not sent)
+};
+
+enum class SubmitResult { kAccepted, kDuplicate };
+
+// What a worker reports of its weight sync with each heartbeat ("sync" in docs/api.md): counters
+// since the worker started. The service keeps the last report of each cluster for /v1/status (per
+// cluster and summed per region) and /metrics.
+struct SyncReport {
+  uint64_t bytes_downloaded =
+      0;                        // blob bytes fetched from the store or relay, initial load included
+  uint64_t pulls = 0;           // versions brought in
+  uint64_t keyframe_pulls = 0;  // ... of which started from a keyframe
+  uint64_t digest_mismatches = 0;          // served state found not to equal a manifest's digests
+  uint64_t commits = 0;                    // versions the engine switched to
+  double max_pause_ms = 0;                 // the longest pause a commit caused
+  std::optional<uint64_t> first_version;   // the first version it loaded
+  std::optional<uint64_t> newest_version;  // the newest version it loaded
+  std::string digest;                      // the state digest it serves (docs/api.md), hex
+
+  // Adds `other`'s counters (a region's sum); the pause is the larger of the two.
+  void Add(const SyncReport& other);
+};
+
+inline void SyncReport::Add(const SyncReport& other) {
+  bytes_downloaded += other.bytes_downloaded;
+  pulls += other.pulls;
+  keyframe_pulls += other.keyframe_pulls;
+  digest_mismatches += other.digest_mismatches;
+  commits += other.commits;
+  max_pause_ms = max_pause_ms > other.max_pause_ms ? max_pause_ms : other.max_pause_ms;
+}
+
+}  // namespace weft::orchestrator

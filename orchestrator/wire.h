@@ -1,0 +1,99 @@
+// The orchestrator API on the wire: every request and answer body of docs/api.md ("Orchestrator
+// API") mapped to and from the types of orchestrator/types.h, in this one place. The service
+// decodes requests and encodes answers; the client encodes requests and decodes answers; the
+// journal and snapshots store trajectory groups with GroupFields / ReadGroupFields.
+//
+// Requests are decoded strictly: a body that is not a JSON object, an unknown or missing field, a
+// wrong type or an out-of-range value is kInvalidArgument naming the field
+// ("submission.segments[0]"). Answers are decoded leniently (fields a newer orchestrator adds are
+// ignored); what is missing or mistyped is kInvalidArgument naming it, which the client reports as
+// kDataLoss.
+//
+// A trajectory group's samples travel as the text the worker sent: encoding splices that text into
+// the body, decoding cuts it out of the body (after the whole body was parsed and checked), so the
+// samples are parsed once, by whoever consumes them. Pure functions; thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "orchestrator/types.h"
+
+namespace weft::orchestrator::wire {
+
+// POST /v1/clusters
+struct Registration {
+  std::string cluster;
+  std::string region;
+  uint32_t capacity = 1;  // 1 to 10^6
+};
+std::string Encode(const Registration& registration);
+Result<Registration> DecodeRegistration(std::string_view body);
+
+// POST /v1/clusters/<id>/heartbeat
+struct Heartbeat {
+  std::optional<uint64_t> ready_version;
+  std::optional<SyncReport> sync;
+};
+std::string Encode(const Heartbeat& heartbeat);
+Result<Heartbeat> DecodeHeartbeat(std::string_view body);
+// The "sync" object, also shown per cluster and region in /v1/status.
+nlohmann::json SyncReportJson(const SyncReport& report);
+Result<SyncReport> DecodeSyncReport(const nlohmann::json& json, const std::string& where);
+
+// POST /v1/clusters/<id>/leases, and its answer.
+struct LeaseRequest {
+  uint32_t max = 1;                   // 1 to 100000
+  std::chrono::milliseconds wait{0};  // a long poll (capped at an hour)
+  uint64_t request = 0;               // the worker's id for this request (0: none)
+};
+std::string Encode(const LeaseRequest& request);
+Result<LeaseRequest> DecodeLeaseRequest(std::string_view body);
+std::string EncodeLeases(const std::vector<Lease>& leases);
+Result<std::vector<Lease>> DecodeLeases(std::string_view answer);
+
+// POST /v1/clusters/<id>/drain: the jobs handed back (empty: all).
+std::string EncodeDrain(const std::vector<uint64_t>& jobs);
+Result<std::vector<uint64_t>> DecodeDrain(std::string_view body);
+
+// POST /v1/submissions: a trajectory group, and whether it was accepted or a repeat.
+std::string EncodeSubmission(const TrajectoryGroup& group);
+Result<TrajectoryGroup> DecodeSubmission(std::string_view body);
+std::string Encode(SubmitResult result);
+Result<SubmitResult> DecodeSubmitResult(std::string_view answer);
+
+// A group's fields but its samples (job, attempt, cluster, version_start, version_end, segments,
+// tokens) as a JSON object: what the journal and the snapshots store beside the samples' text.
+nlohmann::json GroupFields(const TrajectoryGroup& group);
+// Reads them from `object`, which may hold other members (the caller checks those).
+Status ReadGroupFields(const nlohmann::json& object, const std::string& where,
+                       TrajectoryGroup* group);
+
+// POST /v1/versions
+std::string EncodeAnnouncement(uint64_t version);
+Result<uint64_t> DecodeAnnouncement(std::string_view body);
+
+// POST /v1/jobs (samples 1 to 4096 each, at most 100000 jobs), and the ids of the jobs added.
+std::string EncodeJobs(const std::vector<JobSpec>& jobs);
+Result<std::vector<JobSpec>> DecodeJobs(std::string_view body);
+std::string EncodeJobIds(const std::vector<uint64_t>& ids);
+Result<std::vector<uint64_t>> DecodeJobIds(std::string_view answer);
+
+// POST /v1/batches, and its answer.
+struct BatchRequest {
+  uint32_t max = 64;  // 0 to 100000; 0 only acknowledges
+  std::chrono::milliseconds wait{0};
+  std::optional<uint64_t> ack;  // the newest batch the trainer has received
+};
+std::string Encode(const BatchRequest& request);
+Result<BatchRequest> DecodeBatchRequest(std::string_view body);
+std::string Encode(const Batch& batch);
+Result<Batch> DecodeBatch(std::string_view answer);
+
+}  // namespace weft::orchestrator::wire

@@ -1,0 +1,207 @@
+#include "orchestrator/wire.h"
+
+#include <doctest/doctest.h>
+
+namespace weft::orchestrator::wire {
+namespace {
+
+using Json = nlohmann::json;
+
+TrajectoryGroup Group(std::string trajectories) {
+  TrajectoryGroup g;
+  g.job = 7;
+  g.attempt = 2;
+  g.cluster = "eu-1";
+  g.version_start = 3;
+  g.version_end = 4;
+  g.segments = {{3, 0}, {4, 5}, {3, 9}};
+  g.tokens = 12;
+  g.trajectories = std::move(trajectories);
+  return g;
+}
+
+void CheckSameFields(const TrajectoryGroup& a, const TrajectoryGroup& b) {
+  CHECK(a.job == b.job);
+  CHECK(a.attempt == b.attempt);
+  CHECK(a.cluster == b.cluster);
+  CHECK(a.version_start == b.version_start);
+  CHECK(a.version_end == b.version_end);
+  CHECK(a.segments == b.segments);
+  CHECK(a.tokens == b.tokens);
+}
+
+TEST_CASE("wire: a submission's samples travel as the text the worker sent, byte for byte") {
+  // White space, key order, number spellings and a nested "trajectories" key all survive.
+  const std::string samples =
+      "{ \"samples\" : [ {\"tokens\":[1, 2], \"reward\": 1.0E0} ],\n"
+      "  \"prompt\": \"12+\\u0033=\", \"meta\": {\"trajectories\": [null]} }";
+  const std::string body = EncodeSubmission(Group(samples));
+  CHECK(Json::parse(body)["trajectories"] == Json::parse(samples));
+  Result<TrajectoryGroup> decoded = DecodeSubmission(body);
+  REQUIRE_MESSAGE(decoded.ok(), decoded.status().ToString());
+  CheckSameFields(*decoded, Group(samples));
+  CHECK(decoded->trajectories == samples);
+  // Any JSON value, in any position among the fields, with a key spelled with escapes.
+  for (const std::string& text : {std::string("null"), std::string("\"x\""), std::string("[1,[2]]"),
+                                  std::string("-0.5e-3"), std::string("{}")}) {
+    Json fields = GroupFields(Group(""));
+    std::string reordered = "{\"tr\\u0061jectories\" : " + text + " ," + fields.dump().substr(1);
+    Result<TrajectoryGroup> g = DecodeSubmission(reordered);
+    REQUIRE_MESSAGE(g.ok(), g.status().ToString());
+    CHECK(g->trajectories == text);
+  }
+  // A key given twice takes its last value, as the parser does.
+  Json fields = GroupFields(Group(""));
+  std::string twice = "{\"trajectories\": 1, " + fields.dump().substr(1);
+  twice.pop_back();
+  twice += ", \"trajectories\": [2]}";
+  CHECK(DecodeSubmission(twice)->trajectories == "[2]");
+}
+
+TEST_CASE("wire: requests are decoded strictly; errors name the field") {
+  CHECK(DecodeSubmission("{").status().message() == "the request body is not valid JSON");
+  CHECK(DecodeSubmission("[1]").status().message() == "the request body is not a JSON object");
+  Json body = GroupFields(Group(""));
+  CHECK(DecodeSubmission(body.dump()).status().message() ==
+        "submission lacks the field 'trajectories'");
+  body["trajectories"] = {1};
+  body["extra"] = 1;
+  CHECK(DecodeSubmission(body.dump()).status().message() ==
+        "submission has an unknown field 'extra'");
+  body.erase("extra");
+  body["segments"] = {{1, 2}, {3}};
+  CHECK(DecodeSubmission(body.dump()).status().message() ==
+        "submission.segments[1] is not a [version, first_token] pair");
+  body["segments"] = Json::array();
+  CHECK(DecodeSubmission(body.dump()).status().code() == StatusCode::kInvalidArgument);
+  body["segments"] = {{1, 0}};
+  body["attempt"] = -1;
+  CHECK(DecodeSubmission(body.dump()).status().message() ==
+        "submission.attempt is not a non-negative integer");
+
+  CHECK(DecodeRegistration(R"({"cluster": "c", "region": "r"})").status().message() ==
+        "cluster lacks the field 'capacity'");
+  CHECK(
+      DecodeRegistration(R"({"cluster": "c", "region": "r", "capacity": 0})").status().message() ==
+      "cluster.capacity must be 1 to 1000000");
+  CHECK(DecodeLeaseRequest(R"({"max": 0})").status().message() == "leases.max must be 1 to 100000");
+  CHECK(DecodeBatchRequest(R"({"ack": "x"})").status().message() ==
+        "batches.ack is not a batch id or null");
+  CHECK(DecodeDrain(R"({"jobs": [1, "2"]})").status().message() ==
+        "drain.jobs holds something that is not a job id");
+  CHECK(DecodeJobs(R"({"prompts": [{"prompt": "a", "samples": 5000}]})").status().message() ==
+        "jobs.prompts[0].samples must be 1 to 4096");
+  CHECK(DecodeHeartbeat(R"({"ready_version": 1, "sync": {"digest": "XYZ"}})").status().message() ==
+        "heartbeat.sync.digest is not a hex digest of at most 64 digits");
+  CHECK(DecodeAnnouncement(R"({"version": -3})").status().message() ==
+        "version.version is not a non-negative integer");
+}
+
+TEST_CASE("wire: every request and answer survives a round trip") {
+  Result<Registration> r = DecodeRegistration(Encode(Registration{"c1", "eu", 8}));
+  REQUIRE(r.ok());
+  CHECK(r->cluster == "c1");
+  CHECK(r->region == "eu");
+  CHECK(r->capacity == 8);
+
+  SyncReport sync;
+  sync.bytes_downloaded = 123;
+  sync.pulls = 4;
+  sync.keyframe_pulls = 1;
+  sync.digest_mismatches = 2;
+  sync.commits = 3;
+  sync.max_pause_ms = 0.25;
+  sync.first_version = 0;
+  sync.newest_version = 9;
+  sync.digest = "00ff";
+  Result<Heartbeat> h = DecodeHeartbeat(Encode(Heartbeat{5, sync}));
+  REQUIRE(h.ok());
+  CHECK(h->ready_version == 5);
+  REQUIRE(h->sync.has_value());
+  CHECK(SyncReportJson(*h->sync) == SyncReportJson(sync));
+  CHECK(!DecodeHeartbeat(Encode(Heartbeat{})).value().ready_version.has_value());
+
+  Result<LeaseRequest> lr =
+      DecodeLeaseRequest(Encode(LeaseRequest{3, std::chrono::milliseconds(250), 77}));
+  REQUIRE(lr.ok());
+  CHECK(lr->max == 3);
+  CHECK(lr->wait.count() == 250);
+  CHECK(lr->request == 77);
+
+  std::vector<Lease> leases = {{1, 1, 1000, 4, "\"1+1=\"", 8}, {2, 3, 2000, 5, "[1,2]", 1}};
+  Result<std::vector<Lease>> back = DecodeLeases(EncodeLeases(leases));
+  REQUIRE(back.ok());
+  REQUIRE(back->size() == 2);
+  CHECK((*back)[1].prompt == "[1,2]");
+  CHECK((*back)[1].attempt == 3);
+  CHECK((*back)[0].deadline == 1000);
+  CHECK((*back)[0].samples == 8);
+
+  CHECK(DecodeDrain(EncodeDrain({4, 5})).value() == std::vector<uint64_t>{4, 5});
+  CHECK(DecodeDrain("{}").value().empty());
+  CHECK(DecodeSubmitResult(Encode(SubmitResult::kDuplicate)).value() == SubmitResult::kDuplicate);
+  CHECK(DecodeAnnouncement(EncodeAnnouncement(12)).value() == 12);
+  Result<std::vector<JobSpec>> jobs = DecodeJobs(EncodeJobs({{"\"a\"", 2}, {"[1, 2]", 1}}));
+  REQUIRE(jobs.ok());
+  CHECK((*jobs)[0].prompt == "\"a\"");
+  CHECK((*jobs)[0].samples == 2);
+  CHECK((*jobs)[1].prompt == "[1,2]");  // kept as the parser prints it
+  CHECK(DecodeJobIds(EncodeJobIds({9, 10})).value() == std::vector<uint64_t>{9, 10});
+
+  Result<BatchRequest> br = DecodeBatchRequest(Encode(BatchRequest{0, std::chrono::seconds(3), 6}));
+  REQUIRE(br.ok());
+  CHECK(br->max == 0);
+  CHECK(br->wait.count() == 0);  // an acknowledgement does not wait
+  CHECK(br->ack == 6);
+}
+
+TEST_CASE("wire: a batch hands every group its own samples, as they were submitted") {
+  Batch batch;
+  batch.id = 5;
+  batch.redelivered = true;
+  batch.latest_version = 9;
+  const std::vector<std::string> samples = {"{\"samples\": [1, 2]}", "[]", "\"trajectories\"",
+                                            "{\"trajectories\": {\"trajectories\": 1}}"};
+  for (size_t i = 0; i < samples.size(); ++i) {
+    batch.items.push_back({Group(samples[i]), i % 2 == 1});
+    batch.items.back().group.job = i + 1;
+  }
+  const std::string text = Encode(batch);
+  CHECK(Json::parse(text)["trajectories"][3]["trajectories"] == Json::parse(samples[3]));
+  Result<Batch> decoded = DecodeBatch(text);
+  REQUIRE_MESSAGE(decoded.ok(), decoded.status().ToString());
+  CHECK(decoded->id == 5);
+  CHECK(decoded->redelivered);
+  CHECK(decoded->latest_version == 9);
+  REQUIRE(decoded->items.size() == samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    CHECK(decoded->items[i].group.job == i + 1);
+    CHECK(decoded->items[i].stale == (i % 2 == 1));
+    CHECK(decoded->items[i].group.trajectories == samples[i]);
+  }
+  // Nothing to hand out.
+  Result<Batch> empty = DecodeBatch(Encode(Batch{}));
+  REQUIRE(empty.ok());
+  CHECK(empty->id == 0);
+  CHECK(empty->items.empty());
+  CHECK(!empty->latest_version.has_value());
+  // Answers that are not what the API promises.
+  CHECK(DecodeBatch("{\"batch\": 1}").status().message() == "the answer lacks 'trajectories'");
+  CHECK(DecodeBatch("{\"batch\": 1, \"trajectories\": [{\"job\": 1}]}").status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(DecodeBatch("not json").status().message() == "the answer is not valid JSON");
+}
+
+TEST_CASE("wire: the journal's group fields ignore other members and name what is missing") {
+  Json fields = GroupFields(Group(""));
+  fields["e"] = "submit";
+  fields["t"] = 5;
+  TrajectoryGroup g;
+  REQUIRE(ReadGroupFields(fields, "event", &g).ok());
+  CheckSameFields(g, Group(""));
+  fields.erase("tokens");
+  CHECK(ReadGroupFields(fields, "event", &g).message() == "event lacks the field 'tokens'");
+}
+
+}  // namespace
+}  // namespace weft::orchestrator::wire
