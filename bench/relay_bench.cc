@@ -23,11 +23,12 @@
 #include "common/concurrent.h"
 #include "common/parallel.h"
 #include "examples/synthetic_adam.h"
-#include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/forwarding_store.h"
-#include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
+#include "policy_store/reader.h"
+#include "policy_store/relay.h"
+#include "policy_store/store_server.h"
 #include "trainer_adapter/publisher.h"
 
 namespace {
@@ -59,7 +60,8 @@ double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::string Url(const StoreServer& server) {
+template <typename Server>
+std::string Url(const Server& server) {
   return "http://127.0.0.1:" + std::to_string(server.port());
 }
 
@@ -131,16 +133,15 @@ int main(int argc, char** argv) {
   const int threads_each = std::max(1, threads / 4);
   const double direct_seconds = PullAll(Url(*origin), latest, readers, threads_each);
   const uint64_t direct_bytes = counted.served.exchange(0);
-  HttpStore upstream(Url(*origin), "");
-  auto cache = std::move(CachingStore::Open(upstream,
-                                            CacheOptions{root + "/relay-cache", uint64_t{4} << 30}))
-                   .value();
-  StoreServerOptions relay_options;
+  RelayOptions relay_options;  // the region's relay, as `weft relay` runs it
+  relay_options.upstream = Url(*origin);
+  relay_options.cache_dir = root + "/relay-cache";
+  relay_options.cache_bytes = uint64_t{4} << 30;
   relay_options.threads = 32;
-  auto relay = std::move(StoreServer::Start(*cache, relay_options)).value();
+  auto relay = std::move(Relay::Start(relay_options)).value();
   const double relay_seconds = PullAll(Url(*relay), latest, readers, threads_each);
   const uint64_t relay_bytes = counted.served.exchange(0);
-  const CacheStats stats = cache->stats();
+  const CacheStats stats = relay->stats();
   std::printf("\n%d concurrent readers pulling version %llu from nothing (%.1f MB each)\n", readers,
               static_cast<unsigned long long>(latest), pull_bytes / 1e6);
   std::printf("  %-22s %16s %12s %10s\n", "", "upstream bytes", "vs one pull", "wall s");

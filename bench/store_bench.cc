@@ -20,6 +20,9 @@
 #include "common/parallel.h"
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
+#include "policy_store/pins.h"
+#include "policy_store/reader.h"
+#include "policy_store/run_objects.h"
 #include "trainer_adapter/publisher.h"
 
 namespace {

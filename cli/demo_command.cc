@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "common/file_util.h"
 #include "common/parallel.h"
+#include "common/units.h"
 #include "examples/synthetic_adam.h"
 #include "sync/served_model.h"
 
@@ -37,18 +38,6 @@ struct DemoOptions {
 
 double Since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-std::string Bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int unit = 0;
-  while (bytes >= 1024 && unit < 3) {
-    bytes /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
-  return text;
 }
 
 // A small decoder-style parameter set: embeddings and `layers` blocks of attention and MLP.
@@ -114,7 +103,7 @@ Status RunDemo(const DemoOptions& options) {
   ServedModel straggler = publisher;  // stays at version 0 until the end
   const uint64_t checkpoint_bytes = publisher.byte_count();
   std::printf("  version 0: %s served (a full checkpoint); deltas go to %s\n\n",
-              Bytes(checkpoint_bytes).c_str(), out_dir.c_str());
+              FormatBytes(checkpoint_bytes).c_str(), out_dir.c_str());
   std::printf("  %-4s %9s %11s %10s %12s %10s %10s  %s\n", "ver", "density", "delta", "vs full",
               "bits/change", "encode", "apply", "replica");
 
@@ -156,7 +145,8 @@ Status RunDemo(const DemoOptions& options) {
     double density =
         stats.sparse_units ? static_cast<double>(stats.changes) / stats.sparse_units : 0;
     std::printf("  v%-3d %8.3f%% %11s %9.2f%% %12.2f %8.0f ms %8.0f ms  digest ok\n", v,
-                100 * density, Bytes(bytes.size()).c_str(), 100.0 * bytes.size() / checkpoint_bytes,
+                100 * density, FormatBytes(bytes.size()).c_str(),
+                100.0 * bytes.size() / checkpoint_bytes,
                 stats.changes ? 8.0 * bytes.size() / stats.changes : 0.0, 1e3 * encode_seconds,
                 1e3 * apply_seconds);
     std::fflush(stdout);
@@ -196,7 +186,7 @@ Status RunDemo(const DemoOptions& options) {
   std::printf("  mean density              %.3f%% of served elements changed per version\n",
               total_units ? 100.0 * total_changes / total_units : 0.0);
   std::printf("  bytes sent per replica    %s in deltas vs %s as full checkpoints (%.2f%%)\n",
-              Bytes(total_delta_bytes).c_str(), Bytes(full_bytes).c_str(),
+              FormatBytes(total_delta_bytes).c_str(), FormatBytes(full_bytes).c_str(),
               100.0 * total_delta_bytes / full_bytes);
   std::printf("  bits per changed element  %.2f (u32 index + raw value would be %d)\n",
               total_changes ? 8.0 * total_delta_bytes / total_changes : 0.0,
@@ -206,7 +196,8 @@ Status RunDemo(const DemoOptions& options) {
   std::printf(
       "  catch-up from version 0   one squashed delta of %s (the chain is %s), applied in %.0f "
       "ms\n",
-      Bytes(squashed_bytes).c_str(), Bytes(total_delta_bytes).c_str(), 1e3 * squash_seconds);
+      FormatBytes(squashed_bytes).c_str(), FormatBytes(total_delta_bytes).c_str(),
+      1e3 * squash_seconds);
   std::printf(
       "  verified                  every version by digest; final bytes identical on both "
       "replicas;\n"

@@ -5,18 +5,24 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "cli/commands.h"
 #include "common/parallel.h"
 #include "common/units.h"
 #include "policy_store/caching_store.h"
-#include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
 #include "policy_store/link_shaper.h"
 #include "policy_store/object_store.h"
-#include "policy_store/store_client.h"
+#include "policy_store/pins.h"
+#include "policy_store/publish.h"
+#include "policy_store/reader.h"
+#include "policy_store/relay.h"
+#include "policy_store/retention.h"
+#include "policy_store/store_server.h"
 #include "sync/safetensors.h"
 
 namespace weft::cli {
@@ -110,54 +116,17 @@ Result<sync::ServedModel> LoadModel(const std::string& path, int threads) {
 }
 
 Status RunPublish(const StoreOptions& options) {
-  WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
-  WEFT_ASSIGN_OR_RETURN(sync::ServedModel next, LoadModel(options.model, Threads(options)));
-  StoreReader reader(*store, options.run, Threads(options));
-  KeyframePolicy policy{options.keyframe_interval, options.keyframe_budget};
-  Result<uint64_t> latest = reader.Latest();
-  if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();
-  const uint64_t version = latest.ok() ? *latest + 1 : 0;
-  if (options.version >= 0 && static_cast<uint64_t>(options.version) != version) {
-    return Conflict("run '" + options.run + "' is at " +
-                    (latest.ok() ? "version " + std::to_string(*latest) : "no version") +
-                    "; the next version is " + std::to_string(version) + ", not " +
-                    std::to_string(options.version));
+  WEFT_ASSIGN_OR_RETURN(sync::ServedModel model, LoadModel(options.model, Threads(options)));
+  const KeyframePolicy policy{options.keyframe_interval, options.keyframe_budget};
+  std::optional<uint64_t> expected;
+  if (options.version >= 0) expected = static_cast<uint64_t>(options.version);
+  Result<Manifest> published =
+      PublishModel(*store, options.run, model, policy, Threads(options), expected);
+  if (!published.ok() && published.status().code() == StatusCode::kInvalidArgument) {
+    return published.status().WithContext(options.model);
   }
-  Manifest manifest;
-  if (!latest.ok()) {
-    WEFT_ASSIGN_OR_RETURN(manifest,
-                          PublishVersion(*store, options.run, nullptr, next, nullptr, policy));
-  } else {
-    // The delta is taken against the published state, rebuilt from the store.
-    sync::ServedModel current;
-    WEFT_RETURN_IF_ERROR(reader.Pull(*latest, std::nullopt, &current).status());
-    WEFT_ASSIGN_OR_RETURN(Manifest previous, reader.GetManifest(*latest));
-    if (current.tensors().size() != next.tensors().size()) {
-      return InvalidArgument(options.model + " has " + std::to_string(next.tensors().size()) +
-                             " tensors, version " + std::to_string(*latest) + " has " +
-                             std::to_string(current.tensors().size()) +
-                             "; a different tensor set needs a new run");
-    }
-    sync::ModelDelta delta;
-    for (const auto& t : next.tensors()) {
-      const auto* old = current.Find(t.spec.name);
-      if (old == nullptr || old->spec.dtype != t.spec.dtype || old->spec.shape != t.spec.shape) {
-        return InvalidArgument(
-            "tensor '" + t.spec.name + "' of " + options.model + " is not in version " +
-            std::to_string(*latest) +
-            " with the same dtype and shape; a different tensor set needs a new run");
-      }
-      WEFT_ASSIGN_OR_RETURN(
-          sync::TensorDelta d,
-          sync::EncodeTensorDelta(t.spec, old->bytes, t.bytes,
-                                  sync::CodecOptions{sync::kDefaultChunkLog2, Threads(options)},
-                                  old->digest));
-      delta.tensors.push_back(std::move(d));
-    }
-    WEFT_ASSIGN_OR_RETURN(manifest, PublishVersion(*store, options.run, &previous, next, &delta,
-                                                   policy, Threads(options)));
-  }
+  WEFT_ASSIGN_OR_RETURN(Manifest manifest, std::move(published));
   std::printf("published %s version %llu to %s: %s%s\n", options.run.c_str(),
               static_cast<unsigned long long>(manifest.version), store->Describe().c_str(),
               manifest.delta
@@ -241,24 +210,31 @@ Status RunList(const StoreOptions& options) {
   return Status::Ok();
 }
 
-// Serves `backend` until SIGINT or SIGTERM. `what` says what is served, for the first line.
-Status Serve(ObjectStore& backend, const StoreOptions& options, StoreServerOptions server,
-             const std::string& what) {
-  const size_t colon = options.listen.rfind(':');
-  if (colon == std::string::npos)
-    return InvalidArgument("--listen takes ADDRESS:PORT, not '" + options.listen + "'");
-  server.address = options.listen.substr(0, colon);
-  const std::string port = options.listen.substr(colon + 1);
+// ADDRESS:PORT of --listen.
+Result<std::pair<std::string, uint16_t>> ParseListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    return InvalidArgument("--listen takes ADDRESS:PORT, not '" + listen + "'");
+  }
+  const std::string port = listen.substr(colon + 1);
   char* end = nullptr;
   const unsigned long value = std::strtoul(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || value > 65535)
+  if (port.empty() || *end != '\0' || value > 65535) {
     return InvalidArgument("--listen: bad port '" + port + "'");
-  server.port = static_cast<uint16_t>(value);
+  }
+  return std::make_pair(listen.substr(0, colon), static_cast<uint16_t>(value));
+}
+
+// Runs until SIGINT or SIGTERM: `start` starts the server (after the signals are blocked, so that
+// its threads do not take them); `describe` says what it serves, `mode` who may write.
+template <typename Server>
+Status ServeUntilStopped(const std::function<Result<std::unique_ptr<Server>>()>& start,
+                         const std::function<std::string(const Server&)>& describe,
+                         const std::string& address, const std::string& mode) {
   StopSignals stop;  // before the server's threads start
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(backend, server));
-  std::printf("serving %s on http://%s:%u (%s)\n", what.c_str(), server.address.c_str(),
-              static_cast<unsigned>(running->port()),
-              server.writer_token.empty() ? "read-only" : "writes need WEFT_STORE_TOKEN");
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<Server> running, start());
+  std::printf("serving %s on http://%s:%u (%s)\n", describe(*running).c_str(), address.c_str(),
+              static_cast<unsigned>(running->port()), mode.c_str());
   std::fflush(stdout);
   stop.Wait();
   running->Stop();
@@ -269,38 +245,32 @@ Status Serve(ObjectStore& backend, const StoreOptions& options, StoreServerOptio
 Status RunServe(const StoreOptions& options) {
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> backend, OpenStore(options.store));
   StoreServerOptions server;
+  WEFT_ASSIGN_OR_RETURN(std::tie(server.address, server.port), ParseListen(options.listen));
   const char* token = std::getenv("WEFT_STORE_TOKEN");
   server.writer_token = token ? token : "";
   server.threads = std::max(2, Threads(options));
-  return Serve(*backend, options, server, backend->Describe());
+  return ServeUntilStopped<StoreServer>(
+      [&] { return StoreServer::Start(*backend, server); },
+      [&](const StoreServer&) { return backend->Describe(); }, server.address,
+      server.writer_token.empty() ? "read-only" : "writes need WEFT_STORE_TOKEN");
 }
 
-// A read-only pull-through cache of an upstream store: blobs from the cache directory, fetched
-// once per blob however many readers ask at the same time; manifests kept in memory; `latest`
-// and listings passed through.
+// A read-only pull-through cache of an upstream store (policy_store/relay.h).
 Status RunRelay(const StoreOptions& options) {
-  if (options.upstream.rfind("http://", 0) != 0 && options.upstream.rfind("https://", 0) != 0) {
-    return InvalidArgument("--upstream must be an http:// or https:// store URL, not '" +
-                           options.upstream + "'");
-  }
+  RelayOptions relay;
+  relay.upstream = options.upstream;
+  relay.cache_dir = options.cache_dir;
+  WEFT_ASSIGN_OR_RETURN(relay.cache_bytes, ParseByteSize(options.cache_bytes));
   StoreOptions link_flags = options;
-  link_flags.cache_dir.clear();  // the relay's cache is set up here, with its statistics served
+  link_flags.cache_dir.clear();  // the relay's cache is its own, not a reader's
   WEFT_ASSIGN_OR_RETURN(OpenOptions link, LinkOptions(link_flags));
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> upstream, OpenStore(options.upstream, link));
-  WEFT_ASSIGN_OR_RETURN(uint64_t max_bytes, ParseByteSize(options.cache_bytes));
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache,
-                        CachingStore::Open(*upstream, CacheOptions{options.cache_dir, max_bytes}));
-  StoreServerOptions server;
-  // Each request may wait on the upstream link: enough threads that readers do not queue behind it.
-  server.threads = options.threads > 0 ? options.threads : 64;
-  server.stats = [&cache] { return cache->StatsJson(); };
-  std::string what = "relay of " + options.upstream + " (cache " + options.cache_dir +
-                     ", at most " + options.cache_bytes;
-  if (link.shape_bytes_per_second > 0 || link.shape_latency.count() > 0) {
-    what += "; upstream link shaped to " +
-            LinkShape{link.shape_bytes_per_second, link.shape_latency}.Describe();
-  }
-  return Serve(*cache, options, server, what + ")");
+  relay.link = LinkShape{link.shape_bytes_per_second, link.shape_latency};
+  relay.deadline = link.deadline;
+  WEFT_ASSIGN_OR_RETURN(std::tie(relay.address, relay.port), ParseListen(options.listen));
+  if (options.threads > 0) relay.threads = options.threads;
+  return ServeUntilStopped<Relay>([&] { return Relay::Start(relay); },
+                                  [](const Relay& r) { return r.Describe(); }, relay.address,
+                                  "read-only");
 }
 
 Status RunPin(const StoreOptions& options) {

@@ -37,6 +37,14 @@ Result<BlobRef> ParseBlob(const Json& object, const std::string& where) {
 
 }  // namespace
 
+std::vector<BlobRef> Manifest::Blobs() const {
+  std::vector<BlobRef> blobs;
+  if (keyframe) blobs.push_back(*keyframe);
+  if (delta) blobs.push_back(*delta);
+  for (const SkipDelta& skip : skips) blobs.push_back(skip.blob);
+  return blobs;
+}
+
 std::string Manifest::ToJson() const {
   Json tensors_json = Json::array();
   for (const ManifestTensor& t : tensors) {

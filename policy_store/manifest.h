@@ -70,6 +70,9 @@ struct Manifest {
   };
   std::optional<Shard> shard;
 
+  // The blobs it references: keyframe, delta, skip deltas.
+  std::vector<BlobRef> Blobs() const;
+
   std::string ToJson() const;
   // Strict: unknown or missing fields, wrong types, bad digests or hashes are errors naming the
   // field.

@@ -6,26 +6,13 @@
 
 #include "common/logging.h"
 #include "policy_store/manifest.h"
+#include "policy_store/reader.h"
 #include "sync/digest.h"
 
 namespace weft::rollout_worker {
 namespace {
 
 using Json = nlohmann::json;
-
-// The first tensor of `model` whose digest, recomputed from its bytes, differs from `manifest`'s
-// (or whose name, dtype or shape does); empty when they all agree.
-std::string FirstDisagreement(const sync::ServedModel& model,
-                              const policy_store::Manifest& manifest) {
-  if (model.tensors().size() != manifest.tensors.size()) return "the tensor count";
-  for (const policy_store::ManifestTensor& want : manifest.tensors) {
-    const sync::ServedModel::Tensor* have = model.Find(want.name);
-    if (have == nullptr || have->spec.dtype != want.dtype || have->spec.shape != want.shape)
-      return want.name;
-    if (!(sync::TensorDigest(have->spec.dtype, have->bytes) == want.digest)) return want.name;
-  }
-  return "";
-}
 
 // The state digest of the whole model: SHA-256 over each tensor's name and digest, in name order
 // (docs/api.md, heartbeats), first 32 hex digits.
@@ -129,7 +116,7 @@ void RolloutWorker::SyncLoop() {
 
 void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   if (corrupt_for_test_.exchange(false) && !served_.tensors().empty()) {
-    // A bit flip in the served copy: only the digest check below can notice it.
+    // A bit flip in the served copy: only the full digest check below can notice it.
     std::vector<sync::TensorSpec> specs;
     std::vector<std::vector<uint8_t>> bytes;
     for (const auto& t : served_.tensors()) {
@@ -139,18 +126,22 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     bytes.front()[0] ^= 0x01;
     served_ = sync::ServedModel::FromTensors(specs, bytes, 1);
   }
-  // The proof: the bytes served now hash to the digests of the version claimed.
+  // The proof, every verify_interval: the bytes held hash, recomputed in full, to the digests of
+  // the version claimed. (Pulls keep the digests current in O(changed) and check them against
+  // each manifest; only a full recomputation notices the bytes changing under them.)
   if (held_ && std::chrono::steady_clock::now() - verified_ >= options_.verify_interval) {
     verified_ = std::chrono::steady_clock::now();
-    const std::string wrong = FirstDisagreement(served_, *held_);
-    if (!wrong.empty()) {
+    Status same =
+        policy_store::CheckAgainstManifest(served_, *held_, nullptr, true, options_.sync_threads);
+    if (!same.ok()) {
       WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version "
-                       << held_->version << " disagrees with its manifest at " << wrong
+                       << held_->version << " disagrees with its manifest: " << same.message()
                        << "; re-syncing from a keyframe";
       std::lock_guard<std::mutex> lock(mutex_);
       ++report_.digest_mismatches;
       ready_.reset();
       held_.reset();
+      engine_current_ = false;
       served_ = sync::ServedModel();
     }
   }
@@ -162,63 +153,60 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     }
     return;
   }
-  if (held_ && held_->version >= *latest) return;
-  sync::ServedModel next = served_;
-  Result<policy_store::PullReport> pulled =
-      reader.Pull(*latest, held_ ? std::optional<uint64_t>(held_->version) : std::nullopt, &next);
-  if (!pulled.ok()) {
-    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest
-                       << " failed: " << pulled.status().message();
-    if (pulled.status().code() == StatusCode::kDataLoss && held_) {
-      // A delta did not apply to what we hold (or a blob stayed corrupted): check our own copy in
-      // the next round, which re-syncs from a keyframe if it no longer matches its version.
-      verified_ = std::chrono::steady_clock::time_point();
+  if (!held_ || held_->version < *latest) {
+    // In place, in O(changed elements): the pull checks every blob and digest and leaves the copy
+    // as it was on any error.
+    const std::optional<uint64_t> have =
+        held_ ? std::optional<uint64_t>(held_->version) : std::nullopt;
+    Result<policy_store::PullReport> pulled =
+        reader.Pull(*latest, have, &served_, held_ ? &*held_ : nullptr);
+    if (!pulled.ok()) {
+      WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest
+                         << " failed: " << pulled.status().message();
+      if (pulled.status().code() == StatusCode::kDataLoss && held_) {
+        // A delta did not apply to what we hold (or a blob stayed corrupted): check our own copy
+        // in the next round, which re-syncs from a keyframe if it no longer matches its version.
+        verified_ = std::chrono::steady_clock::time_point();
+      }
+      return;
     }
-    return;
-  }
-  Result<policy_store::Manifest> manifest = reader.GetManifest(*latest);
-  if (!manifest.ok()) return;
-  const std::string wrong = FirstDisagreement(next, *manifest);
-  if (!wrong.empty()) {
-    WEFT_LOG(kError) << "cluster " << options_.cluster << ": version " << *latest
-                     << " as pulled disagrees with its manifest at " << wrong;
+    WEFT_LOG(kInfo) << "cluster " << options_.cluster << " pulled version " << *latest << " ("
+                    << pulled->bytes_downloaded << " bytes: " << pulled->path
+                    << ", digests verified)";
     std::lock_guard<std::mutex> lock(mutex_);
-    ++report_.digest_mismatches;
-    held_.reset();
-    served_ = sync::ServedModel();
-    return;
+    held_ = std::move(pulled->manifest);
+    engine_current_ = false;
+    report_.bytes_downloaded += pulled->bytes_downloaded;
+    ++report_.pulls;
+    if (!pulled->from) ++report_.keyframe_pulls;
   }
-  Status staged = engine_.Stage(next, *latest);
+  // The engine serves the copy held from its next commit on (it stages while generating).
+  if (engine_current_) return;
+  const uint64_t version = held_->version;
+  Status staged = engine_.Stage(served_, version);
   if (!staged.ok()) {
-    WEFT_LOG(kError) << "cluster " << options_.cluster << ": the engine refused version " << *latest
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": the engine refused version " << version
                      << ": " << staged.message();
     return;
   }
   Result<int64_t> pause = engine_.Commit();
   if (!pause.ok()) {
-    WEFT_LOG(kError) << "cluster " << options_.cluster << ": committing version " << *latest
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": committing version " << version
                      << " failed: " << pause.status().message();
     return;
   }
-  verified_ = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    served_ = std::move(next);
-    held_ = std::move(*manifest);
-    ready_ = *latest;
-    report_.bytes_downloaded += pulled->bytes_downloaded;
-    ++report_.pulls;
-    if (!pulled->from.has_value() || pulled->path.rfind("keyframe", 0) == 0)
-      ++report_.keyframe_pulls;
+    engine_current_ = true;
+    ready_ = version;
     ++report_.commits;
-    if (!report_.first_version) report_.first_version = *latest;
-    report_.newest_version = *latest;
+    if (!report_.first_version) report_.first_version = version;
+    report_.newest_version = version;
     report_.digest = StateDigest(served_);
     report_.max_pause_ms = std::max(report_.max_pause_ms, static_cast<double>(*pause) / 1000.0);
   }
-  WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << *latest << " ("
-                  << pulled->bytes_downloaded << " bytes: " << pulled->path
-                  << ", digests verified, pause " << *pause << " us)";
+  WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << version << " (pause "
+                  << *pause << " us)";
   SendHeartbeat();  // the orchestrator learns at once that this cluster is ready at the new version
 }
 

@@ -1,13 +1,14 @@
 // RolloutWorker: the agent beside an inference engine (DESIGN.md section 7).
 //
 // Three loops share the worker:
-//   - sync: checks the store's latest version, brings its own copy of the served tensors there
-//     along the cheapest path (policy_store::StoreReader: plan, fetch through the region's relay,
-//     verify every blob and digest, apply), stages it in the engine while generation goes on,
-//     commits it (the short pause), and reports the version in a heartbeat at once. Every
-//     `verify_interval` it also recomputes the state digest of what it serves from the bytes
-//     themselves; should they ever disagree with the manifest, it counts a digest mismatch, stops
-//     claiming the version and re-syncs from a keyframe.
+//   - sync: checks the store's latest version, brings its own copy of the served tensors there in
+//     place along the cheapest path (policy_store::StoreReader: plan, fetch through the region's
+//     relay, verify every blob, apply in O(changed elements) with every digest checked against
+//     the manifest; the copy is untouched on error), stages it in the engine while generation
+//     goes on, commits it (the short pause), and reports the version in a heartbeat at once. Every
+//     `verify_interval` it also recomputes every digest of its copy from the bytes themselves;
+//     should they ever disagree with the manifest, it counts a digest mismatch, stops claiming the
+//     version and re-syncs from a keyframe.
 //   - heartbeats: proof of life with the version proved ready and the sync counters, every
 //     `heartbeat_interval`.
 //   - jobs (`capacity` of them): lease one job (long poll), generate its samples with the engine,
@@ -28,8 +29,9 @@
 #include <string>
 
 #include "orchestrator/client.h"
+#include "policy_store/manifest.h"
 #include "policy_store/object_store.h"
-#include "policy_store/store_client.h"
+#include "policy_store/reader.h"
 #include "rollout_worker/engine.h"
 #include "rollout_worker/task.h"
 
@@ -43,11 +45,11 @@ struct WorkerOptions {
   Sampling sampling;  // temperature, top_p, max_tokens, stop token (the seed comes from the job)
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds sync_interval{100};  // how often the store's latest version is checked
-  // How often the served copy's digests are recomputed from its bytes between pulls (every pull
-  // is checked as well).
+  // How often the served copy's digests are recomputed in full from its bytes (a pull keeps them
+  // current incrementally and checks them against the manifest).
   std::chrono::milliseconds verify_interval{5000};
   std::chrono::milliseconds lease_wait{2000};  // long poll for leases
-  int sync_threads = 1;
+  int sync_threads = 1;                        // for applying deltas and recomputing digests
 };
 
 // Sets a group's versions in its submission: the samples' tokens laid end to end, each run of
@@ -112,6 +114,7 @@ class RolloutWorker {
   bool stop_ = false;
   sync::ServedModel served_;                        // the sync loop's own
   std::optional<policy_store::Manifest> held_;      // the manifest of the version served_ holds
+  bool engine_current_ = false;  // whether the engine was last given served_ as it is now
   std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
   std::optional<uint64_t> ready_;                   // proved and committed: what heartbeats report
   std::optional<uint64_t> reported_;  // the newest ready version the orchestrator acknowledged

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "common/byte_io.h"
@@ -196,6 +197,51 @@ const TensorDelta* ModelDelta::Find(const std::string& name) const {
     if (tensor.spec.name == name) return &tensor;
   }
   return nullptr;
+}
+
+ModelDelta ModelDelta::Copy() const {
+  ModelDelta copy;
+  copy.tensors.reserve(tensors.size());
+  for (const TensorDelta& t : tensors) {
+    TensorDelta& c = copy.tensors.emplace_back();
+    c.spec = t.spec;
+    c.chunk_log2 = t.chunk_log2;
+    c.base_digest = t.base_digest;
+    c.result_digest = t.result_digest;
+    c.chunks.reserve(t.chunks.size());
+    for (const DeltaChunk& chunk : t.chunks) c.chunks.push_back(CopyChunk(chunk));
+  }
+  return copy;
+}
+
+Result<ModelDelta> EncodeModelDelta(const std::vector<TensorBytes>& old_tensors,
+                                    const std::vector<TensorBytes>& new_tensors,
+                                    const CodecOptions& options) {
+  if (old_tensors.size() != new_tensors.size()) {
+    return InvalidArgument("the old model has " + std::to_string(old_tensors.size()) +
+                           " tensors, the new one " + std::to_string(new_tensors.size()));
+  }
+  std::map<std::string_view, const TensorBytes*> by_name;
+  for (const TensorBytes& t : new_tensors) by_name[t.spec.name] = &t;
+  ModelDelta delta;
+  delta.tensors.reserve(old_tensors.size());
+  for (const TensorBytes& old_tensor : old_tensors) {
+    auto found = by_name.find(old_tensor.spec.name);
+    if (found == by_name.end()) {
+      return InvalidArgument("tensor '" + old_tensor.spec.name + "' is not in the new model");
+    }
+    const TensorBytes& new_tensor = *found->second;
+    if (new_tensor.spec.dtype != old_tensor.spec.dtype ||
+        new_tensor.spec.shape != old_tensor.spec.shape) {
+      return InvalidArgument("tensor '" + old_tensor.spec.name +
+                             "' has a different dtype or shape in the new model");
+    }
+    WEFT_ASSIGN_OR_RETURN(TensorDelta tensor_delta,
+                          EncodeTensorDelta(old_tensor.spec, old_tensor.bytes, new_tensor.bytes,
+                                            options, old_tensor.digest));
+    delta.tensors.push_back(std::move(tensor_delta));
+  }
+  return delta;
 }
 
 Result<TensorDelta> EncodeTensorDelta(const TensorSpec& spec, std::span<const uint8_t> old_bytes,

@@ -92,6 +92,8 @@ struct ModelDelta {
   std::vector<TensorDelta> tensors;
 
   const TensorDelta* Find(const std::string& name) const;
+  // A copy that owns every payload (a parsed delta's point into its buffer).
+  ModelDelta Copy() const;
 };
 
 struct CodecOptions {
@@ -105,6 +107,21 @@ Result<TensorDelta> EncodeTensorDelta(const TensorSpec& spec, std::span<const ui
                                       std::span<const uint8_t> new_bytes,
                                       const CodecOptions& options,
                                       std::optional<Digest> base_digest = std::nullopt);
+
+// One tensor of a model as a model delta is encoded from: its spec, its served bytes and, when the
+// caller knows it, their digest.
+struct TensorBytes {
+  TensorSpec spec;
+  std::span<const uint8_t> bytes;
+  std::optional<Digest> digest;
+};
+
+// The delta from one model to another: both must hold the same tensors (names, dtypes and shapes,
+// in any order). The delta lists the tensors in `old_tensors`' order. kInvalidArgument names the
+// first tensor that is missing or differs.
+Result<ModelDelta> EncodeModelDelta(const std::vector<TensorBytes>& old_tensors,
+                                    const std::vector<TensorBytes>& new_tensors,
+                                    const CodecOptions& options);
 
 // How FP32 master weights become the served tensor in the fused path.
 struct ServeFormat {

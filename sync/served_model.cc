@@ -76,6 +76,13 @@ std::vector<TensorToWrite> ServedModel::AsTensorsToWrite() const {
   return tensors;
 }
 
+std::vector<TensorBytes> ServedModel::AsTensorBytes() const {
+  std::vector<TensorBytes> tensors;
+  tensors.reserve(tensors_.size());
+  for (const Tensor& t : tensors_) tensors.push_back({t.spec, t.bytes, t.digest});
+  return tensors;
+}
+
 Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
                                        const CodecOptions& options) {
   ModelDelta delta;

@@ -52,6 +52,8 @@ class ServedModel {
   static ServedModel FromSafetensors(const SafetensorsFile& file, int threads);
   // The tensors as a safetensors writer takes them (views into this model).
   std::vector<TensorToWrite> AsTensorsToWrite() const;
+  // The tensors with their digests, as EncodeModelDelta takes them (views into this model).
+  std::vector<TensorBytes> AsTensorBytes() const;
 
   // Moves every served tensor to the new master weights (same names and shapes as FromMaster)
   // and returns the delta from the previous state.

@@ -31,14 +31,15 @@ Result<policy_store::Manifest> Publisher::PublishServed(const sync::ServedModel&
   const policy_store::Manifest* previous = delta ? &last_ : nullptr;
   if (options_.world == 1) {
     return policy_store::PublishVersion(store_, run_id_, previous, served, delta,
-                                        options_.keyframes, options_.codec.threads);
+                                        options_.keyframes, options_.codec.threads, &recent_);
   }
   WEFT_RETURN_IF_ERROR(policy_store::PublishShard(store_, run_id_, previous, options_.rank,
-                                                  options_.world, served, delta, options_.keyframes)
+                                                  options_.world, served, delta, options_.keyframes,
+                                                  &recent_)
                            .status());
   if (options_.rank == 0) {
     return policy_store::CommitShards(store_, run_id_, previous, options_.world, options_.keyframes,
-                                      options_.codec.threads, options_.shard_deadline);
+                                      options_.codec.threads, options_.shard_deadline, &recent_);
   }
   return policy_store::WaitForVersion(store_, run_id_, previous ? previous->version + 1 : 0,
                                       options_.shard_deadline);

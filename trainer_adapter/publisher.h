@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "policy_store/object_store.h"
-#include "policy_store/store_client.h"
+#include "policy_store/publish.h"
 #include "sync/served_model.h"
 
 namespace weft::trainer_adapter {
@@ -31,6 +31,9 @@ struct PublisherOptions {
   uint64_t rank = 0;   // sharded trainers: this rank ...
   uint64_t world = 1;  // ... of this many, each publishing the tensors it holds
   std::chrono::milliseconds shard_deadline{600000};  // how long ranks wait for each other
+  // Deltas kept in memory for the skip and catch-up deltas of the next versions, instead of being
+  // read back from the store (policy_store::RecentDeltas); 0 keeps none.
+  uint64_t recent_delta_bytes = uint64_t{1} << 30;
 };
 
 class Publisher {
@@ -52,7 +55,11 @@ class Publisher {
  private:
   Publisher(policy_store::ObjectStore& store, std::string run_id, sync::ServedModel served,
             const PublisherOptions& options)
-      : store_(store), run_id_(std::move(run_id)), served_(std::move(served)), options_(options) {}
+      : store_(store),
+        run_id_(std::move(run_id)),
+        served_(std::move(served)),
+        options_(options),
+        recent_(options.recent_delta_bytes) {}
 
   // Publishes `served` (with `delta` from the last version, null for version 0), sharded or not.
   Result<policy_store::Manifest> PublishServed(const sync::ServedModel& served,
@@ -63,6 +70,7 @@ class Publisher {
   sync::ServedModel served_;
   policy_store::Manifest last_;
   PublisherOptions options_;
+  policy_store::RecentDeltas recent_;
 };
 
 }  // namespace weft::trainer_adapter

@@ -76,7 +76,7 @@ expect_ok "$weft" store pull --store st --run r1 --have s2.bf16 -o q3.safetensor
 grep -q "1 delta from v2" out.txt && ok || fail "pull --have path: $(cat out.txt)"
 same_data s3.bf16 q3.safetensors
 expect_error "the next version is 4" "$weft" store publish --store st --run r1 --version 9 s3.bf16
-expect_error "same dtype and shape" "$weft" store publish --store st --run r1 m3.safetensors
+expect_error "different dtype or shape" "$weft" store publish --store st --run r1 m3.safetensors
 expect_error "gave up after" "$weft" store pull --store http://127.0.0.1:1 --run r1 -o x --deadline 1s
 expect_error "run id" "$weft" store pull --store st --run ../r1 -o x
 expect_error "no published version" "$weft" store pull --store st --run nothing -o x

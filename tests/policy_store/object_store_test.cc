@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "policy_store/directory_store.h"
-#include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
 #include "policy_store/manifest.h"
+#include "policy_store/store_server.h"
 #include "tests/http_test_util.h"
 #include "tests/policy_store/store_test_util.h"
 

@@ -18,11 +18,11 @@
 #include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/forwarding_store.h"
-#include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
 #include "policy_store/link_shaper.h"
 #include "policy_store/manifest.h"
-#include "policy_store/store_client.h"
+#include "policy_store/run_objects.h"
+#include "policy_store/store_server.h"
 #include "tests/policy_store/store_test_util.h"
 
 namespace weft::policy_store {

@@ -10,8 +10,12 @@
 
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
-#include "policy_store/http_server.h"
 #include "policy_store/http_store.h"
+#include "policy_store/pins.h"
+#include "policy_store/reader.h"
+#include "policy_store/retention.h"
+#include "policy_store/run_objects.h"
+#include "policy_store/store_server.h"
 
 namespace weft::trainer_adapter {
 namespace {

@@ -1,4 +1,4 @@
-#include "policy_store/http_server.h"
+#include "policy_store/store_server.h"
 
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>

@@ -1,0 +1,76 @@
+#include "policy_store/catchup_deltas.h"
+
+#include <functional>
+#include <set>
+
+#include "policy_store/pins.h"
+#include "policy_store/planner.h"
+#include "policy_store/run_objects.h"
+
+namespace weft::policy_store {
+
+Result<std::vector<DerivedDelta>> PublishCatchups(ObjectStore& store, const std::string& run_id,
+                                                  const Manifest& manifest,
+                                                  const sync::ModelDelta& delta,
+                                                  const KeyframePolicy& policy, int threads,
+                                                  const RecentDeltas* recent) {
+  std::vector<DerivedDelta> written;
+  const uint64_t target = manifest.version;
+  if (policy.max_catchup_bases == 0 || target < 2) return written;
+  WEFT_ASSIGN_OR_RETURN(auto pins, ListPins(store, run_id));
+  std::set<uint64_t, std::greater<uint64_t>> bases;  // newest first: the cheapest to keep
+  for (const auto& [holder, version] : pins) {
+    if (version + 1 < target && target - version <= policy.max_catchup_lag) bases.insert(version);
+  }
+  std::optional<Manifest> before;  // version target - 1's, read when a new pin needs a chain
+  for (uint64_t base : bases) {
+    if (written.size() == policy.max_catchup_bases) break;
+    const std::string what =
+        "catch-up delta from version " + std::to_string(base) + " to " + std::to_string(target);
+    // From `base` to target - 1: held, or the previous catch-up delta, or the cheapest chain.
+    const sync::ModelDelta* earlier = recent ? recent->Find(base, target - 1) : nullptr;
+    std::vector<LoadedDelta> loaded;  // `earlier` may point into these
+    sync::ModelDelta chain;
+    if (earlier == nullptr) {
+      WEFT_ASSIGN_OR_RETURN(std::optional<BlobRef> previous,
+                            FindCatchup(store, run_id, target - 1, base));
+      std::vector<BlobRef> blobs;
+      if (previous) {
+        blobs.push_back(*previous);
+      } else {
+        if (!before) {
+          Result<Manifest> read = ReadManifest(store, run_id, target - 1);
+          if (!read.ok()) return read.status().WithContext(what);
+          before = std::move(*read);
+        }
+        Result<PullPlan> plan = PlanPath(store, run_id, *before, base, false);
+        if (!plan.ok()) continue;  // the pinned version was collected or never chained
+        for (const PullPlan::Step& step : plan->steps) blobs.push_back(step.blob);
+      }
+      for (const BlobRef& blob : blobs) {
+        WEFT_ASSIGN_OR_RETURN(LoadedDelta next, FetchDelta(store, blob, what));
+        loaded.push_back(std::move(next));
+      }
+      if (loaded.empty()) continue;
+      earlier = &loaded.front().delta;
+      for (size_t i = 1; i < loaded.size(); ++i) {
+        Result<sync::ModelDelta> both = sync::SquashModelDeltas(*earlier, loaded[i].delta, threads);
+        if (!both.ok()) return both.status().WithContext(what);
+        chain = std::move(both).value();
+        earlier = &chain;
+      }
+    }
+    Result<sync::ModelDelta> squashed = sync::SquashModelDeltas(*earlier, delta, threads);
+    if (!squashed.ok()) return squashed.status().WithContext(what);
+    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, sync::SerializeModelDelta(*squashed)));
+    Catchup record{run_id, base, target, blob};
+    const std::string text = record.ToJson();
+    WEFT_RETURN_IF_ERROR(
+        store.PutImmutable(CatchupKey(run_id, target, base),
+                           {reinterpret_cast<const uint8_t*>(text.data()), text.size()}));
+    written.push_back({base, blob, std::move(squashed).value()});
+  }
+  return written;
+}
+
+}  // namespace weft::policy_store

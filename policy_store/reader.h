@@ -1,0 +1,78 @@
+// StoreReader: brings a local copy of a run's served tensors to a version, along the path of fewest
+// bytes (planner.h), with everything checked.
+//
+// Every blob's SHA-256 is checked against its manifest, every delta's digests as it is applied,
+// and the result's digests against the target's manifest; nothing that fails a check reaches the
+// caller. A reader one or more versions behind applies the deltas of its path in place, in
+// O(changed elements): the path is squashed into one delta without the weights, checked to land
+// on the target's digests, and applied all tensors at once (sync::ServedModel::Apply), so on any
+// error the copy is exactly as it was. A reader with nothing (or whose version retention removed)
+// loads a keyframe. Manifests and blobs are fetched concurrently. Not thread-safe; one per caller.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "policy_store/manifest.h"
+#include "policy_store/object_store.h"
+#include "sync/served_model.h"
+
+namespace weft::policy_store {
+
+struct PullReport {
+  std::optional<uint64_t> from;  // the version held before, if the path started from it
+  uint64_t to = 0;
+  uint64_t bytes_downloaded = 0;
+  std::string path;              // e.g. "keyframe v100 + 3 deltas" or "4 deltas from v96"
+  std::vector<BlobRef> fetched;  // the blobs of that path, in the order they apply
+  Manifest manifest;             // the target's manifest, which the copy now matches
+};
+
+// Whether `model` holds exactly the manifest's tensors: names, dtypes, shapes and digests. By
+// default the digests the model keeps are compared (O(tensors)), after `pending` (if given) would
+// be applied; with `recompute`, every digest is recomputed from the bytes on `threads` threads
+// (O(bytes): the full proof that the bytes are the version's). kDataLoss names the first tensor
+// that differs.
+Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
+                            const sync::ModelDelta* pending = nullptr, bool recompute = false,
+                            int threads = 1);
+
+class StoreReader {
+ public:
+  // `threads` compute (decoding, digests); up to `fetch_concurrency` requests are in flight.
+  StoreReader(ObjectStore& store, std::string run_id, int threads, int fetch_concurrency = 16)
+      : store_(store),
+        run_id_(std::move(run_id)),
+        threads_(threads),
+        fetch_concurrency_(fetch_concurrency) {}
+
+  // The latest complete version; kNotFound when the run has none.
+  Result<uint64_t> Latest();
+  Result<Manifest> GetManifest(uint64_t version);
+  // Versions with a manifest, ascending.
+  Result<std::vector<uint64_t>> Versions();
+
+  // Brings `*model` to `target`. `have` is the version `*model` holds (its digests must match that
+  // version's manifest), or nullopt for an empty model; `held`, when given, is that version's
+  // manifest (saving a fetch). On error `*model` is unchanged.
+  Result<PullReport> Pull(uint64_t target, std::optional<uint64_t> have, sync::ServedModel* model,
+                          const Manifest* held = nullptr);
+
+  // The version whose manifest digests equal `model`'s, searching back from `latest`; nullopt
+  // when none of the last `max_versions` matches.
+  Result<std::optional<uint64_t>> IdentifyVersion(const sync::ServedModel& model,
+                                                  uint64_t max_versions = 1000);
+
+ private:
+  // The keyframe blob `bytes` (already verified) as a model checked against its manifest.
+  Result<sync::ServedModel> LoadKeyframe(const Manifest& manifest, std::span<const uint8_t> bytes);
+
+  ObjectStore& store_;
+  std::string run_id_;
+  int threads_;
+  int fetch_concurrency_;
+};
+
+}  // namespace weft::policy_store

@@ -1,0 +1,55 @@
+// Relay: a regional pull-through cache of a store server (`weft relay`; docs/api.md, "Relay").
+//
+// A read-only store server in front of a CachingStore (caching_store.h) in front of the upstream
+// store server, reached over an optionally shaped link (link_shaper.h): blobs are fetched once per
+// region however many readers ask at once, checked against their hash when cached and when read,
+// and kept within a byte bound; manifests are kept in memory; `latest` and listings pass through.
+// GET /v1/stats serves the cache's counters. Start() returns once the port is bound; Stop() (or
+// the destructor) closes it. Thread-safe, except that Stop() must not race with itself.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "policy_store/caching_store.h"
+#include "policy_store/link_shaper.h"
+#include "policy_store/object_store.h"
+#include "policy_store/store_server.h"
+
+namespace weft::policy_store {
+
+struct RelayOptions {
+  std::string upstream;  // http:// or https:// URL of a store server (or of another relay)
+  std::string cache_dir;
+  uint64_t cache_bytes = uint64_t{10} << 30;
+  LinkShape link;  // the emulated link to the upstream (inactive: the link as it is)
+  std::chrono::milliseconds deadline{120000};  // per upstream request, retries included
+  std::string address = "127.0.0.1";
+  uint16_t port = 0;  // 0: any free port
+  // Each request may wait on the upstream link: enough threads that readers do not queue behind it.
+  int threads = 64;
+};
+
+class Relay {
+ public:
+  static Result<std::unique_ptr<Relay>> Start(const RelayOptions& options);
+  ~Relay();
+
+  uint16_t port() const { return server_->port(); }
+  CacheStats stats() const { return cache_->stats(); }
+  // "relay of URL (cache DIR, at most N bytes; upstream link shaped to ...)".
+  std::string Describe() const;
+  void Stop();
+
+ private:
+  explicit Relay(RelayOptions options) : options_(std::move(options)) {}
+
+  RelayOptions options_;
+  std::unique_ptr<ObjectStore> upstream_;
+  std::unique_ptr<CachingStore> cache_;
+  std::unique_ptr<StoreServer> server_;
+};
+
+}  // namespace weft::policy_store
