@@ -111,8 +111,9 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   }
 
   if (const YAML::Node w = root["worker"]) {
-    WEFT_RETURN_IF_ERROR(
-        CheckKeys(w, "worker", {"capacity", "threads", "temperature", "top_p", "heartbeat"}));
+    WEFT_RETURN_IF_ERROR(CheckKeys(
+        w, "worker", {"engine", "capacity", "threads", "temperature", "top_p", "heartbeat"}));
+    WEFT_RETURN_IF_ERROR(ReadString(w, "worker", "engine", &c.worker.engine));
     int capacity = static_cast<int>(c.worker.capacity);
     WEFT_RETURN_IF_ERROR(ReadInt(w, "worker", "capacity", &capacity, 1, 256));
     c.worker.capacity = static_cast<uint32_t>(capacity);
@@ -127,19 +128,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   }
 
   examples::ExampleTrainerOptions& t = c.trainer;
-  if (const YAML::Node m = root["model"]) {
-    WEFT_RETURN_IF_ERROR(CheckKeys(m, "model", {"d_model", "layers", "heads", "d_ff"}));
-    WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_model", &t.model.d_model, 4, 4096));
-    WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "layers", &t.model.layers, 1, 64));
-    WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "heads", &t.model.heads, 1, 64));
-    WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_ff", &t.model.d_ff, 4, 65536));
-    if (t.model.d_model % t.model.heads != 0)
-      return InvalidArgument("model.d_model must be a multiple of model.heads");
-  }
-  if (const YAML::Node task = root["task"]) {
-    WEFT_RETURN_IF_ERROR(CheckKeys(task, "task", {"digits"}));
-    WEFT_RETURN_IF_ERROR(ReadInt(task, "task", "digits", &t.digits, 1, 6));
-  }
+  WEFT_RETURN_IF_ERROR(ParseModelSection(root["model"], &t.model));
+  WEFT_RETURN_IF_ERROR(ParseTaskSection(root["task"], &c.task, &t.digits));
   if (const YAML::Node tr = root["trainer"]) {
     WEFT_RETURN_IF_ERROR(
         CheckKeys(tr, "trainer",
@@ -192,6 +182,26 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
 
 }  // namespace
 
+Status ParseModelSection(const YAML::Node& m, examples::TinyLmConfig* model) {
+  if (!m) return Status::Ok();
+  WEFT_RETURN_IF_ERROR(CheckKeys(m, "model", {"d_model", "layers", "heads", "d_ff"}));
+  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_model", &model->d_model, 4, 4096));
+  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "layers", &model->layers, 1, 64));
+  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "heads", &model->heads, 1, 64));
+  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_ff", &model->d_ff, 4, 65536));
+  if (model->d_model % model->heads != 0) {
+    return InvalidArgument("model.d_model must be a multiple of model.heads");
+  }
+  return Status::Ok();
+}
+
+Status ParseTaskSection(const YAML::Node& task, std::string* name, int* digits) {
+  if (!task) return Status::Ok();
+  WEFT_RETURN_IF_ERROR(CheckKeys(task, "task", {"name", "digits"}));
+  WEFT_RETURN_IF_ERROR(ReadString(task, "task", "name", name));
+  return ReadInt(task, "task", "digits", digits, 1, 6);
+}
+
 std::string RunConfig::orchestrator_listen() const {
   return orchestrator.service.server.address + ":" +
          std::to_string(orchestrator.service.server.port);
@@ -208,6 +218,7 @@ Result<RunConfig> LoadRunConfig(const std::string& path) {
   WEFT_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlFile(path));
   RunConfig config;
   config.path = path;
+  config.document = root;
   Status parsed = ParseSections(root, config);
   if (!parsed.ok()) return parsed.message().rfind(path, 0) == 0 ? parsed : parsed.WithContext(path);
   return config;

@@ -26,8 +26,9 @@ struct RegionConfig {
 };
 
 struct WorkerSettings {
-  uint32_t capacity = 1;  // jobs generated at once per worker
-  int threads = 1;        // engine threads per worker
+  std::string engine = "embedded";  // by name (rollout_worker/registry.h)
+  uint32_t capacity = 1;            // jobs generated at once per worker
+  int threads = 1;                  // engine threads per worker
   double temperature = 1.0;
   double top_p = 1.0;
   std::chrono::milliseconds heartbeat{1000};
@@ -43,8 +44,10 @@ struct RunConfig {
   orchestrator::OrchestratorConfig orchestrator;
   std::vector<RegionConfig> regions;
   WorkerSettings worker;
-  examples::ExampleTrainerOptions
-      trainer;  // model, task and trainer sections (store and URLs unset)
+  std::string task = "arithmetic";  // task.name, by name (rollout_worker/registry.h)
+  // The model, task and trainer sections as the example trainer takes them (store and URLs unset).
+  examples::ExampleTrainerOptions trainer;
+  YAML::Node document;  // the whole file, for the engine's and task's factories
 
   std::string orchestrator_listen() const;  // ADDRESS:PORT
   std::string orchestrator_url() const { return "http://" + orchestrator_listen(); }
@@ -53,5 +56,10 @@ struct RunConfig {
 };
 
 Result<RunConfig> LoadRunConfig(const std::string& path);
+
+// The sections the example policy and task read (`model`, `task`), for the run config and the
+// built-in engine and task alike. Errors name the key.
+Status ParseModelSection(const YAML::Node& model, examples::TinyLmConfig* config);
+Status ParseTaskSection(const YAML::Node& task, std::string* name, int* digits);
 
 }  // namespace weft::cli

@@ -1,17 +1,11 @@
-// weft worker: one rollout cluster (the embedded engine running the example policy) joining a run.
-// weft train: the example trainer of a run.
+// weft worker: one rollout cluster joining a run, driving the engine and generating for the task
+// the run's config names (cli/builtins.h).
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 
+#include "cli/builtins.h"
 #include "cli/commands.h"
 #include "cli/run_config.h"
-#include "common/file_util.h"
-#include "common/logging.h"
-#include "examples/arithmetic_task.h"
-#include "examples/embedded_engine.h"
-#include "examples/example_trainer.h"
 #include "orchestrator/client.h"
 #include "policy_store/object_store.h"
 #include "rollout_worker/worker.h"
@@ -53,11 +47,13 @@ Status RunWorker(const WorkerFlags& flags) {
   orchestrator::OrchestratorClient client(orchestrator_url,
                                           config.orchestrator.service.worker_token, http);
 
-  const examples::ArithmeticTask task(config.trainer.digits);
-  examples::TinyLmConfig model = config.trainer.model;
-  model.max_seq = task.max_length();
-  examples::EmbeddedEngine engine(model, config.worker.threads);
-  const examples::ArithmeticVerifier verifier(task);
+  const rollout_worker::ComponentConfig component{config.document, config.path,
+                                                  config.worker.threads};
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::Task> task,
+                        Builtins().MakeTask(config.task, component));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::Engine> engine,
+                        Builtins().MakeEngine(config.worker.engine, component, *task));
+  const rollout_worker::TaskLimits limits = task->limits();
 
   rollout_worker::WorkerOptions options;
   options.cluster = flags.cluster;
@@ -67,9 +63,9 @@ Status RunWorker(const WorkerFlags& flags) {
   options.heartbeat_interval = config.worker.heartbeat;
   options.sampling.temperature = static_cast<float>(config.worker.temperature);
   options.sampling.top_p = static_cast<float>(config.worker.top_p);
-  options.sampling.max_tokens = task.digits() + 2;
-  options.sampling.stop_token = examples::ArithmeticTask::kEnd;
-  rollout_worker::RolloutWorker worker(options, client, *store, engine, verifier);
+  options.sampling.max_tokens = limits.max_completion_tokens;
+  options.sampling.stop_token = limits.stop_token;
+  rollout_worker::RolloutWorker worker(options, client, *store, *engine, *task);
 
   StopSignals stop;  // before any thread starts
   std::printf("worker %s (region %s): orchestrator %s, weights from %s\n", flags.cluster.c_str(),
@@ -102,35 +98,6 @@ Status RunWorker(const WorkerFlags& flags) {
   return ran;
 }
 
-struct TrainFlags {
-  std::string config;
-  std::string store;     // default: <run dir>/store
-  std::string progress;  // default: <run dir>/trainer.json
-};
-
-Status RunTrain(const TrainFlags& flags) {
-  WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
-  examples::ExampleTrainerOptions options = config.trainer;
-  options.store = flags.store.empty() ? config.dir + "/store" : flags.store;
-  const std::string progress_path =
-      flags.progress.empty() ? config.dir + "/trainer.json" : flags.progress;
-  auto write = [&](const examples::TrainerSummary& summary) {
-    Status written = WriteTextFileAtomic(progress_path, summary.ToJson().dump());
-    if (!written.ok()) {
-      WEFT_LOG(kWarning) << "cannot write " << progress_path << ": " << written.message();
-    }
-  };
-  WEFT_ASSIGN_OR_RETURN(examples::TrainerSummary summary,
-                        examples::RunExampleTrainer(options, write));
-  std::printf(
-      "trained %zu steps: reward %.3f -> %.3f, greedy accuracy %.3f -> %.3f (random policy %.5f); "
-      "%llu versions published\n",
-      summary.steps.size(), summary.initial_reward, summary.final_reward,
-      summary.eval_accuracy_before, summary.eval_accuracy_after, summary.random_policy_reward,
-      static_cast<unsigned long long>(summary.versions_published));
-  return Status::Ok();
-}
-
 }  // namespace
 
 void RegisterWorker(CLI::App& app, Action* action) {
@@ -147,18 +114,6 @@ void RegisterWorker(CLI::App& app, Action* action) {
   w->add_option("--store", flags->store,
                 "where weights come from (default: the region's relay from the config)");
   w->callback([flags, action] { *action = [flags] { return RunWorker(*flags); }; });
-}
-
-void RegisterTrain(CLI::App& app, Action* action) {
-  auto flags = std::make_shared<TrainFlags>();
-  CLI::App* t = app.add_subcommand("train", "The example trainer of a run (weft run starts it)");
-  t->add_option("--config", flags->config, "the run's YAML config")
-      ->required()
-      ->check(CLI::ExistingFile);
-  t->add_option("--store", flags->store, "the store it publishes to (default: <run dir>/store)");
-  t->add_option("--progress", flags->progress,
-                "JSON file rewritten after every step (default: <run dir>/trainer.json)");
-  t->callback([flags, action] { *action = [flags] { return RunTrain(*flags); }; });
 }
 
 }  // namespace weft::cli

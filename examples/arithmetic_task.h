@@ -48,6 +48,11 @@ class ArithmeticTask {
 class ArithmeticVerifier : public rollout_worker::Task {
  public:
   explicit ArithmeticVerifier(ArithmeticTask task) : task_(task) {}
+  // Prompts of a begin token, two operands, '+' and '='; answers of up to digits + 1 digits and
+  // the end token.
+  rollout_worker::TaskLimits limits() const override {
+    return {2 * task_.digits() + 3, task_.digits() + 2, ArithmeticTask::kEnd};
+  }
   Result<std::vector<int>> Encode(const nlohmann::json& prompt) const override;
   Result<double> Reward(const nlohmann::json& prompt,
                         const std::vector<int>& completion) const override;

@@ -1,6 +1,7 @@
 // Task: what a rollout worker needs to know about the problems it generates for: how a job's
-// prompt (the JSON the trainer queued) becomes token ids, and the verifier that scores a
-// completion. The example task is examples/arithmetic_task.h.
+// prompt (the JSON the trainer queued) becomes token ids, the verifier that scores a completion,
+// and the lengths it needs. Tasks are chosen by name (rollout_worker/registry.h); the example task
+// is examples/arithmetic_task.h.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,9 +12,18 @@
 
 namespace weft::rollout_worker {
 
+// The lengths a task needs: the longest prompt it encodes and the longest completion it scores, in
+// tokens, and the token that ends a completion (-1: none).
+struct TaskLimits {
+  int max_prompt_tokens = 0;
+  int max_completion_tokens = 0;
+  int stop_token = -1;
+};
+
 class Task {
  public:
   virtual ~Task() = default;
+  virtual TaskLimits limits() const = 0;
   // The prompt's token ids; errors say what is wrong with the prompt.
   virtual Result<std::vector<int>> Encode(const nlohmann::json& prompt) const = 0;
   // The reward of `completion` (generated token ids) for `prompt`.

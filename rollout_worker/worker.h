@@ -112,8 +112,8 @@ class RolloutWorker {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   bool stop_ = false;
-  sync::ServedModel served_;                        // the sync loop's own
-  std::optional<policy_store::Manifest> held_;      // the manifest of the version served_ holds
+  sync::ServedModel served_;                    // the sync loop's own
+  std::optional<policy_store::Manifest> held_;  // the manifest of the version served_ holds
   bool engine_current_ = false;  // whether the engine was last given served_ as it is now
   std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
   std::optional<uint64_t> ready_;                   // proved and committed: what heartbeats report

@@ -1,0 +1,14 @@
+// The engine and task built into the weft binary, registered in one place: the embedded engine
+// (examples/embedded_engine.h, the example policy on the CPU; it serves the run's `model` section)
+// as "embedded", and the addition task (examples/arithmetic_task.h; the run's `task` section) as
+// "arithmetic".
+#pragma once
+
+#include "rollout_worker/registry.h"
+
+namespace weft::cli {
+
+// The registry of `weft worker` and `weft run`, with the built-in engine and task.
+const rollout_worker::Registry& Builtins();
+
+}  // namespace weft::cli

@@ -1,0 +1,37 @@
+// The report of `weft run` (docs/run.md, "The progress line" and "The report"): the live progress
+// line, report.json built from the trainer's progress file and the orchestrator's and relays'
+// final state, its picture (report.svg), and the summary printed at the end. Pure functions of
+// their inputs; no I/O except the summary's printing.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/run_config.h"
+
+namespace weft::cli {
+
+// "step 37/150 v37 reward 0.712 lag 1.2 (max 3) | ready us-east 2/2 ... | synced 4.1 MB | dropped
+// 0", from the trainer's progress file and /v1/status (either may be null).
+std::string ProgressLine(const nlohmann::json& trainer, const nlohmann::json& status,
+                         const RunConfig& config);
+
+// How a run ended, as the report records it.
+struct RunOutcome {
+  std::string config_path;  // absolute
+  std::string failure;      // empty: completed
+  double seconds = 0;
+  nlohmann::json trainer;               // its last progress file (null if none)
+  nlohmann::json status;                // the orchestrator's last /v1/status (null if none)
+  nlohmann::json relays;                // region -> the relay's /v1/stats
+  std::map<std::string, int> restarts;  // process name -> restarts, for those restarted
+};
+
+nlohmann::json BuildReport(const RunConfig& config, const RunOutcome& outcome);
+// The picture: reward per step, and delta bytes per version against a full checkpoint.
+std::string ReportSvg(const nlohmann::json& report);
+// The summary on standard output.
+void PrintSummary(const RunConfig& config, const nlohmann::json& report);
+
+}  // namespace weft::cli

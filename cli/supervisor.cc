@@ -1,0 +1,125 @@
+#include "cli/supervisor.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+namespace weft::cli {
+
+using Clock = std::chrono::steady_clock;
+
+Child MakeChild(std::string name, std::vector<std::string> args, bool restart,
+                std::string listen) {
+  Child child;
+  child.name = std::move(name);
+  child.args = std::move(args);
+  child.restart = restart;
+  child.listen = std::move(listen);
+  return child;
+}
+
+Status Supervisor::Start(Child& child) {
+  std::vector<std::string> argv = {binary_};
+  argv.insert(argv.end(), child.args.begin(), child.args.end());
+  std::vector<char*> raw;
+  for (std::string& a : argv) raw.push_back(a.data());
+  raw.push_back(nullptr);
+  const std::string log = log_dir_ + "/" + child.name + ".log";
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return Internal("cannot open " + log);
+  sigset_t none;
+  sigemptyset(&none);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    ::close(fd);
+    return Internal("fork failed for " + child.name);
+  }
+  if (pid == 0) {
+    // The child: its own process group (a Ctrl-C reaches only weft run, which stops everything
+    // in order), output to its log, signals unblocked.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // weft run killed outright: its processes stop too
+    dup2(fd, 1);
+    dup2(fd, 2);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(raw[0], raw.data());
+    _exit(127);
+  }
+  ::close(fd);
+  child.pid = pid;
+  child.running = true;
+  child.ended.clear();
+  return Status::Ok();
+}
+
+std::vector<Child*> Supervisor::Reap(std::vector<Child>& children) {
+  std::vector<Child*> ended;
+  for (Child& c : children) {
+    if (!c.running) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.running = false;
+      c.ended = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                  : "killed by signal " + std::to_string(WTERMSIG(status));
+      c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      ended.push_back(&c);
+    }
+  }
+  return ended;
+}
+
+void Supervisor::Stop(std::vector<Child*> children, std::chrono::milliseconds grace) {
+  for (Child* c : children) {
+    if (c->running) kill(c->pid, SIGTERM);
+  }
+  const auto deadline = Clock::now() + grace;
+  for (Child* c : children) {
+    while (c->running) {
+      int status = 0;
+      if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
+        c->running = false;
+        c->ended = "stopped";
+        break;
+      }
+      if (Clock::now() > deadline) {
+        kill(c->pid, SIGKILL);
+        waitpid(c->pid, &status, 0);
+        c->running = false;
+        c->ended =
+            "killed after not stopping within " + std::to_string(grace.count() / 1000) + " s";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+bool WaitForPort(const std::string& listen, std::chrono::milliseconds timeout, const Child& child) {
+  const size_t colon = listen.rfind(':');
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(std::stoi(listen.substr(colon + 1))));
+  std::string host = listen.substr(0, colon);
+  if (host == "0.0.0.0" || host == "localhost") host = "127.0.0.1";
+  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) return false;
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    ::close(fd);
+    if (connected) return true;
+    int status = 0;
+    if (waitpid(child.pid, &status, WNOHANG) == child.pid) return false;  // it died
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace weft::cli
