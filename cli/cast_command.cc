@@ -13,6 +13,7 @@
 #include "sync/convert.h"
 #include "sync/fp8_scaling.h"
 #include "sync/safetensors.h"
+#include "sync/serving.h"
 
 namespace weft::cli {
 namespace {
@@ -75,7 +76,6 @@ Status RunCast(const CastOptions& options) {
   WEFT_ASSIGN_OR_RETURN(SafetensorsFile input, SafetensorsFile::Open(options.input));
   const Saturation saturation =
       options.no_saturate ? Saturation::kNoSaturate : Saturation::kSaturateFinite;
-  const Fp8Format fp8 = target == DType::kF8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
 
   std::vector<std::vector<uint8_t>> storage;
   storage.reserve(2 * input.tensors().size());
@@ -92,23 +92,15 @@ Status RunCast(const CastOptions& options) {
     }
     Result<std::vector<float>> values = ReadAsFloat(input, tensor);
     if (!values.ok()) return values.status().WithContext(options.input);
-    const uint64_t n = values->size();
-    storage.emplace_back(n * Info(target).size);
-    std::vector<uint8_t>& out = storage.back();
-    if (target == DType::kBF16) {
-      ConvertBf16(*values, {reinterpret_cast<uint16_t*>(out.data()), n});
-    } else if (target == DType::kF16) {
-      ConvertF16(*values, {reinterpret_cast<uint16_t*>(out.data()), n});
-    } else {
-      BlockScaling scaling = ScalingForShape(tensor.shape, options.block);
-      std::vector<float> scales = ComputeScales(*values, scaling, fp8);
-      QuantizeFp8(*values, scaling, scales, fp8, saturation, out);
-      storage.emplace_back(scales.size() * sizeof(float));
-      std::memcpy(storage.back().data(), scales.data(), storage.back().size());
-      outputs.push_back(
-          {ScaleTensorName(tensor.name), DType::kF32, scaling.scale_shape(), storage.back()});
+    ServedValues served = Serve(*values, tensor.shape, target, options.block, saturation);
+    if (to_fp8) {
+      storage.emplace_back(served.scales.size() * sizeof(float));
+      std::memcpy(storage.back().data(), served.scales.data(), storage.back().size());
+      outputs.push_back({ScaleTensorName(tensor.name), DType::kF32, served.scaling.scale_shape(),
+                         storage.back()});
     }
-    outputs.push_back({tensor.name, target, tensor.shape, out});
+    storage.push_back(std::move(served.bytes));
+    outputs.push_back({tensor.name, target, tensor.shape, storage.back()});
     ++converted;
   }
   WEFT_RETURN_IF_ERROR(WriteSafetensors(options.output, outputs, input.metadata()));

@@ -60,29 +60,20 @@ Status RunEncode(const DeltaOptions& options) {
   const std::string& new_path = options.inputs[1];
   WEFT_ASSIGN_OR_RETURN(SafetensorsFile old_file, SafetensorsFile::Open(old_path));
   WEFT_ASSIGN_OR_RETURN(SafetensorsFile new_file, SafetensorsFile::Open(new_path));
-  if (old_file.tensors().size() != new_file.tensors().size()) {
-    return InvalidArgument(old_path + " has " + std::to_string(old_file.tensors().size()) +
-                           " tensors, " + new_path + " has " +
-                           std::to_string(new_file.tensors().size()));
-  }
   auto start = std::chrono::steady_clock::now();
-  ModelDelta delta;
-  uint64_t bytes_in = 0;
-  for (const SafetensorsTensor& old_tensor : old_file.tensors()) {
-    const SafetensorsTensor* new_tensor = new_file.Find(old_tensor.name);
-    if (new_tensor == nullptr)
-      return InvalidArgument(new_path + ": no tensor '" + old_tensor.name + "' (present in " +
-                             old_path + ")");
-    if (new_tensor->dtype != old_tensor.dtype || new_tensor->shape != old_tensor.shape) {
-      return InvalidArgument("tensor '" + old_tensor.name + "' has a different dtype or shape in " +
-                             old_path + " and " + new_path);
-    }
-    WEFT_ASSIGN_OR_RETURN(TensorDelta tensor_delta,
-                          EncodeTensorDelta(SpecOf(old_tensor), old_tensor.data, new_tensor->data,
-                                            CodecOptions{options.chunk_log2, Threads(options)}));
-    bytes_in += old_tensor.data.size();
-    delta.tensors.push_back(std::move(tensor_delta));
+  auto views = [](const SafetensorsFile& file) {
+    std::vector<TensorBytes> tensors;
+    for (const SafetensorsTensor& t : file.tensors()) tensors.push_back({SpecOf(t), t.data, {}});
+    return tensors;
+  };
+  Result<ModelDelta> encoded = EncodeModelDelta(views(old_file), views(new_file),
+                                                CodecOptions{options.chunk_log2, Threads(options)});
+  if (!encoded.ok()) {
+    return encoded.status().WithContext(old_path + " -> " + new_path);
   }
+  const ModelDelta& delta = *encoded;
+  uint64_t bytes_in = 0;
+  for (const SafetensorsTensor& t : old_file.tensors()) bytes_in += t.data.size();
   std::vector<uint8_t> bytes = SerializeModelDelta(delta);
   double seconds = Seconds(start);
   WEFT_RETURN_IF_ERROR(WriteBytes(options.output, bytes));

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "sync/convert_simd.h"
+#include "sync/cpu.h"
 
 namespace weft::sync {
 namespace {
@@ -57,7 +58,7 @@ std::array<float, 256> MakeFp8Table(Fp8Format format) {
 const std::array<float, 256> kE4M3Table = MakeFp8Table(Fp8Format::kE4M3);
 const std::array<float, 256> kE5M2Table = MakeFp8Table(Fp8Format::kE5M2);
 
-const bool kUseSimd = detail::CpuHasAvx2F16c();
+const bool kUseSimd = Cpu().avx2;
 
 }  // namespace
 

@@ -10,13 +10,9 @@ namespace weft::sync::detail {
 
 #if defined(__x86_64__)
 
-#define WEFT_AVX2 __attribute__((target("avx2,f16c,fma,bmi,bmi2")))
-
-bool CpuHasAvx2F16c() { return Cpu().avx2_f16c; }
-
 namespace {
 
-WEFT_AVX2 inline __m256i Bf16Convert8(const float* source) {
+WEFT_TARGET_AVX2 inline __m256i Bf16Convert8(const float* source) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(source));
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_srli_epi32(
@@ -29,7 +25,7 @@ WEFT_AVX2 inline __m256i Bf16Convert8(const float* source) {
 
 }  // namespace
 
-WEFT_AVX2 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out) {
+WEFT_TARGET_AVX2 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out) {
   const size_t n = in.size();
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -43,7 +39,7 @@ WEFT_AVX2 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> ou
   for (; i < n; ++i) out[i] = FloatToBf16Ref(in[i]);
 }
 
-WEFT_AVX2 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out) {
+WEFT_TARGET_AVX2 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out) {
   const size_t n = in.size();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -55,7 +51,7 @@ WEFT_AVX2 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out
   for (; i < n; ++i) out[i] = FloatToF16Ref(in[i]);
 }
 
-WEFT_AVX2 float AbsMaxAvx2(std::span<const float> values) {
+WEFT_TARGET_AVX2 float AbsMaxAvx2(std::span<const float> values) {
   const size_t n = values.size();
   const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
@@ -77,8 +73,9 @@ namespace {
 
 // Branch-free FP8 rounding on eight floats at once; mirrors FloatToFp8Ref case by case.
 template <int kMantissaBits, int kBias>
-WEFT_AVX2 inline __m256i Fp8Convert8(__m256 values, uint32_t min_normal, uint32_t overflow_above,
-                                     uint32_t overflow_result, __m256 subnormal_magic) {
+WEFT_TARGET_AVX2 inline __m256i Fp8Convert8(__m256 values, uint32_t min_normal,
+                                            uint32_t overflow_above, uint32_t overflow_result,
+                                            __m256 subnormal_magic) {
   constexpr int kDrop = 23 - kMantissaBits;
   __m256i bits = _mm256_castps_si256(values);
   __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
@@ -108,10 +105,10 @@ WEFT_AVX2 inline __m256i Fp8Convert8(__m256 values, uint32_t min_normal, uint32_
 }
 
 template <int kMantissaBits, int kBias>
-WEFT_AVX2 void ConvertFp8Loop(std::span<const float> in, std::span<uint8_t> out, Fp8Format format,
-                              Saturation saturation, float divisor, uint32_t min_normal,
-                              uint32_t overflow_above, uint32_t max_finite, uint32_t overflow_code,
-                              float magic) {
+WEFT_TARGET_AVX2 void ConvertFp8Loop(std::span<const float> in, std::span<uint8_t> out,
+                                     Fp8Format format, Saturation saturation, float divisor,
+                                     uint32_t min_normal, uint32_t overflow_above,
+                                     uint32_t max_finite, uint32_t overflow_code, float magic) {
   const size_t n = in.size();
   const uint32_t overflow_result =
       saturation == Saturation::kSaturateFinite ? max_finite : overflow_code;
@@ -153,7 +150,6 @@ void ConvertFp8Avx2(std::span<const float> in, std::span<uint8_t> out, Fp8Format
 
 #else  // not x86-64: scalar references only
 
-bool CpuHasAvx2F16c() { return false; }
 float AbsMaxAvx2(std::span<const float> values) { return AbsMaxRef(values); }
 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out) {
   ConvertBf16Ref(in, out);

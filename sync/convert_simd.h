@@ -1,8 +1,8 @@
 // Internal: the SIMD conversion kernels behind sync/convert.h. Use convert.h instead.
 //
-// On x86-64 these are compiled for AVX2 + F16C with per-function target attributes and are only
-// called when CpuHasAvx2F16c() is true. Elsewhere CpuHasAvx2F16c() is false and the kernels are
-// the scalar references.
+// On x86-64 these are compiled per function for the AVX2 level of sync/cpu.h and are only called
+// when Cpu().avx2 is true. Elsewhere Cpu().avx2 is false and the kernels are the scalar
+// references.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +17,6 @@ namespace weft::sync::detail {
 // half of the machine's read bandwidth; a software prefetch this far ahead closes the gap.
 inline constexpr size_t kPrefetchBytes = 4096;
 
-bool CpuHasAvx2F16c();
 void ConvertBf16Avx2(std::span<const float> in, std::span<uint16_t> out);
 void ConvertF16Avx2(std::span<const float> in, std::span<uint16_t> out);
 float AbsMaxAvx2(std::span<const float> values);

@@ -15,7 +15,7 @@ CpuFeatures Detect() {
 #if defined(__x86_64__)
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return features;
-  const bool f16c = ecx & (1u << 29);
+  const bool fma = ecx & (1u << 12), popcnt = ecx & (1u << 23), f16c = ecx & (1u << 29);
   const bool osxsave = ecx & (1u << 27);
   if (!osxsave) return features;
   unsigned xcr0_low, xcr0_high;
@@ -25,9 +25,8 @@ CpuFeatures Detect() {
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return features;
   const bool avx2 = ebx & (1u << 5), bmi1 = ebx & (1u << 3), bmi2 = ebx & (1u << 8);
   const bool avx512f = ebx & (1u << 16), avx512dq = ebx & (1u << 17), avx512bw = ebx & (1u << 30);
-  features.avx2_f16c = ymm_saved && f16c && avx2 && bmi1 && bmi2;
-  features.avx512dq = zmm_saved && avx512f && avx512dq;
-  features.avx512bw = zmm_saved && avx512f && avx512bw && features.avx2_f16c;
+  features.avx2 = ymm_saved && avx2 && f16c && fma && bmi1 && bmi2 && popcnt;
+  features.avx512 = features.avx2 && zmm_saved && avx512f && avx512bw && avx512dq;
 #endif
   return features;
 }
@@ -35,11 +34,8 @@ CpuFeatures Detect() {
 CpuFeatures Capped(CpuFeatures features) {
   const char* cap = std::getenv("WEFT_CPU");
   if (cap == nullptr) return features;
-  if (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "scalar") == 0) {
-    features.avx512dq = false;
-    features.avx512bw = false;
-  }
-  if (std::strcmp(cap, "scalar") == 0) features.avx2_f16c = false;
+  if (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "scalar") == 0) features.avx512 = false;
+  if (std::strcmp(cap, "scalar") == 0) features.avx2 = false;
   return features;
 }
 

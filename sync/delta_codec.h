@@ -35,6 +35,7 @@
 #include "sync/digest.h"
 #include "sync/dtype.h"
 #include "sync/fp8_scaling.h"
+#include "sync/serving.h"
 
 namespace weft::sync {
 
@@ -122,14 +123,6 @@ struct TensorBytes {
 Result<ModelDelta> EncodeModelDelta(const std::vector<TensorBytes>& old_tensors,
                                     const std::vector<TensorBytes>& new_tensors,
                                     const CodecOptions& options);
-
-// How FP32 master weights become the served tensor in the fused path.
-struct ServeFormat {
-  DType dtype = DType::kBF16;                           // kBF16, kF16, kF8E4M3 or kF8E5M2
-  Saturation saturation = Saturation::kSaturateFinite;  // FP8 only
-  const BlockScaling* scaling = nullptr;                // FP8 only: the tiles of `scales`
-  std::span<const float> scales;                        // FP8 only: divisor per tile
-};
 
 // The fused path: converts `master` to the serving format, diffs it against `served` (the
 // previously served tensor, updated in place to the new one), and encodes the delta, in one

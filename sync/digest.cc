@@ -31,11 +31,10 @@ Digest SumTerms(const uint8_t* bytes, size_t count, uint64_t first_index) {
 }
 
 #if defined(__x86_64__)
-#define WEFT_AVX512 __attribute__((target("avx512f,avx512dq")))
 
 // digest_detail::Mix on eight 64-bit lanes.
 template <int kShift1, uint64_t kMultiply1, int kShift2, uint64_t kMultiply2, int kShift3>
-WEFT_AVX512 inline __m512i Mix8(__m512i x) {
+WEFT_TARGET_AVX512 inline __m512i Mix8(__m512i x) {
   x = _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift1));
   x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(kMultiply1)));
   x = _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift2));
@@ -43,17 +42,17 @@ WEFT_AVX512 inline __m512i Mix8(__m512i x) {
   return _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift3));
 }
 
-WEFT_AVX512 inline __m512i MixA8(__m512i x) {
+WEFT_TARGET_AVX512 inline __m512i MixA8(__m512i x) {
   return Mix8<30, 0xBF58476D1CE4E5B9ull, 27, 0x94D049BB133111EBull, 31>(x);
 }
 
-WEFT_AVX512 inline __m512i MixB8(__m512i x) {
+WEFT_TARGET_AVX512 inline __m512i MixB8(__m512i x) {
   return Mix8<33, 0xFF51AFD7ED558CCDull, 33, 0xC4CEB9FE1A85EC53ull, 33>(x);
 }
 
-WEFT_AVX512 Digest SumElementChangesAvx512(uint64_t first, const uint32_t* offsets,
-                                           const uint32_t* old_values, const uint32_t* new_values,
-                                           size_t n) {
+WEFT_TARGET_AVX512 Digest SumElementChangesAvx512(uint64_t first, const uint32_t* offsets,
+                                                  const uint32_t* old_values,
+                                                  const uint32_t* new_values, size_t n) {
   const __m512i base = _mm512_set1_epi64(static_cast<long long>(first));
   const __m512i seed = _mm512_set1_epi64(static_cast<long long>(0x5EED0F5EED0F5EEDull));
   const __m512i key_factor = _mm512_set1_epi64(static_cast<long long>(0x9E3779B97F4A7C15ull));
@@ -96,7 +95,7 @@ Digest SumElementChangesRef(uint64_t first, const uint32_t* offsets, const uint3
 Digest SumElementChanges(uint64_t first, const uint32_t* offsets, const uint32_t* old_values,
                          const uint32_t* new_values, size_t n) {
 #if defined(__x86_64__)
-  if (Cpu().avx512dq) return SumElementChangesAvx512(first, offsets, old_values, new_values, n);
+  if (Cpu().avx512) return SumElementChangesAvx512(first, offsets, old_values, new_values, n);
 #endif
   return SumElementChangesRef(first, offsets, old_values, new_values, n);
 }

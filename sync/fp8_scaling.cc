@@ -30,13 +30,4 @@ std::vector<float> ComputeScales(std::span<const float> weights, const BlockScal
   return amax;
 }
 
-void QuantizeFp8(std::span<const float> weights, const BlockScaling& scaling,
-                 std::span<const float> scales, Fp8Format format, Saturation saturation,
-                 std::span<uint8_t> out) {
-  ForEachTileRun(scaling, 0, weights.size(), [&](uint64_t begin, uint64_t end, uint64_t tile) {
-    ConvertFp8(weights.subspan(begin, end - begin), out.subspan(begin, end - begin), format,
-               saturation, scales[tile]);
-  });
-}
-
 }  // namespace weft::sync

@@ -49,14 +49,9 @@ BlockScaling ScalingForShape(std::span<const uint64_t> shape, uint32_t block);
 std::vector<float> ComputeScales(std::span<const float> weights, const BlockScaling& scaling,
                                  Fp8Format format);
 
-// Quantises every element with its tile's scale. `out.size() == weights.size()`.
-void QuantizeFp8(std::span<const float> weights, const BlockScaling& scaling,
-                 std::span<const float> scales, Fp8Format format, Saturation saturation,
-                 std::span<uint8_t> out);
-
 // Calls fn(begin, end, tile) for the maximal runs of consecutive elements in [begin, end) that
-// lie in one tile, in order; `tile` indexes the scale tensor. Used by the quantiser, the scale
-// computation and the fused encoder.
+// lie in one tile, in order; `tile` indexes the scale tensor. Used by the scale computation and the
+// serving conversion (serving.h).
 template <typename Fn>
 void ForEachTileRun(const BlockScaling& scaling, uint64_t begin, uint64_t end, Fn&& fn) {
   if (begin >= end) return;

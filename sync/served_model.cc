@@ -17,9 +17,8 @@ std::span<const uint8_t> AsBytes(const std::vector<float>& values) {
 
 Result<ServedModel> ServedModel::FromMaster(const std::vector<MasterTensor>& master,
                                             const ServingPlan& plan, int threads) {
-  if (plan.dtype != DType::kBF16 && plan.dtype != DType::kF16 && Info(plan.dtype).size != 1) {
+  if (!IsServingFormat(plan.dtype))
     return InvalidArgument("serving format must be BF16, F16 or FP8");
-  }
   ServedModel model;
   model.plan_ = plan;
   for (const MasterTensor& m : master) {
@@ -27,24 +26,16 @@ Result<ServedModel> ServedModel::FromMaster(const std::vector<MasterTensor>& mas
     if (spec.element_count() != m.weights.size()) {
       return InvalidArgument("master tensor '" + m.name + "' does not match its shape");
     }
-    Tensor values{spec, std::vector<uint8_t>(spec.byte_count()), {}};
-    const uint64_t n = m.weights.size();
-    if (plan.dtype == DType::kBF16) {
-      ConvertBf16(m.weights, {reinterpret_cast<uint16_t*>(values.bytes.data()), n});
-    } else if (plan.dtype == DType::kF16) {
-      ConvertF16(m.weights, {reinterpret_cast<uint16_t*>(values.bytes.data()), n});
-    } else {
-      BlockScaling scaling = ScalingForShape(m.shape, plan.fp8_block);
-      std::vector<float> scales = ComputeScales(m.weights, scaling, Fp8Of(plan.dtype));
-      QuantizeFp8(m.weights, scaling, scales, Fp8Of(plan.dtype), plan.saturation, values.bytes);
-      TensorSpec scale_spec{ScaleTensorName(m.name), DType::kF32, scaling.scale_shape()};
-      std::span<const uint8_t> scale_bytes = AsBytes(scales);
+    ServedValues served = Serve(m.weights, m.shape, plan.dtype, plan.fp8_block, plan.saturation);
+    if (Info(plan.dtype).size == 1) {
+      TensorSpec scale_spec{ScaleTensorName(m.name), DType::kF32, served.scaling.scale_shape()};
+      std::span<const uint8_t> scale_bytes = AsBytes(served.scales);
       model.tensors_.push_back({scale_spec,
                                 std::vector<uint8_t>(scale_bytes.begin(), scale_bytes.end()),
                                 TensorDigest(DType::kF32, scale_bytes)});
     }
-    values.digest = TensorDigest(plan.dtype, values.bytes, threads);
-    model.tensors_.push_back(std::move(values));
+    const Digest digest = TensorDigest(plan.dtype, served.bytes, threads);
+    model.tensors_.push_back({spec, std::move(served.bytes), digest});
   }
   return model;
 }

@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "sync/delta_codec.h"
 #include "sync/safetensors.h"
+#include "sync/serving.h"
 
 namespace weft::sync {
 

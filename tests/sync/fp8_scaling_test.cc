@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include "sync/serving.h"
+
 #include <cmath>
 #include <random>
 
@@ -42,7 +44,7 @@ TEST_CASE("scales are amax / max_finite per tile, NaN ignored, 1 for an all-zero
   CHECK(scales[2] == 1.0f);
   CHECK(scales[3] == 44.8f / 448.0f);
   std::vector<uint8_t> q(w.size());
-  QuantizeFp8(w, scaling, scales, Fp8Format::kE4M3, Saturation::kSaturateFinite, q);
+  ConvertToServing({DType::kF8E4M3, Saturation::kSaturateFinite, &scaling, scales}, w, 0, q);
   for (uint64_t i = 0; i < w.size(); ++i) {
     float s = scales[scaling.ScaleIndex(i / cols, i % cols)];
     CHECK(q[i] == FloatToFp8Ref(w[i] / s, Fp8Format::kE4M3, Saturation::kSaturateFinite));
