@@ -44,14 +44,22 @@ Status Registry::AddEngine(const std::string& name, EngineFactory factory) {
 Result<std::unique_ptr<Task>> Registry::MakeTask(const std::string& name,
                                                  const ComponentConfig& config) const {
   WEFT_ASSIGN_OR_RETURN(const TaskFactory* factory, Find(tasks_, "task", name));
-  return (*factory)(config);
+  try {
+    return (*factory)(config);
+  } catch (const std::exception& error) {
+    return InvalidArgument(config.path + ": task '" + name + "': " + error.what());
+  }
 }
 
 Result<std::unique_ptr<Engine>> Registry::MakeEngine(const std::string& name,
                                                      const ComponentConfig& config,
                                                      const Task& task) const {
   WEFT_ASSIGN_OR_RETURN(const EngineFactory* factory, Find(engines_, "engine", name));
-  return (*factory)(config, task);
+  try {
+    return (*factory)(config, task);
+  } catch (const std::exception& error) {
+    return InvalidArgument(config.path + ": engine '" + name + "': " + error.what());
+  }
 }
 
 std::vector<std::string> Registry::tasks() const { return Names(tasks_); }

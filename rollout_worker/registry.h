@@ -3,7 +3,8 @@
 // them. Components register a factory under a name; the weft binary registers its built-in engine
 // and task in one place (cli/builtins.h), and a program embedding the worker can register its own.
 // A factory gets the run's whole configuration document and reads its own section, reporting bad
-// values as errors that name the key. Register before use; lookups are then thread-safe.
+// values as errors that name the key (an exception a factory lets out is reported as such an
+// error). Register before use; lookups are then thread-safe.
 #pragma once
 
 #include <yaml-cpp/yaml.h>

@@ -222,8 +222,7 @@ TEST_CASE(
         _exit(2);
       std::optional<uint64_t> trainer_ack;
       for (Micros now = 1;; ++now) {
-        auto jobs =
-            durable->AddJobs(now, std::vector<JobSpec>(8, {"p", 1}));
+        auto jobs = durable->AddJobs(now, std::vector<JobSpec>(8, {"p", 1}));
         auto leases = durable->RequestLeases(now, "w", 8);
         if (!jobs.ok() || !leases.ok()) _exit(3);
         for (const Lease& lease : *leases) {

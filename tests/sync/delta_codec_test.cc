@@ -262,5 +262,39 @@ TEST_CASE("tensors over 2^32 elements: indices, digests and chunks are 64-bit") 
   munmap(served, count);
 }
 
+TEST_CASE("a model delta: tensors matched by name in any order; a copy owns its payloads") {
+  std::mt19937_64 rng(21);
+  const TensorSpec a = Spec(DType::kBF16, {100, 30}, "a"), b = Spec(DType::kF32, {77}, "b");
+  const std::vector<uint8_t> a0 = testing::RandomTensor(a.dtype, a.element_count(), rng);
+  const std::vector<uint8_t> b0 = testing::RandomTensor(b.dtype, b.element_count(), rng);
+  const std::vector<uint8_t> a1 = testing::Perturb(a0, a.dtype, 0.05, rng);
+  const std::vector<uint8_t> b1 = testing::Perturb(b0, b.dtype, 0.05, rng);
+  const CodecOptions options{10, 2};
+  Result<ModelDelta> delta = EncodeModelDelta({{a, a0, {}}, {b, b0, TensorDigest(b.dtype, b0)}},
+                                              {{b, b1, {}}, {a, a1, {}}}, options);
+  REQUIRE(delta.ok());
+  REQUIRE(delta->tensors.size() == 2);
+  CHECK(delta->tensors[0].spec.name == "a");  // the old model's order
+  CHECK(delta->tensors[1].result_digest == TensorDigest(b.dtype, b1));
+  // A copy of a parsed delta outlives the bytes it was parsed from.
+  std::vector<uint8_t> bytes = SerializeModelDelta(*delta);
+  ModelDelta copy = std::move(ParseModelDelta(bytes)).value().Copy();
+  std::fill(bytes.begin(), bytes.end(), 0);
+  CHECK(SerializeModelDelta(copy) == SerializeModelDelta(*delta));
+  std::vector<uint8_t> served = a0;
+  REQUIRE(ApplyTensorDelta(copy.tensors[0], served, std::nullopt, 1).ok());
+  CHECK(served == a1);
+  // Models that do not hold the same tensors are refused, naming the first difference.
+  CHECK(EncodeModelDelta({{a, a0, {}}}, {{a, a1, {}}, {b, b1, {}}}, options).status().message() ==
+        "the old model has 1 tensors, the new one 2");
+  CHECK(EncodeModelDelta({{a, a0, {}}, {b, b0, {}}},
+                         {{a, a1, {}}, {Spec(b.dtype, {77}, "c"), b1, {}}}, options)
+            .status()
+            .message() == "tensor 'b' is not in the new model");
+  CHECK(EncodeModelDelta({{b, b0, {}}}, {{Spec(DType::kF32, {7, 11}, "b"), b1, {}}}, options)
+            .status()
+            .message() == "tensor 'b' has a different dtype or shape in the new model");
+}
+
 }  // namespace
 }  // namespace weft::sync

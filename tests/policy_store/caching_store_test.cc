@@ -1,0 +1,127 @@
+#include "policy_store/caching_store.h"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/concurrent.h"
+#include "tests/policy_store/store_test_util.h"
+
+namespace weft::policy_store {
+namespace {
+
+TEST_CASE("cache: concurrent misses for one blob make one upstream fetch") {
+  Upstream upstream;
+  const auto blob = Pattern(1 << 20, 1);
+  const std::string key = upstream.Put(blob);
+  upstream.faulty.delay = std::chrono::milliseconds(200);
+  const std::string dir = TempRoot("cache_flight");
+  auto cache = std::move(CachingStore::Open(upstream.faulty, {dir, 64 << 20})).value();
+  std::atomic<int> right{0};
+  REQUIRE(ForEachConcurrently(16, 16, [&](size_t) {
+            Result<std::vector<uint8_t>> got = cache->Get(key);
+            if (got.ok() && *got == blob) right.fetch_add(1);
+            return got.status();
+          }).ok());
+  CHECK(right.load() == 16);
+  CHECK(upstream.faulty.gets.load() == 1);
+  CHECK(cache->stats().upstream_bytes == blob.size());
+  // Later reads are hits, and a restarted cache still has the blob.
+  CHECK(*cache->Get(key) == blob);
+  CHECK(cache->stats().hits >= 1);
+  cache.reset();
+  auto reopened = std::move(CachingStore::Open(upstream.faulty, {dir, 64 << 20})).value();
+  CHECK(reopened->stats().cached_blobs == 1);
+  CHECK(*reopened->Get(key) == blob);
+  CHECK(upstream.faulty.gets.load() == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "cache: a corrupted file is detected, reported and fetched again; corrupted transfers are "
+    "retried") {
+  Upstream upstream;
+  const auto blob = Pattern(100000, 2);
+  const std::string key = upstream.Put(blob);
+  const std::string dir = TempRoot("cache_corrupt");
+  auto cache = std::move(CachingStore::Open(upstream.faulty, {dir, 64 << 20})).value();
+  REQUIRE(*cache->Get(key) == blob);
+  {
+    std::fstream file(dir + "/" + key, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(5000);
+    file.put('\x7f');
+  }
+  CHECK(*cache->Get(key) == blob);
+  CHECK(cache->stats().corrupted == 1);
+  CHECK(upstream.faulty.gets.load() == 2);
+  // The refetched copy replaced the corrupted file.
+  CHECK(*cache->Get(key) == blob);
+  CHECK(cache->stats().hits == 1);
+
+  // A transfer corrupted once: fetched again. Corrupted every time: kDataLoss, nothing cached.
+  const auto second = Pattern(5000, 3);
+  const std::string second_key = upstream.Put(second);
+  upstream.faulty.corrupt = 1;
+  CHECK(*cache->Get(second_key) == second);
+  const auto third = Pattern(7000, 4);
+  const std::string third_key = upstream.Put(third);
+  upstream.faulty.corrupt = 100;
+  Result<std::vector<uint8_t>> bad = cache->Get(third_key);
+  CHECK(bad.status().code() == StatusCode::kDataLoss);
+  CHECK(bad.status().message().find("failed its hash") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir + "/" + third_key));
+  upstream.faulty.corrupt = 0;
+  CHECK(*cache->Get(third_key) == third);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "cache: bounded, least recently used first; manifests kept in memory; other keys pass "
+    "through") {
+  Upstream upstream;
+  std::vector<std::vector<uint8_t>> blobs;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 4; ++i) {
+    blobs.push_back(Pattern(1000, static_cast<uint8_t>(10 + i)));
+    keys.push_back(upstream.Put(blobs.back()));
+  }
+  const std::string dir = TempRoot("cache_lru");
+  auto cache = std::move(CachingStore::Open(upstream.faulty, {dir, 3000})).value();
+  for (int i = 0; i < 3; ++i) REQUIRE(cache->Get(keys[i]).ok());
+  REQUIRE(cache->Get(keys[0]).ok());  // 0 is now the most recent: 1 goes first
+  REQUIRE(cache->Get(keys[3]).ok());
+  CHECK(cache->stats().cached_bytes == 3000);
+  CHECK(cache->stats().evicted == 1);
+  CHECK(!std::filesystem::exists(dir + "/" + keys[1]));
+  CHECK(std::filesystem::exists(dir + "/" + keys[0]));
+  // Larger than the whole cache: returned, not kept.
+  const auto big = Pattern(5000, 99);
+  const std::string big_key = upstream.Put(big);
+  CHECK(*cache->Get(big_key) == big);
+  CHECK(!std::filesystem::exists(dir + "/" + big_key));
+  // A smaller limit on reopening evicts down to it.
+  cache.reset();
+  auto smaller = std::move(CachingStore::Open(upstream.faulty, {dir, 1000})).value();
+  CHECK(smaller->stats().cached_blobs == 1);
+
+  const std::string manifest_key = ManifestKey("r", 3);
+  const std::string text = "{}";
+  REQUIRE(
+      upstream.store
+          ->PutImmutable(manifest_key, {reinterpret_cast<const uint8_t*>(text.data()), text.size()})
+          .ok());
+  const int before = upstream.faulty.gets.load();
+  REQUIRE(smaller->Get(manifest_key).ok());
+  REQUIRE(smaller->Get(manifest_key).ok());
+  CHECK(upstream.faulty.gets.load() == before + 1);
+  REQUIRE(smaller->CompareAndSwap(LatestKey("r"), std::nullopt, "3\n").ok());
+  REQUIRE(smaller->CompareAndSwap(LatestKey("r"), std::string("3\n"), "4\n").ok());
+  CHECK(*smaller->Get(LatestKey("r")) == std::vector<uint8_t>{'4', '\n'});
+  CHECK(smaller->Get("blobs/../x").status().code() == StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace weft::policy_store

@@ -1,0 +1,129 @@
+#include "policy_store/http_store.h"
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+namespace weft::policy_store {
+namespace {
+
+// A scripted HTTP server: answers each connection with the next canned response and records the
+// requests it saw. "CUT" in a response means: send what came before, then close.
+class ScriptedServer {
+ public:
+  explicit ScriptedServer(std::vector<std::string> responses) : responses_(std::move(responses)) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    socklen_t length = sizeof(address);
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+    REQUIRE(listen(listener_, 8) == 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ScriptedServer() {
+    shutdown(listener_, SHUT_RDWR);
+    close(listener_);
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::vector<std::string> requests() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return requests_;
+  }
+
+ private:
+  void Serve() {
+    for (const std::string& response : responses_) {
+      int connection = accept(listener_, nullptr, nullptr);
+      if (connection < 0) return;
+      std::string request;
+      char buffer[4096];
+      while (request.find("\r\n\r\n") == std::string::npos) {
+        ssize_t got = recv(connection, buffer, sizeof(buffer), 0);
+        if (got <= 0) break;
+        request.append(buffer, static_cast<size_t>(got));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        requests_.push_back(request);
+      }
+      const std::string sent = response.substr(0, response.find("CUT"));
+      (void)!send(connection, sent.data(), sent.size(), MSG_NOSIGNAL);
+      close(connection);
+    }
+  }
+  std::vector<std::string> responses_;
+  int listener_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::vector<std::string> requests_;
+};
+
+TEST_CASE("HTTP store: a transfer cut midway resumes from the byte it reached") {
+  const std::string body(1000, 'a');
+  const std::string rest(600, 'b');
+  ScriptedServer server({
+      "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nETag: \"e1\"\r\nConnection: close\r\n\r\n" +
+          std::string(400, 'a') + "CUT",
+      "HTTP/1.1 206 Partial Content\r\nContent-Length: 600\r\nContent-Range: bytes "
+      "400-999/1000\r\nETag: \"e1\"\r\n"
+      "Connection: close\r\n\r\n" +
+          rest,
+  });
+  HttpStoreOptions options;
+  options.first_backoff = std::chrono::milliseconds(1);
+  HttpStore store(server.url(), "", options);
+  Result<std::vector<uint8_t>> got = store.Get("blobs/x");
+  REQUIRE(got.ok());
+  CHECK(std::string(got->begin(), got->end()) == std::string(400, 'a') + rest);
+  CHECK(store.resumed() == 1);
+  const auto requests = server.requests();
+  REQUIRE(requests.size() == 2);
+  CHECK(requests[1].find("Range: bytes=400-") != std::string::npos);
+  CHECK(requests[1].find("If-Range: \"e1\"") != std::string::npos);
+}
+
+TEST_CASE(
+    "HTTP store: a resumed object that changed is taken whole; a dead server fails at the "
+    "deadline") {
+  ScriptedServer server({
+      "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nETag: \"old\"\r\nConnection: close\r\n\r\n01234CUT",
+      "HTTP/1.1 200 OK\r\nContent-Length: 8\r\nETag: \"new\"\r\nConnection: close\r\n\r\nabcdefgh",
+  });
+  HttpStoreOptions options;
+  options.first_backoff = std::chrono::milliseconds(1);
+  HttpStore store(server.url(), "", options);
+  Result<std::vector<uint8_t>> got = store.Get("runs/r/latest");
+  REQUIRE(got.ok());
+  CHECK(std::string(got->begin(), got->end()) == "abcdefgh");
+
+  // Nothing listens there any more: retried until the deadline, then a clear error.
+  const std::string url = server.url();
+  HttpStoreOptions short_deadline;
+  short_deadline.first_backoff = std::chrono::milliseconds(50);
+  short_deadline.attempts = 1000;
+  short_deadline.deadline = std::chrono::milliseconds(600);
+  HttpStore gone("http://127.0.0.1:1", "", short_deadline);
+  const auto start = std::chrono::steady_clock::now();
+  Status status = gone.Get("blobs/x").status();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(status.code() == StatusCode::kUnavailable);
+  CHECK(status.message().find("gave up after") != std::string::npos);
+  CHECK(seconds >= 0.3);
+  CHECK(seconds < 30);
+}
+
+}  // namespace
+}  // namespace weft::policy_store

@@ -1,0 +1,134 @@
+#include "policy_store/reader.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+
+#include "common/file_util.h"
+#include "policy_store/directory_store.h"
+#include "policy_store/forwarding_store.h"
+#include "policy_store/http_store.h"
+#include "policy_store/run_objects.h"
+#include "policy_store/store_server.h"
+#include "tests/policy_store/store_test_util.h"
+#include "tests/policy_store/test_run.h"
+
+namespace weft::policy_store {
+namespace {
+
+using testing::SameBytes;
+using testing::TestRun;
+
+struct Dir {
+  std::string root = TempRoot("reader");
+  std::unique_ptr<DirectoryStore> store = std::move(DirectoryStore::Open(root)).value();
+  ~Dir() { std::filesystem::remove_all(root); }
+};
+
+TEST_CASE("reader: any version from nothing or from an older copy, along the cheapest path") {
+  Dir d;
+  TestRun run(*d.store, "run", 4);
+  run.Start();
+  for (int v = 1; v <= 9; ++v) {
+    const Manifest m = run.Next();
+    CHECK(m.version == static_cast<uint64_t>(v));
+    CHECK(m.keyframe.has_value() == (v % 4 == 0));
+    CHECK(m.last_keyframe == static_cast<uint64_t>(v - v % 4));
+  }
+  StoreReader reader(*d.store, "run", 1);
+  CHECK(*reader.Latest() == 9);
+  CHECK(reader.Versions()->size() == 10);
+  for (uint64_t target : {0, 3, 4, 7, 9}) {
+    sync::ServedModel model;
+    auto report = reader.Pull(target, std::nullopt, &model);
+    REQUIRE(report.ok());
+    CHECK(SameBytes(model, run.published[target]));
+    CHECK(report->path.rfind("keyframe v" + std::to_string(target - target % 4), 0) == 0);
+    CHECK(!report->from.has_value());
+    CHECK(report->manifest.version == target);
+  }
+  // From version 6 to 9: the skip delta 6 -> 8 and the delta 8 -> 9 beat the keyframe at 8, and
+  // cost less than the plain chain 6 -> 7 -> 8 -> 9.
+  sync::ServedModel model = run.published[6];
+  auto report = reader.Pull(9, 6, &model);
+  REQUIRE(report.ok());
+  CHECK(report->path == "2 deltas from v6");
+  CHECK(report->from == std::optional<uint64_t>(6));
+  CHECK(SameBytes(model, run.published[9]));
+  uint64_t chain = 0;
+  for (uint64_t v = 7; v <= 9; ++v) chain += reader.GetManifest(v)->delta->bytes;
+  CHECK(report->bytes_downloaded < chain);
+  // Skip deltas exist where the version is divisible by their span.
+  auto eight = reader.GetManifest(8);
+  REQUIRE(eight->skips.size() == 3);
+  CHECK(eight->skips[0].base == 6);
+  CHECK(eight->skips[1].base == 4);
+  CHECK(eight->skips[2].base == 0);
+  CHECK(reader.GetManifest(7)->skips.empty());
+  CHECK(*reader.IdentifyVersion(run.published[5]) == std::optional<uint64_t>(5));
+  CHECK(reader.Pull(2, 6, &model).status().code() == StatusCode::kInvalidArgument);
+  CHECK(reader.GetManifest(12).status().message() == "run 'run' has no version 12");
+}
+
+TEST_CASE("reader: a copy that is held is changed in place, and not at all when anything fails") {
+  Dir d;
+  TestRun run(*d.store, "run", 100);
+  run.Start();
+  for (int v = 1; v <= 5; ++v) run.Next();
+  StoreReader reader(*d.store, "run", 2);
+  // The skip delta 2 -> 4 and the delta 4 -> 5, applied as one to the copy itself (the manifest
+  // held saves a fetch).
+  sync::ServedModel copy = run.published[2];
+  const Manifest held = *reader.GetManifest(2);
+  const uint8_t* storage = copy.tensors()[0].bytes.data();
+  auto report = reader.Pull(5, 2, &copy, &held);
+  REQUIRE(report.ok());
+  CHECK(report->path == "2 deltas from v2");
+  CHECK(SameBytes(copy, run.published[5]));
+  CHECK(copy.tensors()[0].bytes.data() == storage);  // the same memory: no copy was made
+  // The last delta of a path corrupted at rest: the pull fails and the copy is as it was.
+  const std::string blob = d.root + "/blobs/" + reader.GetManifest(5)->delta->sha256;
+  std::vector<uint8_t> original = *ReadFile(blob);
+  std::filesystem::remove(blob);
+  {
+    std::vector<uint8_t> bad = original;
+    bad[bad.size() / 2] ^= 0x10;
+    std::ofstream(blob, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bad.data()), static_cast<std::streamsize>(bad.size()));
+  }
+  sync::ServedModel unchanged = run.published[3];
+  auto failed = reader.Pull(5, 3, &unchanged);
+  CHECK(failed.status().code() == StatusCode::kDataLoss);
+  CHECK(failed.status().message().find("corrupted") != std::string::npos);
+  CHECK(SameBytes(unchanged, run.published[3]));
+  // A copy that is not the version it claims is refused before anything is fetched.
+  sync::ServedModel wrong = run.published[1];
+  CHECK(reader.Pull(4, 3, &wrong).status().message().find("the local copy") != std::string::npos);
+  CHECK(SameBytes(wrong, run.published[1]));
+}
+
+TEST_CASE("reader: publish and pull through a store server over HTTP") {
+  Dir d;
+  StoreServerOptions server_options;
+  server_options.writer_token = "token";
+  auto server = std::move(StoreServer::Start(*d.store, server_options)).value();
+  HttpStore remote("http://127.0.0.1:" + std::to_string(server->port()), "token");
+  TestRun run(remote, "run", 3);
+  run.Start();
+  for (int v = 1; v <= 5; ++v) run.Next();
+  StoreReader reader(remote, "run", 1);
+  sync::ServedModel model;
+  REQUIRE(reader.Pull(5, std::nullopt, &model).ok());
+  CHECK(SameBytes(model, run.published[5]));
+  sync::ServedModel older = run.published[4];
+  auto report = reader.Pull(5, 4, &older);
+  REQUIRE(report.ok());
+  CHECK(report->path == "1 delta from v4");
+  CHECK(SameBytes(older, run.published[5]));
+  server->Stop();
+}
+
+}  // namespace
+}  // namespace weft::policy_store
