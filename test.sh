@@ -1,15 +1,45 @@
 #!/usr/bin/env bash
 # Builds everything and runs the whole test suite:
-#   1. the doctest suites and the CLI end-to-end test (ctest, release build), and the sync suite
-#      again with the AVX-512 paths off and with every SIMD path off (WEFT_CPU=avx2, scalar);
+#   0. the source checks: the formatting (.clang-format) and the dependency direction between the
+#      libraries (tests/check_layering.sh);
+#   1. the doctest suites and the end-to-end tests (ctest, release build: the CLI, the policy store
+#      under failures, weft run), and the sync suite again with the AVX-512 paths off and with every
+#      SIMD path off (WEFT_CPU=avx2, scalar);
 #   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
 #      with threads of their own under ThreadSanitizer (the thread pool and HTTP plumbing, the store
 #      server, the orchestrator service, the rollout worker);
 #   3. the libFuzzer targets (delta files, sparse chunks, safetensors) for a bounded time each.
-# Usage: ./test.sh      (FUZZ_SECONDS=N to change the fuzzing time per target; default 10)
+# With --quick, the tier for iterating (a few minutes): the source checks, the release build
+# without the benchmarks, the unit suites and one short end-to-end case (weft run).
+# Usage: ./test.sh [--quick]      (FUZZ_SECONDS=N to change the fuzzing time per target; default 10)
 set -euo pipefail
 cd "$(dirname "$0")"
-./setup.sh
+
+quick=false
+case "${1:-}" in
+  "") ;;
+  --quick) quick=true ;;
+  *) echo "usage: ./test.sh [--quick]" >&2; exit 2 ;;
+esac
+
+if $quick; then ./setup.sh --no-bench; else ./setup.sh; fi
+
+echo "== source checks: formatting, dependency direction"
+unformatted=$(git ls-files '*.cc' '*.h' | xargs clang-format --dry-run 2>&1 | grep -o '^[^:]*:[0-9]*' | sort -u || true)
+if [ -n "$unformatted" ]; then
+  echo "test.sh: these places are not formatted as .clang-format says (run clang-format -i on the files):"
+  echo "$unformatted"
+  exit 1
+fi
+tests/check_layering.sh
+
+if $quick; then
+  echo "== unit tests and the weft run end-to-end test"
+  ctest --test-dir build --output-on-failure -j2 -L unit
+  ctest --test-dir build --output-on-failure -R run_e2e
+  echo "test.sh --quick: all tests passed"
+  exit 0
+fi
 
 echo "== unit and end-to-end tests"
 ctest --test-dir build --output-on-failure -j2

@@ -15,8 +15,7 @@ namespace weft::cli {
 
 using Clock = std::chrono::steady_clock;
 
-Child MakeChild(std::string name, std::vector<std::string> args, bool restart,
-                std::string listen) {
+Child MakeChild(std::string name, std::vector<std::string> args, bool restart, std::string listen) {
   Child child;
   child.name = std::move(name);
   child.args = std::move(args);

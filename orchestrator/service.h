@@ -1,8 +1,8 @@
 // OrchestratorService: the orchestrator's HTTP API (docs/api.md, "Orchestrator API") around a
 // DurableCore. A thin shell: it authenticates, decodes requests (orchestrator/wire.h) into core
-// events stamped with the wall clock, answers with what the core decided once it is journaled, parks long
-// polls (leases, trainer batches) until there is something to hand out or their wait is over, and
-// ticks the core so leases and silent clusters expire.
+// events stamped with the wall clock, answers with what the core decided once it is journaled,
+// parks long polls (leases, trainer batches) until there is something to hand out or their wait is
+// over, and ticks the core so leases and silent clusters expire.
 //
 // Roles: the worker token may register clusters, heartbeat, lease, submit and drain; the trainer
 // token may announce versions, add jobs and take batches; the admin token may do everything.
