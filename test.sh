@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything and runs the whole test suite:
-#   0. the source checks: the formatting (.clang-format) and the dependency direction between the
-#      libraries (tests/check_layering.sh);
+#   0. the source checks: the formatting (.clang-format), the dependency direction between the
+#      libraries (tests/check_layering.sh) and the references in code and docs
+#      (tests/check_references.sh);
 #   1. the doctest suites and the end-to-end tests (ctest, release build: the CLI, the policy store
 #      under failures, weft run), and the sync suite again with the AVX-512 paths off and with every
 #      SIMD path off (WEFT_CPU=avx2, scalar);
@@ -24,7 +25,7 @@ esac
 
 if $quick; then ./setup.sh --no-bench; else ./setup.sh; fi
 
-echo "== source checks: formatting, dependency direction"
+echo "== source checks: formatting, dependency direction, references"
 unformatted=$(git ls-files '*.cc' '*.h' | xargs clang-format --dry-run 2>&1 | grep -o '^[^:]*:[0-9]*' | sort -u || true)
 if [ -n "$unformatted" ]; then
   echo "test.sh: these places are not formatted as .clang-format says (run clang-format -i on the files):"
@@ -32,6 +33,7 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 tests/check_layering.sh
+tests/check_references.sh
 
 if $quick; then
   echo "== unit tests and the weft run end-to-end test"

@@ -79,9 +79,7 @@ Status RunDemo(const DemoOptions& options) {
   std::filesystem::create_directories(out_dir);
 
   std::printf("weft demo: served-weight sync on a synthetic RL fine-tuning run\n");
-  std::printf(
-      "  (the end-to-end run, weft run configs/local.yaml, does not exist yet; this exercises the "
-      "sync core)\n");
+  std::printf("  (the sync core alone; weft run configs/local.yaml runs the whole system)\n");
   examples::AdamConfig config;
   config.learning_rate = options.learning_rate;
   examples::SyntheticAdam adam(ModelShapes(options.layers), config, options.seed, threads);

@@ -7,7 +7,7 @@
 // scale), so the same core runs under the HTTP service, under a simulator with thousands of
 // virtual clusters, and under journal replay after a crash, and gives the same answers.
 //
-// The guarantees (DESIGN.md section 3):
+// The guarantees (docs/design.md, "Versions and the guarantees around them"):
 //   - Staleness: with latest version t and bound k, a job is leased only to a cluster proven
 //     ready (its digests matched the manifest) at a version v >= t - k; a trajectory whose
 //     version_start < t - k when the trainer takes it is never delivered as fresh (dropped, or

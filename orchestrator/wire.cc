@@ -59,10 +59,18 @@ Result<uint64_t> GetBounded(const Json& object, const std::string& field, const 
   return value;
 }
 
-// A long poll's wait ("wait_ms"), capped at an hour.
-Result<std::chrono::milliseconds> GetWait(const Json& object, const std::string& where) {
-  WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(object, "wait_ms", where));
-  return std::chrono::milliseconds(std::min<uint64_t>(value, 3'600'000));
+// A long poll's "max" (from `least` to 100000) and "wait_ms" (capped at an hour), when present.
+Status ReadPoll(const Json& object, const std::string& where, uint64_t least, uint32_t* max,
+                std::chrono::milliseconds* wait) {
+  if (object.contains("max")) {
+    WEFT_ASSIGN_OR_RETURN(uint64_t value, GetBounded(object, "max", where, least, 100000));
+    *max = static_cast<uint32_t>(value);
+  }
+  if (object.contains("wait_ms")) {
+    WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(object, "wait_ms", where));
+    *wait = std::chrono::milliseconds(std::min<uint64_t>(value, 3'600'000));
+  }
+  return Status::Ok();
 }
 
 // A version or null.
@@ -204,13 +212,7 @@ Result<LeaseRequest> DecodeLeaseRequest(std::string_view body) {
   const std::string where = "leases";
   WEFT_RETURN_IF_ERROR(CheckFields(json, where, {}, {"max", "wait_ms", "request"}));
   LeaseRequest r;
-  if (json.contains("max")) {
-    WEFT_ASSIGN_OR_RETURN(uint64_t max, GetBounded(json, "max", where, 1, 100000));
-    r.max = static_cast<uint32_t>(max);
-  }
-  if (json.contains("wait_ms")) {
-    WEFT_ASSIGN_OR_RETURN(r.wait, GetWait(json, where));
-  }
+  WEFT_RETURN_IF_ERROR(ReadPoll(json, where, 1, &r.max, &r.wait));
   if (json.contains("request")) {
     WEFT_ASSIGN_OR_RETURN(r.request, GetUnsigned(json, "request", where));
   }
@@ -385,13 +387,7 @@ Result<BatchRequest> DecodeBatchRequest(std::string_view body) {
   const std::string where = "batches";
   WEFT_RETURN_IF_ERROR(CheckFields(json, where, {}, {"max", "wait_ms", "ack"}));
   BatchRequest r;
-  if (json.contains("max")) {
-    WEFT_ASSIGN_OR_RETURN(uint64_t max, GetBounded(json, "max", where, 0, 100000));
-    r.max = static_cast<uint32_t>(max);
-  }
-  if (json.contains("wait_ms")) {
-    WEFT_ASSIGN_OR_RETURN(r.wait, GetWait(json, where));
-  }
+  WEFT_RETURN_IF_ERROR(ReadPoll(json, where, 0, &r.max, &r.wait));
   if (json.contains("ack")) {
     Result<std::optional<uint64_t>> ack = GetOptionalVersion(json, "ack", where);
     if (!ack.ok()) return InvalidArgument(where + ".ack is not a batch id or null");

@@ -1,4 +1,4 @@
-// Engine: what a rollout worker drives (DESIGN.md section 7). The embedded engine
+// Engine: what a rollout worker drives (docs/design.md, "The data path"). The embedded engine
 // (examples/embedded_engine.h) runs the example policy on the CPU; adapters for serving engines
 // speak their HTTP APIs behind the same interface.
 //

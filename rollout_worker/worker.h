@@ -1,4 +1,4 @@
-// RolloutWorker: the agent beside an inference engine (DESIGN.md section 7).
+// RolloutWorker: the agent beside an inference engine (docs/design.md, "The control path").
 //
 // Three loops share the worker:
 //   - sync: checks the store's latest version, brings its own copy of the served tensors there in

@@ -1,5 +1,5 @@
 // Bit-level writer and reader for the delta codec's streams (LSB-first within little-endian
-// bytes, docs/formats.md "Bit streams").
+// bytes: the conventions at the top of docs/formats.md).
 //
 // BitWriter writes into a buffer the caller sized exactly, plus kBitWriterSlack bytes: every Put
 // stores a whole 64-bit word, which keeps it free of branches. BitReader never reads outside its

@@ -127,7 +127,7 @@ void ScanFromMasterBf16Ref(const float* master, uint8_t* served, uint32_t count,
 // Whether ScanFromMasterBf16 has a SIMD path here (otherwise callers convert and ScanChanges).
 bool HasFusedBf16Kernel();
 
-// Header fields of a sparse chunk (docs/formats.md, "Sparse chunk").
+// Header fields of a sparse chunk (docs/formats.md, "Sparse payload").
 struct SparseHeader {
   uint8_t k_gap = 0;  // Rice parameter of position gaps
   uint8_t k_big = 0;  // Rice parameter of gaps between changes with magnitude > 1

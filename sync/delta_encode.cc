@@ -15,8 +15,10 @@ namespace weft::sync {
 using detail::ChunkContext;
 using detail::ChunkCount;
 using detail::FirstError;
+using detail::Load;
 using detail::MakeChunk;
 using detail::NewDelta;
+using detail::Store;
 using detail::WithUnitType;
 
 namespace {
@@ -30,17 +32,6 @@ Status CheckChunkLog2(int chunk_log2) {
                            std::to_string(kMinChunkLog2) + "..2^" + std::to_string(kMaxChunkLog2));
   }
   return Status::Ok();
-}
-
-template <typename T>
-T Load(const uint8_t* base, uint64_t index) {
-  T value;
-  std::memcpy(&value, base + index * sizeof(T), sizeof(T));
-  return value;
-}
-template <typename T>
-void Store(uint8_t* base, uint64_t index, T value) {
-  std::memcpy(base + index * sizeof(T), &value, sizeof(T));
 }
 
 // Replaces each residual of a decoded sparse chunk by the new value of its element and returns

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,6 +27,18 @@ DeltaChunk MakeChunk(const ChangeList& changes, std::span<const uint8_t> new_byt
                      ValueCoding coding);
 // A chunk that owns a copy of `source`'s payload.
 DeltaChunk CopyChunk(const DeltaChunk& source);
+
+// Element `index` of a tensor's bytes, read and written unaligned.
+template <typename T>
+T Load(const uint8_t* base, uint64_t index) {
+  T value;
+  std::memcpy(&value, base + index * sizeof(T), sizeof(T));
+  return value;
+}
+template <typename T>
+void Store(uint8_t* base, uint64_t index, T value) {
+  std::memcpy(base + index * sizeof(T), &value, sizeof(T));
+}
 
 // Chunks of 2^chunk_log2 units that cover `units`.
 inline size_t ChunkCount(uint64_t units, int chunk_log2) {

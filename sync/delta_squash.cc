@@ -12,25 +12,15 @@ using detail::ChunkContext;
 using detail::ChunkCount;
 using detail::CopyChunk;
 using detail::FirstError;
+using detail::Load;
 using detail::MakeChunk;
 using detail::NewDelta;
+using detail::Store;
 using detail::WithUnitType;
 
 namespace {
 
-template <typename T>
-T Load(const uint8_t* base, uint64_t index) {
-  T value;
-  std::memcpy(&value, base + index * sizeof(T), sizeof(T));
-  return value;
-}
-template <typename T>
-void Store(uint8_t* base, uint64_t index, T value) {
-  std::memcpy(base + index * sizeof(T), &value, sizeof(T));
-}
-
-// Replaces each residual of a decoded sparse chunk by the new value of its element and returns
-// the digest change; reads `served` only.
+// Applies each residual to the element it changes in `bytes` (the new bytes of a raw chunk).
 template <typename T>
 void ApplyResidualsToBytes(KeyKind kind, const ChangeList& changes, uint8_t* bytes) {
   for (size_t j = 0; j < changes.size(); ++j) {

@@ -1,4 +1,4 @@
-// BatchClient: the trainer's side of trajectories (DESIGN.md section 8, next_batch).
+// BatchClient: the trainer's side of trajectories (docs/design.md, "The control path").
 //
 // Takes numbered batches from the orchestrator (each trajectory group once, acknowledged by the
 // next call: see OrchestratorClient::TakeBatch) until it holds at least the samples asked for, and

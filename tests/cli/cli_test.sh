@@ -151,6 +151,12 @@ mkdir -p not-a-run && touch not-a-run/precious
 expect_error "holds files weft run did not write" "$weft" run bad6.yaml
 [ -e not-a-run/precious ] && ok || fail "weft run touched a directory it did not make"
 expect_error "region 'mars' is not in" "$weft" worker --config "$root/configs/local.yaml" --cluster x --region mars
+# Engines and tasks by name: an unknown one is refused, naming the known ones.
+good | sed 's/^  engine: embedded .*/  engine: sglang/' > bad7.yaml
+expect_error "no engine named 'sglang' (known: embedded)" "$weft" run bad7.yaml
+expect_error "no engine named 'sglang'" "$weft" worker --config bad7.yaml --cluster x --region us-east
+good | sed 's/^task: {name: arithmetic, digits: 2}/task: {name: chess, digits: 2}/' > bad8.yaml
+expect_error "no task named 'chess' (known: arithmetic)" "$weft" run bad8.yaml
 
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
