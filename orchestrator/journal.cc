@@ -157,15 +157,19 @@ Status Journal::Append(std::string record) {
   return Wait(sequence);
 }
 
-Result<uint64_t> Journal::Enqueue(std::string record) {
+Result<uint64_t> Journal::Enqueue(std::string record) { return Queue(std::move(record), nullptr); }
+
+Result<uint64_t> Journal::Queue(std::string record, std::function<void(Status)> durable) {
   if (record.size() > kMaxRecord)
     return InvalidArgument("journal record of " + std::to_string(record.size()) +
                            " bytes is too large");
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.ok()) return failure_;
   pending_.push_back({std::move(record), false});
+  ++queued_;
+  if (durable) callbacks_.emplace_back(queued_, std::move(durable));
   queued_cv_.notify_one();
-  return ++queued_;
+  return queued_;
 }
 
 Result<uint64_t> Journal::Rotate(std::string path) {
@@ -187,15 +191,7 @@ uint64_t Journal::size() const {
 }
 
 Status Journal::EnqueueThen(std::string record, std::function<void(Status)> durable) {
-  if (record.size() > kMaxRecord)
-    return InvalidArgument("journal record of " + std::to_string(record.size()) +
-                           " bytes is too large");
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!failure_.ok()) return failure_;
-  pending_.push_back({std::move(record), false});
-  callbacks_.emplace_back(++queued_, std::move(durable));
-  queued_cv_.notify_one();
-  return Status::Ok();
+  return Queue(std::move(record), std::move(durable)).status();
 }
 
 Status Journal::Wait(uint64_t sequence) {

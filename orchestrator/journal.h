@@ -60,6 +60,8 @@ class Journal {
 
  private:
   Journal(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  // Queues `record` (with `durable` to call once it is on disk, if given); its sequence number.
+  Result<uint64_t> Queue(std::string record, std::function<void(Status)> durable);
   void Start();
   void WriteLoop();
   struct Pending {
