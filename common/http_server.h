@@ -8,8 +8,7 @@
 // meanwhile does nothing. Requests larger than the limits are answered 413 without calling the
 // handler. Start() returns once the port is bound; Stop() (or the destructor) stops the threads,
 // closes the listening socket and every connection. With a certificate and key it speaks TLS
-// (1.2 or newer) only. Thread-safe, except that Stop() must not
-// race with itself.
+// (1.2 or newer) only. Thread-safe, except that Stop() must not race with itself.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -22,6 +21,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/http_server_options.h"
 #include "common/status.h"
 
 namespace weft::http {
@@ -30,17 +30,6 @@ using Request = boost::beast::http::request<boost::beast::http::vector_body<uint
 using Response = boost::beast::http::response<boost::beast::http::vector_body<uint8_t>>;
 using Responder = std::function<void(Response)>;
 using Handler = std::function<void(Request, Responder)>;
-
-struct ServerOptions {
-  std::string address = "127.0.0.1";
-  uint16_t port = 0;  // 0: any free port (see HttpServer::port)
-  uint64_t max_body_bytes = uint64_t{4} << 30;
-  int threads = 2;
-  std::chrono::seconds read_timeout{30};
-  // HTTPS: a PEM certificate (chain) and its private key; both empty: plain HTTP.
-  std::string tls_cert_file;
-  std::string tls_key_file;
-};
 
 class HttpServer {
  public:

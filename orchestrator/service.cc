@@ -9,6 +9,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/http_server.h"
 #include "common/logging.h"
 #include "orchestrator/wire.h"
 

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/http_server.h"
+#include "common/http_server_options.h"
 #include "orchestrator/durable_core.h"
 #include "orchestrator/types.h"
 
