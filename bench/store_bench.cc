@@ -97,18 +97,16 @@ void Prepare(bool quick) {
     if (!report.ok()) std::abort();
     row.planned = report->bytes_downloaded;
     row.path = report->path;
-    std::vector<std::vector<uint8_t>> blobs;
-    std::optional<sync::ModelDelta> squashed;
+    std::vector<policy_store::LoadedDelta> plain;
     for (uint64_t v = total - lag + 1; v <= total; ++v) {
       auto manifest = reader.GetManifest(v);
       row.chain += manifest->delta->bytes;
-      blobs.push_back(
-          std::move(policy_store::FetchVerifiedBlob(*s->store, *manifest->delta, "delta")).value());
-      auto delta = std::move(sync::ParseModelDelta(blobs.back())).value();
-      squashed = squashed ? std::move(sync::SquashModelDeltas(*squashed, delta, threads)).value()
-                          : std::move(delta);
+      plain.push_back(
+          std::move(policy_store::FetchDelta(*s->store, *manifest->delta, "delta")).value());
     }
-    row.squashed = sync::SerializedSize(*squashed);
+    std::vector<const sync::ModelDelta*> chain;
+    for (const policy_store::LoadedDelta& d : plain) chain.push_back(&d.delta);
+    row.squashed = sync::SerializedSize(std::move(sync::SquashChain(chain, threads)).value());
     g_sizes.push_back(row);
   }
   // The same readers had they not pinned their versions: skip deltas only.

@@ -125,21 +125,20 @@ Status RunApply(const DeltaOptions& options) {
 }
 
 Status RunSquash(const DeltaOptions& options) {
-  WEFT_ASSIGN_OR_RETURN(LoadedDelta first, LoadDelta(options.inputs[0]));
-  ModelDelta accumulated = std::move(first.delta);
-  std::vector<LoadedDelta> keep;  // parsed deltas point into their mappings
-  keep.push_back(std::move(first));
-  for (size_t i = 1; i < options.inputs.size(); ++i) {
-    WEFT_ASSIGN_OR_RETURN(LoadedDelta next, LoadDelta(options.inputs[i]));
-    Result<ModelDelta> squashed = SquashModelDeltas(accumulated, next.delta, Threads(options));
-    if (!squashed.ok()) {
-      return squashed.status().WithContext("squashing " + options.inputs[i] + " onto " +
-                                           options.inputs[i - 1]);
-    }
-    accumulated = std::move(squashed).value();
-    keep.push_back(std::move(next));
+  std::vector<LoadedDelta> loaded;  // parsed deltas point into their mappings
+  for (const std::string& input : options.inputs) {
+    WEFT_ASSIGN_OR_RETURN(LoadedDelta next, LoadDelta(input));
+    loaded.push_back(std::move(next));
   }
-  std::vector<uint8_t> bytes = SerializeModelDelta(accumulated);
+  std::vector<const ModelDelta*> chain;
+  for (const LoadedDelta& d : loaded) chain.push_back(&d.delta);
+  size_t failed = 0;
+  Result<ModelDelta> squashed = SquashChain(chain, Threads(options), &failed);
+  if (!squashed.ok()) {
+    return squashed.status().WithContext("squashing " + options.inputs[failed] + " onto " +
+                                         options.inputs[failed - 1]);
+  }
+  std::vector<uint8_t> bytes = SerializeModelDelta(*squashed);
   WEFT_RETURN_IF_ERROR(WriteBytes(options.output, bytes));
   std::printf("%s: %zu deltas squashed into one of %zu bytes\n", options.output.c_str(),
               options.inputs.size(), bytes.size());

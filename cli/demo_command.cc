@@ -161,10 +161,9 @@ Status RunDemo(const DemoOptions& options) {
     mapped.push_back(std::move(file));
     chain.push_back(std::move(parsed).value());
   }
-  ModelDelta squashed = std::move(chain.front());
-  for (size_t i = 1; i < chain.size(); ++i) {
-    WEFT_ASSIGN_OR_RETURN(squashed, SquashModelDeltas(squashed, chain[i], threads));
-  }
+  std::vector<const ModelDelta*> links;
+  for (const ModelDelta& d : chain) links.push_back(&d);
+  WEFT_ASSIGN_OR_RETURN(ModelDelta squashed, SquashChain(links, threads));
   uint64_t squashed_bytes = SerializeModelDelta(squashed).size();
   WEFT_RETURN_IF_ERROR(straggler.Apply(squashed, threads));
   double squash_seconds = Since(start);

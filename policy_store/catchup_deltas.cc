@@ -28,10 +28,11 @@ Result<std::vector<DerivedDelta>> PublishCatchups(ObjectStore& store, const std:
     const std::string what =
         "catch-up delta from version " + std::to_string(base) + " to " + std::to_string(target);
     // From `base` to target - 1: held, or the previous catch-up delta, or the cheapest chain.
-    const sync::ModelDelta* earlier = recent ? recent->Find(base, target - 1) : nullptr;
-    std::vector<LoadedDelta> loaded;  // `earlier` may point into these
-    sync::ModelDelta chain;
-    if (earlier == nullptr) {
+    std::vector<const sync::ModelDelta*> chain;
+    std::vector<LoadedDelta> loaded;  // `chain` may point into these
+    if (const sync::ModelDelta* held = recent ? recent->Find(base, target - 1) : nullptr) {
+      chain.push_back(held);
+    } else {
       WEFT_ASSIGN_OR_RETURN(std::optional<BlobRef> previous,
                             FindCatchup(store, run_id, target - 1, base));
       std::vector<BlobRef> blobs;
@@ -51,16 +52,11 @@ Result<std::vector<DerivedDelta>> PublishCatchups(ObjectStore& store, const std:
         WEFT_ASSIGN_OR_RETURN(LoadedDelta next, FetchDelta(store, blob, what));
         loaded.push_back(std::move(next));
       }
-      if (loaded.empty()) continue;
-      earlier = &loaded.front().delta;
-      for (size_t i = 1; i < loaded.size(); ++i) {
-        Result<sync::ModelDelta> both = sync::SquashModelDeltas(*earlier, loaded[i].delta, threads);
-        if (!both.ok()) return both.status().WithContext(what);
-        chain = std::move(both).value();
-        earlier = &chain;
-      }
+      for (const LoadedDelta& d : loaded) chain.push_back(&d.delta);
+      if (chain.empty()) continue;
     }
-    Result<sync::ModelDelta> squashed = sync::SquashModelDeltas(*earlier, delta, threads);
+    chain.push_back(&delta);
+    Result<sync::ModelDelta> squashed = sync::SquashChain(chain, threads);
     if (!squashed.ok()) return squashed.status().WithContext(what);
     WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, sync::SerializeModelDelta(*squashed)));
     Catchup record{run_id, base, target, blob};

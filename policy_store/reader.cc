@@ -139,10 +139,12 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
                                         : "the deltas from version " + std::to_string(plan.start);
     sync::ModelDelta squashed;
     const sync::ModelDelta* path = &deltas[0].delta;
-    for (size_t i = 1; i < steps; ++i) {
-      Result<sync::ModelDelta> next = sync::SquashModelDeltas(*path, deltas[i].delta, threads_);
-      if (!next.ok()) return next.status().WithContext(what);
-      squashed = std::move(next).value();
+    if (steps > 1) {
+      std::vector<const sync::ModelDelta*> chain;
+      for (const LoadedDelta& d : deltas) chain.push_back(&d.delta);
+      Result<sync::ModelDelta> all = sync::SquashChain(chain, threads_);
+      if (!all.ok()) return all.status().WithContext(what);
+      squashed = std::move(all).value();
       path = &squashed;
     }
     WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, goal, path).WithContext(what));

@@ -165,6 +165,11 @@ Result<TensorDelta> SquashTensorDeltas(const TensorDelta& first, const TensorDel
 // Squashes tensor by tensor; both deltas must cover the same tensors.
 Result<ModelDelta> SquashModelDeltas(const ModelDelta& first, const ModelDelta& second,
                                      int threads);
+// A chain of deltas, each starting where the one before ends, as one delta from the first's base to
+// the last's result (a chain of one is copied). On error `*failed`, when given, is the index of the
+// delta that did not squash onto the ones before it.
+Result<ModelDelta> SquashChain(std::span<const ModelDelta* const> chain, int threads,
+                               size_t* failed = nullptr);
 
 // Serialises to the byte format of docs/formats.md.
 std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta);

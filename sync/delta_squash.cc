@@ -153,4 +153,20 @@ Result<ModelDelta> SquashModelDeltas(const ModelDelta& first, const ModelDelta& 
   return result;
 }
 
+Result<ModelDelta> SquashChain(std::span<const ModelDelta* const> chain, int threads,
+                               size_t* failed) {
+  if (chain.empty()) return InvalidArgument("an empty chain of deltas has nothing to squash");
+  if (chain.size() == 1) return chain[0]->Copy();
+  ModelDelta squashed;
+  for (size_t i = 1; i < chain.size(); ++i) {
+    Result<ModelDelta> next = SquashModelDeltas(i == 1 ? *chain[0] : squashed, *chain[i], threads);
+    if (!next.ok()) {
+      if (failed != nullptr) *failed = i;
+      return next.status();
+    }
+    squashed = std::move(next).value();
+  }
+  return squashed;
+}
+
 }  // namespace weft::sync

@@ -166,6 +166,33 @@ TEST_CASE("squash: A->B then B->C equals A->C, without the weights") {
   }
 }
 
+TEST_CASE("squash a chain: A->B->C->D as one A->D; the link that breaks is named") {
+  using Links = std::vector<const ModelDelta*>;
+  std::mt19937_64 rng(17);
+  const TensorSpec spec = Spec(DType::kBF16, {3000});
+  std::vector<std::vector<uint8_t>> states = {testing::RandomTensor(spec.dtype, 3000, rng)};
+  for (int i = 0; i < 3; ++i)
+    states.push_back(testing::Perturb(states.back(), spec.dtype, 0.05, rng));
+  std::vector<ModelDelta> deltas(3);
+  for (int i = 0; i < 3; ++i) {
+    deltas[i].tensors.push_back(
+        std::move(EncodeTensorDelta(spec, states[i], states[i + 1], CodecOptions{10, 1})).value());
+  }
+  Result<ModelDelta> all = SquashChain(Links{&deltas[0], &deltas[1], &deltas[2]}, 2);
+  REQUIRE(all.ok());
+  std::vector<uint8_t> served = states[0];
+  REQUIRE(ApplyTensorDelta(all->tensors[0], served, std::nullopt, 1).ok());
+  CHECK(served == states[3]);
+  Result<ModelDelta> one = SquashChain(Links{&deltas[1]}, 1);
+  REQUIRE(one.ok());
+  CHECK(SerializeModelDelta(*one) == SerializeModelDelta(deltas[1]));
+  size_t failed = 0;
+  CHECK(SquashChain(Links{&deltas[0], &deltas[2]}, 1, &failed).status().code() ==
+        StatusCode::kConflict);
+  CHECK(failed == 1);
+  CHECK(SquashChain(Links{}, 1).status().code() == StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("a delta for another base is refused and changes nothing") {
   std::mt19937_64 rng(16);
   TensorSpec spec = Spec(DType::kBF16, {2048});
