@@ -20,7 +20,7 @@ while IFS= read -r file; do
   # Documents by name, their numbered sections and their headings.
   while IFS= read -r doc; do
     [[ -e docs/$doc || -e $doc ]] || report "$file cites $doc, which is not in docs/"
-  done < <(grep -ohE '\b[a-z_]+\.md\b' "$file" | grep -v '^README.md$' | sort -u)
+  done < <(grep -ohE '\b[A-Za-z_]+\.md\b' "$file" | grep -v '^README.md$' | sort -u)
   while IFS= read -r cite; do
     doc=$(sed -E 's/^([a-z_]+\.md).*/\1/' <<< "$cite")
     section=$(grep -oE '[0-9]+(\.[0-9]+)*$' <<< "$cite")
@@ -34,7 +34,6 @@ while IFS= read -r file; do
     grep -E '^#+ ' "docs/$doc" | grep -qF "$heading" ||
       report "$file cites the heading \"$heading\" of $doc, which it does not have"
   done < <(grep -ohE '\b[a-z_]+\.md[,]? \(?"[^"]+"' "$file" | sort -u)
-  if grep -q 'DESIGN\.md' "$file"; then report "$file cites DESIGN.md (the design is docs/design.md)"; fi
 done < <(git ls-files | grep -vE '\.(bin)$|^tests/check_references\.sh$')
 
 if ((problems > 0)); then
