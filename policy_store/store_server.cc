@@ -19,15 +19,8 @@ using Json = nlohmann::json;
 using Request = weft::http::Request;
 using Response = weft::http::Response;
 
+using weft::http::ErrorResponse;
 using weft::http::JsonResponse;
-
-Response Error(const Request& request, http::status status, const std::string& message) {
-  return weft::http::ErrorResponse(request, status, message);
-}
-
-Response Error(const Request& request, const Status& status) {
-  return weft::http::ErrorResponse(request, status);
-}
 
 bool ImmutableKey(const std::string& key) {
   return key.rfind("blobs/", 0) == 0 ||
@@ -78,10 +71,10 @@ struct Shared {
 // Writes need the writer token (compared in constant time).
 std::optional<Response> CheckWriter(const Shared& shared, const Request& request) {
   if (shared.options.writer_token.empty())
-    return Error(request, http::status::forbidden, "this store server is read-only");
+    return ErrorResponse(request, http::status::forbidden, "this store server is read-only");
   if (!weft::http::BearerMatches(request, shared.options.writer_token)) {
-    return Error(request, http::status::unauthorized,
-                 "writes need the writer token (Authorization: Bearer ...)");
+    return ErrorResponse(request, http::status::unauthorized,
+                         "writes need the writer token (Authorization: Bearer ...)");
   }
   return std::nullopt;
 }
@@ -91,7 +84,7 @@ Response HandleObject(const Shared& shared, const Request& request, const std::s
     case http::verb::get:
     case http::verb::head: {
       Result<std::vector<uint8_t>> object = shared.backend.Get(key);
-      if (!object.ok()) return Error(request, object.status());
+      if (!object.ok()) return ErrorResponse(request, object.status());
       const uint64_t size = object->size();
       Response response(http::status::ok, request.version());
       response.set(http::field::content_type, "application/octet-stream");
@@ -113,8 +106,8 @@ Response HandleObject(const Shared& shared, const Request& request, const std::s
         const auto header = request[http::field::range];
         auto range = ParseRange(std::string_view(header.data(), header.size()), size);
         if (!range) {
-          Response refused = Error(request, http::status::range_not_satisfiable,
-                                   "unsatisfiable or unsupported range");
+          Response refused = ErrorResponse(request, http::status::range_not_satisfiable,
+                                           "unsatisfiable or unsupported range");
           refused.set(http::field::content_range, "bytes */" + std::to_string(size));
           return refused;
         }
@@ -137,18 +130,18 @@ Response HandleObject(const Shared& shared, const Request& request, const std::s
     case http::verb::put: {
       if (auto refused = CheckWriter(shared, request)) return *refused;
       Status status = shared.backend.PutImmutable(key, request.body());
-      if (!status.ok()) return Error(request, status);
+      if (!status.ok()) return ErrorResponse(request, status);
       return JsonResponse(request, http::status::created, Json{{"key", key}});
     }
     case http::verb::delete_: {
       if (auto refused = CheckWriter(shared, request)) return *refused;
       Status status = shared.backend.Delete(key);
-      if (!status.ok()) return Error(request, status);
+      if (!status.ok()) return ErrorResponse(request, status);
       return JsonResponse(request, http::status::ok, Json{{"key", key}});
     }
     default:
-      return Error(request, http::status::method_not_allowed,
-                   "objects take GET, HEAD, PUT and DELETE");
+      return ErrorResponse(request, http::status::method_not_allowed,
+                           "objects take GET, HEAD, PUT and DELETE");
   }
 }
 
@@ -156,8 +149,8 @@ Response Handle(const Shared& shared, const Request& request) {
   try {
     const std::string target(request.target());
     if (target.find_first_of("?%#") != std::string::npos)
-      return Error(request, http::status::bad_request,
-                   "query strings and escapes are not supported");
+      return ErrorResponse(request, http::status::bad_request,
+                           "query strings and escapes are not supported");
     if (target == "/livez") return JsonResponse(request, http::status::ok, Json{{"ok", true}});
     if (target == "/v1/stats" && shared.options.stats) {
       return JsonResponse(request, http::status::ok,
@@ -171,39 +164,41 @@ Response Handle(const Shared& shared, const Request& request) {
     std::string key;
     if (keyed("/v1/objects/", &key)) {
       Status valid = ValidateKey(key);
-      if (!valid.ok()) return Error(request, valid);
+      if (!valid.ok()) return ErrorResponse(request, valid);
       return HandleObject(shared, request, key);
     }
     if (keyed("/v1/cas/", &key)) {
       Status valid = ValidateKey(key);
-      if (!valid.ok()) return Error(request, valid);
+      if (!valid.ok()) return ErrorResponse(request, valid);
       if (request.method() != http::verb::post)
-        return Error(request, http::status::method_not_allowed, "compare-and-swap takes POST");
+        return ErrorResponse(request, http::status::method_not_allowed,
+                             "compare-and-swap takes POST");
       if (auto refused = CheckWriter(shared, request)) return *refused;
       Json body = Json::parse(request.body().begin(), request.body().end(), nullptr, false);
       if (body.is_discarded() || !body.is_object() || !body.contains("desired") ||
           !body["desired"].is_string() || !body.contains("expected") ||
           !(body["expected"].is_null() || body["expected"].is_string()) || body.size() != 2) {
-        return Error(request, http::status::bad_request,
-                     "expected a JSON object {\"expected\": string or null, \"desired\": string}");
+        return ErrorResponse(
+            request, http::status::bad_request,
+            "expected a JSON object {\"expected\": string or null, \"desired\": string}");
       }
       std::optional<std::string> expected;
       if (body["expected"].is_string()) expected = body["expected"].get<std::string>();
       Status status =
           shared.backend.CompareAndSwap(key, expected, body["desired"].get<std::string>());
-      if (!status.ok()) return Error(request, status);
+      if (!status.ok()) return ErrorResponse(request, status);
       return JsonResponse(request, http::status::ok, Json{{"key", key}});
     }
     if (keyed("/v1/list/", &key)) {
       if (request.method() != http::verb::get)
-        return Error(request, http::status::method_not_allowed, "listing takes GET");
+        return ErrorResponse(request, http::status::method_not_allowed, "listing takes GET");
       Result<std::vector<std::string>> keys = shared.backend.List(key);
-      if (!keys.ok()) return Error(request, keys.status());
+      if (!keys.ok()) return ErrorResponse(request, keys.status());
       return JsonResponse(request, http::status::ok, Json{{"keys", *keys}});
     }
-    return Error(request, http::status::not_found, "no such endpoint: " + target);
+    return ErrorResponse(request, http::status::not_found, "no such endpoint: " + target);
   } catch (const std::exception& error) {
-    return Error(request, http::status::internal_server_error, error.what());
+    return ErrorResponse(request, http::status::internal_server_error, error.what());
   }
 }
 
