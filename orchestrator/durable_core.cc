@@ -324,9 +324,22 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     return DataLoss("no intact snapshot of " + journal_path +
                     " and its first journal is gone: the state cannot be rebuilt");
   }
-  // Every journal from that generation on, in order; the last one stays open for appending.
+  // Every journal from that generation on, in order; the last one stays open for appending. Each
+  // must be there: a journal is created (and synced) before its generation's snapshot is written
+  // and before any later journal, so a missing one means acknowledged events are gone.
   uint64_t last = start;
   for (uint64_t g : Generations(journal_path + ".")) last = std::max(last, g);
+  const bool anything = !snapshots.empty() || last > 0 || std::filesystem::exists(journal_path);
+  for (uint64_t g = start; anything && g <= last; ++g) {
+    if (!std::filesystem::exists(durable->JournalPath(g))) {
+      return DataLoss("the journal " + durable->JournalPath(g) + " of generation " +
+                      std::to_string(g) + " is missing, yet " +
+                      (g < last ? "the journal of generation " + std::to_string(last)
+                                : "the snapshot " + durable->SnapshotPath(start)) +
+                      " exists: the events acknowledged in it would be lost (restore the file "
+                      "from a backup)");
+    }
+  }
   auto replay = [&](std::string_view record) {
     Outcome ignored;
     ++durable->replayed_;
@@ -335,11 +348,8 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     WEFT_ASSIGN_OR_RETURN(Event event, ParseEvent(record));
     return durable->Apply(std::move(event), &ignored);
   };
-  for (uint64_t g = start; g < last; ++g) {
-    if (!std::filesystem::exists(durable->JournalPath(g)))
-      continue;  // a rotation that never created it
+  for (uint64_t g = start; g < last; ++g)
     WEFT_RETURN_IF_ERROR(Journal::Replay(durable->JournalPath(g), replay));
-  }
   WEFT_ASSIGN_OR_RETURN(durable->journal_, Journal::Open(durable->JournalPath(last), replay));
   durable->generation_ = last;
   if (durable->replayed_ > 0) durable->fresh_ = false;
@@ -391,6 +401,8 @@ Status DurableCore::Record(Event event, Outcome* outcome, bool wait) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::string text = EventText(event);
+    // A refused request changes nothing: what the journal would not take is refused first.
+    WEFT_RETURN_IF_ERROR(journal_->Admits(text.size()));
     WEFT_RETURN_IF_ERROR(Apply(std::move(event), outcome));
     if (outcome->changed) {
       WEFT_ASSIGN_OR_RETURN(sequence, journal_->Enqueue(std::move(text)));
@@ -410,7 +422,8 @@ void DurableCore::SubmitAsync(Micros now, TrajectoryGroup group,
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::string text = EventText(event);
-    status = Apply(std::move(event), &out);
+    status = journal_->Admits(text.size());
+    if (status.ok()) status = Apply(std::move(event), &out);
     if (status.ok()) {
       auto answer = [done, result = out.submit](Status durable) {
         if (durable.ok()) {

@@ -17,8 +17,8 @@ namespace weft::orchestrator {
 namespace {
 
 constexpr char kMagic[8] = {'W', 'E', 'F', 'T', 'J', 'R', 'N', '1'};
-constexpr size_t kHeader = 12;              // u32 length + u64 hash
-constexpr uint32_t kMaxRecord = 64u << 20;  // a record is an event, never this large
+constexpr size_t kHeader = 12;                             // u32 length + u64 hash
+constexpr uint64_t kMaxRecord = Journal::kMaxRecordBytes;  // an event is never this large
 
 void PutLe(uint8_t* out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
@@ -30,32 +30,60 @@ uint64_t GetLe(const uint8_t* in, int bytes) {
   return value;
 }
 
+// Whether an intact record starts at `at`: its header fits, its length is within the limit and
+// the file, and its payload has the recorded hash. (Payloads are JSON objects: one that does not
+// start with '{' is not hashed.)
+bool IntactAt(const std::vector<uint8_t>& bytes, size_t at, uint32_t* length) {
+  if (bytes.size() - at < kHeader) return false;
+  *length = static_cast<uint32_t>(GetLe(bytes.data() + at, 4));
+  if (*length > kMaxRecord || bytes.size() - at - kHeader < *length) return false;
+  if (*length > 0 && bytes[at + kHeader] != '{') return false;
+  return XXH64(bytes.data() + at + kHeader, *length, 0) == GetLe(bytes.data() + at + 4, 8);
+}
+
+// Why the bytes from `at` (where no intact record starts) are damage rather than the torn last
+// write of a crash, or "" when they can be a torn write. A crash leaves a prefix of what was being
+// written: a partial header, or a whole header whose payload runs past the end of the file, and
+// nothing intact after it. A whole record with the wrong hash, a header whose payload (taken to
+// the end of the file) has the recorded hash (its length field is damaged), or an intact record
+// anywhere later is damage to what may have been acknowledged.
+std::string Damage(const std::vector<uint8_t>& bytes, size_t at) {
+  const size_t left = bytes.size() - at;
+  if (left < kHeader) return "";
+  const uint64_t length = GetLe(bytes.data() + at, 4);
+  if (length <= kMaxRecord && left - kHeader >= length)
+    return "its payload does not match its hash";
+  if (XXH64(bytes.data() + at + kHeader, left - kHeader, 0) == GetLe(bytes.data() + at + 4, 8))
+    return "its length field is damaged";
+  for (size_t next = at + 1; next + kHeader <= bytes.size(); ++next) {
+    uint32_t next_length = 0;
+    if (IntactAt(bytes, next, &next_length)) {
+      return "an intact record follows at byte " + std::to_string(next);
+    }
+  }
+  return "";
+}
+
 // Replays the intact records of `bytes` (a journal file's contents). `*valid` ends at the end of
-// the last intact record; `*torn` says whether a torn or corrupted tail follows it.
+// the last intact record; `*torn` says whether a torn last write follows it (damage is an error).
 Status Scan(const std::vector<uint8_t>& bytes, const std::string& path,
             const std::function<Status(std::string_view)>& replay, size_t* valid, bool* torn) {
   *torn = false;
   *valid = sizeof(kMagic);
   if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    return DataLoss(path + " is not a weft journal (bad magic)");
+    return DataLoss(path + " is not a weft journal (bad magic at byte 0)");
   }
-  auto intact_at = [&](size_t at, uint32_t* length) {
-    if (bytes.size() - at < kHeader) return false;
-    *length = static_cast<uint32_t>(GetLe(bytes.data() + at, 4));
-    return *length <= kMaxRecord && bytes.size() - at - kHeader >= *length &&
-           XXH64(bytes.data() + at + kHeader, *length, 0) == GetLe(bytes.data() + at + 4, 8);
-  };
   for (uint64_t count = 0; *valid < bytes.size(); ++count) {
     uint32_t length = 0;
-    if (!intact_at(*valid, &length)) {
-      // A crash tears only the last write, whose records were never acknowledged. A bad record
-      // followed by an intact one is damage to acknowledged data instead.
-      const size_t next = *valid + kHeader + length;
-      uint32_t next_length = 0;
-      if (length <= kMaxRecord && bytes.size() - *valid >= kHeader + length &&
-          next < bytes.size() && intact_at(next, &next_length)) {
+    if (!IntactAt(bytes, *valid, &length)) {
+      const std::string damage = Damage(bytes, *valid);
+      if (!damage.empty()) {
         return DataLoss(path + ": record " + std::to_string(count) + " at byte " +
-                        std::to_string(*valid) + " is corrupted and followed by intact records");
+                        std::to_string(*valid) + " is damaged (" + damage +
+                        "); refusing to start rather than lose acknowledged events. Restore the "
+                        "file from a backup, or, to give up everything from that record on, cut "
+                        "the file there (truncate -s " +
+                        std::to_string(*valid) + ")");
       }
       *torn = true;
       return Status::Ok();
@@ -63,7 +91,8 @@ Status Scan(const std::vector<uint8_t>& bytes, const std::string& path,
     Status applied =
         replay({reinterpret_cast<const char*>(bytes.data() + *valid + kHeader), length});
     if (!applied.ok())
-      return applied.WithContext(path + ": replaying record " + std::to_string(count));
+      return applied.WithContext(path + ": replaying record " + std::to_string(count) +
+                                 " at byte " + std::to_string(*valid));
     *valid += kHeader + length;
   }
   return Status::Ok();
@@ -159,10 +188,20 @@ Status Journal::Append(std::string record) {
 
 Result<uint64_t> Journal::Enqueue(std::string record) { return Queue(std::move(record), nullptr); }
 
+Status Journal::Admits(uint64_t bytes) const {
+  if (bytes > kMaxRecord)
+    return InvalidArgument("the event's journal record would be " + std::to_string(bytes) +
+                           " bytes, more than the limit of " + std::to_string(kMaxRecord));
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
 Result<uint64_t> Journal::Queue(std::string record, std::function<void(Status)> durable) {
-  if (record.size() > kMaxRecord)
-    return InvalidArgument("journal record of " + std::to_string(record.size()) +
-                           " bytes is too large");
+  if (record.empty() || record.front() != '{' || record.size() > kMaxRecord) {
+    return InvalidArgument("a journal record must be a JSON object of at most " +
+                           std::to_string(kMaxRecord) + " bytes (this one has " +
+                           std::to_string(record.size()) + ")");
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.ok()) return failure_;
   pending_.push_back({std::move(record), false});

@@ -2,9 +2,9 @@
 //
 // An append-only file of records (docs/formats.md, "Orchestrator journal"): the magic
 // "WEFTJRN1", then per record a u32 little-endian payload length, the u64 little-endian XXH64 of
-// the payload (seed 0) and the payload. Open() replays every complete record in order and cuts
-// off a torn or corrupted tail (the write a crash interrupted, never acknowledged); a corrupted
-// record followed by more data is an error (that is damage, not a crash).
+// the payload (seed 0) and the payload (a JSON object). Open() replays every intact record in order
+// and cuts off a torn tail (a prefix of the write a crash interrupted, never acknowledged); any
+// other damage is kDataLoss naming the byte offset, never a silent cut.
 //
 // A writer thread writes and syncs (fdatasync) whatever is queued, as one batch per sync (group
 // commit): the more records arrive while a sync runs, the more the next one carries. Append()
@@ -29,6 +29,8 @@ namespace weft::orchestrator {
 
 class Journal {
  public:
+  static constexpr uint64_t kMaxRecordBytes = uint64_t{64} << 20;
+
   // Opens (creating) the journal at `path`, calling `replay` on every record already in it.
   static Result<std::unique_ptr<Journal>> Open(
       const std::string& path, const std::function<Status(std::string_view)>& replay);
@@ -38,6 +40,9 @@ class Journal {
                        const std::function<Status(std::string_view)>& replay);
   ~Journal();
 
+  // Whether a record of `bytes` would be taken: kInvalidArgument when it is too large, the write
+  // failure when the journal has failed. Callers check before changing any state for the record.
+  Status Admits(uint64_t bytes) const;
   Status Append(std::string record);
   // Append in two steps, for callers that must fix the order of records under their own lock but
   // wait for the disk outside it: Enqueue returns the record's sequence number, Wait returns once
