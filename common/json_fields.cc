@@ -1,6 +1,18 @@
 #include "common/json_fields.h"
 
+#include "common/json_text.h"
+
 namespace weft {
+
+Result<nlohmann::json> ParseStrict(std::string_view text, const std::string& what,
+                                   const nlohmann::json::parser_callback_t& callback) {
+  const std::string fault = json_text::Validate(text);
+  if (!fault.empty()) return InvalidArgument(what + " is not valid JSON: " + fault);
+  nlohmann::json parsed = nlohmann::json::parse(text.begin(), text.end(), callback, false);
+  // (Validate and the parser agree on what JSON is; this is for a disagreement nonetheless.)
+  if (parsed.is_discarded()) return InvalidArgument(what + " is not valid JSON");
+  return parsed;
+}
 
 Status CheckFields(const nlohmann::json& object, const std::string& where,
                    const std::set<std::string>& required, const std::set<std::string>& optional) {

@@ -6,10 +6,17 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
 namespace weft {
+
+// `text` parsed as JSON from outside, once json_text::Validate found it well-formed (no repeated
+// keys, nesting at most 64 deep, well-formed UTF-8); kInvalidArgument naming `what` and the byte
+// offset of the fault otherwise. `callback` is the parser's (it can leave members out of the tree).
+Result<nlohmann::json> ParseStrict(std::string_view text, const std::string& what,
+                                   const nlohmann::json::parser_callback_t& callback = nullptr);
 
 // `object` must be an object with every `required` field and no field outside required/optional.
 Status CheckFields(const nlohmann::json& object, const std::string& where,

@@ -1,7 +1,11 @@
 #include "common/json_text.h"
 
+#include <cstring>
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_set>
+#include <vector>
 
 namespace weft::json_text {
 namespace {
@@ -30,7 +34,273 @@ bool KeyIs(std::string_view text, size_t begin, size_t end, std::string_view key
   return decoded.is_string() && decoded.get_ref<const std::string&>() == key;
 }
 
+// The UTF-8 sequence starting at text[i] (a byte >= 0x80): its length, or 0 when it is not
+// well-formed (overlong, a surrogate, above U+10FFFF, truncated, a stray continuation byte).
+size_t Utf8Length(std::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    length = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    length = 3;
+    if (c == 0xE0) low = 0xA0;
+    if (c == 0xED) high = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    length = 4;
+    if (c == 0xF0) low = 0x90;
+    if (c == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (text.size() - i < length) return 0;
+  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (size_t k = 2; k < length; ++k) {
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
+  }
+  return length;
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+void AppendUtf8(uint32_t code, std::string* out) {
+  if (code < 0x80) {
+    out->push_back(static_cast<char>(code));
+  } else if (code < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (code >> 6)));
+    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
+  } else if (code < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (code >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (code >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
+  }
+}
+
+// A checking scanner: one pass, an explicit stack, no tree.
+class Validator {
+ public:
+  static constexpr size_t kMaxMembers = 10000;
+
+  Validator(std::string_view text, size_t max_depth) : text_(text), max_depth_(max_depth) {}
+
+  std::string Run() {
+    if (text_.starts_with("\xEF\xBB\xBF")) pos_ = 3;
+    if (!Value()) return error_;
+    pos_ = SkipSpace(text_, pos_);
+    if (pos_ != text_.size()) Fail("text after the JSON value");
+    return error_;
+  }
+
+ private:
+  struct Frame {
+    bool object = false;
+    std::unordered_set<std::string_view> keys;  // an object's keys so far (into text_ or decoded)
+    std::deque<std::string> decoded;            // keys that had escapes, decoded
+  };
+
+  bool Fail(const std::string& what) {
+    if (error_.empty()) error_ = "byte " + std::to_string(pos_) + ": " + what;
+    return false;
+  }
+  bool At(char c) {
+    pos_ = SkipSpace(text_, pos_);
+    return pos_ < text_.size() && text_[pos_] == c;
+  }
+
+  // One value, with everything nested in it (iteratively: the depth is bounded by max_depth_, the
+  // C++ stack is not used for it).
+  bool Value() {
+    std::vector<Frame> stack;
+    while (true) {
+      // A value starts here.
+      pos_ = SkipSpace(text_, pos_);
+      if (pos_ >= text_.size()) return Fail("the text ends where a value should be");
+      const char c = text_[pos_];
+      bool opened = false;
+      if (c == '{' || c == '[') {
+        if (stack.size() >= max_depth_)
+          return Fail("nested more than " + std::to_string(max_depth_) + " deep");
+        ++pos_;
+        stack.emplace_back();
+        stack.back().object = c == '{';
+        opened = true;
+        if (At(c == '{' ? '}' : ']')) {
+          ++pos_;
+          stack.pop_back();
+          opened = false;
+        } else if (c == '{' && !Key(&stack.back())) {
+          return false;
+        }
+      } else if (c == '"') {
+        if (!String(nullptr)) return false;
+      } else if (c == '-' || (c >= '0' && c <= '9')) {
+        if (!Number()) return false;
+      } else if (!Literal("true") && !Literal("false") && !Literal("null")) {
+        return Fail("not a JSON value");
+      }
+      if (opened) continue;  // its first element or member value is next
+      // The value is complete: close what ends here, then move to the next element or member.
+      while (true) {
+        if (stack.empty()) return true;
+        Frame& frame = stack.back();
+        if (At(',')) {
+          ++pos_;
+          if (frame.object && !Key(&frame)) return false;
+          break;
+        }
+        if (At(frame.object ? '}' : ']')) {
+          ++pos_;
+          stack.pop_back();
+          continue;
+        }
+        return Fail(frame.object ? "expected ',' or '}' in an object"
+                                 : "expected ',' or ']' in an array");
+      }
+    }
+  }
+
+  // A member's key and its colon; the key must be new in `frame`.
+  bool Key(Frame* frame) {
+    if (!At('"')) return Fail("expected a string key");
+    const size_t begin = pos_;
+    std::string decoded;
+    bool escaped = false;
+    if (!String(&decoded, &escaped)) return false;
+    if (frame->keys.size() >= kMaxMembers)
+      return Fail("an object with more than " + std::to_string(kMaxMembers) + " members");
+    std::string_view key = text_.substr(begin + 1, pos_ - begin - 2);
+    if (escaped) key = frame->decoded.emplace_back(std::move(decoded));
+    if (!frame->keys.insert(key).second) {
+      pos_ = begin;
+      return Fail("a key repeated in one object: " + std::string(text_.substr(begin, 64)));
+    }
+    if (!At(':')) return Fail("expected ':' after a key");
+    ++pos_;
+    return true;
+  }
+
+  // A string at pos_ (an opening quote); `decoded` (if given) receives its value when it has
+  // escapes (`*escaped` says whether it had).
+  bool String(std::string* decoded, bool* escaped = nullptr) {
+    ++pos_;
+    size_t plain = pos_;  // start of the run not yet copied to `decoded`
+    auto flush = [&](size_t end) {
+      if (decoded != nullptr) decoded->append(text_.substr(plain, end - plain));
+    };
+    while (true) {
+      if (pos_ >= text_.size()) return Fail("a string is not closed");
+      const unsigned char c = static_cast<unsigned char>(text_[pos_]);
+      if (c == '"') {
+        flush(pos_);
+        ++pos_;
+        return true;
+      }
+      if (c < 0x20) return Fail("a control character in a string (it must be escaped)");
+      if (c >= 0x80) {
+        const size_t length = Utf8Length(text_, pos_);
+        if (length == 0) return Fail("a string is not well-formed UTF-8");
+        pos_ += length;
+        continue;
+      }
+      if (c != '\\') {
+        ++pos_;
+        continue;
+      }
+      flush(pos_);
+      if (escaped != nullptr) *escaped = true;
+      if (pos_ + 1 >= text_.size()) return Fail("a string ends in an escape");
+      const char e = text_[pos_ + 1];
+      const char* simple = "\"\\/bfnrt";
+      const char* meaning = "\"\\/\b\f\n\r\t";
+      if (const char* found = std::strchr(simple, e); found != nullptr && e != 0) {
+        if (decoded != nullptr) decoded->push_back(meaning[found - simple]);
+        pos_ += 2;
+      } else if (e == 'u') {
+        uint32_t code = 0;
+        if (!Hex4(pos_ + 2, &code)) return Fail("a \\u escape without four hex digits");
+        pos_ += 6;
+        if (code >= 0xDC00 && code <= 0xDFFF) return Fail("a lone low surrogate escape");
+        if (code >= 0xD800 && code <= 0xDBFF) {
+          uint32_t low = 0;
+          if (pos_ + 1 >= text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u' ||
+              !Hex4(pos_ + 2, &low) || low < 0xDC00 || low > 0xDFFF) {
+            return Fail("a high surrogate escape without its low surrogate");
+          }
+          pos_ += 6;
+          code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+        }
+        if (decoded != nullptr) AppendUtf8(code, decoded);
+      } else {
+        return Fail("an unknown escape in a string");
+      }
+      plain = pos_;
+    }
+  }
+
+  bool Hex4(size_t at, uint32_t* code) {
+    if (text_.size() < at + 4) return false;
+    *code = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      const int digit = HexDigit(text_[at + k]);
+      if (digit < 0) return false;
+      *code = *code * 16 + static_cast<uint32_t>(digit);
+    }
+    return true;
+  }
+
+  bool Digits() {
+    const size_t begin = pos_;
+    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
+    return pos_ > begin;
+  }
+
+  bool Number() {
+    if (text_[pos_] == '-') ++pos_;
+    if (pos_ < text_.size() && text_[pos_] == '0') {
+      ++pos_;
+    } else if (!Digits()) {
+      return Fail("a number without digits");
+    }
+    if (pos_ < text_.size() && text_[pos_] == '.') {
+      ++pos_;
+      if (!Digits()) return Fail("a number with no digits after its point");
+    }
+    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
+      ++pos_;
+      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
+      if (!Digits()) return Fail("a number with no digits in its exponent");
+    }
+    return true;
+  }
+
+  bool Literal(std::string_view word) {
+    if (text_.substr(pos_, word.size()) != word) return false;
+    pos_ += word.size();
+    return true;
+  }
+
+  std::string_view text_;
+  size_t max_depth_;
+  size_t pos_ = 0;
+  std::string error_;
+};
+
 }  // namespace
+
+std::string Validate(std::string_view text, size_t max_depth) {
+  return Validator(text, max_depth).Run();
+}
 
 size_t SkipSpace(std::string_view text, size_t pos) {
   while (pos < text.size() && IsSpace(text[pos])) ++pos;

@@ -8,10 +8,20 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace weft::json_text {
+
+// Checks that `text` is exactly one JSON value (RFC 8259; a leading byte order mark and white space
+// around it allowed) in well-formed UTF-8, with no object repeating a key (compared after escapes
+// are decoded), no object of more than 10000 members, and nesting at most `max_depth` arrays and
+// objects deep. Returns "" when it is, or
+// what is wrong and at which byte offset ("byte 17: a key repeated: \"cluster\""). It builds
+// nothing: its memory is the nesting stack and the keys of the objects open at the moment, so it
+// can run before a parser that builds a tree, on text from anyone.
+std::string Validate(std::string_view text, size_t max_depth = 64);
 
 // The first position at or after `pos` that is not JSON white space.
 size_t SkipSpace(std::string_view text, size_t pos);

@@ -3,10 +3,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/names.h"
+
 namespace weft::orchestrator {
 namespace {
 
 std::string JobName(uint64_t job) { return "job " + std::to_string(job); }
+
+std::string Gone(const std::string& cluster) {
+  return "cluster " + cluster + " was lost (no heartbeat in time) or left; register again";
+}
 
 }  // namespace
 
@@ -22,10 +28,8 @@ uint64_t OrchestratorCore::admissible_version() const {
 
 Status OrchestratorCore::Register(Micros now, const std::string& cluster, const std::string& region,
                                   uint32_t capacity) {
-  if (cluster.empty() || cluster.size() > 128)
-    return InvalidArgument("cluster id must be 1 to 128 bytes");
-  if (region.empty() || region.size() > 128)
-    return InvalidArgument("cluster " + cluster + ": region must be 1 to 128 bytes");
+  WEFT_RETURN_IF_ERROR(CheckName(cluster, "cluster id"));
+  WEFT_RETURN_IF_ERROR(CheckName(region, "cluster " + cluster + ": region"));
   if (capacity == 0 || capacity > 1'000'000)
     return InvalidArgument("cluster " + cluster + ": capacity must be 1 to 1000000");
   Cluster& c = clusters_[cluster];
@@ -41,7 +45,12 @@ Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster,
                                    std::optional<uint64_t> ready_version) {
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
-  c->gone = false;  // declared lost but alive after all: its old leases were re-queued already
+  if (c->gone) return NotFound(Gone(cluster));
+  if (ready_version && (!latest_ || *ready_version > *latest_)) {
+    return InvalidArgument("cluster " + cluster + ": ready_version " +
+                           std::to_string(*ready_version) + " was never announced (latest: " +
+                           (latest_ ? std::to_string(*latest_) : std::string("none")) + ")");
+  }
   c->last_heartbeat = now;
   c->ready_version = ready_version;
   if (ready_version) c->max_ready_version = std::max(c->max_ready_version, *ready_version);
@@ -53,6 +62,7 @@ Status OrchestratorCore::Drain(Micros now, const std::string& cluster,
                                const std::vector<uint64_t>& jobs) {
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
+  if (c->gone) return NotFound(Gone(cluster));
   c->draining = true;
   c->last_heartbeat = now;
   std::vector<uint64_t> handed =
@@ -103,8 +113,7 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
                                                            uint32_t max, uint64_t request) {
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
-  if (c->gone)
-    return NotFound("cluster " + cluster + " was lost (no heartbeat) or left; register again");
+  if (c->gone) return NotFound(Gone(cluster));
   // (Liveness comes from heartbeats only: a request that grants nothing changes no state, so it
   // need not be journaled.)
   std::vector<Lease> leases;
@@ -245,6 +254,10 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
                                   " is below the lease's minimum " +
                                   std::to_string(j.min_versions[s.attempt - 1])));
   }
+  if (!latest_ || s.version_end > *latest_) {
+    return reject(InvalidArgument(what + ": version_end " + std::to_string(s.version_end) +
+                                  " was never announced"));
+  }
   if (c == nullptr || s.version_end > c->max_ready_version) {
     return reject(InvalidArgument(what + ": version_end " + std::to_string(s.version_end) +
                                   " is newer than any version cluster " + s.cluster +
@@ -277,6 +290,10 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
 }
 
 Status OrchestratorCore::AnnounceVersion(Micros now, uint64_t version) {
+  if (version > kMaxVersion) {
+    return InvalidArgument("version " + std::to_string(version) + " is above the largest, " +
+                           std::to_string(kMaxVersion));
+  }
   if (latest_ && version < *latest_) {
     return InvalidArgument("version " + std::to_string(version) + " is older than the announced " +
                            std::to_string(*latest_));

@@ -83,7 +83,9 @@ class OrchestratorCore {
   Status Register(Micros now, const std::string& cluster, const std::string& region,
                   uint32_t capacity);
   // Proof of life; `ready_version` is the version whose digests the cluster has matched (nullopt
-  // while it has none). Extends the deadline of every lease the cluster holds.
+  // while it has none; never above the latest announced). Extends the deadline of every lease the
+  // cluster holds. A cluster that left or was lost gets kNotFound (as for Drain and RequestLeases)
+  // until it registers again.
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
   // Stops leasing to the cluster and re-queues the listed jobs it hands back (all of its leases
   // when `jobs` is empty). Its other leases may still be submitted.
@@ -100,7 +102,7 @@ class OrchestratorCore {
   Result<SubmitResult> Submit(Micros now, TrajectoryGroup group);
 
   // --- Trainer ---
-  // The latest published version (announcements only move forward).
+  // The latest published version (announcements only move forward; at most kMaxVersion).
   Status AnnounceVersion(Micros now, uint64_t version);
   // Queues jobs; returns their ids.
   std::vector<uint64_t> AddJobs(Micros now, const std::vector<JobSpec>& jobs);

@@ -15,6 +15,10 @@ namespace weft::orchestrator {
 // Time in the core: microseconds on any monotonic scale (the service uses the wall clock).
 using Micros = int64_t;
 
+// Policy versions are 0 to 2^53 - 1: exact in every JSON implementation (a double's integers), and
+// far from wrapping around.
+inline constexpr uint64_t kMaxVersion = (uint64_t{1} << 53) - 1;
+
 // One trajectory group: every sample of one attempt at one job, with the versions that generated
 // its tokens. Workers submit it, the orchestrator buffers and journals it, the trainer receives it.
 struct TrajectoryGroup {

@@ -4,6 +4,7 @@
 
 #include "common/json_fields.h"
 #include "common/json_text.h"
+#include "common/names.h"
 
 namespace weft::orchestrator::wire {
 namespace {
@@ -23,8 +24,7 @@ Result<Json> ParseObject(std::string_view text, const std::string& what, int ski
                parsed.get_ref<const std::string&>() == "trajectories");
     };
   }
-  Json parsed = Json::parse(text.begin(), text.end(), skip, false);
-  if (parsed.is_discarded()) return InvalidArgument(what + " is not valid JSON");
+  WEFT_ASSIGN_OR_RETURN(Json parsed, ParseStrict(text, what, skip));
   if (!parsed.is_object()) return InvalidArgument(what + " is not a JSON object");
   return parsed;
 }
@@ -78,8 +78,9 @@ Result<std::optional<uint64_t>> GetOptionalVersion(const Json& object, const std
                                                    const std::string& where) {
   if (object[field].is_null()) return std::optional<uint64_t>();
   Result<uint64_t> value = GetUnsigned(object, field, where);
-  if (!value.ok()) {
-    return InvalidArgument(where + "." + field + " is not a non-negative integer or null");
+  if (!value.ok() || *value > kMaxVersion) {
+    return InvalidArgument(where + "." + field + " is not a version (0 to " +
+                           std::to_string(kMaxVersion) + ") or null");
   }
   return std::optional<uint64_t>(*value);
 }
@@ -129,6 +130,8 @@ Result<Registration> DecodeRegistration(std::string_view body) {
   Registration r;
   WEFT_ASSIGN_OR_RETURN(r.cluster, GetString(json, "cluster", where));
   WEFT_ASSIGN_OR_RETURN(r.region, GetString(json, "region", where));
+  WEFT_RETURN_IF_ERROR(CheckName(r.cluster, where + ".cluster"));
+  WEFT_RETURN_IF_ERROR(CheckName(r.region, where + ".region"));
   WEFT_ASSIGN_OR_RETURN(uint64_t capacity, GetBounded(json, "capacity", where, 1, 1'000'000));
   r.capacity = static_cast<uint32_t>(capacity);
   return r;
@@ -277,8 +280,10 @@ Status ReadGroupFields(const Json& object, const std::string& where, TrajectoryG
   if (attempt > 1'000'000) return InvalidArgument(where + ".attempt is out of range");
   g->attempt = static_cast<uint32_t>(attempt);
   WEFT_ASSIGN_OR_RETURN(g->cluster, GetString(object, "cluster", where));
-  WEFT_ASSIGN_OR_RETURN(g->version_start, GetUnsigned(object, "version_start", where));
-  WEFT_ASSIGN_OR_RETURN(g->version_end, GetUnsigned(object, "version_end", where));
+  WEFT_RETURN_IF_ERROR(CheckName(g->cluster, where + ".cluster"));
+  WEFT_ASSIGN_OR_RETURN(g->version_start,
+                        GetBounded(object, "version_start", where, 0, kMaxVersion));
+  WEFT_ASSIGN_OR_RETURN(g->version_end, GetBounded(object, "version_end", where, 0, kMaxVersion));
   WEFT_ASSIGN_OR_RETURN(g->tokens, GetUnsigned(object, "tokens", where));
   const Json& segments = object["segments"];
   if (!segments.is_array() || segments.empty() || segments.size() > 100000) {
@@ -332,7 +337,7 @@ std::string EncodeAnnouncement(uint64_t version) { return Json{{"version", versi
 Result<uint64_t> DecodeAnnouncement(std::string_view body) {
   WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body));
   WEFT_RETURN_IF_ERROR(CheckFields(json, "version", {"version"}));
-  return GetUnsigned(json, "version", "version");
+  return GetBounded(json, "version", "version", 0, kMaxVersion);
 }
 
 std::string EncodeJobs(const std::vector<JobSpec>& jobs) {

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/json_fields.h"
+#include "common/names.h"
 #include "policy_store/object_store.h"
 
 namespace weft::policy_store {
@@ -74,12 +75,7 @@ std::string Manifest::ToJson() const {
 }
 
 Result<Manifest> Manifest::FromJson(std::string_view text) {
-  Json json;
-  try {
-    json = Json::parse(text);
-  } catch (const Json::exception& error) {
-    return InvalidArgument(std::string("manifest is not valid JSON: ") + error.what());
-  }
+  WEFT_ASSIGN_OR_RETURN(Json json, ParseStrict(text, "manifest"));
   WEFT_RETURN_IF_ERROR(CheckFields(
       json, "manifest",
       {"format", "run", "version", "tensors", "last_keyframe", "delta_bytes_since_keyframe"},
@@ -176,18 +172,7 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
   return m;
 }
 
-Status ValidateRunId(const std::string& run_id) {
-  if (run_id.empty() || run_id.size() > 128)
-    return InvalidArgument("run id must be 1 to 128 characters");
-  for (char c : run_id) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-' || c == '.';
-    if (!ok)
-      return InvalidArgument("run id '" + run_id + "' has a character outside [A-Za-z0-9._-]");
-  }
-  if (run_id == "." || run_id == "..") return InvalidArgument("run id cannot be '.' or '..'");
-  return Status::Ok();
-}
+Status ValidateRunId(const std::string& run_id) { return CheckName(run_id, "run id"); }
 
 std::string ManifestKey(const std::string& run_id, uint64_t version) {
   char digits[24];
@@ -242,8 +227,7 @@ std::string Catchup::ToJson() const {
 }
 
 Result<Catchup> Catchup::FromJson(std::string_view text) {
-  Json json = Json::parse(text, nullptr, false);
-  if (json.is_discarded()) return InvalidArgument("catch-up record is not valid JSON");
+  WEFT_ASSIGN_OR_RETURN(Json json, ParseStrict(text, "catch-up record"));
   WEFT_RETURN_IF_ERROR(CheckFields(json, "catch-up record",
                                    {"format", "run", "base", "target", "sha256", "bytes"}, {}));
   if (json["format"] != "weft.catchup.v1")

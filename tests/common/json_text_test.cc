@@ -75,5 +75,50 @@ TEST_CASE("json text: agrees with the parser on random documents, and never read
   }
 }
 
+TEST_CASE("json text: Validate accepts exactly RFC 8259 JSON and says where it is not") {
+  for (const std::string good :
+       {"0", "-0.5e+10", "\"\"", "[]", "{}", " [1, [2, {\"a\": null}], true, false] ",
+        "{\"a\":{\"a\":1},\"b\":[{\"a\":2},{\"a\":3}]}", "\"\\u00e9\\ud83d\\ude00\\n\"",
+        "\"caf\xC3\xA9 \xF0\x9F\x98\x80\"", "\xEF\xBB\xBF{\"bom\": 1}"}) {
+    CAPTURE(good);
+    CHECK(Validate(good) == "");
+    CHECK(!nlohmann::json::parse(good, nullptr, false).is_discarded());  // the parser agrees
+  }
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", "byte 0: the text ends where a value should be"},
+      {"{", "byte 1: expected a string key"},
+      {"[1,]", "byte 3: not a JSON value"},
+      {"[1 2]", "byte 3: expected ',' or ']' in an array"},
+      {"01", "byte 1: text after the JSON value"},
+      {"1.", "byte 2: a number with no digits after its point"},
+      {"\"a\x01\"", "byte 2: a control character in a string (it must be escaped)"},
+      {"\"\\x\"", "byte 1: an unknown escape in a string"},
+      {"\"\\ud800\"", "byte 7: a high surrogate escape without its low surrogate"},
+      {"\"\xC0\xAF\"", "byte 1: a string is not well-formed UTF-8"},      // overlong '/'
+      {"\"\xED\xA0\x80\"", "byte 1: a string is not well-formed UTF-8"},  // a surrogate
+      {"{\"a\":1,\"a\":2}", "byte 7: a key repeated in one object: \"a\":2}"},
+      {"{\"a\":1,\"\\u0061\":2}", "byte 7: a key repeated in one object: \"\\u0061\":2}"},
+      {"[1] [2]", "byte 4: text after the JSON value"},
+      {"nul", "byte 0: not a JSON value"},
+  };
+  for (const auto& [text, error] : bad) {
+    CAPTURE(text);
+    CHECK(Validate(text) == error);
+  }
+  // The same key in different objects is fine.
+  CHECK(Validate(R"([{"a":1},{"a":2}])") == "");
+  // Depth: 64 levels are fine, 65 are not, and a megabyte of '[' costs no memory to refuse.
+  CHECK(Validate(std::string(64, '[') + std::string(64, ']')) == "");
+  CHECK(Validate(std::string(65, '[') + std::string(65, ']')) ==
+        "byte 64: nested more than 64 deep");
+  CHECK(Validate(std::string(1 << 20, '[')) == "byte 64: nested more than 64 deep");
+  CHECK(Validate("[[1]]", 1) == "byte 1: nested more than 1 deep");
+  // Members per object are bounded.
+  std::string wide = "{";
+  for (int i = 0; i <= 10000; ++i) wide += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  wide += "}";
+  CHECK(Validate(wide).find("more than 10000 members") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace weft::json_text

@@ -164,6 +164,10 @@ TEST_CASE("core: expired leases and lost clusters re-queue; late submissions cou
   CHECK(core.RequestLeases(1301, "b", 1)->size() == 1);
   CHECK(core.RequestLeases(1302, "a", 1).status().code() ==
         StatusCode::kNotFound);  // lost: register again
+  // Neither a heartbeat nor a drain brings it back without registering.
+  CHECK(core.Heartbeat(1303, "a", 0).code() == StatusCode::kNotFound);
+  CHECK(core.Drain(1303, "a", {}).code() == StatusCode::kNotFound);
+  CHECK(core.clusters().front().gone);
   // Draining hands leases back and takes no more.
   REQUIRE(core.Register(1400, "a", "eu", 1).ok());
   REQUIRE(core.Heartbeat(1400, "a", 0).ok());
@@ -326,7 +330,14 @@ TEST_CASE(
         const std::string id = "c" + std::to_string(uniform(clusters));
         std::optional<uint64_t> version;
         if (uniform(5)) version = latest - std::min<uint64_t>(latest, uniform(4));
-        if (core.Heartbeat(now, id, version).ok()) {
+        Status beat = core.Heartbeat(now, id, version);
+        if (beat.code() == StatusCode::kNotFound) {
+          // Lost or left: it must register again (as a worker does) before anything else.
+          REQUIRE(core.RequestLeases(now, id, 1).status().code() == StatusCode::kNotFound);
+          REQUIRE(core.Register(now, id, uniform(2) ? "eu" : "us", 1 + uniform(4)).ok());
+          beat = core.Heartbeat(now, id, version);
+        }
+        if (beat.ok()) {
           ready[id] = version;
           if (version) max_ready[id] = std::max(max_ready[id], *version);
         }
@@ -466,6 +477,37 @@ TEST_CASE(
         total.delivered_stale, total.dropped_stale, total.batches_redelivered}) {
     CHECK(count > 0);
   }
+}
+
+TEST_CASE("core: versions are bounded, and never claimed before they are announced") {
+  OrchestratorCore core(CoreConfig{});
+  REQUIRE(core.Register(0, "a", "eu", 2).ok());
+  CHECK(core.Heartbeat(1, "a", 0).code() == StatusCode::kInvalidArgument);  // nothing announced
+  CHECK(core.AnnounceVersion(1, kMaxVersion + 1).code() == StatusCode::kInvalidArgument);
+  CHECK(core.AnnounceVersion(1, ~uint64_t{0}).code() == StatusCode::kInvalidArgument);
+  REQUIRE(core.AnnounceVersion(1, 3).ok());
+  const Status beyond = core.Heartbeat(2, "a", uint64_t{1} << 63);
+  CHECK(beyond.code() == StatusCode::kInvalidArgument);
+  CHECK(beyond.message().find("was never announced (latest: 3)") != std::string::npos);
+  CHECK(core.Heartbeat(2, "a", 4).code() == StatusCode::kInvalidArgument);
+  REQUIRE(core.Heartbeat(2, "a", 3).ok());
+  REQUIRE(core.AnnounceVersion(3, kMaxVersion).ok());  // the largest still moves forward
+  CHECK(core.latest_version() == std::optional<uint64_t>(kMaxVersion));
+}
+
+TEST_CASE("core: cluster ids and regions follow one strict rule") {
+  OrchestratorCore core(CoreConfig{});
+  for (const std::string& bad :
+       {std::string(""), std::string(129, 'a'), std::string("a/b"), std::string("a b"),
+        std::string("a\"b"), std::string("a\nb"), std::string("a\0b", 3),
+        std::string("caf\xC3\xA9"), std::string(".hidden"), std::string("-x")}) {
+    CAPTURE(bad);
+    CHECK(core.Register(0, bad, "eu", 1).code() == StatusCode::kInvalidArgument);
+    CHECK(core.Register(0, "ok", bad, 1).code() == StatusCode::kInvalidArgument);
+  }
+  CHECK(core.clusters().empty());
+  CHECK(core.Register(0, "Cluster-1.eu_west", "eu-west-1", 1).ok());
+  CHECK(core.Register(0, std::string(128, 'a'), "r", 1).ok());
 }
 
 }  // namespace
