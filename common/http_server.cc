@@ -7,6 +7,7 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast.hpp>
 #include <boost/beast/ssl.hpp>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -20,6 +21,20 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = beast::http;
 using tcp = asio::ip::tcp;
+
+constexpr uint32_t kHeaderLimit = 16 * 1024;
+// How long a connection that is being closed with part of its request unread is drained, so that
+// the client reads the answer instead of a reset (closing a socket with unread data resets it).
+constexpr std::chrono::seconds kLingerLimit{5};
+constexpr size_t kDrainBytes = 16 * 1024;
+constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+
+// What the server calls: the handler, and the optional header check and body route.
+struct Hooks {
+  Handler handler;
+  HeaderCheck check;
+  BodyRoute route;
+};
 
 // Whether the server still runs, and the sessions waiting for their handler's answer.
 //
@@ -37,15 +52,86 @@ struct Liveness {
 
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
+// The body type of a request streamed to a BodySink: the parser hands each piece of the body
+// (chunk encoding removed) to the sink as it arrives, and keeps none of it.
+struct SinkBody {
+  struct value_type {
+    BodySink* sink = nullptr;
+    Status failure;  // what a failed Write said
+  };
+  class reader {
+   public:
+    template <bool isRequest, class Fields>
+    reader(bhttp::header<isRequest, Fields>&, value_type& body) : body_(body) {}
+    void init(const boost::optional<uint64_t>&, beast::error_code& error) { error = {}; }
+    template <class ConstBufferSequence>
+    size_t put(const ConstBufferSequence& buffers, beast::error_code& error) {
+      size_t taken = 0;
+      for (const asio::const_buffer piece : beast::buffers_range_ref(buffers)) {
+        Status written =
+            body_.sink->Write({static_cast<const uint8_t*>(piece.data()), piece.size()});
+        if (!written.ok()) {
+          body_.failure = std::move(written);
+          error = boost::system::errc::make_error_code(boost::system::errc::io_error);
+          return taken;
+        }
+        taken += piece.size();
+      }
+      error = {};
+      return taken;
+    }
+    void finish(beast::error_code& error) { error = {}; }
+
+   private:
+    value_type& body_;
+  };
+};
+
+// Whether a read failed because the request breaks HTTP/1.1's syntax (answered 400), rather than
+// because the connection ended, stalled or broke (closed without an answer).
+bool Malformed(const beast::error_code& error) {
+  static constexpr bhttp::error kSyntax[] = {
+      bhttp::error::bad_line_ending,    bhttp::error::bad_method,
+      bhttp::error::bad_target,         bhttp::error::bad_version,
+      bhttp::error::bad_field,          bhttp::error::bad_value,
+      bhttp::error::bad_content_length, bhttp::error::bad_transfer_encoding,
+      bhttp::error::bad_chunk,          bhttp::error::bad_chunk_extension,
+      bhttp::error::bad_obs_fold};
+  for (bhttp::error syntax : kSyntax) {
+    if (error == syntax) return true;
+  }
+  return false;
+}
+
+// The Transfer-Encoding of a request, if it is one the server cannot decode: anything but a lone
+// "chunked" (gzip, "gzip, chunked", or chunked not last).
+std::optional<std::string> UnsupportedTransferEncoding(const RequestHeader& header) {
+  auto [first, last] = header.equal_range(bhttp::field::transfer_encoding);
+  if (first == last) return std::nullopt;
+  std::string all;
+  int codings = 0;
+  bool chunked = true;
+  for (auto field = first; field != last; ++field) {
+    if (!all.empty()) all += ", ";
+    all += std::string(field->value());
+    for (const auto coding : bhttp::token_list(field->value())) {
+      ++codings;
+      chunked = chunked && beast::iequals(coding, "chunked");
+    }
+  }
+  if (codings == 1 && chunked) return std::nullopt;
+  return all;
+}
+
 // One connection: plain (beast::tcp_stream) or TLS (TlsStream, which first shakes hands).
 template <typename Stream>
 class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(Stream stream, const ServerOptions& options, const Handler& handler,
+  Session(Stream stream, const ServerOptions& options, const Hooks& hooks,
           std::shared_ptr<Liveness> liveness)
       : stream_(std::move(stream)),
         options_(options),
-        handler_(handler),
+        hooks_(hooks),
         liveness_(std::move(liveness)) {}
 
   void Run() {
@@ -55,10 +141,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
         self->stream_.async_handshake(
             asio::ssl::stream_base::server, [self](beast::error_code error) {
               if (error) return self->Socket().close();  // not TLS, a bad certificate, a timeout
-              self->Read();
+              self->ReadHeader();
             });
       } else {
-        self->Read();
+        self->ReadHeader();
       }
     });
   }
@@ -68,35 +154,118 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   beast::tcp_stream& Socket() { return beast::get_lowest_layer(stream_); }
   std::shared_ptr<Session> Self() { return this->shared_from_this(); }
 
-  void Read() {
-    parser_.emplace();
-    parser_->body_limit(options_.max_body_bytes);
-    parser_->header_limit(16 * 1024);
+  // The header, within one read deadline; the body limit is applied once the check has set it.
+  void ReadHeader() {
+    header_parser_.emplace();
+    header_parser_->header_limit(kHeaderLimit);
+    // No limit yet (boost::none would be taken for a limit of 0 by Boost 1.74's parser).
+    header_parser_->body_limit(std::numeric_limits<uint64_t>::max());
+    version_ = 11;
+    head_ = false;
     Socket().expires_after(options_.read_timeout);
-    bhttp::async_read(stream_, buffer_, *parser_,
-                      beast::bind_front_handler(&Session::OnRead, Self()));
+    bhttp::async_read_header(stream_, buffer_, *header_parser_,
+                             beast::bind_front_handler(&Session::OnHeader, Self()));
   }
 
-  void OnRead(beast::error_code error, size_t) {
-    if (error == bhttp::error::body_limit || error == bhttp::error::header_limit) {
-      Request request;
-      request.version(11);
-      return Send(ErrorResponse(request, bhttp::status::payload_too_large,
-                                "request larger than the server's limit"),
-                  true);
+  void OnHeader(beast::error_code error, size_t) {
+    if (error) return Refuse(error);
+    const RequestHeader& header = header_parser_->get();
+    version_ = header.version();
+    head_ = header.method() == bhttp::verb::head;
+    if (std::optional<std::string> coding = UnsupportedTransferEncoding(header)) {
+      return Answer(Error(bhttp::status::not_implemented,
+                          "Transfer-Encoding '" + *coding + "' is not supported (only chunked)"));
     }
-    if (error) return Close();  // end of stream, timeout or a broken connection
-    Request request = parser_->release();
-    const bool keep_alive = request.keep_alive();
+    body_limit_ = options_.max_body_bytes;
+    try {
+      if (hooks_.check) {
+        std::optional<Response> answer = hooks_.check(header, &body_limit_);
+        if (answer) return Answer(std::move(*answer));
+      }
+      const boost::optional<uint64_t> length = header_parser_->content_length();
+      if (length && *length > body_limit_) return Answer(BodyTooLarge());
+      if (hooks_.route) sink_ = hooks_.route(header);
+    } catch (const std::exception& failure) {
+      return Answer(Error(bhttp::status::internal_server_error, failure.what()));
+    }
+    if (!header_parser_->is_done() && version_ >= 11 &&
+        beast::iequals(header[bhttp::field::expect], "100-continue")) {
+      Socket().expires_after(options_.read_timeout);
+      asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
+                        [self = Self()](beast::error_code error, size_t) {
+                          if (error) return self->Close();
+                          self->ReadBody();
+                        });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    if (sink_) {
+      sink_parser_.emplace(std::move(*header_parser_));
+      sink_parser_->body_limit(body_limit_);
+      sink_parser_->get().body().sink = sink_.get();
+    } else {
+      body_parser_.emplace(std::move(*header_parser_));
+      body_parser_->body_limit(body_limit_);
+    }
+    header_parser_.reset();
+    ReadSomeBody();
+  }
+
+  bool BodyDone() const { return sink_parser_ ? sink_parser_->is_done() : body_parser_->is_done(); }
+
+  // The body a piece at a time, each within the read deadline: an upload may take as long as it
+  // needs while it progresses.
+  void ReadSomeBody() {
+    if (BodyDone()) return Dispatch();
+    Socket().expires_after(options_.read_timeout);
+    auto next = beast::bind_front_handler(&Session::OnBody, Self());
+    if (sink_parser_) {
+      bhttp::async_read_some(stream_, buffer_, *sink_parser_, std::move(next));
+    } else {
+      bhttp::async_read_some(stream_, buffer_, *body_parser_, std::move(next));
+    }
+  }
+
+  void OnBody(beast::error_code error, size_t) {
+    if (!error) return ReadSomeBody();
+    if (sink_parser_ && !sink_parser_->get().body().failure.ok())
+      return Answer(Error(sink_parser_->get().body().failure));
+    Refuse(error);
+  }
+
+  // Hands the complete request to the handler, or to its sink.
+  void Dispatch() {
     // No deadline while the handler works (a long poll waits on purpose); the answer comes back
     // on this session's strand, whichever thread gives it.
     Socket().expires_never();
+    try {
+      if (sink_parser_) {
+        sink_->Finish(sink_parser_->get(), Waiting(sink_parser_->get().keep_alive()));
+      } else {
+        Request request = body_parser_->release();
+        Responder respond = Waiting(request.keep_alive());
+        hooks_.handler(std::move(request), std::move(respond));
+      }
+    } catch (const std::exception& failure) {
+      {
+        std::lock_guard<std::mutex> lock(liveness_->mutex);
+        liveness_->waiting.erase(this);
+      }
+      Send(Error(bhttp::status::internal_server_error, failure.what()), true, false);
+    }
+  }
+
+  // The responder for the request being handled; the server holds the session until it answers.
+  Responder Waiting(bool keep_alive) {
     {
       std::lock_guard<std::mutex> lock(liveness_->mutex);
       liveness_->waiting.emplace(this, Self());
     }
-    Responder respond = [weak = std::weak_ptr<Session>(Self()), liveness = liveness_,
-                         keep_alive](Response response) {
+    return [weak = std::weak_ptr<Session>(Self()), liveness = liveness_,
+            keep_alive](Response response) {
       std::lock_guard<std::mutex> lock(liveness->mutex);
       if (!liveness->alive) return;
       std::shared_ptr<Session> self = weak.lock();
@@ -105,34 +274,84 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       asio::post(self->stream_.get_executor(),
                  [self, keep_alive, response = std::move(response)]() mutable {
                    response.keep_alive(keep_alive);
-                   self->Send(std::move(response), !keep_alive);
+                   self->Send(std::move(response), !keep_alive, false);
                  });
     };
-    try {
-      handler_(std::move(request), std::move(respond));
-    } catch (const std::exception& failure) {
-      {
-        std::lock_guard<std::mutex> lock(liveness_->mutex);
-        liveness_->waiting.erase(this);
-      }
-      Request context;
-      context.version(11);
-      Send(ErrorResponse(context, bhttp::status::internal_server_error, failure.what()), true);
-    }
   }
 
-  void Send(Response response, bool close) {
+  Response Error(bhttp::status status, const std::string& message) const {
+    RequestHeader context;
+    context.version(version_);
+    return ErrorResponse(context, status, message);
+  }
+  Response Error(const Status& status) const {
+    return Error(HttpStatusFor(status.code()), status.message());
+  }
+  Response BodyTooLarge() const {
+    return Error(
+        bhttp::status::payload_too_large,
+        "request body larger than the server's limit of " + std::to_string(body_limit_) + " bytes");
+  }
+
+  // A read that failed: answered when the request was at fault, closed otherwise.
+  void Refuse(beast::error_code error) {
+    if (error == bhttp::error::header_limit) {
+      return Answer(Error(bhttp::status::payload_too_large,
+                          "request header larger than the server's limit of " +
+                              std::to_string(kHeaderLimit) + " bytes"));
+    }
+    if (error == bhttp::error::body_limit) return Answer(BodyTooLarge());
+    if (Malformed(error)) {
+      return Answer(Error(bhttp::status::bad_request, "malformed request: " + error.message()));
+    }
+    Close();  // end of stream, timeout or a broken connection
+  }
+
+  // Answers before the request has been read whole, then closes the connection.
+  void Answer(Response response) { Send(std::move(response), true, true); }
+
+  // `linger`: part of the request may still be on its way; drain it before closing.
+  void Send(Response response, bool close, bool linger) {
+    header_parser_.reset();
+    body_parser_.reset();
+    sink_parser_.reset();
+    sink_.reset();
     response_ = std::make_shared<Response>(std::move(response));
     if (close) response_->keep_alive(false);
+    if (head_) {
+      // The headers of the answer a GET would get: Content-Length still the body's.
+      if (response_->count(bhttp::field::content_length) == 0) response_->prepare_payload();
+      response_->body().clear();
+    }
     Socket().expires_after(options_.read_timeout);
     bhttp::async_write(stream_, *response_,
-                       beast::bind_front_handler(&Session::OnWrite, Self(), close));
+                       beast::bind_front_handler(&Session::OnWrite, Self(), close, linger));
   }
 
-  void OnWrite(bool close, beast::error_code error, size_t) {
-    if (error || close) return Close();
+  void OnWrite(bool close, bool linger, beast::error_code error, size_t) {
+    if (error) return Close();
+    if (close) return linger ? Linger() : Close();
     response_.reset();
-    Read();
+    ReadHeader();
+  }
+
+  // Reads and drops what the client still sends, until it closes or for kLingerLimit at most.
+  void Linger() {
+    if constexpr (!kTls) {
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);  // the answer is complete
+    }
+    Socket().expires_after(
+        std::min<std::chrono::steady_clock::duration>(options_.read_timeout, kLingerLimit));
+    drain_ = std::make_unique<char[]>(kDrainBytes);
+    Drain();
+  }
+  void Drain() {
+    stream_.async_read_some(asio::buffer(drain_.get(), kDrainBytes),
+                            [self = Self()](beast::error_code error, size_t) {
+                              if (error) return self->Close();
+                              self->Drain();
+                            });
   }
 
   void Close() {
@@ -148,21 +367,28 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   Stream stream_;
   beast::flat_buffer buffer_;
-  std::optional<bhttp::request_parser<bhttp::vector_body<uint8_t>>> parser_;
+  unsigned version_ = 11;  // of the request being read, for the answers the server gives
+  bool head_ = false;      // whether it is a HEAD, whose answer has no body
+  uint64_t body_limit_ = 0;
+  std::optional<bhttp::request_parser<bhttp::empty_body>> header_parser_;
+  std::optional<bhttp::request_parser<bhttp::vector_body<uint8_t>>> body_parser_;
+  std::optional<bhttp::request_parser<SinkBody>> sink_parser_;
+  std::unique_ptr<BodySink> sink_;
   std::shared_ptr<Response> response_;
+  std::unique_ptr<char[]> drain_;
   const ServerOptions& options_;
-  const Handler& handler_;
+  const Hooks& hooks_;
   std::shared_ptr<Liveness> liveness_;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
   Listener(asio::io_context& context, tcp::acceptor acceptor, const ServerOptions& options,
-           const Handler& handler, std::shared_ptr<Liveness> liveness, asio::ssl::context* tls)
+           const Hooks& hooks, std::shared_ptr<Liveness> liveness, asio::ssl::context* tls)
       : context_(context),
         acceptor_(std::move(acceptor)),
         options_(options),
-        handler_(handler),
+        hooks_(hooks),
         liveness_(std::move(liveness)),
         tls_(tls) {}
 
@@ -179,12 +405,12 @@ class Listener : public std::enable_shared_from_this<Listener> {
   void OnAccept(beast::error_code error, tcp::socket socket) {
     if (error == asio::error::operation_aborted) return;
     if (!error && tls_ != nullptr) {
-      std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *tls_), options_, handler_,
+      std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *tls_), options_, hooks_,
                                            liveness_)
           ->Run();
     } else if (!error) {
       std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), options_,
-                                                   handler_, liveness_)
+                                                   hooks_, liveness_)
           ->Run();
     }
     Accept();
@@ -193,7 +419,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   asio::io_context& context_;
   tcp::acceptor acceptor_;
   const ServerOptions& options_;
-  const Handler& handler_;
+  const Hooks& hooks_;
   std::shared_ptr<Liveness> liveness_;
   asio::ssl::context* tls_;
 };
@@ -224,12 +450,12 @@ Result<std::unique_ptr<asio::ssl::context>> TlsContext(const ServerOptions& opti
 }  // namespace
 
 struct HttpServer::Impl {
-  Impl(const ServerOptions& options, Handler handler)
+  Impl(const ServerOptions& options, Hooks hooks)
       : options(options),
-        handler(std::move(handler)),
+        hooks(std::move(hooks)),
         context(std::make_unique<asio::io_context>(std::max(1, options.threads))) {}
   ServerOptions options;
-  Handler handler;
+  Hooks hooks;
   // Sessions live in the context's pending handlers: destroying the context closes them all.
   std::unique_ptr<asio::io_context> context;
   std::unique_ptr<asio::ssl::context> tls;  // HTTPS when set
@@ -239,9 +465,15 @@ struct HttpServer::Impl {
   uint16_t port = 0;
 };
 
-Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options,
-                                                      Handler handler) {
-  auto impl = std::make_unique<Impl>(options, std::move(handler));
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options, Handler handler,
+                                                      HeaderCheck check) {
+  return Start(options, std::move(handler), std::move(check), nullptr);
+}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options, Handler handler,
+                                                      HeaderCheck check, BodyRoute route) {
+  auto impl = std::make_unique<Impl>(options,
+                                     Hooks{std::move(handler), std::move(check), std::move(route)});
   WEFT_ASSIGN_OR_RETURN(impl->tls, TlsContext(options));
   beast::error_code error;
   auto address = asio::ip::make_address(options.address, error);
@@ -258,7 +490,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& optio
                        ": " + error.message());
   impl->port = acceptor.local_endpoint().port();
   impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options,
-                                              impl->handler, impl->liveness, impl->tls.get());
+                                              impl->hooks, impl->liveness, impl->tls.get());
   impl->listener->Accept();
   for (int t = 0; t < std::max(1, options.threads); ++t)
     impl->threads.emplace_back([context = impl->context.get()] { context->run(); });
@@ -317,11 +549,13 @@ bhttp::status HttpStatusFor(StatusCode code) {
   return bhttp::status::internal_server_error;
 }
 
-Response JsonResponse(const Request& request, bhttp::status status, const nlohmann::json& body) {
+Response JsonResponse(const RequestHeader& request, bhttp::status status,
+                      const nlohmann::json& body) {
   return JsonTextResponse(request, status, body.dump());
 }
 
-Response JsonTextResponse(const Request& request, bhttp::status status, std::string_view text) {
+Response JsonTextResponse(const RequestHeader& request, bhttp::status status,
+                          std::string_view text) {
   Response response(status, request.version());
   response.set(bhttp::field::content_type, "application/json");
   response.body().assign(text.begin(), text.end());
@@ -329,15 +563,16 @@ Response JsonTextResponse(const Request& request, bhttp::status status, std::str
   return response;
 }
 
-Response ErrorResponse(const Request& request, bhttp::status status, const std::string& message) {
+Response ErrorResponse(const RequestHeader& request, bhttp::status status,
+                       const std::string& message) {
   return JsonResponse(request, status, nlohmann::json{{"error", message}});
 }
 
-Response ErrorResponse(const Request& request, const Status& status) {
+Response ErrorResponse(const RequestHeader& request, const Status& status) {
   return ErrorResponse(request, HttpStatusFor(status.code()), status.message());
 }
 
-bool BearerMatches(const Request& request, const std::string& token) {
+bool BearerMatches(const RequestHeader& request, const std::string& token) {
   if (token.empty()) return false;
   const auto header = request[bhttp::field::authorization];
   const std::string prefix = "Bearer ";

@@ -2,13 +2,30 @@
 // orchestrator): one listener, one session per connection on its own strand, an io_context run on
 // `threads` threads, a deadline on every read and write, header and body size limits.
 //
+// A request is read in two steps. First its header (16 KiB at most, read within `read_timeout`):
+// an optional HeaderCheck sees it before any of the body is read, and may answer at once (a wrong
+// token, a wrong method, a read-only server) or lower the body limit. Then its body, each piece
+// within `read_timeout` of the last (a large upload may take as long as it needs while it
+// progresses): into memory for the handler, or, for the requests a BodyRoute picks, streamed to a
+// BodySink that never holds it in memory.
+//
 // The handler is called on an I/O thread for each request and must call `respond` exactly once,
 // either before it returns or later from any thread (a long poll parks the request and answers
 // when there is something to say or its wait is over). Responding to a connection that has closed
-// meanwhile does nothing. Requests larger than the limits are answered 413 without calling the
-// handler. Start() returns once the port is bound; Stop() (or the destructor) stops the threads,
-// closes the listening socket and every connection. With a certificate and key it speaks TLS
-// (1.2 or newer) only. Thread-safe, except that Stop() must not race with itself.
+// meanwhile does nothing. The server itself answers, without calling the handler, and then closes
+// the connection (reading and discarding, for a few seconds at most, what the client still sends,
+// so that it reads the answer rather than a reset):
+//   - 400 a malformed request (request line, header field, Content-Length, chunk encoding);
+//   - 413 a header or body over its limit;
+//   - 501 a Transfer-Encoding other than a lone `chunked` (gzip, or chunked not last);
+//   - 500 a handler, check or route that threw.
+// Every such answer is the JSON error body of ErrorResponse. Any answer to a HEAD request goes
+// without its body (its Content-Length still the body's). A client that sends
+// `Expect: 100-continue` gets `100 Continue` once the check has let its request through.
+//
+// Start() returns once the port is bound; Stop() (or the destructor) stops the threads, closes the
+// listening socket and every connection. With a certificate and key it speaks TLS (1.2 or newer)
+// only. Thread-safe, except that Stop() must not race with itself.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -18,6 +35,8 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -27,13 +46,42 @@
 namespace weft::http {
 
 using Request = boost::beast::http::request<boost::beast::http::vector_body<uint8_t>>;
+using RequestHeader = boost::beast::http::request_header<>;
 using Response = boost::beast::http::response<boost::beast::http::vector_body<uint8_t>>;
 using Responder = std::function<void(Response)>;
 using Handler = std::function<void(Request, Responder)>;
+// Called on an I/O thread once a request's header has arrived, before its body is read. Returns
+// a response to answer at once without reading the body (the connection is closed after it), or
+// nullopt to read the body, up to `*body_limit` bytes (preset to ServerOptions::max_body_bytes;
+// the check may lower it). A body over the limit is answered 413 without calling the handler.
+using HeaderCheck =
+    std::function<std::optional<Response>(const RequestHeader& header, uint64_t* body_limit)>;
+
+// Where the body of a request goes when it must not sit in memory (an upload of gigabytes): a
+// BodyRoute, called on the I/O thread after the HeaderCheck let a request through, returns a sink
+// for it, or null to read the body into memory for the handler as usual. For a request with a
+// sink the server calls Write with each piece of the body, in order, then Finish once the whole
+// body has arrived, both on the connection's I/O thread, and never calls the handler: Finish
+// answers the request instead, calling `respond` exactly once as a handler does (`header` is valid
+// during the call only). The body limit of the check holds: the sink never receives more. If the
+// body is over the limit (413), malformed (400) or cut off, or a Write fails (its Status is
+// answered with ErrorResponse), Finish is never called, the connection is closed, and the sink is
+// destroyed: its destructor must discard whatever it had written.
+class BodySink {
+ public:
+  virtual ~BodySink() = default;
+  virtual Status Write(std::span<const uint8_t> piece) = 0;
+  virtual void Finish(const RequestHeader& header, Responder respond) = 0;
+};
+using BodyRoute = std::function<std::unique_ptr<BodySink>(const RequestHeader& header)>;
 
 class HttpServer {
  public:
-  static Result<std::unique_ptr<HttpServer>> Start(const ServerOptions& options, Handler handler);
+  static Result<std::unique_ptr<HttpServer>> Start(const ServerOptions& options, Handler handler,
+                                                   HeaderCheck check = nullptr);
+  // The same, with `route` choosing the requests whose body streams to a sink.
+  static Result<std::unique_ptr<HttpServer>> Start(const ServerOptions& options, Handler handler,
+                                                   HeaderCheck check, BodyRoute route);
   ~HttpServer();
 
   uint16_t port() const;
@@ -49,18 +97,19 @@ class HttpServer {
 };
 
 // A JSON response to `request` (its HTTP version), from a tree or from JSON text, and the JSON
-// error body {"error": message} with the status code that fits a Status.
-Response JsonResponse(const Request& request, boost::beast::http::status status,
+// error body {"error": message} with the status code that fits a Status. A whole Request converts
+// to its RequestHeader.
+Response JsonResponse(const RequestHeader& request, boost::beast::http::status status,
                       const nlohmann::json& body);
-Response JsonTextResponse(const Request& request, boost::beast::http::status status,
+Response JsonTextResponse(const RequestHeader& request, boost::beast::http::status status,
                           std::string_view text);
-Response ErrorResponse(const Request& request, boost::beast::http::status status,
+Response ErrorResponse(const RequestHeader& request, boost::beast::http::status status,
                        const std::string& message);
-Response ErrorResponse(const Request& request, const Status& status);
+Response ErrorResponse(const RequestHeader& request, const Status& status);
 boost::beast::http::status HttpStatusFor(StatusCode code);
 
 // Whether the request's "Authorization: Bearer <token>" equals `token`, compared in constant time
 // (both sides hashed first, so the length does not leak either). An empty `token` matches nothing.
-bool BearerMatches(const Request& request, const std::string& token);
+bool BearerMatches(const RequestHeader& request, const std::string& token);
 
 }  // namespace weft::http

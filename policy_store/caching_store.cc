@@ -282,6 +282,10 @@ Status CachingStore::PutImmutable(const std::string& key, std::span<const uint8_
   return upstream_.PutImmutable(key, bytes);
 }
 
+Result<std::unique_ptr<ObjectWriter>> CachingStore::NewImmutableWriter(const std::string& key) {
+  return upstream_.NewImmutableWriter(key);
+}
+
 Status CachingStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                                     const std::string& desired) {
   return upstream_.CompareAndSwap(key, std::move(expected), desired);

@@ -60,6 +60,7 @@ class CachingStore : public ObjectStore {
   Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                         const std::string& desired) override;
   Status Delete(const std::string& key) override;
+  Result<std::unique_ptr<ObjectWriter>> NewImmutableWriter(const std::string& key) override;
   std::string Describe() const override;
 
   ObjectStore& upstream() const { return upstream_; }

@@ -2,13 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "common/file_util.h"
 
@@ -19,23 +19,72 @@ namespace fs = std::filesystem;
 
 std::string ErrnoText() { return std::strerror(errno); }
 
-Status EnsureParent(const std::string& path) {
+bool IsRegularFile(const std::string& path) {
   std::error_code error;
-  fs::create_directories(fs::path(path).parent_path(), error);
-  if (error) return Unavailable(path + ": cannot create its directory: " + error.message());
-  return Status::Ok();
+  return fs::is_regular_file(path, error);
 }
 
-Result<std::vector<uint8_t>> ReadWhole(const std::string& path) {
-  Result<std::vector<uint8_t>> bytes = ReadFile(path);
-  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound)
-    return NotFound(path + ": no such object");
-  return bytes;
+// Links the temporary file `temp` into place as the immutable object `key` at `path`, and removes
+// `temp`. `bytes` are its contents (to compare with an object already there): true when it
+// created the object, false when the key already held the same bytes, kConflict otherwise.
+Result<bool> LinkImmutable(const std::string& key, const std::string& path, const std::string& temp,
+                           std::span<const uint8_t> bytes) {
+  // link(2) refuses to replace an existing file: the first writer wins, atomically.
+  const int linked = ::link(temp.c_str(), path.c_str());
+  const int link_errno = errno;
+  ::unlink(temp.c_str());
+  if (linked == 0) {
+    SyncParentDirectory(path);
+    return true;
+  }
+  if (link_errno != EEXIST)
+    return Unavailable(key + ": cannot publish: " + std::strerror(link_errno));
+  if (!IsRegularFile(path)) return Conflict(key + " is a prefix of other keys, not an object");
+  Result<MappedFile> existing = MappedFile::Open(path);
+  if (!existing.ok()) return Unavailable(key + ": cannot read the object already there");
+  const std::span<const uint8_t> held = existing->bytes();
+  if (held.size() == bytes.size() && std::equal(held.begin(), held.end(), bytes.begin())) {
+    return false;  // the same immutable object, written again
+  }
+  return Conflict(key + " already exists with different content");
 }
 
-Result<std::string> WriteTemporary(const std::string& path, std::span<const uint8_t> bytes) {
-  return WriteTemporaryFile(path, [&](int fd) { return WriteAll(fd, bytes, path); });
-}
+// A temporary file beside an object, written a piece at a time, linked into place at Commit.
+class DirectoryWriter : public ObjectWriter {
+ public:
+  DirectoryWriter(std::string key, std::string path, std::string temp, int fd)
+      : key_(std::move(key)), path_(std::move(path)), temp_(std::move(temp)), fd_(fd) {}
+  ~DirectoryWriter() override {
+    if (fd_ >= 0) ::close(fd_);
+    if (!temp_.empty()) ::unlink(temp_.c_str());
+  }
+
+  Status Write(std::span<const uint8_t> bytes) override {
+    if (fd_ < 0) return Internal(key_ + ": written after it was committed");
+    return WriteAll(fd_, bytes, key_);
+  }
+
+  Result<bool> Commit() override {
+    if (fd_ < 0) return Internal(key_ + ": committed twice");
+    const bool synced = ::fchmod(fd_, 0644) == 0 && ::fsync(fd_) == 0;
+    const std::string error = ErrnoText();
+    const bool closed = ::close(fd_) == 0;
+    fd_ = -1;
+    if (!synced || !closed) return Unavailable(key_ + ": cannot make it durable: " + error);
+    // Mapped, not read: the bytes are compared only if the key already holds an object.
+    Result<MappedFile> written = MappedFile::Open(temp_);
+    if (!written.ok()) return Unavailable(key_ + ": cannot read back what was written");
+    Result<bool> created = LinkImmutable(key_, path_, temp_, written->bytes());
+    temp_.clear();  // linked into place, or removed
+    return created;
+  }
+
+ private:
+  std::string key_;
+  std::string path_;
+  std::string temp_;
+  int fd_;
+};
 
 }  // namespace
 
@@ -49,17 +98,47 @@ Result<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::string& 
       new DirectoryStore(fs::absolute(root).lexically_normal().string()));
 }
 
+Status DirectoryStore::Hidden(const Status& status) const {
+  std::string message = status.message();
+  const std::string prefix = root_ + "/";
+  for (size_t at = message.find(prefix); at != std::string::npos; at = message.find(prefix, at))
+    message.erase(at, prefix.size());
+  for (size_t at = message.find(root_); at != std::string::npos; at = message.find(root_, at))
+    message.replace(at, root_.size(), "the store");
+  return Status(status.code(), std::move(message));
+}
+
+Result<std::vector<uint8_t>> DirectoryStore::Read(const std::string& key) const {
+  const std::string path = PathOf(key);
+  Result<std::vector<uint8_t>> bytes = ReadFile(path);
+  if (bytes.ok()) return bytes;
+  // Missing, a directory (a prefix of other keys), or under a file: no such object.
+  if (bytes.status().code() == StatusCode::kNotFound || !IsRegularFile(path))
+    return NotFound(key + ": no such object");
+  return Hidden(bytes.status());
+}
+
+Status DirectoryStore::EnsureParent(const std::string& key) const {
+  std::error_code error;
+  fs::create_directories(fs::path(PathOf(key)).parent_path(), error);
+  if (error == std::errc::file_exists || error == std::errc::not_a_directory)
+    return Conflict(key + ": a prefix of it is an object");
+  if (error) return Unavailable(key + ": cannot create its directory: " + error.message());
+  return Status::Ok();
+}
+
 Result<std::vector<uint8_t>> DirectoryStore::Get(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  return ReadWhole(PathOf(key));
+  return Read(key);
 }
 
 Result<bool> DirectoryStore::Exists(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   std::error_code error;
   bool exists = fs::is_regular_file(PathOf(key), error);
-  if (error && error != std::errc::no_such_file_or_directory) {
-    return Unavailable(PathOf(key) + ": " + error.message());
+  if (error && error != std::errc::no_such_file_or_directory &&
+      error != std::errc::not_a_directory) {
+    return Unavailable(key + ": " + error.message());
   }
   return exists;
 }
@@ -73,12 +152,15 @@ Result<std::vector<std::string>> DirectoryStore::List(const std::string& prefix)
   if (!fs::is_directory(base, error)) return keys;
   for (auto it = fs::recursive_directory_iterator(base, error);
        !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    // The store's own files (temporaries of writes in progress) and whatever lies under them.
+    if (it->path().filename().string().front() == '.') {
+      if (it->is_directory()) it.disable_recursion_pending();
+      continue;
+    }
     if (!it->is_regular_file()) continue;
-    std::string name = it->path().filename().string();
-    if (name.find(".tmp-") != std::string::npos) continue;  // a write in progress
     keys.push_back(prefix + fs::relative(it->path(), base).string());
   }
-  if (error) return Unavailable(base.string() + ": cannot list: " + error.message());
+  if (error) return Unavailable(prefix + ": cannot list: " + error.message());
   std::sort(keys.begin(), keys.end());
   return keys;
 }
@@ -86,39 +168,39 @@ Result<std::vector<std::string>> DirectoryStore::List(const std::string& prefix)
 Status DirectoryStore::PutImmutable(const std::string& key, std::span<const uint8_t> bytes) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
-  WEFT_RETURN_IF_ERROR(EnsureParent(path));
-  WEFT_ASSIGN_OR_RETURN(std::string temp, WriteTemporary(path, bytes));
-  // link(2) refuses to replace an existing file: the first writer wins, atomically.
-  int linked = ::link(temp.c_str(), path.c_str());
-  int link_errno = errno;
-  ::unlink(temp.c_str());
-  if (linked == 0) {
-    SyncParentDirectory(path);
-    return Status::Ok();
-  }
-  if (link_errno != EEXIST)
-    return Unavailable(path + ": cannot publish: " + std::strerror(link_errno));
-  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> existing, ReadWhole(path));
-  if (existing.size() == bytes.size() &&
-      std::equal(existing.begin(), existing.end(), bytes.begin())) {
-    return Status::Ok();  // the same immutable object, written again
-  }
-  return Conflict(key + " already exists with different content");
+  WEFT_RETURN_IF_ERROR(EnsureParent(key));
+  Result<std::string> temp =
+      WriteTemporaryFile(path, [&](int fd) { return WriteAll(fd, bytes, key); });
+  if (!temp.ok()) return Hidden(temp.status());
+  return LinkImmutable(key, path, *temp, bytes).status();
+}
+
+Result<std::unique_ptr<ObjectWriter>> DirectoryStore::NewImmutableWriter(const std::string& key) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string path = PathOf(key);
+  WEFT_RETURN_IF_ERROR(EnsureParent(key));
+  // Named as WriteTemporaryFile names its files, so that List skips it.
+  const fs::path target(path);
+  std::string temp =
+      (target.parent_path() / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
+  if (fd < 0) return Unavailable(key + ": cannot create a temporary file: " + ErrnoText());
+  return std::unique_ptr<ObjectWriter>(new DirectoryWriter(key, path, std::move(temp), fd));
 }
 
 Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                                       const std::string& desired) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
-  WEFT_RETURN_IF_ERROR(EnsureParent(path));
+  WEFT_RETURN_IF_ERROR(EnsureParent(key));
   const std::string lock_path = root_ + "/.lock";
   int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0) return Unavailable(lock_path + ": cannot open: " + ErrnoText());
+  if (lock < 0) return Unavailable("cannot open the store's lock file: " + ErrnoText());
   while (::flock(lock, LOCK_EX) != 0) {
     if (errno != EINTR) {
       std::string error = ErrnoText();
       ::close(lock);
-      return Unavailable(lock_path + ": cannot lock: " + error);
+      return Unavailable("cannot lock the store's lock file: " + error);
     }
   }
   auto finish = [&](Status status) {
@@ -126,7 +208,10 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
     ::close(lock);
     return status;
   };
-  Result<std::vector<uint8_t>> current = ReadWhole(path);
+  std::error_code error;
+  if (fs::exists(path, error) && !IsRegularFile(path))
+    return finish(Conflict(key + " is a prefix of other keys, not an object"));
+  Result<std::vector<uint8_t>> current = Read(key);
   if (!current.ok() && current.status().code() != StatusCode::kNotFound)
     return finish(current.status());
   std::optional<std::string> actual;
@@ -136,13 +221,14 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
                            (expected ? "'" + *expected + "'" : "absent") + ", found " +
                            (actual ? "'" + *actual + "'" : "absent") + ")"));
   }
-  Result<std::string> temp =
-      WriteTemporary(path, {reinterpret_cast<const uint8_t*>(desired.data()), desired.size()});
-  if (!temp.ok()) return finish(temp.status());
+  Result<std::string> temp = WriteTemporaryFile(path, [&](int fd) {
+    return WriteAll(fd, {reinterpret_cast<const uint8_t*>(desired.data()), desired.size()}, key);
+  });
+  if (!temp.ok()) return finish(Hidden(temp.status()));
   if (::rename(temp->c_str(), path.c_str()) != 0) {
-    std::string error = ErrnoText();
+    std::string rename_error = ErrnoText();
     ::unlink(temp->c_str());
-    return finish(Unavailable(path + ": rename failed: " + error));
+    return finish(Unavailable(key + ": rename failed: " + rename_error));
   }
   SyncParentDirectory(path);
   return finish(Status::Ok());
@@ -151,8 +237,15 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
 Status DirectoryStore::Delete(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-    return Unavailable(path + ": cannot delete: " + ErrnoText());
+  if (::unlink(path.c_str()) != 0) {
+    const int unlink_errno = errno;
+    // Missing, under a file, or a directory (a prefix of other keys): no such object to delete.
+    const bool no_object =
+        unlink_errno == ENOENT || unlink_errno == ENOTDIR ||
+        ((unlink_errno == EISDIR || unlink_errno == EPERM) && !IsRegularFile(path));
+    if (!no_object) return Unavailable(key + ": cannot delete: " + std::strerror(unlink_errno));
+    return Status::Ok();
+  }
   SyncParentDirectory(path);
   return Status::Ok();
 }

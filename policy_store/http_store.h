@@ -2,7 +2,8 @@
 // speaks the Store API of docs/api.md (reads also work through plain HTTP caches and relays).
 //
 // Requests go through common/http_client (deadlines, retries with backoff, resumed GETs, kept-alive
-// connections); an optional LinkShaper emulates a WAN link. Answers map to Status codes: 404
+// connections); an optional LinkShaper emulates a WAN link. Only connection failures, stalled
+// transfers and 5xx answers are retried; a 4xx answer is final. Answers map to Status codes: 404
 // kNotFound, 409 kConflict, other 4xx kInvalidArgument with the server's message. Writes send the
 // writer token (Authorization: Bearer). Thread-safe (one libcurl handle per request).
 #pragma once

@@ -1,12 +1,66 @@
 #include "policy_store/object_store.h"
 
-#include <cstdlib>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "common/file_util.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/http_store.h"
 
 namespace weft::policy_store {
+namespace {
+
+// ObjectStore's default writer: the pieces go to a temporary file, PutImmutable takes its mapping.
+class StagedWriter : public ObjectWriter {
+ public:
+  StagedWriter(ObjectStore& store, std::string key, std::string file, int fd)
+      : store_(store), key_(std::move(key)), file_(std::move(file)), fd_(fd) {}
+  ~StagedWriter() override {
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(file_.c_str());
+  }
+
+  Status Write(std::span<const uint8_t> bytes) override {
+    if (fd_ < 0) return Internal(key_ + ": written after it was committed");
+    return WriteAll(fd_, bytes, key_);
+  }
+
+  Result<bool> Commit() override {
+    if (fd_ < 0) return Internal(key_ + ": committed twice");
+    ::close(fd_);
+    fd_ = -1;
+    WEFT_ASSIGN_OR_RETURN(MappedFile staged, MappedFile::Open(file_));
+    WEFT_ASSIGN_OR_RETURN(bool existed, store_.Exists(key_));
+    WEFT_RETURN_IF_ERROR(store_.PutImmutable(key_, staged.bytes()));
+    return !existed;
+  }
+
+ private:
+  ObjectStore& store_;
+  std::string key_;
+  std::string file_;
+  int fd_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ObjectWriter>> ObjectStore::NewImmutableWriter(const std::string& key) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  std::error_code error;
+  std::string file = (std::filesystem::temp_directory_path(error) / "weft-object-XXXXXX").string();
+  if (error) return Unavailable("no temporary directory to stage " + key + ": " + error.message());
+  const int fd = ::mkostemp(file.data(), O_CLOEXEC);
+  if (fd < 0) {
+    return Unavailable("cannot stage " + key + " in a temporary file: " + std::strerror(errno));
+  }
+  return std::unique_ptr<ObjectWriter>(new StagedWriter(*this, key, std::move(file), fd));
+}
 
 Status ValidateKey(const std::string& key) {
   if (key.empty() || key.size() > 512) return InvalidArgument("object key must be 1 to 512 bytes");

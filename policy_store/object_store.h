@@ -7,7 +7,9 @@
 //     writing different bytes under an existing key is a kConflict;
 //   - CompareAndSwap replaces a small mutable object (a run's `latest` pointer) only if it still
 //     holds the expected bytes (or is absent, when `expected` is empty);
-//   - Delete removes objects nothing needs any more (retention).
+//   - Delete removes objects nothing needs any more (retention);
+//   - NewImmutableWriter writes an immutable object a piece at a time (ObjectWriter), for objects
+//     too large to hold in memory (uploads to the store server).
 // Every write is atomic: a reader sees the whole old object or the whole new one.
 //
 // Keys are relative paths of segments [A-Za-z0-9._-], separated by '/', without empty, "." or
@@ -26,6 +28,18 @@
 
 namespace weft::policy_store {
 
+// An immutable object written a piece at a time. Write appends; Commit publishes what was written
+// under the writer's key with PutImmutable's rules, and says whether it created the object (false:
+// the key already held exactly these bytes; a backend that cannot tell checks Exists first).
+// Destroying a writer that has not committed leaves nothing behind. Not thread-safe: one writer
+// per object being written.
+class ObjectWriter {
+ public:
+  virtual ~ObjectWriter() = default;
+  virtual Status Write(std::span<const uint8_t> bytes) = 0;
+  virtual Result<bool> Commit() = 0;
+};
+
 class ObjectStore {
  public:
   virtual ~ObjectStore() = default;
@@ -40,6 +54,11 @@ class ObjectStore {
                                 const std::string& desired) = 0;
   // Removes an object; deleting a missing key succeeds (retention may be retried).
   virtual Status Delete(const std::string& key) = 0;
+  // Starts writing an immutable object in pieces. The default stages the pieces in a temporary
+  // file of the system's temporary directory, removed again whatever happens, and at Commit calls
+  // PutImmutable with that file mapped into memory (not read into it); DirectoryStore writes the
+  // file beside the object and links it into place.
+  virtual Result<std::unique_ptr<ObjectWriter>> NewImmutableWriter(const std::string& key);
   // A short description for messages ("dir:/var/weft").
   virtual std::string Describe() const = 0;
 };

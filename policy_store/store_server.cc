@@ -1,10 +1,14 @@
 #include "policy_store/store_server.h"
 
+#include <openssl/evp.h>
+
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "common/http_server.h"
@@ -17,14 +21,24 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using Json = nlohmann::json;
 using Request = weft::http::Request;
+using RequestHeader = weft::http::RequestHeader;
 using Response = weft::http::Response;
 
 using weft::http::ErrorResponse;
 using weft::http::JsonResponse;
 
+// The body of a request other than an object's PUT: a compare-and-swap's JSON, or nothing.
+constexpr uint64_t kSmallBodyBytes = 64 * 1024;
+
 bool ImmutableKey(const std::string& key) {
   return key.rfind("blobs/", 0) == 0 ||
          (key.rfind("runs/", 0) == 0 && key.find("/versions/") != std::string::npos);
+}
+
+bool IsSha256Hex(std::string_view text) {
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 // Parses a single "bytes=a-b", "bytes=a-" or "bytes=-n" range against `size`.
@@ -68,8 +82,82 @@ struct Shared {
   StoreServerOptions options;
 };
 
+enum class Endpoint { kLivez, kStats, kObject, kCas, kList };
+
+// What a request's target names: an endpoint, and for objects, compare-and-swap and listings the
+// key (a listing's prefix ends in '/').
+struct Target {
+  Endpoint endpoint;
+  std::string key;
+};
+
+// The methods each endpoint takes, as its Allow header lists them.
+std::string_view AllowedMethods(Endpoint endpoint) {
+  switch (endpoint) {
+    case Endpoint::kObject:
+      return "GET, HEAD, PUT, DELETE";
+    case Endpoint::kCas:
+      return "POST";
+    default:
+      return "GET, HEAD";
+  }
+}
+
+bool Allowed(Endpoint endpoint, http::verb method) {
+  switch (endpoint) {
+    case Endpoint::kObject:
+      return method == http::verb::get || method == http::verb::head || method == http::verb::put ||
+             method == http::verb::delete_;
+    case Endpoint::kCas:
+      return method == http::verb::post;
+    default:
+      return method == http::verb::get || method == http::verb::head;
+  }
+}
+
+// A key as the API accepts it: the object-key rules, and no segment starting with '.', which name
+// the store's own files (the lock of compare-and-swap, temporary files of writes in progress).
+Status ValidateServedKey(const std::string& key) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  if (key.front() == '.' || key.find("/.") != std::string::npos) {
+    return InvalidArgument("object key '" + key +
+                           "' has a segment starting with '.': such keys are the store's own "
+                           "files, not objects");
+  }
+  return Status::Ok();
+}
+
+// The endpoint and key a request names, or the answer that refuses it.
+std::variant<Target, Response> ParseTarget(const Shared& shared, const RequestHeader& request) {
+  const std::string target(request.target());
+  if (target.find_first_of("?%#") != std::string::npos) {
+    return ErrorResponse(request, http::status::bad_request,
+                         "query strings and escapes are not supported");
+  }
+  if (target == "/livez") return Target{Endpoint::kLivez, ""};
+  if (target == "/v1/stats" && shared.options.stats) return Target{Endpoint::kStats, ""};
+  const std::pair<std::string_view, Endpoint> keyed[] = {{"/v1/objects/", Endpoint::kObject},
+                                                         {"/v1/cas/", Endpoint::kCas},
+                                                         {"/v1/list/", Endpoint::kList}};
+  for (const auto& [prefix, endpoint] : keyed) {
+    if (target.rfind(prefix, 0) != 0) continue;
+    std::string key = target.substr(prefix.size());
+    if (endpoint == Endpoint::kList) {
+      if (key.empty() || key.back() != '/') {
+        return ErrorResponse(request, http::status::bad_request, "a listing's prefix ends in '/'");
+      }
+      key.pop_back();
+    }
+    Status valid = ValidateServedKey(key);
+    if (!valid.ok()) return ErrorResponse(request, valid);
+    if (endpoint == Endpoint::kList) key += '/';
+    return Target{endpoint, std::move(key)};
+  }
+  return ErrorResponse(request, http::status::not_found, "no such endpoint: " + target);
+}
+
 // Writes need the writer token (compared in constant time).
-std::optional<Response> CheckWriter(const Shared& shared, const Request& request) {
+std::optional<Response> CheckWriter(const Shared& shared, const RequestHeader& request) {
   if (shared.options.writer_token.empty())
     return ErrorResponse(request, http::status::forbidden, "this store server is read-only");
   if (!weft::http::BearerMatches(request, shared.options.writer_token)) {
@@ -79,124 +167,215 @@ std::optional<Response> CheckWriter(const Shared& shared, const Request& request
   return std::nullopt;
 }
 
-Response HandleObject(const Shared& shared, const Request& request, const std::string& key) {
-  switch (request.method()) {
-    case http::verb::get:
-    case http::verb::head: {
-      Result<std::vector<uint8_t>> object = shared.backend.Get(key);
-      if (!object.ok()) return ErrorResponse(request, object.status());
-      const uint64_t size = object->size();
-      Response response(http::status::ok, request.version());
-      response.set(http::field::content_type, "application/octet-stream");
-      response.set(http::field::accept_ranges, "bytes");
-      const std::string etag =
-          "\"" + (key.rfind("blobs/", 0) == 0 ? key.substr(6) : Sha256Hex(*object)) + "\"";
-      response.set(http::field::etag, etag);
-      response.set(http::field::cache_control,
-                   ImmutableKey(key) ? "public, max-age=31536000, immutable" : "no-cache");
-      if (request[http::field::if_none_match] == etag) {
-        response.result(http::status::not_modified);
-        return response;
-      }
-      uint64_t first = 0, last = size == 0 ? 0 : size - 1;
-      // If-Range: a range of a different version of the object is refused by sending it whole.
-      const bool same_object =
-          request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
-      if (request.count(http::field::range) > 0 && same_object) {
-        const auto header = request[http::field::range];
-        auto range = ParseRange(std::string_view(header.data(), header.size()), size);
-        if (!range) {
-          Response refused = ErrorResponse(request, http::status::range_not_satisfiable,
-                                           "unsatisfiable or unsupported range");
-          refused.set(http::field::content_range, "bytes */" + std::to_string(size));
-          return refused;
-        }
-        std::tie(first, last) = *range;
-        response.result(http::status::partial_content);
-        response.set(http::field::content_range, "bytes " + std::to_string(first) + "-" +
-                                                     std::to_string(last) + "/" +
-                                                     std::to_string(size));
-      }
-      if (first == 0 && last + 1 == size) {
-        response.body() = std::move(*object);
-      } else if (size > 0) {
-        response.body().assign(object->begin() + static_cast<long>(first),
-                               object->begin() + static_cast<long>(last) + 1);
-      }
-      response.prepare_payload();
-      if (request.method() == http::verb::head) response.body().clear();
-      return response;
-    }
-    case http::verb::put: {
-      if (auto refused = CheckWriter(shared, request)) return *refused;
-      Status status = shared.backend.PutImmutable(key, request.body());
-      if (!status.ok()) return ErrorResponse(request, status);
-      return JsonResponse(request, http::status::created, Json{{"key", key}});
-    }
-    case http::verb::delete_: {
-      if (auto refused = CheckWriter(shared, request)) return *refused;
-      Status status = shared.backend.Delete(key);
-      if (!status.ok()) return ErrorResponse(request, status);
-      return JsonResponse(request, http::status::ok, Json{{"key", key}});
-    }
-    default:
-      return ErrorResponse(request, http::status::method_not_allowed,
-                           "objects take GET, HEAD, PUT and DELETE");
-  }
+// Whether a PUT carries "If-None-Match: *" (store only if the key holds nothing yet).
+bool MustCreate(const RequestHeader& request) {
+  return request.count(http::field::if_none_match) > 0;
 }
 
+// Everything decided from the header, before any of the body is read: the endpoint and key, the
+// method, the writer token, the form of a blob's key, a PUT's precondition, the body limit.
+std::optional<Response> CheckHeader(const Shared& shared, const RequestHeader& request,
+                                    uint64_t* body_limit) {
+  std::variant<Target, Response> parsed = ParseTarget(shared, request);
+  if (Response* refused = std::get_if<Response>(&parsed)) return std::move(*refused);
+  const Target& target = std::get<Target>(parsed);
+  if (!Allowed(target.endpoint, request.method())) {
+    const std::string_view allow = AllowedMethods(target.endpoint);
+    Response refused =
+        ErrorResponse(request, http::status::method_not_allowed,
+                      std::string(request.target()) + " takes " + std::string(allow));
+    refused.set(http::field::allow, std::string(allow));
+    return refused;
+  }
+  const http::verb method = request.method();
+  const bool put = target.endpoint == Endpoint::kObject && method == http::verb::put;
+  if (put || method == http::verb::delete_ || method == http::verb::post) {
+    if (std::optional<Response> refused = CheckWriter(shared, request)) return refused;
+  }
+  if (!put) {
+    *body_limit = std::min(*body_limit, kSmallBodyBytes);
+    return std::nullopt;
+  }
+  if (target.key.rfind("blobs/", 0) == 0 && !IsSha256Hex(target.key.substr(6))) {
+    return ErrorResponse(request, http::status::bad_request,
+                         "a blob's key is blobs/ and the SHA-256 of its bytes in 64 lowercase "
+                         "hex digits, not " +
+                             target.key);
+  }
+  if (MustCreate(request)) {
+    if (request[http::field::if_none_match] != "*") {
+      return ErrorResponse(request, http::status::bad_request, "a PUT takes only If-None-Match: *");
+    }
+    Result<bool> exists = shared.backend.Exists(target.key);
+    if (!exists.ok()) return ErrorResponse(request, exists.status());
+    if (*exists) {
+      return ErrorResponse(request, http::status::precondition_failed,
+                           target.key + " already exists (If-None-Match: *)");
+    }
+  }
+  return std::nullopt;
+}
+
+// An object's PUT: the body streams into a writer of the backend (a temporary file), hashed on
+// the way when the key is a blob's, and is stored only once it has arrived whole and matched.
+class PutSink : public weft::http::BodySink {
+ public:
+  PutSink(const Shared& shared, std::string key)
+      : shared_(shared),
+        key_(std::move(key)),
+        writer_(shared.backend.NewImmutableWriter(key_)),
+        hash_(key_.rfind("blobs/", 0) == 0 ? EVP_MD_CTX_new() : nullptr) {
+    if (hash_ != nullptr) EVP_DigestInit_ex(hash_, EVP_sha256(), nullptr);
+  }
+  ~PutSink() override { EVP_MD_CTX_free(hash_); }
+
+  Status Write(std::span<const uint8_t> piece) override {
+    if (!writer_.ok()) return writer_.status();
+    if (hash_ != nullptr) EVP_DigestUpdate(hash_, piece.data(), piece.size());
+    return (*writer_)->Write(piece);
+  }
+
+  void Finish(const RequestHeader& request, weft::http::Responder respond) override {
+    respond(Store(request));
+  }
+
+ private:
+  Response Store(const RequestHeader& request) {
+    if (!writer_.ok()) return ErrorResponse(request, writer_.status());
+    if (hash_ != nullptr) {
+      unsigned char digest[EVP_MAX_MD_SIZE];
+      unsigned int length = 0;
+      EVP_DigestFinal_ex(hash_, digest, &length);
+      static constexpr char kHex[] = "0123456789abcdef";
+      std::string actual;
+      for (unsigned int i = 0; i < length; ++i) {
+        actual += kHex[digest[i] >> 4];
+        actual += kHex[digest[i] & 15];
+      }
+      const std::string expected = key_.substr(6);
+      if (actual != expected) {
+        return ErrorResponse(request, http::status::bad_request,
+                             key_ + ": the bytes sent hash to " + actual + ", not to " + expected +
+                                 " (SHA-256); nothing was stored");
+      }
+    }
+    const bool must_create = MustCreate(request);
+    Result<bool> created = (*writer_)->Commit();
+    if (!created.ok()) return ErrorResponse(request, created.status());
+    if (must_create && !*created) {
+      return ErrorResponse(request, http::status::precondition_failed,
+                           key_ + " already exists (If-None-Match: *)");
+    }
+    return JsonResponse(request, http::status::created, Json{{"key", key_}});
+  }
+
+  const Shared& shared_;
+  std::string key_;
+  Result<std::unique_ptr<ObjectWriter>> writer_;
+  EVP_MD_CTX* hash_;
+};
+
+// The requests whose body streams to disk: an object's PUT (CheckHeader has let it through).
+std::unique_ptr<weft::http::BodySink> RouteBody(const Shared& shared,
+                                                const RequestHeader& request) {
+  if (request.method() != http::verb::put) return nullptr;
+  std::variant<Target, Response> parsed = ParseTarget(shared, request);
+  const Target* target = std::get_if<Target>(&parsed);
+  if (target == nullptr || target->endpoint != Endpoint::kObject) return nullptr;
+  return std::make_unique<PutSink>(shared, target->key);
+}
+
+Response GetObject(const Shared& shared, const Request& request, const std::string& key) {
+  Result<std::vector<uint8_t>> object = shared.backend.Get(key);
+  if (!object.ok()) return ErrorResponse(request, object.status());
+  const uint64_t size = object->size();
+  Response response(http::status::ok, request.version());
+  response.set(http::field::content_type, "application/octet-stream");
+  response.set(http::field::accept_ranges, "bytes");
+  const std::string etag =
+      "\"" + (key.rfind("blobs/", 0) == 0 ? key.substr(6) : Sha256Hex(*object)) + "\"";
+  response.set(http::field::etag, etag);
+  response.set(http::field::cache_control,
+               ImmutableKey(key) ? "public, max-age=31536000, immutable" : "no-cache");
+  if (request[http::field::if_none_match] == etag) {
+    response.result(http::status::not_modified);
+    return response;
+  }
+  uint64_t first = 0, last = size == 0 ? 0 : size - 1;
+  // If-Range: a range of a different version of the object is refused by sending it whole.
+  const bool same_object =
+      request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
+  if (request.count(http::field::range) > 0 && same_object) {
+    const auto header = request[http::field::range];
+    auto range = ParseRange(std::string_view(header.data(), header.size()), size);
+    if (!range) {
+      Response refused = ErrorResponse(request, http::status::range_not_satisfiable,
+                                       "unsatisfiable or unsupported range");
+      refused.set(http::field::content_range, "bytes */" + std::to_string(size));
+      return refused;
+    }
+    std::tie(first, last) = *range;
+    response.result(http::status::partial_content);
+    response.set(http::field::content_range, "bytes " + std::to_string(first) + "-" +
+                                                 std::to_string(last) + "/" + std::to_string(size));
+  }
+  if (first == 0 && last + 1 == size) {
+    response.body() = std::move(*object);
+  } else if (size > 0) {
+    response.body().assign(object->begin() + static_cast<long>(first),
+                           object->begin() + static_cast<long>(last) + 1);
+  }
+  response.prepare_payload();
+  return response;
+}
+
+Response CompareAndSwap(const Shared& shared, const Request& request, const std::string& key) {
+  Json body = Json::parse(request.body().begin(), request.body().end(), nullptr, false);
+  if (body.is_discarded() || !body.is_object() || !body.contains("desired") ||
+      !body["desired"].is_string() || !body.contains("expected") ||
+      !(body["expected"].is_null() || body["expected"].is_string()) || body.size() != 2) {
+    return ErrorResponse(
+        request, http::status::bad_request,
+        "expected a JSON object {\"expected\": string or null, \"desired\": string}");
+  }
+  std::optional<std::string> expected;
+  if (body["expected"].is_string()) expected = body["expected"].get<std::string>();
+  Status status = shared.backend.CompareAndSwap(key, expected, body["desired"].get<std::string>());
+  if (!status.ok()) return ErrorResponse(request, status);
+  return JsonResponse(request, http::status::ok, Json{{"key", key}});
+}
+
+// Every request but an object's PUT, once CheckHeader has let it through and its body arrived.
 Response Handle(const Shared& shared, const Request& request) {
   try {
-    const std::string target(request.target());
-    if (target.find_first_of("?%#") != std::string::npos)
-      return ErrorResponse(request, http::status::bad_request,
-                           "query strings and escapes are not supported");
-    if (target == "/livez") return JsonResponse(request, http::status::ok, Json{{"ok", true}});
-    if (target == "/v1/stats" && shared.options.stats) {
-      return JsonResponse(request, http::status::ok,
-                          Json::parse(shared.options.stats(), nullptr, false));
-    }
-    auto keyed = [&](const std::string& prefix, std::string* key) {
-      if (target.rfind(prefix, 0) != 0) return false;
-      *key = target.substr(prefix.size());
-      return true;
-    };
-    std::string key;
-    if (keyed("/v1/objects/", &key)) {
-      Status valid = ValidateKey(key);
-      if (!valid.ok()) return ErrorResponse(request, valid);
-      return HandleObject(shared, request, key);
-    }
-    if (keyed("/v1/cas/", &key)) {
-      Status valid = ValidateKey(key);
-      if (!valid.ok()) return ErrorResponse(request, valid);
-      if (request.method() != http::verb::post)
-        return ErrorResponse(request, http::status::method_not_allowed,
-                             "compare-and-swap takes POST");
-      if (auto refused = CheckWriter(shared, request)) return *refused;
-      Json body = Json::parse(request.body().begin(), request.body().end(), nullptr, false);
-      if (body.is_discarded() || !body.is_object() || !body.contains("desired") ||
-          !body["desired"].is_string() || !body.contains("expected") ||
-          !(body["expected"].is_null() || body["expected"].is_string()) || body.size() != 2) {
-        return ErrorResponse(
-            request, http::status::bad_request,
-            "expected a JSON object {\"expected\": string or null, \"desired\": string}");
+    std::variant<Target, Response> parsed = ParseTarget(shared, request);
+    if (Response* refused = std::get_if<Response>(&parsed)) return std::move(*refused);
+    const Target& target = std::get<Target>(parsed);
+    switch (target.endpoint) {
+      case Endpoint::kLivez:
+        return JsonResponse(request, http::status::ok, Json{{"ok", true}});
+      case Endpoint::kStats:
+        return JsonResponse(request, http::status::ok,
+                            Json::parse(shared.options.stats(), nullptr, false));
+      case Endpoint::kList: {
+        Result<std::vector<std::string>> keys = shared.backend.List(target.key);
+        if (!keys.ok()) return ErrorResponse(request, keys.status());
+        return JsonResponse(request, http::status::ok, Json{{"keys", *keys}});
       }
-      std::optional<std::string> expected;
-      if (body["expected"].is_string()) expected = body["expected"].get<std::string>();
-      Status status =
-          shared.backend.CompareAndSwap(key, expected, body["desired"].get<std::string>());
-      if (!status.ok()) return ErrorResponse(request, status);
-      return JsonResponse(request, http::status::ok, Json{{"key", key}});
+      case Endpoint::kCas:
+        return CompareAndSwap(shared, request, target.key);
+      case Endpoint::kObject:
+        if (request.method() == http::verb::delete_) {
+          Status status = shared.backend.Delete(target.key);
+          if (!status.ok()) return ErrorResponse(request, status);
+          return JsonResponse(request, http::status::ok, Json{{"key", target.key}});
+        }
+        if (request.method() == http::verb::get || request.method() == http::verb::head)
+          return GetObject(shared, request, target.key);
+        break;  // a PUT streams to a PutSink
     }
-    if (keyed("/v1/list/", &key)) {
-      if (request.method() != http::verb::get)
-        return ErrorResponse(request, http::status::method_not_allowed, "listing takes GET");
-      Result<std::vector<std::string>> keys = shared.backend.List(key);
-      if (!keys.ok()) return ErrorResponse(request, keys.status());
-      return JsonResponse(request, http::status::ok, Json{{"keys", *keys}});
-    }
-    return ErrorResponse(request, http::status::not_found, "no such endpoint: " + target);
+    return ErrorResponse(request, http::status::internal_server_error,
+                         "request not routed: " + std::string(request.target()));
   } catch (const std::exception& error) {
     return ErrorResponse(request, http::status::internal_server_error, error.what());
   }
@@ -221,11 +400,16 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend,
   server_options.read_timeout = options.read_timeout;
   const Shared* shared = &impl->shared;
   WEFT_ASSIGN_OR_RETURN(
-      impl->server, weft::http::HttpServer::Start(
-                        server_options, [shared](Request request, weft::http::Responder respond) {
-                          Response response = Handle(*shared, request);
-                          respond(std::move(response));
-                        }));
+      impl->server,
+      weft::http::HttpServer::Start(
+          server_options,
+          [shared](Request request, weft::http::Responder respond) {
+            respond(Handle(*shared, request));
+          },
+          [shared](const RequestHeader& request, uint64_t* body_limit) {
+            return CheckHeader(*shared, request, body_limit);
+          },
+          [shared](const RequestHeader& request) { return RouteBody(*shared, request); }));
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 

@@ -1,13 +1,19 @@
 // StoreServer: serves an ObjectStore over HTTP/1.1 (`weft store serve`), the API of
 // docs/api.md ("Store API"). Anyone may read; writes need the writer token.
 //
-// Shape: one listener and one session per connection on a strand, an io_context run on
-// `threads` threads, a deadline on every read, and a request size limit; handlers never throw
-// (backend errors become JSON error responses). Objects under blobs/ and runs/*/versions/ are
-// immutable and served as such (ETag, Cache-Control: immutable), so any HTTP cache in front is
-// safe; GET supports a single byte Range. Start() returns once the port is bound; Stop() (or the
-// destructor) joins the threads, closes the listening socket and every open connection.
-// Thread-safe, except that Stop() must not race with itself.
+// Shape: the shared HttpServer (common/http_server.h): a session per connection on a strand, an
+// io_context run on `threads` threads, a deadline on every read; handlers never throw (backend
+// errors become JSON error responses). Every request is judged from its header before any of its
+// body is read: the endpoint and key (keys with a segment starting with '.' are the store's own
+// files and are refused), the method (405 with Allow), the writer token, a blob key's form, a
+// PUT's `If-None-Match: *` (412 if the key exists) and the body's size. A PUT's body streams to
+// the backend's ObjectWriter (for a directory store, a temporary file linked into place), never
+// held in memory; a body for blobs/<sha256> is hashed on the way and refused (400, nothing stored)
+// unless it matches its name. Objects under blobs/ and runs/*/versions/ are immutable and served
+// as such (ETag, Cache-Control: immutable), so any HTTP cache in front is safe; GET supports a
+// single byte Range. Start() returns once the port is bound; Stop() (or the destructor) joins the
+// threads, closes the listening socket and every open connection. Thread-safe, except that Stop()
+// must not race with itself.
 #pragma once
 
 #include <chrono>
@@ -22,9 +28,9 @@ namespace weft::policy_store {
 
 struct StoreServerOptions {
   std::string address = "127.0.0.1";
-  uint16_t port = 0;         // 0: any free port (see StoreServer::port)
-  std::string writer_token;  // empty: the server is read-only
-  uint64_t max_body_bytes = uint64_t{4} << 30;
+  uint16_t port = 0;                            // 0: any free port (see StoreServer::port)
+  std::string writer_token;                     // empty: the server is read-only
+  uint64_t max_body_bytes = uint64_t{4} << 30;  // of a PUT (other bodies: 64 KiB at most)
   int threads = 2;
   std::chrono::seconds read_timeout{30};
   // When set, GET /v1/stats answers with the JSON object it returns (a relay's cache counters).

@@ -1,6 +1,12 @@
 // The shared HTTP server and client: plain and TLS.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +34,58 @@ std::unique_ptr<http::HttpServer> EchoServer(http::ServerOptions options) {
       });
   REQUIRE_MESSAGE(server.ok(), server.status().ToString());
   return std::move(server).value();
+}
+
+// One connection to a server on loopback, written and read byte for byte: for what well-behaved
+// clients never send. Reads give up after `wait` without data.
+class RawConnection {
+ public:
+  explicit RawConnection(uint16_t port, std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    timeval timeout{static_cast<time_t>(wait.count() / 1000),
+                    static_cast<suseconds_t>(wait.count() % 1000 * 1000)};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  }
+  ~RawConnection() { close(fd_); }
+  void Send(std::string_view bytes) { (void)!send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  // What arrives until the server closes (or nothing more comes within the wait).
+  std::string ReadAll() {
+    std::string text;
+    char buffer[4096];
+    ssize_t got;
+    while ((got = recv(fd_, buffer, sizeof(buffer), 0)) > 0) text.append(buffer, got);
+    closed_ = got == 0;
+    return text;
+  }
+  // What one read returns.
+  std::string ReadSome() {
+    char buffer[4096];
+    ssize_t got = recv(fd_, buffer, sizeof(buffer), 0);
+    return got > 0 ? std::string(buffer, got) : std::string();
+  }
+  // Whether the last ReadAll ended because the server closed the connection.
+  bool closed() const { return closed_; }
+
+ private:
+  int fd_ = -1;
+  bool closed_ = false;
+};
+
+// The status code of the first answer in `text` (0: none).
+int StatusOf(const std::string& text) {
+  if (text.rfind("HTTP/1.", 0) != 0 || text.size() < 12) return 0;
+  return std::stoi(text.substr(9, 3));
+}
+
+// The body of the first answer in `text`.
+std::string BodyOf(const std::string& text) {
+  const size_t end = text.find("\r\n\r\n");
+  return end == std::string::npos ? "" : text.substr(end + 4);
 }
 
 HttpClientOptions Quick() {
@@ -147,6 +205,254 @@ TEST_CASE("HTTP: the plain server answers, and a server that is gone is reported
   auto gone = HttpClient(url, once).Request("GET", "/v1/y", {}, {});
   REQUIRE(!gone.ok());
   CHECK(gone.status().message().find(url + "/v1/y") != std::string::npos);
+}
+
+TEST_CASE("HTTP: the header check answers before the body is read, and sets the body's limit") {
+  std::atomic<int> handled{0};
+  std::atomic<int> checked{0};
+  auto server = http::HttpServer::Start(
+      {},
+      [&](http::Request request, http::Responder respond) {
+        handled++;
+        respond(http::JsonResponse(request, bhttp::status::ok, {{"bytes", request.body().size()}}));
+      },
+      [&](const http::RequestHeader& header,
+          uint64_t* body_limit) -> std::optional<http::Response> {
+        checked++;
+        if (!http::BearerMatches(header, "token"))
+          return http::ErrorResponse(header, bhttp::status::unauthorized, "no token");
+        *body_limit = 10;
+        return std::nullopt;
+      });
+  REQUIRE(server.ok());
+  const uint16_t port = (*server)->port();
+
+  SUBCASE("refused from the header: the 100 MB announced are never waited for") {
+    RawConnection connection(port);
+    connection.Send("PUT /x HTTP/1.1\r\nHost: h\r\nContent-Length: 100000000\r\n\r\n");
+    const std::string answer = connection.ReadAll();
+    CHECK(StatusOf(answer) == 401);
+    CHECK(BodyOf(answer) == R"({"error":"no token"})");
+    CHECK(connection.closed());
+    CHECK(handled == 0);
+  }
+  SUBCASE("the limit the check set: a longer Content-Length is 413 at once") {
+    RawConnection connection(port);
+    connection.Send(
+        "PUT /x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer token\r\nContent-Length: 11\r\n\r\n");
+    CHECK(StatusOf(connection.ReadAll()) == 413);
+    CHECK(handled == 0);
+  }
+  SUBCASE("the limit the check set: a longer chunked body is 413 once it passes the limit") {
+    RawConnection connection(port);
+    connection.Send(
+        "PUT /x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer token\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n12345678\r\n");
+    const std::string answer = connection.ReadAll();
+    CHECK(StatusOf(answer) == 413);
+    CHECK(BodyOf(answer).find("limit of 10 bytes") != std::string::npos);
+    CHECK(handled == 0);
+  }
+  SUBCASE("let through: the body is read and handled") {
+    RawConnection connection(port);
+    connection.Send(
+        "PUT /x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer token\r\nConnection: close\r\n"
+        "Content-Length: 4\r\n\r\nabcd");
+    const std::string answer = connection.ReadAll();
+    CHECK(StatusOf(answer) == 200);
+    CHECK(BodyOf(answer) == R"({"bytes":4})");
+    CHECK(handled == 1);
+  }
+  SUBCASE("Expect: 100-continue is answered 100 once the header passed, then the request") {
+    RawConnection connection(port);
+    connection.Send(
+        "PUT /x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer token\r\nConnection: close\r\n"
+        "Expect: 100-continue\r\nContent-Length: 4\r\n\r\n");
+    CHECK(connection.ReadSome() == "HTTP/1.1 100 Continue\r\n\r\n");
+    connection.Send("abcd");
+    CHECK(StatusOf(connection.ReadAll()) == 200);
+    CHECK(handled == 1);
+  }
+  CHECK(checked == 1);
+}
+
+// A body sink that keeps what it is given, and reports how it went.
+struct SinkLog {
+  std::mutex mutex;
+  std::string bytes;
+  int pieces = 0;
+  int finished = 0;
+  int destroyed = 0;
+};
+
+class RecordingSink : public http::BodySink {
+ public:
+  explicit RecordingSink(std::shared_ptr<SinkLog> log) : log_(std::move(log)) {}
+  ~RecordingSink() override {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->destroyed++;
+  }
+  Status Write(std::span<const uint8_t> piece) override {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->bytes.append(piece.begin(), piece.end());
+    log_->pieces++;
+    if (log_->bytes.find("FAIL") != std::string::npos) return Unavailable("the disk is full");
+    return Status::Ok();
+  }
+  void Finish(const http::RequestHeader& header, http::Responder respond) override {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->finished++;
+    respond(http::JsonResponse(header, bhttp::status::created, {{"bytes", log_->bytes.size()}}));
+  }
+
+ private:
+  std::shared_ptr<SinkLog> log_;
+};
+
+TEST_CASE("HTTP: a body routed to a sink streams to it in pieces, within the limit") {
+  auto log = std::make_shared<SinkLog>();
+  std::atomic<int> handled{0};
+  http::ServerOptions options;
+  options.max_body_bytes = 4 << 20;
+  auto server = http::HttpServer::Start(
+      options,
+      [&](http::Request request, http::Responder respond) {
+        handled++;
+        respond(http::JsonResponse(request, bhttp::status::ok, {{"memory", true}}));
+      },
+      nullptr,
+      [&](const http::RequestHeader& header) -> std::unique_ptr<http::BodySink> {
+        if (header.method() != bhttp::verb::put) return nullptr;
+        return std::make_unique<RecordingSink>(log);
+      });
+  REQUIRE(server.ok());
+  const std::string url = "http://127.0.0.1:" + std::to_string((*server)->port());
+
+  std::string body(3 << 20, 'x');
+  for (size_t i = 0; i < body.size(); i += 4093) body[i] = static_cast<char>('a' + i % 26);
+  auto reply =
+      HttpClient(url, Quick())
+          .Request("PUT", "/up", {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, {});
+  REQUIRE(reply.ok());
+  CHECK(reply->status == 201);
+  {
+    std::lock_guard<std::mutex> lock(log->mutex);
+    CHECK(log->bytes == body);
+    CHECK(log->pieces > 1);
+    CHECK(log->finished == 1);
+    CHECK(log->destroyed == 1);
+  }
+  CHECK(handled == 0);
+  // Other requests still go to the handler, in memory.
+  auto other = HttpClient(url, Quick()).Request("POST", "/other", {}, {});
+  REQUIRE(other.ok());
+  CHECK(other->status == 200);
+  CHECK(handled == 1);
+
+  SUBCASE("a chunked body over the limit: 413, the sink dropped without Finish") {
+    RawConnection connection((*server)->port());
+    connection.Send("PUT /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n");
+    const std::string chunk(1 << 20, 'y');
+    char size[32];
+    std::snprintf(size, sizeof(size), "%zx\r\n", chunk.size());
+    for (int i = 0; i < 5; ++i) connection.Send(size + chunk + "\r\n");
+    CHECK(StatusOf(connection.ReadAll()) == 413);
+  }
+  SUBCASE("a Write that fails: its error is the answer, the sink dropped without Finish") {
+    RawConnection connection((*server)->port());
+    connection.Send("PUT /up HTTP/1.1\r\nHost: h\r\nContent-Length: 8\r\n\r\nabcdFAIL");
+    const std::string answer = connection.ReadAll();
+    CHECK(StatusOf(answer) == 503);
+    CHECK(BodyOf(answer) == R"({"error":"the disk is full"})");
+  }
+  SUBCASE("a body cut off: no answer, the sink dropped without Finish") {
+    {
+      RawConnection connection((*server)->port());
+      connection.Send("PUT /up HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\n\r\nabcd");
+    }
+    for (int i = 0; i < 100; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(log->mutex);
+        if (log->destroyed == 2) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  std::lock_guard<std::mutex> lock(log->mutex);
+  CHECK(log->finished == 1);
+  CHECK(log->destroyed == 2);
+  CHECK(handled == 1);
+}
+
+TEST_CASE("HTTP: a malformed request is answered 400 with a JSON error, then closed") {
+  std::atomic<int> handled{0};
+  auto server = http::HttpServer::Start({}, [&](http::Request request, http::Responder respond) {
+    handled++;
+    respond(http::JsonResponse(request, bhttp::status::ok, {{"ok", true}}));
+  });
+  REQUIRE(server.ok());
+  for (const char* malformed : {
+           "NOT A REQUEST\r\n\r\n",
+           "GET /x HTTP/1.1\r\nHost h\r\n\r\n",               // a field without a colon
+           "GET /x HTTP/1.1\r\nContent-Length: 12x\r\n\r\n",  // a bad length
+           "GET /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+           "PUT /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
+           "PUT /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+       }) {
+    CAPTURE(malformed);
+    RawConnection connection((*server)->port());
+    connection.Send(malformed);
+    const std::string answer = connection.ReadAll();
+    CHECK(StatusOf(answer) == 400);
+    CHECK(BodyOf(answer).rfind(R"({"error":"malformed request: )", 0) == 0);
+    CHECK(answer.find("Connection: close") != std::string::npos);
+    CHECK(connection.closed());
+  }
+  CHECK(handled == 0);
+}
+
+TEST_CASE("HTTP: a Transfer-Encoding other than a lone chunked is answered 501 unhandled") {
+  std::atomic<int> handled{0};
+  auto server = http::HttpServer::Start({}, [&](http::Request request, http::Responder respond) {
+    handled++;
+    respond(http::JsonResponse(request, bhttp::status::ok, {{"bytes", request.body().size()}}));
+  });
+  REQUIRE(server.ok());
+  for (const char* coding : {"gzip", "gzip, chunked", "chunked, gzip", "identity"}) {
+    CAPTURE(coding);
+    RawConnection connection((*server)->port());
+    connection.Send(std::string("PUT /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: ") + coding +
+                    "\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+    const std::string answer = connection.ReadAll();
+    CHECK(StatusOf(answer) == 501);
+    CHECK(BodyOf(answer).find("is not supported (only chunked)") != std::string::npos);
+    CHECK(connection.closed());
+  }
+  CHECK(handled == 0);
+  RawConnection chunked((*server)->port());
+  chunked.Send(
+      "PUT /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "5\r\nhello\r\n0\r\n\r\n");
+  const std::string answer = chunked.ReadAll();
+  CHECK(StatusOf(answer) == 200);
+  CHECK(BodyOf(answer) == R"({"bytes":5})");
+}
+
+TEST_CASE("HTTP: the answer to a HEAD has the headers of the GET and no body") {
+  auto server = EchoServer({});
+  RawConnection connection(server->port());
+  connection.Send(
+      "HEAD /abc HTTP/1.1\r\nHost: h\r\n\r\nGET /abc HTTP/1.1\r\nHost: h\r\n"
+      "Connection: close\r\n\r\n");
+  const std::string answers = connection.ReadAll();
+  const std::string get = R"({"bytes":0,"path":"/abc"})";
+  // The HEAD's answer ends at its header; the GET's follows at once.
+  const size_t first_end = answers.find("\r\n\r\n");
+  REQUIRE(first_end != std::string::npos);
+  CHECK(answers.substr(0, first_end).find("Content-Length: " + std::to_string(get.size())) !=
+        std::string::npos);
+  CHECK(answers.substr(first_end + 4, 8) == "HTTP/1.1");
+  CHECK(answers.substr(answers.size() - get.size()) == get);
 }
 
 }  // namespace

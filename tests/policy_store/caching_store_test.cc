@@ -123,5 +123,20 @@ TEST_CASE(
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("cache: objects written in pieces go upstream") {
+  Upstream upstream;
+  const std::string dir = TempRoot("cache_writer");
+  auto cache = std::move(CachingStore::Open(*upstream.store, {dir, 64 << 20})).value();
+  auto writer = cache->NewImmutableWriter("runs/r/versions/x");
+  REQUIRE(writer.ok());
+  REQUIRE((*writer)->Write(Bytes("written ")).ok());
+  REQUIRE((*writer)->Write(Bytes("in pieces")).ok());
+  CHECK((*writer)->Commit().value() == true);
+  auto stored = upstream.store->Get("runs/r/versions/x");
+  REQUIRE(stored.ok());
+  CHECK(std::string(stored->begin(), stored->end()) == "written in pieces");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace weft::policy_store

@@ -5,7 +5,10 @@
 #   - a store server or relay killed mid-transfer: the reader resumes when it comes back, and
 #     fails with a clear error at its deadline when it does not;
 #   - a corrupted blob in a relay's cache is detected, fetched again, and never reaches a reader;
-#   - concurrent readers behind one relay make one upstream fetch per blob.
+#   - concurrent readers behind one relay make one upstream fetch per blob;
+#   - a writable store server takes a model published through it (its uploads streamed to disk),
+#     refuses a blob whose bytes do not match its name, and a relay answers 404 at once for a key
+#     that names a directory upstream.
 # Usage: failure_test.sh WEFT MAKE_TEST_MODEL WORKDIR
 set -uo pipefail
 weft=$1 make_model=$2 work=$3
@@ -37,6 +40,11 @@ http_get() {
   printf 'GET %s HTTP/1.0\r\nHost: x\r\n\r\n' "$2" >&3
   sed '1,/^\r$/d' <&3
   exec 3<&-
+}
+# http_raw URL REQUEST: the whole answer to REQUEST (printf %b escapes) over /dev/tcp, 5 s at most.
+http_raw() {
+  local hostport=${1#http://}
+  timeout 5 bash -c 'exec 3<>/dev/tcp/${0%:*}/${0#*:}; printf "%b" "$1" >&3; cat <&3' "$hostport" "$2"
 }
 # stat_of JSON FIELD: a number from a flat JSON object.
 stat_of() { grep -o "\"$2\":[0-9]*" <<< "$1" | cut -d: -f2; }
@@ -141,6 +149,25 @@ grep -q "must be an http" bad.txt && ok || fail "unclear error for a bad upstrea
 grep -q "link shaping applies to http" bad.txt && ok || fail "unclear error for shaping a directory: $(cat bad.txt)"
 "$weft" store pull --store $relay_url --run r -o x --shape-bandwidth fast > bad.txt 2>&1 && fail "a bad bandwidth was accepted" || ok
 grep -q "'fast' is not a byte size" bad.txt && ok || fail "unclear error for a bad bandwidth: $(cat bad.txt)"
+
+# --- 4. A writable store server, and what it and the relay refuse -------------------------------------
+export WEFT_STORE_TOKEN=writer-token
+start_server writable "$weft" store serve --store ws --listen 127.0.0.1:0
+"$weft" store publish --store $writable_url --run w huge.safetensors > publish_http.txt 2>&1 || fail "publishing through the store server failed: $(cat publish_http.txt)"
+"$weft" store pull --store ws --run w -o via_http.safetensors > /dev/null 2>&1 || fail "pulling what was published over HTTP failed"
+cmp -s via_http.safetensors direct_huge.safetensors && ok || fail "a model published over HTTP differs"
+[[ -z $(find ws -name '.*' -type f ! -name .lock) ]] && ok || fail "uploads left temporary files: $(find ws -name '.*')"
+a_hash=$(printf 'a' | sha256sum | cut -d' ' -f1)
+answer=$(http_raw $writable_url "PUT /v1/objects/blobs/$a_hash HTTP/1.0\r\nAuthorization: Bearer writer-token\r\nContent-Length: 1\r\n\r\nb")
+grep -q "^HTTP/1.0 400" <<< "$answer" && grep -q "not to $a_hash" <<< "$answer" && ok || fail "a blob that does not match its name was not refused: $answer"
+[[ ! -e ws/blobs/$a_hash ]] && ok || fail "a blob that does not match its name was stored"
+answer=$(http_raw $writable_url "POST /livez HTTP/1.0\r\n\r\n")
+grep -q "^HTTP/1.0 405" <<< "$answer" && grep -q "^Allow: GET, HEAD" <<< "$answer" && ok || fail "POST /livez was not refused with 405 and Allow: $answer"
+unset WEFT_STORE_TOKEN
+start=$SECONDS
+answer=$(http_raw $relay_url "GET /v1/objects/runs/r HTTP/1.0\r\n\r\n")
+grep -q "^HTTP/1.0 404" <<< "$answer" && (( SECONDS - start < 3 )) && ok || fail "the relay did not answer 404 at once for a directory key: $answer"
+grep -q "$work" <<< "$answer" && fail "the relay's answer shows a path on the server: $answer" || ok
 
 echo "store failures: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

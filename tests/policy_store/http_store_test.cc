@@ -11,6 +11,8 @@
 #include <mutex>
 #include <thread>
 
+#include "tests/policy_store/store_test_util.h"
+
 namespace weft::policy_store {
 namespace {
 
@@ -123,6 +125,38 @@ TEST_CASE(
   CHECK(status.message().find("gave up after") != std::string::npos);
   CHECK(seconds >= 0.3);
   CHECK(seconds < 30);
+}
+
+TEST_CASE("HTTP store: a 4xx answer is final, never retried; a 5xx is retried") {
+  auto answer = [](int status, const std::string& reason, const std::string& error) {
+    const std::string body = "{\"error\": \"" + error + "\"}";
+    return "HTTP/1.1 " + std::to_string(status) + " " + reason +
+           "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\nConnection: close\r\n\r\n" + body;
+  };
+  ScriptedServer server({
+      answer(400, "Bad Request", "bad key"),
+      answer(404, "Not Found", "no such object"),
+      answer(412, "Precondition Failed", "already exists"),
+      answer(409, "Conflict", "different bytes"),
+      answer(503, "Service Unavailable", "busy"),
+      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+  });
+  HttpStoreOptions options;
+  options.first_backoff = std::chrono::milliseconds(1);
+  HttpStore store(server.url(), "token", options);
+  Status bad = store.Get("runs/a").status();
+  CHECK(bad.code() == StatusCode::kInvalidArgument);
+  CHECK(bad.message().find("bad key") != std::string::npos);
+  CHECK(store.Get("runs/b").status().code() == StatusCode::kNotFound);
+  CHECK(store.PutImmutable("runs/c", Bytes("x")).code() == StatusCode::kInvalidArgument);
+  CHECK(store.PutImmutable("runs/d", Bytes("x")).code() == StatusCode::kConflict);
+  CHECK(server.requests().size() == 4);  // one each
+  CHECK(store.retries() == 0);
+  auto got = store.Get("runs/e");  // 503, then 200
+  REQUIRE(got.ok());
+  CHECK(std::string(got->begin(), got->end()) == "ok");
+  CHECK(store.retries() == 1);
 }
 
 }  // namespace

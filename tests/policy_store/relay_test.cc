@@ -65,5 +65,40 @@ TEST_CASE("relay: one upstream fetch per blob for a region's readers; read-only;
   std::filesystem::remove_all(options.cache_dir);
 }
 
+TEST_CASE("relay: a 4xx from upstream is passed on at once, not retried; nor is a directory 503") {
+  const std::string root = TempRoot("relay_dir_origin");
+  auto origin = std::move(DirectoryStore::Open(root)).value();
+  REQUIRE(origin->PutImmutable("runs/run/versions/a", Bytes("1")).ok());
+  auto server = std::move(StoreServer::Start(*origin, {})).value();
+  RelayOptions options;
+  options.upstream = "http://127.0.0.1:" + std::to_string(server->port());
+  options.cache_dir = TempRoot("relay_dir_cache");
+  options.threads = 4;
+  auto relay = std::move(Relay::Start(options)).value();
+  const std::string url = "http://127.0.0.1:" + std::to_string(relay->port());
+  for (const std::string& key :
+       std::vector<std::string>{"runs/run", "runs/run/versions", "runs/run/versions/missing",
+                                "blobs/" + std::string(64, '0')}) {
+    CAPTURE(key);
+    const auto start = std::chrono::steady_clock::now();
+    auto reply = weft::testing::Raw(url + "/v1/objects/" + key, "GET");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(reply.status == 404);
+    CHECK(reply.text().find(root) == std::string::npos);  // no path of the upstream's disk
+    CHECK(seconds < 2);
+  }
+  // Refused upstream as malformed: 400 through the relay, at once.
+  CHECK(weft::testing::Raw(url + "/v1/objects/runs/.hidden", "GET").status == 400);
+  HttpStore store(url, "");
+  CHECK(store.Get("runs/run").status().code() == StatusCode::kNotFound);
+  CHECK(store.retries() == 0);
+  CHECK(relay->stats().upstream_fetches <= 5);
+  relay->Stop();
+  server->Stop();
+  std::filesystem::remove_all(root);
+  std::filesystem::remove_all(options.cache_dir);
+}
+
 }  // namespace
 }  // namespace weft::policy_store

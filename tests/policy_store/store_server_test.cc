@@ -2,7 +2,15 @@
 
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
 
 #include "policy_store/http_store.h"
 #include "tests/http_test_util.h"
@@ -14,6 +22,51 @@ namespace {
 using weft::testing::Raw;
 
 std::string Text(const weft::testing::RawReply& reply) { return reply.text(); }
+
+// One connection to the server, written and read byte for byte (a request's header without its
+// body, a body cut off midway). Reads give up after two seconds without data.
+class RawConnection {
+ public:
+  explicit RawConnection(const std::string& url) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    timeval timeout{2, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  }
+  ~RawConnection() { close(fd_); }
+  void Send(std::string_view bytes) { (void)!send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  // What arrives until the server closes the connection, or nothing more comes for two seconds.
+  std::string ReadAll() {
+    std::string text;
+    char buffer[4096];
+    ssize_t got;
+    while ((got = recv(fd_, buffer, sizeof(buffer), 0)) > 0) text.append(buffer, got);
+    return text;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+int StatusOf(const std::string& answer) {
+  return answer.rfind("HTTP/1.1 ", 0) == 0 ? std::stoi(answer.substr(9, 3)) : 0;
+}
+
+// Files under `dir` whose name starts with '.' (a write in progress), with their sizes.
+std::vector<uint64_t> HiddenFiles(const std::string& dir) {
+  std::vector<uint64_t> sizes;
+  std::error_code error;
+  for (const auto& file : std::filesystem::recursive_directory_iterator(dir, error)) {
+    if (file.is_regular_file() && file.path().filename().string().front() == '.' &&
+        file.path().filename() != ".lock")
+      sizes.push_back(file.file_size());
+  }
+  return sizes;
+}
 
 TEST_CASE("HTTP store server: authentication, ranges, caching headers, hostile requests") {
   Served served("secret");
@@ -44,10 +97,10 @@ TEST_CASE("HTTP store server: authentication, ranges, caching headers, hostile r
   CHECK(Raw(served.url + "/v1/cas/runs/r/latest", "POST", {"Authorization: Bearer secret"},
             "{\"desired\": 3}")
             .status == 400);
-  auto too_big = Raw(served.url + "/v1/objects/blobs/big", "PUT", {"Authorization: Bearer secret"},
+  auto too_big = Raw(served.url + "/v1/objects/runs/r/big", "PUT", {"Authorization: Bearer secret"},
                      std::string((1 << 20) + 10, 'x'));
   CHECK(too_big.status == 413);
-  CHECK(!*served.backend->Exists("blobs/big"));
+  CHECK(!*served.backend->Exists("runs/r/big"));
   CHECK(Raw(served.url + "/livez", "GET").status == 200);
 }
 
@@ -61,6 +114,208 @@ TEST_CASE("HTTP store: a read-only server refuses writes; an unreachable server 
   Status status = gone.Get("blobs/x").status();
   CHECK(status.code() == StatusCode::kUnavailable);
   CHECK(status.message().find("gave up after 2 tries") != std::string::npos);
+}
+
+TEST_CASE("store server: refusals come from the header, before any of the body is read") {
+  Served served("secret");
+  Served read_only("");
+  // Each request announces a body it never sends: only an answer from the header can arrive.
+  struct Case {
+    const Served* server;
+    std::string request;
+    int status;
+  };
+  const std::string blob = "/v1/objects/blobs/" + std::string(64, 'a');
+  for (const Case& c : std::vector<Case>{
+           {&served, "PUT " + blob + " HTTP/1.1\r\nContent-Length: 900000\r\n", 401},
+           {&served,
+            "PUT " + blob +
+                " HTTP/1.1\r\nAuthorization: Bearer guess\r\n"
+                "Content-Length: 900000\r\n",
+            401},
+           {&read_only,
+            "PUT " + blob +
+                " HTTP/1.1\r\nAuthorization: Bearer secret\r\n"
+                "Content-Length: 900000\r\n",
+            403},
+           {&served, "POST /v1/objects/runs/r/x HTTP/1.1\r\nContent-Length: 900000\r\n", 405},
+           {&served,
+            "PUT /v1/objects/runs/r/x HTTP/1.1\r\nAuthorization: Bearer secret\r\n"
+            "Content-Length: 2000000\r\n",
+            413},
+           {&served,
+            "POST /v1/cas/runs/r/latest HTTP/1.1\r\nAuthorization: Bearer secret\r\n"
+            "Content-Length: 900000\r\n",
+            413},
+           {&served,
+            "PUT /v1/objects/blobs/abc HTTP/1.1\r\nAuthorization: Bearer secret\r\n"
+            "Content-Length: 900000\r\n",
+            400},
+           {&served,
+            "PUT /v1/objects/runs/.x HTTP/1.1\r\nAuthorization: Bearer secret\r\n"
+            "Content-Length: 900000\r\n",
+            400},
+       }) {
+    CAPTURE(c.request);
+    RawConnection connection(c.server->url);
+    connection.Send(c.request + "Host: h\r\n\r\n");
+    CHECK(StatusOf(connection.ReadAll()) == c.status);
+  }
+  CHECK(HiddenFiles(served.root).empty());
+}
+
+TEST_CASE("store server: a PUT streams to a temporary file, stored once it has arrived whole") {
+  Served served("secret");
+  const std::string body = std::string(300000, 'a') + std::string(300000, 'b');
+  const std::string header =
+      "PUT /v1/objects/runs/r/big HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer secret\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  auto wait_for_upload = [&](uint64_t bytes) {
+    for (int i = 0; i < 200; ++i) {
+      std::vector<uint64_t> sizes = HiddenFiles(served.root);
+      if (sizes.size() == 1 && sizes[0] == bytes) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  {
+    RawConnection cut(served.url);
+    cut.Send(header + body.substr(0, 300000));
+    CHECK(wait_for_upload(300000));  // on disk as it arrives, not in memory
+  }
+  // Cut off: the partial file goes, nothing is stored.
+  for (int i = 0; i < 200 && !HiddenFiles(served.root).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(HiddenFiles(served.root).empty());
+  CHECK(!*served.backend->Exists("runs/r/big"));
+
+  RawConnection whole(served.url);
+  whole.Send(header + body.substr(0, 300000));
+  CHECK(wait_for_upload(300000));
+  CHECK(!*served.backend->Exists("runs/r/big"));
+  whole.Send(body.substr(300000));
+  CHECK(StatusOf(whole.ReadAll()) == 201);
+  auto stored = served.backend->Get("runs/r/big");
+  REQUIRE(stored.ok());
+  CHECK(std::string(stored->begin(), stored->end()) == body);
+  CHECK(HiddenFiles(served.root).empty());
+}
+
+TEST_CASE("store server: a blob's bytes must hash to its name, or nothing is stored") {
+  Served served("secret");
+  HttpStore store(served.url, "secret", FastRetries());
+  const std::string right = "the right bytes", wrong = "other bytes";
+  const std::string right_hash = Sha256Hex(Bytes(right)), wrong_hash = Sha256Hex(Bytes(wrong));
+  const std::string key = BlobKey(right_hash);
+  Status refused = store.PutImmutable(key, Bytes(wrong));
+  CHECK(refused.code() == StatusCode::kInvalidArgument);
+  CHECK(refused.message().find("HTTP 400") != std::string::npos);
+  CHECK(refused.message().find("hash to " + wrong_hash + ", not to " + right_hash) !=
+        std::string::npos);
+  CHECK(!*served.backend->Exists(key));
+  // The right bytes are not blocked by the wrong ones.
+  REQUIRE(store.PutImmutable(key, Bytes(right)).ok());
+  CHECK(*store.Get(key) == std::vector<uint8_t>(right.begin(), right.end()));
+  CHECK(store.PutImmutable(key, Bytes(right)).ok());  // again: idempotent
+  // Keys under blobs/ are hashes: 64 lowercase hex digits.
+  for (const std::string& bad :
+       std::vector<std::string>{"blobs/abc", "blobs/" + std::string(64, 'A'),
+                                "blobs/" + right_hash + "0", "blobs/" + right_hash + "/x"}) {
+    CAPTURE(bad);
+    CHECK(store.PutImmutable(bad, Bytes(right)).code() == StatusCode::kInvalidArgument);
+  }
+  // Chunked, in pieces: hashed as it streams.
+  const std::string chunked_hash = Sha256Hex(Bytes("hello world"));
+  RawConnection connection(served.url);
+  connection.Send("PUT /v1/objects/blobs/" + chunked_hash +
+                  " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer secret\r\nConnection: close\r\n"
+                  "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+  CHECK(StatusOf(connection.ReadAll()) == 201);
+  CHECK(*served.backend->Exists("blobs/" + chunked_hash));
+}
+
+TEST_CASE("store server: wrong methods are 405 with Allow; If-None-Match: * makes a PUT create") {
+  Served served("secret");
+  auto answer = [&](const std::string& request) {
+    RawConnection connection(served.url);
+    connection.Send(request +
+                    " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer secret\r\n"
+                    "Connection: close\r\n\r\n");
+    return connection.ReadAll();
+  };
+  for (const auto& [request, allow] : std::vector<std::pair<std::string, std::string>>{
+           {"POST /livez", "GET, HEAD"},
+           {"DELETE /livez", "GET, HEAD"},
+           {"PUT /v1/list/runs/", "GET, HEAD"},
+           {"GET /v1/cas/runs/r/latest", "POST"},
+           {"PATCH /v1/objects/runs/r/x", "GET, HEAD, PUT, DELETE"},
+       }) {
+    CAPTURE(request);
+    const std::string text = answer(request);
+    CHECK(StatusOf(text) == 405);
+    CHECK(text.find("\r\nAllow: " + allow + "\r\n") != std::string::npos);
+  }
+  CHECK(StatusOf(answer("HEAD /livez")) == 200);
+  CHECK(StatusOf(answer("GET /livez")) == 200);
+
+  const std::string object = served.url + "/v1/objects/runs/r/versions/x";
+  const std::vector<std::string> writer = {"Authorization: Bearer secret"};
+  auto with = [&](std::vector<std::string> headers, const std::string& extra) {
+    headers.push_back(extra);
+    return headers;
+  };
+  CHECK(Raw(object, "PUT", with(writer, "If-None-Match: *"), "one").status == 201);
+  CHECK(Raw(object, "PUT", writer, "one").status == 201);  // the same bytes again
+  auto exists = Raw(object, "PUT", with(writer, "If-None-Match: *"), "one");
+  CHECK(exists.status == 412);
+  CHECK(exists.text().find("already exists") != std::string::npos);
+  CHECK(Raw(object, "PUT", with(writer, "If-None-Match: *"), "two").status == 412);
+  CHECK(Raw(object, "PUT", writer, "two").status == 409);
+  CHECK(Raw(object, "PUT", with(writer, "If-None-Match: \"abc\""), "one").status == 400);
+  CHECK(Text(Raw(object, "GET")) == "one");
+}
+
+TEST_CASE("store server: directories, the lock and hidden files are no objects; no paths leak") {
+  Served served("secret");
+  REQUIRE(served.backend->PutImmutable("runs/r/versions/a", Bytes("1")).ok());
+  REQUIRE(served.backend->CompareAndSwap("runs/r/latest", std::nullopt, "0\n").ok());
+  REQUIRE(std::filesystem::exists(served.root + "/.lock"));
+  std::ofstream(served.root + "/runs/r/versions/.b.tmp-123456") << "in progress";
+  const std::vector<std::string> writer = {"Authorization: Bearer secret"};
+  const std::string objects = served.url + "/v1/objects/";
+
+  // A key naming a directory: 404, at once, naming the key and not where the store lives.
+  HttpStore store(served.url, "secret", FastRetries());
+  for (const std::string key : {"runs", "runs/r", "runs/r/versions"}) {
+    CAPTURE(key);
+    auto directory = Raw(objects + key, "GET");
+    CHECK(directory.status == 404);
+    CHECK(directory.text().find(served.root) == std::string::npos);
+    CHECK(directory.text().find(key + ": no such object") != std::string::npos);
+    CHECK(store.Get(key).status().code() == StatusCode::kNotFound);
+    CHECK(!*store.Exists(key));  // HEAD
+  }
+  // Under an object: a conflict, not a retried 503, and no path either.
+  auto under = Raw(objects + "runs/r/versions/a/b", "PUT", writer, "x");
+  CHECK(under.status == 409);
+  CHECK(under.text().find(served.root) == std::string::npos);
+
+  // The store's own files: refused whatever the method.
+  for (const std::string key : {".lock", "runs/r/versions/.b.tmp-123456", "runs/.x/latest"}) {
+    CAPTURE(key);
+    CHECK(Raw(objects + key, "GET").status == 400);
+    CHECK(Raw(objects + key, "PUT", writer, "").status == 400);
+    CHECK(Raw(objects + key, "DELETE", writer).status == 400);
+    CHECK(
+        Raw(served.url + "/v1/cas/" + key, "POST", writer, R"({"expected": null, "desired": "1"})")
+            .status == 400);
+  }
+  CHECK(Raw(served.url + "/v1/list/.x/", "GET").status == 400);
+  CHECK(std::filesystem::exists(served.root + "/.lock"));
+  CHECK(std::filesystem::exists(served.root + "/runs/r/versions/.b.tmp-123456"));
+  auto listing = Raw(served.url + "/v1/list/runs/r/", "GET");
+  CHECK(listing.text() == R"({"keys":["runs/r/latest","runs/r/versions/a"]})");
 }
 
 }  // namespace
