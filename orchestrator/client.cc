@@ -32,8 +32,9 @@ OrchestratorClient::OrchestratorClient(std::string url, std::string token,
 
 Result<std::string> OrchestratorClient::Call(const std::string& method, const std::string& path,
                                              const std::string& body, bool idempotent,
-                                             std::chrono::milliseconds extra_wait) {
-  std::vector<std::string> headers = {"Authorization: Bearer " + token_,
+                                             std::chrono::milliseconds extra_wait,
+                                             const std::string* token) {
+  std::vector<std::string> headers = {"Authorization: Bearer " + (token ? *token : token_),
                                       "Content-Type: application/json"};
   HttpClient* client = &client_;
   std::optional<HttpClient> longer;
@@ -56,11 +57,25 @@ Result<std::string> OrchestratorClient::Call(const std::string& method, const st
   return std::string(reply.body.begin(), reply.body.end());
 }
 
+std::string OrchestratorClient::TokenFor(const std::string& cluster) {
+  std::lock_guard<std::mutex> lock(tokens_mutex_);
+  auto found = cluster_tokens_.find(cluster);
+  return found == cluster_tokens_.end() ? token_ : found->second;
+}
+
 Status OrchestratorClient::Register(const std::string& cluster, const std::string& region,
                                     uint32_t capacity) {
-  return Acknowledged(Call("POST", "/v1/clusters",
-                           wire::Encode(wire::Registration{cluster, region, capacity}), true),
-                      "registering " + cluster);
+  Result<std::string> answer = Call(
+      "POST", "/v1/clusters", wire::Encode(wire::Registration{cluster, region, capacity}), true);
+  WEFT_RETURN_IF_ERROR(Acknowledged(answer, "registering " + cluster));
+  const Json json = Json::parse(*answer, nullptr, false);
+  if (json.contains("cluster_token")) {
+    if (!json["cluster_token"].is_string())
+      return DataLoss("registering " + cluster + ": cluster_token is not a string");
+    std::lock_guard<std::mutex> lock(tokens_mutex_);
+    cluster_tokens_[cluster] = json["cluster_token"].get<std::string>();
+  }
+  return Status::Ok();
 }
 
 Status OrchestratorClient::Heartbeat(const std::string& cluster,
@@ -68,9 +83,10 @@ Status OrchestratorClient::Heartbeat(const std::string& cluster,
                                      const SyncReport* sync) {
   wire::Heartbeat heartbeat{ready_version, std::nullopt};
   if (sync != nullptr) heartbeat.sync = *sync;
-  return Acknowledged(
-      Call("POST", "/v1/clusters/" + cluster + "/heartbeat", wire::Encode(heartbeat), true),
-      "heartbeat of " + cluster);
+  const std::string token = TokenFor(cluster);
+  return Acknowledged(Call("POST", "/v1/clusters/" + cluster + "/heartbeat",
+                           wire::Encode(heartbeat), true, {}, &token),
+                      "heartbeat of " + cluster);
 }
 
 Result<std::vector<Lease>> OrchestratorClient::RequestLeases(const std::string& cluster,
@@ -79,25 +95,29 @@ Result<std::vector<Lease>> OrchestratorClient::RequestLeases(const std::string& 
   // One id for every try of this call: a retry after a lost answer gets the same leases back.
   thread_local std::mt19937_64 ids(std::random_device{}());
   const wire::LeaseRequest request{max, wait, (ids() >> 1) | 1};
+  const std::string token = TokenFor(cluster);
   WEFT_ASSIGN_OR_RETURN(std::string answer, Call("POST", "/v1/clusters/" + cluster + "/leases",
-                                                 wire::Encode(request), true, wait));
+                                                 wire::Encode(request), true, wait, &token));
   return Answer(wire::DecodeLeases(answer), "leases for " + cluster);
 }
 
 Result<SubmitResult> OrchestratorClient::Submit(const TrajectoryGroup& group) {
-  WEFT_ASSIGN_OR_RETURN(std::string answer,
-                        Call("POST", "/v1/submissions", wire::EncodeSubmission(group), true));
+  const std::string token = TokenFor(group.cluster);
+  WEFT_ASSIGN_OR_RETURN(std::string answer, Call("POST", "/v1/submissions",
+                                                 wire::EncodeSubmission(group), true, {}, &token));
   return Answer(wire::DecodeSubmitResult(answer), "submission of job " + std::to_string(group.job));
 }
 
 Status OrchestratorClient::Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) {
+  const std::string token = TokenFor(cluster);
   return Acknowledged(
-      Call("POST", "/v1/clusters/" + cluster + "/drain", wire::EncodeDrain(jobs), true),
+      Call("POST", "/v1/clusters/" + cluster + "/drain", wire::EncodeDrain(jobs), true, {}, &token),
       "draining " + cluster);
 }
 
 Status OrchestratorClient::Deregister(const std::string& cluster) {
-  return Acknowledged(Call("DELETE", "/v1/clusters/" + cluster, "", true),
+  const std::string token = TokenFor(cluster);
+  return Acknowledged(Call("DELETE", "/v1/clusters/" + cluster, "", true, {}, &token),
                       "deregistering " + cluster);
 }
 

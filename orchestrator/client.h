@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -31,7 +32,8 @@ class OrchestratorClient {
   // `options.deadline` bounds each call, retries included; long polls add their wait to it.
   OrchestratorClient(std::string url, std::string token, HttpClientOptions options = {});
 
-  // Workers.
+  // Workers. Registration (with the worker token) returns a token for the cluster, which this
+  // client then sends with every call naming that cluster.
   Status Register(const std::string& cluster, const std::string& region, uint32_t capacity);
   // `sync`: the worker's weight-sync counters, shown in /v1/status.
   Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
@@ -59,12 +61,18 @@ class OrchestratorClient {
   Result<nlohmann::json> GetStatus();
 
  private:
-  // Sends `body` to `path` with `method`, and returns the answer's text or the error it means.
+  // Sends `body` to `path` with `method` and the bearer `token`, and returns the answer's text or
+  // the error it means.
   Result<std::string> Call(const std::string& method, const std::string& path,
                            const std::string& body, bool idempotent,
-                           std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0));
+                           std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0),
+                           const std::string* token = nullptr);
+  // The token for calls naming `cluster`: the one its registration returned, else the client's.
+  std::string TokenFor(const std::string& cluster);
 
   std::string token_;
+  std::mutex tokens_mutex_;
+  std::map<std::string, std::string> cluster_tokens_;  // from registrations
   HttpClient client_;
   std::mutex batch_mutex_;
   uint64_t last_batch_ = 0;  // the newest batch received (0: none)

@@ -64,9 +64,11 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "stall_after", &stall)));
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "tick", &tick)));
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "max_wait", &max_wait)));
-  if (lease.count() <= 0 || timeout.count() <= 0 || tick.count() < 1000) {
-    return InvalidArgument(
-        file + "orchestrator: lease and cluster_timeout must be positive and tick at least 1ms");
+  if (lease.count() <= 0 || timeout.count() <= 0 || stall.count() <= 0 || max_wait.count() <= 0 ||
+      tick.count() < 1000) {
+    return InvalidArgument(file +
+                           "orchestrator: lease, cluster_timeout, stall_after and max_wait must be "
+                           "positive and tick at least 1ms");
   }
   config.core.lease_duration = lease.count();
   config.core.cluster_timeout = timeout.count();
@@ -85,9 +87,18 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
     return InvalidArgument(file + "orchestrator.max_in_flight must be at least 1");
   config.core.max_attempts = static_cast<uint32_t>(attempts);
   config.service.server.threads = static_cast<int>(threads);
-  config.service.server.max_body_bytes = uint64_t{64} << 20;
+  config.service.server.max_body_bytes = kDefaultMaxRequestBytes;
   WEFT_RETURN_IF_ERROR(
       check(ReadBytes(o, where, "max_request_bytes", &config.service.server.max_body_bytes)));
+  if (config.service.server.max_body_bytes < (64 << 10) ||
+      config.service.server.max_body_bytes > kMaxRequestBytes) {
+    // A request the server takes must fit in one journal record, even with its prompts escaped
+    // to twice their size.
+    return InvalidArgument(file + "orchestrator.max_request_bytes must be 64KiB to " +
+                           std::to_string(kMaxRequestBytes >> 20) +
+                           "MiB (a journal record holds at most " +
+                           std::to_string(Journal::kMaxRecordBytes >> 20) + "MiB)");
+  }
   WEFT_RETURN_IF_ERROR(
       check(ReadBytes(o, where, "compact_after", &config.durable.compact_after_bytes)));
   if (config.durable.compact_after_bytes < 4096)
@@ -127,6 +138,7 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
         "orchestrator.tokens: the worker, trainer and admin tokens are all needed (in the file or "
         "WEFT_WORKER_TOKEN, WEFT_TRAINER_TOKEN, WEFT_ADMIN_TOKEN)");
   }
+  WEFT_RETURN_IF_ERROR(CheckTokens(config.service).WithContext(file + "orchestrator.tokens"));
   return config;
 }
 

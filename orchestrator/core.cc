@@ -27,7 +27,7 @@ uint64_t OrchestratorCore::admissible_version() const {
 }
 
 Status OrchestratorCore::Register(Micros now, const std::string& cluster, const std::string& region,
-                                  uint32_t capacity) {
+                                  uint32_t capacity, const std::string& credential) {
   WEFT_RETURN_IF_ERROR(CheckName(cluster, "cluster id"));
   WEFT_RETURN_IF_ERROR(CheckName(region, "cluster " + cluster + ": region"));
   if (capacity == 0 || capacity > 1'000'000)
@@ -38,6 +38,7 @@ Status OrchestratorCore::Register(Micros now, const std::string& cluster, const 
   c.draining = false;
   c.gone = false;
   c.last_heartbeat = now;
+  c.credential = credential;
   return Status::Ok();
 }
 
@@ -408,6 +409,12 @@ std::vector<ClusterView> OrchestratorCore::clusters() const {
                      c.last_heartbeat});
   }
   return views;
+}
+
+std::optional<std::string> OrchestratorCore::credential(const std::string& cluster) const {
+  auto found = clusters_.find(cluster);
+  if (found == clusters_.end()) return std::nullopt;
+  return found->second.credential;
 }
 
 std::map<uint64_t, uint64_t> OrchestratorCore::buffered_versions() const {

@@ -80,8 +80,10 @@ class OrchestratorCore {
 
   // --- Clusters ---
   // Registers (or re-registers after a restart: leases it held stay until they expire).
+  // `credential` identifies the token the registration handed out (the service stores a hash of
+  // it and checks it on every call naming the cluster); registering again replaces it.
   Status Register(Micros now, const std::string& cluster, const std::string& region,
-                  uint32_t capacity);
+                  uint32_t capacity, const std::string& credential = "");
   // Proof of life; `ready_version` is the version whose digests the cluster has matched (nullopt
   // while it has none; never above the latest announced). Extends the deadline of every lease the
   // cluster holds. A cluster that left or was lost gets kNotFound (as for Drain and RequestLeases)
@@ -123,6 +125,9 @@ class OrchestratorCore {
   uint64_t admissible_version() const;
   const Counters& counters() const { return counters_; }
   std::vector<ClusterView> clusters() const;
+  // The credential of the cluster's registration; nullopt for an unknown cluster ("" when it
+  // registered without one).
+  std::optional<std::string> credential(const std::string& cluster) const;
   size_t queued_jobs() const { return queue_.size(); }
   size_t leased_jobs() const { return leases_.size(); }
   size_t buffered() const { return buffer_.size(); }
@@ -165,6 +170,7 @@ class OrchestratorCore {
     Micros last_completion = 0;
     uint64_t last_request = 0;  // the id of the last lease request that granted something
     std::vector<std::pair<uint64_t, uint32_t>> last_granted;  // its (job, attempt)s
+    std::string credential;                                   // from its registration
   };
 
   Cluster* FindCluster(const std::string& id);

@@ -31,6 +31,7 @@ namespace events {
 struct Register {
   std::string cluster, region;
   uint32_t capacity = 0;
+  std::string credential;
 };
 struct Heartbeat {
   std::string cluster;
@@ -97,6 +98,7 @@ std::string DurableCore::EventText(const Event& event) {
                         {"cluster", r.cluster},
                         {"region", r.region},
                         {"capacity", r.capacity}};
+                   if (!r.credential.empty()) e["credential"] = r.credential;
                  },
                  [&](const events::Heartbeat& h) {
                    e = {{"e", "heartbeat"}, {"cluster", h.cluster}, {"ready", Optional(h.ready)}};
@@ -154,7 +156,8 @@ Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
     const std::string kind = e["e"].get<std::string>();
     event.now = e["t"].get<Micros>();
     if (kind == "register") {
-      event.what = events::Register{e["cluster"], e["region"], e["capacity"].get<uint32_t>()};
+      event.what = events::Register{e["cluster"], e["region"], e["capacity"].get<uint32_t>(),
+                                    e.value("credential", std::string())};
     } else if (kind == "heartbeat") {
       std::optional<uint64_t> ready;
       if (!e["ready"].is_null()) ready = e["ready"].get<uint64_t>();
@@ -202,7 +205,9 @@ Status DurableCore::Apply(Event event, Outcome* out) {
   const Micros now = event.now;
   return std::visit(
       Overloaded{
-          [&](events::Register& r) { return core_.Register(now, r.cluster, r.region, r.capacity); },
+          [&](events::Register& r) {
+            return core_.Register(now, r.cluster, r.region, r.capacity, r.credential);
+          },
           [&](events::Heartbeat& h) { return core_.Heartbeat(now, h.cluster, h.ready); },
           [&](events::Drain& d) { return core_.Drain(now, d.cluster, d.jobs); },
           [&](events::Deregister& d) { return core_.Deregister(now, d.cluster); },
@@ -441,9 +446,9 @@ void DurableCore::SubmitAsync(Micros now, TrajectoryGroup group,
 }
 
 Status DurableCore::Register(Micros now, const std::string& cluster, const std::string& region,
-                             uint32_t capacity) {
+                             uint32_t capacity, const std::string& credential) {
   Outcome out;
-  return Record({now, events::Register{cluster, region, capacity}}, &out);
+  return Record({now, events::Register{cluster, region, capacity, credential}}, &out);
 }
 
 Status DurableCore::Heartbeat(Micros now, const std::string& cluster,

@@ -43,7 +43,7 @@ class DurableCore {
                                                    const CoreConfig& config, Options options);
 
   Status Register(Micros now, const std::string& cluster, const std::string& region,
-                  uint32_t capacity);
+                  uint32_t capacity, const std::string& credential = "");
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
   Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs);
   Status Deregister(Micros now, const std::string& cluster);

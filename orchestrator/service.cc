@@ -1,5 +1,9 @@
 #include "orchestrator/service.h"
 
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <list>
@@ -35,6 +39,54 @@ struct Waiter {
   Responder respond;
 };
 
+// A Prometheus label value: backslash, double quote and line feed escaped, as the text format
+// requires (names are checked on registration; this keeps the format whatever a name holds).
+std::string LabelValue(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string Hex(const unsigned char* bytes, size_t size) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (size_t i = 0; i < size; ++i) {
+    hex += kDigits[bytes[i] >> 4];
+    hex += kDigits[bytes[i] & 15];
+  }
+  return hex;
+}
+
+// What the orchestrator keeps of a cluster's token: its SHA-256, in hex.
+std::string CredentialOf(std::string_view token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  return Hex(digest, sizeof(digest));
+}
+
+// A fresh cluster token: 32 random bytes, in hex.
+Result<std::string> NewClusterToken() {
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) return Internal("no randomness for a cluster token");
+  return Hex(bytes, sizeof(bytes));
+}
+
+// The bearer token of the request ("" without one).
+std::string_view BearerOf(const Request& request) {
+  const auto field = request[bhttp::field::authorization];
+  const std::string_view header(field.data(), field.size());
+  return header.starts_with("Bearer ") ? header.substr(7) : std::string_view();
+}
+
 // The request's body as the text the wire layer decodes.
 std::string_view BodyText(const Request& request) {
   return {reinterpret_cast<const char*>(request.body().data()), request.body().size()};
@@ -59,6 +111,12 @@ struct OrchestratorService::Impl {
   }
 
   void Handle(Request request, Responder respond);
+  // Whether the request may act for `cluster` (nullopt) or the refusal: the admin token may, the
+  // token the cluster's registration handed out may, and so may the worker token for a cluster
+  // registered without one (by an older orchestrator) or not registered at all (the core then
+  // answers 404).
+  std::optional<Response> MayActFor(const Request& request, Role role,
+                                    const std::string& cluster) const;
   Response Route(const Request& request, Role role, Responder* respond);
   Json StatusJson() const;
   std::string Metrics() const;
@@ -187,6 +245,27 @@ void OrchestratorService::Impl::Handle(Request request, Responder respond) {
   if (respond) respond(std::move(response));  // empty when a long poll took it
 }
 
+std::optional<Response> OrchestratorService::Impl::MayActFor(const Request& request, Role role,
+                                                             const std::string& cluster) const {
+  if (role == Role::kAdmin) return std::nullopt;
+  const std::optional<std::string> credential =
+      core.Inspect([&](const OrchestratorCore& c) { return c.credential(cluster); });
+  if (!credential || credential->empty()) {
+    if (role == Role::kWorker) return std::nullopt;
+  } else {
+    const std::string given = CredentialOf(BearerOf(request));
+    if (CRYPTO_memcmp(given.data(), credential->data(), given.size()) == 0) return std::nullopt;
+    if (role == Role::kWorker) {
+      return http::ErrorResponse(
+          request, bhttp::status::forbidden,
+          "calls for cluster " + cluster + " need the cluster_token its registration returned");
+    }
+  }
+  return http::ErrorResponse(
+      request, bhttp::status::unauthorized,
+      "this endpoint needs the cluster's token or the admin token (Authorization: Bearer ...)");
+}
+
 Response OrchestratorService::Impl::Route(const Request& request, Role role, Responder* respond) {
   const std::string target(request.target());
   const auto method = request.method();
@@ -194,6 +273,13 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
   auto ok = [&](const Json& body) { return http::JsonResponse(request, bhttp::status::ok, body); };
   if (target.find_first_of("?%#") != std::string::npos)
     return error(InvalidArgument("query strings and escapes are not supported"));
+  if ((target == "/livez" || target == "/readyz" || target == "/metrics") &&
+      method != bhttp::verb::get && method != bhttp::verb::head) {
+    Response refused = http::ErrorResponse(request, bhttp::status::method_not_allowed,
+                                           target + " takes GET (or HEAD)");
+    refused.set(bhttp::field::allow, "GET, HEAD");
+    return refused;
+  }
   if (target == "/livez") return ok(Json{{"ok", true}});
   if (target == "/readyz")
     return ok(Json{{"ready", true}, {"events_replayed", core.events_replayed()}});
@@ -205,7 +291,10 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     response.prepare_payload();
     return response;
   }
-  if (role == Role::kNone) {
+  const std::string clusters = "/v1/clusters";
+  // A cluster's own token is no role token: it is checked where a call names its cluster.
+  const bool names_cluster = target.rfind(clusters + "/", 0) == 0 || target == "/v1/submissions";
+  if (role == Role::kNone && !(names_cluster && !BearerOf(request).empty())) {
     return http::ErrorResponse(
         request, bhttp::status::unauthorized,
         "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
@@ -224,26 +313,35 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
   }
   const Micros now = WallMicros();
   const std::string_view body = BodyText(request);
+  // Only submissions and jobs may be large; the rest are small by nature, and a large body would
+  // only cost memory to parse.
+  if (body.size() > kSmallRequestBytes && target != "/v1/submissions" && target != "/v1/jobs") {
+    return http::ErrorResponse(
+        request, bhttp::status::payload_too_large,
+        target + " takes at most " + std::to_string(kSmallRequestBytes) + " bytes");
+  }
   auto answer = [&](const std::string& text) {
     return http::JsonTextResponse(request, bhttp::status::ok, text);
   };
-  const std::string clusters = "/v1/clusters";
   if (target == clusters && method == bhttp::verb::post) {
     if (auto refused = needs(Role::kWorker)) return *refused;
     Result<wire::Registration> r = wire::DecodeRegistration(body);
     if (!r.ok()) return error(r.status());
-    weft::Status done = core.Register(now, r->cluster, r->region, r->capacity);
+    Result<std::string> token = NewClusterToken();
+    if (!token.ok()) return error(token.status());
+    weft::Status done =
+        core.Register(now, r->cluster, r->region, r->capacity, CredentialOf(*token));
     if (!done.ok()) return error(done);
     Wake();
-    return ok(Json{{"cluster", r->cluster}, {"registered", true}});
+    return ok(Json{{"cluster", r->cluster}, {"registered", true}, {"cluster_token", *token}});
   }
   if (target.rfind(clusters + "/", 0) == 0) {
-    if (auto refused = needs(Role::kWorker)) return *refused;
     std::string rest = target.substr(clusters.size() + 1);
     const size_t slash = rest.find('/');
     const std::string id = rest.substr(0, slash);
     const std::string action = slash == std::string::npos ? "" : rest.substr(slash + 1);
     if (id.empty()) return error(InvalidArgument("no cluster id in the path"));
+    if (auto refused = MayActFor(request, role, id)) return *refused;
     if (action.empty() && method == bhttp::verb::delete_) {
       weft::Status done = core.Deregister(now, id);
       if (!done.ok()) return error(done);
@@ -289,12 +387,12 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
                                "no such cluster action: " + action);
   }
   if (target == "/v1/submissions") {
-    if (auto refused = needs(Role::kWorker)) return *refused;
     if (method != bhttp::verb::post)
       return http::ErrorResponse(request, bhttp::status::method_not_allowed,
                                  "submissions take POST");
     Result<TrajectoryGroup> group = wire::DecodeSubmission(body);
     if (!group.ok()) return error(group.status());
+    if (auto refused = MayActFor(request, role, group->cluster)) return *refused;
     // Answered from the journal's thread once durable: no server thread waits on the disk.
     // (A job done moves from leased to buffered: no admission room opens, no poll to wake.)
     core.SubmitAsync(
@@ -492,8 +590,8 @@ std::string OrchestratorService::Impl::Metrics() const {
            "serves (-1: none).\n"
         << "# TYPE weft_orchestrator_cluster_ready_version gauge\n";
     for (const ClusterView& v : c.clusters()) {
-      out << "weft_orchestrator_cluster_ready_version{cluster=\"" << v.id << "\",region=\""
-          << v.region << "\"} "
+      out << "weft_orchestrator_cluster_ready_version{cluster=\"" << LabelValue(v.id)
+          << "\",region=\"" << LabelValue(v.region) << "\"} "
           << (v.ready_version && !v.gone ? static_cast<double>(*v.ready_version) : -1) << "\n";
     }
     return 0;
@@ -509,15 +607,34 @@ std::string OrchestratorService::Impl::Metrics() const {
     out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
         << name << " counter\n";
     for (const auto& [cluster, report] : sync_reports) {
-      out << "weft_orchestrator_" << name << "{cluster=\"" << cluster << "\"} " << report.*field
-          << "\n";
+      out << "weft_orchestrator_" << name << "{cluster=\"" << LabelValue(cluster) << "\"} "
+          << report.*field << "\n";
     }
   }
   return out.str();
 }
 
+Status CheckTokens(const ServiceOptions& options) {
+  if (options.worker_token.empty() || options.trainer_token.empty() ||
+      options.admin_token.empty()) {
+    return InvalidArgument("the worker, trainer and admin tokens are all needed");
+  }
+  if (options.worker_token == options.admin_token || options.trainer_token == options.admin_token ||
+      options.worker_token == options.trainer_token) {
+    return InvalidArgument(
+        "the worker, trainer and admin tokens must all be different (a role whose token is "
+        "another's would have that role's rights)");
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<OrchestratorService>> OrchestratorService::Start(DurableCore& core,
                                                                         ServiceOptions options) {
+  WEFT_RETURN_IF_ERROR(CheckTokens(options));
+  if (options.server.max_body_bytes == 0 || options.server.max_body_bytes > kMaxRequestBytes) {
+    return InvalidArgument("the orchestrator's request body limit must be 1 byte to " +
+                           std::to_string(kMaxRequestBytes) + " bytes");
+  }
   auto impl = std::make_unique<Impl>(core, std::move(options));
   Impl* raw = impl.get();
   WEFT_ASSIGN_OR_RETURN(

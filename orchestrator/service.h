@@ -22,8 +22,22 @@
 
 namespace weft::orchestrator {
 
+// Request bodies: the largest a server may be configured to take (so that every request it
+// takes fits in one journal record, even with its prompts escaped to twice their size), and the
+// default. Requests other than submissions and jobs take at most kSmallRequestBytes.
+inline constexpr uint64_t kMaxRequestBytes = uint64_t{31} << 20;
+inline constexpr uint64_t kDefaultMaxRequestBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kSmallRequestBytes = uint64_t{1} << 20;
+
+// The server options an orchestrator starts from: the defaults, with its body limit.
+inline http::ServerOptions DefaultServerOptions() {
+  http::ServerOptions options;
+  options.max_body_bytes = kDefaultMaxRequestBytes;
+  return options;
+}
+
 struct ServiceOptions {
-  http::ServerOptions server;
+  http::ServerOptions server = DefaultServerOptions();
   std::string run_id = "run";
   std::string worker_token, trainer_token, admin_token;
   std::chrono::milliseconds tick_interval{100};
@@ -31,9 +45,14 @@ struct ServiceOptions {
   uint64_t max_staleness = 0;                 // for the status page (the core enforces it)
 };
 
+// Ok when the three role tokens are all set and all different (a worker token that is also the
+// admin token would make every worker an admin); otherwise says which.
+Status CheckTokens(const ServiceOptions& options);
+
 class OrchestratorService {
  public:
-  // `core` must outlive the service.
+  // `core` must outlive the service. Refuses options that CheckTokens refuses, and a body limit
+  // outside 1 byte to kMaxRequestBytes.
   static Result<std::unique_ptr<OrchestratorService>> Start(DurableCore& core,
                                                             ServiceOptions options);
   ~OrchestratorService();

@@ -86,7 +86,7 @@ std::string OrchestratorCore::Snapshot() const {
   for (const auto& [id, c] : clusters_) {
     clusters.push_back({id, c.region, c.capacity, Optional(c.ready_version), c.max_ready_version,
                         c.draining, c.gone, c.last_heartbeat, c.completed, c.throughput,
-                        c.last_completion, c.last_request, c.last_granted});
+                        c.last_completion, c.last_request, c.last_granted, c.credential});
   }
   doc["clusters"] = std::move(clusters);
   Json buffer = Json::array();
@@ -133,6 +133,7 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
       cluster.last_completion = c.at(10).get<Micros>();
       cluster.last_request = c.at(11).get<uint64_t>();
       cluster.last_granted = c.at(12).get<std::vector<std::pair<uint64_t, uint32_t>>>();
+      if (c.size() > 13) cluster.credential = c.at(13).get<std::string>();  // older: none
     }
     for (const Json& j : doc.at("jobs")) {
       const uint64_t id = j.at(0).get<uint64_t>();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -51,8 +52,17 @@ struct RunningOrchestrator {
     auto reply =
         Raw(url + path_part, method,
             {"Authorization: Bearer " + token, "Content-Type: application/json"}, body.dump());
-    return {reply.status, nlohmann::json::parse(reply.text(), nullptr, false)};
+    nlohmann::json answer = nlohmann::json::parse(reply.text(), nullptr, false);
+    if (path_part == "/v1/clusters" && answer.contains("cluster_token"))
+      cluster_tokens[answer["cluster"]] = answer["cluster_token"];
+    return {reply.status, answer};
   }
+  // The token the last registration of `cluster` returned (for the calls that name it).
+  std::string As(const std::string& cluster) const {
+    auto found = cluster_tokens.find(cluster);
+    return found == cluster_tokens.end() ? "no-token-for-" + cluster : found->second;
+  }
+  std::map<std::string, std::string> cluster_tokens;
 };
 
 }  // namespace weft::testing

@@ -24,7 +24,7 @@ TEST_CASE("orchestrator config: the shipped example loads; values land where the
   CHECK(config->core.max_staleness == 2);
   CHECK(config->core.lease_duration == 60'000'000);
   CHECK(config->service.max_wait == std::chrono::milliseconds(30000));
-  CHECK(config->service.server.max_body_bytes == uint64_t{64} << 20);
+  CHECK(config->service.server.max_body_bytes == uint64_t{16} << 20);
   setenv("WEFT_ADMIN_TOKEN", "from-the-environment", 1);
   CHECK(LoadOrchestratorConfig(WEFT_SOURCE_DIR "/configs/orchestrator.yaml")->service.admin_token ==
         "from-the-environment");
@@ -57,6 +57,24 @@ TEST_CASE(
   CHECK(error(tokens + "  compact_after: lots\n").find("orchestrator.compact_after") !=
         std::string::npos);
   CHECK(error(tokens + "  remember_done: 0\n").find("remember_done must be at least 1") !=
+        std::string::npos);
+  // Limits that would disable the server, and role tokens that would merge roles, are refused.
+  CHECK(
+      error(tokens + "  max_request_bytes: 0\n").find("max_request_bytes must be 64KiB to 31MiB") !=
+      std::string::npos);
+  CHECK(error(tokens + "  max_request_bytes: 64MiB\n").find("max_request_bytes must be") !=
+        std::string::npos);
+  CHECK(error(tokens + "  max_in_flight: 0\n").find("max_in_flight must be at least 1") !=
+        std::string::npos);
+  CHECK(error(tokens + "  max_wait: 0s\n").find("must be positive") != std::string::npos);
+  CHECK(error(tokens + "  stall_after: 0s\n").find("must be positive") != std::string::npos);
+  CHECK(error(tokens + "  lease: -5s\n") != "ok");
+  CHECK(
+      error("  tokens: {worker: same, trainer: t, admin: same}\n")
+          .find(
+              "orchestrator.tokens: the worker, trainer and admin tokens must all be different") !=
+      std::string::npos);
+  CHECK(error("  tokens: {worker: w, trainer: w, admin: a}\n").find("must all be different") !=
         std::string::npos);
   CHECK(error(tokens + "  tls: {cert: a.pem}\n")
             .find("orchestrator.tls: both cert and key are needed") != std::string::npos);

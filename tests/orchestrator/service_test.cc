@@ -27,9 +27,9 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   REQUIRE(code == 200);
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 2}})
               .first == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
+  REQUIRE(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
   // Sync counters ride on heartbeats and show per cluster and per region.
-  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat",
+  REQUIRE(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
                  {{"ready_version", 0},
                   {"sync",
                    {{"bytes_downloaded", 1234},
@@ -37,7 +37,7 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
                     {"keyframe_pulls", 1},
                     {"max_pause_ms", 0.5}}}})
               .first == 200);
-  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat",
+  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
                {{"ready_version", 0}, {"sync", {{"pulls", -1}}}})
             .second["error"] == "heartbeat.sync.pulls is not a non-negative integer");
   {
@@ -49,13 +49,13 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   // Two clusters proving the same version with different state digests: an alert names them.
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c2"}, {"region", "us"}, {"capacity", 1}})
               .first == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters/c2/heartbeat",
+  REQUIRE(o.Post(o.As("c2"), "/v1/clusters/c2/heartbeat",
                  {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "bb"}}}})
               .first == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat",
+  REQUIRE(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
                  {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "aa"}}}})
               .first == 200);
-  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat",
+  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
                {{"ready_version", 0}, {"sync", {{"digest", "XYZ"}}}})
             .second["error"] == "heartbeat.sync.digest is not a hex digest of at most 64 digits");
   {
@@ -66,13 +66,13 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
           a.get<std::string>() == "clusters ready at version 0 serve different states: c1 aa c2 bb";
     CHECK(named);
   }
-  REQUIRE(o.Post("w-token", "/v1/clusters/c2/heartbeat",
+  REQUIRE(o.Post(o.As("c2"), "/v1/clusters/c2/heartbeat",
                  {{"ready_version", 0}, {"sync", {{"newest_version", 0}, {"digest", "aa"}}}})
               .first == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters/c2", {}, "DELETE").first == 200);
+  REQUIRE(o.Post(o.As("c2"), "/v1/clusters/c2", {}, "DELETE").first == 200);
   // A long poll for leases waits until the trainer adds jobs.
   auto waiting = std::async(std::launch::async, [&] {
-    return o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"wait_ms", 5000}});
+    return o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"max", 2}, {"wait_ms", 5000}});
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   auto added =
@@ -90,10 +90,19 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
                      {"cluster", "c1"},     {"version_start", 0},
                      {"version_end", 0},    {"segments", {{0, 0}}},
                      {"tokens", 12},        {"trajectories", {{"text", "4"}, {"reward", 1.0}}}};
-  auto [submit_code, submitted] = o.Post("w-token", "/v1/submissions", submission);
+  auto [submit_code, submitted] = o.Post(o.As("c1"), "/v1/submissions", submission);
   REQUIRE(submit_code == 200);
   CHECK(submitted["result"] == "accepted");
-  CHECK(o.Post("w-token", "/v1/submissions", submission).second["result"] == "duplicate");
+  CHECK(o.Post(o.As("c1"), "/v1/submissions", submission).second["result"] == "duplicate");
+  // Calls naming a cluster need its own token: the shared worker token, or another cluster's
+  // token, may not act for it.
+  CHECK(o.Post("w-token", "/v1/submissions", submission).first == 403);
+  CHECK(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 403);
+  CHECK(o.Post("w-token", "/v1/clusters/c1/drain", Json::object()).first == 403);
+  CHECK(o.Post("w-token", "/v1/clusters/c1", {}, "DELETE").first == 403);
+  CHECK(o.Post(o.As("c2"), "/v1/clusters/c1/leases", {{"max", 1}}).first == 401);
+  CHECK(o.Post("not-a-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 401);
+  CHECK(o.Post("a-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
   auto [batch_code, batch] = o.Post("t-token", "/v1/batches", {{"max", 8}});
   REQUIRE(batch_code == 200);
   REQUIRE(batch["trajectories"].size() == 1);
@@ -151,16 +160,16 @@ TEST_CASE("orchestrator API: a lease request repeated with its id gets the same 
   REQUIRE(o.Post("t-token", "/v1/versions", {{"version", 0}}).first == 200);
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 4}})
               .first == 200);
-  REQUIRE(o.Post("w-token", "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
+  REQUIRE(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
   REQUIRE(o.Post("t-token", "/v1/jobs",
                  {{"prompts", {{{"prompt", "a"}}, {{"prompt", "b"}}, {{"prompt", "c"}}}}})
               .first == 200);
-  auto first = o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"request", 9}});
-  auto again = o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"request", 9}});
+  auto first = o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"max", 2}, {"request", 9}});
+  auto again = o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"max", 2}, {"request", 9}});
   REQUIRE(first.first == 200);
   REQUIRE(first.second["leases"].size() == 2);
   CHECK(again.second["leases"] == first.second["leases"]);
-  CHECK(o.Post("w-token", "/v1/clusters/c1/leases", {{"max", 2}, {"request", "x"}}).first == 400);
+  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"max", 2}, {"request", "x"}}).first == 400);
   auto status = o.Post("a-token", "/v1/status", {}, "GET");
   CHECK(status.second["jobs"]["leased"] == 2);
 }
@@ -199,6 +208,41 @@ TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests"
   CHECK(huge.status == 413);
   CHECK(Raw(o.url + "/v1/nothing", "GET", {"Authorization: Bearer a-token"}).status == 404);
   CHECK(Raw(o.url + "/v1/status?x=1", "GET", {"Authorization: Bearer a-token"}).status == 400);
+  // Names: one strict rule, so nothing odd reaches a URL, a log line or /metrics.
+  for (const std::string bad : {"a\"b", "x\n# TYPE evil gauge\nevil 1", "a/b", "a b", ""}) {
+    CAPTURE(bad);
+    CHECK(o.Post("w-token", "/v1/clusters", {{"cluster", bad}, {"region", "r"}, {"capacity", 1}})
+              .first == 400);
+    CHECK(o.Post("w-token", "/v1/clusters", {{"cluster", "ok"}, {"region", bad}, {"capacity", 1}})
+              .first == 400);
+  }
+  const std::string metrics = Raw(o.url + "/metrics", "GET", {}).text();
+  CHECK(metrics.find("evil") == std::string::npos);
+  CHECK(Raw(o.url + "/metrics", "POST", {}).status == 405);
+  CHECK(Raw(o.url + "/livez", "DELETE", {}).status == 405);
+  CHECK(Raw(o.url + "/readyz", "PUT", {}).status == 405);
+  // Versions: bounded, and no cluster may claim one that was never announced.
+  CHECK(o.Post("t-token", "/v1/versions", {{"version", 9007199254740992ull}}).first == 400);
+  CHECK(o.Post("t-token", "/v1/versions", {{"version", 18446744073709551615ull}}).first == 400);
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "v"}, {"region", "r"}, {"capacity", 1}})
+              .first == 200);
+  auto claim = o.Post(o.As("v"), "/v1/clusters/v/heartbeat", {{"ready_version", 2}});
+  CHECK(claim.first == 400);
+  CHECK(claim.second["error"].get<std::string>().find("never announced") != std::string::npos);
+  // Repeated keys and deep nesting are refused, and cost nothing to refuse.
+  auto repeated = Raw(o.url + "/v1/versions", "POST", {"Authorization: Bearer t-token"},
+                      R"({"version": 1, "version": 5})");
+  CHECK(repeated.status == 400);
+  CHECK(repeated.text().find("a key repeated") != std::string::npos);
+  auto deep = Raw(o.url + "/v1/submissions", "POST", {"Authorization: Bearer w-token"},
+                  std::string(500000, '['));
+  CHECK(deep.status == 400);
+  CHECK(deep.text().find("nested more than 64 deep") != std::string::npos);
+  // Bodies of the small endpoints are refused above a megabyte, before they are parsed.
+  auto big_heartbeat =
+      Raw(o.url + "/v1/clusters/v/heartbeat", "POST", {"Authorization: Bearer " + o.As("v")},
+          "{\"ready_version\": null" + std::string(1 << 20, ' ') + "}");
+  CHECK(big_heartbeat.status == 413);
   CHECK(o.core->Inspect([](const OrchestratorCore& c) { return c.latest_version(); }) ==
         std::optional<uint64_t>(1));
 }
@@ -213,22 +257,22 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
     REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", id}, {"region", "us"}, {"capacity", 1}})
                 .first == 200);
     REQUIRE(
-        o.Post("w-token", std::string("/v1/clusters/") + id + "/heartbeat", {{"ready_version", 3}})
+        o.Post(o.As(id), std::string("/v1/clusters/") + id + "/heartbeat", {{"ready_version", 3}})
             .first == 200);
   }
   REQUIRE(o.Post("t-token", "/v1/jobs", {{"prompts", {{{"prompt", "p"}}}}}).first == 200);
-  auto first = o.Post("w-token", "/v1/clusters/gone/leases", {{"max", 1}});
+  auto first = o.Post(o.As("gone"), "/v1/clusters/gone/leases", {{"max", 1}});
   REQUIRE(first.second["leases"].size() == 1);
   // "gone" never heartbeats again; "alive" keeps heartbeating and long-polls until the lease is
   // free.
   std::atomic<bool> done{false};
   std::thread heart([&] {
     while (!done) {
-      o.Post("w-token", "/v1/clusters/alive/heartbeat", {{"ready_version", 3}});
+      o.Post(o.As("alive"), "/v1/clusters/alive/heartbeat", {{"ready_version", 3}});
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
-  auto second = o.Post("w-token", "/v1/clusters/alive/leases", {{"max", 1}, {"wait_ms", 5000}});
+  auto second = o.Post(o.As("alive"), "/v1/clusters/alive/leases", {{"max", 1}, {"wait_ms", 5000}});
   done = true;
   heart.join();
   REQUIRE(second.first == 200);
@@ -249,8 +293,9 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
                 {"tokens", 5},
                 {"trajectories", {"late"}}};
   };
-  CHECK(o.Post("w-token", "/v1/submissions", submission("gone", 1)).second["result"] == "accepted");
-  auto loser = o.Post("w-token", "/v1/submissions", submission("alive", 2));
+  CHECK(o.Post(o.As("gone"), "/v1/submissions", submission("gone", 1)).second["result"] ==
+        "accepted");
+  auto loser = o.Post(o.As("alive"), "/v1/submissions", submission("alive", 2));
   CHECK(loser.first == 409);
   CHECK(loser.second["error"].get<std::string>().find("already completed by attempt 1") !=
         std::string::npos);
@@ -259,7 +304,17 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
   status = Json::parse(Raw(o.url + "/v1/status", "GET", {"Authorization: Bearer a-token"}).text());
   CHECK(status["clusters"][1]["id"] == "gone");
   CHECK(status["clusters"][1]["state"] == "gone");
-  CHECK(o.Post("w-token", "/v1/clusters/gone/leases", {{"max", 1}}).first == 404);
+  CHECK(o.Post(o.As("gone"), "/v1/clusters/gone/leases", {{"max", 1}}).first == 404);
+  // Nor may it heartbeat or drain its way back: it registers again, with a new token.
+  CHECK(o.Post(o.As("gone"), "/v1/clusters/gone/heartbeat", {{"ready_version", 3}}).first == 404);
+  CHECK(o.Post(o.As("gone"), "/v1/clusters/gone/drain", Json::object()).first == 404);
+  const std::string old_token = o.As("gone");
+  REQUIRE(
+      o.Post("w-token", "/v1/clusters", {{"cluster", "gone"}, {"region", "us"}, {"capacity", 1}})
+          .first == 200);
+  CHECK(o.As("gone") != old_token);
+  CHECK(o.Post(old_token, "/v1/clusters/gone/heartbeat", {{"ready_version", 3}}).first == 401);
+  CHECK(o.Post(o.As("gone"), "/v1/clusters/gone/heartbeat", {{"ready_version", 3}}).first == 200);
 }
 
 TEST_CASE(
