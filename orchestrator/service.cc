@@ -81,7 +81,7 @@ Result<std::string> NewClusterToken() {
 }
 
 // The bearer token of the request ("" without one).
-std::string_view BearerOf(const Request& request) {
+std::string_view BearerOf(const http::RequestHeader& request) {
   const auto field = request[bhttp::field::authorization];
   const std::string_view header(field.data(), field.size());
   return header.starts_with("Bearer ") ? header.substr(7) : std::string_view();
@@ -103,7 +103,7 @@ Micros WallMicros() {
 struct OrchestratorService::Impl {
   Impl(DurableCore& core, ServiceOptions options) : core(core), options(std::move(options)) {}
 
-  Role RoleOf(const Request& request) const {
+  Role RoleOf(const http::RequestHeader& request) const {
     if (http::BearerMatches(request, options.admin_token)) return Role::kAdmin;
     if (http::BearerMatches(request, options.worker_token)) return Role::kWorker;
     if (http::BearerMatches(request, options.trainer_token)) return Role::kTrainer;
@@ -111,6 +111,10 @@ struct OrchestratorService::Impl {
   }
 
   void Handle(Request request, Responder respond);
+  // What can be decided from a request's header, before its body is read: the method of the
+  // probes, a token (a role's, or any bearer where a cluster's own token may serve), the body
+  // limit (small but for submissions and jobs).
+  std::optional<Response> Admit(const http::RequestHeader& header, uint64_t* body_limit) const;
   // Whether the request may act for `cluster` (nullopt) or the refusal: the admin token may, the
   // token the cluster's registration handed out may, and so may the worker token for a cluster
   // registered without one (by an older orchestrator) or not registered at all (the core then
@@ -239,6 +243,31 @@ void OrchestratorService::Impl::Poll() {
   waiters.clear();
 }
 
+std::optional<Response> OrchestratorService::Impl::Admit(const http::RequestHeader& header,
+                                                         uint64_t* body_limit) const {
+  const std::string_view target(header.target().data(), header.target().size());
+  if (target == "/livez" || target == "/readyz" || target == "/metrics") {
+    if (header.method() == bhttp::verb::get || header.method() == bhttp::verb::head)
+      return std::nullopt;
+    Response refused = http::ErrorResponse(header, bhttp::status::method_not_allowed,
+                                           std::string(target) + " takes GET (or HEAD)");
+    refused.set(bhttp::field::allow, "GET, HEAD");
+    return refused;
+  }
+  // A cluster's own token is no role token: it is checked once the call's cluster is known.
+  const bool names_cluster = target.starts_with("/v1/clusters/") || target == "/v1/submissions";
+  if (RoleOf(header) == Role::kNone && !(names_cluster && !BearerOf(header).empty())) {
+    return http::ErrorResponse(
+        header, bhttp::status::unauthorized,
+        "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
+  }
+  // Only submissions and jobs may be large; the rest are small by nature, and a large body would
+  // only cost memory to parse.
+  if (target != "/v1/submissions" && target != "/v1/jobs")
+    *body_limit = std::min(*body_limit, kSmallRequestBytes);
+  return std::nullopt;
+}
+
 void OrchestratorService::Impl::Handle(Request request, Responder respond) {
   const Role role = RoleOf(request);
   Response response = Route(request, role, &respond);
@@ -273,13 +302,6 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
   auto ok = [&](const Json& body) { return http::JsonResponse(request, bhttp::status::ok, body); };
   if (target.find_first_of("?%#") != std::string::npos)
     return error(InvalidArgument("query strings and escapes are not supported"));
-  if ((target == "/livez" || target == "/readyz" || target == "/metrics") &&
-      method != bhttp::verb::get && method != bhttp::verb::head) {
-    Response refused = http::ErrorResponse(request, bhttp::status::method_not_allowed,
-                                           target + " takes GET (or HEAD)");
-    refused.set(bhttp::field::allow, "GET, HEAD");
-    return refused;
-  }
   if (target == "/livez") return ok(Json{{"ok", true}});
   if (target == "/readyz")
     return ok(Json{{"ready", true}, {"events_replayed", core.events_replayed()}});
@@ -292,13 +314,6 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     return response;
   }
   const std::string clusters = "/v1/clusters";
-  // A cluster's own token is no role token: it is checked where a call names its cluster.
-  const bool names_cluster = target.rfind(clusters + "/", 0) == 0 || target == "/v1/submissions";
-  if (role == Role::kNone && !(names_cluster && !BearerOf(request).empty())) {
-    return http::ErrorResponse(
-        request, bhttp::status::unauthorized,
-        "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
-  }
   auto needs = [&](Role wanted) -> std::optional<Response> {
     if (role == wanted || role == Role::kAdmin) return std::nullopt;
     return http::ErrorResponse(request, bhttp::status::forbidden,
@@ -313,13 +328,6 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
   }
   const Micros now = WallMicros();
   const std::string_view body = BodyText(request);
-  // Only submissions and jobs may be large; the rest are small by nature, and a large body would
-  // only cost memory to parse.
-  if (body.size() > kSmallRequestBytes && target != "/v1/submissions" && target != "/v1/jobs") {
-    return http::ErrorResponse(
-        request, bhttp::status::payload_too_large,
-        target + " takes at most " + std::to_string(kSmallRequestBytes) + " bytes");
-  }
   auto answer = [&](const std::string& text) {
     return http::JsonTextResponse(request, bhttp::status::ok, text);
   };
@@ -637,11 +645,15 @@ Result<std::unique_ptr<OrchestratorService>> OrchestratorService::Start(DurableC
   }
   auto impl = std::make_unique<Impl>(core, std::move(options));
   Impl* raw = impl.get();
-  WEFT_ASSIGN_OR_RETURN(
-      impl->server,
-      http::HttpServer::Start(impl->options.server, [raw](Request request, Responder respond) {
-        raw->Handle(std::move(request), std::move(respond));
-      }));
+  WEFT_ASSIGN_OR_RETURN(impl->server,
+                        http::HttpServer::Start(
+                            impl->options.server,
+                            [raw](Request request, Responder respond) {
+                              raw->Handle(std::move(request), std::move(respond));
+                            },
+                            [raw](const http::RequestHeader& header, uint64_t* body_limit) {
+                              return raw->Admit(header, body_limit);
+                            }));
   impl->poller = std::thread([raw] { raw->Poll(); });
   return std::unique_ptr<OrchestratorService>(new OrchestratorService(std::move(impl)));
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/http_server.h"
+#include "common/json_fields.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
@@ -330,10 +331,13 @@ Response GetObject(const Shared& shared, const Request& request, const std::stri
 }
 
 Response CompareAndSwap(const Shared& shared, const Request& request, const std::string& key) {
-  Json body = Json::parse(request.body().begin(), request.body().end(), nullptr, false);
-  if (body.is_discarded() || !body.is_object() || !body.contains("desired") ||
-      !body["desired"].is_string() || !body.contains("expected") ||
-      !(body["expected"].is_null() || body["expected"].is_string()) || body.size() != 2) {
+  Result<Json> parsed = ParseStrict(
+      {reinterpret_cast<const char*>(request.body().data()), request.body().size()}, "the body");
+  if (!parsed.ok()) return ErrorResponse(request, parsed.status());
+  Json body = std::move(parsed).value();
+  if (!body.is_object() || !body.contains("desired") || !body["desired"].is_string() ||
+      !body.contains("expected") || !(body["expected"].is_null() || body["expected"].is_string()) ||
+      body.size() != 2) {
     return ErrorResponse(
         request, http::status::bad_request,
         "expected a JSON object {\"expected\": string or null, \"desired\": string}");
