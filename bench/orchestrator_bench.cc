@@ -1,15 +1,21 @@
-// Load on the orchestrator over loopback: N simulated workers (default 1000), each a cluster of
-// capacity 1 on its own keep-alive connection, register, prove a version and then loop: long-poll
-// for a lease, "generate" for --generate-ms (default 150), submit a 4 KiB trajectory, long-poll
-// again. A trainer thread keeps jobs queued and
-// takes batches. Printed: leases and journaled submissions per second, and p50/p99 latency of
-// lease requests that got a lease and of submissions; next to baselines measured in the same run:
-// sequential journal appends (one fdatasync each) and a no-op request (/livez) on the same client.
+// Load on the orchestrator over loopback. The orchestrator is the real `weft orchestrator`, in a
+// process of its own; this program is the load: N simulated workers (default 1000), each a
+// cluster of capacity 1 on its own keep-alive connection, register, prove a version and then loop:
+// long-poll for a lease, "generate" for --generate-ms (default 150), submit a 4 KiB trajectory,
+// long-poll again. A trainer thread keeps jobs queued and takes batches. Printed: leases and
+// journaled submissions per second, p50/p99 latency of lease requests that got a lease and of
+// submissions, and the orchestrator process's CPU time per submission; next to baselines measured
+// in the same run: sequential journal appends (one fdatasync each) and a no-op request (/livez).
 //
-// Usage: orchestrator_bench [--workers N] [--seconds S] [--generate-ms G]
-//                           [--compact-after BYTES] [--quick]
-// (--compact-after: journal bytes between snapshots, default 64 MiB as in the configuration)
+// Usage: orchestrator_bench [--workers N] [--seconds S] [--generate-ms G] [--threads T]
+//                           [--compact-after BYTES] [--weft PATH] [--quick]
+// (--compact-after: journal bytes between snapshots, default 64 MiB as in the configuration;
+// --threads: the orchestrator's server threads, default 8 as in the configuration; --weft: the
+// weft binary to run, default the one built with this program. A cluster token from registration
+// is used when the orchestrator hands one out, else the worker token.)
 #include <curl/curl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 // Before Boost.Asio: Boost 1.74 uses std::exchange without including it.
@@ -22,12 +28,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
-#include "orchestrator/durable_core.h"
-#include "orchestrator/service.h"
+#include "orchestrator/journal.h"
 
 namespace {
 
@@ -39,6 +46,61 @@ using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 using namespace weft;
 using namespace weft::orchestrator;
+
+// The orchestrator process: `weft orchestrator --config` on a port of its own choosing.
+struct Server {
+  pid_t pid = -1;
+  uint16_t port = 0;
+
+  bool Start(const std::string& weft, const std::string& config) {
+    int out[2];
+    if (pipe(out) != 0) return false;
+    pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      close(out[1]);
+      execl(weft.c_str(), weft.c_str(), "orchestrator", "--config", config.c_str(), nullptr);
+      _exit(127);
+    }
+    close(out[1]);
+    // The first line says where it listens: "... on http://127.0.0.1:PORT (journal ...".
+    std::string line;
+    char c = 0;
+    while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
+    close(out[0]);
+    const size_t at = line.find("http://127.0.0.1:");
+    if (at == std::string::npos) {
+      std::fprintf(stderr, "the orchestrator did not start: %s\n", line.c_str());
+      return false;
+    }
+    port = static_cast<uint16_t>(std::atoi(line.c_str() + at + 17));
+    return port != 0;
+  }
+  // CPU seconds (user + system) the process has used so far.
+  double CpuSeconds() const {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) return 0;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string field;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  void Stop() {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+  }
+};
 
 struct Latencies {
   std::mutex mutex;
@@ -81,7 +143,9 @@ class Worker : public std::enable_shared_from_this<Worker> {
                  Json{{"cluster", self->id_},
                       {"region", "r" + std::to_string(self->id_.size() % 3)},
                       {"capacity", 1}},
-                 [self](const Json&) {
+                 [self](const Json& registered) {
+                   if (registered.contains("cluster_token"))
+                     self->token_ = registered["cluster_token"].get<std::string>();
                    self->Send("/v1/clusters/" + self->id_ + "/heartbeat",
                               Json{{"ready_version", 0}}, [self](const Json&) { self->Lease(); });
                  });
@@ -130,7 +194,7 @@ class Worker : public std::enable_shared_from_this<Worker> {
     request_.version(11);
     request_.keep_alive(true);
     request_.set(bhttp::field::host, "127.0.0.1");
-    request_.set(bhttp::field::authorization, "Bearer worker");
+    request_.set(bhttp::field::authorization, "Bearer " + token_);
     request_.body() = body.dump();
     request_.prepare_payload();
     bhttp::async_write(stream_, request_,
@@ -165,6 +229,7 @@ class Worker : public std::enable_shared_from_this<Worker> {
   asio::steady_timer timer_;
   tcp::endpoint endpoint_;
   std::string id_;
+  std::string token_ = "worker";  // the cluster's own token once registered
   std::chrono::milliseconds generate_;
   Latencies& latencies_;
   const std::atomic<bool>& measuring_;
@@ -182,15 +247,20 @@ size_t Collect(char* data, size_t size, size_t count, void* user) {
   return size * count;
 }
 
-// A blocking JSON POST for the trainer thread.
-Json Post(CURL* curl, const std::string& url, const Json& body) {
+// A blocking JSON request for the trainer thread (POST with a body, GET without).
+Json Post(CURL* curl, const std::string& url, const Json& body,
+          const std::string& token = "trainer") {
   std::string out;
   const std::string text = body.dump();
-  curl_slist* headers = curl_slist_append(nullptr, "Authorization: Bearer trainer");
+  curl_slist* headers = curl_slist_append(nullptr, ("Authorization: Bearer " + token).c_str());
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
   curl_easy_setopt(curl, CURLOPT_PROXY, "");
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text.c_str());
+  if (body.is_null()) {
+    curl_easy_setopt(curl, CURLOPT_HTTPGET, 1L);
+  } else {
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text.c_str());
+  }
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Collect);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &out);
   curl_easy_perform(curl);
@@ -204,6 +274,8 @@ int main(int argc, char** argv) {
   int workers = 1000;
   double seconds = 10;
   int generate_ms = 150;
+  int threads = 8;
+  std::string weft = WEFT_BINARY;
   uint64_t compact_after = uint64_t{64} << 20;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -218,10 +290,14 @@ int main(int argc, char** argv) {
       compact_after = std::strtoull(argv[++i], nullptr, 10);
     } else if (arg == "--generate-ms" && i + 1 < argc) {
       generate_ms = std::atoi(argv[++i]);
+    } else if (arg == "--threads" && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else if (arg == "--weft" && i + 1 < argc) {
+      weft = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--workers N] [--seconds S] [--generate-ms G] [--compact-after "
-                   "BYTES] [--quick]\n",
+                   "usage: %s [--workers N] [--seconds S] [--generate-ms G] [--threads T] "
+                   "[--compact-after BYTES] [--weft PATH] [--quick]\n",
                    argv[0]);
       return 2;
     }
@@ -237,7 +313,7 @@ int main(int argc, char** argv) {
     auto journal = std::move(Journal::Open(dir + "/baseline.journal", [](std::string_view) {
                      return Status::Ok();
                    })).value();
-    const std::string record(4200, 'j');
+    const std::string record = "{" + std::string(4200, 'j') + "}";
     const auto start = Clock::now();
     int appended = 0;
     while (std::chrono::duration<double>(Clock::now() - start).count() < 1.0) {
@@ -247,29 +323,27 @@ int main(int argc, char** argv) {
     journal_per_second = appended / std::chrono::duration<double>(Clock::now() - start).count();
   }
 
-  CoreConfig config;
-  config.max_staleness = 2;
-  config.max_in_flight = 1'000'000;
-  config.lease_duration = 60'000'000;
-  config.cluster_timeout = 60'000'000;
-  DurableCore::Options durable;
-  durable.compact_after_bytes = compact_after;
-  auto core = std::move(DurableCore::Open(dir + "/orchestrator.journal", config, durable)).value();
-  ServiceOptions options;
-  options.worker_token = "worker";
-  options.trainer_token = "trainer";
-  options.admin_token = "admin";
-  options.server.threads = 32;
-  auto service = std::move(OrchestratorService::Start(*core, options)).value();
-  const std::string url = "http://127.0.0.1:" + std::to_string(service->port());
-  if (!core->AnnounceVersion(WallMicros(), 0).ok()) return 1;
+  const std::string config = dir + "/orchestrator.yaml";
+  std::ofstream(config) << "orchestrator:\n  listen: 127.0.0.1:0\n  journal: " << dir
+                        << "/orchestrator.journal\n  max_staleness: 2\n  max_in_flight: 1000000\n"
+                        << "  lease: 60s\n  cluster_timeout: 60s\n  threads: " << threads
+                        << "\n  compact_after: " << compact_after
+                        << "\n  tokens: {worker: worker, trainer: trainer, admin: admin}\n";
+  Server server;
+  if (!server.Start(weft, config)) return 1;
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port);
+  {
+    CURL* curl = curl_easy_init();
+    Post(curl, url + "/v1/versions", {{"version", 0}});
+    curl_easy_cleanup(curl);
+  }
 
   // Baseline 2: a no-op request (/livez) on the client the workers use, before the load.
   Latencies latencies;
   {
     asio::io_context context;
     tcp::socket socket(context);
-    socket.connect({asio::ip::make_address("127.0.0.1"), service->port()});
+    socket.connect({asio::ip::make_address("127.0.0.1"), server.port});
     beast::flat_buffer buffer;
     for (int i = 0; i < 2000; ++i) {
       bhttp::request<bhttp::empty_body> request(bhttp::verb::get, "/livez", 11);
@@ -284,29 +358,33 @@ int main(int argc, char** argv) {
 
   std::atomic<bool> measuring{false}, stopping{false};
   std::atomic<uint64_t> leases{0}, submissions{0};
-  // The trainer: keeps jobs queued (at least 8 per worker) and drains the buffer.
+  // The trainer: keeps jobs open (at least 8 per worker: added and not yet delivered back in a
+  // batch) and drains the buffer.
   std::thread trainer([&] {
     CURL* curl = curl_easy_init();
     uint64_t ack = 0;  // the last batch received, acknowledged with the next request
+    uint64_t added = 0, delivered = 0;
     while (!stopping) {
-      const size_t queued =
-          core->Inspect([](const OrchestratorCore& c) { return c.queued_jobs(); });
-      if (queued < static_cast<size_t>(8 * workers)) {
+      if (added - delivered < static_cast<uint64_t>(8 * workers)) {
         Json prompts = Json::array();
         for (int i = 0; i < 2000; ++i) prompts.push_back({{"prompt", "p"}});
         Post(curl, url + "/v1/jobs", {{"prompts", prompts}});
+        added += 2000;
       }
       Json batch = Post(curl, url + "/v1/batches",
                         {{"max", 1000}, {"ack", ack ? Json(ack) : Json(nullptr)}});
       if (batch.is_object() && batch.contains("batch") && batch["batch"].is_number_unsigned() &&
-          batch["batch"].get<uint64_t>() > 0) {
+          batch["batch"].get<uint64_t>() > 0 && batch["batch"].get<uint64_t>() != ack) {
         ack = batch["batch"].get<uint64_t>();
+        delivered += batch["trajectories"].size();
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     }
     curl_easy_cleanup(curl);
   });
   asio::io_context context;
-  const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), service->port());
+  const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), server.port);
   std::vector<std::shared_ptr<Worker>> simulated;
   for (int i = 0; i < workers; ++i) {
     simulated.push_back(std::make_shared<Worker>(context, endpoint, i,
@@ -316,19 +394,31 @@ int main(int argc, char** argv) {
   }
   std::thread client([&] { context.run(); });
   std::this_thread::sleep_for(std::chrono::seconds(1));  // connect, register, warm up
+  const double cpu_before = server.CpuSeconds();
   measuring = true;
   const auto start = Clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   measuring = false;
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  const double cpu = server.CpuSeconds() - cpu_before;
+  const uint64_t measured_submissions = submissions;
   stopping = true;
   trainer.join();
-  service->Stop();
+  Json journal;
+  {
+    CURL* curl = curl_easy_init();
+    journal = Post(curl, url + "/v1/status", Json(), "admin")["journal"];
+    curl_easy_cleanup(curl);
+  }
+  server.Stop();
   context.stop();
   client.join();
   const size_t failed =
       std::count_if(simulated.begin(), simulated.end(), [](const auto& w) { return w->failed(); });
-  const uint64_t syncs = core->journal().syncs(), records = core->journal().records();
+  auto count = [&](const char* field) {
+    return journal.is_object() && journal[field].is_number() ? journal[field].get<uint64_t>() : 0;
+  };
+  const uint64_t syncs = count("syncs"), records = count("records");
 
   std::printf(
       "\nOrchestrator under load over loopback: %d workers (capacity 1 each, long-polling, %d ms "
@@ -345,8 +435,13 @@ int main(int argc, char** argv) {
               journal_per_second, "-", "-");
   std::printf("  %-44s %10s %10.3f %10.3f\n", "baseline: no-op request (/livez), idle", "-",
               Percentile(latencies.noop_ms, 0.5), Percentile(latencies.noop_ms, 0.99));
+  std::printf(
+      "  orchestrator process: %.2f CPU s in %.1f s (%.0f%% of a core), %.0f us per submission "
+      "(its lease and submit requests, wake-ups, batches; %d server threads)\n",
+      cpu, elapsed, 100 * cpu / elapsed,
+      measured_submissions ? 1e6 * cpu / static_cast<double>(measured_submissions) : 0.0, threads);
   std::printf("  journal: %llu compactions (every %llu bytes)\n",
-              static_cast<unsigned long long>(core->compactions()),
+              static_cast<unsigned long long>(count("compactions")),
               static_cast<unsigned long long>(compact_after));
   std::printf("  journal: %llu records in %llu syncs (%.1f per sync); %zu workers failed\n",
               static_cast<unsigned long long>(records), static_cast<unsigned long long>(syncs),
