@@ -65,6 +65,9 @@ std::string OrchestratorClient::TokenFor(const std::string& cluster) {
 
 Status OrchestratorClient::Register(const std::string& cluster, const std::string& region,
                                     uint32_t capacity) {
+  // One registration at a time: each hands out a new token, and the token kept must be the one
+  // the orchestrator saw last (two threads registering at once could otherwise keep the other's).
+  std::lock_guard<std::mutex> registering(register_mutex_);
   Result<std::string> answer = Call(
       "POST", "/v1/clusters", wire::Encode(wire::Registration{cluster, region, capacity}), true);
   WEFT_RETURN_IF_ERROR(Acknowledged(answer, "registering " + cluster));

@@ -71,6 +71,7 @@ class OrchestratorClient {
   std::string TokenFor(const std::string& cluster);
 
   std::string token_;
+  std::mutex register_mutex_;  // held through a registration
   std::mutex tokens_mutex_;
   std::map<std::string, std::string> cluster_tokens_;  // from registrations
   HttpClient client_;
