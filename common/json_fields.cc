@@ -14,6 +14,33 @@ Result<nlohmann::json> ParseStrict(std::string_view text, const std::string& wha
   return parsed;
 }
 
+Result<nlohmann::json> ParseStrictObject(std::string_view text, const std::string& what,
+                                         std::string_view opaque,
+                                         std::optional<std::string_view>* opaque_text) {
+  std::vector<json_text::TopMember> members;
+  const std::string fault = json_text::Validate(text, 64, &members);
+  if (!fault.empty()) return InvalidArgument(what + " is not valid JSON: " + fault);
+  const size_t start = json_text::SkipSpace(text, text.starts_with("\xEF\xBB\xBF") ? 3 : 0);
+  if (text[start] != '{') return InvalidArgument(what + " is not a JSON object");
+  // The other members, as the text of an object of their own (small), parsed into the tree.
+  opaque_text->reset();
+  std::string rest = "{";
+  for (const json_text::TopMember& member : members) {
+    if (member.key == opaque) {
+      *opaque_text = member.value;
+      continue;
+    }
+    if (rest.size() > 1) rest += ',';
+    rest += nlohmann::json(member.key).dump();
+    rest += ':';
+    rest += member.value;
+  }
+  rest += '}';
+  nlohmann::json parsed = nlohmann::json::parse(rest, nullptr, false);
+  if (parsed.is_discarded()) return InvalidArgument(what + " is not valid JSON");
+  return parsed;
+}
+
 Status CheckFields(const nlohmann::json& object, const std::string& where,
                    const std::set<std::string>& required, const std::set<std::string>& optional) {
   if (!object.is_object()) return InvalidArgument(where + " is not an object");

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -17,6 +18,13 @@ namespace weft {
 // offset of the fault otherwise. `callback` is the parser's (it can leave members out of the tree).
 Result<nlohmann::json> ParseStrict(std::string_view text, const std::string& what,
                                    const nlohmann::json::parser_callback_t& callback = nullptr);
+
+// The same for a JSON object whose member `opaque` (a large payload) is checked but kept out of
+// the tree: `*opaque_text` receives its value's text (nullopt when there is none), and only the
+// other members are parsed. One pass over the text checks it and finds the members.
+Result<nlohmann::json> ParseStrictObject(std::string_view text, const std::string& what,
+                                         std::string_view opaque,
+                                         std::optional<std::string_view>* opaque_text);
 
 // `object` must be an object with every `required` field and no field outside required/optional.
 Status CheckFields(const nlohmann::json& object, const std::string& where,

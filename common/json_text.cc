@@ -92,7 +92,8 @@ class Validator {
  public:
   static constexpr size_t kMaxMembers = 10000;
 
-  Validator(std::string_view text, size_t max_depth) : text_(text), max_depth_(max_depth) {}
+  Validator(std::string_view text, size_t max_depth, std::vector<TopMember>* members)
+      : text_(text), max_depth_(max_depth), members_(members) {}
 
   std::string Run() {
     if (text_.starts_with("\xEF\xBB\xBF")) pos_ = 3;
@@ -127,6 +128,8 @@ class Validator {
       pos_ = SkipSpace(text_, pos_);
       if (pos_ >= text_.size()) return Fail("the text ends where a value should be");
       const char c = text_[pos_];
+      const bool top_member = stack.size() == 1 && stack[0].object;
+      if (top_member) member_begin_ = pos_;
       bool opened = false;
       if (c == '{' || c == '[') {
         if (stack.size() >= max_depth_)
@@ -139,7 +142,7 @@ class Validator {
           ++pos_;
           stack.pop_back();
           opened = false;
-        } else if (c == '{' && !Key(&stack.back())) {
+        } else if (c == '{' && !Key(&stack.back(), stack.size() == 1)) {
           return false;
         }
       } else if (c == '"') {
@@ -150,18 +153,20 @@ class Validator {
         return Fail("not a JSON value");
       }
       if (opened) continue;  // its first element or member value is next
+      if (top_member) EndMember();
       // The value is complete: close what ends here, then move to the next element or member.
       while (true) {
         if (stack.empty()) return true;
         Frame& frame = stack.back();
         if (At(',')) {
           ++pos_;
-          if (frame.object && !Key(&frame)) return false;
+          if (frame.object && !Key(&frame, stack.size() == 1)) return false;
           break;
         }
         if (At(frame.object ? '}' : ']')) {
           ++pos_;
           stack.pop_back();
+          if (stack.size() == 1 && stack[0].object) EndMember();  // a top member's value closed
           continue;
         }
         return Fail(frame.object ? "expected ',' or '}' in an object"
@@ -170,8 +175,14 @@ class Validator {
     }
   }
 
-  // A member's key and its colon; the key must be new in `frame`.
-  bool Key(Frame* frame) {
+  // The value of a member of the top object ends at pos_.
+  void EndMember() {
+    if (members_ != nullptr)
+      members_->push_back({std::move(key_), text_.substr(member_begin_, pos_ - member_begin_)});
+  }
+
+  // A member's key and its colon; the key must be new in `frame` (the top object when `top`).
+  bool Key(Frame* frame, bool top) {
     if (!At('"')) return Fail("expected a string key");
     const size_t begin = pos_;
     std::string decoded;
@@ -185,6 +196,7 @@ class Validator {
       pos_ = begin;
       return Fail("a key repeated in one object: " + std::string(text_.substr(begin, 64)));
     }
+    if (top && members_ != nullptr) key_ = std::string(key);
     if (!At(':')) return Fail("expected ':' after a key");
     ++pos_;
     return true;
@@ -292,14 +304,18 @@ class Validator {
 
   std::string_view text_;
   size_t max_depth_;
+  std::vector<TopMember>* members_;
   size_t pos_ = 0;
+  size_t member_begin_ = 0;  // where the value of the current top member starts
+  std::string key_;          // the current top member's key
   std::string error_;
 };
 
 }  // namespace
 
-std::string Validate(std::string_view text, size_t max_depth) {
-  return Validator(text, max_depth).Run();
+std::string Validate(std::string_view text, size_t max_depth, std::vector<TopMember>* members) {
+  if (members != nullptr) members->clear();
+  return Validator(text, max_depth, members).Run();
 }
 
 size_t SkipSpace(std::string_view text, size_t pos) {

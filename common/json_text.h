@@ -21,7 +21,14 @@ namespace weft::json_text {
 // what is wrong and at which byte offset ("byte 17: a key repeated: \"cluster\""). It builds
 // nothing: its memory is the nesting stack and the keys of the objects open at the moment, so it
 // can run before a parser that builds a tree, on text from anyone.
-std::string Validate(std::string_view text, size_t max_depth = 64);
+// With `members`, the members of the top value when it is an object: each key (decoded) and the
+// text of its value, in order, collected in the same pass.
+struct TopMember {
+  std::string key;
+  std::string_view value;
+};
+std::string Validate(std::string_view text, size_t max_depth = 64,
+                     std::vector<TopMember>* members = nullptr);
 
 // The first position at or after `pos` that is not JSON white space.
 size_t SkipSpace(std::string_view text, size_t pos);

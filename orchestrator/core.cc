@@ -34,6 +34,7 @@ Status OrchestratorCore::Register(Micros now, const std::string& cluster, const 
     return InvalidArgument("cluster " + cluster + ": capacity must be 1 to 1000000");
   Cluster& c = clusters_[cluster];
   c.region = region;
+  capacity_sum_ = capacity_sum_ - c.capacity + capacity;
   c.capacity = capacity;
   c.draining = false;
   c.gone = false;
@@ -134,41 +135,46 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
   uint64_t grant = std::min<uint64_t>(
       {max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue_.size(),
        config_.max_in_flight - std::min(config_.max_in_flight, in_flight)});
-  // When there are fewer queued jobs than free slots, share them by free slots, counting clusters
-  // at the latest version twice (they waste nothing when the bound moves on) and weighing each by
-  // its recent throughput against the others' (4 at the mean, from 1 to 8): work goes where it
-  // will be done soonest.
-  auto eligible = [&](const Cluster& x) {
-    return !x.gone && !x.draining && x.ready_version && *x.ready_version >= admissible_version();
-  };
-  double throughput_sum = 0;
-  int measured = 0;
-  for (const auto& [id, other] : clusters_) {
-    if (eligible(other) && other.throughput > 0) {
-      throughput_sum += other.throughput;
-      ++measured;
+  // Sharing matters only when fewer jobs are queued than there are free slots. With at least as
+  // many queued as all clusters' capacity together it cannot, and the walks over every cluster
+  // (a thousand clusters asking at once would make them quadratic) are skipped.
+  if (queue_.size() < capacity_sum_) {
+    // When there are fewer queued jobs than free slots, share them by free slots, counting clusters
+    // at the latest version twice (they waste nothing when the bound moves on) and weighing each by
+    // its recent throughput against the others' (4 at the mean, from 1 to 8): work goes where it
+    // will be done soonest.
+    auto eligible = [&](const Cluster& x) {
+      return !x.gone && !x.draining && x.ready_version && *x.ready_version >= admissible_version();
+    };
+    double throughput_sum = 0;
+    int measured = 0;
+    for (const auto& [id, other] : clusters_) {
+      if (eligible(other) && other.throughput > 0) {
+        throughput_sum += other.throughput;
+        ++measured;
+      }
     }
-  }
-  const double mean_throughput = measured > 0 ? throughput_sum / measured : 0;
-  uint64_t total_weight = 0;
-  auto weight = [&](const Cluster& x) -> uint64_t {
-    if (!eligible(x)) return 0;
-    const uint64_t free = x.capacity - std::min<uint64_t>(x.capacity, x.jobs.size());
-    uint64_t speed = 4;
-    if (mean_throughput > 0 && x.throughput > 0) {
-      speed = static_cast<uint64_t>(
-          std::clamp(std::llround(4 * x.throughput / mean_throughput), 1LL, 8LL));
+    const double mean_throughput = measured > 0 ? throughput_sum / measured : 0;
+    uint64_t total_weight = 0;
+    auto weight = [&](const Cluster& x) -> uint64_t {
+      if (!eligible(x)) return 0;
+      const uint64_t free = x.capacity - std::min<uint64_t>(x.capacity, x.jobs.size());
+      uint64_t speed = 4;
+      if (mean_throughput > 0 && x.throughput > 0) {
+        speed = static_cast<uint64_t>(
+            std::clamp(std::llround(4 * x.throughput / mean_throughput), 1LL, 8LL));
+      }
+      return free * (*x.ready_version >= *latest_ ? 2 : 1) * speed;
+    };
+    uint64_t total_free = 0;
+    for (const auto& [id, other] : clusters_) {
+      total_weight += weight(other);
+      total_free += other.capacity - std::min<uint64_t>(other.capacity, other.jobs.size());
     }
-    return free * (*x.ready_version >= *latest_ ? 2 : 1) * speed;
-  };
-  uint64_t total_free = 0;
-  for (const auto& [id, other] : clusters_) {
-    total_weight += weight(other);
-    total_free += other.capacity - std::min<uint64_t>(other.capacity, other.jobs.size());
-  }
-  if (queue_.size() < total_free && total_weight > 0) {
-    const uint64_t share = (queue_.size() * weight(*c) + total_weight - 1) / total_weight;
-    grant = std::min(grant, std::max<uint64_t>(share, 1));
+    if (queue_.size() < total_free && total_weight > 0) {
+      const uint64_t share = (queue_.size() * weight(*c) + total_weight - 1) / total_weight;
+      grant = std::min(grant, std::max<uint64_t>(share, 1));
+    }
   }
   for (uint64_t i = 0; i < grant; ++i) {
     const uint64_t job = queue_.front();

@@ -195,6 +195,7 @@ class OrchestratorCore {
   size_t outstanding_items_ = 0;
   uint64_t next_batch_ = 1;
   std::map<std::string, Cluster> clusters_;
+  uint64_t capacity_sum_ = 0;  // of every cluster in clusters_
   Counters counters_;
   Micros last_progress_ = 0;
 };

@@ -123,6 +123,7 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
       Cluster& cluster = core.clusters_[c.at(0).get<std::string>()];
       cluster.region = c.at(1).get<std::string>();
       cluster.capacity = c.at(2).get<uint32_t>();
+      core.capacity_sum_ += cluster.capacity;
       cluster.ready_version = GetOptional<uint64_t>(c.at(3));
       cluster.max_ready_version = c.at(4).get<uint64_t>();
       cluster.draining = c.at(5).get<bool>();

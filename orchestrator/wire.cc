@@ -309,10 +309,12 @@ std::string EncodeSubmission(const TrajectoryGroup& group) {
 }
 
 Result<TrajectoryGroup> DecodeSubmission(std::string_view body) {
-  WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body, 1));
+  // The samples are checked in the same pass that finds them, and never parsed into a tree.
+  std::optional<std::string_view> samples;
+  WEFT_ASSIGN_OR_RETURN(Json json,
+                        ParseStrictObject(body, "the request body", "trajectories", &samples));
   const std::string where = "submission";
-  WEFT_RETURN_IF_ERROR(CheckFields(json, where, kGroupFields));  // the samples are not in the tree
-  std::optional<std::string_view> samples = json_text::Member(WithoutBom(body), 0, "trajectories");
+  WEFT_RETURN_IF_ERROR(CheckFields(json, where, kGroupFields));
   if (!samples) return InvalidArgument(where + " lacks the field 'trajectories'");
   TrajectoryGroup group;
   WEFT_RETURN_IF_ERROR(ReadGroupFields(json, where, &group));

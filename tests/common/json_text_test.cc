@@ -105,6 +105,20 @@ TEST_CASE("json text: Validate accepts exactly RFC 8259 JSON and says where it i
     CAPTURE(text);
     CHECK(Validate(text) == error);
   }
+  // The members of the top object come with it, in the same pass.
+  std::vector<TopMember> members;
+  CHECK(Validate(R"( {"a": 1, "b" : [1, {"c":2}], "\u0063": "x", "e": {}} )", 64, &members) == "");
+  REQUIRE(members.size() == 4);
+  CHECK(members[0].key == "a");
+  CHECK(members[0].value == "1");
+  CHECK(members[1].key == "b");
+  CHECK(members[1].value == R"([1, {"c":2}])");
+  CHECK(members[2].key == "c");
+  CHECK(members[2].value == R"("x")");
+  CHECK(members[3].key == "e");
+  CHECK(members[3].value == "{}");
+  CHECK(Validate("[1, 2]", 64, &members) == "");
+  CHECK(members.empty());
   // The same key in different objects is fine.
   CHECK(Validate(R"([{"a":1},{"a":2}])") == "");
   // Depth: 64 levels are fine, 65 are not, and a megabyte of '[' costs no memory to refuse.
