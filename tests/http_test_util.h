@@ -2,10 +2,17 @@
 // no proxy), for what well-behaved clients never send too.
 #pragma once
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weft::testing {
@@ -43,6 +50,57 @@ inline RawReply Raw(const std::string& url, const std::string& method,
   curl_slist_free_all(list);
   curl_easy_cleanup(curl);
   return reply;
+}
+
+// One connection to a server on loopback, written and read byte for byte: for what well-behaved
+// clients never send. Reads give up after `wait` without data.
+class RawConnection {
+ public:
+  explicit RawConnection(uint16_t port, std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    timeval timeout{static_cast<time_t>(wait.count() / 1000),
+                    static_cast<suseconds_t>(wait.count() % 1000 * 1000)};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  }
+  ~RawConnection() { close(fd_); }
+  void Send(std::string_view bytes) { (void)!send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  // What arrives until the server closes (or nothing more comes within the wait).
+  std::string ReadAll() {
+    std::string text;
+    char buffer[4096];
+    ssize_t got;
+    while ((got = recv(fd_, buffer, sizeof(buffer), 0)) > 0) text.append(buffer, got);
+    closed_ = got == 0;
+    return text;
+  }
+  // What one read returns.
+  std::string ReadSome() {
+    char buffer[4096];
+    ssize_t got = recv(fd_, buffer, sizeof(buffer), 0);
+    return got > 0 ? std::string(buffer, got) : std::string();
+  }
+  // Whether the last ReadAll ended because the server closed the connection.
+  bool closed() const { return closed_; }
+
+ private:
+  int fd_ = -1;
+  bool closed_ = false;
+};
+
+// The status code of the first answer in `text` (0: none).
+inline int StatusOf(const std::string& text) {
+  if (text.rfind("HTTP/1.", 0) != 0 || text.size() < 12) return 0;
+  return std::stoi(text.substr(9, 3));
+}
+
+// The port of a loopback URL ("http://127.0.0.1:PORT").
+inline uint16_t PortOf(const std::string& url) {
+  return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
 }
 
 }  // namespace weft::testing

@@ -20,41 +20,10 @@ namespace weft::policy_store {
 namespace {
 
 using weft::testing::Raw;
+using weft::testing::RawConnection;
+using weft::testing::StatusOf;
 
 std::string Text(const weft::testing::RawReply& reply) { return reply.text(); }
-
-// One connection to the server, written and read byte for byte (a request's header without its
-// body, a body cut off midway). Reads give up after two seconds without data.
-class RawConnection {
- public:
-  explicit RawConnection(const std::string& url) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-    timeval timeout{2, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  }
-  ~RawConnection() { close(fd_); }
-  void Send(std::string_view bytes) { (void)!send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
-  // What arrives until the server closes the connection, or nothing more comes for two seconds.
-  std::string ReadAll() {
-    std::string text;
-    char buffer[4096];
-    ssize_t got;
-    while ((got = recv(fd_, buffer, sizeof(buffer), 0)) > 0) text.append(buffer, got);
-    return text;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-int StatusOf(const std::string& answer) {
-  return answer.rfind("HTTP/1.1 ", 0) == 0 ? std::stoi(answer.substr(9, 3)) : 0;
-}
 
 // Files under `dir` whose name starts with '.' (a write in progress), with their sizes.
 std::vector<uint64_t> HiddenFiles(const std::string& dir) {
@@ -157,7 +126,7 @@ TEST_CASE("store server: refusals come from the header, before any of the body i
             400},
        }) {
     CAPTURE(c.request);
-    RawConnection connection(c.server->url);
+    RawConnection connection(testing::PortOf(c.server->url), std::chrono::seconds(2));
     connection.Send(c.request + "Host: h\r\n\r\n");
     CHECK(StatusOf(connection.ReadAll()) == c.status);
   }
@@ -180,7 +149,7 @@ TEST_CASE("store server: a PUT streams to a temporary file, stored once it has a
     return false;
   };
   {
-    RawConnection cut(served.url);
+    RawConnection cut(testing::PortOf(served.url), std::chrono::seconds(2));
     cut.Send(header + body.substr(0, 300000));
     CHECK(wait_for_upload(300000));  // on disk as it arrives, not in memory
   }
@@ -190,7 +159,7 @@ TEST_CASE("store server: a PUT streams to a temporary file, stored once it has a
   CHECK(HiddenFiles(served.root).empty());
   CHECK(!*served.backend->Exists("runs/r/big"));
 
-  RawConnection whole(served.url);
+  RawConnection whole(testing::PortOf(served.url), std::chrono::seconds(2));
   whole.Send(header + body.substr(0, 300000));
   CHECK(wait_for_upload(300000));
   CHECK(!*served.backend->Exists("runs/r/big"));
@@ -227,7 +196,7 @@ TEST_CASE("store server: a blob's bytes must hash to its name, or nothing is sto
   }
   // Chunked, in pieces: hashed as it streams.
   const std::string chunked_hash = Sha256Hex(Bytes("hello world"));
-  RawConnection connection(served.url);
+  RawConnection connection(testing::PortOf(served.url), std::chrono::seconds(2));
   connection.Send("PUT /v1/objects/blobs/" + chunked_hash +
                   " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer secret\r\nConnection: close\r\n"
                   "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
@@ -238,7 +207,7 @@ TEST_CASE("store server: a blob's bytes must hash to its name, or nothing is sto
 TEST_CASE("store server: wrong methods are 405 with Allow; If-None-Match: * makes a PUT create") {
   Served served("secret");
   auto answer = [&](const std::string& request) {
-    RawConnection connection(served.url);
+    RawConnection connection(testing::PortOf(served.url), std::chrono::seconds(2));
     connection.Send(request +
                     " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer secret\r\n"
                     "Connection: close\r\n\r\n");
