@@ -1,5 +1,6 @@
 #include "common/json_text.h"
 
+#include <array>
 #include <cstring>
 #include <deque>
 #include <nlohmann/json.hpp>
@@ -86,6 +87,13 @@ void AppendUtf8(uint32_t code, std::string* out) {
     out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
   }
 }
+
+// The bytes a string may hold as they are: printable ASCII but the quote and the backslash.
+constexpr auto kPlain = [] {
+  std::array<bool, 256> plain{};
+  for (int c = 0x20; c < 0x80; ++c) plain[c] = c != '"' && c != '\\';
+  return plain;
+}();
 
 // A checking scanner: one pass, an explicit stack, no tree.
 class Validator {
@@ -211,6 +219,8 @@ class Validator {
       if (decoded != nullptr) decoded->append(text_.substr(plain, end - plain));
     };
     while (true) {
+      // Plain characters in a run (most of any string), then whatever needs a look.
+      while (pos_ < text_.size() && kPlain[static_cast<unsigned char>(text_[pos_])]) ++pos_;
       if (pos_ >= text_.size()) return Fail("a string is not closed");
       const unsigned char c = static_cast<unsigned char>(text_[pos_]);
       if (c == '"') {
