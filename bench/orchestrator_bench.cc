@@ -125,7 +125,8 @@ class Worker : public std::enable_shared_from_this<Worker> {
   Worker(asio::io_context& context, tcp::endpoint endpoint, int id,
          std::chrono::milliseconds generate, Latencies& latencies,
          const std::atomic<bool>& measuring, const std::atomic<bool>& stopping,
-         std::atomic<uint64_t>& leases, std::atomic<uint64_t>& submissions)
+         std::atomic<uint64_t>& leases, std::atomic<uint64_t>& submissions,
+         std::atomic<uint64_t>& granted)
       : stream_(context),
         timer_(context),
         endpoint_(endpoint),
@@ -135,11 +136,16 @@ class Worker : public std::enable_shared_from_this<Worker> {
         measuring_(measuring),
         stopping_(stopping),
         leases_(leases),
-        submissions_(submissions) {}
+        submissions_(submissions),
+        granted_(granted) {}
 
   void Start() {
     stream_.async_connect(endpoint_, [self = shared_from_this()](beast::error_code error) {
       if (error) return self->Fail("connect", error);
+      // As libcurl (the worker's client) does: a request's body must not wait for the ACK of its
+      // header.
+      beast::error_code ignored;
+      self->stream_.socket().set_option(tcp::no_delay(true), ignored);
       self->Send("/v1/clusters",
                  Json{{"cluster", self->id_},
                       {"region", "r" + std::to_string(self->id_.size() % 3)},
@@ -162,6 +168,7 @@ class Worker : public std::enable_shared_from_this<Worker> {
     Send("/v1/clusters/" + id_ + "/leases", R"({"max":1,"wait_ms":1000})",
          [self = shared_from_this(), start](const Json& body) {
            if (body["leases"].empty()) return self->Lease();
+           self->granted_.fetch_add(1);
            if (self->measuring_) {
              self->latencies_.Add(self->latencies_.lease_ms, start);
              self->leases_.fetch_add(1);
@@ -240,6 +247,7 @@ class Worker : public std::enable_shared_from_this<Worker> {
   const std::atomic<bool>& stopping_;
   std::atomic<uint64_t>& leases_;
   std::atomic<uint64_t>& submissions_;
+  std::atomic<uint64_t>& granted_;  // every lease granted, measured or not
   bhttp::request<bhttp::string_body> request_;
   bhttp::response<bhttp::string_body> response_;
   beast::flat_buffer buffer_;
@@ -249,6 +257,21 @@ class Worker : public std::enable_shared_from_this<Worker> {
 size_t Collect(char* data, size_t size, size_t count, void* user) {
   static_cast<std::string*>(user)->append(data, size * count);
   return size * count;
+}
+
+// A blocking POST of JSON text; the answer's text.
+std::string PostText(CURL* curl, const std::string& url, const std::string& body) {
+  std::string out;
+  curl_slist* headers = curl_slist_append(nullptr, "Authorization: Bearer trainer");
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_PROXY, "");
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Collect);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &out);
+  curl_easy_perform(curl);
+  curl_slist_free_all(headers);
+  return out;
 }
 
 // A blocking JSON request for the trainer thread (POST with a body, GET without).
@@ -361,26 +384,28 @@ int main(int argc, char** argv) {
   }
 
   std::atomic<bool> measuring{false}, stopping{false};
-  std::atomic<uint64_t> leases{0}, submissions{0};
-  // The trainer: keeps jobs open (at least 8 per worker: added and not yet delivered back in a
-  // batch) and drains the buffer.
+  std::atomic<uint64_t> leases{0}, submissions{0}, granted{0};
+  // The trainer: keeps jobs queued (at least 4 per worker: added and not yet leased) and drains
+  // the buffer. It reads only the batch id of each answer: it must not slow the load it makes.
   std::thread trainer([&] {
     CURL* curl = curl_easy_init();
     uint64_t ack = 0;  // the last batch received, acknowledged with the next request
-    uint64_t added = 0, delivered = 0;
+    uint64_t added = 0;
+    std::string prompts = "{\"prompts\":[";
+    for (int i = 0; i < 2000; ++i) prompts += i ? ",{\"prompt\":\"p\"}" : "{\"prompt\":\"p\"}";
+    prompts += "]}";
     while (!stopping) {
-      if (added - delivered < static_cast<uint64_t>(8 * workers)) {
-        Json prompts = Json::array();
-        for (int i = 0; i < 2000; ++i) prompts.push_back({{"prompt", "p"}});
-        Post(curl, url + "/v1/jobs", {{"prompts", prompts}});
+      while (added - std::min(added, granted.load()) < static_cast<uint64_t>(4 * workers)) {
+        PostText(curl, url + "/v1/jobs", prompts);
         added += 2000;
       }
-      Json batch = Post(curl, url + "/v1/batches",
-                        {{"max", 1000}, {"ack", ack ? Json(ack) : Json(nullptr)}});
-      if (batch.is_object() && batch.contains("batch") && batch["batch"].is_number_unsigned() &&
-          batch["batch"].get<uint64_t>() > 0 && batch["batch"].get<uint64_t>() != ack) {
-        ack = batch["batch"].get<uint64_t>();
-        delivered += batch["trajectories"].size();
+      const std::string batch = PostText(
+          curl, url + "/v1/batches",
+          "{\"max\":1000,\"ack\":" + (ack ? std::to_string(ack) : std::string("null")) + "}");
+      const uint64_t id =
+          batch.rfind("{\"batch\":", 0) == 0 ? std::strtoull(batch.c_str() + 9, nullptr, 10) : 0;
+      if (id > 0 && id != ack) {
+        ack = id;
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
@@ -391,9 +416,9 @@ int main(int argc, char** argv) {
   const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), server.port);
   std::vector<std::shared_ptr<Worker>> simulated;
   for (int i = 0; i < workers; ++i) {
-    simulated.push_back(std::make_shared<Worker>(context, endpoint, i,
-                                                 std::chrono::milliseconds(generate_ms), latencies,
-                                                 measuring, stopping, leases, submissions));
+    simulated.push_back(
+        std::make_shared<Worker>(context, endpoint, i, std::chrono::milliseconds(generate_ms),
+                                 latencies, measuring, stopping, leases, submissions, granted));
     simulated.back()->Start();
   }
   std::thread client([&] { context.run(); });

@@ -404,6 +404,11 @@ class Listener : public std::enable_shared_from_this<Listener> {
  private:
   void OnAccept(beast::error_code error, tcp::socket socket) {
     if (error == asio::error::operation_aborted) return;
+    if (!error) {
+      // Answers go out at once: a small answer must not wait for the peer's delayed ACK.
+      beast::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+    }
     if (!error && tls_ != nullptr) {
       std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *tls_), options_, hooks_,
                                            liveness_)
