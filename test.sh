@@ -70,7 +70,7 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYP
 cmake --build build-tsan --target weft_common_tests weft_policy_store_tests weft_orchestrator_tests weft_rollout_worker_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_common_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_policy_store_tests
-TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*,*kill -9*'
+TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*,*kill -9*,*sweep*'
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_rollout_worker_tests
 
 echo "== fuzzing, ${FUZZ_SECONDS:-10} s per target"
