@@ -153,9 +153,11 @@ TEST_CASE("corruption sweep: every flipped byte of a snapshot is refused or lose
   const std::string path = TempPath("sweep_snapshot");
   Remove(path);
   std::string expected;
+  std::vector<uint8_t> first_journal;
   {
     auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
     Load(*durable, 0);
+    first_journal = Read(path);
     REQUIRE(durable->Compact().ok());  // the snapshot holds all of it; the new journal nothing
     expected = SnapshotOf(*durable);
   }
@@ -163,6 +165,7 @@ TEST_CASE("corruption sweep: every flipped byte of a snapshot is refused or lose
   const std::string snapshot = path + ".snapshot.1";
   REQUIRE(files.count(snapshot));
   REQUIRE(files.count(path + ".1"));
+  REQUIRE(!files.count(path));  // generation 0's journal went once the snapshot was durable
   Sweep sweep;
   FlipEach(path, snapshot, files, expected, false, &sweep);
   MESSAGE("snapshot of " << files.at(snapshot).size() << " bytes: " << sweep.tried
@@ -170,6 +173,16 @@ TEST_CASE("corruption sweep: every flipped byte of a snapshot is refused or lose
                          << " recovered, " << sweep.lost << " lost");
   CHECK(sweep.lost == 0);
   CHECK(sweep.refused + sweep.recovered == sweep.tried);
+  // With generation 0's journal still there (a crash before it was deleted), a damaged snapshot
+  // is passed over and the journals rebuild everything.
+  files[path] = first_journal;
+  Sweep fallback;
+  FlipEach(path, snapshot, files, expected, false, &fallback);
+  MESSAGE("snapshot with the previous generation kept: "
+          << fallback.tried << " flips tried, " << fallback.refused << " refused, "
+          << fallback.recovered << " recovered, " << fallback.lost << " lost");
+  CHECK(fallback.lost == 0);
+  CHECK(fallback.recovered == fallback.tried);
   Remove(path);
 }
 
