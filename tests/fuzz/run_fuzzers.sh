@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Seeds and runs every fuzz target for a bounded time. Seeds are made fresh with the release
-# build's tools, so they always match the current formats.
+# build's tools and by the targets themselves (--write-seeds=DIR), so they always match the current
+# formats and APIs.
 # Usage: run_fuzzers.sh FUZZ_BUILD_DIR WEFT MAKE_TEST_MODEL SECONDS
 set -euo pipefail
 fuzz_build=$(cd "$1" && pwd) weft=$(realpath "$2") make_model=$(realpath "$3") seconds=$4
@@ -14,18 +15,40 @@ for target in bf16 fp8-e4m3; do
 done
 "$weft" delta encode "$work/seeds-safetensors/m0.safetensors" "$work/seeds-safetensors/m1.safetensors" \
   -o "$work/seeds-delta/d01.all" > /dev/null
+# The orchestrator's files (journals and snapshots of a small run of the core) and valid requests
+# to every endpoint of the servers, written by their targets.
+for target in journal snapshot orchestrator_http store_http relay_http; do
+  mkdir -p "$work/corpus-$target"
+  "$fuzz_build/tests/fuzz/${target}_fuzz" --write-seeds="$work/seeds-$target"
+done
+# run TARGET RSS_LIMIT_MB CORPUS...: every target runs; a failing input is kept as
+# TARGET-crash-* (or -leak-, -timeout-, -oom-) in the work folder, and the script fails at the end.
+failed=()
 run() {
-  local target=$1; shift
+  local target=$1 rss=$2; shift 2
   echo "fuzz: $target for $seconds s"
-  "$fuzz_build/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=65536 \
-    -print_final_stats=1 "$@" 2>&1 | grep -E "^(stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|Done)" || true
-  # libFuzzer exits non-zero and writes crash-* files on a finding.
-  if ls crash-* leak-* timeout-* oom-* > /dev/null 2>&1; then
-    echo "fuzz: $target found a failing input:"; ls crash-* leak-* timeout-* oom-* 2>/dev/null; exit 1
+  "$fuzz_build/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb="$rss" -max_len=65536 \
+    -print_final_stats=1 -artifact_prefix="$work/$target-" "$@" 2>&1 |
+    grep -E "^(stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|Done|[a-z_]+_fuzz: )" || true
+  # libFuzzer exits non-zero and writes the failing input on a finding. (ls fails when any of
+  # its patterns matches nothing: what it lists is the answer.)
+  local found
+  found=$(ls -d "$work/$target"-{crash,leak,timeout,oom}-* 2> /dev/null || true)
+  if [[ -n $found ]]; then
+    echo "fuzz: $target found a failing input:"; echo "$found"
+    failed+=("$target")
   fi
 }
 cd "$work"
-run delta_file_fuzz corpus-delta seeds-delta
-run sparse_chunk_fuzz corpus-sparse
-run safetensors_fuzz corpus-safetensors seeds-safetensors
+run delta_file_fuzz 4096 corpus-delta seeds-delta
+run sparse_chunk_fuzz 4096 corpus-sparse
+run safetensors_fuzz 4096 corpus-safetensors seeds-safetensors
+run journal_fuzz 2048 corpus-journal seeds-journal
+run snapshot_fuzz 2048 corpus-snapshot seeds-snapshot
+run orchestrator_http_fuzz 2048 corpus-orchestrator_http seeds-orchestrator_http
+run store_http_fuzz 2048 corpus-store_http seeds-store_http
+run relay_http_fuzz 2048 corpus-relay_http seeds-relay_http
+if ((${#failed[@]} > 0)); then
+  echo "fuzz: failing inputs found by ${failed[*]} (a target reruns one: TARGET FILE)"; exit 1
+fi
 echo "fuzz: no failures"
