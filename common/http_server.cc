@@ -556,7 +556,10 @@ bhttp::status HttpStatusFor(StatusCode code) {
 
 Response JsonResponse(const RequestHeader& request, bhttp::status status,
                       const nlohmann::json& body) {
-  return JsonTextResponse(request, status, body.dump());
+  // Strings may echo what a client sent (a key, a path): bytes that are not UTF-8 are replaced,
+  // never thrown over.
+  return JsonTextResponse(request, status,
+                          body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 Response JsonTextResponse(const RequestHeader& request, bhttp::status status,

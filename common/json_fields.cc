@@ -41,6 +41,15 @@ Result<nlohmann::json> ParseStrictObject(std::string_view text, const std::strin
   return parsed;
 }
 
+bool AllIntegers(const nlohmann::json& value) {
+  if (value.is_number_float()) return false;
+  if (value.is_structured()) {
+    for (const nlohmann::json& item : value)
+      if (!AllIntegers(item)) return false;
+  }
+  return true;
+}
+
 Status CheckFields(const nlohmann::json& object, const std::string& where,
                    const std::set<std::string>& required, const std::set<std::string>& optional) {
   if (!object.is_object()) return InvalidArgument(where + " is not an object");

@@ -26,6 +26,10 @@ Result<nlohmann::json> ParseStrictObject(std::string_view text, const std::strin
                                          std::string_view opaque,
                                          std::optional<std::string_view>* opaque_text);
 
+// Whether every number in `value` is an integer (none parsed with a fraction or an exponent):
+// reading a fraction as an integer type is undefined, so documents of integers check this first.
+bool AllIntegers(const nlohmann::json& value);
+
 // `object` must be an object with every `required` field and no field outside required/optional.
 Status CheckFields(const nlohmann::json& object, const std::string& where,
                    const std::set<std::string>& required,

@@ -64,11 +64,13 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "stall_after", &stall)));
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "tick", &tick)));
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "max_wait", &max_wait)));
+  const std::chrono::microseconds year = std::chrono::hours(24 * 365);
   if (lease.count() <= 0 || timeout.count() <= 0 || stall.count() <= 0 || max_wait.count() <= 0 ||
-      tick.count() < 1000) {
+      tick.count() < 1000 || lease > year || timeout > year || stall > year || max_wait > year ||
+      tick > year) {
     return InvalidArgument(file +
                            "orchestrator: lease, cluster_timeout, stall_after and max_wait must be "
-                           "positive and tick at least 1ms");
+                           "positive and tick at least 1ms, all at most a year");
   }
   config.core.lease_duration = lease.count();
   config.core.cluster_timeout = timeout.count();

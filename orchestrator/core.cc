@@ -65,14 +65,16 @@ Status OrchestratorCore::Drain(Micros now, const std::string& cluster,
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
   if (c->gone) return NotFound(Gone(cluster));
-  c->draining = true;
-  c->last_heartbeat = now;
   std::vector<uint64_t> handed =
       jobs.empty() ? std::vector<uint64_t>(c->jobs.begin(), c->jobs.end()) : jobs;
-  for (uint64_t job : handed) {
+  std::sort(handed.begin(), handed.end());  // a job listed twice is handed back once
+  handed.erase(std::unique(handed.begin(), handed.end()), handed.end());
+  for (uint64_t job : handed) {  // a refused drain changes nothing
     if (!c->jobs.count(job))
       return InvalidArgument("cluster " + cluster + " does not hold a lease on " + JobName(job));
   }
+  c->draining = true;
+  c->last_heartbeat = now;
   for (uint64_t job : handed) {
     Requeue(job);
     ++counters_.leases_handed_back;

@@ -10,6 +10,7 @@
 
 #include "common/byte_io.h"
 #include "common/file_util.h"
+#include "common/json_fields.h"
 #include "common/logging.h"
 #include "orchestrator/wire.h"
 
@@ -135,7 +136,8 @@ std::string DurableCore::EventText(const Event& event) {
              },
              event.what);
   e["t"] = event.now;
-  std::string text = e.dump();
+  // (Names are checked before they get here; a byte that is not UTF-8 is replaced all the same.)
+  std::string text = e.dump(-1, ' ', false, Json::error_handler_t::replace);
   if (samples != nullptr) {
     text.reserve(text.size() + 1 + samples->size());
     text += '\n';
@@ -148,13 +150,17 @@ Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
   const size_t newline = text.find('\n');
   const std::string_view head = text.substr(0, newline);
   Json e = Json::parse(head, nullptr, false);
-  if (e.is_discarded() || !e.is_object() || !e.contains("e") || !e.contains("t")) {
+  if (e.is_discarded() || !e.is_object() || !e.contains("e") || !e.contains("t") ||
+      !AllIntegers(e)) {
     return InvalidArgument("malformed journal event");
   }
   Event event;
   try {
     const std::string kind = e["e"].get<std::string>();
     event.now = e["t"].get<Micros>();
+    if (event.now < 0 || event.now > kMaxMicros)
+      return InvalidArgument("journal event at time " + std::to_string(event.now) +
+                             ", out of range");
     if (kind == "register") {
       event.what = events::Register{e["cluster"], e["region"], e["capacity"].get<uint32_t>(),
                                     e.value("credential", std::string())};

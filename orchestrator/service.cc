@@ -15,6 +15,7 @@
 
 #include "common/http_server.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
@@ -348,7 +349,8 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     const size_t slash = rest.find('/');
     const std::string id = rest.substr(0, slash);
     const std::string action = slash == std::string::npos ? "" : rest.substr(slash + 1);
-    if (id.empty()) return error(InvalidArgument("no cluster id in the path"));
+    if (weft::Status named = CheckName(id, "the cluster id in the path"); !named.ok())
+      return error(named);
     if (auto refused = MayActFor(request, role, id)) return *refused;
     if (action.empty() && method == bhttp::verb::delete_) {
       weft::Status done = core.Deregister(now, id);

@@ -1,7 +1,10 @@
 // OrchestratorCore::Snapshot and Restore: the core's whole state as one JSON document followed
 // by the samples of the trajectory groups it holds (docs/formats.md section 7.1, "Snapshot file").
 #include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
 
+#include "common/json_fields.h"
 #include "orchestrator/core.h"
 #include "orchestrator/wire.h"
 
@@ -110,17 +113,36 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
   if (doc.is_discarded() || !doc.is_object())
     return DataLoss("core snapshot: the state document is not a JSON object");
   const std::string_view samples = snapshot.substr(newline + 1);
+  // Integers only, but a cluster's throughput: a fraction read as an integer is undefined.
+  for (const auto& [key, value] : doc.items()) {
+    if (key == "clusters" && value.is_array()) {
+      for (const Json& c : value) {
+        for (size_t i = 0; c.is_array() && i < c.size(); ++i)
+          if (i != 9 && !AllIntegers(c[i]))
+            return DataLoss("core snapshot: a fraction in a cluster");
+      }
+    } else if (!AllIntegers(value)) {
+      return DataLoss("core snapshot: a fraction where " + key + " has integers");
+    }
+  }
+  auto time = [](const Json& value) {
+    const Micros t = value.get<Micros>();
+    if (t < 0 || t > kMaxMicros) throw std::out_of_range("a time out of range");
+    return t;
+  };
   size_t offset = 0;
   OrchestratorCore core(config);
   try {
     core.latest_ = GetOptional<uint64_t>(doc.at("latest"));
     core.next_job_ = doc.at("next_job").get<uint64_t>();
     core.next_batch_ = doc.at("next_batch").get<uint64_t>();
-    core.last_progress_ = doc.at("last_progress").get<Micros>();
+    core.last_progress_ = time(doc.at("last_progress"));
     for (const auto& [name, field] : kCounterFields)
       core.counters_.*field = doc.at("counters").at(name).get<uint64_t>();
     for (const Json& c : doc.at("clusters")) {
-      Cluster& cluster = core.clusters_[c.at(0).get<std::string>()];
+      const std::string id = c.at(0).get<std::string>();
+      if (core.clusters_.count(id)) return DataLoss("core snapshot: cluster " + id + " twice");
+      Cluster& cluster = core.clusters_[id];
       cluster.region = c.at(1).get<std::string>();
       cluster.capacity = c.at(2).get<uint32_t>();
       core.capacity_sum_ += cluster.capacity;
@@ -128,24 +150,27 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
       cluster.max_ready_version = c.at(4).get<uint64_t>();
       cluster.draining = c.at(5).get<bool>();
       cluster.gone = c.at(6).get<bool>();
-      cluster.last_heartbeat = c.at(7).get<Micros>();
+      cluster.last_heartbeat = time(c.at(7));
       cluster.completed = c.at(8).get<uint64_t>();
       cluster.throughput = c.at(9).get<double>();
-      cluster.last_completion = c.at(10).get<Micros>();
+      cluster.last_completion = time(c.at(10));
       cluster.last_request = c.at(11).get<uint64_t>();
       cluster.last_granted = c.at(12).get<std::vector<std::pair<uint64_t, uint32_t>>>();
       if (c.size() > 13) cluster.credential = c.at(13).get<std::string>();  // older: none
     }
     for (const Json& j : doc.at("jobs")) {
       const uint64_t id = j.at(0).get<uint64_t>();
+      if (core.jobs_.count(id) || id == 0 || id >= core.next_job_)
+        return DataLoss("core snapshot: job " + std::to_string(id) + " twice or out of range");
       Job& job = core.jobs_[id];
       job.prompt = j.at(1).get<std::string>();
       job.samples = j.at(2).get<uint32_t>();
       job.holders = j.at(3).get<std::vector<std::string>>();
       job.min_versions = j.at(4).get<std::vector<uint64_t>>();
       job.leased_to = GetOptional<std::string>(j.at(5));
-      job.deadline = j.at(6).get<Micros>();
-      if (job.holders.size() != job.min_versions.size())
+      job.deadline = time(j.at(6));
+      if (job.holders.size() != job.min_versions.size() ||
+          (job.leased_to && (job.holders.empty() || job.holders.back() != *job.leased_to)))
         return DataLoss("core snapshot: job " + std::to_string(id) + " is inconsistent");
       if (job.leased_to) {
         Cluster* holder = core.FindCluster(*job.leased_to);
@@ -157,6 +182,15 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
       }
     }
     core.queue_ = doc.at("queue").get<std::deque<uint64_t>>();
+    std::set<uint64_t> queued;
+    for (uint64_t id : core.queue_) {
+      auto job = core.jobs_.find(id);
+      if (job == core.jobs_.end() || job->second.leased_to || !queued.insert(id).second)
+        return DataLoss("core snapshot: the queue holds job " + std::to_string(id) +
+                        ", which is not an open job waiting for a lease");
+    }
+    if (queued.size() + core.leases_.size() != core.jobs_.size())
+      return DataLoss("core snapshot: an open job is neither queued nor leased");
     core.done_ = doc.at("done").get<std::map<uint64_t, uint32_t>>();
     for (const Json& s : doc.at("buffer")) core.buffer_.push_back(GroupOf(s, samples, &offset));
     for (const Json& batch : doc.at("outstanding")) {

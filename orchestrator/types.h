@@ -19,6 +19,10 @@ using Micros = int64_t;
 // far from wrapping around.
 inline constexpr uint64_t kMaxVersion = (uint64_t{1} << 53) - 1;
 
+// Times are 0 to 2^62 microseconds (some 146,000 years), so that a time plus any configured
+// duration stays far from overflowing.
+inline constexpr Micros kMaxMicros = Micros{1} << 62;
+
 // One trajectory group: every sample of one attempt at one job, with the versions that generated
 // its tokens. Workers submit it, the orchestrator buffers and journals it, the trainer receives it.
 struct TrajectoryGroup {

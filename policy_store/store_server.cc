@@ -222,8 +222,7 @@ std::optional<Response> CheckHeader(const Shared& shared, const RequestHeader& r
 class PutSink : public weft::http::BodySink {
  public:
   PutSink(const Shared& shared, std::string key)
-      : shared_(shared),
-        key_(std::move(key)),
+      : key_(std::move(key)),
         writer_(shared.backend.NewImmutableWriter(key_)),
         hash_(key_.rfind("blobs/", 0) == 0 ? EVP_MD_CTX_new() : nullptr) {
     if (hash_ != nullptr) EVP_DigestInit_ex(hash_, EVP_sha256(), nullptr);
@@ -270,7 +269,6 @@ class PutSink : public weft::http::BodySink {
     return JsonResponse(request, http::status::created, Json{{"key", key_}});
   }
 
-  const Shared& shared_;
   std::string key_;
   Result<std::unique_ptr<ObjectWriter>> writer_;
   EVP_MD_CTX* hash_;

@@ -366,6 +366,17 @@ TEST_CASE("HTTP: a malformed request is answered 400 with a JSON error, then clo
     CHECK(connection.closed());
   }
   CHECK(handled == 0);
+  // An answer that echoes bytes that are not UTF-8 (here the encoding named) is still an answer,
+  // and the server lives on.
+  {
+    RawConnection connection((*server)->port());
+    connection.Send(
+        "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\xff\r\nContent-Length: 0\r\n\r\n");
+    CHECK(StatusOf(connection.ReadAll()) == 501);
+  }
+  RawConnection alive((*server)->port());
+  alive.Send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(StatusOf(alive.ReadSome()) == 200);
 }
 
 TEST_CASE("HTTP: a Transfer-Encoding other than a lone chunked is answered 501 unhandled") {

@@ -290,6 +290,40 @@ TEST_CASE("core: a damaged snapshot is refused with a reason") {
             .status()
             .message()
             .find("2 bytes after the last group's samples") != std::string::npos);
+  // A fraction where an integer belongs, a time out of range, a job listed twice: refused.
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string text = snapshot;
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return OrchestratorCore::Restore({}, text.replace(at, from.size(), to)).status();
+  };
+  CHECK(edited("\"next_job\":2", "\"next_job\":1e19").code() == StatusCode::kDataLoss);
+  CHECK(edited("\"last_progress\":2", "\"last_progress\":9223372036854775807").code() ==
+        StatusCode::kDataLoss);
+  OrchestratorCore two({});
+  REQUIRE(two.AnnounceVersion(0, 1).ok());
+  two.AddJobs(0, {{"p", 1}, {"q", 1}});
+  std::string doubled = two.Snapshot();
+  const size_t jobs = doubled.find("\"jobs\":[[1,");
+  REQUIRE(jobs != std::string::npos);
+  doubled.replace(doubled.find("[2,", jobs), 3, "[1,");
+  CHECK(OrchestratorCore::Restore({}, doubled).status().code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("core: a refused drain changes nothing; a job listed twice is handed back once") {
+  OrchestratorCore core({});
+  REQUIRE(core.AnnounceVersion(0, 1).ok());
+  REQUIRE(core.Register(0, "a", "eu", 2).ok());
+  REQUIRE(core.Heartbeat(0, "a", 1).ok());
+  core.AddJobs(0, {{"p", 1}, {"q", 1}});
+  auto leases = std::move(core.RequestLeases(1, "a", 2)).value();
+  REQUIRE(leases.size() == 2);
+  CHECK(core.Drain(2, "a", {42}).code() == StatusCode::kInvalidArgument);
+  CHECK(!core.clusters().front().draining);
+  CHECK(core.clusters().front().last_heartbeat == 0);
+  REQUIRE(core.Drain(3, "a", {leases[0].job, leases[0].job}).ok());
+  CHECK(core.queued_jobs() == 1);
+  CHECK(core.leased_jobs() == 1);
 }
 
 // Random interleavings of every event over many seeds; the invariants hold after each one.

@@ -266,5 +266,23 @@ TEST_CASE("durable core: an event too large for the journal is refused and chang
   Remove(path);
 }
 
+TEST_CASE("durable core: a journal event with a fraction or a time out of range is refused") {
+  const std::string path = TempPath("odd_numbers");
+  for (const std::string record : {R"({"e":"tick","t":1e19})", R"({"e":"tick","t":-5})",
+                                   R"({"e":"announce","version":1.5,"t":1})"}) {
+    CAPTURE(record);
+    Remove(path);
+    {
+      auto journal =
+          std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
+      REQUIRE(journal->Append(record).ok());
+    }
+    auto opened = DurableCore::Open(path, CoreConfig{});
+    REQUIRE(!opened.ok());
+    CHECK(opened.status().message().find("replaying record 0") != std::string::npos);
+  }
+  Remove(path);
+}
+
 }  // namespace
 }  // namespace weft::orchestrator

@@ -216,6 +216,13 @@ TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests"
     CHECK(o.Post("w-token", "/v1/clusters", {{"cluster", "ok"}, {"region", bad}, {"capacity", 1}})
               .first == 400);
   }
+  // A cluster id in the path follows the same rule (and bytes that are not UTF-8 come back
+  // replaced in the error, never as a failure of the server).
+  auto odd =
+      Raw(o.url + "/v1/clusters/fc1%7Bf/heartbeat", "POST", {"Authorization: Bearer a-token"});
+  CHECK(odd.status == 400);
+  auto bytes = Raw(o.url + "/v1/clusters/fc1{f\x81", "DELETE", {"Authorization: Bearer a-token"});
+  CHECK(bytes.status == 400);
   const std::string metrics = Raw(o.url + "/metrics", "GET", {}).text();
   CHECK(metrics.find("evil") == std::string::npos);
   CHECK(Raw(o.url + "/metrics", "POST", {}).status == 405);
