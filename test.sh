@@ -3,13 +3,16 @@
 #   0. the source checks: the formatting (.clang-format), the dependency direction between the
 #      libraries (tests/check_layering.sh) and the references in code and docs
 #      (tests/check_references.sh);
-#   1. the doctest suites and the end-to-end tests (ctest, release build: the CLI, the policy store
-#      under failures, weft run), and the sync suite again with the AVX-512 paths off and with every
-#      SIMD path off (WEFT_CPU=avx2, scalar);
+#   1. the doctest suites (with the orchestrator's corruption sweep) and the end-to-end tests
+#      (ctest, release build: the CLI, the policy store under failures, weft run, a region
+#      partitioned through weft_fault_proxy), and the sync suite again with the AVX-512 paths off
+#      and with every SIMD path off (WEFT_CPU=avx2, scalar);
 #   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
 #      with threads of their own under ThreadSanitizer (the thread pool and HTTP plumbing, the store
 #      server, the orchestrator service, the rollout worker);
-#   3. the libFuzzer targets (delta files, sparse chunks, safetensors) for a bounded time each.
+#   3. the libFuzzer targets (delta files, sparse chunks, safetensors, the orchestrator's journal
+#      and snapshots, the HTTP request path of the orchestrator, store server and relay) for a
+#      bounded time each, under an RSS limit.
 # With --quick, the tier for iterating (a few minutes): the source checks, the release build
 # without the benchmarks, the unit suites and one short end-to-end case (weft run).
 # Usage: ./test.sh [--quick]      (FUZZ_SECONDS=N to change the fuzzing time per target; default 10)
