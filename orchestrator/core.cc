@@ -49,9 +49,12 @@ Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster,
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
   if (c->gone) return NotFound(Gone(cluster));
   if (ready_version && (!latest_ || *ready_version > *latest_)) {
-    return InvalidArgument("cluster " + cluster + ": ready_version " +
-                           std::to_string(*ready_version) + " was never announced (latest: " +
-                           (latest_ ? std::to_string(*latest_) : std::string("none")) + ")");
+    // A conflict, not a malformed request: the store can be ahead of the announcements for a
+    // moment (a version published and not yet announced); the worker then says it is alive
+    // without claiming a version.
+    return Conflict("cluster " + cluster + ": ready_version " + std::to_string(*ready_version) +
+                    " was never announced (latest: " +
+                    (latest_ ? std::to_string(*latest_) : std::string("none")) + ")");
   }
   c->last_heartbeat = now;
   c->ready_version = ready_version;

@@ -85,9 +85,9 @@ class OrchestratorCore {
   Status Register(Micros now, const std::string& cluster, const std::string& region,
                   uint32_t capacity, const std::string& credential = "");
   // Proof of life; `ready_version` is the version whose digests the cluster has matched (nullopt
-  // while it has none; never above the latest announced). Extends the deadline of every lease the
-  // cluster holds. A cluster that left or was lost gets kNotFound (as for Drain and RequestLeases)
-  // until it registers again.
+  // while it has none; never above the latest announced: kConflict). Extends the deadline of every
+  // lease the cluster holds. A cluster that left or was lost gets kNotFound (as for Drain and
+  // RequestLeases) until it registers again.
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
   // Stops leasing to the cluster and re-queues the listed jobs it hands back (all of its leases
   // when `jobs` is empty). Its other leases may still be submitted.

@@ -226,6 +226,13 @@ void RolloutWorker::SendHeartbeat() {
     sent = orchestrator_.Register(options_.cluster, options_.region, options_.capacity);
     if (sent.ok()) sent = orchestrator_.Heartbeat(options_.cluster, ready, &report);
   }
+  if (sent.code() == StatusCode::kConflict && ready) {
+    // The version it serves is published but not announced yet: alive, not ready, until it is.
+    WEFT_LOG(kInfo) << "cluster " << options_.cluster << ": version " << *ready
+                    << " is not announced yet; heartbeat without it";
+    sent = orchestrator_.Heartbeat(options_.cluster, std::nullopt, &report);
+    ready.reset();
+  }
   if (!sent.ok()) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster
                        << ": heartbeat failed: " << sent.message();

@@ -516,14 +516,14 @@ TEST_CASE(
 TEST_CASE("core: versions are bounded, and never claimed before they are announced") {
   OrchestratorCore core(CoreConfig{});
   REQUIRE(core.Register(0, "a", "eu", 2).ok());
-  CHECK(core.Heartbeat(1, "a", 0).code() == StatusCode::kInvalidArgument);  // nothing announced
+  CHECK(core.Heartbeat(1, "a", 0).code() == StatusCode::kConflict);  // nothing announced
   CHECK(core.AnnounceVersion(1, kMaxVersion + 1).code() == StatusCode::kInvalidArgument);
   CHECK(core.AnnounceVersion(1, ~uint64_t{0}).code() == StatusCode::kInvalidArgument);
   REQUIRE(core.AnnounceVersion(1, 3).ok());
   const Status beyond = core.Heartbeat(2, "a", uint64_t{1} << 63);
-  CHECK(beyond.code() == StatusCode::kInvalidArgument);
+  CHECK(beyond.code() == StatusCode::kConflict);
   CHECK(beyond.message().find("was never announced (latest: 3)") != std::string::npos);
-  CHECK(core.Heartbeat(2, "a", 4).code() == StatusCode::kInvalidArgument);
+  CHECK(core.Heartbeat(2, "a", 4).code() == StatusCode::kConflict);
   REQUIRE(core.Heartbeat(2, "a", 3).ok());
   REQUIRE(core.AnnounceVersion(3, kMaxVersion).ok());  // the largest still moves forward
   CHECK(core.latest_version() == std::optional<uint64_t>(kMaxVersion));

@@ -234,7 +234,7 @@ TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests"
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "v"}, {"region", "r"}, {"capacity", 1}})
               .first == 200);
   auto claim = o.Post(o.As("v"), "/v1/clusters/v/heartbeat", {{"ready_version", 2}});
-  CHECK(claim.first == 400);
+  CHECK(claim.first == 409);
   CHECK(claim.second["error"].get<std::string>().find("never announced") != std::string::npos);
   // Repeated keys and deep nesting are refused, and cost nothing to refuse.
   auto repeated = Raw(o.url + "/v1/versions", "POST", {"Authorization: Bearer t-token"},
