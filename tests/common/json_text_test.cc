@@ -101,9 +101,10 @@ TEST_CASE("json text: Validate accepts exactly RFC 8259 JSON and says where it i
       {"[1] [2]", "byte 4: text after the JSON value"},
       {"nul", "byte 0: not a JSON value"},
   };
-  for (const auto& [text, error] : bad) {
+  for (const auto& entry : bad) {
+    const std::string& text = entry.first;
     CAPTURE(text);
-    CHECK(Validate(text) == error);
+    CHECK(Validate(text) == entry.second);
   }
   // The members of the top object come with it, in the same pass.
   std::vector<TopMember> members;
