@@ -85,6 +85,8 @@ Json TrainerSummary::ToJson() const {
   return Json{{"phase", phase},
               {"warmup_step", warmup_step},
               {"warmup_loss", warmup_loss},
+              {"warmup_steps", warmup_steps},
+              {"steps_total", steps_total},
               {"eval_accuracy_before", eval_accuracy_before},
               {"eval_accuracy_after", eval_accuracy_after},
               {"random_policy_reward", random_policy_reward},
@@ -116,6 +118,8 @@ Result<TrainerSummary> RunExampleTrainer(
   std::mt19937_64 rng(options.seed);
   TrainerSummary summary;
   summary.parameters = layout.size();
+  summary.warmup_steps = options.warmup_steps;
+  summary.steps_total = options.steps;
   std::vector<std::string> eval;
   {
     std::mt19937_64 eval_rng(options.seed ^ 0xE7A1);

@@ -76,6 +76,8 @@ struct TrainerSummary {
   std::string phase = "starting";  // starting, warm-up, rl, done
   int warmup_step = 0;
   double warmup_loss = 0;
+  int warmup_steps = 0;  // the warm-up's and the RL phase's lengths (the progress denominators)
+  int steps_total = 0;
   double eval_accuracy_before = 0;  // greedy accuracy of version 0 (after the warm-up)
   double eval_accuracy_after = 0;   // ... of the final version
   double random_policy_reward = 0;  // expected reward of a uniformly random policy
