@@ -245,24 +245,11 @@ Result<TrainerSummary> RunExampleTrainer(
                                              options.policy_gradient, options.threads));
     record.mean_ratio = stats.mean_ratio;
     record.truncated = stats.truncated;
-    // Publish the new version and count the served elements it changed.
-    std::vector<std::vector<uint8_t>> before;
-    for (const auto& t : publisher->served().tensors()) before.push_back(t.bytes);
+    // Publish the new version.
     WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest,
                           publisher->Publish(layout.Master(weights)));
-    uint64_t elements = 0;
-    for (size_t i = 0; i < before.size(); ++i) {
-      const auto& t = publisher->served().tensors()[i];
-      const size_t width = sync::Info(t.spec.dtype).size;
-      for (size_t k = 0; k < t.bytes.size(); k += width) {
-        record.changed_elements +=
-            !std::equal(t.bytes.begin() + k, t.bytes.begin() + k + width, before[i].begin() + k);
-      }
-      elements += t.bytes.size() / width;
-    }
-    record.density =
-        elements > 0 ? static_cast<double>(record.changed_elements) / static_cast<double>(elements)
-                     : 0;
+    record.changed_elements = publisher->last_stats().changed_elements;
+    record.density = publisher->last_stats().density();
     version = manifest.version;
     record.version = version;
     record.delta_bytes = manifest.delta ? manifest.delta->bytes : 0;

@@ -127,10 +127,12 @@ Result<ModelDelta> EncodeModelDelta(const std::vector<TensorBytes>& old_tensors,
 // The fused path: converts `master` to the serving format, diffs it against `served` (the
 // previously served tensor, updated in place to the new one), and encodes the delta, in one
 // streaming pass. `served_digest` must be the digest of `served` on entry; it is the new digest
-// on return. Elements that do not change are not written.
-Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const float> master,
+// on return. Elements that do not change are not written; `*changed` (when given) counts those
+// that do. `master` is FP32 or BF16 (master_values.h).
+Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, const MasterValues& master,
                                      const ServeFormat& format, std::span<uint8_t> served,
-                                     Digest* served_digest, const CodecOptions& options);
+                                     Digest* served_digest, const CodecOptions& options,
+                                     uint64_t* changed = nullptr);
 
 // Applies `delta` to `served` in place. `served_digest` is the digest of `served` if known (it is
 // computed otherwise); it must equal the delta's base digest. On success `served` holds the

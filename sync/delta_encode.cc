@@ -201,9 +201,10 @@ Result<TensorDelta> EncodeTensorDelta(const TensorSpec& spec, std::span<const ui
   return delta;
 }
 
-Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const float> master,
+Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, const MasterValues& master,
                                      const ServeFormat& format, std::span<uint8_t> served,
-                                     Digest* served_digest, const CodecOptions& options) {
+                                     Digest* served_digest, const CodecOptions& options,
+                                     uint64_t* changed) {
   WEFT_RETURN_IF_ERROR(CheckChunkLog2(options.chunk_log2));
   if (spec.dtype != format.dtype) {
     return InvalidArgument("tensor '" + spec.name + "': spec dtype differs from the serve format");
@@ -227,12 +228,13 @@ Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const flo
   const uint8_t width = Info(spec.dtype).size;
 
   std::vector<Digest> changes(delta.chunks.size());
+  std::vector<uint64_t> counts(delta.chunks.size());
   ParallelFor(delta.chunks.size(), options.threads, [&](size_t c) {
     const uint64_t first = uint64_t{c} << delta.chunk_log2;
     const uint64_t end = first + delta.UnitsInChunk(c);
     ChangeList list;
-    if (spec.dtype == DType::kBF16 && HasFusedBf16Kernel()) {
-      ScanFromMasterBf16(master.data() + first, served.data() + first * width,
+    if (spec.dtype == DType::kBF16 && master.is_f32() && HasFusedBf16Kernel()) {
+      ScanFromMasterBf16(master.f32().data() + first, served.data() + first * width,
                          static_cast<uint32_t>(end - first), 0, first, &list, &changes[c]);
     } else {
       // Convert a block at a time into L1, then diff it against the served tensor.
@@ -251,9 +253,14 @@ Result<TensorDelta> EncodeFromMaster(const TensorSpec& spec, std::span<const flo
         }
       }
     }
+    counts[c] = list.size();
     delta.chunks[c] = MakeChunk(list, served.subspan(first * width, (end - first) * width), width,
                                 ValueCoding::kOrderedDiff);
   });
+  if (changed != nullptr) {
+    *changed = 0;
+    for (uint64_t n : counts) *changed += n;
+  }
   delta.base_digest = *served_digest;
   for (const Digest& d : changes) *served_digest += d;
   delta.result_digest = *served_digest;

@@ -19,11 +19,14 @@ BlockScaling ScalingForShape(std::span<const uint64_t> shape, uint32_t block) {
   return scaling;
 }
 
-std::vector<float> ComputeScales(std::span<const float> weights, const BlockScaling& scaling,
+std::vector<float> ComputeScales(const MasterValues& weights, const BlockScaling& scaling,
                                  Fp8Format format) {
   std::vector<float> amax(scaling.scale_count(), 0.0f);
-  ForEachTileRun(scaling, 0, weights.size(), [&](uint64_t begin, uint64_t end, uint64_t tile) {
-    amax[tile] = std::max(amax[tile], AbsMax(weights.subspan(begin, end - begin)));
+  ForEachFloatBlock(weights, [&](std::span<const float> block, uint64_t first) {
+    ForEachTileRun(
+        scaling, first, first + block.size(), [&](uint64_t begin, uint64_t end, uint64_t tile) {
+          amax[tile] = std::max(amax[tile], AbsMax(block.subspan(begin - first, end - begin)));
+        });
   });
   const float max_finite = Fp8MaxFinite(format);
   for (float& value : amax) value = value == 0.0f ? 1.0f : value / max_finite;

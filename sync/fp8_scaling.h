@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sync/convert.h"
+#include "sync/master_values.h"
 
 namespace weft::sync {
 
@@ -46,7 +47,7 @@ struct BlockScaling {
 BlockScaling ScalingForShape(std::span<const uint64_t> shape, uint32_t block);
 
 // s_t = amax_t / max_finite for every tile.
-std::vector<float> ComputeScales(std::span<const float> weights, const BlockScaling& scaling,
+std::vector<float> ComputeScales(const MasterValues& weights, const BlockScaling& scaling,
                                  Fp8Format format);
 
 // Calls fn(begin, end, tile) for the maximal runs of consecutive elements in [begin, end) that

@@ -75,8 +75,9 @@ std::vector<TensorBytes> ServedModel::AsTensorBytes() const {
 }
 
 Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
-                                       const CodecOptions& options) {
+                                       const CodecOptions& options, uint64_t* changed) {
   ModelDelta delta;
+  uint64_t changed_total = 0;
   for (const MasterTensor& m : master) {
     Tensor* values = FindMutable(m.name);
     if (values == nullptr || values->spec.shape != m.shape) {
@@ -90,6 +91,9 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
       scaling = ScalingForShape(m.shape, plan_.fp8_block);
       scales = ComputeScales(m.weights, scaling, Fp8Of(plan_.dtype));
       std::span<const uint8_t> scale_bytes = AsBytes(scales);
+      for (size_t k = 0; k < scales.size(); ++k)
+        changed_total +=
+            std::memcmp(scale->bytes.data() + 4 * k, scale_bytes.data() + 4 * k, 4) != 0;
       WEFT_ASSIGN_OR_RETURN(
           TensorDelta scale_delta,
           EncodeTensorDelta(scale->spec, scale->bytes, scale_bytes, options, scale->digest));
@@ -99,11 +103,14 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
       format.scaling = &scaling;
       format.scales = scales;
     }
-    WEFT_ASSIGN_OR_RETURN(
-        TensorDelta value_delta,
-        EncodeFromMaster(values->spec, m.weights, format, values->bytes, &values->digest, options));
+    uint64_t value_changes = 0;
+    WEFT_ASSIGN_OR_RETURN(TensorDelta value_delta,
+                          EncodeFromMaster(values->spec, m.weights, format, values->bytes,
+                                           &values->digest, options, &value_changes));
+    changed_total += value_changes;
     delta.tensors.push_back(std::move(value_delta));
   }
+  if (changed != nullptr) *changed = changed_total;
   return delta;
 }
 
@@ -132,6 +139,12 @@ Status ServedModel::Apply(const ModelDelta& delta, int threads) {
 uint64_t ServedModel::byte_count() const {
   uint64_t total = 0;
   for (const Tensor& t : tensors_) total += t.bytes.size();
+  return total;
+}
+
+uint64_t ServedModel::element_count() const {
+  uint64_t total = 0;
+  for (const Tensor& t : tensors_) total += t.spec.element_count();
   return total;
 }
 

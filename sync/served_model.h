@@ -26,7 +26,7 @@ namespace weft::sync {
 struct MasterTensor {
   std::string name;
   std::vector<uint64_t> shape;
-  std::span<const float> weights;
+  MasterValues weights;  // FP32 or BF16, read in place
 };
 
 struct ServingPlan {
@@ -58,7 +58,9 @@ class ServedModel {
 
   // Moves every served tensor to the new master weights (same names and shapes as FromMaster)
   // and returns the delta from the previous state.
-  Result<ModelDelta> Update(const std::vector<MasterTensor>& master, const CodecOptions& options);
+  // `changed` (when given) receives the number of served elements (scales included) that changed.
+  Result<ModelDelta> Update(const std::vector<MasterTensor>& master, const CodecOptions& options,
+                            uint64_t* changed = nullptr);
 
   // Applies a delta made from this state; on error nothing is changed.
   Status Apply(const ModelDelta& delta, int threads);
@@ -67,6 +69,7 @@ class ServedModel {
   const Tensor* Find(const std::string& name) const;
   const ServingPlan& plan() const { return plan_; }
   uint64_t byte_count() const;
+  uint64_t element_count() const;  // served elements, scales included
 
  private:
   bool is_fp8() const { return Info(plan_.dtype).size == 1; }

@@ -1,5 +1,7 @@
 #include "sync/serving.h"
 
+#include <cstring>
+
 namespace weft::sync {
 
 bool IsServingFormat(DType dtype) {
@@ -7,8 +9,10 @@ bool IsServingFormat(DType dtype) {
          dtype == DType::kF8E5M2;
 }
 
-void ConvertToServing(const ServeFormat& format, std::span<const float> values, uint64_t first,
-                      std::span<uint8_t> out) {
+namespace {
+
+void ConvertFloats(const ServeFormat& format, std::span<const float> values, uint64_t first,
+                   std::span<uint8_t> out) {
   const size_t n = values.size();
   switch (format.dtype) {
     case DType::kBF16:
@@ -26,7 +30,22 @@ void ConvertToServing(const ServeFormat& format, std::span<const float> values, 
   }
 }
 
-ServedValues Serve(std::span<const float> values, std::span<const uint64_t> shape, DType dtype,
+}  // namespace
+
+void ConvertToServing(const ServeFormat& format, const MasterValues& values, uint64_t first,
+                      std::span<uint8_t> out) {
+  if (!values.is_f32() && format.dtype == DType::kBF16) {
+    // BF16 to BF16 is the identity (NaN payloads included), as a cast to the same type is.
+    std::memcpy(out.data(), values.bf16().data(), values.size() * 2);
+    return;
+  }
+  const uint64_t width = Info(format.dtype).size;
+  ForEachFloatBlock(values, [&](std::span<const float> block, uint64_t offset) {
+    ConvertFloats(format, block, first + offset, out.subspan(offset * width, block.size() * width));
+  });
+}
+
+ServedValues Serve(const MasterValues& values, std::span<const uint64_t> shape, DType dtype,
                    uint32_t fp8_block, Saturation saturation) {
   ServedValues served;
   served.bytes.resize(values.size() * Info(dtype).size);

@@ -1,6 +1,6 @@
-// Serving formats: how FP32 master weights become the tensors an engine serves (docs/formats.md,
-// section 2), written once for every path that converts: the served model (served_model.h), the
-// fused encoder (delta_codec.h, EncodeFromMaster) and `weft cast`.
+// Serving formats: how master weights (FP32, or BF16: master_values.h) become the tensors an engine
+// serves (docs/formats.md, section 2), written once for every path that converts: the served model
+// (served_model.h), the fused encoder (delta_codec.h, EncodeFromMaster) and `weft cast`.
 //
 // BF16 and FP16 round to nearest even (convert.h); FP8 divides each element by its tile's scale
 // (fp8_scaling.h) and converts with the configured saturation. Pure and thread-safe.
@@ -13,6 +13,7 @@
 #include "sync/convert.h"
 #include "sync/dtype.h"
 #include "sync/fp8_scaling.h"
+#include "sync/master_values.h"
 
 namespace weft::sync {
 
@@ -29,7 +30,7 @@ struct ServeFormat {
 // Converts `values`, the elements of a tensor from index `first` on, into `out` (their served
 // bytes, values.size() * the format's width). FP8 elements are divided by the scale of their tile
 // (by 1 without `scaling`).
-void ConvertToServing(const ServeFormat& format, std::span<const float> values, uint64_t first,
+void ConvertToServing(const ServeFormat& format, const MasterValues& values, uint64_t first,
                       std::span<uint8_t> out);
 
 // A whole tensor in a serving format: its bytes and, for FP8, its scale tiles and their values
@@ -41,7 +42,7 @@ struct ServedValues {
 };
 // Serves `values` (a tensor of `shape`) as `dtype`; FP8 gets one scale per `fp8_block` square
 // tile, or one for the tensor when `fp8_block` is 0.
-ServedValues Serve(std::span<const float> values, std::span<const uint64_t> shape, DType dtype,
+ServedValues Serve(const MasterValues& values, std::span<const uint64_t> shape, DType dtype,
                    uint32_t fp8_block, Saturation saturation);
 
 }  // namespace weft::sync

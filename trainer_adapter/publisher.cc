@@ -1,6 +1,23 @@
 #include "trainer_adapter/publisher.h"
 
 namespace weft::trainer_adapter {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t BlobBytes(const policy_store::Manifest& manifest) {
+  uint64_t bytes = 0;
+  if (manifest.keyframe) bytes += manifest.keyframe->bytes;
+  if (manifest.delta) bytes += manifest.delta->bytes;
+  for (const policy_store::SkipDelta& skip : manifest.skips) bytes += skip.blob.bytes;
+  return bytes;
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Publisher>> Publisher::Start(policy_store::ObjectStore& store,
                                                     std::string run_id,
@@ -18,28 +35,46 @@ Result<std::unique_ptr<Publisher>> Publisher::Start(policy_store::ObjectStore& s
       return Conflict("run '" + run_id + "' already exists in " + store.Describe() +
                       "; start a new run id");
   }
+  const auto started = Clock::now();
   WEFT_ASSIGN_OR_RETURN(sync::ServedModel served,
                         sync::ServedModel::FromMaster(master, plan, options.codec.threads));
   std::unique_ptr<Publisher> publisher(
       new Publisher(store, std::move(run_id), std::move(served), options));
-  WEFT_ASSIGN_OR_RETURN(publisher->last_, publisher->PublishServed(publisher->served_, nullptr));
+  PublishStats stats;
+  WEFT_ASSIGN_OR_RETURN(publisher->last_, publisher->PublishServed(publisher->served_, nullptr,
+                                                                   &stats.bytes_written));
+  stats.version = publisher->last_.version;
+  stats.elements = publisher->served_.element_count();
+  stats.changed_elements = stats.elements;
+  stats.seconds = SecondsSince(started);
+  publisher->stats_ = stats;
   return publisher;
 }
 
 Result<policy_store::Manifest> Publisher::PublishServed(const sync::ServedModel& served,
-                                                        const sync::ModelDelta* delta) {
+                                                        const sync::ModelDelta* delta,
+                                                        uint64_t* bytes_written) {
   const policy_store::Manifest* previous = delta ? &last_ : nullptr;
   if (options_.world == 1) {
-    return policy_store::PublishVersion(store_, run_id_, previous, served, delta,
-                                        options_.keyframes, options_.codec.threads, &recent_);
+    WEFT_ASSIGN_OR_RETURN(
+        policy_store::Manifest manifest,
+        policy_store::PublishVersion(store_, run_id_, previous, served, delta, options_.keyframes,
+                                     options_.codec.threads, &recent_));
+    *bytes_written += BlobBytes(manifest);
+    return manifest;
   }
-  WEFT_RETURN_IF_ERROR(policy_store::PublishShard(store_, run_id_, previous, options_.rank,
-                                                  options_.world, served, delta, options_.keyframes,
-                                                  &recent_)
-                           .status());
+  WEFT_ASSIGN_OR_RETURN(
+      policy_store::Manifest part,
+      policy_store::PublishShard(store_, run_id_, previous, options_.rank, options_.world, served,
+                                 delta, options_.keyframes, &recent_));
+  *bytes_written += BlobBytes(part);
   if (options_.rank == 0) {
-    return policy_store::CommitShards(store_, run_id_, previous, options_.world, options_.keyframes,
-                                      options_.codec.threads, options_.shard_deadline, &recent_);
+    WEFT_ASSIGN_OR_RETURN(
+        policy_store::Manifest manifest,
+        policy_store::CommitShards(store_, run_id_, previous, options_.world, options_.keyframes,
+                                   options_.codec.threads, options_.shard_deadline, &recent_));
+    *bytes_written += BlobBytes(manifest);
+    return manifest;
   }
   return policy_store::WaitForVersion(store_, run_id_, previous ? previous->version + 1 : 0,
                                       options_.shard_deadline);
@@ -48,11 +83,19 @@ Result<policy_store::Manifest> Publisher::PublishServed(const sync::ServedModel&
 Result<policy_store::Manifest> Publisher::Publish(const std::vector<sync::MasterTensor>& master) {
   // Work on a copy of the served state so that a failed publish leaves this publisher able to
   // retry from the version it last published.
+  const auto started = Clock::now();
   sync::ServedModel next = served_;
-  WEFT_ASSIGN_OR_RETURN(sync::ModelDelta delta, next.Update(master, options_.codec));
-  WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest, PublishServed(next, &delta));
+  PublishStats stats;
+  WEFT_ASSIGN_OR_RETURN(sync::ModelDelta delta,
+                        next.Update(master, options_.codec, &stats.changed_elements));
+  WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest,
+                        PublishServed(next, &delta, &stats.bytes_written));
   served_ = std::move(next);
   last_ = std::move(manifest);
+  stats.version = last_.version;
+  stats.elements = served_.element_count();
+  stats.seconds = SecondsSince(started);
+  stats_ = stats;
   return last_;
 }
 

@@ -36,6 +36,20 @@ struct PublisherOptions {
   uint64_t recent_delta_bytes = uint64_t{1} << 30;
 };
 
+// What one Start or Publish did.
+struct PublishStats {
+  uint64_t version = 0;
+  uint64_t changed_elements = 0;  // served elements (scales included) that changed; all for Start
+  uint64_t elements = 0;          // served elements of this publisher's tensors
+  uint64_t bytes_written = 0;  // blobs in the manifests this rank wrote (its part, and the merged
+                               // version on rank 0): delta, keyframe and skip deltas
+  double seconds = 0;          // conversion, encoding and publishing
+  double density() const {
+    return elements > 0 ? static_cast<double>(changed_elements) / static_cast<double>(elements)
+                        : 0.0;
+  }
+};
+
 class Publisher {
  public:
   // Starts run `run_id`, which must not exist yet, with version 0 served from `master` (this
@@ -50,6 +64,7 @@ class Publisher {
   Result<policy_store::Manifest> Publish(const std::vector<sync::MasterTensor>& master);
 
   const policy_store::Manifest& last() const { return last_; }
+  const PublishStats& last_stats() const { return stats_; }
   const sync::ServedModel& served() const { return served_; }
 
  private:
@@ -61,9 +76,11 @@ class Publisher {
         options_(options),
         recent_(options.recent_delta_bytes) {}
 
-  // Publishes `served` (with `delta` from the last version, null for version 0), sharded or not.
+  // Publishes `served` (with `delta` from the last version, null for version 0), sharded or not;
+  // adds the bytes of the blobs it wrote to `*bytes_written`.
   Result<policy_store::Manifest> PublishServed(const sync::ServedModel& served,
-                                               const sync::ModelDelta* delta);
+                                               const sync::ModelDelta* delta,
+                                               uint64_t* bytes_written);
 
   policy_store::ObjectStore& store_;
   std::string run_id_;
@@ -71,6 +88,7 @@ class Publisher {
   policy_store::Manifest last_;
   PublisherOptions options_;
   policy_store::RecentDeltas recent_;
+  PublishStats stats_;
 };
 
 }  // namespace weft::trainer_adapter

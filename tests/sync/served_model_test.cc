@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
+#include <limits>
 #include <random>
 
 namespace weft::sync {
@@ -71,6 +73,89 @@ TEST_CASE("served model: the publisher's updates make a replica serve the same b
       // The views the writers and the encoder take are the model's own bytes.
       CHECK(publisher->AsTensorBytes().size() == publisher->tensors().size());
       CHECK(publisher->AsTensorsToWrite()[0].data.data() == publisher->tensors()[0].bytes.data());
+    }
+  }
+}
+
+// BF16 bit patterns of `values` (round to nearest even), and those patterns widened back to FP32.
+std::vector<uint16_t> ToBf16(const std::vector<float>& values) {
+  std::vector<uint16_t> bits(values.size());
+  ConvertBf16Ref(values, bits);
+  return bits;
+}
+std::vector<float> Widen(const std::vector<uint16_t>& bits) {
+  std::vector<float> wide(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) wide[i] = Bf16ToFloat(bits[i]);
+  return wide;
+}
+
+TEST_CASE("served model: BF16 masters serve exactly as their FP32 values, read in place") {
+  Masters masters(3);
+  // Special values among the weights: NaN with a payload, infinities, signed zero, a subnormal.
+  masters.values[0][0] = std::numeric_limits<float>::infinity();
+  masters.values[0][1] = -0.0f;
+  masters.values[0][2] = 1e-40f;
+  for (ServingPlan plan : {ServingPlan{DType::kBF16, 0, Saturation::kSaturateFinite},
+                           ServingPlan{DType::kF16, 0, Saturation::kSaturateFinite},
+                           ServingPlan{DType::kF8E4M3, 16, Saturation::kSaturateFinite},
+                           ServingPlan{DType::kF8E5M2, 0, Saturation::kSaturateFinite}}) {
+    CAPTURE(static_cast<int>(plan.dtype));
+    std::vector<std::vector<uint16_t>> bf16 = {ToBf16(masters.values[0]),
+                                               ToBf16(masters.values[1])};
+    bf16[1][5] = 0x7F81;  // a signalling NaN's payload: BF16 served from BF16 keeps it
+    auto view_bf16 = [&] {
+      return std::vector<MasterTensor>{{"w", masters.shapes[0], MasterValues::Bf16(bf16[0])},
+                                       {"b", masters.shapes[1], MasterValues::Bf16(bf16[1])}};
+    };
+    std::vector<std::vector<float>> wide = {Widen(bf16[0]), Widen(bf16[1])};
+    auto view_wide = [&] {
+      return std::vector<MasterTensor>{{"w", masters.shapes[0], wide[0]},
+                                       {"b", masters.shapes[1], wide[1]}};
+    };
+    Result<ServedModel> from_bf16 = ServedModel::FromMaster(view_bf16(), plan, 2);
+    Result<ServedModel> from_wide = ServedModel::FromMaster(view_wide(), plan, 2);
+    REQUIRE(from_bf16.ok());
+    REQUIRE(from_wide.ok());
+    auto same = [&] {
+      REQUIRE(from_bf16->tensors().size() == from_wide->tensors().size());
+      for (size_t t = 0; t < from_wide->tensors().size(); ++t) {
+        const ServedModel::Tensor& a = from_bf16->tensors()[t];
+        const ServedModel::Tensor& b = from_wide->tensors()[t];
+        CHECK(a.spec.name == b.spec.name);
+        if (plan.dtype == DType::kBF16 && a.spec.name == "b") {
+          // Identical except the NaN, which keeps its payload from a BF16 master.
+          std::vector<uint8_t> expected = b.bytes;
+          std::memcpy(expected.data() + 10, &bf16[1][5], 2);
+          CHECK(a.bytes == expected);
+        } else {
+          CHECK(a.bytes == b.bytes);
+        }
+      }
+    };
+    same();
+    if (plan.dtype == DType::kBF16) {
+      CHECK(std::memcmp(from_bf16->Find("w")->bytes.data(), bf16[0].data(), bf16[0].size() * 2) ==
+            0);
+    }
+    for (int step = 0; step < 2; ++step) {
+      masters.Step(3e-4f, 40 + step);
+      bf16[0] = ToBf16(masters.values[0]);
+      wide[0] = Widen(bf16[0]);
+      const std::vector<uint8_t> before = from_wide->Find("w")->bytes;
+      uint64_t changed_bf16 = 0, changed_wide = 0;
+      REQUIRE(from_bf16->Update(view_bf16(), CodecOptions{10, 2}, &changed_bf16).ok());
+      REQUIRE(from_wide->Update(view_wide(), CodecOptions{10, 2}, &changed_wide).ok());
+      same();
+      CHECK(changed_bf16 == changed_wide);
+      // The count is the elements whose served bytes changed (and scales, for FP8).
+      const std::vector<uint8_t>& after = from_wide->Find("w")->bytes;
+      const size_t width = Info(plan.dtype).size;
+      uint64_t differ = 0;
+      for (size_t k = 0; k < after.size(); k += width)
+        differ += std::memcmp(after.data() + k, before.data() + k, width) != 0;
+      CHECK(differ > 0);
+      if (width == 2) CHECK(changed_wide == differ);
+      if (width == 1) CHECK(changed_wide >= differ);
     }
   }
 }

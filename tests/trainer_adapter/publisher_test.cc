@@ -65,6 +65,12 @@ TEST_CASE("publisher: every version a delta of the served state, proven by its d
   REQUIRE(publisher.ok());
   CHECK((*publisher)->last().version == 0);
   CHECK((*publisher)->last().keyframe.has_value());
+  // Version 0 writes everything: its stats say so.
+  const PublishStats first = (*publisher)->last_stats();
+  CHECK(first.version == 0);
+  CHECK(first.elements == (*publisher)->served().element_count());
+  CHECK(first.changed_elements == first.elements);
+  CHECK(first.bytes_written == (*publisher)->last().keyframe->bytes);
   StoreReader reader(*f.store, "run", 1);
   sync::ServedModel replica;
   REQUIRE(reader.Pull(0, std::nullopt, &replica).ok());
@@ -79,6 +85,17 @@ TEST_CASE("publisher: every version a delta of the served state, proven by its d
     REQUIRE(report.ok());
     CHECK(report->path == "1 delta from v" + std::to_string(v - 1));
     CHECK(SameBytes(replica, (*publisher)->served()));
+    // The stats: the delta's bytes (and a keyframe's, every 4 versions), and a count of changed
+    // elements that is neither none nor all.
+    const PublishStats& stats = (*publisher)->last_stats();
+    CHECK(stats.version == v);
+    uint64_t blobs = manifest->delta->bytes + (manifest->keyframe ? manifest->keyframe->bytes : 0);
+    for (const policy_store::SkipDelta& skip : manifest->skips) blobs += skip.blob.bytes;
+    CHECK(stats.bytes_written == blobs);
+    CHECK(stats.changed_elements > 0);
+    CHECK(stats.changed_elements < stats.elements);
+    CHECK(stats.density() > 0.0);
+    CHECK(stats.seconds > 0.0);
   }
   // Masters that do not match the run are refused, and the publisher can go on.
   CHECK(!(*publisher)->Publish({{"other", {3}, std::vector<float>(3)}}).ok());
