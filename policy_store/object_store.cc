@@ -87,14 +87,21 @@ Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const Ope
   std::unique_ptr<ObjectStore> store;
   const bool shaped = options.shape_bytes_per_second > 0 || options.shape_latency.count() > 0;
   if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) {
-    const char* token = std::getenv("WEFT_STORE_TOKEN");
+    const char* environment = std::getenv("WEFT_STORE_TOKEN");
+    const std::string token =
+        options.writer_token ? *options.writer_token : (environment ? environment : "");
     HttpStoreOptions http;
     http.deadline = options.deadline;
     if (shaped)
       http.shaper = std::make_shared<LinkShaper>(
           LinkShape{options.shape_bytes_per_second, options.shape_latency});
-    store = std::make_unique<HttpStore>(uri, token ? token : "", http);
+    store = std::make_unique<HttpStore>(uri, token, http);
   } else {
+    const size_t scheme = uri.find("://");
+    if (scheme != std::string::npos && uri.compare(0, scheme, "file") != 0) {
+      return InvalidArgument("store '" + uri + "': unknown scheme '" + uri.substr(0, scheme) +
+                             "' (a store is a directory, file://PATH, http:// or https://)");
+    }
     if (shaped)
       return InvalidArgument("link shaping applies to http:// stores, not to the directory " + uri);
     std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri;

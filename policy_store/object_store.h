@@ -73,10 +73,13 @@ struct OpenOptions {
   std::chrono::milliseconds deadline{120000};  // per request, retries included
   std::string cache_dir;                       // empty: no local cache
   uint64_t cache_bytes = uint64_t{10} << 30;
+  // The writer token of an HTTP store; unset: the environment variable WEFT_STORE_TOKEN.
+  std::optional<std::string> writer_token;
 };
 
 // Opens a store from a URI: a directory path, file://PATH, or http(s)://HOST:PORT (a Store API
-// server; writes use the token in the environment variable WEFT_STORE_TOKEN).
+// server; writes use options.writer_token, or else the environment variable WEFT_STORE_TOKEN).
+// Another scheme (xyz://...) is refused with kInvalidArgument.
 Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri,
                                                const OpenOptions& options = {});
 

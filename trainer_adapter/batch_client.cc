@@ -23,20 +23,33 @@ double StalenessStats::mean_lag() const {
 
 Result<std::vector<orchestrator::Delivered>> BatchClient::NextBatch(
     size_t samples, uint64_t trainer_version, std::chrono::milliseconds wait) {
+  return Take(samples, true, trainer_version, wait);
+}
+
+Result<std::vector<orchestrator::Delivered>> BatchClient::NextGroups(
+    size_t groups, uint64_t trainer_version, std::chrono::milliseconds wait) {
+  return Take(groups, false, trainer_version, wait);
+}
+
+Result<std::vector<orchestrator::Delivered>> BatchClient::Take(size_t want, bool in_samples,
+                                                               uint64_t trainer_version,
+                                                               std::chrono::milliseconds wait) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline = Clock::now() + wait;
   std::vector<orchestrator::Delivered> groups;
   size_t held = 0;
-  while (held < samples) {
+  while (held < want) {
     const auto left =
         std::max(std::chrono::milliseconds(0),
                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-    // Groups to ask for: the samples still wanted over the mean group size seen so far (one group
-    // while none has been seen), so a batch does not overshoot by many groups.
-    const size_t group =
-        stats_.groups > 0 ? std::max<uint64_t>(1, stats_.samples / stats_.groups) : samples;
+    // Groups to ask for: the units still wanted, over the mean group size seen so far when
+    // counting samples (one group while none has been seen), so a batch does not overshoot by
+    // many groups.
+    const size_t group = !in_samples         ? 1
+                         : stats_.groups > 0 ? std::max<uint64_t>(1, stats_.samples / stats_.groups)
+                                             : want;
     const uint32_t ask =
-        static_cast<uint32_t>(std::clamp<size_t>((samples - held + group - 1) / group, 1, 100000));
+        static_cast<uint32_t>(std::clamp<size_t>((want - held + group - 1) / group, 1, 100000));
     WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::Delivered> batch, client_.TakeBatch(ask, left));
     for (orchestrator::Delivered& d : batch) {
       const uint64_t lag = LagOf(d.group, trainer_version);
@@ -50,7 +63,7 @@ Result<std::vector<orchestrator::Delivered>> BatchClient::NextBatch(
       } else if (lag > max_staleness_) {
         ++stats_.violations;
       }
-      held += count;
+      held += in_samples ? count : 1;
       groups.push_back(std::move(d));
     }
     if (Clock::now() >= deadline) break;

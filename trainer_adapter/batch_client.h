@@ -47,10 +47,18 @@ class BatchClient {
   // holds now (its lag baseline).
   Result<std::vector<orchestrator::Delivered>> NextBatch(size_t samples, uint64_t trainer_version,
                                                          std::chrono::milliseconds wait);
+  // The same counted in groups: until `groups` groups have arrived, or `wait` is over.
+  Result<std::vector<orchestrator::Delivered>> NextGroups(size_t groups, uint64_t trainer_version,
+                                                          std::chrono::milliseconds wait);
 
   const StalenessStats& staleness() const { return stats_; }
 
  private:
+  // Takes groups until `want` units (samples, or groups) are held or `wait` is over.
+  Result<std::vector<orchestrator::Delivered>> Take(size_t want, bool in_samples,
+                                                    uint64_t trainer_version,
+                                                    std::chrono::milliseconds wait);
+
   orchestrator::OrchestratorClient& client_;
   uint64_t max_staleness_;
   StalenessStats stats_;

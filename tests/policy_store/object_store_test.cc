@@ -88,6 +88,16 @@ TEST_CASE("keys: path traversal, absolute paths and odd characters are refused")
   CHECK(!ValidateKey(std::string(600, 'a')).ok());
 }
 
+TEST_CASE("store URIs: an unknown scheme is refused, not taken for a directory") {
+  Result<std::unique_ptr<ObjectStore>> store = OpenStore("s3://bucket/prefix");
+  REQUIRE(!store.ok());
+  CHECK(store.status().code() == StatusCode::kInvalidArgument);
+  CHECK(store.status().message() ==
+        "store 's3://bucket/prefix': unknown scheme 's3' (a store is a directory, file://PATH, "
+        "http:// or https://)");
+  CHECK(!std::filesystem::exists("s3:"));
+}
+
 TEST_CASE("directory store: immutable objects, compare-and-swap, listing, deletion") {
   std::string root = TempRoot("store");
   auto store = DirectoryStore::Open(root);

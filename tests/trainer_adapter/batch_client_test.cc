@@ -82,6 +82,20 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
       CHECK(g["samples"][0]["reward"] == 1.0);
     }
   }
+  // Counted in groups: exactly the groups asked for, the rest at the next call.
+  REQUIRE(trainer.AddJobs({{nlohmann::json("4+4="), 2}, {nlohmann::json("5+5="), 2}}).ok());
+  auto more = worker.RequestLeases("c", 2, std::chrono::milliseconds(1000));
+  REQUIRE(more.ok());
+  REQUIRE(more->size() == 2);
+  REQUIRE(submit((*more)[0], 2).ok());
+  REQUIRE(submit((*more)[1], 2).ok());
+  auto one = batches.NextGroups(1, 2, std::chrono::milliseconds(2000));
+  REQUIRE(one.ok());
+  CHECK(one->size() == 1);
+  auto other = batches.NextGroups(5, 2, std::chrono::milliseconds(300));
+  REQUIRE(other.ok());
+  CHECK(other->size() == 1);
+  CHECK(batches.staleness().groups == 5);
 }
 
 }  // namespace
