@@ -6,10 +6,14 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <thread>
+
+extern char** environ;
 
 namespace weft::cli {
 
@@ -24,12 +28,54 @@ Child MakeChild(std::string name, std::vector<std::string> args, bool restart, s
   return child;
 }
 
+Result<std::string> FindExecutable(const std::string& name, const std::string& search_path) {
+  auto executable = [](const std::string& path) {
+    struct stat info {};
+    return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+           ::access(path.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) {
+    std::error_code error;
+    const std::string path = std::filesystem::absolute(name, error).string();
+    if (error || !executable(path)) return NotFound("'" + name + "' is not an executable file");
+    return path;
+  }
+  size_t begin = 0;
+  while (begin <= search_path.size()) {
+    size_t end = search_path.find(':', begin);
+    if (end == std::string::npos) end = search_path.size();
+    // An empty entry is the working directory, as for execvp.
+    const std::string dir = end == begin ? "." : search_path.substr(begin, end - begin);
+    const std::string candidate = dir + "/" + name;
+    if (executable(candidate)) {
+      std::error_code error;
+      const std::string path = std::filesystem::absolute(candidate, error).string();
+      return error ? candidate : path;
+    }
+    begin = end + 1;
+  }
+  return NotFound("'" + name + "' is not an executable found on PATH (" + search_path + ")");
+}
+
 Status Supervisor::Start(Child& child) {
-  std::vector<std::string> argv = {binary_};
+  // Everything the child needs is made here: between fork and exec only async-signal-safe calls.
+  const bool own = child.executable.empty();
+  const std::string program = own ? binary_ : child.executable;
+  std::vector<std::string> argv = {own ? binary_ : (child.argv0.empty() ? program : child.argv0)};
   argv.insert(argv.end(), child.args.begin(), child.args.end());
   std::vector<char*> raw;
   for (std::string& a : argv) raw.push_back(a.data());
   raw.push_back(nullptr);
+  std::vector<std::string> environment;
+  for (char** variable = environ; *variable != nullptr; ++variable) {
+    const std::string entry = *variable;
+    if (!child.environment.count(entry.substr(0, entry.find('=')))) environment.push_back(entry);
+  }
+  for (const auto& [name, value] : child.environment) environment.push_back(name + "=" + value);
+  std::vector<char*> raw_environment;
+  for (std::string& e : environment) raw_environment.push_back(e.data());
+  raw_environment.push_back(nullptr);
+  const std::string exec_failed = "weft run: cannot execute " + program + "\n";
   const std::string log = log_dir_ + "/" + child.name + ".log";
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return Internal("cannot open " + log);
@@ -48,10 +94,13 @@ Status Supervisor::Start(Child& child) {
     dup2(fd, 1);
     dup2(fd, 2);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(raw[0], raw.data());
+    execve(program.c_str(), raw.data(), raw_environment.data());
+    const ssize_t ignored = ::write(2, exec_failed.data(), exec_failed.size());
+    (void)ignored;
     _exit(127);
   }
   ::close(fd);
+  setpgid(pid, pid);  // as the child does: a Stop right after Start reaches its group
   child.pid = pid;
   child.running = true;
   child.ended.clear();
@@ -76,7 +125,7 @@ std::vector<Child*> Supervisor::Reap(std::vector<Child>& children) {
 
 void Supervisor::Stop(std::vector<Child*> children, std::chrono::milliseconds grace) {
   for (Child* c : children) {
-    if (c->running) kill(c->pid, SIGTERM);
+    if (c->running) kill(-c->pid, SIGTERM);
   }
   const auto deadline = Clock::now() + grace;
   for (Child* c : children) {
@@ -88,7 +137,7 @@ void Supervisor::Stop(std::vector<Child*> children, std::chrono::milliseconds gr
         break;
       }
       if (Clock::now() > deadline) {
-        kill(c->pid, SIGKILL);
+        kill(-c->pid, SIGKILL);
         waitpid(c->pid, &status, 0);
         c->running = false;
         c->ended =
