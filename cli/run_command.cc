@@ -1,15 +1,17 @@
 // weft run CONFIG: a whole run on one machine, as separate processes (this binary's other
 // subcommands): the store server over the run's store directory, the orchestrator, one relay per
-// region behind the region's emulated WAN link, the workers of every region and the example
-// trainer. It supervises them (cli/supervisor.h: the store, the orchestrator and the relays are
-// restarted if they die; a worker that dies stays dead and its jobs go to others), prints a
-// progress line, stops everything on Ctrl-C or when the trainer is done, and writes the report
-// (cli/run_report.h; docs/run.md).
+// region behind the region's emulated WAN link, the workers of every region and the trainer (the
+// built-in example trainer, `weft train`, or the command `trainer.command` names, which gets the
+// run's settings through the channel of cli/trainer_channel.h). It supervises them
+// (cli/supervisor.h: the store, the orchestrator and the relays are restarted if they die; a worker
+// that dies stays dead and its jobs go to others), prints a progress line, stops everything on
+// Ctrl-C or when the trainer is done, and writes the report (cli/run_report.h; docs/run.md).
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -18,6 +20,7 @@
 #include "cli/run_config.h"
 #include "cli/run_report.h"
 #include "cli/supervisor.h"
+#include "cli/trainer_channel.h"
 #include "common/file_util.h"
 #include "common/http_client.h"
 #include "orchestrator/client.h"
@@ -31,10 +34,37 @@ namespace fs = std::filesystem;
 
 const char kMarker[] = ".weft-run";
 
-Json ReadJsonFile(const std::string& path) {
-  Result<std::vector<uint8_t>> bytes = ReadFile(path);
-  return bytes.ok() ? Json::parse(bytes->begin(), bytes->end(), nullptr, false) : Json();
-}
+// The trainer's progress file, as the progress line and the report read it: the last one that
+// was readable and matched the schema, and what was wrong with the newest if it did not.
+class ProgressReader {
+ public:
+  explicit ProgressReader(std::string path) : path_(std::move(path)) {}
+
+  void Read() {
+    Result<std::vector<uint8_t>> bytes = ReadFile(path_);
+    if (!bytes.ok()) {
+      // Not written yet is no problem; anything else is.
+      problem_ = bytes.status().code() == StatusCode::kNotFound ? "" : bytes.status().message();
+      return;
+    }
+    const Json parsed = Json::parse(bytes->begin(), bytes->end(), nullptr, false);
+    Result<Json> checked =
+        parsed.is_discarded() ? Result<Json>(InvalidArgument("not JSON")) : CheckProgress(parsed);
+    if (!checked.ok()) {
+      problem_ = path_ + ": " + checked.status().message();
+      return;
+    }
+    last_ = std::move(*checked);
+    problem_.clear();
+  }
+  const Json& last() const { return last_; }               // null until one was good
+  const std::string& problem() const { return problem_; }  // empty: the newest was good
+
+ private:
+  std::string path_;
+  Json last_;
+  std::string problem_;
+};
 
 Status RunRun(const std::string& config_path) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(config_path));
@@ -45,6 +75,18 @@ Status RunRun(const std::string& config_path) {
     WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::Task> task,
                           Builtins().MakeTask(config.task, component));
     WEFT_RETURN_IF_ERROR(Builtins().MakeEngine(config.worker.engine, component, *task).status());
+  }
+  // The trainer's program, found before anything starts (on the PATH it will have).
+  std::string trainer_program;
+  if (!config.trainer_command.empty()) {
+    const char* path = std::getenv("PATH");
+    const auto own_path = config.trainer_env.find("PATH");
+    Result<std::string> found = FindExecutable(
+        config.trainer_command[0], own_path != config.trainer_env.end() ? own_path->second
+                                   : path != nullptr                    ? path
+                                                                        : "/bin:/usr/bin");
+    if (!found.ok()) return found.status().WithContext(config.path + ": trainer.command");
+    trainer_program = *found;
   }
   const fs::path dir = fs::absolute(config.dir);
   // A fresh directory, or one an earlier run made (its marker says so): start it afresh.
@@ -74,6 +116,10 @@ Status RunRun(const std::string& config_path) {
         WriteTextFileAtomic((dir / "orchestrator.yaml").string(), std::string(out.c_str()) + "\n"));
   }
   const std::string config_abs = fs::absolute(config_path).string();
+  // What the trainer reads (docs/run.md, "The trainer"): its settings, resolved.
+  WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(TrainerSettingsPath(dir.string()),
+                                           TrainerSettings(config).dump(2) + "\n"));
+  const std::string progress_path = TrainerProgressPath(dir.string());
   char self[4096];
   const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (length <= 0) return Internal("cannot find this program's path");
@@ -114,11 +160,21 @@ Status RunRun(const std::string& config_path) {
     }
   }
   const size_t trainer_index = children.size();
-  children.push_back(
-      MakeChild("trainer",
-                {"train", "--config", config_abs, "--store", (dir / "store").string(), "--progress",
-                 (dir / "trainer.json").string()},
-                false));
+  if (config.trainer_command.empty()) {
+    children.push_back(MakeChild("trainer",
+                                 {"train", "--config", config_abs, "--store",
+                                  (dir / "store").string(), "--progress", progress_path},
+                                 false));
+  } else {
+    Child trainer = MakeChild(
+        "trainer", {config.trainer_command.begin() + 1, config.trainer_command.end()}, false);
+    trainer.executable = trainer_program;
+    trainer.argv0 = config.trainer_command[0];
+    children.push_back(std::move(trainer));
+  }
+  children[trainer_index].environment = config.trainer_env;
+  for (auto& [name, value] : TrainerChannelEnvironment(config, dir.string(), config_abs))
+    children[trainer_index].environment[name] = value;
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -151,9 +207,10 @@ Status RunRun(const std::string& config_path) {
   for (size_t i = first_worker; i < children.size(); ++i)
     WEFT_RETURN_IF_ERROR(supervisor.Start(children[i]));
   std::printf(
-      "started the store (%s), the orchestrator (%s), %zu relays, %zu workers and the trainer\n",
+      "started the store (%s), the orchestrator (%s), %zu relays, %zu workers and the trainer "
+      "(%s)\n",
       config.store_listen.c_str(), listen_orchestrator.c_str(), config.regions.size(),
-      trainer_index - first_worker);
+      trainer_index - first_worker, TrainerDescription(config).c_str());
   std::fflush(stdout);
 
   HttpClientOptions quick;
@@ -167,6 +224,7 @@ Status RunRun(const std::string& config_path) {
   std::string failure;
   bool interrupted = false;
   Json status;
+  ProgressReader progress(progress_path);
   while (true) {
     timespec wait{0, 250'000'000};
     if (sigtimedwait(&signals, nullptr, &wait) > 0) {
@@ -206,8 +264,9 @@ Status RunRun(const std::string& config_path) {
       last_line = Clock::now();
       Result<Json> s = status_client.GetStatus();
       if (s.ok()) status = *s;
-      const std::string line = ProgressLine(ReadJsonFile((dir / "trainer.json").string()),
-                                            s.ok() ? status : Json(), config);
+      progress.Read();
+      std::string line = ProgressLine(progress.last(), s.ok() ? status : Json(), config);
+      if (!progress.problem().empty()) line += " | " + progress.problem();
       const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
       if (tty) {
         std::printf("\r\033[K[%5.0fs] %s", elapsed, line.c_str());
@@ -236,8 +295,11 @@ Status RunRun(const std::string& config_path) {
   stop_infrastructure();
 
   // The report.
-  RunOutcome outcome{config_abs, failure, seconds, ReadJsonFile((dir / "trainer.json").string()),
-                     status,     relays,  {}};
+  progress.Read();
+  RunOutcome outcome{config_abs,         failure, seconds, progress.last(),
+                     progress.problem(), status,  relays,  {}};
+  if (!progress.problem().empty())
+    std::printf("the trainer's last progress file is unusable: %s\n", progress.problem().c_str());
   for (const Child& c : children) {
     if (c.restarts > 0) outcome.restarts[c.name] = c.restarts;
   }

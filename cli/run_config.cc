@@ -1,7 +1,10 @@
 #include "cli/run_config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <set>
 
+#include "cli/trainer_channel.h"
 #include "common/yaml_fields.h"
 #include "policy_store/manifest.h"
 
@@ -40,6 +43,67 @@ Status ReadPositive(const YAML::Node& node, const std::string& where, const std:
   if (!(*out > 0) || *out > high)
     return InvalidArgument(where + "." + key + " must be above 0 and at most " +
                            std::to_string(high));
+  return Status::Ok();
+}
+
+std::string LineOf(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  return mark.is_null() ? "" : " (line " + std::to_string(mark.line + 1) + ")";
+}
+
+// trainer.command: a non-empty list of strings, the first naming the program.
+Status ReadCommand(const YAML::Node& trainer, std::vector<std::string>* command) {
+  const YAML::Node list = trainer["command"];
+  if (!list) return Status::Ok();
+  if (!list.IsSequence() || list.size() == 0) {
+    return InvalidArgument(
+        "trainer.command must be a non-empty list of strings (the trainer's program and its "
+        "arguments)" +
+        LineOf(list));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string where = "trainer.command[" + std::to_string(i) + "]";
+    if (!list[i].IsScalar()) return InvalidArgument(where + " must be a string" + LineOf(list[i]));
+    const std::string& word = list[i].Scalar();
+    if (word.find('\0') != std::string::npos)
+      return InvalidArgument(where + " holds a NUL character" + LineOf(list[i]));
+    if (i == 0 && word.empty())
+      return InvalidArgument(where + " is empty: it names the program" + LineOf(list[i]));
+    command->push_back(word);
+  }
+  return Status::Ok();
+}
+
+// trainer.env: NAME: value, names as the shell takes them, none of the variables weft run sets.
+Status ReadEnvironment(const YAML::Node& trainer, std::map<std::string, std::string>* env) {
+  const YAML::Node map = trainer["env"];
+  if (!map) return Status::Ok();
+  if (!map.IsMap())
+    return InvalidArgument("trainer.env must be a map of NAME: value" + LineOf(map));
+  const std::vector<std::string>& reserved = TrainerChannelVariables();
+  for (const auto& entry : map) {
+    const std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "";
+    const std::string where = "trainer.env." + name;
+    if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])) ||
+        name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") !=
+            std::string::npos) {
+      return InvalidArgument(where + ": '" + name +
+                             "' is not an environment variable name (letters, digits and '_', "
+                             "not starting with a digit)" +
+                             LineOf(entry.first));
+    }
+    if (std::find(reserved.begin(), reserved.end(), name) != reserved.end()) {
+      return InvalidArgument(where + ": weft run sets this variable itself (docs/run.md)" +
+                             LineOf(entry.first));
+    }
+    if (!entry.second.IsScalar()) {
+      return InvalidArgument(where + " must be a string (quote an empty one: '')" +
+                             LineOf(entry.second));
+    }
+    if (entry.second.Scalar().find('\0') != std::string::npos)
+      return InvalidArgument(where + " holds a NUL character" + LineOf(entry.second));
+    (*env)[name] = entry.second.Scalar();
+  }
   return Status::Ok();
 }
 
@@ -131,11 +195,13 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   WEFT_RETURN_IF_ERROR(ParseModelSection(root["model"], &t.model));
   WEFT_RETURN_IF_ERROR(ParseTaskSection(root["task"], &c.task, &t.digits));
   if (const YAML::Node tr = root["trainer"]) {
-    WEFT_RETURN_IF_ERROR(
-        CheckKeys(tr, "trainer",
-                  {"seed", "threads", "warmup", "steps", "prompts_per_step", "samples_per_prompt",
-                   "steps_ahead", "learning_rate", "truncation", "eval_problems",
-                   "keyframe_interval", "keyframe_budget", "stall_after", "min_step_time"}));
+    WEFT_RETURN_IF_ERROR(CheckKeys(
+        tr, "trainer",
+        {"seed", "threads", "warmup", "steps", "prompts_per_step", "samples_per_prompt",
+         "steps_ahead", "learning_rate", "truncation", "eval_problems", "keyframe_interval",
+         "keyframe_budget", "stall_after", "min_step_time", "command", "env"}));
+    WEFT_RETURN_IF_ERROR(ReadCommand(tr, &c.trainer_command));
+    WEFT_RETURN_IF_ERROR(ReadEnvironment(tr, &c.trainer_env));
     WEFT_RETURN_IF_ERROR(ReadUnsigned(tr, "trainer", "seed", &t.seed));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "threads", &t.threads, 1, 256));
     if (const YAML::Node warmup = tr["warmup"]) {

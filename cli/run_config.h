@@ -1,6 +1,7 @@
 // The configuration of a whole run (`weft run`, `weft worker`, `weft train`): one YAML file with
 // the sections run, store, orchestrator (as for `weft orchestrator`), regions, worker, model, task
-// and trainer (see configs/local.yaml and docs/run.md). Unknown keys and bad values are errors
+// and trainer (see configs/local.yaml and docs/run.md), the last naming the trainer's command, if
+// not the built-in one. Unknown keys and bad values are errors
 // naming the key and line.
 #pragma once
 
@@ -8,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,8 +47,13 @@ struct RunConfig {
   std::vector<RegionConfig> regions;
   WorkerSettings worker;
   std::string task = "arithmetic";  // task.name, by name (rollout_worker/registry.h)
-  // The model, task and trainer sections as the example trainer takes them (store and URLs unset).
+  // The model, task and trainer sections as the example trainer takes them (store and URLs unset);
+  // whichever trainer runs gets them (cli/trainer_channel.h, the settings file).
   examples::ExampleTrainerOptions trainer;
+  // trainer.command: the trainer's argv (empty: the built-in example trainer, `weft train`);
+  // trainer.env: variables added to its environment.
+  std::vector<std::string> trainer_command;
+  std::map<std::string, std::string> trainer_env;
   YAML::Node document;  // the whole file, for the engine's and task's factories
 
   std::string orchestrator_listen() const;  // ADDRESS:PORT

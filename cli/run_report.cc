@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cli/trainer_channel.h"
+
 namespace weft::cli {
 namespace {
 
@@ -49,6 +51,38 @@ SyncTotals Totals(const Json& status) {
   return t;
 }
 
+// The trainer's `key` (a checked progress file holds it with its type), or null.
+Json Reported(const Json& trainer, const char* key) {
+  return trainer.is_object() && trainer.contains(key) ? trainer[key] : Json();
+}
+
+// The trainer's count of `key` if it reports one, else the config's (the progress denominators).
+unsigned long long CountOr(const Json& trainer, const char* key, int configured) {
+  const Json reported = Reported(trainer, key);
+  return reported.is_null() ? static_cast<unsigned long long>(configured)
+                            : reported.get<unsigned long long>();
+}
+
+// The mean reward of steps [from, to), weighted by their samples where they say how many; null
+// when there are none.
+Json MeanReward(const Json& steps, size_t from, size_t to) {
+  double sum = 0, weight = 0;
+  for (size_t i = from; i < to; ++i) {
+    const double w = steps[i].contains("samples") ? steps[i]["samples"].get<double>() : 1.0;
+    sum += w * steps[i]["reward"].get<double>();
+    weight += w;
+  }
+  return weight > 0 ? Json(sum / weight) : Json();
+}
+
+// A figure of the summary: `format` applied to the number, or "n/a" when there is none.
+std::string Figure(const Json& value, const char* format, double scale = 1.0) {
+  if (!value.is_number()) return "n/a";
+  char text[64];
+  std::snprintf(text, sizeof(text), format, value.get<double>() * scale);
+  return text;
+}
+
 }  // namespace
 
 std::string ProgressLine(const Json& trainer, const Json& status, const RunConfig& config) {
@@ -56,22 +90,23 @@ std::string ProgressLine(const Json& trainer, const Json& status, const RunConfi
   char buffer[256];
   const std::string phase = trainer.is_object() ? trainer.value("phase", "starting") : "starting";
   if (phase == "warm-up") {
-    std::snprintf(buffer, sizeof(buffer), "warm-up %d/%d loss %.3f",
-                  trainer.value("warmup_step", 0), config.trainer.warmup_steps,
-                  trainer.value("warmup_loss", 0.0));
+    std::snprintf(buffer, sizeof(buffer), "warm-up %llu/%llu", trainer.value("warmup_step", 0ULL),
+                  CountOr(trainer, "warmup_steps", config.trainer.warmup_steps));
     line << buffer;
+    if (trainer.contains("warmup_loss")) line << Figure(trainer["warmup_loss"], " loss %.3f");
   } else if (phase == "rl" || phase == "done") {
+    const unsigned long long total = CountOr(trainer, "steps_total", config.trainer.steps);
     const Json& steps = trainer["steps"];
     if (!steps.empty()) {
       const Json& last = steps.back();
-      std::snprintf(buffer, sizeof(buffer), "step %d/%d v%llu reward %.3f lag %.1f (max %llu)",
-                    last.value("step", 0), config.trainer.steps,
-                    static_cast<unsigned long long>(last.value("version", uint64_t{0})),
-                    last.value("reward", 0.0), last.value("mean_lag", 0.0),
-                    static_cast<unsigned long long>(last.value("max_lag", uint64_t{0})));
+      std::snprintf(buffer, sizeof(buffer), "step %llu/%llu v%llu reward %.3f",
+                    last["step"].get<unsigned long long>(), total,
+                    last["version"].get<unsigned long long>(), last["reward"].get<double>());
       line << buffer;
+      if (last.contains("mean_lag")) line << Figure(last["mean_lag"], " lag %.1f");
+      if (last.contains("max_lag")) line << Figure(last["max_lag"], " (max %.0f)");
     } else {
-      line << "step 0/" << config.trainer.steps << " v0 (waiting for trajectories)";
+      line << "step 0/" << total << " v0 (waiting for trajectories)";
     }
   } else {
     line << phase;
@@ -137,8 +172,10 @@ std::string ReportSvg(const Json& report) {
     }
   };
   ticks(h - bottom);
-  // Bytes per version, log scale, against one full checkpoint.
-  const double full = std::max(1.0, report.value("full_checkpoint_bytes", 1.0));
+  // Bytes per version, log scale, against one full checkpoint (if the trainer said its size).
+  const bool full_known = report["full_checkpoint_bytes"].is_number();
+  const double full =
+      std::max(1.0, full_known ? report["full_checkpoint_bytes"].get<double>() : 1.0);
   const double y0 = h + 20;
   svg << "<text x=\"" << left << "\" y=\"" << y0 + 18
       << "\" font-weight=\"bold\">Delta bytes of each version (log scale); red: one full "
@@ -161,8 +198,10 @@ std::string ReportSvg(const Json& report) {
     svg << "<rect x=\"" << x_of(i) - bar / 2 << "\" y=\"" << y_of(bytes) << "\" width=\"" << bar
         << "\" height=\"" << y0 + h - bottom - y_of(bytes) << "\" fill=\"#2ca02c\"/>\n";
   }
-  svg << "<line x1=\"" << left << "\" y1=\"" << y_of(full) << "\" x2=\"" << w - right << "\" y2=\""
-      << y_of(full) << "\" stroke=\"red\" stroke-dasharray=\"4\"/>\n";
+  if (full_known) {
+    svg << "<line x1=\"" << left << "\" y1=\"" << y_of(full) << "\" x2=\"" << w - right
+        << "\" y2=\"" << y_of(full) << "\" stroke=\"red\" stroke-dasharray=\"4\"/>\n";
+  }
   ticks(y0 + h - bottom);
   svg << "<text x=\"" << (w + left) / 2 << "\" y=\"" << y0 + h - 10
       << "\" text-anchor=\"middle\">version</text>\n</svg>\n";
@@ -174,54 +213,72 @@ Json BuildReport(const RunConfig& config, const RunOutcome& outcome) {
   const Json& status = outcome.status;
   const bool trained = trainer.is_object() && trainer.value("phase", "") == "done";
   const SyncTotals totals = Totals(status);
-  const double full = trainer.is_object() ? trainer.value("served_bytes", 0.0) : 0.0;
+  // One full checkpoint in the serving format, if the trainer said.
+  const Json full = Reported(trainer, "served_bytes");
+  const double full_versions_bytes =
+      full.is_null() ? 0.0 : totals.full_versions * full.get<double>();
   uint64_t wan = 0, corrupted = 0;
   for (const auto& [name, stats] : outcome.relays.items()) {
     if (!stats.is_object()) continue;
     wan += stats.value("upstream_bytes", uint64_t{0});
     corrupted += stats.value("corrupted", uint64_t{0});
   }
-  Json per_step =
+  const Json per_step =
       trainer.is_object() && trainer.contains("steps") ? trainer["steps"] : Json::array();
   double density_sum = 0;
-  for (const Json& s : per_step) density_sum += s.value("density", 0.0);
-  auto value = [&](const char* key, auto fallback) {
-    return trainer.is_object() ? trainer.value(key, fallback) : fallback;
-  };
+  size_t densities = 0;
+  for (const Json& s : per_step) {
+    if (!s.contains("density")) continue;
+    density_sum += s["density"].get<double>();
+    ++densities;
+  }
+  // The rewards of the first and last steps' batches, as the trainer computed them or, if it did
+  // not, from its steps (the example trainer's way: the first and last 5, by samples).
+  const size_t window = std::min<size_t>(5, per_step.size());
+  Json initial_reward = Reported(trainer, "initial_reward");
+  if (initial_reward.is_null()) initial_reward = MeanReward(per_step, 0, window);
+  Json final_reward = Reported(trainer, "final_reward");
+  if (final_reward.is_null())
+    final_reward = MeanReward(per_step, per_step.size() - window, per_step.size());
   Json report = {
       {"run", config.run_id},
       {"config", outcome.config_path},
+      {"trainer", TrainerDescription(config)},
       {"completed", outcome.failure.empty()},
       {"failure", outcome.failure.empty() ? Json(nullptr) : Json(outcome.failure)},
+      {"progress_error",
+       outcome.progress_problem.empty() ? Json(nullptr) : Json(outcome.progress_problem)},
       {"seconds", outcome.seconds},
       {"task", "two-number addition, " + std::to_string(config.trainer.digits) +
                    "-digit operands, exact-match reward"},
-      {"initial_reward", value("initial_reward", 0.0)},
-      {"final_reward", value("final_reward", 0.0)},
-      {"random_policy_reward", value("random_policy_reward", 0.0)},
-      {"eval_accuracy_before", value("eval_accuracy_before", 0.0)},
-      {"eval_accuracy_after", trained ? Json(value("eval_accuracy_after", 0.0)) : Json(nullptr)},
-      {"warmup_steps", config.trainer.warmup_steps},
+      {"initial_reward", initial_reward},
+      {"final_reward", final_reward},
+      {"random_policy_reward", Reported(trainer, "random_policy_reward")},
+      {"eval_accuracy_before", Reported(trainer, "eval_accuracy_before")},
+      {"eval_accuracy_after", trained ? Reported(trainer, "eval_accuracy_after") : Json(nullptr)},
+      {"warmup_steps", CountOr(trainer, "warmup_steps", config.trainer.warmup_steps)},
       {"steps", per_step.size()},
-      {"versions_published", value("versions_published", uint64_t{0})},
-      {"parameters", value("parameters", uint64_t{0})},
+      {"versions_published", Reported(trainer, "versions_published")},
+      {"parameters", Reported(trainer, "parameters")},
       {"full_checkpoint_bytes", full},
       {"digest_mismatches", totals.digest_mismatches},
-      {"staleness_violations", value("staleness_violations", uint64_t{0})},
+      {"staleness_violations", Reported(trainer, "staleness_violations")},
       {"max_staleness", config.orchestrator.core.max_staleness},
       {"trajectories_dropped_stale",
        status.is_object() ? status["trajectories"].value("dropped_stale", uint64_t{0}) : 0},
       {"trajectories_delivered_stale",
        status.is_object() ? status["trajectories"].value("delivered_stale", uint64_t{0}) : 0},
       {"bytes_sent", totals.bytes_sent},
-      {"bytes_full_equivalent", totals.full_versions * full},
+      {"bytes_full_equivalent", full.is_null() ? Json() : Json(full_versions_bytes)},
       {"bytes_sent_fraction",
-       totals.full_versions * full > 0
-           ? static_cast<double>(totals.bytes_sent) / (totals.full_versions * full)
-           : 0.0},
+       full.is_null() ? Json()
+       : full_versions_bytes > 0
+           ? Json(static_cast<double>(totals.bytes_sent) / full_versions_bytes)
+           : Json(0.0)},
       {"bytes_wan", wan},
-      {"bytes_published", value("bytes_published", uint64_t{0})},
-      {"mean_density", per_step.empty() ? 0.0 : density_sum / static_cast<double>(per_step.size())},
+      {"bytes_published", Reported(trainer, "bytes_published")},
+      {"mean_density",
+       densities == 0 ? Json() : Json(density_sum / static_cast<double>(densities))},
       {"clusters", totals.clusters},
       {"pulls", totals.pulls},
       {"keyframe_pulls", totals.keyframe_pulls},
@@ -244,39 +301,42 @@ Json BuildReport(const RunConfig& config, const RunOutcome& outcome) {
 
 void PrintSummary(const RunConfig& config, const Json& report) {
   const bool failed = !report["failure"].is_null();
-  std::printf("\nsummary of run %s (%.0f s%s)\n", config.run_id.c_str(),
+  std::printf("\nsummary of run %s (%.0f s%s; trainer: %s)\n", config.run_id.c_str(),
               report["seconds"].get<double>(),
-              failed ? (", " + report["failure"].get<std::string>()).c_str() : "");
+              failed ? (", " + report["failure"].get<std::string>()).c_str() : "",
+              report["trainer"].get<std::string>().c_str());
   std::printf(
-      "  reward            %.3f -> %.3f over %zu RL steps (first and last 5 steps' batches; random "
-      "policy %.5f)\n",
-      report["initial_reward"].get<double>(), report["final_reward"].get<double>(),
-      report["per_step"].size(), report["random_policy_reward"].get<double>());
-  const bool trained = !report["eval_accuracy_after"].is_null();
+      "  reward            %s -> %s over %zu RL steps (first and last 5 steps' batches; random "
+      "policy %s)\n",
+      Figure(report["initial_reward"], "%.3f").c_str(),
+      Figure(report["final_reward"], "%.3f").c_str(), report["per_step"].size(),
+      Figure(report["random_policy_reward"], "%.5f").c_str());
+  const std::string after = !report["eval_accuracy_after"].is_null()
+                                ? Figure(report["eval_accuracy_after"], "%.3f")
+                            : failed ? "not measured (unfinished)"
+                                     : "not reported";
   std::printf(
-      "  greedy accuracy   %.3f -> %s (%d held-out problems; after a %d-step supervised warm-up)\n",
-      report["eval_accuracy_before"].get<double>(),
-      trained ? std::to_string(report["eval_accuracy_after"].get<double>()).substr(0, 5).c_str()
-              : "not measured (unfinished)",
-      config.trainer.eval_problems, config.trainer.warmup_steps);
-  auto count = [&](const char* key) {
-    return static_cast<unsigned long long>(report[key].get<uint64_t>());
-  };
+      "  greedy accuracy   %s -> %s (%d held-out problems; after a %llu-step supervised warm-up)\n",
+      Figure(report["eval_accuracy_before"], "%.3f").c_str(), after.c_str(),
+      config.trainer.eval_problems, report["warmup_steps"].get<unsigned long long>());
+  auto count = [&](const char* key) { return Figure(report[key], "%.0f"); };
   std::printf(
-      "  versions          %llu published, %llu pulls by %llu workers (%llu from a keyframe), "
-      "digest mismatches %llu\n",
-      count("versions_published"), count("pulls"), count("clusters"), count("keyframe_pulls"),
-      count("digest_mismatches"));
-  std::printf("  staleness         bound %llu, violations %llu, dropped stale %llu\n",
-              count("max_staleness"), count("staleness_violations"),
-              count("trajectories_dropped_stale"));
+      "  versions          %s published, %s pulls by %s workers (%s from a keyframe), digest "
+      "mismatches %s\n",
+      count("versions_published").c_str(), count("pulls").c_str(), count("clusters").c_str(),
+      count("keyframe_pulls").c_str(), count("digest_mismatches").c_str());
+  std::printf("  staleness         bound %s, violations %s, dropped stale %s\n",
+              count("max_staleness").c_str(), count("staleness_violations").c_str(),
+              count("trajectories_dropped_stale").c_str());
   std::printf(
-      "  bytes to workers  %s, %.1f%% of %s for full checkpoints (mean density %.2f%% of served "
+      "  bytes to workers  %s, %s%% of %s for full checkpoints (mean density %s%% of served "
       "elements per version); WAN %s\n",
       Megabytes(static_cast<double>(report["bytes_sent"].get<uint64_t>())).c_str(),
-      100.0 * report["bytes_sent_fraction"].get<double>(),
-      Megabytes(report["bytes_full_equivalent"].get<double>()).c_str(),
-      100.0 * report["mean_density"].get<double>(),
+      Figure(report["bytes_sent_fraction"], "%.1f", 100.0).c_str(),
+      report["bytes_full_equivalent"].is_number()
+          ? Megabytes(report["bytes_full_equivalent"].get<double>()).c_str()
+          : "n/a",
+      Figure(report["mean_density"], "%.2f", 100.0).c_str(),
       Megabytes(static_cast<double>(report["bytes_wan"].get<uint64_t>())).c_str());
 }
 

@@ -1,7 +1,9 @@
 // The report of `weft run` (docs/run.md, "The progress line" and "The report"): the live progress
 // line, report.json built from the trainer's progress file and the orchestrator's and relays'
-// final state, its picture (report.svg), and the summary printed at the end. Pure functions of
-// their inputs; no I/O except the summary's printing.
+// final state, its picture (report.svg), and the summary printed at the end. The progress file
+// comes checked (cli/trainer_channel.h, CheckProgress): whichever trainer wrote it, its optional
+// fields may be absent, and the report then says null. Pure functions of their inputs; no I/O
+// except the summary's printing.
 #pragma once
 
 #include <map>
@@ -13,7 +15,7 @@
 namespace weft::cli {
 
 // "step 37/150 v37 reward 0.712 lag 1.2 (max 3) | ready us-east 2/2 ... | synced 4.1 MB | dropped
-// 0", from the trainer's progress file and /v1/status (either may be null).
+// 0", from the trainer's checked progress file and /v1/status (either may be null).
 std::string ProgressLine(const nlohmann::json& trainer, const nlohmann::json& status,
                          const RunConfig& config);
 
@@ -22,7 +24,8 @@ struct RunOutcome {
   std::string config_path;  // absolute
   std::string failure;      // empty: completed
   double seconds = 0;
-  nlohmann::json trainer;               // its last progress file (null if none)
+  nlohmann::json trainer;               // its last usable progress file, checked (null if none)
+  std::string progress_problem;         // what was wrong with the newest one, if anything
   nlohmann::json status;                // the orchestrator's last /v1/status (null if none)
   nlohmann::json relays;                // region -> the relay's /v1/stats
   std::map<std::string, int> restarts;  // process name -> restarts, for those restarted

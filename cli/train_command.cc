@@ -1,27 +1,58 @@
 // weft train: the example trainer of a run (examples/example_trainer.h), as `weft run` starts it.
+// Its flags default to the variables of the trainer channel (cli/trainer_channel.h; docs/run.md,
+// "The trainer"), so `weft run` can start it as it starts any other trainer command; the run,
+// orchestrator, trainer token and staleness bound those variables name replace the config's.
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli/commands.h"
 #include "cli/run_config.h"
+#include "cli/trainer_channel.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "examples/example_trainer.h"
+#include "policy_store/manifest.h"
 
 namespace weft::cli {
 namespace {
 
 struct TrainFlags {
-  std::string config;
-  std::string store;     // default: <run dir>/store
-  std::string progress;  // default: <run dir>/trainer.json
+  std::string config;    // or $WEFT_CONFIG
+  std::string store;     // or $WEFT_STORE; default: <run dir>/store
+  std::string progress;  // or $WEFT_PROGRESS; default: <run dir>/trainer.json
 };
+
+// The settings the channel's variables give, over the config's.
+Status ApplyChannel(examples::ExampleTrainerOptions& options) {
+  auto variable = [](const char* name) -> const char* {
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0' ? value : nullptr;
+  };
+  if (const char* run = variable(kRunIdVariable)) {
+    WEFT_RETURN_IF_ERROR(policy_store::ValidateRunId(run).WithContext(kRunIdVariable));
+    options.run_id = run;
+  }
+  if (const char* url = variable(kOrchestratorVariable)) options.orchestrator = url;
+  if (const char* token = variable(kTrainerTokenVariable)) options.trainer_token = token;
+  if (const char* bound = variable(kMaxStalenessVariable)) {
+    char* end = nullptr;
+    const unsigned long long k = std::strtoull(bound, &end, 10);
+    if (*end != '\0' || bound[0] == '-') {
+      return InvalidArgument(std::string(kMaxStalenessVariable) + ": '" + bound +
+                             "' is not a non-negative integer");
+    }
+    options.max_staleness = k;
+  }
+  return Status::Ok();
+}
 
 Status RunTrain(const TrainFlags& flags) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
   examples::ExampleTrainerOptions options = config.trainer;
+  WEFT_RETURN_IF_ERROR(ApplyChannel(options));
   options.store = flags.store.empty() ? config.dir + "/store" : flags.store;
   const std::string progress_path =
-      flags.progress.empty() ? config.dir + "/trainer.json" : flags.progress;
+      flags.progress.empty() ? TrainerProgressPath(config.dir) : flags.progress;
   auto write = [&](const examples::TrainerSummary& summary) {
     Status written = WriteTextFileAtomic(progress_path, summary.ToJson().dump());
     if (!written.ok()) {
@@ -46,10 +77,17 @@ void RegisterTrain(CLI::App& app, Action* action) {
   CLI::App* t = app.add_subcommand("train", "The example trainer of a run (weft run starts it)");
   t->add_option("--config", flags->config, "the run's YAML config")
       ->required()
+      ->envname(kConfigVariable)
       ->check(CLI::ExistingFile);
-  t->add_option("--store", flags->store, "the store it publishes to (default: <run dir>/store)");
+  t->add_option("--store", flags->store, "the store it publishes to (default: <run dir>/store)")
+      ->envname(kStoreVariable);
   t->add_option("--progress", flags->progress,
-                "JSON file rewritten after every step (default: <run dir>/trainer.json)");
+                "JSON file rewritten after every step (default: <run dir>/trainer.json)")
+      ->envname(kProgressVariable);
+  t->footer(
+      "Without flags it takes WEFT_CONFIG, WEFT_STORE and WEFT_PROGRESS, and WEFT_RUN_ID, "
+      "WEFT_ORCHESTRATOR, WEFT_TRAINER_TOKEN and WEFT_MAX_STALENESS replace the config's, as weft "
+      "run sets them for its trainer (docs/run.md).");
   t->callback([flags, action] { *action = [flags] { return RunTrain(*flags); }; });
 }
 
