@@ -708,7 +708,8 @@ def test_local_torch_config_is_local_yaml_with_the_pytorch_trainer() -> None:
 
     def shifted(line: str) -> str:
         line = re.sub(r"127\.0\.0\.1:(\d+)", lambda m: f"127.0.0.1:{int(m.group(1)) + 100}", line)
-        return line.replace("id: local", "id: local-torch").replace("runs/local", "runs/local-torch")
+        return line.replace("id: local", "id: local-torch").replace("runs/local",
+                                                                    "runs/local-torch")
 
     expected = [shifted(line) for line in lines("local.yaml")]
     trainer = expected.index("trainer:") + 1
