@@ -10,8 +10,8 @@ the run was started in, with:
   "truncation", "eval_problems", "keyframe_interval", "keyframe_budget", "stall_after_s",
   "min_step_time_s"}}``. A missing trainer key takes docs/run.md's default.
 - ``WEFT_STORE`` (the store it publishes to), ``WEFT_RUN_ID``, ``WEFT_ORCHESTRATOR`` (URL),
-  ``WEFT_TRAINER_TOKEN``, ``WEFT_MAX_STALENESS`` and ``WEFT_PROGRESS`` (the progress file);
-  ``WEFT_STORE_TOKEN``, when set, is handed to the publisher for a store server's writes.
+  ``WEFT_TRAINER_TOKEN``, ``WEFT_MAX_STALENESS`` and ``WEFT_PROGRESS`` (the progress file).
+  ``weft.Publisher`` reads ``WEFT_STORE_TOKEN`` itself, for a store server's writes.
 
 What it does, as the C++ example trainer:
 
@@ -104,7 +104,6 @@ class Endpoints:
     orchestrator: str
     trainer_token: str
     progress: str
-    store_token: str | None = None
 
 
 def _read(section: Mapping[str, Any], key: str, kind: type, where: str, default: Any = None,
@@ -219,8 +218,7 @@ def load_settings(environ: Mapping[str, str]) -> tuple[Settings, Endpoints]:
         raise SettingsError(f"WEFT_MAX_STALENESS is '{staleness}' but {path} says max_staleness "
                             f"{settings.max_staleness}")
     endpoints = Endpoints(store=need("WEFT_STORE"), orchestrator=need("WEFT_ORCHESTRATOR"),
-                          trainer_token=need("WEFT_TRAINER_TOKEN"), progress=need("WEFT_PROGRESS"),
-                          store_token=environ.get("WEFT_STORE_TOKEN") or None)
+                          trainer_token=need("WEFT_TRAINER_TOKEN"), progress=need("WEFT_PROGRESS"))
     return settings, endpoints
 
 
@@ -377,7 +375,7 @@ class Trainer:
             publisher = self.weft.Publisher(
                 self.endpoints.store, self.settings.run_id, serving=self.settings.serving,
                 keyframe_interval=t.keyframe_interval, keyframe_budget=t.keyframe_budget,
-                token=self.endpoints.store_token, threads=t.threads)
+                threads=t.threads)
             first = publisher.start(self.model.state_dict())
         except self.weft.Error as e:
             raise RuntimeError(f"publishing version 0 to {self.endpoints.store}: {e}") from e
