@@ -171,6 +171,8 @@ def policy_gradient_step(model: TinyLm, optimizer: Optimizer, groups: Sequence[G
     advantages: list[float] = []
     stats = StepStats()
     for g, group in enumerate(groups):
+        if not group.prompt:
+            raise ValueError(f"group {g}: the prompt has no tokens")
         for i, s in enumerate(group.samples):
             if not s.tokens or len(s.tokens) != len(s.logprobs):
                 raise ValueError(f"group {g} sample {i}: {len(s.tokens)} tokens but "

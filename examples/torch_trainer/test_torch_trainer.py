@@ -405,6 +405,15 @@ def test_malformed_samples_change_nothing(sample: grpo.Sample, message: str) -> 
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_prompt_without_tokens_is_refused() -> None:
+    model = tiny.TinyLm(SMALL)
+    samples = [grpo.Sample([4, 12], [-1.0, -1.0], r) for r in (0.0, 1.0)]
+    groups = [grpo.Group([13, 2, 10, 2, 11], samples), grpo.Group([], samples)]
+    with pytest.raises(ValueError, match="group 1: the prompt has no tokens"):
+        grpo.policy_gradient_step(model, RecordingOptimizer(model), groups,
+                                  grpo.PolicyGradientConfig(), 0)
+
+
 def test_optimizer_is_the_cpp_adamw() -> None:
     # AdamW::Step of tiny_lm.cc on one tensor by hand: a clipped gradient, bias-corrected moments.
     model = tiny.TinyLm(SMALL)
