@@ -19,6 +19,8 @@ packages=(
   libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev libssl-dev
   libboost1.74-dev libcurl4-openssl-dev libyaml-cpp-dev
   doctest-dev libbenchmark-dev jq                     # jq: the end-to-end tests read reports
+  pybind11-dev python3-dev libdlpack-dev              # the weft Python package (build/python)
+  python3-torch python3-numpy python3-pytest          # the PyTorch trainer and the Python tests
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -1,0 +1,250 @@
+"""The trainer's side of the orchestrator: versions, jobs, status, and trajectory batches."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import _weft
+from .errors import InvalidArgument
+
+
+def _json_text(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument(f"{what} is not JSON: {error}") from None
+
+
+class Orchestrator:
+    """A trainer's client of the orchestrator API (docs/api.md) at ``url`` with the trainer token.
+
+    Every call has a deadline (``deadline`` seconds, retries included) and is retried with
+    backoff where that is safe; errors are :class:`weft.Error` subclasses with the orchestrator's
+    message.
+    """
+
+    def __init__(self, url: str, token: str, deadline: float = 120.0,
+                 ca_file: Optional[str] = None):
+        self._native = _weft.Orchestrator(url=url, token=token, deadline=float(deadline),
+                                          ca_file=ca_file or "")
+
+    def announce(self, version: int) -> None:
+        """Announces a published version: workers move to it, and leases follow the bound."""
+        self._native.announce(int(version))
+
+    def add_jobs(self, prompts: Sequence[Any], samples: int = 1,
+                 metadata: Any = None) -> List[int]:
+        """Queues one job per prompt and returns the job ids, in order.
+
+        A prompt is any JSON value the workers' task understands (text, token ids), or a dict
+        ``{"prompt": ..., "samples": n, "metadata": ...}`` that overrides ``samples`` and
+        ``metadata`` for that job. Metadata is any JSON value (at most 64 KiB as text), kept by the
+        orchestrator with the job and handed back with its trajectory group (``Group.metadata``).
+        """
+        jobs: List[Tuple[str, int, Optional[str]]] = []
+        for i, entry in enumerate(prompts):
+            where = f"prompts[{i}]"
+            if isinstance(entry, dict):
+                unknown = set(entry) - {"prompt", "samples", "metadata"}
+                if "prompt" not in entry or unknown:
+                    raise InvalidArgument(
+                        f"{where}: a dict job has the keys prompt, samples and metadata"
+                        + (f" (not {', '.join(sorted(unknown))})" if unknown else ""))
+                prompt, count, meta = (entry["prompt"], entry.get("samples", samples),
+                                       entry.get("metadata", metadata))
+            else:
+                prompt, count, meta = entry, samples, metadata
+            if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 4096:
+                raise InvalidArgument(f"{where}: samples must be an integer from 1 to 4096")
+            jobs.append((_json_text(prompt, f"{where}'s prompt"), count,
+                         None if meta is None else _json_text(meta, f"{where}'s metadata")))
+        return list(self._native.add_jobs(jobs))
+
+    def status(self) -> Dict[str, Any]:
+        """``GET /v1/status`` as a dict."""
+        return json.loads(self._native.status())
+
+
+@dataclasses.dataclass
+class Sample:
+    """One sample of a group: the generated tokens (not the prompt), the behaviour log-probability
+    of each, the reward, and the version that generated each token."""
+
+    tokens: List[int]
+    logprobs: List[float]
+    reward: float
+    versions: List[int]
+    extra: Dict[str, Any]  # any other fields the worker sent
+
+    @property
+    def version_start(self) -> int:
+        return min(self.versions) if self.versions else 0
+
+    @property
+    def version_end(self) -> int:
+        return max(self.versions) if self.versions else 0
+
+
+@dataclasses.dataclass
+class Group:
+    """The trajectory group of one job, as the trainer receives it."""
+
+    job: int
+    attempt: int
+    cluster: str
+    prompt: Any  # the "prompt" the worker sent back
+    metadata: Any  # what add_jobs attached to the job (None: nothing)
+    version_start: int  # the oldest version that generated a token of the group
+    version_end: int  # the newest
+    segments: List[Tuple[int, int]]  # (version, first token), tokens counted over all samples
+    stale: bool  # over the staleness bound, delivered flagged (stale_policy deliver_flagged)
+    lag: int  # trainer_version - version_start, when it was taken
+    samples: List[Sample]
+
+
+def _token_versions(segments: Sequence[Tuple[int, int]], total: int) -> List[int]:
+    versions: List[int] = []
+    for i, (version, first) in enumerate(segments):
+        end = segments[i + 1][1] if i + 1 < len(segments) else total
+        versions.extend([version] * (end - first))
+    return versions
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parse_group(raw: Dict[str, Any], trainer_version: int) -> Group:
+    """A delivered group checked against docs/api.md ("Trajectories"); InvalidArgument says what
+    is wrong and where."""
+    where = f"job {raw['job']}"
+    try:
+        body = json.loads(raw["trajectories"])
+    except ValueError as error:
+        raise InvalidArgument(f"{where}: the trajectories are not JSON: {error}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("samples"), list):
+        raise InvalidArgument(f'{where}: the trajectories need a "samples" array')
+    segments = [(int(v), int(f)) for v, f in raw["segments"]]
+    total = raw["tokens"]
+    if not segments or segments[0][1] != 0 or any(
+            a[1] > b[1] for a, b in zip(segments, segments[1:])) or segments[-1][1] > total:
+        raise InvalidArgument(f"{where}: segments {segments} do not cover {total} tokens")
+    versions = _token_versions(segments, total)
+    samples: List[Sample] = []
+    offset = 0
+    for i, s in enumerate(body["samples"]):
+        at = f"{where} sample {i}"
+        if not isinstance(s, dict):
+            raise InvalidArgument(f"{at}: not an object")
+        tokens, logprobs, reward = s.get("tokens"), s.get("logprobs"), s.get("reward")
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidArgument(f"{at}: tokens must be an array of integers")
+        if not isinstance(logprobs, list) or len(logprobs) != len(tokens) or not all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) for p in logprobs):
+            raise InvalidArgument(
+                f"{at}: {len(tokens)} tokens need as many numeric logprobs")
+        if not _is_number(reward):
+            raise InvalidArgument(f"{at}: reward must be a finite number")
+        samples.append(Sample(tokens=tokens, logprobs=[float(p) for p in logprobs],
+                              reward=float(reward),
+                              versions=versions[offset:offset + len(tokens)],
+                              extra={k: v for k, v in s.items()
+                                     if k not in ("tokens", "logprobs", "reward")}))
+        offset += len(tokens)
+    if offset != total:
+        raise InvalidArgument(f"{where}: the samples hold {offset} tokens, the group says {total}")
+    metadata = None if raw["metadata"] is None else json.loads(raw["metadata"])
+    return Group(job=raw["job"], attempt=raw["attempt"], cluster=raw["cluster"],
+                 prompt=body.get("prompt"), metadata=metadata,
+                 version_start=raw["version_start"], version_end=raw["version_end"],
+                 segments=segments, stale=raw["stale"],
+                 lag=max(0, trainer_version - raw["version_start"]), samples=samples)
+
+
+class BatchClient:
+    """Takes trajectory groups from the orchestrator for a trainer (docs/api.md, batches).
+
+    Each group is returned once: a call acknowledges the batches the previous call received (and
+    ``acknowledge()`` the last one, when the trainer is done); a new client, e.g. after the
+    trainer restarted, receives unacknowledged groups again. The client keeps the staleness the
+    trainer sees (``staleness``). ``max_staleness`` is the orchestrator's bound (read from its
+    status when not given).
+    """
+
+    def __init__(self, url: str, token: str, max_staleness: Optional[int] = None,
+                 deadline: float = 120.0, ca_file: Optional[str] = None):
+        if max_staleness is None:
+            max_staleness = Orchestrator(url, token, deadline, ca_file).status()["max_staleness"]
+        self._native = _weft.BatchClient(url=url, token=token, max_staleness=int(max_staleness),
+                                         deadline=float(deadline), ca_file=ca_file or "")
+        self.rejected: List[Tuple[int, str]] = []  # (job, why) of groups not in the format
+
+    def next_batch(self, groups: int, trainer_version: int, timeout: float = 30.0) -> List[Group]:
+        """Up to ``groups`` groups: returns when that many have arrived or ``timeout`` seconds
+        have passed (possibly with none). ``trainer_version`` is the version the trainer holds
+        (each group's ``lag`` is counted from it). A group whose trajectories are not in the
+        documented format is not returned: it is recorded in ``rejected`` with the reason, and a
+        warning is issued."""
+        raw = self._native.next_groups(int(groups), int(trainer_version), float(timeout))
+        out: List[Group] = []
+        for r in raw:
+            try:
+                out.append(_parse_group(r, int(trainer_version)))
+            except InvalidArgument as error:
+                self.rejected.append((r["job"], str(error)))
+                warnings.warn(f"weft: skipping a malformed trajectory group: {error}")
+        return out
+
+    def acknowledge(self) -> None:
+        """Acknowledges the last batch received (call it once the trainer is done)."""
+        self._native.acknowledge()
+
+    @property
+    def staleness(self) -> Dict[str, Any]:
+        """groups, samples, stale_delivered, violations (over the bound and not flagged: should
+        stay 0), max_lag, mean_lag, lag_histogram {lag: groups}, rejected."""
+        stats = self._native.staleness()
+        stats["rejected"] = len(self.rejected)
+        return stats
+
+
+@dataclasses.dataclass
+class BatchTensors:
+    """A batch as padded tensors, one row per sample (``S`` samples, ``T`` = longest sample)."""
+
+    tokens: Any  # [S, T] int64, generated tokens, padded with ``pad``
+    logprobs: Any  # [S, T] float32, behaviour log-probabilities (0 where padded)
+    versions: Any  # [S, T] int64, the version that generated each token (-1 where padded)
+    mask: Any  # [S, T] bool, True on real tokens
+    rewards: Any  # [S] float32
+    group: Any  # [S] int64, the index in the batch of each sample's group
+    lengths: Any  # [S] int64
+
+
+def batch_tensors(groups: Sequence[Group], pad: int = 0) -> BatchTensors:
+    """The samples of ``groups`` as padded torch tensors (torch is imported on first use)."""
+    import torch
+
+    samples = [(g, s) for g, group in enumerate(groups) for s in group.samples]
+    count = len(samples)
+    longest = max((len(s.tokens) for _, s in samples), default=0)
+    tokens = torch.full((count, longest), pad, dtype=torch.int64)
+    logprobs = torch.zeros((count, longest), dtype=torch.float32)
+    versions = torch.full((count, longest), -1, dtype=torch.int64)
+    lengths = torch.tensor([len(s.tokens) for _, s in samples], dtype=torch.int64)
+    for row, (_, s) in enumerate(samples):
+        n = len(s.tokens)
+        if n:
+            tokens[row, :n] = torch.tensor(s.tokens, dtype=torch.int64)
+            logprobs[row, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+            versions[row, :n] = torch.tensor(s.versions, dtype=torch.int64)
+    mask = torch.arange(longest).unsqueeze(0) < lengths.unsqueeze(1)
+    return BatchTensors(tokens=tokens, logprobs=logprobs, versions=versions, mask=mask,
+                        rewards=torch.tensor([s.reward for _, s in samples], dtype=torch.float32),
+                        group=torch.tensor([g for g, _ in samples], dtype=torch.int64),
+                        lengths=lengths)
