@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_fields.h"
+#include "common/json_text.h"
 #include "common/yaml_fields.h"
+#include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
 
@@ -154,7 +156,7 @@ Result<std::vector<JobSpec>> LoadPrompts(const std::string& path) {
     const std::string where = path + ":" + std::to_string(number);
     nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
     if (row.is_discarded()) return InvalidArgument(where + ": not a JSON object");
-    WEFT_RETURN_IF_ERROR(CheckFields(row, where, {"prompt"}, {"samples"}));
+    WEFT_RETURN_IF_ERROR(CheckFields(row, where, {"prompt"}, {"samples", "metadata"}));
     const nlohmann::json& prompt = row["prompt"];
     bool tokens = prompt.is_array();
     for (const auto& t : prompt.is_array() ? prompt : nlohmann::json::array())
@@ -167,7 +169,17 @@ Result<std::vector<JobSpec>> LoadPrompts(const std::string& path) {
       if (samples < 1 || samples > 4096)
         return InvalidArgument(where + ".samples must be 1 to 4096");
     }
-    prompts.push_back({prompt.dump(), static_cast<uint32_t>(samples)});
+    JobSpec job{prompt.dump(), static_cast<uint32_t>(samples)};
+    if (row.contains("metadata") && !row["metadata"].is_null()) {
+      // Kept as the line has it, as the jobs route keeps what a trainer sends.
+      const std::string_view text = line;
+      std::optional<std::string_view> metadata =
+          json_text::Member(text.substr(text.starts_with("\xEF\xBB\xBF") ? 3 : 0), 0, "metadata");
+      if (!metadata) return InvalidArgument(where + ".metadata could not be read");
+      WEFT_RETURN_IF_ERROR(wire::CheckMetadata(*metadata, where + ".metadata"));
+      job.metadata = std::string(*metadata);
+    }
+    prompts.push_back(std::move(job));
   }
   return prompts;
 }

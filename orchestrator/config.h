@@ -29,8 +29,9 @@ Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path);
 // caller's to check); `path` names the file in errors.
 Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const std::string& path);
 
-// The prompts of a JSONL dataset: one {"prompt": text or [token ids], "samples": n} per line
-// (samples optional, default 1). Errors name the file and line.
+// The prompts of a JSONL dataset: one {"prompt": text or [token ids], "samples": n, "metadata":
+// any JSON} per line (samples optional, default 1; metadata optional, as in POST /v1/jobs). Errors
+// name the file and line.
 Result<std::vector<JobSpec>> LoadPrompts(const std::string& path);
 
 }  // namespace weft::orchestrator

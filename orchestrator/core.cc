@@ -283,6 +283,8 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
   } else {
     queue_.erase(std::remove(queue_.begin(), queue_.end(), s.job), queue_.end());
   }
+  // The job is forgotten but for its completing attempt (done_); its metadata goes with the group.
+  std::string metadata = std::move(j.metadata);
   jobs_.erase(found);
   done_[s.job] = s.attempt;
   while (done_.size() > std::max<uint64_t>(1, config_.remember_done)) done_.erase(done_.begin());
@@ -296,7 +298,7 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
   }
   ++counters_.submissions_accepted;
   ++counters_.jobs_done;
-  buffer_.push_back(std::move(s));
+  buffer_.push_back({std::move(s), false, std::move(metadata)});
   Progress(now);
   return SubmitResult::kAccepted;
 }
@@ -322,6 +324,7 @@ std::vector<uint64_t> OrchestratorCore::AddJobs(Micros now, const std::vector<Jo
     Job& j = jobs_[id];
     j.prompt = job.prompt;
     j.samples = std::max<uint32_t>(1, job.samples);
+    j.metadata = job.metadata;
     queue_.push_back(id);
     ids.push_back(id);
     ++counters_.jobs_added;
@@ -367,15 +370,15 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
     return batch;
   }
   while (!buffer_.empty() && batch.items.size() < max) {
-    TrajectoryGroup s = std::move(buffer_.front());
+    Delivered d = std::move(buffer_.front());
     buffer_.pop_front();
-    const bool stale = s.version_start < admissible_version();
-    if (stale && config_.stale_policy == StalePolicy::kDrop) {
+    d.stale = d.group.version_start < admissible_version();
+    if (d.stale && config_.stale_policy == StalePolicy::kDrop) {
       ++counters_.dropped_stale;
       continue;
     }
-    ++(stale ? counters_.delivered_stale : counters_.delivered_fresh);
-    batch.items.push_back({std::move(s), stale});
+    ++(d.stale ? counters_.delivered_stale : counters_.delivered_fresh);
+    batch.items.push_back(std::move(d));
   }
   if (!batch.items.empty()) {
     batch.id = next_batch_++;
@@ -430,7 +433,7 @@ std::optional<std::string> OrchestratorCore::credential(const std::string& clust
 
 std::map<uint64_t, uint64_t> OrchestratorCore::buffered_versions() const {
   std::map<uint64_t, uint64_t> histogram;
-  for (const TrajectoryGroup& s : buffer_) ++histogram[s.version_start];
+  for (const Delivered& d : buffer_) ++histogram[d.group.version_start];
   return histogram;
 }
 

@@ -21,6 +21,10 @@
 //     yet (and the newer lease is cancelled), otherwise rejected with the reason.
 //   - Every job ends done or stays queued or leased; every accepted submission is delivered to
 //     the trainer once or counted dropped.
+//   - A job's metadata (JobSpec) stays with it while it is open, moves to its group when the group
+//     is accepted and is delivered with it; it is forgotten when the job is given up, its group is
+//     dropped as stale, or the batch that delivered it is acknowledged. So it costs memory only
+//     while its job or group does, whatever `remember_done` is.
 //
 // Not thread-safe: the service serialises events (and journals them before acknowledging).
 #pragma once
@@ -106,7 +110,7 @@ class OrchestratorCore {
   // --- Trainer ---
   // The latest published version (announcements only move forward; at most kMaxVersion).
   Status AnnounceVersion(Micros now, uint64_t version);
-  // Queues jobs; returns their ids.
+  // Queues jobs; returns their ids. A job's metadata is taken as it is (the wire layer checks it).
   std::vector<uint64_t> AddJobs(Micros now, const std::vector<JobSpec>& jobs);
   // Retires the outstanding batches with ids up to `ack`, then hands out the oldest batch still
   // outstanding, or else a new one: up to `max` buffered submissions, oldest first, within the
@@ -151,6 +155,7 @@ class OrchestratorCore {
   struct Job {
     std::string prompt;
     uint32_t samples = 1;
+    std::string metadata;                  // JSON text, "" when none (JobSpec)
     std::vector<std::string> holders;      // the cluster of each attempt (attempt i at i - 1)
     std::vector<uint64_t> min_versions;    // the minimum version of each attempt's lease
     std::optional<std::string> leased_to;  // cluster of the current lease
@@ -186,11 +191,13 @@ class OrchestratorCore {
   CoreConfig config_;
   std::optional<uint64_t> latest_;
   uint64_t next_job_ = 1;
-  std::map<uint64_t, Job> jobs_;        // open jobs (queued or leased)
-  std::deque<uint64_t> queue_;          // queued jobs, in dispatch order
-  std::set<uint64_t> leases_;           // leased jobs
-  std::map<uint64_t, uint32_t> done_;   // job -> the attempt that completed it
-  std::deque<TrajectoryGroup> buffer_;  // accepted, not yet taken by the trainer
+  std::map<uint64_t, Job> jobs_;       // open jobs (queued or leased)
+  std::deque<uint64_t> queue_;         // queued jobs, in dispatch order
+  std::set<uint64_t> leases_;          // leased jobs
+  std::map<uint64_t, uint32_t> done_;  // job -> the attempt that completed it
+  // Accepted, not yet taken by the trainer, each with its job's metadata (`stale` is decided when
+  // it is taken).
+  std::deque<Delivered> buffer_;
   std::map<uint64_t, std::vector<Delivered>> outstanding_;  // batches handed out, not acknowledged
   size_t outstanding_items_ = 0;
   uint64_t next_batch_ = 1;

@@ -124,7 +124,11 @@ std::string DurableCore::EventText(const Event& event) {
                  },
                  [&](const events::Jobs& j) {
                    Json prompts = Json::array();
-                   for (const JobSpec& job : j.jobs) prompts.push_back({job.prompt, job.samples});
+                   for (const JobSpec& job : j.jobs) {
+                     Json entry = {job.prompt, job.samples};
+                     if (!job.metadata.empty()) entry.push_back(job.metadata);
+                     prompts.push_back(std::move(entry));
+                   }
                    e = {{"e", "jobs"}, {"prompts", std::move(prompts)}};
                  },
                  [&](const events::TakeBatch& b) {
@@ -187,9 +191,18 @@ Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
       event.what = events::Announce{e["version"].get<uint64_t>()};
     } else if (kind == "jobs") {
       events::Jobs jobs;
-      for (const auto& [prompt, samples] :
-           e["prompts"].get<std::vector<std::pair<std::string, uint32_t>>>()) {
-        jobs.jobs.push_back({prompt, samples});
+      if (!e.at("prompts").is_array())
+        return InvalidArgument("journal event 'jobs': prompts is not an array");
+      for (const Json& entry : e.at("prompts")) {
+        // [prompt, samples], and the job's metadata when it has some (none in older journals).
+        if (!entry.is_array() || entry.size() < 2 || entry.size() > 3)
+          return InvalidArgument("journal event 'jobs': a job is not [prompt, samples, metadata]");
+        JobSpec job{entry[0].get<std::string>(), entry[1].get<uint32_t>()};
+        if (entry.size() == 3) {
+          job.metadata = entry[2].get<std::string>();
+          WEFT_RETURN_IF_ERROR(wire::CheckMetadata(job.metadata, "journal event 'jobs': metadata"));
+        }
+        jobs.jobs.push_back(std::move(job));
       }
       event.what = std::move(jobs);
     } else if (kind == "batch") {

@@ -43,27 +43,39 @@ std::optional<T> GetOptional(const Json& value) {
   return value.get<T>();
 }
 
-// A group without its samples (wire::GroupFields, with the samples' length), whose samples go
-// after the document (in `samples`).
-Json GroupJson(const TrajectoryGroup& group, std::string* samples) {
-  samples->append(group.trajectories);
-  Json fields = wire::GroupFields(group);
-  fields["samples_bytes"] = group.trajectories.size();
+// A group without its samples (wire::GroupFields, with the samples' length and its job's metadata
+// when there is some), whose samples go after the document (in `samples`).
+Json GroupJson(const Delivered& d, std::string* samples) {
+  samples->append(d.group.trajectories);
+  Json fields = wire::GroupFields(d.group);
+  fields["samples_bytes"] = d.group.trajectories.size();
+  if (!d.metadata.empty()) fields["metadata"] = d.metadata;
   return fields;
 }
 
-// The inverse, taking the samples from `samples` at `*offset`.
-TrajectoryGroup GroupOf(const Json& fields, std::string_view samples, size_t* offset) {
-  TrajectoryGroup group;
-  Status read = wire::ReadGroupFields(fields, "a buffered group", &group);
+// A job's metadata as a snapshot holds it (a string of JSON text; absent in older snapshots),
+// checked as the jobs route checks it: it is handed to the trainer as JSON.
+std::string MetadataOf(const Json& text, const std::string& where) {
+  std::string metadata = text.get<std::string>();
+  Status checked = wire::CheckMetadata(metadata, where);
+  if (!checked.ok()) throw std::invalid_argument(checked.message());
+  return metadata;
+}
+
+// The inverse of GroupJson, taking the samples from `samples` at `*offset`; `stale` is left false.
+Delivered GroupOf(const Json& fields, std::string_view samples, size_t* offset) {
+  Delivered d;
+  Status read = wire::ReadGroupFields(fields, "a buffered group", &d.group);
   if (!read.ok()) throw std::invalid_argument(read.message());
   const uint64_t size = fields.at("samples_bytes").get<uint64_t>();
   if (size > samples.size() - *offset) {
     throw std::out_of_range("a group's samples run past the end of the snapshot");
   }
-  group.trajectories = std::string(samples.substr(*offset, size));
+  d.group.trajectories = std::string(samples.substr(*offset, size));
   *offset += size;
-  return group;
+  if (fields.contains("metadata"))
+    d.metadata = MetadataOf(fields["metadata"], "the metadata of a buffered group");
+  return d;
 }
 
 }  // namespace
@@ -79,9 +91,12 @@ std::string OrchestratorCore::Snapshot() const {
   for (const auto& [name, field] : kCounterFields) counters[name] = counters_.*field;
   doc["counters"] = counters;
   Json jobs = Json::array();
-  for (const auto& [id, j] : jobs_)
-    jobs.push_back(
-        {id, j.prompt, j.samples, j.holders, j.min_versions, Optional(j.leased_to), j.deadline});
+  for (const auto& [id, j] : jobs_) {
+    Json job = {id,        j.prompt, j.samples, j.holders, j.min_versions, Optional(j.leased_to),
+                j.deadline};
+    if (!j.metadata.empty()) job.push_back(j.metadata);
+    jobs.push_back(std::move(job));
+  }
   doc["jobs"] = std::move(jobs);
   doc["queue"] = queue_;
   doc["done"] = done_;
@@ -93,12 +108,12 @@ std::string OrchestratorCore::Snapshot() const {
   }
   doc["clusters"] = std::move(clusters);
   Json buffer = Json::array();
-  for (const TrajectoryGroup& g : buffer_) buffer.push_back(GroupJson(g, &samples));
+  for (const Delivered& d : buffer_) buffer.push_back(GroupJson(d, &samples));
   doc["buffer"] = std::move(buffer);
   Json outstanding = Json::array();
   for (const auto& [id, items] : outstanding_) {
     Json batch = Json::array();
-    for (const Delivered& d : items) batch.push_back({GroupJson(d.group, &samples), d.stale});
+    for (const Delivered& d : items) batch.push_back({GroupJson(d, &samples), d.stale});
     outstanding.push_back({id, std::move(batch)});
   }
   doc["outstanding"] = std::move(outstanding);
@@ -169,6 +184,8 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
       job.min_versions = j.at(4).get<std::vector<uint64_t>>();
       job.leased_to = GetOptional<std::string>(j.at(5));
       job.deadline = time(j.at(6));
+      if (j.size() > 7)  // older snapshots: no metadata
+        job.metadata = MetadataOf(j.at(7), "the metadata of job " + std::to_string(id));
       if (job.holders.size() != job.min_versions.size() ||
           (job.leased_to && (job.holders.empty() || job.holders.back() != *job.leased_to)))
         return DataLoss("core snapshot: job " + std::to_string(id) + " is inconsistent");
@@ -195,8 +212,10 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
     for (const Json& s : doc.at("buffer")) core.buffer_.push_back(GroupOf(s, samples, &offset));
     for (const Json& batch : doc.at("outstanding")) {
       std::vector<Delivered>& items = core.outstanding_[batch.at(0).get<uint64_t>()];
-      for (const Json& d : batch.at(1))
-        items.push_back({GroupOf(d.at(0), samples, &offset), d.at(1).get<bool>()});
+      for (const Json& d : batch.at(1)) {
+        items.push_back(GroupOf(d.at(0), samples, &offset));
+        items.back().stale = d.at(1).get<bool>();
+      }
       core.outstanding_items_ += items.size();
     }
   } catch (const std::exception& error) {

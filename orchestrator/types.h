@@ -4,6 +4,7 @@
 // receives them. Nothing here depends on the core, the service or HTTP.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,6 +19,10 @@ using Micros = int64_t;
 // Policy versions are 0 to 2^53 - 1: exact in every JSON implementation (a double's integers), and
 // far from wrapping around.
 inline constexpr uint64_t kMaxVersion = (uint64_t{1} << 53) - 1;
+
+// A job's metadata (JSON text the trainer attached to it, handed back with its trajectory group)
+// is at most 64 KiB of text (docs/api.md, jobs).
+inline constexpr size_t kMaxJobMetadataBytes = size_t{64} << 10;
 
 // Times are 0 to 2^62 microseconds (some 146,000 years), so that a time plus any configured
 // duration stays far from overflowing.
@@ -54,12 +59,17 @@ struct Lease {
 struct JobSpec {
   std::string prompt;    // JSON text: a string or token ids (any JSON the task understands)
   uint32_t samples = 1;  // samples to generate: the group's size
+  // Any JSON value as the text the trainer sent (at most kMaxJobMetadataBytes), kept with the job
+  // and handed back with its group; never sent to workers. Empty: none. (Initialised, like the
+  // members of Delivered, so that `{prompt, samples}` stays a complete initialiser.)
+  std::string metadata = {};
 };
 
 // A trajectory group handed to the trainer; `stale` only under the deliver-flagged policy.
 struct Delivered {
   TrajectoryGroup group;
   bool stale = false;
+  std::string metadata = {};  // the metadata of the group's job (JobSpec), "" when it had none
 };
 
 // What the trainer gets: a numbered batch of groups, oldest first (docs/api.md, batches). It stays

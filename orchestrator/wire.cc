@@ -13,29 +13,43 @@ using Json = nlohmann::json;
 
 Json Optional(const std::optional<uint64_t>& value) { return value ? Json(*value) : Json(nullptr); }
 
-// `text` as a JSON object, or kInvalidArgument. Members named "trajectories" at `skip_depth` (the
-// samples of a group) are checked by the parser but left out of the tree: the caller cuts their
-// text out instead (json_text).
-Result<Json> ParseObject(std::string_view text, const std::string& what, int skip_depth = -1) {
-  Json::parser_callback_t skip = nullptr;
-  if (skip_depth >= 0) {
-    skip = [skip_depth](int depth, Json::parse_event_t event, Json& parsed) {
-      return !(event == Json::parse_event_t::key && depth == skip_depth && parsed.is_string() &&
-               parsed.get_ref<const std::string&>() == "trajectories");
+// Members of the objects at one depth that are passed on as text: checked by the parser but left
+// out of the tree, so that the caller cuts their text out instead (json_text).
+struct Skip {
+  int depth = -1;                       // -1: none
+  std::vector<std::string_view> names;  // ("trajectories": a group's samples; "metadata": a job's)
+  bool* seen = nullptr;                 // when given, set when any such member was there
+};
+
+// `text` as a JSON object, or kInvalidArgument.
+Result<Json> ParseObject(std::string_view text, const std::string& what, const Skip& skip = {}) {
+  Json::parser_callback_t callback = nullptr;
+  if (skip.depth >= 0) {
+    callback = [&skip](int depth, Json::parse_event_t event, Json& parsed) {
+      if (event != Json::parse_event_t::key || depth != skip.depth || !parsed.is_string())
+        return true;
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (std::find(skip.names.begin(), skip.names.end(), key) == skip.names.end()) return true;
+      if (skip.seen != nullptr) *skip.seen = true;
+      return false;
     };
   }
-  WEFT_ASSIGN_OR_RETURN(Json parsed, ParseStrict(text, what, skip));
+  WEFT_ASSIGN_OR_RETURN(Json parsed, ParseStrict(text, what, callback));
   if (!parsed.is_object()) return InvalidArgument(what + " is not a JSON object");
   return parsed;
 }
 
-Result<Json> ParseRequest(std::string_view body, int skip_depth = -1) {
-  return ParseObject(body, "the request body", skip_depth);
+Result<Json> ParseRequest(std::string_view body, const Skip& skip = {}) {
+  return ParseObject(body, "the request body", skip);
 }
 
-Result<Json> ParseAnswer(std::string_view answer, int skip_depth = -1) {
-  return ParseObject(answer, "the answer", skip_depth);
+Result<Json> ParseAnswer(std::string_view answer, const Skip& skip = {}) {
+  return ParseObject(answer, "the answer", skip);
 }
+
+// A job's metadata is the value at depth 4 of a jobs body or a batch answer (an object, an array
+// of them, a member of each), so its own nesting is bounded by what those bodies allow (64 deep).
+constexpr size_t kMetadataDepth = 64 - 3;
 
 // JSON text may start with a byte order mark, which parsers skip.
 std::string_view WithoutBom(std::string_view text) {
@@ -103,15 +117,40 @@ Result<std::vector<uint64_t>> GetIds(const Json& object, const std::string& fiel
   return ids;
 }
 
-// `fields` (a dumped object) with the member "trajectories": `text` spliced in before its closing
-// brace.
-std::string WithTrajectories(const Json& fields, std::string_view text) {
+// `fields` (a dumped object) with members whose values are JSON text (`key`: `text`, in order)
+// spliced in before its closing brace.
+std::string WithMembers(
+    const Json& fields,
+    std::initializer_list<std::pair<std::string_view, std::string_view>> members) {
   std::string out = fields.dump();
   out.pop_back();
-  out += fields.empty() ? "\"trajectories\":" : ",\"trajectories\":";
-  out += text;
+  bool first = fields.empty();
+  for (const auto& [key, text] : members) {
+    out += first ? "\"" : ",\"";
+    out += key;
+    out += "\":";
+    out += text;
+    first = false;
+  }
   out += '}';
   return out;
+}
+
+std::string WithTrajectories(const Json& fields, std::string_view text) {
+  return WithMembers(fields, {{"trajectories", text}});
+}
+
+// The text of member "metadata" of the object at `begin` of `text` (checked JSON): "" when it has
+// none or it is null.
+std::string MetadataAt(std::string_view text, size_t begin) {
+  std::optional<std::string_view> metadata = json_text::Member(text, begin, "metadata");
+  return metadata && *metadata != "null" ? std::string(*metadata) : std::string();
+}
+
+Status CheckMetadataSize(size_t size, const std::string& where) {
+  if (size <= kMaxJobMetadataBytes) return Status::Ok();
+  return InvalidArgument(where + " is " + std::to_string(size) + " bytes of JSON text; at most " +
+                         std::to_string(kMaxJobMetadataBytes) + " (64 KiB)");
 }
 
 const std::set<std::string> kGroupFields = {"job",         "attempt",  "cluster", "version_start",
@@ -346,18 +385,29 @@ std::string EncodeJobs(const std::vector<JobSpec>& jobs) {
   std::string body = "{\"prompts\":[";
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (i > 0) body += ',';
-    body +=
-        "{\"prompt\":" + jobs[i].prompt + ",\"samples\":" + std::to_string(jobs[i].samples) + "}";
+    body += "{\"prompt\":" + jobs[i].prompt + ",\"samples\":" + std::to_string(jobs[i].samples);
+    if (!jobs[i].metadata.empty()) body += ",\"metadata\":" + jobs[i].metadata;
+    body += '}';
   }
   return body + "]}";
 }
 
 Result<std::vector<JobSpec>> DecodeJobs(std::string_view body) {
-  WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body));
+  // Each job's metadata (a member at depth 3) is checked with the body and cut out of it as text;
+  // only when some job has metadata are the jobs' positions in the text looked up.
+  bool metadata = false;
+  WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body, Skip{3, {"metadata"}, &metadata}));
   WEFT_RETURN_IF_ERROR(CheckFields(json, "jobs", {"prompts"}));
   const Json& prompts = json["prompts"];
   if (!prompts.is_array() || prompts.size() > 100000) {
     return InvalidArgument("jobs.prompts must be an array of at most 100000 prompts");
+  }
+  std::optional<std::string_view> prompts_text;
+  std::vector<size_t> starts;
+  if (metadata) {
+    prompts_text = json_text::Member(WithoutBom(body), 0, "prompts");
+    if (prompts_text) starts = json_text::Elements(*prompts_text, 0);
+    if (starts.size() != prompts.size()) return InvalidArgument("jobs.prompts could not be read");
   }
   std::vector<JobSpec> jobs;
   jobs.reserve(prompts.size());
@@ -372,9 +422,23 @@ Result<std::vector<JobSpec>> DecodeJobs(std::string_view body) {
     }
     // A prompt is token ids or text, kept as the JSON the trainer sent.
     job.prompt = prompts[i]["prompt"].dump();
+    if (metadata) {
+      job.metadata = MetadataAt(*prompts_text, starts[i]);
+      WEFT_RETURN_IF_ERROR(CheckMetadataSize(job.metadata.size(), where + ".metadata"));
+    }
     jobs.push_back(std::move(job));
   }
   return jobs;
+}
+
+Status CheckMetadata(std::string_view text, const std::string& where) {
+  WEFT_RETURN_IF_ERROR(CheckMetadataSize(text.size(), where));
+  // It is spliced into answers as it is: a byte order mark would be one inside a JSON text.
+  if (text.starts_with("\xEF\xBB\xBF"))
+    return InvalidArgument(where + " starts with a byte order mark");
+  const std::string fault = json_text::Validate(text, kMetadataDepth);
+  if (!fault.empty()) return InvalidArgument(where + " is not valid JSON: " + fault);
+  return Status::Ok();
 }
 
 std::string EncodeJobIds(const std::vector<uint64_t>& ids) { return Json{{"jobs", ids}}.dump(); }
@@ -410,7 +474,12 @@ std::string Encode(const Batch& batch) {
     Json fields = GroupFields(d.group);
     fields["stale"] = d.stale;
     if (items.size() > 1) items += ',';
-    items += WithTrajectories(fields, d.group.trajectories);
+    if (d.metadata.empty()) {
+      items += WithTrajectories(fields, d.group.trajectories);
+    } else {
+      items +=
+          WithMembers(fields, {{"metadata", d.metadata}, {"trajectories", d.group.trajectories}});
+    }
   }
   items += ']';
   Json head = {{"batch", batch.id},
@@ -422,8 +491,8 @@ std::string Encode(const Batch& batch) {
 }
 
 Result<Batch> DecodeBatch(std::string_view answer) {
-  // Items are at depth 2 of the answer; their samples are members at depth 3.
-  WEFT_ASSIGN_OR_RETURN(Json json, ParseAnswer(answer, 3));
+  // Items are at depth 2 of the answer; their samples and metadata are members at depth 3.
+  WEFT_ASSIGN_OR_RETURN(Json json, ParseAnswer(answer, Skip{3, {"trajectories", "metadata"}}));
   WEFT_ASSIGN_OR_RETURN(const Json* id, Field(json, "batch"));
   WEFT_ASSIGN_OR_RETURN(const Json* list, Field(json, "trajectories"));
   if (!id->is_number_unsigned()) return InvalidArgument("'batch' is not an id");
@@ -457,6 +526,7 @@ Result<Batch> DecodeBatch(std::string_view answer) {
         json_text::Member(*items_text, starts[i], "trajectories");
     if (!samples) return InvalidArgument(where + " lacks the field 'trajectories'");
     d.group.trajectories = std::string(*samples);
+    d.metadata = MetadataAt(*items_text, starts[i]);
     batch.items.push_back(std::move(d));
   }
   return batch;

@@ -9,9 +9,10 @@
 // ignored); what is missing or mistyped is kInvalidArgument naming it, which the client reports as
 // kDataLoss.
 //
-// A trajectory group's samples travel as the text the worker sent: encoding splices that text into
-// the body, decoding cuts it out of the body (after the whole body was parsed and checked), so the
-// samples are parsed once, by whoever consumes them. Pure functions; thread-safe.
+// A trajectory group's samples travel as the text the worker sent, and a job's metadata as the text
+// the trainer sent: encoding splices that text into the body, decoding cuts it out of the body
+// (after the whole body was checked), so each is parsed once, by whoever consumes it. Pure
+// functions; thread-safe.
 #pragma once
 
 #include <chrono>
@@ -79,9 +80,16 @@ Status ReadGroupFields(const nlohmann::json& object, const std::string& where,
 std::string EncodeAnnouncement(uint64_t version);
 Result<uint64_t> DecodeAnnouncement(std::string_view body);
 
-// POST /v1/jobs (samples 1 to 4096 each, at most 100000 jobs), and the ids of the jobs added.
+// POST /v1/jobs (samples 1 to 4096 each, at most 100000 jobs), and the ids of the jobs added. A
+// job's "metadata" (optional; null is none) is any JSON value of at most kMaxJobMetadataBytes of
+// text: encoding splices JobSpec::metadata into the body as it is (it must be JSON text, or
+// empty), decoding cuts the value's text out of the body, byte for byte, as it does a
+// submission's samples.
 std::string EncodeJobs(const std::vector<JobSpec>& jobs);
 Result<std::vector<JobSpec>> DecodeJobs(std::string_view body);
+// Checks that `text` is a job's metadata as the jobs route admits it: one JSON value (json_text
+// rules) of at most kMaxJobMetadataBytes. For text read back from the journal or a snapshot.
+Status CheckMetadata(std::string_view text, const std::string& where);
 std::string EncodeJobIds(const std::vector<uint64_t>& ids);
 Result<std::vector<uint64_t>> DecodeJobIds(std::string_view answer);
 

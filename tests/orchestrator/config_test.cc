@@ -113,5 +113,24 @@ TEST_CASE("orchestrator dataset: JSONL prompts, errors with the line") {
   std::filesystem::remove(bad);
 }
 
+TEST_CASE("orchestrator dataset: a row's metadata is kept as the line has it") {
+  const std::string path = Write(
+      "prompts_metadata",
+      "{\"prompt\": \"2+2=\", \"metadata\": {\"answer\" : 4.0, \"row\": 1}}\n"
+      "{\"metadata\": null, \"prompt\": \"x\"}\n{\"prompt\": \"y\", \"metadata\": [\"a\", 2]}\n");
+  auto prompts = LoadPrompts(path);
+  REQUIRE_MESSAGE(prompts.ok(), prompts.status().ToString());
+  REQUIRE(prompts->size() == 3);
+  CHECK((*prompts)[0].metadata == "{\"answer\" : 4.0, \"row\": 1}");
+  CHECK((*prompts)[1].metadata.empty());
+  CHECK((*prompts)[2].metadata == "[\"a\", 2]");
+  const std::string big = Write("prompts_metadata_big", "{\"prompt\": \"a\", \"metadata\": \"" +
+                                                            std::string(70000, 'm') + "\"}\n");
+  CHECK(LoadPrompts(big).status().message().find(
+            ":1.metadata is 70002 bytes of JSON text; at most 65536") != std::string::npos);
+  std::filesystem::remove(path);
+  std::filesystem::remove(big);
+}
+
 }  // namespace
 }  // namespace weft::orchestrator

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
@@ -310,6 +311,143 @@ TEST_CASE("core: a damaged snapshot is refused with a reason") {
   CHECK(OrchestratorCore::Restore({}, doubled).status().code() == StatusCode::kDataLoss);
 }
 
+// Whether the core's state mentions `text` anywhere (a snapshot holds all of it).
+bool Holds(const OrchestratorCore& core, const std::string& text) {
+  return core.Snapshot().find(text) != std::string::npos;
+}
+
+TEST_CASE(
+    "core: a job's metadata goes to the trainer with its group, and is forgotten once "
+    "acknowledged, "
+    "dropped or given up") {
+  CoreConfig config;
+  config.max_staleness = 0;
+  config.max_attempts = 2;
+  config.lease_duration = 10;
+  config.remember_done = 1;  // completions are forgotten at once; the metadata is not
+  OrchestratorCore core(config);
+  REQUIRE(core.AnnounceVersion(0, 1).ok());
+  REQUIRE(core.Register(0, "a", "eu", 8).ok());
+  REQUIRE(core.Heartbeat(0, "a", 1).ok());
+  const std::vector<JobSpec> jobs = {{"\"p\"", 1, R"({"answer": "ANSWER-P"})"},
+                                     {"\"q\"", 1},
+                                     {"\"r\"", 2, "[\"RETRIED\", 2.5e0]"},
+                                     {"\"s\"", 1, R"("GIVEN-UP")"},
+                                     {"\"t\"", 1, R"("STALE")"}};
+  const std::vector<uint64_t> ids = core.AddJobs(0, jobs);
+  REQUIRE(ids.size() == 5);
+  CHECK(Holds(core, "ANSWER-P"));
+  auto leases = std::move(core.RequestLeases(1, "a", 8)).value();
+  REQUIRE(leases.size() == 5);
+  for (const Lease& lease : leases) CHECK(lease.prompt == jobs[lease.job - ids[0]].prompt);
+  // t is done at version 1, p and q at version 2; r's and s's leases expire and are granted again.
+  REQUIRE(core.Submit(2, Make(leases[4], "a", 1, 1)).ok());
+  REQUIRE(core.AnnounceVersion(2, 2).ok());
+  REQUIRE(core.Heartbeat(2, "a", 2).ok());
+  REQUIRE(core.Submit(3, Make(leases[0], "a", 2, 2)).ok());
+  REQUIRE(core.Submit(3, Make(leases[1], "a", 2, 2)).ok());
+  CHECK(core.remembered_done() == 1);
+  CHECK(core.Tick(20));
+  auto again = std::move(core.RequestLeases(21, "a", 8)).value();
+  REQUIRE(again.size() == 2);
+  for (const Lease& lease : again) {
+    CHECK(lease.attempt == 2);
+    if (lease.job == ids[2]) REQUIRE(core.Submit(22, Make(lease, "a", 2, 2)).ok());
+  }
+  CHECK(core.Tick(40));  // s is given up after its second lease, and its metadata with it
+  CHECK(core.counters().jobs_given_up == 1);
+  CHECK(!Holds(core, "GIVEN-UP"));
+  CHECK(Holds(core, "RETRIED"));
+  // The buffered groups survive a snapshot with their metadata.
+  Result<OrchestratorCore> restored = OrchestratorCore::Restore(config, core.Snapshot());
+  REQUIRE_MESSAGE(restored.ok(), restored.status().ToString());
+  CHECK(restored->Snapshot() == core.Snapshot());
+  core = std::move(restored).value();
+  // t's group is stale at 2 (max_staleness 0): dropped, and its metadata with it.
+  Batch batch = core.TakeBatch(42, 10);
+  CHECK(core.counters().dropped_stale == 1);
+  CHECK(!Holds(core, "STALE"));
+  REQUIRE(batch.items.size() == 3);
+  std::map<uint64_t, std::string> metadata;
+  for (const Delivered& d : batch.items) metadata[d.group.job] = d.metadata;
+  CHECK(metadata[ids[0]] == jobs[0].metadata);  // its completion is no longer remembered
+  CHECK(metadata[ids[1]].empty());
+  CHECK(metadata[ids[2]] == jobs[2].metadata);
+  CHECK(Holds(core, "ANSWER-P"));  // outstanding until acknowledged
+  CHECK(core.TakeBatch(43, 0, batch.id).acknowledged == 1);
+  CHECK(!Holds(core, "ANSWER-P"));
+  CHECK(!Holds(core, "RETRIED"));
+}
+
+TEST_CASE("core: delivered groups carry their job's metadata, again on redelivery, until acked") {
+  OrchestratorCore core({});
+  REQUIRE(core.AnnounceVersion(0, 1).ok());
+  REQUIRE(core.Register(0, "a", "eu", 8).ok());
+  REQUIRE(core.Heartbeat(0, "a", 1).ok());
+  const std::vector<uint64_t> ids =
+      core.AddJobs(0, {{"\"p\"", 1, "{ \"row\" : 7 }"}, {"\"q\"", 1}, {"\"r\"", 1, "\"R\""}});
+  auto leases = std::move(core.RequestLeases(1, "a", 8)).value();
+  REQUIRE(leases.size() == 3);
+  for (const Lease& lease : leases) REQUIRE(core.Submit(2, Make(lease, "a", 1, 1)).ok());
+  auto check = [&](const Batch& batch) {
+    REQUIRE(batch.items.size() == 3);
+    std::map<uint64_t, std::string> metadata;
+    for (const Delivered& d : batch.items) metadata[d.group.job] = d.metadata;
+    CHECK(metadata[ids[0]] == "{ \"row\" : 7 }");
+    CHECK(metadata[ids[1]].empty());
+    CHECK(metadata[ids[2]] == "\"R\"");
+  };
+  const Batch first = core.TakeBatch(3, 10);
+  check(first);
+  // Outstanding: held (and snapshotted) until the trainer acknowledges the batch.
+  Result<OrchestratorCore> restored = OrchestratorCore::Restore({}, core.Snapshot());
+  REQUIRE_MESSAGE(restored.ok(), restored.status().ToString());
+  CHECK(restored->Snapshot() == core.Snapshot());
+  core = std::move(restored).value();
+  const Batch redelivered = core.TakeBatch(4, 10);
+  CHECK(redelivered.redelivered);
+  check(redelivered);
+  CHECK(Holds(core, "row"));
+  CHECK(core.TakeBatch(5, 0, first.id).acknowledged == 1);
+  CHECK(!Holds(core, "row"));
+  CHECK(!Holds(core, "\\\"R\\\""));
+}
+
+TEST_CASE("core: a snapshot from before job metadata restores; without metadata none is written") {
+  // A snapshot of format 2 as written before jobs had metadata: a queued job, a buffered group.
+  std::string counters;  // (in the order a JSON object of them is printed: by name)
+  for (const std::string& name : std::set<std::string>{
+           "jobs_added", "jobs_done", "jobs_given_up", "leases_granted", "leases_expired",
+           "leases_handed_back", "leases_cancelled", "submissions_accepted",
+           "submissions_duplicate", "submissions_rejected", "delivered_fresh", "delivered_stale",
+           "dropped_stale", "batches", "batches_redelivered", "clusters_lost"}) {
+    counters += std::string(counters.empty() ? "" : ",") + "\"" + name + "\":0";
+  }
+  const std::string old =
+      R"({"buffer":[{"attempt":1,"cluster":"a","job":1,"samples_bytes":2,"segments":[[1,0]],)"
+      R"("tokens":3,"version_end":1,"version_start":1}],"clusters":[["a","eu",2,1,1,false,false,)"
+      R"(0,1,0.0,1,0,[],""]],"counters":{)" +
+      counters +
+      R"(},"done":[[1,1]],"jobs":[[2,"\"q\"",1,[],[],null,0]],"last_progress":1,"latest":1,)"
+      R"("next_batch":1,"next_job":3,"outstanding":[],"queue":[2]})"
+      "\n[]";
+  Result<OrchestratorCore> core = OrchestratorCore::Restore({}, old);
+  REQUIRE_MESSAGE(core.ok(), core.status().ToString());
+  CHECK(core->Snapshot() == old);  // the same text: nothing added for what has no metadata
+  Batch batch = core->TakeBatch(2, 10);
+  REQUIRE(batch.items.size() == 1);
+  CHECK(batch.items[0].metadata.empty());
+  CHECK(batch.items[0].group.trajectories == "[]");
+  auto leases = std::move(core->RequestLeases(3, "a", 1)).value();
+  REQUIRE(leases.size() == 1);
+  CHECK(leases[0].prompt == "\"q\"");
+  // Metadata that is not what the jobs route admits is damage.
+  std::string bad = old;
+  bad.replace(bad.find("null,0]]"), 8, "null,0,\"{\"]]");
+  CHECK(OrchestratorCore::Restore({}, bad).status().message().find(
+            "the metadata of job 2 is not valid JSON") != std::string::npos);
+}
+
 TEST_CASE("core: a refused drain changes nothing; a job listed twice is handed back once") {
   OrchestratorCore core({});
   REQUIRE(core.AnnounceVersion(0, 1).ok());
@@ -352,7 +490,8 @@ TEST_CASE(
     std::vector<std::pair<std::string, Lease>> granted;  // every lease ever granted
     std::vector<TrajectoryGroup> accepted;
     std::map<uint64_t, int> accepted_per_job, delivered_per_job;
-    uint64_t delivered = 0, last_batch = 0;
+    uint64_t delivered = 0, last_batch = 0, added = 0;
+    std::map<uint64_t, std::string> metadata_of;  // job id -> its metadata
     int clusters = 0;
     for (int step = 0; step < 1500; ++step) {
       const uint64_t event = uniform(100);
@@ -421,12 +560,17 @@ TEST_CASE(
       } else if (event < 75) {
         REQUIRE(core.AnnounceVersion(now, ++latest).ok());
       } else if (event < 82) {
-        core.AddJobs(now, {{"prompt", 1 + static_cast<uint32_t>(uniform(4))}});
+        // Every other job has metadata of its own, which must come back with its group only.
+        JobSpec job{"prompt", 1 + static_cast<uint32_t>(uniform(4))};
+        if (added % 2 == 0) job.metadata = "{\"row\": " + std::to_string(added) + "}";
+        ++added;
+        for (uint64_t id : core.AddJobs(now, {job})) metadata_of[id] = job.metadata;
       } else if (event < 88) {
         // The trainer acknowledges what it processed; one answer in six is lost on the way.
         Batch batch = core.TakeBatch(
             now, 1 + uniform(5), last_batch ? std::optional<uint64_t>(last_batch) : std::nullopt);
         for (const Delivered& d : batch.items) {
+          CHECK(d.metadata == metadata_of[d.group.job]);
           // Invariant: nothing over the bound is handed out as fresh, first time or again.
           if (!d.stale) CHECK(d.group.version_start >= core.admissible_version());
           if (d.stale) CHECK(config.stale_policy == StalePolicy::kDeliverFlagged);
@@ -473,10 +617,20 @@ TEST_CASE(
       if (batch.id == 0) break;
       if (batch.id <= last_batch) continue;
       last_batch = batch.id;
-      for (const Delivered& d : batch.items) CHECK(++delivered_per_job[d.group.job] == 1);
+      for (const Delivered& d : batch.items) {
+        CHECK(++delivered_per_job[d.group.job] == 1);
+        CHECK(d.metadata == metadata_of[d.group.job]);
+      }
       delivered += batch.items.size();
     }
     CHECK(core.outstanding() == 0);
+    // The metadata of every group delivered and acknowledged is forgotten (open jobs keep theirs).
+    const std::string state = core.Snapshot();
+    for (const auto& [job, count] : delivered_per_job) {
+      const std::string& metadata = metadata_of[job];
+      if (!metadata.empty())
+        CHECK(state.find(nlohmann::json(metadata).dump()) == std::string::npos);
+    }
     CHECK(core.counters().delivered_fresh + core.counters().delivered_stale == delivered);
     CHECK(core.counters().submissions_accepted == core.counters().delivered_fresh +
                                                       core.counters().delivered_stale +

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
@@ -187,6 +188,136 @@ TEST_CASE(
     REQUIRE(!refused.ok());
     CHECK(refused.status().message().find("cannot be rebuilt") != std::string::npos);
   }
+  RemoveJournal(path);
+}
+
+// The groups of a batch by job, with their jobs' metadata.
+std::map<uint64_t, std::string> MetadataByJob(const Batch& batch) {
+  std::map<uint64_t, std::string> metadata;
+  for (const Delivered& d : batch.items) metadata[d.group.job] = d.metadata;
+  return metadata;
+}
+
+TEST_CASE(
+    "durable core: job metadata survives replay and compaction, as the text the trainer sent") {
+  const std::string path = TempPath("metadata");
+  // (Line breaks within the text too: the journal's record is one line, then the samples.)
+  const std::vector<JobSpec> jobs = {
+      {"\"p\"", 1, "{\n  \"answer\" : 4.0E0,\n  \"note\": \"a\\\"b \\u00e9\"\n}"},
+      {"\"q\"", 1},
+      {"\"r\"", 1, "[\"queued\"]"}};
+  std::vector<uint64_t> ids;
+  std::string before;
+  {
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    REQUIRE(durable->AnnounceVersion(0, 1).ok());
+    REQUIRE(durable->Register(0, "a", "eu", 2).ok());
+    REQUIRE(durable->Heartbeat(0, "a", 1).ok());
+    ids = std::move(durable->AddJobs(1, jobs)).value();
+    auto leases = std::move(durable->RequestLeases(2, "a", 2)).value();
+    REQUIRE(leases.size() == 2);
+    for (const Lease& lease : leases) REQUIRE(durable->Submit(3, Make(lease, "a", 1)).ok());
+    before = SnapshotOf(*durable);
+  }
+  // The jobs' record (docs/formats.md section 7): [prompt, samples, metadata as a string] each, the
+  // metadata left out for a job without.
+  const std::string expected = nlohmann::json{
+      {"e", "jobs"},
+      {"prompts",
+       {{jobs[0].prompt, 1, jobs[0].metadata},
+        {jobs[1].prompt, 1},
+        {jobs[2].prompt, 1, jobs[2].metadata}}},
+      {"t", 1}}.dump();
+  CHECK(expected.find('\n') == std::string::npos);
+  int found = 0;
+  REQUIRE(Journal::Replay(path, [&](std::string_view record) {
+            found += record == expected;
+            return Status::Ok();
+          }).ok());
+  CHECK(found == 1);
+  {
+    auto replayed = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    CHECK(SnapshotOf(*replayed) == before);
+    REQUIRE(replayed->Compact().ok());
+  }
+  auto restored = std::move(DurableCore::Open(path, CoreConfig{})).value();
+  CHECK(restored->generation() == 1);
+  CHECK(restored->events_replayed() == 0);  // all of it from the snapshot
+  CHECK(SnapshotOf(*restored) == before);
+  auto batch = std::move(restored->TakeBatch(4, 10)).value();
+  std::map<uint64_t, std::string> delivered = MetadataByJob(batch);
+  REQUIRE(delivered.size() == 2);
+  CHECK(delivered[ids[0]] == jobs[0].metadata);
+  CHECK(delivered[ids[1]].empty());
+  // The queued job's metadata came through the snapshot too.
+  auto leases = std::move(restored->RequestLeases(5, "a", 2)).value();
+  REQUIRE(leases.size() == 1);
+  REQUIRE(restored->Submit(6, Make(leases[0], "a", 1)).ok());
+  batch = std::move(restored->TakeBatch(7, 10, batch.id)).value();
+  CHECK(MetadataByJob(batch) == std::map<uint64_t, std::string>{{ids[2], jobs[2].metadata}});
+  restored.reset();
+  RemoveJournal(path);
+}
+
+TEST_CASE(
+    "durable core: a journal from before job metadata replays exactly; jobs without metadata are "
+    "journaled as before") {
+  // The records of an older build: announce, register, heartbeat, two jobs, a lease, a group.
+  const std::vector<std::string> records = {
+      R"({"e":"announce","t":0,"version":1})",
+      R"({"capacity":2,"cluster":"a","e":"register","region":"eu","t":0})",
+      R"({"cluster":"a","e":"heartbeat","ready":1,"t":0})",
+      R"({"e":"jobs","prompts":[["\"p\"",2],["[1,2]",1]],"t":1})",
+      R"({"cluster":"a","e":"leases","max":1,"t":2})",
+      R"({"attempt":1,"cluster":"a","e":"submit","job":1,"segments":[[1,0]],"t":3,"tokens":4,)"
+      R"("version_end":1,"version_start":1})"
+      "\n"
+      R"({"samples":[]})"};
+  const std::string path = TempPath("old_journal");
+  {
+    auto journal =
+        std::move(Journal::Open(path, [](std::string_view) { return Status::Ok(); })).value();
+    for (const std::string& record : records) REQUIRE(journal->Append(record).ok());
+  }
+  {
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    CHECK(durable->events_replayed() == records.size());
+    auto batch = std::move(durable->TakeBatch(4, 10)).value();
+    REQUIRE(batch.items.size() == 1);
+    CHECK(batch.items[0].group.job == 1);
+    CHECK(batch.items[0].group.trajectories == R"({"samples":[]})");
+    CHECK(batch.items[0].metadata.empty());
+    auto leases = std::move(durable->RequestLeases(5, "a", 1)).value();
+    REQUIRE(leases.size() == 1);
+    CHECK(leases[0].prompt == "[1,2]");
+    CHECK(leases[0].samples == 1);
+  }
+  RemoveJournal(path);
+  // This build, given the same events, writes the same records.
+  {
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    REQUIRE(durable->AnnounceVersion(0, 1).ok());
+    REQUIRE(durable->Register(0, "a", "eu", 2).ok());
+    REQUIRE(durable->Heartbeat(0, "a", 1).ok());
+    REQUIRE(durable->AddJobs(1, {{"\"p\"", 2}, {"[1,2]", 1}}).ok());
+    auto leases = std::move(durable->RequestLeases(2, "a", 1)).value();
+    REQUIRE(leases.size() == 1);
+    TrajectoryGroup group;
+    group.job = 1;
+    group.attempt = 1;
+    group.cluster = "a";
+    group.version_start = group.version_end = 1;
+    group.segments = {{1, 0}};
+    group.tokens = 4;
+    group.trajectories = R"({"samples":[]})";
+    REQUIRE(durable->Submit(3, group).ok());
+  }
+  std::vector<std::string> written;
+  REQUIRE(Journal::Replay(path, [&](std::string_view record) {
+            written.emplace_back(record);
+            return Status::Ok();
+          }).ok());
+  CHECK(written == records);
   RemoveJournal(path);
 }
 

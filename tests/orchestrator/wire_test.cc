@@ -228,6 +228,104 @@ TEST_CASE("wire: a batch hands every group its own samples, as they were submitt
         "the answer is not valid JSON: byte 0: not a JSON value");
 }
 
+TEST_CASE("wire: a job's metadata travels as the text the trainer sent; null or absent is none") {
+  // White space, key order, number spellings, escapes and a nested "metadata" key all survive.
+  const std::string metadata =
+      "{ \"row\" : 17,\n \"answer\": 1.0E0, \"note\": \"\\u00e9\", \"metadata\": [null] }";
+  const std::string body =
+      "\xEF\xBB\xBF { \"prompts\" : [ {\"prompt\": \"a\", \"metadata\" : " + metadata +
+      " }, {\"metadata\": null, \"prompt\": [1, 2]}, {\"prompt\": \"b\"},"
+      " {\"metadata\":\"x\",\"samples\":3,\"prompt\":\"c\"} ] }";
+  Result<std::vector<JobSpec>> jobs = DecodeJobs(body);
+  REQUIRE_MESSAGE(jobs.ok(), jobs.status().ToString());
+  REQUIRE(jobs->size() == 4);
+  CHECK((*jobs)[0].metadata == metadata);
+  CHECK((*jobs)[0].prompt == "\"a\"");
+  CHECK((*jobs)[1].metadata.empty());
+  CHECK((*jobs)[1].prompt == "[1,2]");
+  CHECK((*jobs)[2].metadata.empty());
+  CHECK((*jobs)[3].metadata == "\"x\"");
+  CHECK((*jobs)[3].samples == 3);
+  // And back: the encoded request carries each job's metadata as it is.
+  Result<std::vector<JobSpec>> again = DecodeJobs(EncodeJobs(*jobs));
+  REQUIRE_MESSAGE(again.ok(), again.status().ToString());
+  for (size_t i = 0; i < jobs->size(); ++i) {
+    CHECK((*again)[i].prompt == (*jobs)[i].prompt);
+    CHECK((*again)[i].samples == (*jobs)[i].samples);
+    CHECK((*again)[i].metadata == (*jobs)[i].metadata);
+  }
+  CHECK(Json::parse(EncodeJobs(*jobs))["prompts"][0]["metadata"]["row"] == 17);
+  CHECK(!Json::parse(EncodeJobs(*jobs))["prompts"][2].contains("metadata"));
+}
+
+TEST_CASE("wire: a job's metadata is bounded; errors name the job") {
+  // 64 KiB of text is taken, one byte more is not.
+  const std::string most = "\"" + std::string(kMaxJobMetadataBytes - 2, 'm') + "\"";
+  const std::string body = R"({"prompts": [{"prompt": "a"}, {"prompt": "b", "metadata": )";
+  Result<std::vector<JobSpec>> jobs = DecodeJobs(body + most + "}]}");
+  REQUIRE_MESSAGE(jobs.ok(), jobs.status().ToString());
+  CHECK((*jobs)[1].metadata == most);
+  CHECK(DecodeJobs(body + "[" + most + "]}]}").status().message() ==
+        "jobs.prompts[1].metadata is 65538 bytes of JSON text; at most 65536 (64 KiB)");
+  // Not JSON, or a key repeated within it: the whole body is refused, saying where.
+  CHECK(DecodeJobs(body + "{\"a\": tru}}]}")
+            .status()
+            .message()
+            .find("the request body is not valid JSON: byte ") == 0);
+  CHECK(DecodeJobs(body + "{\"a\": 1, \"a\": 2}}]}").status().message().find("a key repeated") !=
+        std::string::npos);
+  // Only "metadata" is cut out of the jobs: other members are still unknown fields.
+  CHECK(DecodeJobs(R"({"prompts": [{"prompt": "a", "trajectories": 1}]})").status().message() ==
+        "jobs.prompts[0] has an unknown field 'trajectories'");
+  CHECK(DecodeJobs(R"({"prompts": [{"metadata": 1}]})").status().message() ==
+        "jobs.prompts[0] lacks the field 'prompt'");
+  CHECK(DecodeJobs(R"({"prompts": [], "metadata": 1})").status().message() ==
+        "jobs has an unknown field 'metadata'");
+  // What the journal and snapshots give back is checked the same way.
+  CHECK(CheckMetadata(most, "m").ok());
+  CHECK(CheckMetadata("[" + most + "]", "m").message() ==
+        "m is 65538 bytes of JSON text; at most 65536 (64 KiB)");
+  CHECK(CheckMetadata("{\"a\":", "m").message().find("m is not valid JSON: byte ") == 0);
+  CHECK(CheckMetadata("", "m").code() == StatusCode::kInvalidArgument);
+  CHECK(CheckMetadata("\xEF\xBB\xBF"
+                      "1",
+                      "m")
+            .message() == "m starts with a byte order mark");
+  // As deep as a jobs body lets it be (61 levels under the body's 3), and no deeper.
+  CHECK(CheckMetadata(std::string(61, '[') + std::string(61, ']'), "m").ok());
+  CHECK(!CheckMetadata(std::string(62, '[') + std::string(62, ']'), "m").ok());
+  CHECK(DecodeJobs(R"({"prompts": [{"prompt": "a", "metadata": )" + std::string(61, '[') +
+                   std::string(61, ']') + "}]}")
+            .ok());
+}
+
+TEST_CASE("wire: a batch hands every group its job's metadata as text; none is no member") {
+  Batch batch;
+  batch.id = 3;
+  const std::vector<std::string> metadata = {"{ \"answer\" : 1.0E0 }", "", "null",
+                                             "[\"trajectories\"]"};
+  for (size_t i = 0; i < metadata.size(); ++i) {
+    batch.items.push_back(
+        {Group("{\"samples\": [" + std::to_string(i) + "]}"), false, metadata[i]});
+    batch.items.back().group.job = i + 1;
+  }
+  const std::string text = Encode(batch);
+  const Json parsed = Json::parse(text);
+  CHECK(parsed["trajectories"][0]["metadata"]["answer"] == 1.0);
+  CHECK(!parsed["trajectories"][1].contains("metadata"));
+  Result<Batch> decoded = DecodeBatch(text);
+  REQUIRE_MESSAGE(decoded.ok(), decoded.status().ToString());
+  REQUIRE(decoded->items.size() == metadata.size());
+  CHECK(decoded->items[0].metadata == metadata[0]);
+  CHECK(decoded->items[1].metadata.empty());
+  CHECK(decoded->items[2].metadata.empty());  // null: none
+  CHECK(decoded->items[3].metadata == metadata[3]);
+  for (size_t i = 0; i < metadata.size(); ++i) {
+    CHECK(decoded->items[i].group.trajectories == batch.items[i].group.trajectories);
+    CHECK(decoded->items[i].group.job == i + 1);
+  }
+}
+
 TEST_CASE("wire: the journal's group fields ignore other members and name what is missing") {
   Json fields = GroupFields(Group(""));
   fields["e"] = "submit";
