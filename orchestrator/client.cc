@@ -134,6 +134,26 @@ Result<std::vector<uint64_t>> OrchestratorClient::AddJobs(
   std::vector<JobSpec> jobs;
   jobs.reserve(prompts.size());
   for (const auto& [prompt, samples] : prompts) jobs.push_back({prompt.dump(), samples});
+  return SendJobs(jobs);
+}
+
+Result<std::vector<uint64_t>> OrchestratorClient::AddJobs(std::span<const NewJob> jobs) {
+  std::vector<JobSpec> specs;
+  specs.reserve(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    JobSpec spec{"", jobs[i].samples};
+    try {  // (printing a string that is not UTF-8 throws)
+      spec.prompt = jobs[i].prompt.dump();
+      if (!jobs[i].metadata.is_null()) spec.metadata = jobs[i].metadata.dump();
+    } catch (const Json::exception& error) {
+      return InvalidArgument("adding jobs: job " + std::to_string(i) + ": " + error.what());
+    }
+    specs.push_back(std::move(spec));
+  }
+  return SendJobs(specs);
+}
+
+Result<std::vector<uint64_t>> OrchestratorClient::SendJobs(const std::vector<JobSpec>& jobs) {
   WEFT_ASSIGN_OR_RETURN(std::string answer,
                         Call("POST", "/v1/jobs", wire::EncodeJobs(jobs), false));
   return Answer(wire::DecodeJobIds(answer), "adding jobs");

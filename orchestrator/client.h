@@ -18,6 +18,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,16 @@
 #include "orchestrator/types.h"
 
 namespace weft::orchestrator {
+
+// A job as a trainer adds it (docs/api.md, POST /v1/jobs).
+struct NewJob {
+  nlohmann::json prompt;  // text or token ids (any JSON the task understands)
+  uint32_t samples = 1;   // 1 to 4096
+  // Any JSON value (a reference answer, a dataset row id), at most 64 KiB as text, kept by the
+  // orchestrator with the job and handed back with its trajectory group (Delivered::metadata,
+  // as the text this client sent). Workers never see it. Null: none.
+  nlohmann::json metadata = nullptr;
+};
 
 class OrchestratorClient {
  public:
@@ -51,9 +62,14 @@ class OrchestratorClient {
   // Each prompt is JSON (text or token ids) with its number of samples.
   Result<std::vector<uint64_t>> AddJobs(
       const std::vector<std::pair<nlohmann::json, uint32_t>>& prompts);
+  // The same with each job's metadata. (A span, so that a braced list of pairs still means the
+  // overload above: pass a std::vector<NewJob>.) A prompt or metadata holding a string that is
+  // not UTF-8 is kInvalidArgument, and nothing is sent.
+  Result<std::vector<uint64_t>> AddJobs(std::span<const NewJob> jobs);
   // The next batch. Each call acknowledges the last batch this client received, and batches seen
   // already (handed out again after a lost answer) are skipped, so each group is returned once by
-  // this client. A new client (a restarted trainer) receives unacknowledged batches again.
+  // this client. A new client (a restarted trainer) receives unacknowledged batches again. Each
+  // group comes with its job's metadata (Delivered::metadata: JSON text, "" when none).
   Result<std::vector<Delivered>> TakeBatch(uint32_t max, std::chrono::milliseconds wait);
   // Acknowledges the last batch received without taking another (a trainer that is done).
   Status AcknowledgeBatches();
@@ -67,6 +83,8 @@ class OrchestratorClient {
                            const std::string& body, bool idempotent,
                            std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0),
                            const std::string* token = nullptr);
+  // Adds jobs whose prompts and metadata are JSON text already.
+  Result<std::vector<uint64_t>> SendJobs(const std::vector<JobSpec>& jobs);
   // The token for calls naming `cluster`: the one its registration returned, else the client's.
   std::string TokenFor(const std::string& cluster);
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -322,6 +323,140 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
   CHECK(o.As("gone") != old_token);
   CHECK(o.Post(old_token, "/v1/clusters/gone/heartbeat", {{"ready_version", 3}}).first == 401);
   CHECK(o.Post(o.As("gone"), "/v1/clusters/gone/heartbeat", {{"ready_version", 3}}).first == 200);
+}
+
+// Stops `o`'s service and core, and starts them again from the journal (on a new port).
+void Restart(Running& o) {
+  o.service->Stop();
+  o.service.reset();
+  o.core.reset();
+  o.core = std::move(DurableCore::Open(o.path, CoreConfig{})).value();
+  ServiceOptions options;
+  options.worker_token = "w-token";
+  options.trainer_token = "t-token";
+  options.admin_token = "a-token";
+  options.tick_interval = std::chrono::milliseconds(20);
+  options.server.threads = 4;
+  options.server.max_body_bytes = 1 << 20;
+  o.service = std::move(OrchestratorService::Start(*o.core, options)).value();
+  o.url = "http://127.0.0.1:" + std::to_string(o.service->port());
+}
+
+// The groups of a batch by job, with their jobs' metadata.
+std::map<uint64_t, std::string> MetadataByJob(const std::vector<Delivered>& groups) {
+  std::map<uint64_t, std::string> metadata;
+  for (const Delivered& d : groups) metadata[d.group.job] = d.metadata;
+  return metadata;
+}
+
+TEST_CASE(
+    "orchestrator API: a job's metadata comes back with its group, as the trainer sent it, also "
+    "after a restart; workers never see it") {
+  Running o;
+  OrchestratorClient trainer(o.url, "t-token");
+  REQUIRE(trainer.AnnounceVersion(0).ok());
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 8}})
+              .first == 200);
+  REQUIRE(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat", {{"ready_version", 0}}).first == 200);
+  // Through the client: any JSON value; null is none.
+  const std::vector<NewJob> jobs = {{Json("1+1="), 2, Json{{"answer", 2}, {"row", "r-17"}}},
+                                    {Json::array({1, 2}), 1},
+                                    {Json("2+2="), 1, Json(nullptr)},
+                                    {Json("3+3="), 1, Json("six")}};
+  auto ids = trainer.AddJobs(jobs);
+  REQUIRE_MESSAGE(ids.ok(), ids.status().ToString());
+  REQUIRE(ids->size() == 4);
+  // Over HTTP: the text as it came, white space and number spellings included.
+  const std::string text = "{ \"b\" : 1.0E0,\n  \"a\" : [ ] }";
+  auto raw = Raw(o.url + "/v1/jobs", "POST",
+                 {"Authorization: Bearer t-token", "Content-Type: application/json"},
+                 "{\"prompts\": [{\"prompt\": \"4+4=\", \"metadata\": " + text + "}]}");
+  REQUIRE(raw.status == 200);
+  const uint64_t raw_id = Json::parse(raw.text())["jobs"][0].get<uint64_t>();
+  // Leases carry the prompt, never the metadata; the worker submits every job.
+  auto leases = o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"max", 8}});
+  REQUIRE(leases.first == 200);
+  REQUIRE(leases.second["leases"].size() == 5);
+  for (const Json& lease : leases.second["leases"]) {
+    CHECK(!lease.contains("metadata"));
+    Json submission = {{"job", lease["job"]}, {"attempt", lease["attempt"]},
+                       {"cluster", "c1"},     {"version_start", 0},
+                       {"version_end", 0},    {"segments", {{0, 0}}},
+                       {"tokens", 1},         {"trajectories", {{"samples", Json::array()}}}};
+    REQUIRE(o.Post(o.As("c1"), "/v1/submissions", submission).first == 200);
+  }
+  // The batch answer: each group with "metadata" when its job had some.
+  auto batch =
+      Raw(o.url + "/v1/batches", "POST",
+          {"Authorization: Bearer t-token", "Content-Type: application/json"}, R"({"max": 10})");
+  REQUIRE(batch.status == 200);
+  CHECK(batch.text().find(text) != std::string::npos);
+  std::map<uint64_t, Json> answered;
+  const Json items = Json::parse(batch.text())["trajectories"];
+  for (const Json& item : items)
+    answered[item["job"].get<uint64_t>()] = item.value("metadata", Json("absent"));
+  CHECK(answered[(*ids)[0]] == Json{{"answer", 2}, {"row", "r-17"}});
+  CHECK(answered[(*ids)[1]] == "absent");
+  CHECK(answered[(*ids)[2]] == "absent");
+  CHECK(answered[(*ids)[3]] == "six");
+  CHECK(answered[raw_id] == Json::parse(text));
+  // The client hands each group its job's metadata as text (the batch, not acknowledged, comes
+  // again), and so does a restarted orchestrator, from its journal.
+  const std::map<uint64_t, std::string> expected = {{(*ids)[0], R"({"answer":2,"row":"r-17"})"},
+                                                    {(*ids)[1], ""},
+                                                    {(*ids)[2], ""},
+                                                    {(*ids)[3], R"("six")"},
+                                                    {raw_id, text}};
+  auto delivered = trainer.TakeBatch(10, std::chrono::milliseconds(0));
+  REQUIRE_MESSAGE(delivered.ok(), delivered.status().ToString());
+  CHECK(MetadataByJob(*delivered) == expected);
+  Restart(o);
+  OrchestratorClient restarted(o.url, "t-token");
+  delivered = restarted.TakeBatch(10, std::chrono::milliseconds(0));
+  REQUIRE_MESSAGE(delivered.ok(), delivered.status().ToString());
+  CHECK(MetadataByJob(*delivered) == expected);
+  // Acknowledged: gone from the orchestrator.
+  REQUIRE(restarted.AcknowledgeBatches().ok());
+  CHECK(
+      o.core->Inspect([](const OrchestratorCore& core) { return core.Snapshot(); }).find("r-17") ==
+      std::string::npos);
+}
+
+TEST_CASE("orchestrator API: bad job metadata is refused, naming the job, and adds nothing") {
+  Running o;
+  OrchestratorClient trainer(o.url, "t-token");
+  auto post = [&](const std::string& body) {
+    auto reply = Raw(o.url + "/v1/jobs", "POST",
+                     {"Authorization: Bearer t-token", "Content-Type: application/json"}, body);
+    return std::make_pair(reply.status, Json::parse(reply.text(), nullptr, false));
+  };
+  const std::string prefix = R"({"prompts": [{"prompt": "a"}, {"prompt": "b", "metadata": )";
+  const std::string over = "\"" + std::string(kMaxJobMetadataBytes - 1, 'x') + "\"";
+  auto refused = post(prefix + over + "}]}");
+  CHECK(refused.first == 400);
+  CHECK(refused.second["error"] ==
+        "jobs.prompts[1].metadata is 65537 bytes of JSON text; at most 65536 (64 KiB)");
+  refused = post(prefix + R"({"a": 1,}}]})");
+  CHECK(refused.first == 400);
+  CHECK(refused.second["error"].get<std::string>().find(
+            "the request body is not valid JSON: byte ") == 0);
+  // The client's overload for metadata gets the same answer, or refuses what it cannot print.
+  std::vector<NewJob> jobs = {{Json("a"), 1, Json(std::string(70000, 'y'))}};
+  auto answer = trainer.AddJobs(jobs);
+  CHECK(answer.status().code() == StatusCode::kInvalidArgument);
+  CHECK(answer.status().message().find("jobs.prompts[0].metadata is 70002 bytes of JSON text") !=
+        std::string::npos);
+  jobs = {{Json("a"), 1, Json("\xff")}};
+  answer = trainer.AddJobs(jobs);
+  CHECK(answer.status().code() == StatusCode::kInvalidArgument);
+  CHECK(answer.status().message().find("adding jobs: job 0: ") == 0);
+  auto status = trainer.GetStatus();
+  REQUIRE(status.ok());
+  CHECK((*status)["jobs"]["added"] == 0);
+  // At the limit it is taken.
+  const std::string most = "\"" + std::string(kMaxJobMetadataBytes - 2, 'x') + "\"";
+  CHECK(post(prefix + most + "}]}").first == 200);
+  CHECK((*trainer.GetStatus())["jobs"]["added"] == 2);
 }
 
 TEST_CASE(
