@@ -47,8 +47,9 @@ Result<Json> ParseAnswer(std::string_view answer, const Skip& skip = {}) {
   return ParseObject(answer, "the answer", skip);
 }
 
-// A job's metadata is the value at depth 4 of a jobs body or a batch answer (an object, an array
-// of them, a member of each), so its own nesting is bounded by what those bodies allow (64 deep).
+// A job's metadata sits three levels down in a jobs body and in a batch answer (inside the top
+// object, an array and one of its objects), and those bodies nest at most 64 deep: so may it,
+// less those three.
 constexpr size_t kMetadataDepth = 64 - 3;
 
 // JSON text may start with a byte order mark, which parsers skip.
