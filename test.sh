@@ -3,9 +3,11 @@
 #   0. the source checks: the formatting (.clang-format), the dependency direction between the
 #      libraries (tests/check_layering.sh) and the references in code and docs
 #      (tests/check_references.sh);
-#   1. the doctest suites (with the orchestrator's corruption sweep) and the end-to-end tests
-#      (ctest, release build: the CLI, the policy store under failures, weft run, a region
-#      partitioned through weft_fault_proxy), and the sync suite again with the AVX-512 paths off
+#   1. the doctest suites (with the orchestrator's corruption sweep), the Python package's pytest
+#      suite (with the PyTorch trainer's tests) and the end-to-end tests
+#      (ctest, release build: the CLI, the policy store under failures, weft run, weft run with
+#      trainer commands, the PyTorch model against the C++ engine, a region partitioned through
+#      weft_fault_proxy), and the sync suite again with the AVX-512 paths off
 #      and with every SIMD path off (WEFT_CPU=avx2, scalar);
 #   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
 #      with threads of their own under ThreadSanitizer (the thread pool and HTTP plumbing, the store
