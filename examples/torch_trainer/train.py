@@ -46,7 +46,11 @@ from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
+# torch's OpenMP threads busy-wait after every parallel operation, taking cores from the
+# publisher's encoding threads and from the rollout workers on the same machine: let them sleep.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 from grpo import (Group, Optimizer, OptimizerConfig, PolicyGradientConfig, Sample,
                   greedy_accuracy, policy_gradient_step, supervised_step)

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import math
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _weft
 from .errors import InvalidArgument
@@ -215,36 +215,54 @@ class BatchClient:
 
 @dataclasses.dataclass
 class BatchTensors:
-    """A batch as padded tensors, one row per sample (``S`` samples, ``T`` = longest sample)."""
+    """A batch as padded tensors, one row per sample (``S`` samples, ``T`` = the longest row).
 
-    tokens: Any  # [S, T] int64, generated tokens, padded with ``pad``
-    logprobs: Any  # [S, T] float32, behaviour log-probabilities (0 where padded)
-    versions: Any  # [S, T] int64, the version that generated each token (-1 where padded)
-    mask: Any  # [S, T] bool, True on real tokens
+    A row is the sample's generated tokens, or, when ``batch_tensors`` was given the prompts, its
+    prompt followed by them (the model's input); logprobs, versions and the mask then sit at the
+    generated tokens' positions."""
+
+    tokens: Any  # [S, T] int64, padded with ``pad``
+    logprobs: Any  # [S, T] float32, behaviour log-probabilities (0 elsewhere)
+    versions: Any  # [S, T] int64, the version that generated each token (-1 elsewhere)
+    mask: Any  # [S, T] bool, True on generated tokens (the loss mask)
     rewards: Any  # [S] float32
     group: Any  # [S] int64, the index in the batch of each sample's group
-    lengths: Any  # [S] int64
+    lengths: Any  # [S] int64, the row's length (prompt included)
+    prompt_lengths: Any  # [S] int64 (zeros without prompts)
 
 
-def batch_tensors(groups: Sequence[Group], pad: int = 0) -> BatchTensors:
-    """The samples of ``groups`` as padded torch tensors (torch is imported on first use)."""
+def batch_tensors(groups: Sequence[Group], pad: int = 0,
+                  prompt_tokens: Optional[Callable[[Group], Sequence[int]]] = None
+                  ) -> BatchTensors:
+    """The samples of ``groups`` as padded torch tensors (torch is imported on first use).
+
+    ``prompt_tokens(group)``, when given, returns a group's prompt as token ids (the task's
+    tokenizer applied to ``group.prompt``); each row then starts with them."""
     import torch
 
-    samples = [(g, s) for g, group in enumerate(groups) for s in group.samples]
-    count = len(samples)
-    longest = max((len(s.tokens) for _, s in samples), default=0)
+    rows = []
+    for g, group in enumerate(groups):
+        prompt = [] if prompt_tokens is None else [int(t) for t in prompt_tokens(group)]
+        for s in group.samples:
+            rows.append((g, prompt, s))
+    count = len(rows)
+    longest = max((len(p) + len(s.tokens) for _, p, s in rows), default=0)
     tokens = torch.full((count, longest), pad, dtype=torch.int64)
     logprobs = torch.zeros((count, longest), dtype=torch.float32)
     versions = torch.full((count, longest), -1, dtype=torch.int64)
-    lengths = torch.tensor([len(s.tokens) for _, s in samples], dtype=torch.int64)
-    for row, (_, s) in enumerate(samples):
-        n = len(s.tokens)
-        if n:
-            tokens[row, :n] = torch.tensor(s.tokens, dtype=torch.int64)
-            logprobs[row, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
-            versions[row, :n] = torch.tensor(s.versions, dtype=torch.int64)
-    mask = torch.arange(longest).unsqueeze(0) < lengths.unsqueeze(1)
-    return BatchTensors(tokens=tokens, logprobs=logprobs, versions=versions, mask=mask,
-                        rewards=torch.tensor([s.reward for _, s in samples], dtype=torch.float32),
-                        group=torch.tensor([g for g, _ in samples], dtype=torch.int64),
-                        lengths=lengths)
+    mask = torch.zeros((count, longest), dtype=torch.bool)
+    for row, (_, prompt, s) in enumerate(rows):
+        start, end = len(prompt), len(prompt) + len(s.tokens)
+        if prompt:
+            tokens[row, :start] = torch.tensor(prompt, dtype=torch.int64)
+        if end > start:
+            tokens[row, start:end] = torch.tensor(s.tokens, dtype=torch.int64)
+            logprobs[row, start:end] = torch.tensor(s.logprobs, dtype=torch.float32)
+            versions[row, start:end] = torch.tensor(s.versions, dtype=torch.int64)
+            mask[row, start:end] = True
+    return BatchTensors(
+        tokens=tokens, logprobs=logprobs, versions=versions, mask=mask,
+        rewards=torch.tensor([s.reward for _, _, s in rows], dtype=torch.float32),
+        group=torch.tensor([g for g, _, _ in rows], dtype=torch.int64),
+        lengths=torch.tensor([len(p) + len(s.tokens) for _, p, s in rows], dtype=torch.int64),
+        prompt_lengths=torch.tensor([len(p) for _, p, _ in rows], dtype=torch.int64))

@@ -332,6 +332,18 @@ def test_jobs_and_batches_against_a_real_orchestrator(orchestrator):
                                    for g in groups for s in g.samples]
     assert t.group.tolist() == [0, 0, 1, 1] and t.lengths.tolist() == [3, 2, 3, 2]
     assert t.logprobs[1, 1].item() == -0.125 and t.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert t.prompt_lengths.tolist() == [0, 0, 0, 0]
+    # With the prompts in front (the model's input): the loss mask and logprobs follow the tokens.
+    encode = {"1+1=": [13, 1, 10, 1, 11], json.dumps([3, 4]): [3, 4]}
+    p = weft.batch_tensors(groups, pad=15, prompt_tokens=lambda g: encode[
+        g.prompt if isinstance(g.prompt, str) else json.dumps(g.prompt)])
+    first = [13, 1, 10, 1, 11] if groups[0].prompt == "1+1=" else [3, 4]
+    assert p.tokens[0].tolist()[:len(first) + 3] == first + groups[0].samples[0].tokens
+    assert p.prompt_lengths.tolist()[0] == len(first)
+    assert p.mask[0].tolist()[:len(first) + 3] == [False] * len(first) + [True] * 3
+    assert p.logprobs[0, len(first)].item() == groups[0].samples[0].logprobs[0]
+    assert p.versions[0, len(first) - 1].item() == -1
+    assert p.lengths.tolist()[0] == len(first) + 3 and p.tokens.shape[1] == 5 + 3
     stats = batches.staleness
     assert stats["groups"] == 2 and stats["samples"] == 4 and stats["violations"] == 0
     assert stats["lag_histogram"] == {0: 1, 1: 1} and stats["max_lag"] == 1
