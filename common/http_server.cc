@@ -580,18 +580,24 @@ Response ErrorResponse(const RequestHeader& request, const Status& status) {
   return ErrorResponse(request, HttpStatusFor(status.code()), status.message());
 }
 
+std::string_view BearerToken(const RequestHeader& request) {
+  const auto field = request[bhttp::field::authorization];
+  const std::string_view header(field.data(), field.size());
+  return header.starts_with("Bearer ") ? header.substr(7) : std::string_view();
+}
+
+TokenDigest::TokenDigest(std::string_view token) : set_(!token.empty()) {
+  static_assert(sizeof(digest_) == SHA256_DIGEST_LENGTH);
+  if (set_)
+    SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest_.data());
+}
+
+bool TokenDigest::Matches(const TokenDigest& given) const {
+  return set_ && given.set_ && CRYPTO_memcmp(digest_.data(), given.digest_.data(), 32) == 0;
+}
+
 bool BearerMatches(const RequestHeader& request, const std::string& token) {
-  if (token.empty()) return false;
-  const auto header = request[bhttp::field::authorization];
-  const std::string prefix = "Bearer ";
-  std::string given = header.substr(0, prefix.size()) == prefix
-                          ? std::string(header.substr(prefix.size()))
-                          : std::string();
-  if (given.empty()) return false;
-  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(given.data()), given.size(), a);
-  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), b);
-  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
+  return TokenDigest(token).Matches(TokenDigest(BearerToken(request)));
 }
 
 }  // namespace weft::http

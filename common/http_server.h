@@ -28,6 +28,7 @@
 // only. Thread-safe, except that Stop() must not race with itself.
 #pragma once
 
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
@@ -108,8 +109,23 @@ Response ErrorResponse(const RequestHeader& request, boost::beast::http::status 
 Response ErrorResponse(const RequestHeader& request, const Status& status);
 boost::beast::http::status HttpStatusFor(StatusCode code);
 
-// Whether the request's "Authorization: Bearer <token>" equals `token`, compared in constant time
-// (both sides hashed first, so the length does not leak either). An empty `token` matches nothing.
+// The token of the request's "Authorization: Bearer <token>" ("" without one).
+std::string_view BearerToken(const RequestHeader& request);
+
+// A token kept as its SHA-256, so that comparing it takes the same time whatever it is compared
+// with (and the length leaks neither). An empty token matches nothing, not even another empty one.
+class TokenDigest {
+ public:
+  TokenDigest() = default;
+  explicit TokenDigest(std::string_view token);
+  bool Matches(const TokenDigest& given) const;
+
+ private:
+  bool set_ = false;
+  std::array<unsigned char, 32> digest_{};
+};
+
+// Whether the request's bearer token equals `token`, compared as TokenDigests.
 bool BearerMatches(const RequestHeader& request, const std::string& token);
 
 }  // namespace weft::http

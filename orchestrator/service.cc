@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/hex.h"
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/names.h"
@@ -57,35 +58,18 @@ std::string LabelValue(std::string_view value) {
   return out;
 }
 
-std::string Hex(const unsigned char* bytes, size_t size) {
-  static const char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  for (size_t i = 0; i < size; ++i) {
-    hex += kDigits[bytes[i] >> 4];
-    hex += kDigits[bytes[i] & 15];
-  }
-  return hex;
-}
-
 // What the orchestrator keeps of a cluster's token: its SHA-256, in hex.
 std::string CredentialOf(std::string_view token) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
-  return Hex(digest, sizeof(digest));
+  return HexEncode(digest);
 }
 
 // A fresh cluster token: 32 random bytes, in hex.
 Result<std::string> NewClusterToken() {
   unsigned char bytes[32];
   if (RAND_bytes(bytes, sizeof(bytes)) != 1) return Internal("no randomness for a cluster token");
-  return Hex(bytes, sizeof(bytes));
-}
-
-// The bearer token of the request ("" without one).
-std::string_view BearerOf(const http::RequestHeader& request) {
-  const auto field = request[bhttp::field::authorization];
-  const std::string_view header(field.data(), field.size());
-  return header.starts_with("Bearer ") ? header.substr(7) : std::string_view();
+  return HexEncode(bytes);
 }
 
 // The request's body as the text the wire layer decodes.
@@ -102,12 +86,19 @@ Micros WallMicros() {
 }
 
 struct OrchestratorService::Impl {
-  Impl(DurableCore& core, ServiceOptions options) : core(core), options(std::move(options)) {}
+  Impl(DurableCore& core, ServiceOptions options)
+      : core(core),
+        options(std::move(options)),
+        admin_token(this->options.admin_token),
+        worker_token(this->options.worker_token),
+        trainer_token(this->options.trainer_token) {}
 
+  // The role of the request's bearer token (one SHA-256 of it, compared with each role's).
   Role RoleOf(const http::RequestHeader& request) const {
-    if (http::BearerMatches(request, options.admin_token)) return Role::kAdmin;
-    if (http::BearerMatches(request, options.worker_token)) return Role::kWorker;
-    if (http::BearerMatches(request, options.trainer_token)) return Role::kTrainer;
+    const http::TokenDigest given(http::BearerToken(request));
+    if (admin_token.Matches(given)) return Role::kAdmin;
+    if (worker_token.Matches(given)) return Role::kWorker;
+    if (trainer_token.Matches(given)) return Role::kTrainer;
     return Role::kNone;
   }
 
@@ -146,6 +137,7 @@ struct OrchestratorService::Impl {
 
   DurableCore& core;
   ServiceOptions options;
+  const http::TokenDigest admin_token, worker_token, trainer_token;  // options' tokens, hashed once
   std::unique_ptr<http::HttpServer> server;
   std::mutex mutex;
   std::condition_variable changed;
@@ -257,7 +249,7 @@ std::optional<Response> OrchestratorService::Impl::Admit(const http::RequestHead
   }
   // A cluster's own token is no role token: it is checked once the call's cluster is known.
   const bool names_cluster = target.starts_with("/v1/clusters/") || target == "/v1/submissions";
-  if (RoleOf(header) == Role::kNone && !(names_cluster && !BearerOf(header).empty())) {
+  if (RoleOf(header) == Role::kNone && !(names_cluster && !http::BearerToken(header).empty())) {
     return http::ErrorResponse(
         header, bhttp::status::unauthorized,
         "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
@@ -283,7 +275,7 @@ std::optional<Response> OrchestratorService::Impl::MayActFor(const Request& requ
   if (!credential || credential->empty()) {
     if (role == Role::kWorker) return std::nullopt;
   } else {
-    const std::string given = CredentialOf(BearerOf(request));
+    const std::string given = CredentialOf(http::BearerToken(request));
     if (CRYPTO_memcmp(given.data(), credential->data(), given.size()) == 0) return std::nullopt;
     if (role == Role::kWorker) {
       return http::ErrorResponse(

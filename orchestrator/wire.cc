@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/hex.h"
 #include "common/json_fields.h"
 #include "common/json_text.h"
 #include "common/names.h"
@@ -197,8 +198,7 @@ Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) 
                    "max_pause_ms", "first_version", "newest_version", "digest"}));
   if (json.contains("digest")) {
     Result<std::string> digest = GetString(json, "digest", where);
-    if (!digest.ok() || digest->size() > 64 ||
-        digest->find_first_not_of("0123456789abcdef") != std::string::npos) {
+    if (!digest.ok() || digest->size() > 64 || !IsLowerHex(*digest)) {
       return InvalidArgument(where + ".digest is not a hex digest of at most 64 digits");
     }
     r.digest = *digest;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/hex.h"
 #include "common/json_fields.h"
 #include "common/names.h"
 #include "policy_store/object_store.h"
@@ -14,14 +15,6 @@ namespace weft::policy_store {
 namespace {
 
 using Json = nlohmann::json;
-
-bool IsSha256Hex(const std::string& text) {
-  if (text.size() != 64) return false;
-  for (char c : text) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
 
 Json BlobJson(const BlobRef& blob) { return Json{{"sha256", blob.sha256}, {"bytes", blob.bytes}}; }
 
@@ -252,13 +245,9 @@ std::string Sha256Hex(std::span<const uint8_t> bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < length; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 0xF]);
-  }
-  return hex;
+  return HexEncode({digest, length});
 }
+
+bool IsSha256Hex(std::string_view text) { return text.size() == 64 && IsLowerHex(text); }
 
 }  // namespace weft::policy_store

@@ -107,5 +107,7 @@ std::string CatchupKey(const std::string& run_id, uint64_t target, uint64_t base
 std::string CatchupPrefix(const std::string& run_id, uint64_t target);
 std::string BlobKey(const std::string& sha256);
 std::string Sha256Hex(std::span<const uint8_t> bytes);
+// Whether `text` is a SHA-256 as Sha256Hex writes it: 64 lowercase hex digits.
+bool IsSha256Hex(std::string_view text);
 
 }  // namespace weft::policy_store

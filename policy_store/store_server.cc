@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/hex.h"
 #include "common/http_server.h"
 #include "common/json_fields.h"
 #include "policy_store/manifest.h"
@@ -34,12 +35,6 @@ constexpr uint64_t kSmallBodyBytes = 64 * 1024;
 bool ImmutableKey(const std::string& key) {
   return key.rfind("blobs/", 0) == 0 ||
          (key.rfind("runs/", 0) == 0 && key.find("/versions/") != std::string::npos);
-}
-
-bool IsSha256Hex(std::string_view text) {
-  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
 }
 
 // Parses a single "bytes=a-b", "bytes=a-" or "bytes=-n" range against `size`.
@@ -197,7 +192,7 @@ std::optional<Response> CheckHeader(const Shared& shared, const RequestHeader& r
     *body_limit = std::min(*body_limit, kSmallBodyBytes);
     return std::nullopt;
   }
-  if (target.key.rfind("blobs/", 0) == 0 && !IsSha256Hex(target.key.substr(6))) {
+  if (target.key.rfind("blobs/", 0) == 0 && !IsSha256Hex(std::string_view(target.key).substr(6))) {
     return ErrorResponse(request, http::status::bad_request,
                          "a blob's key is blobs/ and the SHA-256 of its bytes in 64 lowercase "
                          "hex digits, not " +
@@ -246,12 +241,7 @@ class PutSink : public weft::http::BodySink {
       unsigned char digest[EVP_MAX_MD_SIZE];
       unsigned int length = 0;
       EVP_DigestFinal_ex(hash_, digest, &length);
-      static constexpr char kHex[] = "0123456789abcdef";
-      std::string actual;
-      for (unsigned int i = 0; i < length; ++i) {
-        actual += kHex[digest[i] >> 4];
-        actual += kHex[digest[i] & 15];
-      }
+      const std::string actual = HexEncode({digest, length});
       const std::string expected = key_.substr(6);
       if (actual != expected) {
         return ErrorResponse(request, http::status::bad_request,
