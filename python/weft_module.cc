@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -70,11 +71,11 @@ std::string DTypeText(const DLDataType& type) {
                      : type.code == kDLBfloat ? "bfloat"
                      : type.code == kDLInt    ? "int"
                      : type.code == kDLUInt   ? "uint"
-                                              : "type code ";
-  std::string text = code;
-  if (type.code > kDLBfloat) text += std::to_string(type.code);
-  text += std::to_string(type.bits);
-  if (type.lanes != 1) text += "x" + std::to_string(type.lanes);
+                                              : nullptr;
+  std::string text = code ? std::string(code) + std::to_string(type.bits)
+                          : "DLPack type code " + std::to_string(type.code) + " of " +
+                                std::to_string(type.bits) + " bits";
+  if (type.lanes != 1) text += " x" + std::to_string(type.lanes);
   return text;
 }
 
@@ -123,6 +124,11 @@ std::vector<sync::MasterTensor> MasterView(
       }
     }
     const uint8_t* data = static_cast<const uint8_t*>(t.data) + t.byte_offset;
+    if (reinterpret_cast<uintptr_t>(data) % (f32 ? 4 : 2) != 0) {
+      throw StatusError{InvalidArgument("tensor '" + name + "' is not aligned to its " +
+                                        std::string(f32 ? "4" : "2") +
+                                        "-byte elements; publish an aligned copy")};
+    }
     sync::MasterValues values = f32 ? sync::MasterValues(std::span<const float>(
                                           reinterpret_cast<const float*>(data), count))
                                     : sync::MasterValues::Bf16(std::span<const uint16_t>(
@@ -170,7 +176,10 @@ class PyPublisher {
     if (threads < 1 || threads > 1024)
       throw StatusError{InvalidArgument("threads must be 1 to 1024")};
     options_.keyframes.interval = keyframe_interval;
-    if (keyframe_budget > 0) options_.keyframes.delta_budget = keyframe_budget;
+    if (!(keyframe_budget >= 0) || keyframe_budget > 1e9) {
+      throw StatusError{InvalidArgument("keyframe_budget must be a positive number (or None)")};
+    }
+    if (keyframe_budget > 0) options_.keyframes.delta_budget = keyframe_budget;  // 0: the default
     options_.codec.threads = threads;
     options_.rank = rank;
     options_.world = world;
@@ -185,44 +194,70 @@ class PyPublisher {
     store_ = Unwrap(policy_store::OpenStore(store, open));
   }
 
+  // The mutex is only ever taken with the GIL released, so a thread waiting for it never holds
+  // the GIL that the thread inside needs back.
   py::dict Start(const std::vector<std::pair<std::string, py::object>>& tensors) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (publisher_) throw StatusError{Conflict("start() was called already; call publish()")};
     const std::vector<sync::MasterTensor> master = MasterView(tensors);
-    Result<std::unique_ptr<trainer_adapter::Publisher>> started = Status::Ok();
+    Status started = Status::Ok();
+    trainer_adapter::PublishStats stats;
+    policy_store::Manifest manifest;
+    uint64_t served_bytes = 0;
     {
       py::gil_scoped_release release;
-      started = trainer_adapter::Publisher::Start(*store_, run_, master, plan_, options_);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (publisher_) {
+        started = Conflict("start() was called already; call publish()");
+      } else {
+        Result<std::unique_ptr<trainer_adapter::Publisher>> made =
+            trainer_adapter::Publisher::Start(*store_, run_, master, plan_, options_);
+        if (made.ok()) {
+          publisher_ = std::move(made).value();
+          Snapshot(&stats, &manifest, &served_bytes);
+        } else {
+          started = made.status();
+        }
+      }
     }
-    publisher_ = Unwrap(std::move(started));
-    return Stats();
+    Check(started);
+    return StatsDict(stats, manifest, served_bytes);
   }
 
   py::dict Publish(const std::vector<std::pair<std::string, py::object>>& tensors) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!publisher_) throw StatusError{Conflict("publish() before start(): start the run first")};
     const std::vector<sync::MasterTensor> master = MasterView(tensors);
     Status published = Status::Ok();
+    trainer_adapter::PublishStats stats;
+    policy_store::Manifest manifest;
+    uint64_t served_bytes = 0;
     {
       py::gil_scoped_release release;
-      published = publisher_->Publish(master).status();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!publisher_) {
+        published = Conflict("publish() before start(): start the run first");
+      } else {
+        published = publisher_->Publish(master).status();
+        if (published.ok()) Snapshot(&stats, &manifest, &served_bytes);
+      }
     }
     Check(published);
-    return Stats();
+    return StatsDict(stats, manifest, served_bytes);
   }
 
-  std::optional<uint64_t> version() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!publisher_) return std::nullopt;
-    return publisher_->last().version;
+  // The last version published; read without the mutex, so it answers while a publish runs.
+  std::optional<uint64_t> version() const {
+    const int64_t v = last_version_.load();
+    return v < 0 ? std::nullopt : std::optional<uint64_t>(static_cast<uint64_t>(v));
   }
 
   std::string describe() const { return store_->Describe(); }
 
  private:
-  py::dict Stats() const {
-    return StatsDict(publisher_->last_stats(), publisher_->last(),
-                     publisher_->served().byte_count());
+  // What the last call did (with the mutex held).
+  void Snapshot(trainer_adapter::PublishStats* stats, policy_store::Manifest* manifest,
+                uint64_t* served_bytes) {
+    *stats = publisher_->last_stats();
+    *manifest = publisher_->last();
+    *served_bytes = publisher_->served().byte_count();
+    last_version_.store(static_cast<int64_t>(manifest->version));
   }
 
   std::string run_;
@@ -231,6 +266,7 @@ class PyPublisher {
   std::unique_ptr<policy_store::ObjectStore> store_;
   std::mutex mutex_;  // one publish at a time (the GIL is released while it runs)
   std::unique_ptr<trainer_adapter::Publisher> publisher_;
+  std::atomic<int64_t> last_version_{-1};
 };
 
 HttpClientOptions ClientOptions(double deadline_s, const std::string& ca_file) {
@@ -294,21 +330,21 @@ class PyOrchestrator {
         job.metadata = ParseJson(*std::get<2>(jobs[i]), where + "'s metadata");
       parsed.push_back(std::move(job));
     }
-    Result<std::vector<uint64_t>> ids = Status::Ok();
+    std::optional<Result<std::vector<uint64_t>>> ids;
     {
       py::gil_scoped_release release;
-      ids = client_.AddJobs(std::span<const orchestrator::NewJob>(parsed));
+      ids.emplace(client_.AddJobs(std::span<const orchestrator::NewJob>(parsed)));
     }
-    return Unwrap(std::move(ids));
+    return Unwrap(std::move(*ids));
   }
 
   std::string GetStatus() {
-    Result<nlohmann::json> status = Status::Ok();
+    std::optional<Result<nlohmann::json>> status;
     {
       py::gil_scoped_release release;
-      status = client_.GetStatus();
+      status.emplace(client_.GetStatus());
     }
-    return Unwrap(std::move(status)).dump();
+    return Unwrap(std::move(*status)).dump();
   }
 
  private:
@@ -325,30 +361,34 @@ class PyBatchClient {
     if (groups < 1 || groups > 100000)
       throw StatusError{InvalidArgument("groups must be 1 to 100000")};
     const std::chrono::milliseconds wait = Millis(timeout_s, "timeout");
-    std::lock_guard<std::mutex> lock(mutex_);
-    Result<std::vector<orchestrator::Delivered>> batch = Status::Ok();
+    std::optional<Result<std::vector<orchestrator::Delivered>>> batch;
     {
-      py::gil_scoped_release release;
-      batch = batches_.NextGroups(groups, trainer_version, wait);
+      py::gil_scoped_release release;  // before the mutex: see PyPublisher
+      std::lock_guard<std::mutex> lock(mutex_);
+      batch.emplace(batches_.NextGroups(groups, trainer_version, wait));
     }
     py::list out;
-    for (const orchestrator::Delivered& d : Unwrap(std::move(batch))) out.append(GroupDict(d));
+    for (const orchestrator::Delivered& d : Unwrap(std::move(*batch))) out.append(GroupDict(d));
     return out;
   }
 
   void Acknowledge() {
-    std::lock_guard<std::mutex> lock(mutex_);
     Status acknowledged = Status::Ok();
     {
       py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mutex_);
       acknowledged = client_.AcknowledgeBatches();
     }
     Check(acknowledged);
   }
 
   py::dict Staleness() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const trainer_adapter::StalenessStats& s = batches_.staleness();
+    trainer_adapter::StalenessStats s;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mutex_);
+      s = batches_.staleness();
+    }
     py::dict d;
     d["groups"] = s.groups;
     d["samples"] = s.samples;
@@ -395,7 +435,11 @@ PYBIND11_MODULE(_weft, m) {
       const std::string code(weft::StatusCodeName(e.status.code()));
       py::dict& classes = ErrorClasses();
       PyObject* type = classes.contains(code) ? classes[py::str(code)].ptr() : PyExc_RuntimeError;
-      PyErr_SetString(type, e.status.message().c_str());
+      // Messages may quote bytes from elsewhere (an error body cut short): never lose them.
+      const std::string& message = e.status.message();
+      py::object text = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()), "replace"));
+      PyErr_SetObject(type, text.ptr());
     }
   });
   m.def("inspect_tensors", &Inspect, py::arg("tensors"));

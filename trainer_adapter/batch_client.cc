@@ -50,8 +50,15 @@ Result<std::vector<orchestrator::Delivered>> BatchClient::Take(size_t want, bool
                                              : want;
     const uint32_t ask =
         static_cast<uint32_t>(std::clamp<size_t>((want - held + group - 1) / group, 1, 100000));
-    WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::Delivered> batch, client_.TakeBatch(ask, left));
-    for (orchestrator::Delivered& d : batch) {
+    Result<std::vector<orchestrator::Delivered>> taken = client_.TakeBatch(ask, left);
+    if (!taken.ok()) {
+      // Groups already received are returned, not dropped: the client has taken their batches,
+      // so its next request acknowledges them. The error shows again at the next call if it
+      // lasts.
+      if (!groups.empty()) break;
+      return taken.status();
+    }
+    for (orchestrator::Delivered& d : *taken) {
       const uint64_t lag = LagOf(d.group, trainer_version);
       const size_t count = SampleCount(d.group);
       ++stats_.groups;

@@ -41,6 +41,11 @@ class BatchClient {
   BatchClient(orchestrator::OrchestratorClient& client, uint64_t max_staleness)
       : client_(client), max_staleness_(max_staleness) {}
 
+  // Acknowledgement: a batch is acknowledged by the client's next request for one, which may come
+  // within the same call when one request does not fill it; so a call's groups are acknowledged
+  // by the time it returns, except those of its last request (acknowledged by the next call). An
+  // error after some groups arrived returns those groups (a retry then reports it if it lasts).
+  //
   // Groups until they hold at least `samples` samples, or what has arrived when `wait` is over
   // (possibly nothing), each with its samples as the worker sent them (JSON text, for the trainer
   // to parse) and whether it came flagged as stale. `trainer_version` is the version the trainer

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _weft
 from .errors import InvalidArgument
 
+_log = logging.getLogger("weft")
+
 
 def _json_text(value: Any, what: str) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        # ASCII with escapes: text that is not valid Unicode (a lone surrogate) reaches the
+        # orchestrator's checks as an escape, and is refused there by name.
+        return json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as error:
         raise InvalidArgument(f"{what} is not JSON: {error}") from None
 
@@ -188,16 +192,23 @@ class BatchClient:
         """Up to ``groups`` groups: returns when that many have arrived or ``timeout`` seconds
         have passed (possibly with none). ``trainer_version`` is the version the trainer holds
         (each group's ``lag`` is counted from it). A group whose trajectories are not in the
-        documented format is not returned: it is recorded in ``rejected`` with the reason, and a
-        warning is issued."""
+        documented format is not returned: it is recorded in ``rejected`` with the reason, and
+        logged (logger ``weft``); the others of the batch are returned all the same.
+
+        Groups are acknowledged to the orchestrator by the client's next request for a batch: the
+        next call's, and, when one request does not bring enough groups, the same call's later
+        requests. A trainer that stops between receiving groups and learning from them can lose
+        the groups of that call."""
         raw = self._native.next_groups(int(groups), int(trainer_version), float(timeout))
         out: List[Group] = []
         for r in raw:
             try:
                 out.append(_parse_group(r, int(trainer_version)))
-            except InvalidArgument as error:
-                self.rejected.append((r["job"], str(error)))
-                warnings.warn(f"weft: skipping a malformed trajectory group: {error}")
+            except Exception as error:  # noqa: BLE001 - any malformed group is set aside
+                reason = str(error) if isinstance(error, InvalidArgument) else \
+                    f"job {r['job']}: {type(error).__name__}: {error}"
+                self.rejected.append((r["job"], reason))
+                _log.warning("weft: skipping a malformed trajectory group: %s", reason)
         return out
 
     def acknowledge(self) -> None:

@@ -70,9 +70,10 @@ class Publisher:
     that rank holds; every rank calls ``start`` and then ``publish`` in step, rank 0 merges the
     parts into the version, and every call returns once the version is visible.
 
-    The master weights (float32 or bfloat16 CPU tensors, contiguous) are read in place, never
-    copied; do not change them while a call runs. Calls release the GIL. One publisher per run
-    (per rank); calls from several threads are serialised.
+    The master weights (float32 or bfloat16 CPU tensors, contiguous and aligned) are read in
+    place, never copied: until a call returns, do not modify, resize or free them (nor leave an
+    FSDP ``summon_full_params`` context that provides them). Calls release the GIL. One publisher
+    per run (per rank); calls from several threads are serialised.
     """
 
     def __init__(self, store: str, run: str, serving: str = "bf16", block: Optional[int] = None,

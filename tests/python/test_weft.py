@@ -223,31 +223,69 @@ def test_publishing_does_not_copy_the_master_weights(tmp_path):
 
 
 def test_the_gil_is_released_while_publishing(tmp_path):
-    sd = {"w": torch.randn(4096, 4096)}
+    sd = {"w": torch.randn(8192, 4096)}
     publisher = weft.Publisher(tmp_path / "store", "run")
     publisher.start(sd)
     step(sd, 1, 1e-2)
-    counter = [0]
-    running = threading.Event()
+    ticks = []
     done = threading.Event()
 
     def count():
-        running.set()
+        n = 0
         while not done.is_set():
-            counter[0] += 1
+            n += 1
+            if n % 1000 == 0:
+                ticks.append(time.monotonic())
 
     thread = threading.Thread(target=count)
     thread.start()
-    running.wait()
-    before = counter[0]
+    while not ticks:
+        time.sleep(0.001)
     started = time.monotonic()
     publisher.publish(sd)
-    seconds = time.monotonic() - started
-    during = counter[0] - before
+    ended = time.monotonic()
     done.set()
     thread.join()
-    # Held for the whole call, the GIL would let the counter move only at the call's edges.
-    assert during > 1000, (during, seconds)
+    # Ticks from the middle of the call: a call holding the GIL would let the counting thread run
+    # only at its edges (and the interpreter's switch interval would not interrupt it).
+    middle = (started + 0.25 * (ended - started), ended - 0.25 * (ended - started))
+    inside = [t for t in ticks if middle[0] <= t <= middle[1]]
+    assert ended - started > 0.05, ended - started
+    assert len(inside) >= 5, (len(inside), ended - started)
+
+
+def test_calls_from_several_threads_take_turns_without_deadlock(orchestrator, tmp_path):
+    sd = {"w": torch.randn(4096, 1024)}
+    publisher = weft.Publisher(tmp_path / "store", "run")
+    publisher.start(sd)
+    errors = []
+
+    def publish():
+        try:
+            for i in range(3):
+                step(sd, 10 + i, 1e-2)
+                publisher.publish(sd)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    versions = set()
+    while thread.is_alive():
+        versions.add(publisher.version)  # answers while a publish runs
+        repr(publisher)
+    thread.join(30)
+    assert not errors and publisher.version == 3 and versions <= {0, 1, 2, 3}
+    # The batch client's statistics while a long poll waits in another thread.
+    batches = weft.BatchClient(orchestrator.url, orchestrator.TOKENS["trainer"], max_staleness=1,
+                               deadline=10)
+    poll = threading.Thread(target=lambda: batches.next_batch(1, 0, timeout=1.0))
+    poll.start()
+    while poll.is_alive():
+        assert batches.staleness["groups"] == 0
+        time.sleep(0.01)
+    poll.join(10)
+    assert not poll.is_alive()
 
 
 def test_sharded_publishing_from_two_processes(weft_bin, tmp_path):
@@ -352,27 +390,35 @@ def test_jobs_and_batches_against_a_real_orchestrator(orchestrator):
     batches.acknowledge()
 
 
-def test_malformed_groups_are_set_aside_with_the_reason(orchestrator):
+def test_malformed_groups_are_set_aside_with_the_reason(orchestrator, caplog):
     o = orchestrator
     client = weft.Orchestrator(o.url, o.TOKENS["trainer"], deadline=10)
     client.announce(0)
-    [job] = client.add_jobs(["2+2="])
-    token = o.call("POST", "/v1/clusters", {"cluster": "c1", "region": "r", "capacity": 1},
+    bad_job, good_job = client.add_jobs(["2+2=", "3+3="])
+    token = o.call("POST", "/v1/clusters", {"cluster": "c1", "region": "r", "capacity": 2},
                    o.TOKENS["worker"])["cluster_token"]
     o.call("POST", "/v1/clusters/c1/heartbeat", {"ready_version": 0}, token)
-    [lease] = o.call("POST", "/v1/clusters/c1/leases", {"max": 1, "wait_ms": 2000},
-                     token)["leases"]
-    o.call("POST", "/v1/submissions", {
-        "job": job, "attempt": lease["attempt"], "cluster": "c1", "version_start": 0,
-        "version_end": 0, "segments": [[0, 0]], "tokens": 2,
-        "trajectories": {"samples": [{"tokens": [1, 2], "logprobs": [-1.0], "reward": 1}]}},
-        token)
+    leases = o.call("POST", "/v1/clusters/c1/leases", {"max": 2, "wait_ms": 2000},
+                    token)["leases"]
+    assert sorted(lease["job"] for lease in leases) == [bad_job, good_job]
+    for lease in leases:
+        logprobs = [-1.0] if lease["job"] == bad_job else [-1.0, -0.5]
+        o.call("POST", "/v1/submissions", {
+            "job": lease["job"], "attempt": lease["attempt"], "cluster": "c1",
+            "version_start": 0, "version_end": 0, "segments": [[0, 0]], "tokens": 2,
+            "trajectories": {"samples": [{"tokens": [1, 2], "logprobs": logprobs,
+                                          "reward": 1}]}}, token)
     batches = weft.BatchClient(o.url, o.TOKENS["trainer"], max_staleness=1, deadline=10)
-    with pytest.warns(UserWarning, match="malformed"):
-        assert batches.next_batch(1, trainer_version=0, timeout=5) == []
-    assert batches.rejected == [(job, f"job {job} sample 0: 2 tokens need as many numeric "
-                                      "logprobs")]
+    groups = []
+    deadline = time.monotonic() + 10
+    while len(groups) + len(batches.rejected) < 2 and time.monotonic() < deadline:
+        groups += batches.next_batch(2, trainer_version=0, timeout=2)
+    # The good group of the batch is returned; the bad one is set aside with its reason.
+    assert [g.job for g in groups] == [good_job]
+    assert batches.rejected == [(bad_job, f"job {bad_job} sample 0: 2 tokens need as many "
+                                          "numeric logprobs")]
     assert batches.staleness["rejected"] == 1
+    assert "skipping a malformed trajectory group" in caplog.text
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -391,6 +437,12 @@ def test_errors_are_exceptions_with_weft_messages(orchestrator, tmp_path):
         publisher.start({"w": torch.zeros(3, dtype=torch.float64)})
     with pytest.raises(weft.InvalidArgument, match="'w' is not contiguous"):
         publisher.start({"w": torch.zeros(3, 4).t()})
+    with pytest.raises(weft.InvalidArgument, match="'w' is not contiguous"):
+        publisher.start({"w": np.zeros((3, 4), dtype=np.float32).T})  # DLPack strides checked
+    with pytest.raises(weft.InvalidArgument, match="'w' is not aligned"):
+        publisher.start({"w": np.frombuffer(bytearray(41), dtype=np.float32, offset=1)})
+    with pytest.raises(weft.InvalidArgument, match="complex64|type code"):
+        publisher.start({"w": np.zeros(3, dtype=np.complex64)})
     with pytest.raises(weft.InvalidArgument, match="'w' is a list"):
         publisher.start({"w": [1.0, 2.0]})
     publisher.start({"w": torch.zeros(3, 4)})
