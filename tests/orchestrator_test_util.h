@@ -22,24 +22,17 @@ struct RunningOrchestrator {
   std::string url;
 
   explicit RunningOrchestrator(orchestrator::CoreConfig config = {}, uint16_t port = 0,
-                               const TestCertificate* tls = nullptr) {
+                               const TestCertificate* tls = nullptr)
+      : config_(config), tls_(tls) {
     path = TempPath("orchestrator_journal");
-    core = std::move(orchestrator::DurableCore::Open(path, config)).value();
-    orchestrator::ServiceOptions options;
-    options.worker_token = "w-token";
-    options.trainer_token = "t-token";
-    options.admin_token = "a-token";
-    options.tick_interval = std::chrono::milliseconds(20);
-    options.server.threads = 4;
-    options.server.max_body_bytes = 1 << 20;
-    options.server.port = port;
-    if (tls != nullptr) {
-      options.server.tls_cert_file = tls->cert;
-      options.server.tls_key_file = tls->key;
-    }
-    service = std::move(orchestrator::OrchestratorService::Start(*core, options)).value();
-    url = std::string(tls != nullptr ? "https" : "http") +
-          "://127.0.0.1:" + std::to_string(service->port());
+    Open(port);
+  }
+  // Stops the service and the core, and starts them again from the journal (on a new port).
+  void Restart() {
+    service->Stop();
+    service.reset();
+    core.reset();
+    Open(0);
   }
   ~RunningOrchestrator() {
     service->Stop();
@@ -63,6 +56,29 @@ struct RunningOrchestrator {
     return found == cluster_tokens.end() ? "no-token-for-" + cluster : found->second;
   }
   std::map<std::string, std::string> cluster_tokens;
+
+ private:
+  void Open(uint16_t port) {
+    core = std::move(orchestrator::DurableCore::Open(path, config_)).value();
+    orchestrator::ServiceOptions options;
+    options.worker_token = "w-token";
+    options.trainer_token = "t-token";
+    options.admin_token = "a-token";
+    options.tick_interval = std::chrono::milliseconds(20);
+    options.server.threads = 4;
+    options.server.max_body_bytes = 1 << 20;
+    options.server.port = port;
+    if (tls_ != nullptr) {
+      options.server.tls_cert_file = tls_->cert;
+      options.server.tls_key_file = tls_->key;
+    }
+    service = std::move(orchestrator::OrchestratorService::Start(*core, options)).value();
+    url = std::string(tls_ != nullptr ? "https" : "http") +
+          "://127.0.0.1:" + std::to_string(service->port());
+  }
+
+  orchestrator::CoreConfig config_;
+  const TestCertificate* tls_;
 };
 
 }  // namespace weft::testing

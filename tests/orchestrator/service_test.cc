@@ -325,23 +325,6 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
   CHECK(o.Post(o.As("gone"), "/v1/clusters/gone/heartbeat", {{"ready_version", 3}}).first == 200);
 }
 
-// Stops `o`'s service and core, and starts them again from the journal (on a new port).
-void Restart(Running& o) {
-  o.service->Stop();
-  o.service.reset();
-  o.core.reset();
-  o.core = std::move(DurableCore::Open(o.path, CoreConfig{})).value();
-  ServiceOptions options;
-  options.worker_token = "w-token";
-  options.trainer_token = "t-token";
-  options.admin_token = "a-token";
-  options.tick_interval = std::chrono::milliseconds(20);
-  options.server.threads = 4;
-  options.server.max_body_bytes = 1 << 20;
-  o.service = std::move(OrchestratorService::Start(*o.core, options)).value();
-  o.url = "http://127.0.0.1:" + std::to_string(o.service->port());
-}
-
 // The groups of a batch by job, with their jobs' metadata.
 std::map<uint64_t, std::string> MetadataByJob(const std::vector<Delivered>& groups) {
   std::map<uint64_t, std::string> metadata;
@@ -410,7 +393,7 @@ TEST_CASE(
   auto delivered = trainer.TakeBatch(10, std::chrono::milliseconds(0));
   REQUIRE_MESSAGE(delivered.ok(), delivered.status().ToString());
   CHECK(MetadataByJob(*delivered) == expected);
-  Restart(o);
+  o.Restart();
   OrchestratorClient restarted(o.url, "t-token");
   delivered = restarted.TakeBatch(10, std::chrono::milliseconds(0));
   REQUIRE_MESSAGE(delivered.ok(), delivered.status().ToString());
