@@ -66,11 +66,7 @@ Result<std::vector<float>> ReadAsFloat(const SafetensorsFile& file,
 }
 
 Status RunCast(const CastOptions& options) {
-  static const std::map<std::string, DType> kTargets = {{"bf16", DType::kBF16},
-                                                        {"fp16", DType::kF16},
-                                                        {"fp8-e4m3", DType::kF8E4M3},
-                                                        {"fp8-e5m2", DType::kF8E5M2}};
-  const DType target = kTargets.at(options.target);
+  const DType target = ServingFormatByName(options.target).value();  // checked by the flag
   const bool to_fp8 = Info(target).size == 1;
   if (options.block != 0 && !to_fp8) return InvalidArgument("--block applies to FP8 targets only");
   WEFT_ASSIGN_OR_RETURN(SafetensorsFile input, SafetensorsFile::Open(options.input));
@@ -125,7 +121,8 @@ void RegisterCast(CLI::App& app, Action* action) {
       ->check(CLI::ExistingFile);
   cast->add_option("--to", options->target, "target format")
       ->required()
-      ->check(CLI::IsMember({"bf16", "fp16", "fp8-e4m3", "fp8-e5m2"}));
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kServingFormatNames),
+                                                     std::end(kServingFormatNames))));
   cast->add_option("--block", options->block,
                    "FP8: scale per N x N block (e.g. 128); default one scale per tensor")
       ->check(CLI::Range(1u, 1u << 16));

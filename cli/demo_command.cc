@@ -65,12 +65,9 @@ bool SameBytes(const ServedModel& a, const ServedModel& b) {
 }
 
 Status RunDemo(const DemoOptions& options) {
-  static const std::map<std::string, DType> kFormats = {{"bf16", DType::kBF16},
-                                                        {"fp16", DType::kF16},
-                                                        {"fp8-e4m3", DType::kF8E4M3},
-                                                        {"fp8-e5m2", DType::kF8E5M2}};
   const int threads = ThreadsOrAll(options.threads);
-  ServingPlan plan{kFormats.at(options.format), options.block, Saturation::kSaturateFinite};
+  ServingPlan plan{ServingFormatByName(options.format).value(), options.block,
+                   Saturation::kSaturateFinite};  // the name is checked by the flag
   std::string out_dir =
       options.out_dir.empty()
           ? (std::filesystem::temp_directory_path() / ("weft-demo-" + std::to_string(::getpid())))
@@ -214,7 +211,8 @@ void RegisterDemo(CLI::App& app, Action* action) {
   demo->add_option("--lr", options->learning_rate, "Adam learning rate")
       ->check(CLI::PositiveNumber);
   demo->add_option("--format", options->format, "serving format")
-      ->check(CLI::IsMember({"bf16", "fp16", "fp8-e4m3", "fp8-e5m2"}));
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kServingFormatNames),
+                                                     std::end(kServingFormatNames))));
   demo->add_option("--block", options->block, "FP8 scale block size (0: per tensor)")
       ->check(CLI::Range(0u, 1u << 16));
   demo->add_option("--layers", options->layers, "transformer blocks in the synthetic model")

@@ -139,10 +139,7 @@ std::vector<sync::MasterTensor> MasterView(
 }
 
 sync::DType ServingDType(const std::string& serving) {
-  if (serving == "bf16") return sync::DType::kBF16;
-  if (serving == "fp16") return sync::DType::kF16;
-  if (serving == "fp8-e4m3") return sync::DType::kF8E4M3;
-  if (serving == "fp8-e5m2") return sync::DType::kF8E5M2;
+  if (std::optional<sync::DType> dtype = sync::ServingFormatByName(serving)) return *dtype;
   throw StatusError{InvalidArgument("serving format '" + serving +
                                     "' is not one of bf16, fp16, fp8-e4m3, fp8-e5m2")};
 }

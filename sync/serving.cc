@@ -9,6 +9,14 @@ bool IsServingFormat(DType dtype) {
          dtype == DType::kF8E5M2;
 }
 
+std::optional<DType> ServingFormatByName(std::string_view name) {
+  if (name == "bf16") return DType::kBF16;
+  if (name == "fp16") return DType::kF16;
+  if (name == "fp8-e4m3") return DType::kF8E4M3;
+  if (name == "fp8-e5m2") return DType::kF8E5M2;
+  return std::nullopt;
+}
+
 namespace {
 
 void ConvertFloats(const ServeFormat& format, std::span<const float> values, uint64_t first,

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "sync/convert.h"
@@ -19,6 +21,9 @@ namespace weft::sync {
 
 // Whether `dtype` is a serving format: BF16, FP16, FP8 E4M3 or FP8 E5M2.
 bool IsServingFormat(DType dtype);
+// The serving formats by the names users give them: "bf16", "fp16", "fp8-e4m3", "fp8-e5m2".
+inline constexpr const char* kServingFormatNames[] = {"bf16", "fp16", "fp8-e4m3", "fp8-e5m2"};
+std::optional<DType> ServingFormatByName(std::string_view name);
 
 struct ServeFormat {
   DType dtype = DType::kBF16;                           // a serving format
