@@ -72,20 +72,23 @@ double ArithmeticTask::RandomPolicyReward(const std::string& problem) const {
   return answer.ok() ? std::pow(1.0 / kVocab, static_cast<double>(answer->size())) : 0.0;
 }
 
-Result<std::vector<int>> ArithmeticVerifier::Encode(const nlohmann::json& prompt) const {
+Result<rollout_worker::Prompt> ArithmeticVerifier::Encode(const nlohmann::json& prompt) const {
   if (!prompt.is_string())
     return InvalidArgument("an arithmetic prompt is a string like \"12+34=\", not " +
                            prompt.dump());
-  return task_.Encode(prompt.get<std::string>());
+  rollout_worker::Prompt encoded;
+  WEFT_ASSIGN_OR_RETURN(encoded.tokens, task_.Encode(prompt.get<std::string>()));
+  return encoded;
 }
 
-Result<double> ArithmeticVerifier::Reward(const nlohmann::json& prompt,
-                                          const std::vector<int>& completion) const {
+Result<std::optional<double>> ArithmeticVerifier::Reward(
+    const nlohmann::json& prompt, const nlohmann::json& /*metadata*/,
+    const rollout_worker::Completion& completion) const {
   if (!prompt.is_string())
     return InvalidArgument("an arithmetic prompt is a string like \"12+34=\", not " +
                            prompt.dump());
   WEFT_RETURN_IF_ERROR(task_.Answer(prompt.get<std::string>()).status());
-  return task_.Reward(prompt.get<std::string>(), completion);
+  return std::optional<double>(task_.Reward(prompt.get<std::string>(), completion.tokens));
 }
 
 }  // namespace weft::examples

@@ -53,9 +53,9 @@ class ArithmeticVerifier : public rollout_worker::Task {
   rollout_worker::TaskLimits limits() const override {
     return {2 * task_.digits() + 3, task_.digits() + 2, ArithmeticTask::kEnd};
   }
-  Result<std::vector<int>> Encode(const nlohmann::json& prompt) const override;
-  Result<double> Reward(const nlohmann::json& prompt,
-                        const std::vector<int>& completion) const override;
+  Result<rollout_worker::Prompt> Encode(const nlohmann::json& prompt) const override;
+  Result<std::optional<double>> Reward(const nlohmann::json& prompt, const nlohmann::json& metadata,
+                                       const rollout_worker::Completion& completion) const override;
 
  private:
   ArithmeticTask task_;

@@ -2,9 +2,38 @@
 
 #include <chrono>
 
+#include "examples/arithmetic_task.h"
 #include "sync/convert.h"
 
 namespace weft::examples {
+
+Result<std::vector<int>> EmbeddedEngine::Tokenize(const std::string& text) {
+  if (text.empty()) return InvalidArgument("the prompt is empty text");
+  std::vector<int> tokens = {ArithmeticTask::kBegin};
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c >= '0' && c <= '9') {
+      tokens.push_back(c - '0');
+    } else if (c == '+' || c == '=') {
+      tokens.push_back(c == '+' ? ArithmeticTask::kPlus : ArithmeticTask::kEquals);
+    } else {
+      const unsigned char byte = static_cast<unsigned char>(c);
+      const std::string shown = byte >= 0x20 && byte < 0x7f ? "'" + std::string(1, c) + "'"
+                                                            : "byte " + std::to_string(byte);
+      return InvalidArgument("the prompt's character " + shown + " at offset " +
+                             std::to_string(i) +
+                             " is not in the embedded engine's vocabulary (the digits, '+' and "
+                             "'=')");
+    }
+  }
+  return tokens;
+}
+
+std::string EmbeddedEngine::CompletionText(const std::vector<int>& tokens, int stop_token) {
+  const bool stopped = !tokens.empty() && stop_token >= 0 && tokens.back() == stop_token;
+  return ArithmeticTask::Decode(
+      stopped ? std::vector<int>(tokens.begin(), tokens.end() - 1) : tokens);
+}
 
 Status EmbeddedEngine::Stage(const sync::ServedModel& model, uint64_t version) {
   if (model.plan().dtype != sync::DType::kBF16 && model.plan().dtype != sync::DType::kF16) {
@@ -57,16 +86,32 @@ std::optional<uint64_t> EmbeddedEngine::version() const {
 }
 
 Result<std::vector<rollout_worker::Completion>> EmbeddedEngine::Generate(
-    const std::vector<std::vector<int>>& prompts, const rollout_worker::Sampling& sampling) {
+    const std::vector<rollout_worker::Prompt>& prompts, const rollout_worker::Sampling& sampling) {
   if (!Current()) return Unavailable("the engine has no weights yet");
-  return Decoder::Generate(
-      layout_, [this] { return Current(); }, prompts, sampling, threads_);
+  std::vector<std::vector<int>> tokens;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (!prompts[i].is_text()) {
+      tokens.push_back(prompts[i].tokens);
+      continue;
+    }
+    Result<std::vector<int>> encoded = Tokenize(prompts[i].text);
+    if (!encoded.ok()) return encoded.status().WithContext("prompt " + std::to_string(i));
+    tokens.push_back(std::move(*encoded));
+  }
+  WEFT_ASSIGN_OR_RETURN(std::vector<rollout_worker::Completion> completions,
+                        Decoder::Generate(
+                            layout_, [this] { return Current(); }, tokens, sampling, threads_));
+  for (rollout_worker::Completion& c : completions)
+    c.text = CompletionText(c.tokens, sampling.stop_token);
+  return completions;
 }
 
 rollout_worker::EngineHealth EmbeddedEngine::Health() const {
-  return Current() ? rollout_worker::EngineHealth{true, "serving version " +
-                                                            std::to_string(Current()->version)}
-                   : rollout_worker::EngineHealth{false, "no weights loaded"};
+  return Current()
+             ? rollout_worker::EngineHealth{true,
+                                            "serving version " + std::to_string(Current()->version),
+                                            1, 1}
+             : rollout_worker::EngineHealth{false, "no weights loaded", 1, 0};
 }
 
 }  // namespace weft::examples

@@ -5,10 +5,18 @@
 // served model into a new weight set while generation goes on; Commit() swaps it in (a pointer
 // swap under a lock: the pause is microseconds). Generations that span a commit switch at their
 // next token and report the version segments. Thread-safe.
+//
+// Text prompts are tokenised with the arithmetic task's character tokenizer (ArithmeticTask:
+// the begin token, then one token per digit, '+' or '='), so that tasks at the text level (`kind:
+// http`, `kind: trainer`) run on it; text with any other character is refused, naming it. Every
+// completion carries its text: its tokens decoded (ArithmeticTask::Decode), less the stop token
+// that ended it, as serving engines leave it out.
 #pragma once
 
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "examples/tiny_lm.h"
 #include "rollout_worker/engine.h"
@@ -23,11 +31,17 @@ class EmbeddedEngine : public rollout_worker::Engine {
   Result<int64_t> Commit() override;
   std::optional<uint64_t> version() const override;
   Result<std::vector<rollout_worker::Completion>> Generate(
-      const std::vector<std::vector<int>>& prompts,
+      const std::vector<rollout_worker::Prompt>& prompts,
       const rollout_worker::Sampling& sampling) override;
   rollout_worker::EngineHealth Health() const override;
 
   const TinyLmLayout& layout() const { return layout_; }
+
+  // Text -> token ids as the engine sees it (the begin token first); errors name the first
+  // character outside the vocabulary and where it is.
+  static Result<std::vector<int>> Tokenize(const std::string& text);
+  // A completion's text: its tokens decoded, without a last token equal to `stop_token`.
+  static std::string CompletionText(const std::vector<int>& tokens, int stop_token);
 
  private:
   std::shared_ptr<const VersionedWeights> Current() const;

@@ -118,6 +118,13 @@ Status OrchestratorClient::Drain(const std::string& cluster, const std::vector<u
       "draining " + cluster);
 }
 
+Status OrchestratorClient::Release(const std::string& cluster, const std::vector<uint64_t>& jobs) {
+  const std::string token = TokenFor(cluster);
+  return Acknowledged(Call("POST", "/v1/clusters/" + cluster + "/release", wire::EncodeDrain(jobs),
+                           true, {}, &token),
+                      "handing back leases of " + cluster);
+}
+
 Status OrchestratorClient::Deregister(const std::string& cluster) {
   const std::string token = TokenFor(cluster);
   return Acknowledged(Call("DELETE", "/v1/clusters/" + cluster, "", true, {}, &token),

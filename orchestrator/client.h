@@ -55,6 +55,8 @@ class OrchestratorClient {
   // `group.trajectories` is the samples' JSON text (docs/api.md, "Trajectories").
   Result<SubmitResult> Submit(const TrajectoryGroup& group);
   Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs = {});
+  // Hands the listed leases back (all when empty) without draining: the cluster goes on leasing.
+  Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs = {});
   Status Deregister(const std::string& cluster);
 
   // Trainers.

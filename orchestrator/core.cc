@@ -64,7 +64,7 @@ Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster,
 }
 
 Status OrchestratorCore::Drain(Micros now, const std::string& cluster,
-                               const std::vector<uint64_t>& jobs) {
+                               const std::vector<uint64_t>& jobs, bool stop_leasing) {
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
   if (c->gone) return NotFound(Gone(cluster));
@@ -76,7 +76,7 @@ Status OrchestratorCore::Drain(Micros now, const std::string& cluster,
     if (!c->jobs.count(job))
       return InvalidArgument("cluster " + cluster + " does not hold a lease on " + JobName(job));
   }
-  c->draining = true;
+  if (stop_leasing) c->draining = true;
   c->last_heartbeat = now;
   for (uint64_t job : handed) {
     Requeue(job);

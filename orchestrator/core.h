@@ -21,7 +21,8 @@
 //     yet (and the newer lease is cancelled), otherwise rejected with the reason.
 //   - Every job ends done or stays queued or leased; every accepted submission is delivered to
 //     the trainer once or counted dropped.
-//   - A job's metadata (JobSpec) stays with it while it is open, moves to its group when the group
+//   - A job's metadata (JobSpec) stays with it while it is open (each lease carries it to the
+//     worker), moves to its group when the group
 //     is accepted and is delivered with it; it is forgotten when the job is given up, its group is
 //     dropped as stale, or the batch that delivered it is acknowledged. So it costs memory only
 //     while its job or group does, whatever `remember_done` is.
@@ -93,9 +94,11 @@ class OrchestratorCore {
   // lease the cluster holds. A cluster that left or was lost gets kNotFound (as for Drain and
   // RequestLeases) until it registers again.
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
-  // Stops leasing to the cluster and re-queues the listed jobs it hands back (all of its leases
-  // when `jobs` is empty). Its other leases may still be submitted.
-  Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs);
+  // Re-queues the listed jobs the cluster hands back (all of its leases when `jobs` is empty) and,
+  // with `stop_leasing`, stops leasing to it (a drain; without it, a release: a worker whose engine
+  // failed gives its jobs back and goes on). Its other leases may still be submitted.
+  Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs,
+               bool stop_leasing = true);
   // The cluster leaves; its leases are re-queued.
   Status Deregister(Micros now, const std::string& cluster);
 
@@ -181,7 +184,7 @@ class OrchestratorCore {
   Cluster* FindCluster(const std::string& id);
   // The lease of `job`'s attempt `attempt` (1-based), as handed to its cluster.
   static Lease LeaseOf(uint64_t job, const Job& j, uint32_t attempt) {
-    return {job, attempt, j.deadline, j.min_versions[attempt - 1], j.prompt, j.samples};
+    return {job, attempt, j.deadline, j.min_versions[attempt - 1], j.prompt, j.samples, j.metadata};
   }
   // Ends the current lease of `job` (if any) and puts the job back at the front of the queue, or
   // gives it up after max_attempts.

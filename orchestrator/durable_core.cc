@@ -41,6 +41,7 @@ struct Heartbeat {
 struct Drain {
   std::string cluster;
   std::vector<uint64_t> jobs;
+  bool stop_leasing = true;  // false: a release (journaled as "stop": false; absent: true)
 };
 struct Deregister {
   std::string cluster;
@@ -106,6 +107,7 @@ std::string DurableCore::EventText(const Event& event) {
                  },
                  [&](const events::Drain& d) {
                    e = {{"e", "drain"}, {"cluster", d.cluster}, {"jobs", d.jobs}};
+                   if (!d.stop_leasing) e["stop"] = false;
                  },
                  [&](const events::Deregister& d) {
                    e = {{"e", "deregister"}, {"cluster", d.cluster}};
@@ -173,7 +175,8 @@ Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
       if (!e["ready"].is_null()) ready = e["ready"].get<uint64_t>();
       event.what = events::Heartbeat{e["cluster"], ready};
     } else if (kind == "drain") {
-      event.what = events::Drain{e["cluster"], e["jobs"].get<std::vector<uint64_t>>()};
+      event.what = events::Drain{e["cluster"], e["jobs"].get<std::vector<uint64_t>>(),
+                                 !e.contains("stop") || e["stop"].get<bool>()};
     } else if (kind == "deregister") {
       event.what = events::Deregister{e["cluster"]};
     } else if (kind == "leases") {
@@ -228,7 +231,7 @@ Status DurableCore::Apply(Event event, Outcome* out) {
             return core_.Register(now, r.cluster, r.region, r.capacity, r.credential);
           },
           [&](events::Heartbeat& h) { return core_.Heartbeat(now, h.cluster, h.ready); },
-          [&](events::Drain& d) { return core_.Drain(now, d.cluster, d.jobs); },
+          [&](events::Drain& d) { return core_.Drain(now, d.cluster, d.jobs, d.stop_leasing); },
           [&](events::Deregister& d) { return core_.Deregister(now, d.cluster); },
           [&](events::Leases& l) -> Status {
             WEFT_ASSIGN_OR_RETURN(out->leases,
@@ -476,10 +479,10 @@ Status DurableCore::Heartbeat(Micros now, const std::string& cluster,
   return Record({now, events::Heartbeat{cluster, ready_version}}, &out, false);
 }
 
-Status DurableCore::Drain(Micros now, const std::string& cluster,
-                          const std::vector<uint64_t>& jobs) {
+Status DurableCore::Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs,
+                          bool stop_leasing) {
   Outcome out;
-  return Record({now, events::Drain{cluster, jobs}}, &out);
+  return Record({now, events::Drain{cluster, jobs, stop_leasing}}, &out);
 }
 
 Status DurableCore::Deregister(Micros now, const std::string& cluster) {

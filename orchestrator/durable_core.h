@@ -45,7 +45,8 @@ class DurableCore {
   Status Register(Micros now, const std::string& cluster, const std::string& region,
                   uint32_t capacity, const std::string& credential = "");
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
-  Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs);
+  Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs,
+               bool stop_leasing = true);
   Status Deregister(Micros now, const std::string& cluster);
   Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max,
                                            uint64_t request = 0);

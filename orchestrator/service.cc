@@ -377,13 +377,15 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       *respond = nullptr;
       return Response();
     }
-    if (action == "drain") {
+    if (action == "drain" || action == "release") {
       Result<std::vector<uint64_t>> jobs = wire::DecodeDrain(body);
       if (!jobs.ok()) return error(jobs.status());
-      weft::Status done = core.Drain(now, id, *jobs);
+      const bool drain = action == "drain";
+      weft::Status done = core.Drain(now, id, *jobs, drain);
       if (!done.ok()) return error(done);
       Wake();
-      return ok(Json{{"cluster", id}, {"draining", true}});
+      if (drain) return ok(Json{{"cluster", id}, {"draining", true}});
+      return ok(Json{{"cluster", id}, {"released", true}});
     }
     return http::ErrorResponse(request, bhttp::status::not_found,
                                "no such cluster action: " + action);

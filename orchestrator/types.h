@@ -53,6 +53,7 @@ struct Lease {
   uint64_t min_version = 0;  // the cluster must generate at this version or newer
   std::string prompt;        // the job's prompt as JSON text (a string or token ids)
   uint32_t samples = 1;
+  std::string metadata = {};  // the job's metadata as JSON text (JobSpec), "" when it has none
 };
 
 // A job as the trainer adds it.
@@ -60,8 +61,8 @@ struct JobSpec {
   std::string prompt;    // JSON text: a string or token ids (any JSON the task understands)
   uint32_t samples = 1;  // samples to generate: the group's size
   // Any JSON value as the text the trainer sent (at most kMaxJobMetadataBytes), kept with the job
-  // and handed back with its group; never sent to workers. Empty: none. (Initialised, like the
-  // members of Delivered, so that `{prompt, samples}` stays a complete initialiser.)
+  // sent to workers with its leases and handed back with its group. Empty: none. (Initialised, like
+  // the members of Delivered, so that `{prompt, samples}` stays a complete initialiser.)
   std::string metadata = {};
 };
 

@@ -271,6 +271,7 @@ std::string EncodeLeases(const std::vector<Lease>& leases) {
                     {"min_version", l.min_version},
                     {"prompt", l.prompt},
                     {"samples", l.samples}});
+    if (!l.metadata.empty()) list.back()["metadata"] = Json::parse(l.metadata);
   }
   return Json{{"leases", list}}.dump();
 }
@@ -284,7 +285,9 @@ Result<std::vector<Lease>> DecodeLeases(std::string_view answer) {
     for (const Json& l : *list) {
       leases.push_back({l.at("job").get<uint64_t>(), l.at("attempt").get<uint32_t>(),
                         l.at("deadline_us").get<Micros>(), l.at("min_version").get<uint64_t>(),
-                        l.at("prompt").get<std::string>(), l.at("samples").get<uint32_t>()});
+                        l.at("prompt").get<std::string>(), l.at("samples").get<uint32_t>(),
+                        l.contains("metadata") && !l["metadata"].is_null() ? l["metadata"].dump()
+                                                                           : std::string()});
     }
   } catch (const Json::exception& error) {
     return InvalidArgument(std::string("malformed lease: ") + error.what());

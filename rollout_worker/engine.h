@@ -28,8 +28,17 @@ struct Sampling {
   int stop_token = -1;  // ends a generation (included); -1: none
 };
 
+// One prompt: token ids, or text that the engine tokenises (an engine without a tokenizer refuses
+// text).
+struct Prompt {
+  std::vector<int> tokens;
+  std::string text;  // used when `tokens` is empty
+  bool is_text() const { return tokens.empty(); }
+};
+
 struct Completion {
   std::vector<int> tokens;
+  std::string text;             // the completion's text, when the engine returns it
   std::vector<float> logprobs;  // behaviour log-probabilities, one per token
   uint64_t version_start = 0;
   uint64_t version_end = 0;
@@ -41,6 +50,11 @@ struct Completion {
 struct EngineHealth {
   bool ok = true;
   std::string detail;
+  // Replicas behind the engine (data-parallel copies that serve the same weights), and how many
+  // of them serve the current version now and can take requests. A worker leases jobs in
+  // proportion to `ready_replicas`; none ready: not ready at all.
+  int replicas = 1;
+  int ready_replicas = 1;
 };
 
 class Engine {
@@ -54,8 +68,9 @@ class Engine {
   // The version generation uses now; nullopt before the first commit.
   virtual std::optional<uint64_t> version() const = 0;
 
-  // Samples one completion per prompt (token ids); prompt i draws from seed sampling.seed + i.
-  virtual Result<std::vector<Completion>> Generate(const std::vector<std::vector<int>>& prompts,
+  // Samples one completion per prompt; prompt i draws from seed sampling.seed + i. kUnavailable:
+  // the engine cannot generate now (dead, unreachable, no weights); the job should go back.
+  virtual Result<std::vector<Completion>> Generate(const std::vector<Prompt>& prompts,
                                                    const Sampling& sampling) = 0;
 
   virtual EngineHealth Health() const = 0;

@@ -6,9 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
+#include "rollout_worker/engine.h"
 
 namespace weft::rollout_worker {
 
@@ -24,11 +26,14 @@ class Task {
  public:
   virtual ~Task() = default;
   virtual TaskLimits limits() const = 0;
-  // The prompt's token ids; errors say what is wrong with the prompt.
-  virtual Result<std::vector<int>> Encode(const nlohmann::json& prompt) const = 0;
-  // The reward of `completion` (generated token ids) for `prompt`.
-  virtual Result<double> Reward(const nlohmann::json& prompt,
-                                const std::vector<int>& completion) const = 0;
+  // The prompt for the engine (token ids, or text the engine tokenises); errors say what is wrong
+  // with the prompt.
+  virtual Result<Prompt> Encode(const nlohmann::json& prompt) const = 0;
+  // The reward of `completion` for `prompt`; `metadata` is the job's metadata (null without any).
+  // nullopt: the task leaves rewards to the trainer (the sample goes without one).
+  virtual Result<std::optional<double>> Reward(const nlohmann::json& prompt,
+                                               const nlohmann::json& metadata,
+                                               const Completion& completion) const = 0;
 };
 
 }  // namespace weft::rollout_worker

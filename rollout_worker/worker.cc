@@ -46,15 +46,20 @@ void SetGroupVersions(const std::vector<Completion>& completions,
   group->version_end = newest->first;
 }
 
+uint32_t RolloutWorker::total_capacity() const {
+  return options_.capacity * static_cast<uint32_t>(std::max(1, engine_.Health().replicas));
+}
+
 Status RolloutWorker::Run() {
-  WEFT_RETURN_IF_ERROR(orchestrator_.Register(options_.cluster, options_.region, options_.capacity)
+  const uint32_t capacity = total_capacity();
+  WEFT_RETURN_IF_ERROR(orchestrator_.Register(options_.cluster, options_.region, capacity)
                            .WithContext("registering cluster " + options_.cluster));
   WEFT_LOG(kInfo) << "cluster " << options_.cluster << " (region " << options_.region
-                  << ", capacity " << options_.capacity << ") registered";
+                  << ", capacity " << capacity << ") registered";
   std::vector<std::thread> threads;
   threads.emplace_back([this] { SyncLoop(); });
   threads.emplace_back([this] { HeartbeatLoop(); });
-  for (uint32_t i = 0; i < options_.capacity; ++i) threads.emplace_back([this] { JobLoop(); });
+  for (uint32_t i = 0; i < capacity; ++i) threads.emplace_back([this, i] { JobLoop(i); });
   for (std::thread& t : threads) t.join();
   // Drained: every running job was submitted; hand back what arrived after the stop, then leave.
   std::vector<uint64_t> hand_back;
@@ -114,7 +119,36 @@ void RolloutWorker::SyncLoop() {
   } while (!Sleep(options_.sync_interval));
 }
 
+void RolloutWorker::CheckEngine() {
+  const EngineHealth health = engine_.Health();
+  const uint32_t ready_replicas = health.ok ? static_cast<uint32_t>(health.ready_replicas) : 0;
+  bool lost = false, regained = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ready_replicas_ = ready_replicas;
+    if (ready_replicas == 0 && ready_) {
+      ready_.reset();  // no replica can generate: stop claiming readiness
+      lost = true;
+    } else if (ready_replicas > 0 && !ready_ && engine_current_ && held_ &&
+               engine_.version() == held_->version) {
+      ready_ = held_->version;  // the engine came back serving what we hold
+      regained = true;
+    }
+  }
+  if (lost) {
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": the engine cannot serve ("
+                       << health.detail << "); not ready until it can";
+    SendHeartbeat();
+  }
+  if (regained) {
+    WEFT_LOG(kInfo) << "cluster " << options_.cluster << ": the engine serves again ("
+                    << health.detail << ")";
+    SendHeartbeat();
+  }
+}
+
 void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
+  CheckEngine();
   if (corrupt_for_test_.exchange(false) && !served_.tensors().empty()) {
     // A bit flip in the served copy: only the full digest check below can notice it.
     std::vector<sync::TensorSpec> specs;
@@ -180,21 +214,23 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     ++report_.pulls;
     if (!pulled->from) ++report_.keyframe_pulls;
   }
-  // The engine serves the copy held from its next commit on (it stages while generating).
-  if (engine_current_) return;
+  // The engine serves the copy held from its next commit on (it stages while generating). After a
+  // failure, retries back off (an engine that is down is not asked ten times a second).
+  if (engine_current_ || std::chrono::steady_clock::now() < engine_retry_at_) return;
   const uint64_t version = held_->version;
+  auto failed = [&](const std::string& what, const Status& status) {
+    engine_backoff_ = std::min(std::max(engine_backoff_ * 2, std::chrono::milliseconds(250)),
+                               std::chrono::milliseconds(10000));
+    engine_retry_at_ = std::chrono::steady_clock::now() + engine_backoff_;
+    WEFT_LOG(kError) << "cluster " << options_.cluster << ": " << what << " version " << version
+                     << " failed: " << status.message() << " (again in " << engine_backoff_.count()
+                     << " ms)";
+  };
   Status staged = engine_.Stage(served_, version);
-  if (!staged.ok()) {
-    WEFT_LOG(kError) << "cluster " << options_.cluster << ": the engine refused version " << version
-                     << ": " << staged.message();
-    return;
-  }
+  if (!staged.ok()) return failed("staging", staged);
   Result<int64_t> pause = engine_.Commit();
-  if (!pause.ok()) {
-    WEFT_LOG(kError) << "cluster " << options_.cluster << ": committing version " << version
-                     << " failed: " << pause.status().message();
-    return;
-  }
+  if (!pause.ok()) return failed("committing", pause.status());
+  engine_backoff_ = std::chrono::milliseconds(0);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     engine_current_ = true;
@@ -223,7 +259,7 @@ void RolloutWorker::SendHeartbeat() {
     // The orchestrator does not know this cluster (it was lost after a long silence): join again.
     WEFT_LOG(kWarning) << "cluster " << options_.cluster
                        << " is unknown to the orchestrator; registering again";
-    sent = orchestrator_.Register(options_.cluster, options_.region, options_.capacity);
+    sent = orchestrator_.Register(options_.cluster, options_.region, total_capacity());
     if (sent.ok()) sent = orchestrator_.Heartbeat(options_.cluster, ready, &report);
   }
   if (sent.code() == StatusCode::kConflict && ready) {
@@ -249,14 +285,17 @@ void RolloutWorker::HeartbeatLoop() {
   while (!Sleep(options_.heartbeat_interval)) SendHeartbeat();
 }
 
-void RolloutWorker::JobLoop() {
+void RolloutWorker::JobLoop(uint32_t slot) {
   while (true) {
+    bool idle = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stop_) return;
+      // Not ready (no version yet, a re-sync in progress, the engine down): the orchestrator would
+      // not lease. Slots beyond what the ready replicas can serve wait.
+      idle = !ready_ || slot >= options_.capacity * ready_replicas_;
     }
-    // Not ready (no version yet, or a re-sync in progress): the orchestrator would not lease.
-    if (!ready_version()) {
+    if (idle) {
       if (Sleep(std::chrono::milliseconds(100))) return;
       continue;
     }
@@ -291,12 +330,27 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   };
   const Json prompt = Json::parse(lease.prompt, nullptr, false);
   if (prompt.is_discarded()) return fail(InvalidArgument("the prompt is not JSON"));
-  Result<std::vector<int>> tokens = task_.Encode(prompt);
-  if (!tokens.ok()) return fail(tokens.status());
+  const Json metadata =
+      lease.metadata.empty() ? Json() : Json::parse(lease.metadata, nullptr, false);
+  if (metadata.is_discarded()) return fail(InvalidArgument("the job's metadata is not JSON"));
+  Result<Prompt> encoded = task_.Encode(prompt);
+  if (!encoded.ok()) return fail(encoded.status());
   Sampling sampling = options_.sampling;
   sampling.seed = lease.job * 0x9E3779B97F4A7C15ull + lease.attempt * 0xBF58476D1CE4E5B9ull;
   Result<std::vector<Completion>> completions =
-      engine_.Generate(std::vector<std::vector<int>>(lease.samples, *tokens), sampling);
+      engine_.Generate(std::vector<Prompt>(lease.samples, *encoded), sampling);
+  if (!completions.ok() && completions.status().code() == StatusCode::kUnavailable) {
+    // The engine cannot generate now (dead, unreachable, reloading): the job goes back to the
+    // queue at once rather than when its lease expires, and the worker goes on.
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what
+                       << ": the engine is unavailable (" << completions.status().message()
+                       << "); handing the job back";
+    Status released = orchestrator_.Release(options_.cluster, {lease.job});
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.generation_errors;
+    if (released.ok()) ++stats_.handed_back;
+    return;
+  }
   if (!completions.ok()) return fail(completions.status());
 
   orchestrator::TrajectoryGroup group;
@@ -308,13 +362,15 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   Json samples = Json::array();
   double rewards = 0;
   for (const Completion& c : *completions) {
-    Result<double> reward = task_.Reward(prompt, c.tokens);
+    Result<std::optional<double>> reward = task_.Reward(prompt, metadata, c);
     if (!reward.ok()) return fail(reward.status());
-    rewards += *reward;
-    samples.push_back({{"tokens", c.tokens},
-                       {"logprobs", c.logprobs},
-                       {"reward", *reward},
-                       {"segments", c.segments}});
+    Json sample = {{"tokens", c.tokens}, {"logprobs", c.logprobs}, {"segments", c.segments}};
+    if (!c.text.empty()) sample["text"] = c.text;
+    if (*reward) {  // else the trainer scores it
+      sample["reward"] = **reward;
+      rewards += **reward;
+    }
+    samples.push_back(std::move(sample));
   }
   // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
   // for the heartbeat that follows a commit landing mid-generation.

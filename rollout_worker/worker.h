@@ -11,11 +11,14 @@
 //     version and re-syncs from a keyframe.
 //   - heartbeats: proof of life with the version proved ready and the sync counters, every
 //     `heartbeat_interval`.
-//   - jobs (`capacity` of them): lease one job (long poll), generate its samples with the engine,
-//     score them with the task's verifier, and submit them with token ids, behaviour logprobs,
-//     rewards, version_start, version_end and the per-token version segments (docs/api.md,
-//     "Trajectories"). A submission waits until the orchestrator has heard that the cluster is
-//     ready at the newest version it used.
+//   - jobs (`capacity` per engine replica that is ready): lease one job (long poll), generate its
+//     samples with the engine, score them with the task (or leave the reward to the trainer), and
+//     submit them with token ids, text, behaviour logprobs, rewards, version_start, version_end and
+//     the per-token version segments (docs/api.md, "Trajectories"). A submission waits until the
+//     orchestrator has heard that the cluster is ready at the newest version it used. A job the
+//     engine cannot generate (it is down) is handed back at once.
+// An engine none of whose replicas can serve makes the cluster not ready (heartbeats without a
+// version) until it serves the version held again; staging and committing retry with backoff.
 // Stop() drains: no new leases, running jobs finish and are submitted, leases that arrive after
 // the stop are handed back, and the cluster deregisters.
 #pragma once
@@ -41,7 +44,7 @@ struct WorkerOptions {
   std::string cluster;
   std::string region;
   std::string run_id;
-  uint32_t capacity = 1;  // jobs generated at once
+  uint32_t capacity = 1;  // jobs generated at once per engine replica
   Sampling sampling;  // temperature, top_p, max_tokens, stop token (the seed comes from the job)
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds sync_interval{100};  // how often the store's latest version is checked
@@ -94,7 +97,13 @@ class RolloutWorker {
  private:
   void SyncLoop();
   void HeartbeatLoop();
-  void JobLoop();
+  // Slot `slot` of capacity x replicas; it leases only while the ready replicas cover it.
+  void JobLoop(uint32_t slot);
+  // What the cluster registers: `capacity` per engine replica.
+  uint32_t total_capacity() const;
+  // Readiness follows the engine: none of its replicas able to serve, not ready (and ready again
+  // once it serves the version held).
+  void CheckEngine();
   // One round of the sync loop.
   void SyncOnce(policy_store::StoreReader& reader);
   void SendHeartbeat();
@@ -117,6 +126,9 @@ class RolloutWorker {
   bool engine_current_ = false;  // whether the engine was last given served_ as it is now
   std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
   std::optional<uint64_t> ready_;                   // proved and committed: what heartbeats report
+  uint32_t ready_replicas_ = 0;                     // engine replicas able to serve now
+  std::chrono::milliseconds engine_backoff_{0};     // after failed stages or commits
+  std::chrono::steady_clock::time_point engine_retry_at_;
   std::optional<uint64_t> reported_;  // the newest ready version the orchestrator acknowledged
   orchestrator::SyncReport report_;
   WorkerStats stats_;

@@ -246,7 +246,13 @@ TEST_CASE(
   const TinyLmLayout& layout = engine.layout();
   rollout_worker::Sampling sampling;
   sampling.max_tokens = 20;
-  CHECK(!engine.Generate({{1}}, sampling).ok());  // no weights yet
+  // Token-id prompts, as the engine takes them.
+  auto prompts_of = [](const std::vector<std::vector<int>>& ids) {
+    std::vector<rollout_worker::Prompt> prompts;
+    for (const std::vector<int>& p : ids) prompts.push_back({p, ""});
+    return prompts;
+  };
+  CHECK(!engine.Generate(prompts_of({{1}}), sampling).ok());  // no weights yet
   CHECK(!engine.Health().ok);
   const std::vector<float> v0 = layout.Initialize(1), v1 = layout.Initialize(2);
   REQUIRE(engine.Stage(Served(layout, v0), 0).ok());
@@ -262,7 +268,7 @@ TEST_CASE(
                            std::span<float>(rounded).subspan(p.offset, p.size));
     }
   }
-  auto out = engine.Generate({{1, 2}, {3}}, sampling);
+  auto out = engine.Generate(prompts_of({{1, 2}, {3}}), sampling);
   REQUIRE(out.ok());
   Sampling params;
   params.max_tokens = 20;
@@ -278,7 +284,7 @@ TEST_CASE(
     std::this_thread::sleep_for(std::chrono::microseconds(300));
     REQUIRE(engine.Commit().ok());
   });
-  auto mixed = engine.Generate(prompts, sampling);
+  auto mixed = engine.Generate(prompts_of(prompts), sampling);
   committer.join();
   REQUIRE(mixed.ok());
   for (const rollout_worker::Completion& c : *mixed) {

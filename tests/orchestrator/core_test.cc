@@ -464,6 +464,27 @@ TEST_CASE("core: a refused drain changes nothing; a job listed twice is handed b
   CHECK(core.leased_jobs() == 1);
 }
 
+TEST_CASE("core: a release hands leases back and the cluster goes on leasing") {
+  OrchestratorCore core({});
+  REQUIRE(core.AnnounceVersion(0, 1).ok());
+  REQUIRE(core.Register(0, "a", "eu", 2).ok());
+  REQUIRE(core.Heartbeat(0, "a", 1).ok());
+  core.AddJobs(0, {{"p", 1, "{\"answer\":1}"}, {"q", 1}});
+  auto leases = std::move(core.RequestLeases(1, "a", 2)).value();
+  REQUIRE(leases.size() == 2);
+  CHECK(leases[0].metadata == "{\"answer\":1}");  // the job's metadata rides with its lease
+  CHECK(leases[1].metadata.empty());
+  CHECK(core.Drain(2, "a", {42}, false).code() == StatusCode::kInvalidArgument);
+  REQUIRE(core.Drain(3, "a", {leases[0].job}, false).ok());
+  CHECK(!core.clusters().front().draining);
+  CHECK(core.queued_jobs() == 1);
+  auto again = std::move(core.RequestLeases(4, "a", 2)).value();
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].job == leases[0].job);
+  CHECK(again[0].attempt == 2);
+  CHECK(again[0].metadata == "{\"answer\":1}");
+}
+
 // Random interleavings of every event over many seeds; the invariants hold after each one.
 TEST_CASE(
     "core: invariants under random events, duplicates, deaths and clock jumps (property test)") {

@@ -73,6 +73,9 @@ TEST_CASE("durable core: a reopened journal rebuilds exactly the state that was 
     REQUIRE(durable->Tick(200).ok());                          // leases 1 and 2 expire
     REQUIRE(durable->RequestLeases(201, "b", 2).ok());
     REQUIRE(durable->TakeBatch(202, 1).ok());
+    auto more = std::move(durable->RequestLeases(202, "a", 1)).value();
+    REQUIRE(more.size() == 1);
+    REQUIRE(durable->Drain(202, "a", {more[0].job}, false).ok());  // a release: "a" keeps leasing
     REQUIRE(durable->Drain(203, "b", {}).ok());
     before = Picture(*durable);
   }

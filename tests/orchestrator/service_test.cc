@@ -334,7 +334,7 @@ std::map<uint64_t, std::string> MetadataByJob(const std::vector<Delivered>& grou
 
 TEST_CASE(
     "orchestrator API: a job's metadata comes back with its group, as the trainer sent it, also "
-    "after a restart; workers never see it") {
+    "after a restart; leases carry it to the worker") {
   Running o;
   OrchestratorClient trainer(o.url, "t-token");
   REQUIRE(trainer.AnnounceVersion(0).ok());
@@ -356,18 +356,25 @@ TEST_CASE(
                  "{\"prompts\": [{\"prompt\": \"4+4=\", \"metadata\": " + text + "}]}");
   REQUIRE(raw.status == 200);
   const uint64_t raw_id = Json::parse(raw.text())["jobs"][0].get<uint64_t>();
-  // Leases carry the prompt, never the metadata; the worker submits every job.
+  // Leases carry the prompt and the metadata (the same JSON value; none: no member); the worker
+  // submits every job.
   auto leases = o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"max", 8}});
   REQUIRE(leases.first == 200);
   REQUIRE(leases.second["leases"].size() == 5);
+  std::map<uint64_t, Json> leased_metadata;
   for (const Json& lease : leases.second["leases"]) {
-    CHECK(!lease.contains("metadata"));
+    if (lease.contains("metadata"))
+      leased_metadata[lease["job"].get<uint64_t>()] = lease["metadata"];
     Json submission = {{"job", lease["job"]}, {"attempt", lease["attempt"]},
                        {"cluster", "c1"},     {"version_start", 0},
                        {"version_end", 0},    {"segments", {{0, 0}}},
                        {"tokens", 1},         {"trajectories", {{"samples", Json::array()}}}};
     REQUIRE(o.Post(o.As("c1"), "/v1/submissions", submission).first == 200);
   }
+  CHECK(leased_metadata ==
+        std::map<uint64_t, Json>{{(*ids)[0], Json{{"answer", 2}, {"row", "r-17"}}},
+                                 {(*ids)[3], Json("six")},
+                                 {raw_id, Json::parse(text)}});
   // The batch answer: each group with "metadata" when its job had some.
   auto batch =
       Raw(o.url + "/v1/batches", "POST",

@@ -10,10 +10,11 @@ class FixedTask : public Task {
  public:
   explicit FixedTask(int length) : length_(length) {}
   TaskLimits limits() const override { return {length_, length_ + 1, 7}; }
-  Result<std::vector<int>> Encode(const nlohmann::json&) const override {
-    return std::vector<int>{1};
+  Result<Prompt> Encode(const nlohmann::json&) const override { return Prompt{{1}, ""}; }
+  Result<std::optional<double>> Reward(const nlohmann::json&, const nlohmann::json&,
+                                       const Completion&) const override {
+    return std::optional<double>(0);
   }
-  Result<double> Reward(const nlohmann::json&, const std::vector<int>&) const override { return 0; }
 
  private:
   int length_;
@@ -25,8 +26,7 @@ class NullEngine : public Engine {
   Status Stage(const sync::ServedModel&, uint64_t) override { return Status::Ok(); }
   Result<int64_t> Commit() override { return 0; }
   std::optional<uint64_t> version() const override { return std::nullopt; }
-  Result<std::vector<Completion>> Generate(const std::vector<std::vector<int>>&,
-                                           const Sampling&) override {
+  Result<std::vector<Completion>> Generate(const std::vector<Prompt>&, const Sampling&) override {
     return std::vector<Completion>();
   }
   EngineHealth Health() const override { return {}; }
