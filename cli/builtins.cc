@@ -3,6 +3,7 @@
 #include "cli/run_config.h"
 #include "examples/arithmetic_task.h"
 #include "examples/embedded_engine.h"
+#include "rollout_worker/http_task.h"
 
 namespace weft::cli {
 namespace {
@@ -13,13 +14,39 @@ rollout_worker::Registry MakeBuiltins() {
       "arithmetic",
       [](const rollout_worker::ComponentConfig& config)
           -> Result<std::unique_ptr<rollout_worker::Task>> {
-        std::string name;
-        int digits = 2;
+        TaskSection section;
         WEFT_RETURN_IF_ERROR(
-            ParseTaskSection(config.document["task"], &name, &digits).WithContext(config.path));
+            ParseTaskSection(config.document["task"], &section).WithContext(config.path));
         return std::unique_ptr<rollout_worker::Task>(
-            new examples::ArithmeticVerifier(examples::ArithmeticTask(digits)));
+            new examples::ArithmeticVerifier(examples::ArithmeticTask(section.digits)));
       });
+  // Tasks at the text level (rollout_worker/http_task.h): rewards from a reward service, or from
+  // the trainer.
+  if (added.ok()) {
+    added = registry.AddTask("http",
+                             [](const rollout_worker::ComponentConfig& config)
+                                 -> Result<std::unique_ptr<rollout_worker::Task>> {
+                               Result<rollout_worker::HttpTaskSettings> settings =
+                                   rollout_worker::ParseHttpTaskSection(config.document["task"],
+                                                                        TrainerTaskKeys());
+                               if (!settings.ok())
+                                 return settings.status().WithContext(config.path);
+                               return std::unique_ptr<rollout_worker::Task>(
+                                   new rollout_worker::HttpRewardTask(std::move(*settings)));
+                             });
+  }
+  if (added.ok()) {
+    added = registry.AddTask("trainer",
+                             [](const rollout_worker::ComponentConfig& config)
+                                 -> Result<std::unique_ptr<rollout_worker::Task>> {
+                               Result<rollout_worker::TaskLimits> limits =
+                                   rollout_worker::ParseTrainerTaskSection(config.document["task"],
+                                                                           TrainerTaskKeys());
+                               if (!limits.ok()) return limits.status().WithContext(config.path);
+                               return std::unique_ptr<rollout_worker::Task>(
+                                   new rollout_worker::TrainerRewardTask(*limits));
+                             });
+  }
   if (added.ok()) {
     added = registry.AddEngine(
         "embedded",

@@ -1,7 +1,9 @@
 // The engine and task built into the weft binary, registered in one place: the embedded engine
 // (examples/embedded_engine.h, the example policy on the CPU; it serves the run's `model` section)
-// as "embedded", and the addition task (examples/arithmetic_task.h; the run's `task` section) as
-// "arithmetic".
+// as "embedded", and the tasks the run's `task` section chooses by `kind`: the addition task
+// (examples/arithmetic_task.h) as "arithmetic", and the text-level tasks of
+// rollout_worker/http_task.h as "http" (rewards from a reward service) and "trainer" (rewards from
+// the trainer).
 #pragma once
 
 #include "rollout_worker/registry.h"

@@ -4,8 +4,10 @@
 #include <cctype>
 #include <set>
 
+#include "cli/builtins.h"
 #include "cli/trainer_channel.h"
 #include "common/yaml_fields.h"
+#include "examples/arithmetic_task.h"
 #include "policy_store/manifest.h"
 
 namespace weft::cli {
@@ -193,7 +195,20 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
 
   examples::ExampleTrainerOptions& t = c.trainer;
   WEFT_RETURN_IF_ERROR(ParseModelSection(root["model"], &t.model));
-  WEFT_RETURN_IF_ERROR(ParseTaskSection(root["task"], &c.task, &t.digits));
+  TaskSection task;
+  WEFT_RETURN_IF_ERROR(ParseTaskSection(root["task"], &task));
+  c.task = task.kind;
+  t.digits = task.digits;
+  t.dataset = task.dataset;
+  {
+    // The kind's own keys, checked as workers will read them, and the lengths it gives them: the
+    // engine sizes its model from them, and so does the example trainer.
+    const rollout_worker::ComponentConfig component{root, c.path, 1};
+    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::Task> made,
+                          Builtins().MakeTask(c.task, component));
+    c.task_limits = made->limits();
+  }
+  t.sequence_length = c.task_limits.max_prompt_tokens + c.task_limits.max_completion_tokens;
   if (const YAML::Node tr = root["trainer"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(
         tr, "trainer",
@@ -239,6 +254,16 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     return InvalidArgument(
         "trainer.prompts_per_step is above orchestrator.max_in_flight: a step could never fill");
   }
+  if (c.trainer_command.empty() &&
+      t.sequence_length < examples::ArithmeticTask(t.digits).max_length()) {
+    // The built-in trainer warms up and evaluates on arithmetic problems of task.digits digits,
+    // with a model of the workers' sequence length: they must fit it.
+    return InvalidArgument(
+        "task: the workers' sequences are " + std::to_string(t.sequence_length) +
+        " tokens (max_prompt_tokens + max_tokens); the built-in trainer's problems of " +
+        std::to_string(t.digits) + " digits with their answers need " +
+        std::to_string(examples::ArithmeticTask(t.digits).max_length()));
+  }
   t.run_id = c.run_id;
   t.max_staleness = c.orchestrator.core.max_staleness;
   t.trainer_token = c.orchestrator.service.trainer_token;
@@ -261,11 +286,34 @@ Status ParseModelSection(const YAML::Node& m, examples::TinyLmConfig* model) {
   return Status::Ok();
 }
 
-Status ParseTaskSection(const YAML::Node& task, std::string* name, int* digits) {
+const std::set<std::string>& TrainerTaskKeys() {
+  static const std::set<std::string> keys = {"digits", "dataset"};
+  return keys;
+}
+
+Status ParseTaskSection(const YAML::Node& task, TaskSection* section) {
   if (!task) return Status::Ok();
-  WEFT_RETURN_IF_ERROR(CheckKeys(task, "task", {"name", "digits"}));
-  WEFT_RETURN_IF_ERROR(ReadString(task, "task", "name", name));
-  return ReadInt(task, "task", "digits", digits, 1, 6);
+  if (!task.IsMap()) return InvalidArgument("task must be a map of settings" + LineOf(task));
+  if (const YAML::Node name = task["name"]) {
+    // Older configs named the task with `name`; say what to write rather than "unknown key".
+    const std::string kind = name.IsScalar() ? name.Scalar() : "...";
+    return InvalidArgument("task.name" + LineOf(name) +
+                           ": the task is chosen by `kind`; write task: {kind: " + kind + ", ...}");
+  }
+  WEFT_RETURN_IF_ERROR(ReadString(task, "task", "kind", &section->kind));
+  if (!Builtins().HasTask(section->kind)) {
+    std::string known;
+    for (const std::string& k : Builtins().tasks()) known += (known.empty() ? "" : ", ") + k;
+    return InvalidArgument("task.kind: '" + section->kind +
+                           "' is not a task kind (known: " + known + ")" + LineOf(task["kind"]));
+  }
+  if (section->kind == "arithmetic")
+    WEFT_RETURN_IF_ERROR(CheckKeys(task, "task", {"kind", "digits", "dataset"}));
+  WEFT_RETURN_IF_ERROR(ReadInt(task, "task", "digits", &section->digits, 1, 6));
+  WEFT_RETURN_IF_ERROR(ReadString(task, "task", "dataset", &section->dataset));
+  if (task["dataset"] && section->dataset.empty())
+    return InvalidArgument("task.dataset is empty: name a JSONL file" + LineOf(task["dataset"]));
+  return Status::Ok();
 }
 
 std::string RunConfig::orchestrator_listen() const {

@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "examples/example_trainer.h"
 #include "orchestrator/config.h"
+#include "rollout_worker/task.h"
 
 namespace weft::cli {
 
@@ -46,7 +48,8 @@ struct RunConfig {
   orchestrator::OrchestratorConfig orchestrator;
   std::vector<RegionConfig> regions;
   WorkerSettings worker;
-  std::string task = "arithmetic";  // task.name, by name (rollout_worker/registry.h)
+  std::string task = "arithmetic";         // task.kind, by name (rollout_worker/registry.h)
+  rollout_worker::TaskLimits task_limits;  // the lengths the task gives workers
   // The model, task and trainer sections as the example trainer takes them (store and URLs unset);
   // whichever trainer runs gets them (cli/trainer_channel.h, the settings file).
   examples::ExampleTrainerOptions trainer;
@@ -64,9 +67,22 @@ struct RunConfig {
 
 Result<RunConfig> LoadRunConfig(const std::string& path);
 
+// The `task:` keys every kind shares: `kind` (default arithmetic), and those the example trainers
+// read, `digits` (their arithmetic task's operands) and `dataset` (a JSONL prompt dataset).
+struct TaskSection {
+  std::string kind = "arithmetic";
+  int digits = 2;
+  std::string dataset;  // empty: the example trainers generate problems
+};
+// The keys of `task:` that the trainers read and the workers' task kinds leave alone.
+const std::set<std::string>& TrainerTaskKeys();
+
 // The sections the example policy and task read (`model`, `task`), for the run config and the
-// built-in engine and task alike. Errors name the key.
+// built-in engine and task alike. Errors name the key. ParseTaskSection reads the shared keys (and
+// checks the keys of the arithmetic kind; the other kinds check their own when they are made):
+// the key `name` of older configs is refused, saying to write `kind`, and an unknown kind is
+// refused naming the known ones.
 Status ParseModelSection(const YAML::Node& model, examples::TinyLmConfig* config);
-Status ParseTaskSection(const YAML::Node& task, std::string* name, int* digits);
+Status ParseTaskSection(const YAML::Node& task, TaskSection* section);
 
 }  // namespace weft::cli

@@ -1,6 +1,7 @@
 #include "cli/trainer_channel.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "examples/arithmetic_task.h"
 
@@ -82,9 +83,12 @@ std::map<std::string, std::string> TrainerChannelEnvironment(const RunConfig& co
 
 Json TrainerSettings(const RunConfig& config) {
   const examples::ExampleTrainerOptions& t = config.trainer;
-  // The sequence length the example trainer gives the model: the task's longest problem and
-  // answer (examples/example_trainer.cc).
-  const int max_seq = examples::ArithmeticTask(t.digits).max_length();
+  // The sequence length the example trainer gives the model: the task's longest prompt and
+  // completion, as the workers' engine sizes its own (examples/example_trainer.cc).
+  const int max_seq =
+      t.sequence_length > 0 ? t.sequence_length : examples::ArithmeticTask(t.digits).max_length();
+  const Json dataset =
+      t.dataset.empty() ? Json(nullptr) : Json(std::filesystem::absolute(t.dataset).string());
   const auto seconds = [](std::chrono::milliseconds d) {
     return std::chrono::duration<double>(d).count();
   };
@@ -98,7 +102,13 @@ Json TrainerSettings(const RunConfig& config) {
                 {"heads", t.model.heads},
                 {"d_ff", t.model.d_ff},
                 {"max_seq", max_seq}}},
-              {"task", {{"name", config.task}, {"digits", t.digits}}},
+              {"task",
+               {{"kind", config.task},
+                {"digits", t.digits},
+                {"dataset", dataset},
+                {"max_prompt_tokens", config.task_limits.max_prompt_tokens},
+                {"max_tokens", config.task_limits.max_completion_tokens},
+                {"stop_token", config.task_limits.stop_token}}},
               {"trainer",
                {{"seed", t.seed},
                 {"threads", t.threads},

@@ -20,8 +20,7 @@ Result<std::vector<int>> EmbeddedEngine::Tokenize(const std::string& text) {
       const unsigned char byte = static_cast<unsigned char>(c);
       const std::string shown = byte >= 0x20 && byte < 0x7f ? "'" + std::string(1, c) + "'"
                                                             : "byte " + std::to_string(byte);
-      return InvalidArgument("the prompt's character " + shown + " at offset " +
-                             std::to_string(i) +
+      return InvalidArgument("the prompt's character " + shown + " at offset " + std::to_string(i) +
                              " is not in the embedded engine's vocabulary (the digits, '+' and "
                              "'=')");
     }
@@ -31,8 +30,8 @@ Result<std::vector<int>> EmbeddedEngine::Tokenize(const std::string& text) {
 
 std::string EmbeddedEngine::CompletionText(const std::vector<int>& tokens, int stop_token) {
   const bool stopped = !tokens.empty() && stop_token >= 0 && tokens.back() == stop_token;
-  return ArithmeticTask::Decode(
-      stopped ? std::vector<int>(tokens.begin(), tokens.end() - 1) : tokens);
+  return ArithmeticTask::Decode(stopped ? std::vector<int>(tokens.begin(), tokens.end() - 1)
+                                        : tokens);
 }
 
 Status EmbeddedEngine::Stage(const sync::ServedModel& model, uint64_t version) {

@@ -5,9 +5,11 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "examples/embedded_engine.h"
 #include "orchestrator/client.h"
 #include "policy_store/object_store.h"
 #include "trainer_adapter/batch_client.h"
+#include "trainer_adapter/dataset.h"
 
 namespace weft::examples {
 namespace {
@@ -15,24 +17,48 @@ namespace {
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+constexpr int64_t kTokenLimit = int64_t{1} << 31;  // token ids are ints
+
 // A group as the worker submitted it (docs/api.md, "Trajectories"), checked: errors name the job.
-Result<Group> ParseGroup(const orchestrator::TrajectoryGroup& received,
-                         const ArithmeticTask& task) {
+// Its prompt is text (tokenised as the embedded engine tokenises it) or token ids (as the engine
+// got them). A sample without a reward (the workers' task leaves rewards to the trainer) is scored
+// here with `task`, on the prompt's text; `*computed` says how many were.
+Result<Group> ParseGroup(const orchestrator::TrajectoryGroup& received, const ArithmeticTask& task,
+                         size_t* computed) {
   const std::string what = "job " + std::to_string(received.job);
   const Json t = Json::parse(received.trajectories, nullptr, false);
-  if (!t.is_object() || !t.contains("prompt") || !t["prompt"].is_string() ||
-      !t.contains("samples") || !t["samples"].is_array()) {
-    return InvalidArgument(what +
-                           ": trajectories need a string \"prompt\" and a \"samples\" array");
+  if (!t.is_object() || !t.contains("prompt") || !t.contains("samples") ||
+      !t["samples"].is_array()) {
+    return InvalidArgument(what + ": trajectories need a \"prompt\" and a \"samples\" array");
   }
   Group group;
-  WEFT_ASSIGN_OR_RETURN(group.prompt, task.Encode(t["prompt"].get<std::string>()));
+  std::string problem;  // the prompt's text
+  const Json& prompt = t["prompt"];
+  if (prompt.is_string()) {
+    problem = prompt.get<std::string>();
+    Result<std::vector<int>> tokens = EmbeddedEngine::Tokenize(problem);
+    if (!tokens.ok()) return tokens.status().WithContext(what);
+    group.prompt = std::move(*tokens);
+  } else if (prompt.is_array() && !prompt.empty()) {
+    for (const Json& id : prompt) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kTokenLimit)
+        return InvalidArgument(what + ": the prompt's token ids must be integers from 0");
+      group.prompt.push_back(id.get<int>());
+    }
+    std::vector<int> text(group.prompt);
+    if (text.front() == ArithmeticTask::kBegin) text.erase(text.begin());
+    problem = ArithmeticTask::Decode(text);
+  } else {
+    return InvalidArgument(what + ": the prompt must be text or token ids, not " + prompt.dump());
+  }
+  size_t scored = 0;
   for (size_t i = 0; i < t["samples"].size(); ++i) {
     const Json& s = t["samples"][i];
     const std::string where = what + " sample " + std::to_string(i);
+    const bool has_reward = s.is_object() && s.contains("reward") && !s["reward"].is_null();
     if (!s.is_object() || !s.contains("tokens") || !s.contains("logprobs") ||
-        !s.contains("reward") || !s["reward"].is_number()) {
-      return InvalidArgument(where + ": needs tokens, logprobs and a numeric reward");
+        (has_reward && !s["reward"].is_number())) {
+      return InvalidArgument(where + ": needs tokens, logprobs and a numeric reward or none");
     }
     Sample sample;
     try {
@@ -45,9 +71,15 @@ Result<Group> ParseGroup(const orchestrator::TrajectoryGroup& received,
       return InvalidArgument(where + ": " + std::to_string(sample.tokens.size()) + " tokens but " +
                              std::to_string(sample.logprobs.size()) + " logprobs");
     }
-    sample.reward = s["reward"].get<double>();
+    if (has_reward) {
+      sample.reward = s["reward"].get<double>();
+    } else {
+      sample.reward = task.Reward(problem, sample.tokens);  // 0 for a prompt that is no problem
+      ++scored;
+    }
     group.samples.push_back(std::move(sample));
   }
+  *computed = scored;
   return group;
 }
 
@@ -98,6 +130,8 @@ Json TrainerSummary::ToJson() const {
               {"bytes_published", bytes_published},
               {"groups_stale_delivered", groups_stale_delivered},
               {"staleness_violations", staleness_violations},
+              {"groups_with_metadata", groups_with_metadata},
+              {"rewards_computed", rewards_computed},
               {"steps", records}};
 }
 
@@ -112,7 +146,24 @@ Result<TrainerSummary> RunExampleTrainer(
   }
   const ArithmeticTask task(options.digits);
   TinyLmConfig config = options.model;
-  config.max_seq = task.max_length();
+  config.max_seq = options.sequence_length > 0 ? options.sequence_length : task.max_length();
+  if (config.max_seq < task.max_length()) {
+    return InvalidArgument(
+        "trainer: the workers' task gives sequences of " + std::to_string(config.max_seq) +
+        " tokens (task.max_prompt_tokens + task.max_tokens); the example trainer's problems of " +
+        std::to_string(options.digits) + " digits with their answers need " +
+        std::to_string(task.max_length()));
+  }
+  // The dataset is read before anything else, so that a bad line fails the run at once.
+  std::vector<trainer_adapter::DatasetPrompt> dataset;
+  if (!options.dataset.empty()) {
+    Result<std::vector<trainer_adapter::DatasetPrompt>> read =
+        trainer_adapter::ReadPromptDataset(options.dataset);
+    if (!read.ok()) return read.status().WithContext("task.dataset");
+    dataset = std::move(*read);
+    WEFT_LOG(kInfo) << "trainer: " << dataset.size() << " prompts from " << options.dataset;
+  }
+  size_t next_prompt = 0;  // the dataset's next row
   const TinyLmLayout layout(config);
   std::vector<float> weights = layout.Initialize(options.seed);
   std::mt19937_64 rng(options.seed);
@@ -174,11 +225,22 @@ Result<TrainerSummary> RunExampleTrainer(
                            status["jobs"]["leased"].get<size_t>() +
                            status["trajectories"]["buffered"].get<size_t>();
     if (pending >= want) return Status::Ok();
-    std::vector<std::pair<Json, uint32_t>> prompts;
-    for (size_t i = pending; i < want; ++i)
-      prompts.emplace_back(Json(task.Problem(rng)),
-                           static_cast<uint32_t>(options.samples_per_prompt));
-    Status added = client.AddJobs(prompts).status();
+    const auto samples = static_cast<uint32_t>(options.samples_per_prompt);
+    Status added = Status::Ok();
+    if (dataset.empty()) {
+      std::vector<std::pair<Json, uint32_t>> prompts;
+      for (size_t i = pending; i < want; ++i)
+        prompts.emplace_back(Json(task.Problem(rng)), samples);
+      added = client.AddJobs(prompts).status();
+    } else {
+      // The dataset's prompts in order, starting over at its end, each with its metadata.
+      std::vector<orchestrator::NewJob> jobs;
+      for (size_t i = pending; i < want; ++i) {
+        jobs.push_back(dataset[next_prompt].Job(samples));
+        next_prompt = (next_prompt + 1) % dataset.size();
+      }
+      added = client.AddJobs(jobs).status();
+    }
     if (added.code() == StatusCode::kUnavailable || added.code() == StatusCode::kTimeout) {
       // The request may or may not have reached the orchestrator (it restarted, say). Not fatal:
       // the next top-up counts what is pending and queues only what is missing.
@@ -213,12 +275,15 @@ Result<TrainerSummary> RunExampleTrainer(
         last_arrival = Clock::now();
       }
       for (const orchestrator::Delivered& d : batch) {
-        Result<Group> group = ParseGroup(d.group, task);
+        size_t computed = 0;
+        Result<Group> group = ParseGroup(d.group, task, &computed);
         if (!group.ok()) {
           WEFT_LOG(kError) << "trainer: skipping a malformed trajectory group: "
                            << group.status().message();
           continue;
         }
+        summary.rewards_computed += computed;
+        if (!d.metadata.empty()) ++summary.groups_with_metadata;
         samples += group->samples.size();
         groups.push_back(std::move(*group));
         const uint64_t lag = trainer_adapter::LagOf(d.group, version);

@@ -4,7 +4,11 @@
 //   - version 0 is the warm-started policy; every RL step publishes the next version as a delta
 //     (trainer_adapter::Publisher) and announces it to the orchestrator;
 //   - it keeps `steps_ahead` steps of prompts queued at the orchestrator (each a job of
-//     `samples_per_prompt` samples), so workers generate while it learns;
+//     `samples_per_prompt` samples), so workers generate while it learns: generated problems, or
+//     the prompts of a JSONL dataset (trainer_adapter/dataset.h) in order, cycling, each with its
+//     metadata;
+//   - a sample that comes without a reward (the workers' task leaves rewards to the trainer) is
+//     scored here, with the arithmetic task;
 //   - each step takes `prompts_per_step` groups with trainer_adapter::BatchClient (within the
 //     staleness bound the orchestrator enforces) and applies a GRPO step with truncated
 //     importance ratios against the behaviour logprobs (examples/grpo.h) at a fine-tuning
@@ -26,8 +30,15 @@
 namespace weft::examples {
 
 struct ExampleTrainerOptions {
-  TinyLmConfig model;  // max_seq is set from the task
-  int digits = 2;
+  TinyLmConfig model;  // max_seq is set from sequence_length
+  int digits = 2;      // the arithmetic task's operands (warm-up, evaluation, generated prompts)
+  // The model's positions: the longest prompt plus completion of the workers' task, as their
+  // engine sizes its model (the published tensors must have its shapes). 0: the arithmetic
+  // task's longest problem and answer. At least that either way.
+  int sequence_length = 0;
+  // A JSONL prompt dataset (trainer_adapter/dataset.h) whose prompts are queued instead of
+  // generated problems; empty: none.
+  std::string dataset;
   uint64_t seed = 1;
   int threads = 1;
   // Supervised warm-up (local, before version 0).
@@ -87,6 +98,8 @@ struct TrainerSummary {
   uint64_t parameters = 0;
   uint64_t bytes_published = 0;  // delta and keyframe blobs written by the trainer
   uint64_t groups_stale_delivered = 0, staleness_violations = 0;
+  uint64_t groups_with_metadata = 0;            // groups that came back with their job's metadata
+  uint64_t rewards_computed = 0;                // samples that came without a reward, scored here
   double initial_reward = 0, final_reward = 0;  // mean batch reward of the first / last steps
   nlohmann::json ToJson() const;
 };

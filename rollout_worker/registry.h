@@ -1,5 +1,5 @@
 // Registry: engines and tasks by name. A run's configuration names the engine its workers drive
-// (`worker.engine`) and the task they generate for (`task.name`, docs/run.md); a Registry makes
+// (`worker.engine`) and the task they generate for (`task.kind`, docs/run.md); a Registry makes
 // them. Components register a factory under a name; the weft binary registers its built-in engine
 // and task in one place (cli/builtins.h), and a program embedding the worker can register its own.
 // A factory gets the run's whole configuration document and reads its own section, reporting bad

@@ -136,7 +136,7 @@ def main() -> int:
                     "heartbeat: 200ms}\n"
                     f"model: {{d_model: {config.d_model}, layers: {config.layers}, "
                     f"heads: {config.heads}, d_ff: {config.d_ff}}}\n"
-                    f"task: {{name: arithmetic, digits: {task.digits}}}\n")
+                    f"task: {{kind: arithmetic, digits: {task.digits}}}\n")
         children.append(start([args.weft, "orchestrator", "--config", f"{work}/orchestrator.yaml"],
                               f"{work}/orchestrator.log"))
         call(f"{orchestrator}/v1/versions", {"version": 0})

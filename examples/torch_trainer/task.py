@@ -85,3 +85,22 @@ class ArithmeticTask:
             return (1.0 / VOCAB) ** len(self.answer(problem))
         except ValueError:
             return 0.0
+
+
+def tokenize_text(text: str) -> list[int]:
+    """Text -> token ids as the embedded engine tokenises a text prompt
+    (``EmbeddedEngine::Tokenize`` in examples/embedded_engine.cc): the begin token, then one token
+    per digit, ``+`` or ``=``; the same ids as ``ArithmeticTask.encode`` for a problem, for any text
+    of those characters. ValueError names the first character outside them."""
+    if not text:
+        raise ValueError("the prompt is empty text")
+    tokens = [BEGIN]
+    for i, c in enumerate(text):
+        if c in _DIGITS:
+            tokens.append(int(c))
+        elif c in "+=":
+            tokens.append(PLUS if c == "+" else EQUALS)
+        else:
+            raise ValueError(f"the prompt's character {c!r} at offset {i} is not in the embedded "
+                             "engine's vocabulary (the digits, '+' and '=')")
+    return tokens

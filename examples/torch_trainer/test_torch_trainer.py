@@ -476,7 +476,7 @@ def settings_document(**trainer: object) -> dict:
     return {"run_id": "test-run", "max_staleness": 2, "serving": "bf16",
             "model": {"vocab": 16, "d_model": 16, "layers": 1, "heads": 2, "d_ff": 16,
                       "max_seq": 24},
-            "task": {"name": "arithmetic", "digits": 2}, "trainer": base}
+            "task": {"kind": "arithmetic", "digits": 2}, "trainer": base}
 
 
 def test_settings() -> None:
@@ -491,6 +491,13 @@ def test_settings() -> None:
     document["trainer"]["keyframe_budget"] = None
     s = train.parse_settings(document)
     assert s.trainer.min_step_time_s == 0.0 and s.trainer.keyframe_budget is None
+    assert (s.kind, s.dataset) == ("arithmetic", None)
+    # A task at the text level: the model's positions are the workers' prompt plus completion.
+    document = settings_document()
+    document["task"] = {"kind": "http", "digits": 2, "dataset": "/data/prompts.jsonl",
+                        "max_prompt_tokens": 16, "max_tokens": 8, "stop_token": 12}
+    s = train.parse_settings(document)
+    assert (s.kind, s.dataset, s.digits, s.model.max_seq) == ("http", "/data/prompts.jsonl", 2, 24)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -499,7 +506,14 @@ def test_settings() -> None:
     (lambda d: d["trainer"]["warmup"].update(steps="5"),
      'trainer.warmup.steps must be int, not "5"'),
     (lambda d: d["trainer"].update(steps=True), "trainer.steps must be int, not true"),
-    (lambda d: d["task"].update(name="chess"), "task.name is 'chess'"),
+    (lambda d: d["task"].update(kind="chess"), "task.kind is 'chess'"),
+    (lambda d: d["task"].update(name="arithmetic"), "task.name is not read; the task's kind is "
+                                                    "task.kind"),
+    (lambda d: d["task"].update(kind="trainer"), "task.max_prompt_tokens and task.max_tokens are "
+                                                 "needed for kind trainer"),
+    (lambda d: d["task"].update(max_prompt_tokens=5, max_tokens=4),
+     "the workers' sequences are 9 tokens"),
+    (lambda d: d["task"].update(dataset=7), "task.dataset must be str"),
     (lambda d: d["model"].update(vocab=32), "model.vocab is 32"),
     (lambda d: d["model"].update(heads=3), "multiple of heads"),
     (lambda d: d.pop("max_staleness"), "max_staleness is missing"),
@@ -567,13 +581,17 @@ class FakeWeft:
         pass
 
     def __init__(self, config: tiny.TinyLmConfig, digits: int, unavailable_adds: int = 0,
-                 deliver: bool = True) -> None:
+                 deliver: bool = True, rewards: bool = True,
+                 dataset: list[dict] | None = None) -> None:
         self.config, self.task = config, arithmetic.ArithmeticTask(digits)
         self.published: list[dict[str, torch.Tensor]] = []
         self.announced: list[int] = []
-        self.queue: list[str] = []
+        self.queue: list[tuple[object, object]] = []  # (prompt, metadata) of the jobs added
         self.unavailable_adds = unavailable_adds
         self.deliver = deliver
+        self.rewards = rewards  # False: the workers' task leaves rewards to the trainer
+        self.dataset = dataset or []
+        self.datasets_read: list[str] = []
         self.acknowledged = False
         self.delivered = 0
         fake = self
@@ -599,11 +617,12 @@ class FakeWeft:
             def announce(self, version: int) -> None:
                 fake.announced.append(version)
 
-            def add_jobs(self, prompts: list[str], samples: int) -> list[int]:
+            def add_jobs(self, prompts: list, samples: int) -> list[int]:
                 if fake.unavailable_adds:
                     fake.unavailable_adds -= 1
                     raise FakeWeft.Unavailable("orchestrator restarting")
-                fake.queue += prompts
+                fake.queue += [(p["prompt"], p.get("metadata")) if isinstance(p, dict) else (p, None)
+                               for p in prompts]
                 return list(range(len(prompts)))
 
             def status(self) -> dict:
@@ -618,18 +637,28 @@ class FakeWeft:
                            timeout: float) -> list[types.SimpleNamespace]:
                 taken = [] if not fake.deliver else fake.queue[:groups]
                 del fake.queue[:len(taken)]
-                return [fake.sample_group(p, trainer_version) for p in taken]
+                return [fake.sample_group(p, m, trainer_version) for p, m in taken]
 
             def acknowledge(self) -> None:
                 fake.acknowledged = True
 
         self.Publisher, self.Orchestrator, self.BatchClient = Publisher, Orchestrator, BatchClient
 
-    def sample_group(self, problem: str, trainer_version: int) -> types.SimpleNamespace:
+    def read_dataset(self, path: str) -> list[types.SimpleNamespace]:
+        """weft.read_dataset over the rows given to the constructor."""
+        self.datasets_read.append(path)
+        return [types.SimpleNamespace(job=lambda n, r=r: {"prompt": r["prompt"], "samples": n,
+                                                          "metadata": r.get("metadata")})
+                for r in self.dataset]
+
+    def sample_group(self, prompt_json: object, metadata: object,
+                     trainer_version: int) -> types.SimpleNamespace:
         version = self.announced[-1]
         policy = tiny.TinyLm(self.config)
         policy.load_state_dict(self.published[version])
-        prompt = self.task.encode(problem)
+        prompt = (arithmetic.tokenize_text(prompt_json) if isinstance(prompt_json, str)
+                  else list(prompt_json))
+        problem = self.task.decode(prompt[1:])
         samples = []
         for _ in range(4):
             tokens, logprobs = [], []
@@ -649,8 +678,11 @@ class FakeWeft:
         samples[0].logprobs = current_logprobs(policy, prompt, samples[0].tokens)
         samples[0].versions = [version] * len(samples[0].tokens)
         samples[0].reward = 1.0
+        if not self.rewards:
+            for s in samples:
+                s.reward = None
         self.delivered += 1
-        return types.SimpleNamespace(job=self.delivered, prompt=problem, metadata=None,
+        return types.SimpleNamespace(job=self.delivered, prompt=prompt_json, metadata=metadata,
                                      version_start=version, version_end=version,
                                      segments=[(version, 0)], stale=False,
                                      lag=trainer_version - version, samples=samples)
@@ -684,6 +716,34 @@ def test_training_loop_against_a_fake_weft() -> None:
     assert not torch.equal(fake.published[0]["unembed"], fake.published[3]["unembed"])
 
 
+def test_training_from_a_dataset_with_rewards_left_to_the_trainer() -> None:
+    """Prompts from the dataset in order, cycling, with their metadata; the workers send no
+    reward, and the trainer scores every sample with its task."""
+    torch.manual_seed(0)
+    document = settings_document()
+    document["task"] = {"kind": "trainer", "digits": 2, "dataset": "prompts.jsonl",
+                        "max_prompt_tokens": 7, "max_tokens": 4}
+    settings = train.parse_settings(document)
+    rows = [{"prompt": "12+34=", "metadata": {"answer": "46"}}, {"prompt": "5+5="},
+            {"prompt": [13, 9, 10, 9, 11], "metadata": {"answer": "18"}}]
+    fake = FakeWeft(settings.model, settings.digits, rewards=False, dataset=rows)
+    queued: list = []
+    add_jobs = fake.Orchestrator.add_jobs
+    fake.Orchestrator.add_jobs = lambda self, prompts, samples: (queued.extend(prompts),
+                                                                 add_jobs(self, prompts, samples))[1]
+    endpoints = train.Endpoints("memory", "http://o", "t", "unused")
+    summary = train.Trainer(settings, endpoints, fake, lambda s: None).run()
+    assert fake.datasets_read == ["prompts.jsonl"]
+    assert [q["prompt"] for q in queued] == [rows[i % 3]["prompt"] for i in range(len(queued))]
+    assert [q["metadata"] for q in queued][:3] == [{"answer": "46"}, None, {"answer": "18"}]
+    assert all(q["samples"] == 4 for q in queued)
+    groups = sum(r.groups for r in summary.steps)
+    assert summary.rewards_computed == 4 * groups  # every sample, scored by the trainer
+    assert summary.groups_with_metadata == sum(1 for q in queued[:groups] if q["metadata"])
+    for record in summary.steps:
+        assert 0.25 <= record.reward <= 1.0  # the fake's right answers, scored here
+
+
 def test_training_gives_up_after_stall() -> None:
     settings = train.parse_settings(settings_document())
     fake = FakeWeft(settings.model, settings.digits, deliver=False)
@@ -696,8 +756,11 @@ def test_malformed_groups_are_refused_by_name() -> None:
     t = arithmetic.ArithmeticTask(2)
     good = types.SimpleNamespace(tokens=[3, 12], logprobs=[-1.0, -1.0], reward=0.0, versions=[0, 0])
     for prompt, samples, message in (
-            ([13, 1], [good], 'job 7: the prompt must be the problem\'s text, not \\[13, 1\\]'),
-            ("1+2", [good], "job 7: problem '1\\+2' is not of the form"),
+            ([13, 16], [good], "job 7: the prompt must be text or token ids below 16, not "
+                               "\\[13, 16\\]"),
+            ({"text": "1+2="}, [good], "job 7: the prompt must be text or token ids"),
+            ("1+x=", [good], "job 7: the prompt's character 'x' at offset 2 is not in the "
+                             "embedded engine's vocabulary"),
             ("1+2=", [types.SimpleNamespace(tokens=[3, 12], logprobs=[-1.0], reward=0.0,
                                             versions=[0, 0])],
              "job 7 sample 0: 2 tokens, 1 logprobs"),
@@ -707,6 +770,32 @@ def test_malformed_groups_are_refused_by_name() -> None:
             train.to_group(types.SimpleNamespace(job=7, prompt=prompt, samples=samples), t)
     group = train.to_group(types.SimpleNamespace(job=7, prompt="1+2=", samples=[good]), t)
     assert group.prompt == [13, 1, 10, 2, 11] and group.samples[0].versions == [0, 0]
+    # Token-id prompts as the engine got them; samples without a reward scored with the task.
+    unscored = [types.SimpleNamespace(tokens=[3, 12], logprobs=[-1.0, -1.0], reward=None,
+                                      versions=[0, 0]),
+                types.SimpleNamespace(tokens=[4, 12], logprobs=[-1.0, -1.0], reward=None,
+                                      versions=[0, 0])]
+    group = train.to_group(types.SimpleNamespace(job=7, prompt=[13, 1, 10, 2, 11],
+                                                 samples=unscored), t)
+    assert group.prompt == [13, 1, 10, 2, 11]
+    assert [s.reward for s in group.samples] == [1.0, 0.0]
+    # Text that is no problem tokenises all the same, and earns nothing.
+    group = train.to_group(types.SimpleNamespace(job=7, prompt="1+2", samples=unscored[:1]), t)
+    assert group.prompt == [13, 1, 10, 2] and group.samples[0].reward == 0.0
+
+
+def test_text_prompts_are_tokenised_as_the_engine_does() -> None:
+    t = arithmetic.ArithmeticTask(2)
+    rng = random.Random(3)
+    for _ in range(50):
+        problem = t.problem(rng)
+        assert arithmetic.tokenize_text(problem) == t.encode(problem)
+    assert arithmetic.tokenize_text("1+=") == [arithmetic.BEGIN, 1, arithmetic.PLUS,
+                                               arithmetic.EQUALS]
+    with pytest.raises(ValueError, match="character ' ' at offset 2"):
+        arithmetic.tokenize_text("12 + 3=")
+    with pytest.raises(ValueError, match="empty"):
+        arithmetic.tokenize_text("")
 
 
 def test_local_torch_config_is_local_yaml_with_the_pytorch_trainer() -> None:

@@ -4,8 +4,9 @@
 the run was started in, with:
 
 - ``WEFT_SETTINGS``: a JSON file of the run's settings: ``{"run_id", "max_staleness", "serving",
-  "model": {"vocab", "d_model", "layers", "heads", "d_ff", "max_seq"}, "task": {"name",
-  "digits"}, "trainer": {"seed", "threads", "warmup": {"steps", "batch", "learning_rate"},
+  "model": {"vocab", "d_model", "layers", "heads", "d_ff", "max_seq"}, "task": {"kind",
+  "digits", "dataset", "max_prompt_tokens", "max_tokens", "stop_token"}, "trainer": {"seed",
+  "threads", "warmup": {"steps", "batch", "learning_rate"},
   "steps", "prompts_per_step", "samples_per_prompt", "steps_ahead", "learning_rate",
   "truncation", "eval_problems", "keyframe_interval", "keyframe_budget", "stall_after_s",
   "min_step_time_s"}}``. A missing trainer key takes docs/run.md's default.
@@ -18,15 +19,20 @@ What it does, as the C++ example trainer:
 1. A supervised warm-up of TinyLm (model.py) on the arithmetic task (task.py), locally.
 2. Version 0 = that policy, published (``weft.Publisher``, the run's serving format) and announced.
 3. RL steps: keep ``steps_ahead`` steps of prompts queued, leased or buffered at the orchestrator
-   (jobs of ``samples_per_prompt`` samples); take ``prompts_per_step`` groups within the staleness
-   bound (``weft.BatchClient``); apply a GRPO step (grpo.py) against the workers' behaviour
-   logprobs, masking tokens older than ``max_staleness`` allows; publish and announce the next
-   version.
+   (jobs of ``samples_per_prompt`` samples): generated problems, or the prompts of the JSONL
+   dataset ``task.dataset`` (``weft.read_dataset``) in order, cycling, with their metadata; take
+   ``prompts_per_step`` groups within the staleness bound (``weft.BatchClient``), scoring with the
+   arithmetic task the samples that came without a reward (``kind: trainer``); apply a GRPO step
+   (grpo.py) against the workers' behaviour logprobs, masking tokens older than ``max_staleness``
+   allows; publish and announce the next version.
 4. Greedy accuracy on ``eval_problems`` held-out problems before the RL phase and after it.
 
-The model's ``max_seq`` is the task's longest prompt plus answer, whatever the settings say: the
-workers' engine sizes its position table from the task the same way, and the published tensors
-must have the shapes the engine expects (the C++ trainer does the same).
+The task's kind may be ``arithmetic``, ``http`` or ``trainer``: the trainer's own task is the
+arithmetic one of ``digits`` digits whatever the workers score with. The model's ``max_seq`` is
+the workers' task's longest prompt plus completion (``max_prompt_tokens + max_tokens``; for the
+arithmetic kind without them, the problem and answer of ``digits`` digits), whatever the settings'
+``model.max_seq`` says: the workers' engine sizes its position table from the task the same way,
+and the published tensors must have the shapes the engine expects (the C++ trainer does the same).
 
 The progress file (written atomically after every warm-up report and RL step) has the fields of
 ``TrainerSummary::ToJson`` (examples/example_trainer.cc: with ``warmup_steps`` and
@@ -55,7 +61,9 @@ import torch  # noqa: E402
 from grpo import (Group, Optimizer, OptimizerConfig, PolicyGradientConfig, Sample,
                   greedy_accuracy, policy_gradient_step, supervised_step)
 from model import TinyLm, TinyLmConfig
-from task import VOCAB, ArithmeticTask
+from task import BEGIN, VOCAB, ArithmeticTask, tokenize_text
+
+TASK_KINDS = ("arithmetic", "http", "trainer")  # the workers' task kinds this trainer runs with
 
 REWARD_WINDOW = 5  # initial_reward / final_reward: the first / last this many steps
 WARMUP_REPORT_EVERY = 25  # warm-up steps between progress reports
@@ -100,6 +108,8 @@ class Settings:
     model: TinyLmConfig  # max_seq already set from the task
     digits: int
     trainer: TrainerSettings
+    kind: str = "arithmetic"  # the workers' task
+    dataset: str | None = None  # a JSONL prompt dataset; None: generated problems
 
 
 @dataclass(frozen=True)
@@ -142,10 +152,27 @@ def parse_settings(document: Any) -> Settings:
     if not isinstance(document, dict):
         raise SettingsError("settings: the document must be a JSON object")
     task = _section(document, "task")
-    name = _read(task, "name", str, "task", default="arithmetic")
-    if name != "arithmetic":
-        raise SettingsError(f"settings: task.name is '{name}'; this trainer knows 'arithmetic'")
+    if "name" in task:
+        raise SettingsError("settings: task.name is not read; the task's kind is task.kind")
+    kind = _read(task, "kind", str, "task", default="arithmetic")
+    if kind not in TASK_KINDS:
+        raise SettingsError(f"settings: task.kind is '{kind}'; this trainer runs with "
+                            f"{', '.join(TASK_KINDS)}")
     digits = _read(task, "digits", int, "task", default=2, minimum=1)
+    dataset = _read(task, "dataset", str, "task", nullable=True)
+    prompt_tokens = _read(task, "max_prompt_tokens", int, "task", minimum=1, nullable=True)
+    completion_tokens = _read(task, "max_tokens", int, "task", minimum=1, nullable=True)
+    max_seq = ArithmeticTask(digits).max_length()
+    if prompt_tokens is not None and completion_tokens is not None:
+        max_seq = prompt_tokens + completion_tokens
+    elif kind != "arithmetic":
+        raise SettingsError(f"settings: task.max_prompt_tokens and task.max_tokens are needed for "
+                            f"kind {kind}")
+    if max_seq < ArithmeticTask(digits).max_length():
+        raise SettingsError(
+            f"settings: the workers' sequences are {max_seq} tokens (task.max_prompt_tokens + "
+            f"task.max_tokens); this trainer's problems of {digits} digits with their answers "
+            f"need {ArithmeticTask(digits).max_length()}")
     m = _section(document, "model")
     vocab = _read(m, "vocab", int, "model", default=VOCAB)
     if vocab != VOCAB:
@@ -158,7 +185,7 @@ def parse_settings(document: Any) -> Settings:
             layers=_read(m, "layers", int, "model", default=defaults.layers, minimum=1),
             heads=_read(m, "heads", int, "model", default=defaults.heads, minimum=1),
             d_ff=_read(m, "d_ff", int, "model", default=defaults.d_ff, minimum=1),
-            max_seq=ArithmeticTask(digits).max_length())
+            max_seq=max_seq)
     except ValueError as e:
         raise SettingsError(f"settings: model: {e}") from e
     t = _section(document, "trainer")
@@ -194,7 +221,7 @@ def parse_settings(document: Any) -> Settings:
     return Settings(run_id=_read(document, "run_id", str, ""),
                     max_staleness=_read(document, "max_staleness", int, "", minimum=0),
                     serving=_read(document, "serving", str, "", default="bf16"),
-                    model=model, digits=digits, trainer=trainer)
+                    model=model, digits=digits, trainer=trainer, kind=kind, dataset=dataset)
 
 
 def load_settings(environ: Mapping[str, str]) -> tuple[Settings, Endpoints]:
@@ -263,6 +290,8 @@ class TrainerSummary:
     bytes_published: int = 0
     groups_stale_delivered: int = 0
     staleness_violations: int = 0
+    groups_with_metadata: int = 0  # groups that came back with their job's metadata
+    rewards_computed: int = 0  # samples that came without a reward, scored here
     initial_reward: float = 0.0
     final_reward: float = 0.0
 
@@ -284,6 +313,8 @@ class TrainerSummary:
                 "bytes_published": self.bytes_published,
                 "groups_stale_delivered": self.groups_stale_delivered,
                 "staleness_violations": self.staleness_violations,
+                "groups_with_metadata": self.groups_with_metadata,
+                "rewards_computed": self.rewards_computed,
                 "steps": [asdict(r) for r in self.steps],
                 "trainer": "pytorch"}
 
@@ -318,17 +349,28 @@ def log(message: str) -> None:
     print(f"torch trainer: {message}", file=sys.stderr, flush=True)
 
 
-def to_group(received: Any, task: ArithmeticTask) -> Group:
-    """A weft.Group as grpo.Group (prompt encoded, per-token versions kept); ValueError names the
-    job and what is wrong."""
+def to_group(received: Any, task: ArithmeticTask, max_seq: int | None = None) -> Group:
+    """A weft.Group as grpo.Group (prompt tokenised, per-token versions kept); ValueError names the
+    job and what is wrong. The prompt is text, tokenised as the embedded engine tokenises it, or
+    token ids as the engine got them. A sample without a reward (``None``: the workers' task left
+    it to the trainer) is scored with ``task`` on the prompt's text. Prompt plus completion must
+    fit ``max_seq`` (default: the task's longest problem and answer)."""
     where = f"job {received.job}"
-    if not isinstance(received.prompt, str):
-        raise ValueError(f"{where}: the prompt must be the problem's text, not "
+    limit = task.max_length() if max_seq is None else max_seq
+    if isinstance(received.prompt, str):
+        try:
+            prompt = tokenize_text(received.prompt)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from e
+        problem = received.prompt
+    elif (isinstance(received.prompt, list) and received.prompt
+          and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB
+                  for t in received.prompt)):
+        prompt = list(received.prompt)
+        problem = task.decode(prompt[1:] if prompt[0] == BEGIN else prompt)
+    else:
+        raise ValueError(f"{where}: the prompt must be text or token ids below {VOCAB}, not "
                          f"{json.dumps(received.prompt)}")
-    try:
-        prompt = task.encode(received.prompt)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from e
     group = Group(prompt=prompt)
     for i, s in enumerate(received.samples):
         tokens, logprobs, versions = list(s.tokens), list(s.logprobs), list(s.versions)
@@ -337,10 +379,11 @@ def to_group(received: Any, task: ArithmeticTask) -> Group:
                              f"and {len(versions)} versions (as many of each, at least one)")
         if not all(0 <= t < VOCAB for t in tokens):
             raise ValueError(f"{where} sample {i}: token ids outside [0, {VOCAB}): {tokens}")
-        if len(prompt) + len(tokens) > task.max_length():
+        if len(prompt) + len(tokens) > limit:
             raise ValueError(f"{where} sample {i}: {len(tokens)} tokens after a prompt of "
-                             f"{len(prompt)} are more than the task's {task.max_length()}")
-        group.samples.append(Sample(tokens, logprobs, float(s.reward), versions))
+                             f"{len(prompt)} are more than the model's {limit}")
+        reward = task.reward(problem, tokens) if s.reward is None else float(s.reward)
+        group.samples.append(Sample(tokens, logprobs, reward, versions))
     return group
 
 
@@ -365,6 +408,9 @@ class Trainer:
         self.summary.random_policy_reward = sum(
             self.task.random_policy_reward(p) for p in self.eval_problems) / len(self.eval_problems)
         self.orchestrator: Any = None
+        # The dataset is read before anything else, so that a bad line fails the run at once.
+        self.dataset = [] if settings.dataset is None else weft.read_dataset(settings.dataset)
+        self.next_prompt = 0  # the dataset's next row
 
     def run(self) -> TrainerSummary:
         t = self.settings.trainer
@@ -472,9 +518,17 @@ class Trainer:
                    + status["trajectories"]["buffered"])
         if pending >= want:
             return
-        prompts = [self.task.problem(self.rng) for _ in range(want - pending)]
+        samples = self.settings.trainer.samples_per_prompt
+        if self.dataset:
+            # The dataset's prompts in order, starting over at its end, each with its metadata.
+            prompts = []
+            for _ in range(want - pending):
+                prompts.append(self.dataset[self.next_prompt].job(samples))
+                self.next_prompt = (self.next_prompt + 1) % len(self.dataset)
+        else:
+            prompts = [self.task.problem(self.rng) for _ in range(want - pending)]
         try:
-            self.orchestrator.add_jobs(prompts, samples=self.settings.trainer.samples_per_prompt)
+            self.orchestrator.add_jobs(prompts, samples=samples)
         except (self.weft.Unavailable, self.weft.Timeout) as e:
             log(f"warning: queueing prompts: {e}; will count again")
         except self.weft.Error as e:
@@ -501,11 +555,13 @@ class Trainer:
                 self.top_up(t.prompts_per_step - len(groups))
             for r in received:
                 try:
-                    groups.append(to_group(r, self.task))
+                    groups.append(to_group(r, self.task, self.settings.model.max_seq))
                 except ValueError as e:
                     log(f"skipping a malformed trajectory group: {e}")
                     continue
                 lags.append(r.lag)
+                self.summary.rewards_computed += sum(1 for s in r.samples if s.reward is None)
+                self.summary.groups_with_metadata += r.metadata is not None
             if time.monotonic() - last_arrival > t.stall_after_s:
                 raise RuntimeError(f"no trajectories for {t.stall_after_s:g} s at step {step} (are "
                                    "any workers ready?)")
@@ -528,8 +584,9 @@ def main() -> int:
     log(f"run {settings.run_id}: TinyLm {settings.model}, {settings.trainer.steps} RL steps of "
         f"{settings.trainer.prompts_per_step} x {settings.trainer.samples_per_prompt} samples, "
         f"max_staleness {settings.max_staleness}")
-    trainer = Trainer(settings, endpoints, weft, lambda s: write_progress(endpoints.progress, s))
     try:
+        trainer = Trainer(settings, endpoints, weft,
+                          lambda s: write_progress(endpoints.progress, s))
         summary = trainer.run()
     except (RuntimeError, ValueError, weft.Error) as e:
         log(f"failed: {e}")

@@ -6,7 +6,7 @@
     publisher.start(model.state_dict())            # version 0
     orchestrator = weft.Orchestrator(url, token)
     orchestrator.announce(0)
-    orchestrator.add_jobs(prompts, samples=8)
+    orchestrator.add_jobs(prompts, samples=8)   # or weft.read_dataset(path)'s rows, p.job(8)
     batches = weft.BatchClient(url, token)
     groups = batches.next_batch(32, trainer_version=0, timeout=30)
     ...                                            # a training step on the groups
@@ -17,13 +17,14 @@ Tensors are read in place through DLPack (no copy of the master weights), and ev
 encodes, uploads or waits releases the GIL. See docs/python.md.
 """
 
+from .dataset import DatasetPrompt, read_dataset
 from .errors import (Conflict, DataLoss, Error, Internal, InvalidArgument, NotFound, Timeout,
                      Unavailable)
 from .orchestrator import BatchClient, BatchTensors, Group, Orchestrator, Sample, batch_tensors
 from .publisher import PublishResult, Publisher
 
 __all__ = [
-    "BatchClient", "BatchTensors", "Conflict", "DataLoss", "Error", "Group", "Internal",
-    "InvalidArgument", "NotFound", "Orchestrator", "PublishResult", "Publisher", "Sample",
-    "Timeout", "Unavailable", "batch_tensors",
+    "BatchClient", "BatchTensors", "Conflict", "DataLoss", "DatasetPrompt", "Error", "Group",
+    "Internal", "InvalidArgument", "NotFound", "Orchestrator", "PublishResult", "Publisher",
+    "Sample", "Timeout", "Unavailable", "batch_tensors", "read_dataset",
 ]

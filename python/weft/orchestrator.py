@@ -76,13 +76,18 @@ class Orchestrator:
 @dataclasses.dataclass
 class Sample:
     """One sample of a group: the generated tokens (not the prompt), the behaviour log-probability
-    of each, the reward, and the version that generated each token."""
+    of each, the reward, and the version that generated each token.
+
+    ``reward`` is None when the workers' task leaves rewards to the trainer (the sample came
+    without one): the trainer sets it before learning from the sample (``batch_tensors`` refuses
+    a sample without one). ``text`` is the completion's text when the engine returned it."""
 
     tokens: List[int]
     logprobs: List[float]
-    reward: float
+    reward: Optional[float]
     versions: List[int]
     extra: Dict[str, Any]  # any other fields the worker sent
+    text: Optional[str] = None
 
     @property
     def version_start(self) -> int:
@@ -152,13 +157,18 @@ def _parse_group(raw: Dict[str, Any], trainer_version: int) -> Group:
                 isinstance(p, (int, float)) and not isinstance(p, bool) for p in logprobs):
             raise InvalidArgument(
                 f"{at}: {len(tokens)} tokens need as many numeric logprobs")
-        if not _is_number(reward):
-            raise InvalidArgument(f"{at}: reward must be a finite number")
+        if reward is not None and not _is_number(reward):
+            raise InvalidArgument(f"{at}: reward must be a finite number, or absent (the trainer "
+                                  "computes it)")
+        text = s.get("text")
+        if text is not None and not isinstance(text, str):
+            raise InvalidArgument(f"{at}: text must be a string")
         samples.append(Sample(tokens=tokens, logprobs=[float(p) for p in logprobs],
-                              reward=float(reward),
+                              reward=None if reward is None else float(reward),
                               versions=versions[offset:offset + len(tokens)],
                               extra={k: v for k, v in s.items()
-                                     if k not in ("tokens", "logprobs", "reward")}))
+                                     if k not in ("tokens", "logprobs", "reward", "text")},
+                              text=text))
         offset += len(tokens)
     if offset != total:
         raise InvalidArgument(f"{where}: the samples hold {offset} tokens, the group says {total}")
@@ -248,7 +258,15 @@ def batch_tensors(groups: Sequence[Group], pad: int = 0,
     """The samples of ``groups`` as padded torch tensors (torch is imported on first use).
 
     ``prompt_tokens(group)``, when given, returns a group's prompt as token ids (the task's
-    tokenizer applied to ``group.prompt``); each row then starts with them."""
+    tokenizer applied to ``group.prompt``); each row then starts with them. Every sample needs a
+    reward: InvalidArgument names the first without one (the workers' task left rewards to the
+    trainer, which sets ``sample.reward`` first)."""
+    for g, group in enumerate(groups):
+        for i, s in enumerate(group.samples):
+            if s.reward is None:
+                raise InvalidArgument(
+                    f"group {g} (job {group.job}) sample {i} has no reward: the workers' task "
+                    "leaves rewards to the trainer; set sample.reward before batch_tensors")
     import torch
 
     rows = []

@@ -155,8 +155,31 @@ expect_error "region 'mars' is not in" "$weft" worker --config "$root/configs/lo
 good | sed 's/^  engine: embedded .*/  engine: sglang/' > bad7.yaml
 expect_error "no engine named 'sglang' (known: embedded)" "$weft" run bad7.yaml
 expect_error "no engine named 'sglang'" "$weft" worker --config bad7.yaml --cluster x --region us-east
-good | sed 's/^task: {name: arithmetic, digits: 2}/task: {name: chess, digits: 2}/' > bad8.yaml
-expect_error "no task named 'chess' (known: arithmetic)" "$weft" run bad8.yaml
+good | sed 's/^task: {kind: arithmetic, digits: 2}/task: {kind: chess, digits: 2}/' > bad8.yaml
+expect_error "task.kind: 'chess' is not a task kind (known: arithmetic, http, trainer) (line 43)" "$weft" run bad8.yaml
+expect_error "task.kind: 'chess' is not a task kind" "$weft" worker --config bad8.yaml --cluster x --region us-east
+# Tasks by kind: configs that still name the task with `name` are told to write `kind`; each kind
+# checks its own keys.
+good | sed 's/^task: {kind: arithmetic, digits: 2}/task: {name: arithmetic, digits: 2}/' > bad9.yaml
+expect_error "task.name (line 43): the task is chosen by \`kind\`; write task: {kind: arithmetic, ...}" "$weft" run bad9.yaml
+task_error() {  # task_error PATTERN TASK: the config with `task: TASK` is refused with PATTERN
+  good | sed "s|^task: {kind: arithmetic, digits: 2}|task: $2|" > bad10.yaml
+  expect_error "$1" "$weft" run bad10.yaml
+}
+task_error "task.url is needed for kind http" "{kind: http, max_prompt_tokens: 7, max_tokens: 4}"
+task_error "task.url (line 43): 'ftp://x/score' is not an http:// or https:// URL" \
+  "{kind: http, url: ftp://x/score, max_prompt_tokens: 7, max_tokens: 4}"
+task_error "task.timeout (line 43): 'soon' is not a duration" \
+  "{kind: http, url: http://127.0.0.1:1/score, timeout: soon, max_prompt_tokens: 7, max_tokens: 4}"
+task_error "task.retries must be 0 to 100" \
+  "{kind: http, url: http://127.0.0.1:1/score, retries: 101, max_prompt_tokens: 7, max_tokens: 4}"
+task_error "task.max_tokens is needed for kind trainer" "{kind: trainer, max_prompt_tokens: 7}"
+task_error "task.stop_token: '-2' is not a token id" \
+  "{kind: trainer, max_prompt_tokens: 7, max_tokens: 4, stop_token: -2}"
+task_error "task.url: unknown key (line 43); known: dataset, digits, kind" \
+  "{kind: arithmetic, url: http://127.0.0.1:1/score}"
+task_error "the built-in trainer's problems of 2 digits with their answers need 11" \
+  "{kind: trainer, max_prompt_tokens: 5, max_tokens: 4}"
 
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

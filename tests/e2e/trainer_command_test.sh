@@ -138,7 +138,8 @@ if diff expected-env.txt seen-env.txt > env.diff; then ok; else fail "the traine
 check seen-settings.json '.run_id == "tc" and .max_staleness == 2 and .serving == "bf16"' "the settings name the run"
 check seen-settings.json '.model == {"vocab": 16, "d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_seq": 8}' \
   "the settings have the model, max_seq from the task"
-check seen-settings.json '.task == {"name": "arithmetic", "digits": 1}' "the settings have the task"
+check seen-settings.json '.task == {"kind": "arithmetic", "digits": 1, "dataset": null, "max_prompt_tokens": 5,
+  "max_tokens": 3, "stop_token": 12}' "the settings have the task, its lengths filled in"
 check seen-settings.json '.trainer | .steps == 4 and .warmup == {"steps": 5, "batch": 8, "learning_rate": 0.003}
   and .prompts_per_step == 4 and .samples_per_prompt == 2 and .steps_ahead == 2 and .learning_rate == 2e-05
   and .truncation == 2 and .eval_problems == 10 and .keyframe_interval == 50 and .keyframe_budget == 0.5

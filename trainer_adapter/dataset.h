@@ -1,0 +1,37 @@
+// A JSONL prompt dataset (docs/formats.md, "Prompt datasets"): one JSON object per line,
+// {"prompt": text or [token ids], "samples": n, "metadata": any JSON}, `samples` and `metadata`
+// optional, blank lines ignored. A trainer reads it once and queues its prompts as jobs, with their
+// metadata, in the file's order. Everything is checked as it is read, so that a bad line fails
+// before any job is queued; errors name the file and the line ("prompts.jsonl:7: ...").
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "orchestrator/client.h"
+
+namespace weft::trainer_adapter {
+
+struct DatasetPrompt {
+  nlohmann::json prompt;            // a non-empty string, or a non-empty array of token ids
+  std::optional<uint32_t> samples;  // 1 to 4096; absent: the trainer's own number
+  nlohmann::json metadata;          // null: none
+  size_t line = 0;                  // its line in the file, from 1
+
+  // The job to queue, with `default_samples` when the line gives none.
+  orchestrator::NewJob Job(uint32_t default_samples) const {
+    return {prompt, samples.value_or(default_samples), metadata};
+  }
+};
+
+// The prompts of the file at `path`, in order. kNotFound when it cannot be read; kInvalidArgument
+// naming the file and line for a line that is not such an object (not JSON, a key repeated, an
+// unknown key, a prompt that is neither, samples out of range, metadata over 64 KiB as text), and
+// for a file without a prompt.
+Result<std::vector<DatasetPrompt>> ReadPromptDataset(const std::string& path);
+
+}  // namespace weft::trainer_adapter
