@@ -3,6 +3,7 @@
 #include "cli/run_config.h"
 #include "examples/arithmetic_task.h"
 #include "examples/embedded_engine.h"
+#include "rollout_worker/http_engine.h"
 #include "rollout_worker/http_task.h"
 
 namespace weft::cli {
@@ -59,6 +60,23 @@ rollout_worker::Registry MakeBuiltins() {
           model.max_seq = limits.max_prompt_tokens + limits.max_completion_tokens;
           return std::unique_ptr<rollout_worker::Engine>(
               new examples::EmbeddedEngine(model, config.threads));
+        });
+  }
+  // Serving engines behind HTTP (rollout_worker/http_engine.h), configured by the `engine:`
+  // section; a worker's replica URLs come from its command line or region.
+  for (const std::string api : {"sglang", "vllm"}) {
+    if (!added.ok()) break;
+    added = registry.AddEngine(
+        api,
+        [api](const rollout_worker::ComponentConfig& config,
+              const rollout_worker::Task&) -> Result<std::unique_ptr<rollout_worker::Engine>> {
+          Result<rollout_worker::HttpEngineOptions> options = rollout_worker::ParseEngineSection(
+              config.document["engine"], api, config.cluster.empty() ? "check" : config.cluster,
+              config.engine_urls);
+          if (!options.ok()) return options.status().WithContext(config.path);
+          WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::HttpEngine> engine,
+                                rollout_worker::HttpEngine::Create(std::move(*options)));
+          return std::unique_ptr<rollout_worker::Engine>(std::move(engine));
         });
   }
   if (!added.ok()) std::abort();  // two built-ins of one name: a programming error

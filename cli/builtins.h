@@ -1,4 +1,6 @@
-// The engine and task built into the weft binary, registered in one place: the embedded engine
+// The engines and tasks built into the weft binary, registered in one place: the engines "sglang"
+// and "vllm" (rollout_worker/http_engine.h: serving engines behind HTTP, set by the run's `engine`
+// section), the embedded engine
 // (examples/embedded_engine.h, the example policy on the CPU; it serves the run's `model` section)
 // as "embedded", and the tasks the run's `task` section chooses by `kind`: the addition task
 // (examples/arithmetic_task.h) as "arithmetic", and the text-level tasks of

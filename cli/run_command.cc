@@ -71,10 +71,18 @@ Status RunRun(const std::string& config_path) {
   // The workers' task and engine, made once here so that a bad name or setting fails before
   // anything starts.
   {
-    const rollout_worker::ComponentConfig component{config.document, config.path, 1};
+    rollout_worker::ComponentConfig component{config.document, config.path, 1};
     WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::Task> task,
                           Builtins().MakeTask(config.task, component));
-    WEFT_RETURN_IF_ERROR(Builtins().MakeEngine(config.worker.engine, component, *task).status());
+    for (const RegionConfig& r : config.regions) {
+      for (int i = 0; i < std::max(1, r.workers); ++i) {  // each worker's own engine settings
+        component.cluster = r.name + "-" + std::to_string(i + 1);
+        component.engine_urls =
+            r.worker_engines.empty() ? std::vector<std::string>() : r.worker_engines[i];
+        WEFT_RETURN_IF_ERROR(
+            Builtins().MakeEngine(config.worker.engine, component, *task).status());
+      }
+    }
   }
   // The trainer's program, found before anything starts (on the PATH it will have).
   std::string trainer_program;
@@ -154,9 +162,13 @@ Status RunRun(const std::string& config_path) {
   for (const RegionConfig& r : config.regions) {
     for (int i = 1; i <= r.workers; ++i) {
       const std::string name = r.name + "-" + std::to_string(i);
-      children.push_back(MakeChild(
-          "worker-" + name,
-          {"worker", "--config", config_abs, "--cluster", name, "--region", r.name}, false));
+      std::vector<std::string> args = {"worker", "--config", config_abs, "--cluster",
+                                       name,     "--region", r.name};
+      if (!r.worker_engines.empty()) {
+        for (const std::string& url : r.worker_engines[i - 1])
+          args.insert(args.end(), {"--engine-url", url});
+      }
+      children.push_back(MakeChild("worker-" + name, args, false));
     }
   }
   const size_t trainer_index = children.size();

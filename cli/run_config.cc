@@ -112,7 +112,8 @@ Status ReadEnvironment(const YAML::Node& trainer, std::map<std::string, std::str
 Status ParseSections(const YAML::Node& root, RunConfig& c) {
   WEFT_RETURN_IF_ERROR(
       CheckKeys(root, "(top level)",
-                {"run", "store", "orchestrator", "regions", "worker", "model", "task", "trainer"}));
+                {"run", "store", "orchestrator", "regions", "worker", "engine", "model", "task",
+                 "trainer"}));
   if (const YAML::Node run = root["run"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(run, "run", {"id", "dir", "time_limit"}));
     WEFT_RETURN_IF_ERROR(ReadString(run, "run", "id", &c.run_id));
@@ -156,7 +157,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   for (size_t i = 0; i < regions.size(); ++i) {
     const std::string where = "regions[" + std::to_string(i) + "]";
     const YAML::Node r = regions[i];
-    WEFT_RETURN_IF_ERROR(CheckKeys(r, where, {"name", "relay", "bandwidth", "latency", "workers"}));
+    WEFT_RETURN_IF_ERROR(CheckKeys(
+        r, where, {"name", "relay", "bandwidth", "latency", "workers", "worker_engines"}));
     RegionConfig region;
     WEFT_RETURN_IF_ERROR(ReadString(r, where, "name", &region.name));
     if (region.name.empty() || region.name.find_first_not_of(
@@ -173,6 +175,31 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     WEFT_RETURN_IF_ERROR(ReadBytes(r, where, "bandwidth", &region.bandwidth));
     WEFT_RETURN_IF_ERROR(ReadDuration(r, where, "latency", &region.latency));
     WEFT_RETURN_IF_ERROR(ReadInt(r, where, "workers", &region.workers, 0, 64));
+    // worker_engines: one list of engine replica URLs per worker of the region (engine.urls
+    // otherwise serves every worker).
+    if (const YAML::Node engines = r["worker_engines"]) {
+      const std::string at = where + ".worker_engines";
+      if (!engines.IsSequence() || engines.size() != static_cast<size_t>(region.workers)) {
+        return InvalidArgument(at + " must list one list of engine URLs per worker (" +
+                               std::to_string(region.workers) + ")" + LineOf(engines));
+      }
+      for (size_t w = 0; w < engines.size(); ++w) {
+        const YAML::Node urls = engines[w];
+        if (!urls.IsSequence() || urls.size() == 0) {
+          return InvalidArgument(at + "[" + std::to_string(w) +
+                                 "] must be a non-empty list of URLs" + LineOf(urls));
+        }
+        std::vector<std::string> list;
+        for (size_t u = 0; u < urls.size(); ++u) {
+          if (!urls[u].IsScalar()) {
+            return InvalidArgument(at + "[" + std::to_string(w) + "][" + std::to_string(u) +
+                                   "] must be a URL" + LineOf(urls[u]));
+          }
+          list.push_back(urls[u].Scalar());
+        }
+        region.worker_engines.push_back(std::move(list));
+      }
+    }
     c.regions.push_back(region);
   }
 

@@ -27,6 +27,8 @@ struct RegionConfig {
   uint64_t bandwidth = 0;                // bytes per second of the emulated WAN link (0: unlimited)
   std::chrono::microseconds latency{0};  // added to each request over it
   int workers = 2;
+  // Per worker, the engine replicas it drives (empty: engine.urls; docs/run.md, "Configuration").
+  std::vector<std::vector<std::string>> worker_engines;
 };
 
 struct WorkerSettings {

@@ -17,8 +17,9 @@ struct WorkerFlags {
   std::string config;
   std::string cluster;
   std::string region;
-  std::string orchestrator;  // default: the config's orchestrator
-  std::string store;         // default: the region's relay
+  std::string orchestrator;              // default: the config's orchestrator
+  std::string store;                     // default: the region's relay
+  std::vector<std::string> engine_urls;  // default: the region's worker_engines, or engine.urls
 };
 
 Status RunWorker(const WorkerFlags& flags) {
@@ -47,8 +48,9 @@ Status RunWorker(const WorkerFlags& flags) {
   orchestrator::OrchestratorClient client(orchestrator_url,
                                           config.orchestrator.service.worker_token, http);
 
-  const rollout_worker::ComponentConfig component{config.document, config.path,
-                                                  config.worker.threads};
+  rollout_worker::ComponentConfig component{config.document, config.path, config.worker.threads};
+  component.cluster = flags.cluster;
+  component.engine_urls = flags.engine_urls;
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::Task> task,
                         Builtins().MakeTask(config.task, component));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::Engine> engine,
@@ -103,7 +105,9 @@ Status RunWorker(const WorkerFlags& flags) {
 void RegisterWorker(CLI::App& app, Action* action) {
   auto flags = std::make_shared<WorkerFlags>();
   CLI::App* w = app.add_subcommand(
-      "worker", "Join a run as a rollout cluster (the embedded engine); SIGTERM drains it");
+      "worker",
+      "Join a run as a rollout cluster driving the config's engine (embedded, sglang or vllm); "
+      "SIGTERM drains it");
   w->add_option("--config", flags->config, "the run's YAML config")
       ->required()
       ->check(CLI::ExistingFile);
@@ -113,6 +117,9 @@ void RegisterWorker(CLI::App& app, Action* action) {
                 "orchestrator URL (default: from the config)");
   w->add_option("--store", flags->store,
                 "where weights come from (default: the region's relay from the config)");
+  w->add_option("--engine-url", flags->engine_urls,
+                "an engine replica this worker drives (repeat for several; default: engine.urls "
+                "from the config)");
   w->callback([flags, action] { *action = [flags] { return RunWorker(*flags); }; });
 }
 

@@ -33,7 +33,7 @@ struct NewJob {
   uint32_t samples = 1;   // 1 to 4096
   // Any JSON value (a reference answer, a dataset row id), at most 64 KiB as text, kept by the
   // orchestrator with the job and handed back with its trajectory group (Delivered::metadata,
-  // as the text this client sent). Workers never see it. Null: none.
+  // as the text this client sent); each lease of the job carries it to the worker. Null: none.
   nlohmann::json metadata = nullptr;
 };
 

@@ -22,9 +22,11 @@
 namespace weft::rollout_worker {
 
 struct ComponentConfig {
-  YAML::Node document;  // the run's configuration; each component reads its own section
-  std::string path;     // the file it came from, for errors
-  int threads = 1;      // compute threads the component may use
+  YAML::Node document;       // the run's configuration; each component reads its own section
+  std::string path;          // the file it came from, for errors
+  int threads = 1;           // compute threads the component may use
+  std::string cluster = {};  // the worker's cluster name ("" when validating)
+  std::vector<std::string> engine_urls = {};  // the worker's own engine replicas, if given
 };
 
 class Registry {

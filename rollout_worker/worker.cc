@@ -293,7 +293,8 @@ void RolloutWorker::JobLoop(uint32_t slot) {
       if (stop_) return;
       // Not ready (no version yet, a re-sync in progress, the engine down): the orchestrator would
       // not lease. Slots beyond what the ready replicas can serve wait.
-      idle = !ready_ || slot >= options_.capacity * ready_replicas_;
+      idle = !ready_ || slot >= options_.capacity * ready_replicas_ ||
+             std::chrono::steady_clock::now() < leasing_paused_until_;
     }
     if (idle) {
       if (Sleep(std::chrono::milliseconds(100))) return;
@@ -328,6 +329,28 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.generation_errors;
   };
+  // What cannot be done now (the engine or the reward service is down, unreachable, reloading)
+  // goes back to the queue at once rather than when its lease expires, and the worker takes no
+  // new leases for a while (backing off up to 10 s while it keeps failing), or the job would come
+  // straight back here and use up its attempts.
+  auto hand_back = [&](const std::string& why, const Status& status) {
+    std::chrono::milliseconds backoff;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      generation_backoff_ =
+          std::min(std::max(generation_backoff_ * 2, std::chrono::milliseconds(500)),
+                   std::chrono::milliseconds(10000));
+      backoff = generation_backoff_;
+      leasing_paused_until_ = std::chrono::steady_clock::now() + backoff;
+    }
+    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what << ": " << why << " ("
+                       << status.message() << "); handing the job back, no leases for "
+                       << backoff.count() << " ms";
+    Status released = orchestrator_.Release(options_.cluster, {lease.job});
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.generation_errors;
+    if (released.ok()) ++stats_.handed_back;
+  };
   const Json prompt = Json::parse(lease.prompt, nullptr, false);
   if (prompt.is_discarded()) return fail(InvalidArgument("the prompt is not JSON"));
   const Json metadata =
@@ -337,19 +360,20 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   if (!encoded.ok()) return fail(encoded.status());
   Sampling sampling = options_.sampling;
   sampling.seed = lease.job * 0x9E3779B97F4A7C15ull + lease.attempt * 0xBF58476D1CE4E5B9ull;
+  // A lease that arrived while the engine was failing (a long poll already waiting) waits out the
+  // backoff before trying (its lease stays alive with the heartbeats), rather than coming straight
+  // back and using up the job's attempts.
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_until(lock, leasing_paused_until_, [this] { return stop_; });
+  }
   Result<std::vector<Completion>> completions =
       engine_.Generate(std::vector<Prompt>(lease.samples, *encoded), sampling);
-  if (!completions.ok() && completions.status().code() == StatusCode::kUnavailable) {
-    // The engine cannot generate now (dead, unreachable, reloading): the job goes back to the
-    // queue at once rather than when its lease expires, and the worker goes on.
-    WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what
-                       << ": the engine is unavailable (" << completions.status().message()
-                       << "); handing the job back";
-    Status released = orchestrator_.Release(options_.cluster, {lease.job});
+  if (!completions.ok() && completions.status().code() == StatusCode::kUnavailable)
+    return hand_back("the engine is unavailable", completions.status());
+  {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.generation_errors;
-    if (released.ok()) ++stats_.handed_back;
-    return;
+    generation_backoff_ = std::chrono::milliseconds(0);
   }
   if (!completions.ok()) return fail(completions.status());
 
@@ -363,6 +387,9 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   double rewards = 0;
   for (const Completion& c : *completions) {
     Result<std::optional<double>> reward = task_.Reward(prompt, metadata, c);
+    // A reward service that is down: the job goes back like one the engine cannot generate.
+    if (!reward.ok() && reward.status().code() == StatusCode::kUnavailable)
+      return hand_back("the reward is unavailable", reward.status());
     if (!reward.ok()) return fail(reward.status());
     Json sample = {{"tokens", c.tokens}, {"logprobs", c.logprobs}, {"segments", c.segments}};
     if (!c.text.empty()) sample["text"] = c.text;

@@ -16,7 +16,8 @@
 //     submit them with token ids, text, behaviour logprobs, rewards, version_start, version_end and
 //     the per-token version segments (docs/api.md, "Trajectories"). A submission waits until the
 //     orchestrator has heard that the cluster is ready at the newest version it used. A job the
-//     engine cannot generate (it is down) is handed back at once.
+//     engine cannot generate (it is down) is handed back at once, and the worker takes no leases
+//     for a while (backing off from 0.5 to 10 s while that goes on).
 // An engine none of whose replicas can serve makes the cluster not ready (heartbeats without a
 // version) until it serves the version held again; staging and committing retry with backoff.
 // Stop() drains: no new leases, running jobs finish and are submitted, leases that arrive after
@@ -127,6 +128,9 @@ class RolloutWorker {
   std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
   std::optional<uint64_t> ready_;                   // proved and committed: what heartbeats report
   uint32_t ready_replicas_ = 0;                     // engine replicas able to serve now
+  // After a generation the engine could not serve: no leases until then (backing off).
+  std::chrono::steady_clock::time_point leasing_paused_until_;
+  std::chrono::milliseconds generation_backoff_{0};
   std::chrono::milliseconds engine_backoff_{0};     // after failed stages or commits
   std::chrono::steady_clock::time_point engine_retry_at_;
   std::optional<uint64_t> reported_;  // the newest ready version the orchestrator acknowledged

@@ -152,9 +152,17 @@ expect_error "holds files weft run did not write" "$weft" run bad6.yaml
 [ -e not-a-run/precious ] && ok || fail "weft run touched a directory it did not make"
 expect_error "region 'mars' is not in" "$weft" worker --config "$root/configs/local.yaml" --cluster x --region mars
 # Engines and tasks by name: an unknown one is refused, naming the known ones.
-good | sed 's/^  engine: embedded .*/  engine: sglang/' > bad7.yaml
-expect_error "no engine named 'sglang' (known: embedded)" "$weft" run bad7.yaml
-expect_error "no engine named 'sglang'" "$weft" worker --config bad7.yaml --cluster x --region us-east
+good | sed 's/^  engine: embedded .*/  engine: tgi/' > bad7.yaml
+expect_error "no engine named 'tgi' (known: embedded, sglang, vllm)" "$weft" run bad7.yaml
+expect_error "no engine named 'tgi'" "$weft" worker --config bad7.yaml --cluster x --region us-east
+# A serving engine needs its replicas and the served checkpoint directory; its section's keys are
+# checked before anything starts.
+good | sed 's/^  engine: embedded .*/  engine: sglang/' > bad7b.yaml
+expect_error "the sglang engine needs its replicas' URLs" "$weft" run bad7b.yaml
+(good | sed 's/^  engine: embedded .*/  engine: vllm/'; echo "engine: {urls: [http://127.0.0.1:1], checkpoint_dir: /tmp/x, pause: in_place}") > bad7c.yaml
+expect_error "engine.pause: 'in_place' is not a pause mode of vllm (abort, wait, keep)" "$weft" run bad7c.yaml
+(good | sed 's/^  engine: embedded .*/  engine: vllm/'; echo "engine: {urls: [ftp://h:1], checkpoint_dir: /tmp/x}") > bad7d.yaml
+expect_error "engine URL 'ftp://h:1' must start with http://" "$weft" worker --config bad7d.yaml --cluster x --region us-east
 good | sed 's/^task: {kind: arithmetic, digits: 2}/task: {kind: chess, digits: 2}/' > bad8.yaml
 expect_error "task.kind: 'chess' is not a task kind (known: arithmetic, http, trainer) (line 43)" "$weft" run bad8.yaml
 expect_error "task.kind: 'chess' is not a task kind" "$weft" worker --config bad8.yaml --cluster x --region us-east

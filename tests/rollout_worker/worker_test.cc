@@ -158,5 +158,108 @@ TEST_CASE(
   std::filesystem::remove_all(store_dir);
 }
 
+// The embedded engine behind two pretend replicas whose readiness the test sets, and which can
+// fail every generation as unavailable (an engine that stopped answering).
+class SwitchableEngine : public Engine {
+ public:
+  explicit SwitchableEngine(Engine& inner) : inner_(inner) {}
+  Status Stage(const sync::ServedModel& model, uint64_t version) override {
+    return inner_.Stage(model, version);
+  }
+  Result<int64_t> Commit() override { return inner_.Commit(); }
+  std::optional<uint64_t> version() const override { return inner_.version(); }
+  Result<std::vector<Completion>> Generate(const std::vector<Prompt>& prompts,
+                                           const Sampling& sampling) override {
+    if (failing) return Unavailable("no replica answers");
+    return inner_.Generate(prompts, sampling);
+  }
+  EngineHealth Health() const override { return {ready > 0, "pretend replicas", 2, ready}; }
+
+  std::atomic<int> ready{2};
+  std::atomic<bool> failing{false};
+
+ private:
+  Engine& inner_;
+};
+
+TEST_CASE(
+    "rollout worker: capacity per replica; an engine that is down makes it not ready and its jobs "
+    "go back at once") {
+  const std::string store_dir = testing::TempPath("worker_replicas_store");
+  testing::RunningOrchestrator o;
+  HttpClientOptions quick;
+  quick.deadline = std::chrono::milliseconds(10000);
+  OrchestratorClient trainer(o.url, "t-token", quick), worker_client(o.url, "w-token", quick);
+  const examples::ArithmeticTask task(1);
+  examples::TinyLmConfig model;
+  model.d_model = 16;
+  model.layers = 1;
+  model.heads = 2;
+  model.d_ff = 32;
+  model.max_seq = task.max_length();
+  const examples::TinyLmLayout layout(model);
+  auto store = std::move(policy_store::OpenStore(store_dir)).value();
+  auto publisher =
+      std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(layout.Initialize(3)),
+                                                  sync::ServingPlan{}, {}))
+          .value();
+  REQUIRE(trainer.AnnounceVersion(0).ok());
+  examples::EmbeddedEngine embedded(model, 1);
+  SwitchableEngine engine(embedded);
+  const examples::ArithmeticVerifier verifier(task);
+  WorkerOptions options;
+  options.cluster = "c1";
+  options.region = "eu";
+  options.run_id = "r";
+  options.capacity = 3;
+  options.heartbeat_interval = std::chrono::milliseconds(100);
+  options.sync_interval = std::chrono::milliseconds(20);
+  options.lease_wait = std::chrono::milliseconds(200);
+  options.sampling.max_tokens = 3;
+  options.sampling.stop_token = examples::ArithmeticTask::kEnd;
+  RolloutWorker worker(options, worker_client, *store, engine, verifier);
+  Status ran = Internal("not finished");
+  std::thread running([&] { ran = worker.Run(); });
+  REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
+  // It registered 3 jobs per replica.
+  CHECK(trainer.GetStatus().value()["clusters"][0]["capacity"] == 6);
+
+  // No replica ready: not ready (the orchestrator hears it), and no lease is taken.
+  engine.ready = 0;
+  REQUIRE(WaitFor([&] { return !worker.ready_version(); }));
+  REQUIRE(WaitFor(
+      [&] { return trainer.GetStatus().value()["clusters"][0]["ready_version"].is_null(); }));
+  REQUIRE(trainer.AddJobs({{Json("1+2="), 2}}).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(trainer.GetStatus().value()["jobs"]["leased"] == 0);
+
+  // Ready again, but generation fails as unavailable: each lease goes back at once.
+  engine.failing = true;
+  engine.ready = 2;
+  REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
+  REQUIRE(WaitFor(
+      [&] { return trainer.GetStatus().value()["leases"]["handed_back"].get<uint64_t>() >= 1; }));
+  CHECK(worker.stats().handed_back >= 1);
+  // Backing off, it does not use up the job's attempts meanwhile.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  CHECK(trainer.GetStatus().value()["jobs"]["given_up"] == 0);
+  CHECK(trainer.GetStatus().value()["leases"]["handed_back"].get<uint64_t>() <= 4);
+  // The engine answers again: the job completes.
+  engine.failing = false;
+  trainer_adapter::BatchClient batches(trainer, 2);
+  std::vector<orchestrator::Delivered> groups;
+  REQUIRE(WaitFor([&] {
+    auto more = batches.NextBatch(2, 0, std::chrono::milliseconds(200));
+    REQUIRE(more.ok());
+    for (auto& g : *more) groups.push_back(std::move(g));
+    return !groups.empty();
+  }));
+  CHECK(Json::parse(groups[0].group.trajectories)["samples"].size() == 2);
+  worker.Stop();
+  running.join();
+  CHECK(ran.ok());
+  std::filesystem::remove_all(store_dir);
+}
+
 }  // namespace
 }  // namespace weft::rollout_worker

@@ -1,0 +1,626 @@
+#include "rollout_worker/http_engine.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include <cstdlib>
+
+#include "common/logging.h"
+#include "common/yaml_fields.h"
+
+namespace weft::rollout_worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Milliseconds(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+std::optional<uint64_t> ParseVersion(const std::string& text) {
+  uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, error] = std::from_chars(text.data(), end, value);
+  if (error != std::errc() || ptr != end || text.empty()) return std::nullopt;
+  return value;
+}
+
+// Appends `tokens` generated at `version` to a completion, opening a segment when the version
+// changes.
+void Append(Completion& c, const std::vector<int>& tokens, const std::vector<float>& logprobs,
+            size_t from, size_t to, uint64_t version) {
+  if (from >= to) return;
+  if (c.segments.empty() || c.segments.back().first != version)
+    c.segments.emplace_back(version, c.tokens.size());
+  c.tokens.insert(c.tokens.end(), tokens.begin() + from, tokens.begin() + to);
+  c.logprobs.insert(c.logprobs.end(), logprobs.begin() + from, logprobs.begin() + to);
+}
+
+}  // namespace
+
+struct HttpEngine::Replica {
+  enum class State { kDown, kReady, kPausing };
+  std::unique_ptr<ReplicaApi> api;
+  State state = State::kDown;  // down until it is loaded with a version
+  std::optional<uint64_t> version;
+  uint64_t epoch = 0;  // counts pauses: a request that sees it change overlapped one
+  int in_flight = 0;
+  ReplicaStats stats;
+};
+
+Result<std::unique_ptr<HttpEngine>> HttpEngine::Create(HttpEngineOptions options) {
+  const std::vector<std::string>& modes = PauseModes(options.api);
+  if (modes.empty())
+    return InvalidArgument("no engine API named '" + options.api + "' (known: sglang, vllm)");
+  if (options.pause_mode.empty()) options.pause_mode = modes.front();
+  if (std::find(modes.begin(), modes.end(), options.pause_mode) == modes.end()) {
+    std::string known;
+    for (const std::string& m : modes) known += (known.empty() ? "" : ", ") + m;
+    return InvalidArgument("pause mode '" + options.pause_mode + "' is not one of " + options.api +
+                           "'s: " + known);
+  }
+  if (options.urls.empty()) return InvalidArgument("no engine URL: a worker needs its replicas");
+  if (options.checkpoint_dir.empty())
+    return InvalidArgument("no served checkpoint directory for the engine to load from");
+  if (options.max_paused < 1) return InvalidArgument("max_paused must be at least 1");
+  std::unique_ptr<HttpEngine> engine(new HttpEngine(options));
+  for (const std::string& url : options.urls) {
+    for (const auto& r : engine->replicas_) {
+      if (r->api->url() == url) return InvalidArgument("engine URL " + url + " appears twice");
+    }
+    ReplicaOptions replica;
+    replica.url = url;
+    while (!replica.url.empty() && replica.url.back() == '/') replica.url.pop_back();
+    replica.api_key = options.api_key;
+    replica.request_timeout = options.request_timeout;
+    replica.control_timeout = options.control_timeout;
+    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ReplicaApi> api, MakeReplicaApi(options.api, replica));
+    auto r = std::make_unique<Replica>();
+    r->api = std::move(api);
+    r->stats.url = url;
+    engine->replicas_.push_back(std::move(r));
+  }
+  engine->monitor_ = std::thread([e = engine.get()] { e->MonitorLoop(); });
+  return engine;
+}
+
+HttpEngine::HttpEngine(HttpEngineOptions options)
+    : options_(std::move(options)), checkpoint_(options_.checkpoint_dir) {}
+
+HttpEngine::~HttpEngine() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
+}
+
+Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
+  std::lock_guard<std::mutex> load(load_mutex_);
+  if (!model_checked_) {
+    // Before anything is loaded: the engine must serve this model (names, shapes, dtypes), read
+    // from the directory it was started from.
+    Status last = Unavailable("no replica answers");
+    std::string path;
+    for (const auto& r : replicas_) {
+      Status healthy = r->api->Health();
+      Result<std::string> found = healthy.ok() ? r->api->ModelPath() : Result<std::string>(healthy);
+      if (found.ok()) {
+        path = *found;
+        break;
+      }
+      last = found.status();
+    }
+    if (path.empty())
+      return Unavailable("cannot check the engine's model: " + std::string(last.message()));
+    WEFT_RETURN_IF_ERROR(CheckModelDirectory(path, model));
+    template_dir_ = path;
+    model_checked_ = true;
+  }
+  WEFT_RETURN_IF_ERROR(checkpoint_.Write(model, template_dir_)
+                           .WithContext("writing version " + std::to_string(version) +
+                                        " into the served checkpoint directory"));
+  staged_ = version;
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.last_bytes_written = checkpoint_.last_bytes_written();
+  return Status::Ok();
+}
+
+Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
+  const std::string& mode = options_.pause_mode;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    r.state = Replica::State::kPausing;  // no new requests from here on
+    if (mode == "wait") {
+      // Let this replica's requests finish first, so that none overlaps the pause.
+      changed_.wait_for(lock, options_.control_timeout, [&] { return r.in_flight == 0; });
+    }
+    ++r.epoch;
+  }
+  const std::string version_text = std::to_string(version);
+  const Clock::time_point start = Clock::now();
+  Status done = r.api->Pause(mode);
+  if (done.ok()) {
+    done = r.api->Load(checkpoint_.dir(), version_text);
+    Status resumed = r.api->Resume();
+    if (done.ok()) done = resumed;
+  }
+  const Clock::duration pause = Clock::now() - start;
+  if (done.ok()) {
+    Result<std::string> serving = r.api->WeightVersion();
+    if (!serving.ok()) {
+      done = serving.status();
+    } else if (*serving != version_text) {
+      done = Internal(r.api->url() + " reports weight version '" + *serving + "' after loading " +
+                      version_text);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!done.ok()) {
+    r.state = Replica::State::kDown;
+    ++r.stats.failures;
+    changed_.notify_all();
+    return done;
+  }
+  r.state = Replica::State::kReady;
+  r.version = version;
+  ++r.stats.loads;
+  r.stats.last_pause_ms = Milliseconds(pause);
+  r.stats.max_pause_ms = std::max(r.stats.max_pause_ms, r.stats.last_pause_ms);
+  r.stats.total_pause_ms += r.stats.last_pause_ms;
+  changed_.notify_all();
+  return std::chrono::duration_cast<std::chrono::microseconds>(pause).count();
+}
+
+Result<int64_t> HttpEngine::Commit() {
+  std::lock_guard<std::mutex> load(load_mutex_);
+  if (!staged_) return InvalidArgument("nothing staged to commit");
+  const uint64_t version = *staged_;
+  const Clock::time_point start = Clock::now();
+  // Every replica that is up; a down one is loaded by the monitor once it answers again.
+  std::vector<Replica*> targets;
+  for (const auto& r : replicas_) {
+    bool down;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      down = r->state == Replica::State::kDown;
+    }
+    if (!down || r->api->Health().ok()) targets.push_back(r.get());
+  }
+  if (targets.empty()) return Unavailable("no replica of the engine answers its health check");
+  // At most max_paused at once, and with several replicas never all: the others keep generating.
+  size_t parallel = static_cast<size_t>(options_.max_paused);
+  if (replicas_.size() > 1) parallel = std::min(parallel, replicas_.size() - 1);
+  parallel = std::max<size_t>(1, std::min(parallel, targets.size()));
+  std::mutex results_mutex;
+  size_t next = 0, loaded = 0;
+  int64_t max_pause = 0;
+  Status first_error = Status::Ok();
+  auto run = [&] {
+    while (true) {
+      Replica* r;
+      {
+        std::lock_guard<std::mutex> lock(results_mutex);
+        if (next == targets.size()) return;
+        r = targets[next++];
+      }
+      Result<int64_t> pause = Reload(*r, version);
+      std::lock_guard<std::mutex> lock(results_mutex);
+      if (pause.ok()) {
+        ++loaded;
+        max_pause = std::max(max_pause, *pause);
+        WEFT_LOG(kInfo) << "engine replica " << r->api->url() << " serves version " << version
+                        << " (pause " << *pause / 1000.0 << " ms)";
+      } else {
+        WEFT_LOG(kWarning) << "engine replica " << r->api->url() << " did not load version "
+                           << version << ": " << pause.status().message();
+        if (first_error.ok()) first_error = pause.status();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < parallel; ++i) threads.emplace_back(run);
+  run();
+  for (std::thread& t : threads) t.join();
+  if (loaded == 0) {
+    return Unavailable("no replica loaded version " + std::to_string(version) + ": " +
+                       std::string(first_error.message()));
+  }
+  staged_.reset();
+  std::lock_guard<std::mutex> lock(mutex_);
+  committed_ = version;
+  ++stats_.commits;
+  stats_.last_commit_ms = Milliseconds(Clock::now() - start);
+  stats_.max_commit_ms = std::max(stats_.max_commit_ms, stats_.last_commit_ms);
+  changed_.notify_all();
+  return max_pause;
+}
+
+std::optional<uint64_t> HttpEngine::version() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return committed_;
+}
+
+EngineHealth HttpEngine::Health() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  EngineHealth health;
+  health.replicas = static_cast<int>(replicas_.size());
+  health.ready_replicas = 0;
+  for (const auto& r : replicas_) health.ready_replicas += r->state == Replica::State::kReady;
+  health.ok = health.ready_replicas > 0;
+  health.detail = std::to_string(health.ready_replicas) + " of " + std::to_string(health.replicas) +
+                  " " + options_.api + " replicas ready" +
+                  (committed_ ? " (version " + std::to_string(*committed_) + ")" : "");
+  return health;
+}
+
+HttpEngineStats HttpEngine::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  HttpEngineStats stats = stats_;
+  for (const auto& r : replicas_) {
+    ReplicaStats s = r->stats;
+    s.ready = r->state == Replica::State::kReady;
+    s.version = r->version;
+    stats.replicas.push_back(s);
+  }
+  return stats;
+}
+
+HttpEngine::Replica* HttpEngine::Acquire(Clock::time_point deadline, uint64_t* epoch,
+                                         uint64_t* version) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  Replica* chosen = nullptr;
+  changed_.wait_until(lock, deadline, [&] {
+    if (stopping_) return true;
+    for (const auto& r : replicas_) {
+      if (r->state != Replica::State::kReady || !r->version) continue;
+      if (chosen == nullptr || r->in_flight < chosen->in_flight) chosen = r.get();
+    }
+    return chosen != nullptr;
+  });
+  if (stopping_ || chosen == nullptr) return nullptr;
+  ++chosen->in_flight;
+  ++chosen->stats.requests;
+  *epoch = chosen->epoch;
+  *version = *chosen->version;
+  return chosen;
+}
+
+void HttpEngine::Release(Replica& r, bool failed, const Status& status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  --r.in_flight;
+  if (failed && r.state == Replica::State::kReady) {
+    // It could not be reached (or answered 5xx): no more requests until the monitor finds it
+    // healthy again.
+    r.state = Replica::State::kDown;
+    ++r.stats.failures;
+    WEFT_LOG(kWarning) << "engine replica " << r.api->url() << " is down: " << status.message();
+  }
+  changed_.notify_all();
+}
+
+Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling& sampling) {
+  const Clock::time_point deadline = Clock::now() + options_.request_timeout;
+  Completion c;
+  Prompt current = prompt;
+  Sampling s = sampling;
+  std::vector<int> prompt_ids = prompt.tokens;  // known for a text prompt once the engine says
+  int failures = 0;
+  for (int round = 0; round < 64; ++round) {
+    uint64_t epoch = 0, version = 0;
+    Replica* r = Acquire(deadline, &epoch, &version);
+    if (r == nullptr) {
+      return Unavailable("no " + options_.api + " replica could take a request (" +
+                         Health().detail + ")");
+    }
+    Result<std::vector<ReplicaOutput>> out = r->api->Generate(current, s, 1);
+    bool crossed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      crossed = r->epoch != epoch;
+    }
+    const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
+    Release(*r, unreachable, out.status());
+    if (!out.ok()) {
+      // Another replica (or this one, back) may take it; a refusal is final.
+      if (unreachable && ++failures < 4) continue;
+      return out.status();
+    }
+    ReplicaOutput& o = out->front();
+    if (o.logprobs.size() != o.tokens.size())
+      return Internal(r->api->url() + " returned logprobs for other tokens than it generated");
+    if (prompt_ids.empty() && !o.prompt_tokens.empty()) prompt_ids = o.prompt_tokens;
+    bool regenerate = false;
+    if (!o.spans.empty()) {
+      // The engine says which version produced which tokens.
+      for (size_t i = 0; i < o.spans.size() && !regenerate; ++i) {
+        const std::optional<uint64_t> v = ParseVersion(o.spans[i].first);
+        const size_t from = std::min<size_t>(o.spans[i].second, o.tokens.size());
+        const size_t to = i + 1 < o.spans.size()
+                              ? std::min<size_t>(o.spans[i + 1].second, o.tokens.size())
+                              : o.tokens.size();
+        if (!v || from > to) {
+          regenerate = true;
+          break;
+        }
+        Append(c, o.tokens, o.logprobs, from, to, *v);
+      }
+    } else if (!crossed || o.aborted) {
+      // No pause overlapped it, or the pause cut it short before the weights changed.
+      Append(c, o.tokens, o.logprobs, 0, o.tokens.size(), version);
+    } else {
+      regenerate = true;  // it ran across the weight switch, and where is unknown
+    }
+    if (regenerate) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.regenerated;
+      continue;  // the same request again (what was appended before it stays)
+    }
+    c.text += o.text;
+    const bool stopped = s.stop_token >= 0 && !c.tokens.empty() && c.tokens.back() == s.stop_token;
+    const int produced = static_cast<int>(o.tokens.size());
+    if (!o.aborted || stopped || produced >= s.max_tokens) break;
+    // Aborted at a pause: go on from the tokens so far, on the new weights.
+    if (prompt_ids.empty()) {
+      // A text prompt whose token ids the engine did not return: start the sample over.
+      c = Completion();
+      current = prompt;
+      s = sampling;
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.regenerated;
+      continue;
+    }
+    current = Prompt{prompt_ids, ""};
+    current.tokens.insert(current.tokens.end(), c.tokens.begin(), c.tokens.end());
+    s.max_tokens -= produced;
+    s.seed = s.seed * 0x9E3779B97F4A7C15ull + c.tokens.size();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.continued;
+  }
+  if (c.segments.empty() && c.tokens.empty()) {
+    // An empty completion (max tokens reached at once): it belongs to the version asked.
+    uint64_t v = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      v = committed_.value_or(0);
+    }
+    c.segments.emplace_back(v, 0);
+  }
+  c.version_start = c.segments.front().first;
+  c.version_end = c.segments.front().first;
+  for (const auto& seg : c.segments) {
+    c.version_start = std::min(c.version_start, seg.first);
+    c.version_end = std::max(c.version_end, seg.first);
+  }
+  return c;
+}
+
+Result<std::vector<Completion>> HttpEngine::GenerateMany(const Prompt& prompt,
+                                                         const Sampling& sampling, int n) {
+  const Clock::time_point deadline = Clock::now() + options_.request_timeout;
+  uint64_t epoch = 0, version = 0;
+  Replica* r = Acquire(deadline, &epoch, &version);
+  if (r == nullptr) {
+    return Unavailable("no " + options_.api + " replica could take a request (" + Health().detail +
+                       ")");
+  }
+  Result<std::vector<ReplicaOutput>> out = r->api->Generate(prompt, sampling, n);
+  bool crossed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    crossed = r->epoch != epoch;
+  }
+  const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
+  Release(*r, unreachable, out.status());
+  if (!out.ok()) return out.status();
+  std::vector<Completion> completions;
+  for (size_t i = 0; i < out->size(); ++i) {
+    const ReplicaOutput& o = (*out)[i];
+    if (crossed || o.aborted || !o.spans.empty()) {
+      // Across a pause: this sample goes through the one-sample path, which tags it exactly.
+      Sampling one = sampling;
+      one.seed = sampling.seed + i;
+      WEFT_ASSIGN_OR_RETURN(Completion c, GenerateOne(prompt, one));
+      completions.push_back(std::move(c));
+      continue;
+    }
+    if (o.logprobs.size() != o.tokens.size())
+      return Internal(r->api->url() + " returned logprobs for other tokens than it generated");
+    Completion c;
+    Append(c, o.tokens, o.logprobs, 0, o.tokens.size(), version);
+    if (c.segments.empty()) c.segments.emplace_back(version, 0);
+    c.text = o.text;
+    c.version_start = c.version_end = version;
+    completions.push_back(std::move(c));
+  }
+  return completions;
+}
+
+Result<std::vector<Completion>> HttpEngine::Generate(const std::vector<Prompt>& prompts,
+                                                     const Sampling& sampling) {
+  if (prompts.empty()) return std::vector<Completion>();
+  const bool same = std::all_of(prompts.begin(), prompts.end(), [&](const Prompt& p) {
+    return p.tokens == prompts[0].tokens && p.text == prompts[0].text;
+  });
+  if (options_.n_per_request && same && prompts.size() > 1)
+    return GenerateMany(prompts[0], sampling, static_cast<int>(prompts.size()));
+  std::vector<Result<Completion>> results(prompts.size(), Internal("not generated"));
+  std::atomic<size_t> next{0};
+  auto run = [&] {
+    for (size_t i = next++; i < prompts.size(); i = next++) {
+      Sampling one = sampling;
+      one.seed = sampling.seed + i;
+      results[i] = GenerateOne(prompts[i], one);
+    }
+  };
+  const size_t parallel =
+      std::min(prompts.size(), static_cast<size_t>(std::max(1, options_.max_parallel_requests)));
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < parallel; ++i) threads.emplace_back(run);
+  run();
+  for (std::thread& t : threads) t.join();
+  std::vector<Completion> completions;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].ok()) return results[i].status().WithContext("sample " + std::to_string(i));
+    completions.push_back(std::move(*results[i]));
+  }
+  return completions;
+}
+
+void HttpEngine::CheckReplica(Replica& r) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (r.state == Replica::State::kPausing) return;  // a reload is under way
+  }
+  const Status healthy = r.api->Health();
+  bool down;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (r.state == Replica::State::kPausing) return;
+    if (!healthy.ok()) {
+      if (r.state == Replica::State::kReady) {
+        r.state = Replica::State::kDown;
+        ++r.stats.failures;
+        WEFT_LOG(kWarning) << "engine replica " << r.api->url()
+                           << " fails its health check: " << healthy.message();
+        changed_.notify_all();
+      }
+      return;
+    }
+    down = r.state == Replica::State::kDown;
+  }
+  if (!down) return;
+  // Back (or up for the first time since a commit): load what the directory holds unless it
+  // serves that already. A stage or commit in progress will see to it instead.
+  std::unique_lock<std::mutex> load(load_mutex_, std::try_to_lock);
+  if (!load.owns_lock()) return;
+  std::optional<uint64_t> version;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    version = committed_;
+  }
+  if (!version || staged_) return;  // nothing committed yet, or the directory is ahead of it
+  Result<std::string> serving = r.api->WeightVersion();
+  if (serving.ok() && *serving == std::to_string(*version)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    r.state = Replica::State::kReady;
+    r.version = version;
+    WEFT_LOG(kInfo) << "engine replica " << r.api->url() << " is back, serving version "
+                    << *version;
+    changed_.notify_all();
+    return;
+  }
+  Result<int64_t> pause = Reload(r, *version);
+  if (pause.ok()) {
+    WEFT_LOG(kInfo) << "engine replica " << r.api->url() << " is back; loaded version " << *version
+                    << " (pause " << *pause / 1000.0 << " ms)";
+  } else {
+    WEFT_LOG(kWarning) << "engine replica " << r.api->url() << " answers but did not load version "
+                       << *version << ": " << pause.status().message();
+  }
+}
+
+void HttpEngine::MonitorLoop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait_for(lock, options_.health_interval, [&] { return stopping_; });
+      if (stopping_) return;
+    }
+    for (const auto& r : replicas_) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_) return;
+      }
+      CheckReplica(*r);
+    }
+  }
+}
+
+Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std::string& api,
+                                             const std::string& cluster,
+                                             const std::vector<std::string>& urls) {
+  HttpEngineOptions options;
+  options.api = api;
+  options.urls = urls;
+  if (engine && !engine.IsMap()) return InvalidArgument("engine: must be a map of settings");
+  if (engine) {
+    WEFT_RETURN_IF_ERROR(CheckKeys(
+        engine, "engine",
+        {"urls", "checkpoint_dir", "pause", "max_paused", "n_per_request", "max_parallel_requests",
+         "api_key_env", "request_timeout", "control_timeout", "health_interval"}));
+    if (options.urls.empty() && engine["urls"]) {
+      const YAML::Node list = engine["urls"];
+      if (!list.IsSequence()) return InvalidArgument("engine.urls must be a list of URLs");
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (!list[i].IsScalar())
+          return InvalidArgument("engine.urls[" + std::to_string(i) + "] must be a URL");
+        options.urls.push_back(list[i].Scalar());
+      }
+    }
+    WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "checkpoint_dir", &options.checkpoint_dir));
+    WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "pause", &options.pause_mode));
+    uint64_t max_paused = static_cast<uint64_t>(options.max_paused);
+    WEFT_RETURN_IF_ERROR(ReadUnsigned(engine, "engine", "max_paused", &max_paused));
+    if (max_paused < 1 || max_paused > 1024)
+      return InvalidArgument("engine.max_paused must be between 1 and 1024");
+    options.max_paused = static_cast<int>(max_paused);
+    uint64_t parallel = static_cast<uint64_t>(options.max_parallel_requests);
+    WEFT_RETURN_IF_ERROR(ReadUnsigned(engine, "engine", "max_parallel_requests", &parallel));
+    if (parallel < 1 || parallel > 4096)
+      return InvalidArgument("engine.max_parallel_requests must be between 1 and 4096");
+    options.max_parallel_requests = static_cast<int>(parallel);
+    if (const YAML::Node n = engine["n_per_request"]) {
+      if (!n.IsScalar() || (n.Scalar() != "true" && n.Scalar() != "false"))
+        return InvalidArgument("engine.n_per_request must be true or false");
+      options.n_per_request = n.Scalar() == "true";
+    }
+    std::string key_env;
+    WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "api_key_env", &key_env));
+    if (!key_env.empty()) {
+      const char* key = std::getenv(key_env.c_str());
+      if (key == nullptr || *key == '\0') {
+        return InvalidArgument("engine.api_key_env names " + key_env +
+                               ", which is not set in the worker's environment");
+      }
+      options.api_key = key;
+    }
+    auto duration = [&](const char* key, std::chrono::milliseconds* out) -> Status {
+      std::chrono::microseconds value = *out;
+      WEFT_RETURN_IF_ERROR(ReadDuration(engine, "engine", key, &value));
+      if (value.count() <= 0)
+        return InvalidArgument(std::string("engine.") + key + " must be positive");
+      *out = std::chrono::duration_cast<std::chrono::milliseconds>(value);
+      return Status::Ok();
+    };
+    WEFT_RETURN_IF_ERROR(duration("request_timeout", &options.request_timeout));
+    WEFT_RETURN_IF_ERROR(duration("control_timeout", &options.control_timeout));
+    WEFT_RETURN_IF_ERROR(duration("health_interval", &options.health_interval));
+  }
+  if (options.urls.empty()) {
+    return InvalidArgument("the " + api +
+                           " engine needs its replicas' URLs: engine.urls, the region's "
+                           "worker_engines, or weft worker --engine-url");
+  }
+  if (options.checkpoint_dir.empty()) {
+    return InvalidArgument(
+        "engine.checkpoint_dir is needed: the directory the worker writes each version into and "
+        "the engine loads from");
+  }
+  for (size_t at = options.checkpoint_dir.find("{cluster}"); at != std::string::npos;
+       at = options.checkpoint_dir.find("{cluster}", at + cluster.size())) {
+    options.checkpoint_dir.replace(at, 9, cluster);
+  }
+  const std::vector<std::string>& modes = PauseModes(api);
+  if (!options.pause_mode.empty() &&
+      std::find(modes.begin(), modes.end(), options.pause_mode) == modes.end()) {
+    std::string known;
+    for (const std::string& m : modes) known += (known.empty() ? "" : ", ") + m;
+    return InvalidArgument("engine.pause: '" + options.pause_mode + "' is not a pause mode of " +
+                           api + " (" + known + ")");
+  }
+  return options;
+}
+
+}  // namespace weft::rollout_worker

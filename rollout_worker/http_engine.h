@@ -1,0 +1,144 @@
+// HttpEngine: the rollout_worker::Engine over serving engines reached by HTTP (SGLang or vLLM,
+// replica_api.h), one or more data-parallel replicas of them.
+//
+// Weights (docs/engines.md): Stage writes the verified served model once into the served
+// checkpoint directory (served_checkpoint.h; the first time it also checks that the engine's own
+// model directory holds the same tensor names, shapes and dtypes, and refuses another model).
+// Commit loads that directory into every replica, at most `max_paused` at a time and never all of
+// them when there are several, so capacity never drops to zero: per replica pause (in the
+// configured mode), load with the version, resume, and check the version the replica reports.
+// One download and one write per version serve every replica.
+//
+// Generation: one request per sample (or one with n samples), sent to the ready replica with the
+// fewest requests in flight. Each sample's tokens are tagged with the version that produced them:
+//   - a request that no pause overlapped: the replica's version (exact);
+//   - the engine reported per-token versions (SGLang's meta_info.weight_versions): those (exact);
+//   - the pause aborted it (mode abort): its tokens so far are the old version's, and the sample
+//     continues from them, prompt plus tokens, on the new weights (exact; a text prompt continues
+//     from the token ids the engine returned for it, or starts over when it returned none);
+//   - otherwise (retract, in_place or keep without per-token versions) the token where the weights
+//     changed is unknown: the sample is generated again (counted in `regenerated`).
+// In `wait` mode (vLLM) a replica gets no new requests and its requests in flight finish before
+// the pause, so none overlaps it.
+//
+// Health: a monitor checks every replica's health route each `health_interval`. A replica that
+// fails it, or a request to it that cannot connect, is down: it gets no requests, and once it
+// answers again it is loaded with the current version (if it does not serve it already) before it
+// gets any. Health() reports the replicas ready; none ready makes the worker not ready. Generate
+// fails with kUnavailable when no replica can take a request within `request_timeout`.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "rollout_worker/engine.h"
+#include "rollout_worker/replica_api.h"
+#include "rollout_worker/served_checkpoint.h"
+
+namespace weft::rollout_worker {
+
+struct HttpEngineOptions {
+  std::string api;                 // "sglang" or "vllm"
+  std::vector<std::string> urls;   // the replicas
+  std::string checkpoint_dir;      // the served checkpoint directory (shared with the replicas)
+  std::string pause_mode;          // PauseModes(api); empty: the API's default (abort)
+  int max_paused = 1;              // replicas reloading at once (capped below the count when >1)
+  bool n_per_request = false;      // one request with n samples instead of one per sample
+  int max_parallel_requests = 64;  // per Generate call
+  std::string api_key;
+  std::chrono::milliseconds request_timeout{600000};
+  std::chrono::milliseconds control_timeout{600000};
+  std::chrono::milliseconds health_interval{1000};
+};
+
+// What one replica went through, for reports.
+struct ReplicaStats {
+  std::string url;
+  bool ready = false;
+  std::optional<uint64_t> version;
+  uint64_t loads = 0, failures = 0, requests = 0;
+  double last_pause_ms = 0, max_pause_ms = 0, total_pause_ms = 0;
+};
+
+struct HttpEngineStats {
+  uint64_t commits = 0;
+  uint64_t continued = 0;     // samples continued after an abort at a pause
+  uint64_t regenerated = 0;   // samples generated again: their weight switch point was unknown
+  double last_commit_ms = 0;  // from the start of a commit until every replica served it
+  double max_commit_ms = 0;
+  uint64_t last_bytes_written = 0;  // into the checkpoint directory, last stage
+  std::vector<ReplicaStats> replicas;
+};
+
+class HttpEngine : public Engine {
+ public:
+  // Checks the options (URLs, API, pause mode); reaches no replica yet.
+  static Result<std::unique_ptr<HttpEngine>> Create(HttpEngineOptions options);
+  ~HttpEngine() override;
+
+  Status Stage(const sync::ServedModel& model, uint64_t version) override;
+  Result<int64_t> Commit() override;
+  std::optional<uint64_t> version() const override;
+  Result<std::vector<Completion>> Generate(const std::vector<Prompt>& prompts,
+                                           const Sampling& sampling) override;
+  EngineHealth Health() const override;
+
+  HttpEngineStats stats() const;
+
+ private:
+  struct Replica;
+  explicit HttpEngine(HttpEngineOptions options);
+
+  // Loads the checkpoint into `r` as `version` (pause, load, resume, check); the pause in us.
+  Result<int64_t> Reload(Replica& r, uint64_t version);
+  // One sample, tagged by version, continued or generated again across pauses.
+  Result<Completion> GenerateOne(const Prompt& prompt, const Sampling& sampling);
+  // Several samples in one request (n_per_request).
+  Result<std::vector<Completion>> GenerateMany(const Prompt& prompt, const Sampling& sampling,
+                                               int n);
+  // A ready replica (fewest in flight), waiting for one until `deadline`; nullptr on timeout or
+  // when stopping. Counts the request in flight on it.
+  Replica* Acquire(std::chrono::steady_clock::time_point deadline, uint64_t* epoch,
+                   uint64_t* version);
+  void Release(Replica& r, bool connection_failed, const Status& status);
+  void MonitorLoop();
+  void CheckReplica(Replica& r);
+
+  HttpEngineOptions options_;
+  ServedCheckpoint checkpoint_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+
+  std::mutex load_mutex_;  // one stage or reload at a time (they read and write the directory)
+  std::optional<uint64_t> staged_;
+  bool model_checked_ = false;
+  std::string template_dir_;  // the engine's own model directory
+
+  mutable std::mutex mutex_;  // replicas' states, versions and counters
+  std::condition_variable changed_;
+  std::optional<uint64_t> committed_;
+  HttpEngineStats stats_;
+  bool stopping_ = false;
+  std::thread monitor_;
+};
+
+// The `engine:` section of a run's configuration for the engine API `api` (docs/run.md, "engine"):
+// urls, checkpoint_dir, pause, max_paused, n_per_request, max_parallel_requests, api_key_env,
+// request_timeout, control_timeout, health_interval. `{cluster}` in checkpoint_dir becomes
+// `cluster`; `urls`, when not empty, replaces engine.urls (a worker's own replicas). Errors name
+// the key.
+Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std::string& api,
+                                             const std::string& cluster,
+                                             const std::vector<std::string>& urls);
+
+}  // namespace weft::rollout_worker

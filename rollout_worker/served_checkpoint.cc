@@ -1,0 +1,192 @@
+#include "rollout_worker/served_checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "common/file_util.h"
+#include "sync/safetensors.h"
+
+namespace weft::rollout_worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+bool IsWeightFile(const fs::path& path) {
+  const std::string name = path.filename().string();
+  return path.extension() == ".safetensors" || name == "model.safetensors.index.json" ||
+         path.extension() == ".bin" || path.extension() == ".pt" || path.extension() == ".pth";
+}
+
+// Copies the regular non-weight files of `from` into `to` (the engine's configuration and
+// tokenizer travel with the weights). Nothing to do when both are the same directory.
+Status CopyModelFiles(const std::string& from, const std::string& to) {
+  std::error_code error;
+  if (from.empty() || fs::equivalent(from, to, error)) return Status::Ok();
+  if (!fs::is_directory(from, error))
+    return NotFound("the engine's model directory " + from + " is not a directory on this host");
+  for (const fs::directory_entry& entry : fs::directory_iterator(from, error)) {
+    if (!entry.is_regular_file() || IsWeightFile(entry.path())) continue;
+    const fs::path target = fs::path(to) / entry.path().filename();
+    fs::copy_file(entry.path(), target, fs::copy_options::overwrite_existing, error);
+    if (error) {
+      return Unavailable("copying " + entry.path().string() + " to " + target.string() + ": " +
+                         error.message());
+    }
+  }
+  if (error) return Unavailable("listing " + from + ": " + error.message());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ServedCheckpoint::Write(const sync::ServedModel& model, const std::string& template_dir) {
+  bool same_layout = valid_ && placed_.size() == model.tensors().size();
+  for (const auto& t : model.tensors()) {
+    if (!same_layout) break;
+    auto found = placed_.find(t.spec.name);
+    same_layout = found != placed_.end() && found->second.size == t.bytes.size();
+  }
+  Status written = same_layout ? WriteChanged(model) : WriteWhole(model, template_dir);
+  if (!written.ok()) valid_ = false;
+  return written;
+}
+
+Status ServedCheckpoint::WriteWhole(const sync::ServedModel& model,
+                                    const std::string& template_dir) {
+  valid_ = false;
+  std::error_code error;
+  fs::create_directories(dir_, error);
+  if (error)
+    return Unavailable("creating the served checkpoint directory " + dir_ + ": " + error.message());
+  WEFT_RETURN_IF_ERROR(CopyModelFiles(template_dir, dir_));
+  // Weight files of another layout (shards, an index) would be loaded too: only ours stays.
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_, error)) {
+    if (entry.is_regular_file() && IsWeightFile(entry.path()) &&
+        entry.path().filename() != kServedWeightsFile) {
+      fs::remove(entry.path(), error);
+    }
+  }
+  const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
+  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(path, model.AsTensorsToWrite(), {{"format", "pt"}}));
+  WEFT_ASSIGN_OR_RETURN(sync::SafetensorsFile file, sync::SafetensorsFile::Open(path));
+  placed_.clear();
+  for (const sync::SafetensorsTensor& t : file.tensors()) {
+    const sync::ServedModel::Tensor* served = model.Find(t.name);
+    if (served == nullptr) return Internal(path + " holds tensor " + t.name + " it was not given");
+    placed_[t.name] = {file.data_start() + t.data_offset, t.data.size(), served->digest};
+  }
+  valid_ = true;
+  last_whole_ = true;
+  last_tensors_ = placed_.size();
+  last_bytes_ = file.bytes().size();
+  return Status::Ok();
+}
+
+Status ServedCheckpoint::WriteChanged(const sync::ServedModel& model) {
+  const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return Unavailable("opening " + path + ": " + std::strerror(errno));
+  last_whole_ = false;
+  last_tensors_ = last_bytes_ = 0;
+  Status status = Status::Ok();
+  for (const auto& t : model.tensors()) {
+    Placed& placed = placed_[t.spec.name];
+    if (placed.digest == t.digest) continue;
+    // The file's bytes of this tensor are undefined until the write completes: mark the file
+    // invalid first, so that a failure leads to a whole write next time.
+    valid_ = false;
+    size_t done = 0;
+    while (done < t.bytes.size()) {
+      const ssize_t n = ::pwrite(fd, t.bytes.data() + done, t.bytes.size() - done,
+                                 static_cast<off_t>(placed.offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        status = Unavailable("writing tensor " + t.spec.name + " into " + path + ": " +
+                             (n < 0 ? std::strerror(errno) : "no progress"));
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (!status.ok()) break;
+    placed.digest = t.digest;
+    ++last_tensors_;
+    last_bytes_ += t.bytes.size();
+  }
+  ::close(fd);
+  if (status.ok()) valid_ = true;
+  return status;
+}
+
+Status CheckModelDirectory(const std::string& dir, const sync::ServedModel& model) {
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    return NotFound("the engine's model directory " + dir +
+                    " is not readable from this host (the worker must share the engine's "
+                    "filesystem: run it on the same node, or on a shared directory)");
+  }
+  struct Found {
+    sync::DType dtype;
+    std::vector<uint64_t> shape;
+    std::string file;
+  };
+  std::map<std::string, Found> found;
+  std::vector<std::string> differences;
+  size_t files = 0;
+  std::vector<fs::path> paths;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors")
+      paths.push_back(entry.path());
+  }
+  std::sort(paths.begin(), paths.end());
+  for (const fs::path& path : paths) {
+    ++files;
+    WEFT_ASSIGN_OR_RETURN(sync::SafetensorsFile file, sync::SafetensorsFile::Open(path.string()));
+    for (const sync::SafetensorsTensor& t : file.tensors()) {
+      if (!found.emplace(t.name, Found{t.dtype, t.shape, path.filename().string()}).second)
+        differences.push_back("tensor " + t.name + " appears in two files");
+    }
+  }
+  if (files == 0) return NotFound("the engine's model directory " + dir + " holds no .safetensors");
+  for (const auto& t : model.tensors()) {
+    auto it = found.find(t.spec.name);
+    if (it == found.end()) {
+      differences.push_back("tensor " + t.spec.name + " of the policy is missing");
+      continue;
+    }
+    if (it->second.shape != t.spec.shape) {
+      differences.push_back("tensor " + t.spec.name + ": shape " + ShapeText(it->second.shape) +
+                            " in the engine's model, " + ShapeText(t.spec.shape) +
+                            " in the policy");
+    }
+    if (it->second.dtype != t.spec.dtype) {
+      differences.push_back(
+          "tensor " + t.spec.name + ": dtype " +
+          std::string(sync::Info(it->second.dtype).safetensors_name) + " in the engine's model, " +
+          std::string(sync::Info(t.spec.dtype).safetensors_name) + " in the policy");
+    }
+    found.erase(it);
+  }
+  for (const auto& [name, f] : found)
+    differences.push_back("tensor " + name + " (" + f.file + ") is not in the policy");
+  if (differences.empty()) return Status::Ok();
+  std::string text;
+  for (size_t i = 0; i < differences.size() && i < 6; ++i) text += "; " + differences[i];
+  if (differences.size() > 6)
+    text += "; and " + std::to_string(differences.size() - 6) + " more differences";
+  return InvalidArgument("the engine serves another model than the policy (" + dir +
+                         "): " + text.substr(2));
+}
+
+}  // namespace weft::rollout_worker
