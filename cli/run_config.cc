@@ -110,10 +110,9 @@ Status ReadEnvironment(const YAML::Node& trainer, std::map<std::string, std::str
 }
 
 Status ParseSections(const YAML::Node& root, RunConfig& c) {
-  WEFT_RETURN_IF_ERROR(
-      CheckKeys(root, "(top level)",
-                {"run", "store", "orchestrator", "regions", "worker", "engine", "model", "task",
-                 "trainer"}));
+  WEFT_RETURN_IF_ERROR(CheckKeys(
+      root, "(top level)",
+      {"run", "store", "orchestrator", "regions", "worker", "engine", "model", "task", "trainer"}));
   if (const YAML::Node run = root["run"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(run, "run", {"id", "dir", "time_limit"}));
     WEFT_RETURN_IF_ERROR(ReadString(run, "run", "id", &c.run_id));
