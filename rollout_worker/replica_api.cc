@@ -272,9 +272,9 @@ class VllmReplica : public ReplicaApi {
     if (reset.is_object() && reset.contains("success") && reset["success"] == false) {
       // Requests kept across the pause (mode keep) hold cache blocks: they are reset too, and
       // recompute their keys and values on the new weights.
-      WEFT_ASSIGN_OR_RETURN(reset, calls_.Call(Channel::kControl, "POST",
-                                               "/reset_prefix_cache?reset_running_requests=true",
-                                               nullptr));
+      WEFT_ASSIGN_OR_RETURN(
+          reset, calls_.Call(Channel::kControl, "POST",
+                             "/reset_prefix_cache?reset_running_requests=true", nullptr));
       if (reset.is_object() && reset.contains("success") && reset["success"] == false)
         return Unavailable(url() + " /reset_prefix_cache: the prefix cache could not be reset");
     }

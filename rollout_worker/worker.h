@@ -131,7 +131,7 @@ class RolloutWorker {
   // After a generation the engine could not serve: no leases until then (backing off).
   std::chrono::steady_clock::time_point leasing_paused_until_;
   std::chrono::milliseconds generation_backoff_{0};
-  std::chrono::milliseconds engine_backoff_{0};     // after failed stages or commits
+  std::chrono::milliseconds engine_backoff_{0};  // after failed stages or commits
   std::chrono::steady_clock::time_point engine_retry_at_;
   std::optional<uint64_t> reported_;  // the newest ready version the orchestrator acknowledged
   orchestrator::SyncReport report_;
