@@ -5,8 +5,9 @@
 #   - training still learns: the reward rises;
 #   - every version reaches every replica through one download per worker: 0 digest mismatches,
 #     0 staleness violations, and each replica reports loading every version it was given;
-#   - one replica is killed with kill -9 mid-run and started again: its worker goes on with the
-#     other replica, then loads the current version into it;
+#   - one replica dies mid-run (every connection closed, its port closed for 2 s) and comes back
+#     with its launch weights: its worker goes on with the other replica, then loads the current
+#     version into it;
 #   - measured (printed): the weight-update pause per replica, and the time from a version's
 #     publication (its manifest written) to all replicas of a worker serving it.
 # Usage: engines_test.sh WEFT WEFT_FAKE_ENGINE WORKDIR
@@ -87,7 +88,7 @@ trainer:
 YAML
   "$weft" run "$api.yaml" > "$api-run.out" 2>&1 &
   local run_pid=$!
-  # Mid-run, one replica of the first worker dies (kill -9) and comes back a few seconds later.
+  # Mid-run, one replica of the first worker dies and comes back two seconds later.
   local step=0
   for _ in $(seq 600); do
     step=$(jq -r '(.steps | length) // 0' "$work/$api-run/trainer.json" 2> /dev/null || echo 0)
@@ -95,13 +96,13 @@ YAML
     kill -0 $run_pid 2> /dev/null || break
     sleep 0.2
   done
-  kill -9 "${servers[$((b + 11))]}"
-  wait "${servers[$((b + 11))]}" 2> /dev/null
-  sleep 2
   local logs=$work/$api-run/logs
   local before
   before=$(grep -c "engine replica ${urls[1]} serves version" "$logs/worker-near-1.log")
-  serve "$api" $((b + 11)) "$work/$api-engine-1-again.log"
+  # The test server's restart: every connection closes, the port stays closed for 2 s, and the
+  # engine comes back as launched (its launch weights and version).
+  /usr/bin/python3 -c "import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b'{\"down_ms\": 2000}', method='POST'), timeout=10)" \
+    "${urls[1]}/_test/restart" || fail "$api: restarting the replica at ${urls[1]} failed"
   wait $run_pid
   local rc=$?
   [ $rc -eq 0 ] && ok || fail "$api: weft run exited $rc: $(tail -20 "$api-run.out")"
