@@ -10,6 +10,7 @@
 set -uo pipefail
 weft=$1 work=$2
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
+work=$(pwd)
 source "$(dirname "${BASH_SOURCE[0]}")/../test_lib.sh"
 
 # Fixed ports below the ephemeral range (32768 and up), where only listeners bind.
@@ -59,7 +60,8 @@ wait_step() {
   done
   return 1
 }
-worker_pid() { pgrep -f -- "--cluster $1 --region" | head -1; }
+# This run's worker only (another run on the machine may have a worker of the same name).
+worker_pid() { pgrep -f -- "--config $work/run.yaml --cluster $1 --region" | head -1; }
 
 if wait_step 5; then ok; else fail "the run never reached step 5: $(tail -5 run.out)"; fi
 # 1. kill -9 a worker; it is lost after cluster_timeout and its leases go to others.
