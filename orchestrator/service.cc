@@ -607,9 +607,15 @@ std::string OrchestratorService::Impl::Metrics() const {
                    &SyncReport::bytes_downloaded},
         std::tuple{"cluster_digest_mismatches_total",
                    "Times a cluster's served state did not match a manifest.",
-                   &SyncReport::digest_mismatches}}) {
+                   &SyncReport::digest_mismatches},
+        std::tuple{"cluster_engine_replicas", "Engine replicas each cluster drives.",
+                   &SyncReport::engine_replicas},
+        std::tuple{"cluster_ready_replicas",
+                   "Engine replicas of each cluster that can serve (as it last reported).",
+                   &SyncReport::ready_replicas}}) {
+    const bool counter = std::string_view(name).ends_with("_total");
     out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
-        << name << " counter\n";
+        << name << (counter ? " counter\n" : " gauge\n");
     for (const auto& [cluster, report] : sync_reports) {
       out << "weft_orchestrator_" << name << "{cluster=\"" << LabelValue(cluster) << "\"} "
           << report.*field << "\n";

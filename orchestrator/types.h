@@ -99,8 +99,10 @@ struct SyncReport {
   std::optional<uint64_t> first_version;   // the first version it loaded
   std::optional<uint64_t> newest_version;  // the newest version it loaded
   std::string digest;                      // the state digest it serves (docs/api.md), hex
+  uint64_t engine_replicas = 0;            // engine replicas the worker drives (0: not reported)
+  uint64_t ready_replicas = 0;             // ... of which can serve now
 
-  // Adds `other`'s counters (a region's sum); the pause is the larger of the two.
+  // Adds `other`'s counters and replicas (a region's sum); the pause is the larger of the two.
   void Add(const SyncReport& other);
 };
 
@@ -110,6 +112,8 @@ inline void SyncReport::Add(const SyncReport& other) {
   keyframe_pulls += other.keyframe_pulls;
   digest_mismatches += other.digest_mismatches;
   commits += other.commits;
+  engine_replicas += other.engine_replicas;
+  ready_replicas += other.ready_replicas;
   max_pause_ms = max_pause_ms > other.max_pause_ms ? max_pause_ms : other.max_pause_ms;
 }
 

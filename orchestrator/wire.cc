@@ -184,6 +184,8 @@ Json SyncReportJson(const SyncReport& r) {
               {"keyframe_pulls", r.keyframe_pulls},
               {"digest_mismatches", r.digest_mismatches},
               {"commits", r.commits},
+              {"engine_replicas", r.engine_replicas},
+              {"ready_replicas", r.ready_replicas},
               {"max_pause_ms", r.max_pause_ms},
               {"first_version", Optional(r.first_version)},
               {"newest_version", Optional(r.newest_version)},
@@ -195,7 +197,8 @@ Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) 
   WEFT_RETURN_IF_ERROR(
       CheckFields(json, where, {},
                   {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits",
-                   "max_pause_ms", "first_version", "newest_version", "digest"}));
+                   "engine_replicas", "ready_replicas", "max_pause_ms", "first_version",
+                   "newest_version", "digest"}));
   if (json.contains("digest")) {
     Result<std::string> digest = GetString(json, "digest", where);
     if (!digest.ok() || digest->size() > 64 || !IsLowerHex(*digest)) {
@@ -212,7 +215,9 @@ Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) 
   for (auto [field, value] :
        {std::pair{"bytes_downloaded", &r.bytes_downloaded}, std::pair{"pulls", &r.pulls},
         std::pair{"keyframe_pulls", &r.keyframe_pulls},
-        std::pair{"digest_mismatches", &r.digest_mismatches}, std::pair{"commits", &r.commits}}) {
+        std::pair{"digest_mismatches", &r.digest_mismatches}, std::pair{"commits", &r.commits},
+        std::pair{"engine_replicas", &r.engine_replicas},
+        std::pair{"ready_replicas", &r.ready_replicas}}) {
     if (json.contains(field)) {
       WEFT_ASSIGN_OR_RETURN(*value, GetUnsigned(json, field, where));
     }

@@ -132,11 +132,11 @@ class HttpEngine : public Engine {
   std::thread monitor_;
 };
 
-// The `engine:` section of a run's configuration for the engine API `api` (docs/run.md, "engine"):
-// urls, checkpoint_dir, pause, max_paused, n_per_request, max_parallel_requests, api_key_env,
-// request_timeout, control_timeout, health_interval. `{cluster}` in checkpoint_dir becomes
-// `cluster`; `urls`, when not empty, replaces engine.urls (a worker's own replicas). Errors name
-// the key.
+// The `engine:` section of a run's configuration for the engine API `api` (docs/run.md,
+// "Configuration"): urls, checkpoint_dir, pause, max_paused, n_per_request, max_parallel_requests,
+// api_key_env, request_timeout, control_timeout, health_interval. `{cluster}` in checkpoint_dir
+// becomes `cluster`; `urls`, when not empty, replaces engine.urls (a worker's own replicas). Errors
+// name the key.
 Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std::string& api,
                                              const std::string& cluster,
                                              const std::vector<std::string>& urls);

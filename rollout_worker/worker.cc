@@ -126,6 +126,8 @@ void RolloutWorker::CheckEngine() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ready_replicas_ = ready_replicas;
+    report_.engine_replicas = static_cast<uint64_t>(std::max(0, health.replicas));
+    report_.ready_replicas = ready_replicas;
     if (ready_replicas == 0 && ready_) {
       ready_.reset();  // no replica can generate: stop claiming readiness
       lost = true;

@@ -146,6 +146,8 @@ TEST_CASE("wire: every request and answer survives a round trip") {
   sync.digest_mismatches = 2;
   sync.commits = 3;
   sync.max_pause_ms = 0.25;
+  sync.engine_replicas = 2;
+  sync.ready_replicas = 1;
   sync.first_version = 0;
   sync.newest_version = 9;
   sync.digest = "00ff";

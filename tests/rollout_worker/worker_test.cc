@@ -229,6 +229,11 @@ TEST_CASE(
   REQUIRE(WaitFor([&] { return !worker.ready_version(); }));
   REQUIRE(WaitFor(
       [&] { return trainer.GetStatus().value()["clusters"][0]["ready_version"].is_null(); }));
+  // The status shows its replicas, none ready.
+  REQUIRE(WaitFor([&] {
+    const Json sync = trainer.GetStatus().value()["clusters"][0]["sync"];
+    return sync["engine_replicas"] == 2 && sync["ready_replicas"] == 0;
+  }));
   REQUIRE(trainer.AddJobs({{Json("1+2="), 2}}).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   CHECK(trainer.GetStatus().value()["jobs"]["leased"] == 0);
