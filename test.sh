@@ -59,7 +59,7 @@ echo "== sanitizers: address, undefined"
 cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_BENCH=OFF > /dev/null
 cmake --build build-asan --target weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests \
-  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests
+  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests weft_engine_adapter_tests
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 build-asan/tests/weft_common_tests
 build-asan/tests/weft_sync_tests
@@ -68,15 +68,18 @@ build-asan/tests/weft_trainer_adapter_tests
 build-asan/tests/weft_orchestrator_tests
 build-asan/tests/weft_examples_tests
 build-asan/tests/weft_rollout_worker_tests
+build-asan/tests/weft_engine_adapter_tests
 
 echo "== sanitizer: thread"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWEFT_SANITIZE=thread -DWEFT_BUILD_BENCH=OFF > /dev/null
-cmake --build build-tsan --target weft_common_tests weft_policy_store_tests weft_orchestrator_tests weft_rollout_worker_tests
+cmake --build build-tsan --target weft_common_tests weft_policy_store_tests weft_orchestrator_tests weft_rollout_worker_tests \
+  weft_engine_adapter_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_common_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_policy_store_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*,*kill -9*,*sweep*'
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_rollout_worker_tests
+TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_engine_adapter_tests
 
 echo "== fuzzing, ${FUZZ_SECONDS:-10} s per target"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \

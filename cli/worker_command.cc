@@ -8,6 +8,7 @@
 #include "cli/run_config.h"
 #include "orchestrator/client.h"
 #include "policy_store/object_store.h"
+#include "rollout_worker/http_engine.h"
 #include "rollout_worker/worker.h"
 
 namespace weft::cli {
@@ -97,6 +98,21 @@ Status RunWorker(const WorkerFlags& flags) {
       static_cast<unsigned long long>(sync.commits),
       static_cast<unsigned long long>(sync.bytes_downloaded),
       static_cast<unsigned long long>(sync.digest_mismatches));
+  // Serving engines: what each replica went through.
+  if (const auto* http = dynamic_cast<const rollout_worker::HttpEngine*>(engine.get())) {
+    const rollout_worker::HttpEngineStats s = http->stats();
+    std::printf("  %llu samples continued after a pause, %llu generated again\n",
+                static_cast<unsigned long long>(s.continued),
+                static_cast<unsigned long long>(s.regenerated));
+    for (const rollout_worker::ReplicaStats& r : s.replicas) {
+      std::printf(
+          "  replica %s: %llu loads (pause max %.1f ms, mean %.1f ms), %llu requests, %llu "
+          "failures\n",
+          r.url.c_str(), static_cast<unsigned long long>(r.loads), r.max_pause_ms,
+          r.loads > 0 ? r.total_pause_ms / static_cast<double>(r.loads) : 0.0,
+          static_cast<unsigned long long>(r.requests), static_cast<unsigned long long>(r.failures));
+    }
+  }
   return ran;
 }
 

@@ -502,7 +502,9 @@ void HttpEngine::CheckReplica(Replica& r) {
   }
   if (!version || staged_) return;  // nothing committed yet, or the directory is ahead of it
   Result<std::string> serving = r.api->WeightVersion();
-  if (serving.ok() && *serving == std::to_string(*version)) {
+  // Serving the version already (it was taken out by a failed request or resume): resumed, in case
+  // a load left it paused, it takes requests again.
+  if (serving.ok() && *serving == std::to_string(*version) && r.api->Resume().ok()) {
     std::lock_guard<std::mutex> lock(mutex_);
     r.state = Replica::State::kReady;
     r.version = version;
