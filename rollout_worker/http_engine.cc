@@ -271,13 +271,18 @@ HttpEngine::Replica* HttpEngine::Acquire(Clock::time_point deadline, uint64_t* e
                                          uint64_t* version) {
   std::unique_lock<std::mutex> lock(mutex_);
   Replica* chosen = nullptr;
+  bool all_down = false;
   changed_.wait_until(lock, deadline, [&] {
     if (stopping_) return true;
+    all_down = true;
     for (const auto& r : replicas_) {
+      all_down = all_down && r->state == Replica::State::kDown;
       if (r->state != Replica::State::kReady || !r->version) continue;
       if (chosen == nullptr || r->in_flight < chosen->in_flight) chosen = r.get();
     }
-    return chosen != nullptr;
+    // A replica loading a version will be back in a moment: wait for it. With every replica down
+    // there is nothing to wait for: the job goes back to the queue at once.
+    return chosen != nullptr || all_down;
   });
   if (stopping_ || chosen == nullptr) return nullptr;
   ++chosen->in_flight;
@@ -311,8 +316,8 @@ Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling&
     uint64_t epoch = 0, version = 0;
     Replica* r = Acquire(deadline, &epoch, &version);
     if (r == nullptr) {
-      return Unavailable("no " + options_.api + " replica could take a request (" +
-                         Health().detail + ")");
+      return Unavailable("no " + options_.api + " replica can take a request (" + Health().detail +
+                         ")");
     }
     Result<std::vector<ReplicaOutput>> out = r->api->Generate(current, s, 1);
     bool crossed;

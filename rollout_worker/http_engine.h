@@ -25,7 +25,8 @@
 // fails it, or a request to it that cannot connect, is down: it gets no requests, and once it
 // answers again it is loaded with the current version (if it does not serve it already) before it
 // gets any. Health() reports the replicas ready; none ready makes the worker not ready. Generate
-// fails with kUnavailable when no replica can take a request within `request_timeout`.
+// fails with kUnavailable when every replica is down, or none can take a request within
+// `request_timeout` (one loading a version is waited for).
 // Thread-safe.
 #pragma once
 
@@ -107,8 +108,8 @@ class HttpEngine : public Engine {
   // Several samples in one request (n_per_request).
   Result<std::vector<Completion>> GenerateMany(const Prompt& prompt, const Sampling& sampling,
                                                int n);
-  // A ready replica (fewest in flight), waiting for one until `deadline`; nullptr on timeout or
-  // when stopping. Counts the request in flight on it.
+  // A ready replica (fewest in flight), waiting for one until `deadline`; nullptr on timeout, with
+  // every replica down, or when stopping. Counts the request in flight on it.
   Replica* Acquire(std::chrono::steady_clock::time_point deadline, uint64_t* epoch,
                    uint64_t* version);
   void Release(Replica& r, bool connection_failed, const Status& status);

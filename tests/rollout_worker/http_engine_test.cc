@@ -284,7 +284,6 @@ TEST_CASE("http engine: replicas that die and come back; all dead is unavailable
   for (Api api : {Api::kSglang, Api::kVllm}) {
     CAPTURE(fake_engine::ApiName(api));
     Fixture f(api, 2, "http_engine_die");
-    f.options.request_timeout = std::chrono::milliseconds(1500);
     HttpEngine& engine = f.Make();
     const std::vector<float> w1 = f.Load(1, 1);
     Sampling sampling;
@@ -312,8 +311,11 @@ TEST_CASE("http engine: replicas that die and come back; all dead is unavailable
     for (int i = 0; i < 100 && engine.Health().ok; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     CHECK(!engine.Health().ok);
+    const auto asked = std::chrono::steady_clock::now();
     auto none = engine.Generate({Prompt{kPrompt, ""}}, sampling);
     CHECK(none.status().code() == StatusCode::kUnavailable);
+    // At once, not after the request timeout: the worker hands the job back.
+    CHECK(std::chrono::steady_clock::now() - asked < std::chrono::milliseconds(1000));
     // Back: loaded again and serving.
     for (const auto& e : f.engines) REQUIRE(e->Start().ok());
     for (int i = 0; i < 200 && engine.Health().ready_replicas != 2; ++i)
