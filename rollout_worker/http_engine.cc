@@ -13,6 +13,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Requests one sample may take: continued after aborts, or sent again after a switch whose place
+// is unknown.
+constexpr int kMaxRounds = 64;
+
 double Milliseconds(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
 }
@@ -118,9 +122,13 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
     template_dir_ = path;
     model_checked_ = true;
   }
+  // Until the write completes the directory holds no version (an in-place write that fails leaves
+  // it mixed): nothing is loaded from it meanwhile.
+  dir_version_.reset();
   WEFT_RETURN_IF_ERROR(checkpoint_.Write(model, template_dir_)
                            .WithContext("writing version " + std::to_string(version) +
                                         " into the served checkpoint directory"));
+  dir_version_ = version;
   staged_ = version;
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.last_bytes_written = checkpoint_.last_bytes_written();
@@ -134,18 +142,19 @@ Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
     r.state = Replica::State::kPausing;  // no new requests from here on
     if (mode == "wait") {
       // Let this replica's requests finish first, so that none overlaps the pause.
-      changed_.wait_for(lock, options_.control_timeout, [&] { return r.in_flight == 0; });
+      changed_.wait_for(lock, options_.control_timeout,
+                        [&] { return r.in_flight == 0 || stopping_; });
     }
     ++r.epoch;
   }
   const std::string version_text = std::to_string(version);
   const Clock::time_point start = Clock::now();
   Status done = r.api->Pause(mode);
-  if (done.ok()) {
-    done = r.api->Load(checkpoint_.dir(), version_text);
-    Status resumed = r.api->Resume();
-    if (done.ok()) done = resumed;
-  }
+  if (done.ok()) done = r.api->Load(checkpoint_.dir(), version_text);
+  // Always, even after a pause that failed (it may have taken effect): a replica left paused holds
+  // every request and fails its health route.
+  Status resumed = r.api->Resume();
+  if (done.ok()) done = resumed;
   const Clock::duration pause = Clock::now() - start;
   if (done.ok()) {
     Result<std::string> serving = r.api->WeightVersion();
@@ -175,23 +184,31 @@ Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
 
 Result<int64_t> HttpEngine::Commit() {
   std::lock_guard<std::mutex> load(load_mutex_);
-  if (!staged_) return InvalidArgument("nothing staged to commit");
+  if (!staged_ || dir_version_ != staged_) return InvalidArgument("nothing staged to commit");
   const uint64_t version = *staged_;
   const Clock::time_point start = Clock::now();
   // Every replica that is up; a down one is loaded by the monitor once it answers again.
-  std::vector<Replica*> targets;
+  // Every replica that is up, those not serving first (they lose nothing by pausing); a down one
+  // is loaded by the monitor once it answers again.
+  std::vector<Replica*> targets, serving;
   for (const auto& r : replicas_) {
     bool down;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       down = r->state == Replica::State::kDown;
     }
-    if (!down || r->api->Health().ok()) targets.push_back(r.get());
+    if (!down) {
+      serving.push_back(r.get());
+    } else if (r->api->Health().ok()) {
+      targets.push_back(r.get());
+    }
   }
+  targets.insert(targets.end(), serving.begin(), serving.end());
   if (targets.empty()) return Unavailable("no replica of the engine answers its health check");
-  // At most max_paused at once, and with several replicas never all: the others keep generating.
+  // At most max_paused at once, and with several replicas up never all of them: the others keep
+  // generating.
   size_t parallel = static_cast<size_t>(options_.max_paused);
-  if (replicas_.size() > 1) parallel = std::min(parallel, replicas_.size() - 1);
+  if (targets.size() > 1) parallel = std::min(parallel, targets.size() - 1);
   parallel = std::max<size_t>(1, std::min(parallel, targets.size()));
   std::mutex results_mutex;
   size_t next = 0, loaded = 0;
@@ -305,25 +322,47 @@ void HttpEngine::Release(Replica& r, bool failed, const Status& status) {
   changed_.notify_all();
 }
 
+namespace {
+
+// The engine's per-token versions as (version, first token) runs over the output tokens, or
+// nullopt when they do not tile the output (the first starts at 0, starts increase, versions are
+// numbers).
+std::optional<std::vector<std::pair<uint64_t, size_t>>> SpansOf(const ReplicaOutput& o) {
+  std::vector<std::pair<uint64_t, size_t>> runs;
+  for (size_t i = 0; i < o.spans.size(); ++i) {
+    const std::optional<uint64_t> v = ParseVersion(o.spans[i].first);
+    const uint64_t start = o.spans[i].second;
+    if (!v || (i == 0 && start != 0) || (i > 0 && start <= runs.back().second) ||
+        start > o.tokens.size()) {
+      return std::nullopt;
+    }
+    runs.emplace_back(*v, static_cast<size_t>(start));
+  }
+  if (runs.empty()) return std::nullopt;
+  return runs;
+}
+
+}  // namespace
+
 Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling& sampling) {
-  const Clock::time_point deadline = Clock::now() + options_.request_timeout;
   Completion c;
   Prompt current = prompt;
   Sampling s = sampling;
   std::vector<int> prompt_ids = prompt.tokens;  // known for a text prompt once the engine says
+  std::optional<uint64_t> last_version;         // of the last request that produced the sample
   int failures = 0;
-  for (int round = 0; round < 64; ++round) {
+  for (int round = 0; round < kMaxRounds; ++round) {
     uint64_t epoch = 0, version = 0;
-    Replica* r = Acquire(deadline, &epoch, &version);
+    Replica* r = Acquire(Clock::now() + options_.request_timeout, &epoch, &version);
     if (r == nullptr) {
       return Unavailable("no " + options_.api + " replica can take a request (" + Health().detail +
                          ")");
     }
     Result<std::vector<ReplicaOutput>> out = r->api->Generate(current, s, 1);
-    bool crossed;
+    uint64_t pauses;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      crossed = r->epoch != epoch;
+      pauses = r->epoch - epoch;
     }
     const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
     Release(*r, unreachable, out.status());
@@ -336,43 +375,49 @@ Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling&
     if (o.logprobs.size() != o.tokens.size())
       return Internal(r->api->url() + " returned logprobs for other tokens than it generated");
     if (prompt_ids.empty() && !o.prompt_tokens.empty()) prompt_ids = o.prompt_tokens;
-    bool regenerate = false;
-    if (!o.spans.empty()) {
-      // The engine says which version produced which tokens.
-      for (size_t i = 0; i < o.spans.size() && !regenerate; ++i) {
-        const std::optional<uint64_t> v = ParseVersion(o.spans[i].first);
-        const size_t from = std::min<size_t>(o.spans[i].second, o.tokens.size());
-        const size_t to = i + 1 < o.spans.size()
-                              ? std::min<size_t>(o.spans[i + 1].second, o.tokens.size())
-                              : o.tokens.size();
-        if (!v || from > to) {
-          regenerate = true;
-          break;
-        }
-        Append(c, o.tokens, o.logprobs, from, to, *v);
-      }
-    } else if (!crossed || o.aborted) {
-      // No pause overlapped it, or the pause cut it short before the weights changed.
+    const std::string version_text = std::to_string(version);
+    if (pauses == 0 && !o.aborted) {
+      // No pause overlapped it: all of it is the version the replica served.
       Append(c, o.tokens, o.logprobs, 0, o.tokens.size(), version);
+      last_version = version;
+    } else if (std::optional<std::vector<std::pair<uint64_t, size_t>>> runs = SpansOf(o)) {
+      // The engine says which version produced which tokens.
+      for (size_t i = 0; i < runs->size(); ++i) {
+        const size_t to = i + 1 < runs->size() ? (*runs)[i + 1].second : o.tokens.size();
+        Append(c, o.tokens, o.logprobs, (*runs)[i].second, to, (*runs)[i].first);
+      }
+      last_version = runs->back().first;
+    } else if (o.aborted && pauses == 1 && (o.version.empty() || o.version == version_text)) {
+      // Cut short by the one pause it overlapped, before that pause's load: every token is the
+      // version it started at (the engine's own version at the abort, when it reports one, agrees).
+      Append(c, o.tokens, o.logprobs, 0, o.tokens.size(), version);
+      last_version = version;
     } else {
-      regenerate = true;  // it ran across the weight switch, and where is unknown
-    }
-    if (regenerate) {
+      // It ran across a weight switch, and where is unknown: the same request again (what was
+      // appended before it stays).
       std::lock_guard<std::mutex> lock(mutex_);
       ++stats_.regenerated;
-      continue;  // the same request again (what was appended before it stays)
+      continue;
     }
     c.text += o.text;
     const bool stopped = s.stop_token >= 0 && !c.tokens.empty() && c.tokens.back() == s.stop_token;
     const int produced = static_cast<int>(o.tokens.size());
-    if (!o.aborted || stopped || produced >= s.max_tokens) break;
+    if (!o.aborted || stopped || produced >= s.max_tokens) {
+      if (c.segments.empty()) c.segments.emplace_back(*last_version, 0);  // no tokens at all
+      c.version_start = c.version_end = c.segments.front().first;
+      for (const auto& seg : c.segments) {
+        c.version_start = std::min(c.version_start, seg.first);
+        c.version_end = std::max(c.version_end, seg.first);
+      }
+      return c;
+    }
     // Aborted at a pause: go on from the tokens so far, on the new weights.
+    std::lock_guard<std::mutex> lock(mutex_);
     if (prompt_ids.empty()) {
       // A text prompt whose token ids the engine did not return: start the sample over.
       c = Completion();
       current = prompt;
       s = sampling;
-      std::lock_guard<std::mutex> lock(mutex_);
       ++stats_.regenerated;
       continue;
     }
@@ -380,25 +425,11 @@ Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling&
     current.tokens.insert(current.tokens.end(), c.tokens.begin(), c.tokens.end());
     s.max_tokens -= produced;
     s.seed = s.seed * 0x9E3779B97F4A7C15ull + c.tokens.size();
-    std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.continued;
   }
-  if (c.segments.empty() && c.tokens.empty()) {
-    // An empty completion (max tokens reached at once): it belongs to the version asked.
-    uint64_t v = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      v = committed_.value_or(0);
-    }
-    c.segments.emplace_back(v, 0);
-  }
-  c.version_start = c.segments.front().first;
-  c.version_end = c.segments.front().first;
-  for (const auto& seg : c.segments) {
-    c.version_start = std::min(c.version_start, seg.first);
-    c.version_end = std::max(c.version_end, seg.first);
-  }
-  return c;
+  // Weights switched under it every time (versions coming faster than a generation ends).
+  return Unavailable("no sample could be generated within one weight version in " +
+                     std::to_string(kMaxRounds) + " tries");
 }
 
 Result<std::vector<Completion>> HttpEngine::GenerateMany(const Prompt& prompt,
@@ -407,7 +438,7 @@ Result<std::vector<Completion>> HttpEngine::GenerateMany(const Prompt& prompt,
   uint64_t epoch = 0, version = 0;
   Replica* r = Acquire(deadline, &epoch, &version);
   if (r == nullptr) {
-    return Unavailable("no " + options_.api + " replica could take a request (" + Health().detail +
+    return Unavailable("no " + options_.api + " replica can take a request (" + Health().detail +
                        ")");
   }
   Result<std::vector<ReplicaOutput>> out = r->api->Generate(prompt, sampling, n);
@@ -418,11 +449,16 @@ Result<std::vector<Completion>> HttpEngine::GenerateMany(const Prompt& prompt,
   }
   const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
   Release(*r, unreachable, out.status());
+  if (unreachable) {
+    // That replica is down: sample by sample, on the others.
+    out = std::vector<ReplicaOutput>(static_cast<size_t>(n));
+    crossed = true;
+  }
   if (!out.ok()) return out.status();
   std::vector<Completion> completions;
   for (size_t i = 0; i < out->size(); ++i) {
     const ReplicaOutput& o = (*out)[i];
-    if (crossed || o.aborted || !o.spans.empty()) {
+    if (crossed || o.aborted) {
       // Across a pause: this sample goes through the one-sample path, which tags it exactly.
       Sampling one = sampling;
       one.seed = sampling.seed + i;
@@ -491,9 +527,23 @@ void HttpEngine::CheckReplica(Replica& r) {
                            << " fails its health check: " << healthy.message();
         changed_.notify_all();
       }
-      return;
+      down = true;
+    } else {
+      down = r.state == Replica::State::kDown;
     }
-    down = r.state == Replica::State::kDown;
+  }
+  if (!healthy.ok()) {
+    // A replica left paused (a pause whose answer was lost) fails its health route while it holds
+    // requests: resuming it (harmless otherwise, and quick: a hung replica does not hold up the
+    // monitor) lets it answer again. Never while a stage or commit may be pausing it.
+    std::unique_lock<std::mutex> load(load_mutex_, std::try_to_lock);
+    bool still_down = false;
+    if (load.owns_lock()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      still_down = r.state == Replica::State::kDown;
+    }
+    if (still_down) (void)r.api->Resume(/*quick=*/true);
+    return;
   }
   if (!down) return;
   // Back (or up for the first time since a commit): load what the directory holds unless it
@@ -505,7 +555,9 @@ void HttpEngine::CheckReplica(Replica& r) {
     std::lock_guard<std::mutex> lock(mutex_);
     version = committed_;
   }
-  if (!version || staged_) return;  // nothing committed yet, or the directory is ahead of it
+  // Nothing committed yet, or the directory does not hold the committed version (it is ahead of
+  // it, or a write failed half-way).
+  if (!version || staged_ || dir_version_ != version) return;
   Result<std::string> serving = r.api->WeightVersion();
   // Serving the version already (it was taken out by a failed request or resume): resumed, in case
   // a load left it paused, it takes requests again.

@@ -122,6 +122,7 @@ class HttpEngine : public Engine {
 
   std::mutex load_mutex_;  // one stage or reload at a time (they read and write the directory)
   std::optional<uint64_t> staged_;
+  std::optional<uint64_t> dir_version_;  // what the checkpoint directory holds, when whole
   bool model_checked_ = false;
   std::string template_dir_;  // the engine's own model directory
 

@@ -105,14 +105,25 @@ class SglangReplica : public ReplicaApi {
   }
 
   Status Pause(const std::string& mode) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      mode_ = mode;
+    }
     const Json body = {{"mode", mode}};
     return calls_.Call(Channel::kControl, "POST", "/pause_generation", &body).status();
   }
 
   Status Load(const std::string& dir, const std::string& version) override {
-    // Paused first, so the update does not wait for requests to finish; the prefix cache holds
-    // keys and values of the old weights, so it goes.
-    const Json body = {{"model_path", dir}, {"weight_version", version}, {"flush_cache", true}};
+    // Paused first, so the update does not wait for requests to finish. The prefix cache holds
+    // keys and values of the old weights, so it goes, except where requests stay resident across
+    // the pause (in_place, retract): SGLang cannot flush under them (the load would fail), and they
+    // go on with the keys and values they have.
+    bool flush;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      flush = mode_ != "in_place" && mode_ != "retract";
+    }
+    const Json body = {{"model_path", dir}, {"weight_version", version}, {"flush_cache", flush}};
     WEFT_ASSIGN_OR_RETURN(
         Json answer, calls_.Call(Channel::kControl, "POST", "/update_weights_from_disk", &body));
     Result<bool> success = Member<bool>(answer, "success", url() + " /update_weights_from_disk");
@@ -124,16 +135,26 @@ class SglangReplica : public ReplicaApi {
     return Status::Ok();
   }
 
-  Status Resume() override {
+  Status Resume(bool quick) override {
     const Json body = Json::object();
-    return calls_.Call(Channel::kControl, "POST", "/continue_generation", &body).status();
+    return calls_
+        .Call(quick ? Channel::kHealth : Channel::kControl, "POST", "/continue_generation", &body)
+        .status();
   }
 
   Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt, const Sampling& sampling,
                                               int n) override {
+    // Every parameter that shapes the distribution explicitly: unset ones come from the model's
+    // generation_config.json (a top_k of 20, say), and the tokens would then be drawn from another
+    // distribution than the logprobs returned.
     Json params = {{"max_new_tokens", sampling.max_tokens},
                    {"temperature", sampling.temperature},
-                   {"top_p", sampling.top_p}};
+                   {"top_p", sampling.top_p},
+                   {"top_k", -1},
+                   {"min_p", 0.0},
+                   {"repetition_penalty", 1.0},
+                   {"frequency_penalty", 0.0},
+                   {"presence_penalty", 0.0}};
     if (sampling.stop_token >= 0) params["stop_token_ids"] = {sampling.stop_token};
     if (n > 1) {
       params["n"] = n;
@@ -198,6 +219,8 @@ class SglangReplica : public ReplicaApi {
         item["output_ids"].get<std::vector<int>>() != out.tokens) {
       return Malformed(url(), "/generate", "output_ids and output_token_logprobs disagree");
     }
+    if (meta.contains("weight_version") && meta["weight_version"].is_string())
+      out.version = meta["weight_version"].get<std::string>();
     if (meta.contains("finish_reason") && meta["finish_reason"].is_object()) {
       const std::string type = meta["finish_reason"].value("type", std::string());
       out.aborted = type == "abort";
@@ -215,6 +238,8 @@ class SglangReplica : public ReplicaApi {
   }
 
   JsonCalls calls_;
+  std::mutex mutex_;
+  std::string mode_ = "abort";  // the pause mode of the last pause
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -282,24 +307,35 @@ class VllmReplica : public ReplicaApi {
     return calls_.Call(Channel::kControl, "POST", "/update_weight_version", &body).status();
   }
 
-  Status Resume() override {
-    return calls_.Call(Channel::kControl, "POST", "/resume", nullptr).status();
+  Status Resume(bool quick) override {
+    return calls_.Call(quick ? Channel::kHealth : Channel::kControl, "POST", "/resume", nullptr)
+        .status();
   }
 
   Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt, const Sampling& sampling,
                                               int n) override {
-    // Every sampling parameter explicitly: unset ones would come from the model's
-    // generation_config.json.
+    // Every parameter that shapes the distribution explicitly: unset ones would come from the
+    // model's generation_config.json.
     Json body = {{"max_tokens", sampling.max_tokens},
                  {"temperature", sampling.temperature},
                  {"top_p", sampling.top_p},
                  {"top_k", -1},
+                 {"min_p", 0.0},
+                 {"repetition_penalty", 1.0},
+                 {"frequency_penalty", 0.0},
+                 {"presence_penalty", 0.0},
                  {"n", n},
                  {"logprobs", 0},
                  {"return_tokens_as_token_ids", true},
                  {"return_token_ids", true},
                  {"seed", sampling.seed & 0x7fffffffffffffffull}};
     if (sampling.stop_token >= 0) body["stop_token_ids"] = {sampling.stop_token};
+    bool known;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      known = !model_id_.empty();
+    }
+    if (!known) (void)ModelPath();  // learns the served model's name (older builds require it)
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!model_id_.empty()) body["model"] = model_id_;

@@ -34,6 +34,9 @@ struct ReplicaOutput {
   std::vector<std::pair<std::string, uint64_t>> spans;
   // The prompt's token ids, when the engine returned them (vLLM's prompt_token_ids).
   std::vector<int> prompt_tokens;
+  // The weight version the engine reported when it assembled the answer (SGLang's
+  // meta_info.weight_version); empty when it reports none.
+  std::string version;
 };
 
 struct ReplicaOptions {
@@ -58,7 +61,8 @@ class ReplicaApi {
   virtual Status Pause(const std::string& mode) = 0;
   // Loads the checkpoint directory `dir` as `version` (while paused).
   virtual Status Load(const std::string& dir, const std::string& version) = 0;
-  virtual Status Resume() = 0;
+  // `quick`: within the health timeout (the monitor's attempt to unstick a replica).
+  virtual Status Resume(bool quick = false) = 0;
   // `n` samples of `prompt` in one request (the engine draws them; with n > 1 the seed is not
   // sent, as one seed would give SGLang n equal samples).
   virtual Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt,

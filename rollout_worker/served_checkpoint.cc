@@ -17,6 +17,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// In the weights file's metadata: a worker wrote it (so it may rewrite it).
+constexpr char kServedMarker[] = "weft_served_checkpoint";
+
 std::string ShapeText(const std::vector<uint64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -56,7 +59,8 @@ Status ServedCheckpoint::Write(const sync::ServedModel& model, const std::string
   for (const auto& t : model.tensors()) {
     if (!same_layout) break;
     auto found = placed_.find(t.spec.name);
-    same_layout = found != placed_.end() && found->second.size == t.bytes.size();
+    same_layout = found != placed_.end() && found->second.size == t.bytes.size() &&
+                  found->second.dtype == t.spec.dtype && found->second.shape == t.spec.shape;
   }
   Status written = same_layout ? WriteChanged(model) : WriteWhole(model, template_dir);
   if (!written.ok()) valid_ = false;
@@ -70,22 +74,45 @@ Status ServedCheckpoint::WriteWhole(const sync::ServedModel& model,
   fs::create_directories(dir_, error);
   if (error)
     return Unavailable("creating the served checkpoint directory " + dir_ + ": " + error.message());
-  WEFT_RETURN_IF_ERROR(CopyModelFiles(template_dir, dir_));
-  // Weight files of another layout (shards, an index) would be loaded too: only ours stays.
+  // Weight files of another layout (shards, an index) would be loaded too: only ours may stay. In
+  // the engine's own model directory they are its model: refused, rather than deleted.
+  std::vector<fs::path> others;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, error)) {
-    if (entry.is_regular_file() && IsWeightFile(entry.path()) &&
-        entry.path().filename() != kServedWeightsFile) {
-      fs::remove(entry.path(), error);
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(std::string(".") + kServedWeightsFile + ".tmp-", 0) == 0) {
+      fs::remove(entry.path(), error);  // a whole write a crash cut short
+    } else if (entry.is_regular_file() && IsWeightFile(entry.path()) &&
+               name != kServedWeightsFile) {
+      others.push_back(entry.path());
     }
   }
   const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
-  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(path, model.AsTensorsToWrite(), {{"format", "pt"}}));
+  if (!template_dir.empty() && fs::equivalent(template_dir, dir_, error)) {
+    // The engine was started from this directory: fine when it holds only what a worker wrote
+    // (an engine restarted after loads), refused when it holds the engine's own model.
+    bool ours = others.empty();
+    if (ours && fs::exists(path, error)) {
+      Result<sync::SafetensorsFile> mine = sync::SafetensorsFile::Open(path);
+      ours = mine.ok() && mine->metadata().count(kServedMarker) > 0;
+    }
+    if (!ours) {
+      return InvalidArgument(
+          "the served checkpoint directory " + dir_ +
+          " is the engine's own model directory (its weights are not the worker's to replace): "
+          "give the worker a directory of its own (engine.checkpoint_dir)");
+    }
+  }
+  WEFT_RETURN_IF_ERROR(CopyModelFiles(template_dir, dir_));
+  for (const fs::path& other : others) fs::remove(other, error);
+  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(path, model.AsTensorsToWrite(),
+                                              {{"format", "pt"}, {kServedMarker, "1"}}));
   WEFT_ASSIGN_OR_RETURN(sync::SafetensorsFile file, sync::SafetensorsFile::Open(path));
   placed_.clear();
   for (const sync::SafetensorsTensor& t : file.tensors()) {
     const sync::ServedModel::Tensor* served = model.Find(t.name);
     if (served == nullptr) return Internal(path + " holds tensor " + t.name + " it was not given");
-    placed_[t.name] = {file.data_start() + t.data_offset, t.data.size(), served->digest};
+    placed_[t.name] = {file.data_start() + t.data_offset, t.data.size(), t.dtype, t.shape,
+                       served->digest};
   }
   valid_ = true;
   last_whole_ = true;

@@ -4,7 +4,8 @@
 // The directory is the engine's own layout: the non-weight files of the model directory the engine
 // was started from (config.json, tokenizer files, generation_config.json, ...) copied once, and
 // the served tensors in one `model.safetensors`, in the engine's number format, exactly the bytes
-// whose digests the worker proved. The first write (and any write after a failure) writes the
+// whose digests the worker proved (its metadata marks it as the worker's). The engine's own model
+// directory is never written into. The first write (and any write after a failure) writes the
 // whole file atomically; later ones rewrite in place only the tensors whose digest changed, at
 // their offsets in the file, so a version that changes a few tensors costs those tensors' bytes.
 // The worker never writes while an engine loads from the directory (it loads replicas only after
@@ -51,6 +52,8 @@ class ServedCheckpoint {
   struct Placed {
     uint64_t offset = 0;  // of the tensor's bytes in the file
     uint64_t size = 0;
+    sync::DType dtype = sync::DType::kF32;
+    std::vector<uint64_t> shape;
     sync::Digest digest;
   };
   std::string dir_;

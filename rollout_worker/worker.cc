@@ -284,7 +284,11 @@ void RolloutWorker::SendHeartbeat() {
 }
 
 void RolloutWorker::HeartbeatLoop() {
-  while (!Sleep(options_.heartbeat_interval)) SendHeartbeat();
+  // Readiness follows the engine here too: the sync loop may be busy in a long stage or commit.
+  while (!Sleep(options_.heartbeat_interval)) {
+    CheckEngine();
+    SendHeartbeat();
+  }
 }
 
 void RolloutWorker::JobLoop(uint32_t slot) {
@@ -323,6 +327,14 @@ void RolloutWorker::JobLoop(uint32_t slot) {
   }
 }
 
+std::chrono::milliseconds RolloutWorker::BackOffLeasing() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  generation_backoff_ = std::min(std::max(generation_backoff_ * 2, std::chrono::milliseconds(500)),
+                                 std::chrono::milliseconds(10000));
+  leasing_paused_until_ = std::chrono::steady_clock::now() + generation_backoff_;
+  return generation_backoff_;
+}
+
 void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   const std::string what =
       "job " + std::to_string(lease.job) + " attempt " + std::to_string(lease.attempt);
@@ -336,15 +348,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   // new leases for a while (backing off up to 10 s while it keeps failing), or the job would come
   // straight back here and use up its attempts.
   auto hand_back = [&](const std::string& why, const Status& status) {
-    std::chrono::milliseconds backoff;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      generation_backoff_ =
-          std::min(std::max(generation_backoff_ * 2, std::chrono::milliseconds(500)),
-                   std::chrono::milliseconds(10000));
-      backoff = generation_backoff_;
-      leasing_paused_until_ = std::chrono::steady_clock::now() + backoff;
-    }
+    const std::chrono::milliseconds backoff = BackOffLeasing();
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what << ": " << why << " ("
                        << status.message() << "); handing the job back, no leases for "
                        << backoff.count() << " ms";
@@ -373,11 +377,12 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
       engine_.Generate(std::vector<Prompt>(lease.samples, *encoded), sampling);
   if (!completions.ok() && completions.status().code() == StatusCode::kUnavailable)
     return hand_back("the engine is unavailable", completions.status());
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    generation_backoff_ = std::chrono::milliseconds(0);
+  if (!completions.ok()) {
+    // A refusal (a bad request, a malformed answer) would fail every job the same way: back off
+    // before leasing the next.
+    BackOffLeasing();
+    return fail(completions.status());
   }
-  if (!completions.ok()) return fail(completions.status());
 
   orchestrator::TrajectoryGroup group;
   group.job = lease.job;
@@ -402,11 +407,12 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     samples.push_back(std::move(sample));
   }
   // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
-  // for the heartbeat that follows a commit landing mid-generation.
+  // for the heartbeat that follows a commit landing mid-generation (a rolling load of many
+  // replicas takes a while; a stop does not wait).
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait_for(lock, std::chrono::seconds(30),
-                      [&] { return reported_ && *reported_ >= group.version_end; });
+    changed_.wait_for(lock, std::chrono::minutes(10),
+                      [&] { return (reported_ && *reported_ >= group.version_end) || stop_; });
   }
   group.trajectories = Json{{"prompt", prompt}, {"samples", std::move(samples)}}.dump();
   Result<orchestrator::SubmitResult> submitted = orchestrator_.Submit(group);
@@ -417,6 +423,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     ++stats_.submissions_rejected;
     return;
   }
+  generation_backoff_ = std::chrono::milliseconds(0);  // the engine and the rewards work again
   ++stats_.jobs;
   stats_.samples += completions->size();
   stats_.tokens += group.tokens;

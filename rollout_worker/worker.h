@@ -105,6 +105,9 @@ class RolloutWorker {
   // Readiness follows the engine: none of its replicas able to serve, not ready (and ready again
   // once it serves the version held).
   void CheckEngine();
+  // After a job the engine or the reward service could not serve: no new leases for a while,
+  // doubling from 0.5 to 10 s while it goes on (reset by a submission). Returns the wait.
+  std::chrono::milliseconds BackOffLeasing();
   // One round of the sync loop.
   void SyncOnce(policy_store::StoreReader& reader);
   void SendHeartbeat();
