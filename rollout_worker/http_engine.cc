@@ -103,23 +103,26 @@ HttpEngine::~HttpEngine() {
 Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
   std::lock_guard<std::mutex> load(load_mutex_);
   if (!model_checked_) {
-    // Before anything is loaded: the engine must serve this model (names, shapes, dtypes), read
-    // from the directory it was started from.
+    // Before anything is loaded: every replica that answers must serve this model (names, shapes,
+    // dtypes), read from the directory it was started from.
     Status last = Unavailable("no replica answers");
-    std::string path;
+    std::vector<std::string> paths;
     for (const auto& r : replicas_) {
       Status healthy = r->api->Health();
       Result<std::string> found = healthy.ok() ? r->api->ModelPath() : Result<std::string>(healthy);
-      if (found.ok()) {
-        path = *found;
-        break;
+      if (!found.ok()) {
+        last = found.status();
+        continue;
       }
-      last = found.status();
+      if (std::find(paths.begin(), paths.end(), *found) == paths.end()) {
+        WEFT_RETURN_IF_ERROR(
+            CheckModelDirectory(*found, model).WithContext("replica " + r->api->url()));
+        paths.push_back(*found);
+      }
     }
-    if (path.empty())
+    if (paths.empty())
       return Unavailable("cannot check the engine's model: " + std::string(last.message()));
-    WEFT_RETURN_IF_ERROR(CheckModelDirectory(path, model));
-    template_dir_ = path;
+    template_dir_ = paths.front();
     model_checked_ = true;
   }
   // Until the write completes the directory holds no version (an in-place write that fails leaves
