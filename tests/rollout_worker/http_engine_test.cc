@@ -231,7 +231,12 @@ TEST_CASE("http engine: a weight update mid-generation, in every pause mode, tag
     std::thread generate([&] {
       out = engine.Generate(std::vector<Prompt>(3, Prompt{kPrompt, ""}), sampling);
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    // The load lands once all three are generating (each has tokens, none has finished).
+    for (int i = 0; i < 500; ++i) {
+      const fake_engine::FakeEngineState state = f.engines[0]->state();
+      if (state.in_flight == 3 && state.tokens >= 6) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     const std::vector<float> w2 = f.Load(2, 2);
     generate.join();
     REQUIRE_MESSAGE(out.ok(), out.status().ToString());
