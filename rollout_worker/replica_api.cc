@@ -83,6 +83,23 @@ Result<T> Member(const Json& object, const std::string& key, const std::string& 
   }
 }
 
+// The sampling parameters both engines take under the same names, every one that shapes the
+// distribution given explicitly: unset ones come from the model's generation_config.json (a top_k
+// of 20, say), and the tokens would then be drawn from another distribution than the logprobs
+// returned. `max_tokens_key` is the engine's name for the token limit.
+Json SamplingFields(const Sampling& sampling, const char* max_tokens_key) {
+  Json fields = {{max_tokens_key, sampling.max_tokens},
+                 {"temperature", sampling.temperature},
+                 {"top_p", sampling.top_p},
+                 {"top_k", -1},
+                 {"min_p", 0.0},
+                 {"repetition_penalty", 1.0},
+                 {"frequency_penalty", 0.0},
+                 {"presence_penalty", 0.0}};
+  if (sampling.stop_token >= 0) fields["stop_token_ids"] = {sampling.stop_token};
+  return fields;
+}
+
 // ------------------------------------------------------------------------------------------------
 // SGLang: the native API of `python -m sglang.launch_server`.
 class SglangReplica : public ReplicaApi {
@@ -144,18 +161,7 @@ class SglangReplica : public ReplicaApi {
 
   Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt, const Sampling& sampling,
                                               int n) override {
-    // Every parameter that shapes the distribution explicitly: unset ones come from the model's
-    // generation_config.json (a top_k of 20, say), and the tokens would then be drawn from another
-    // distribution than the logprobs returned.
-    Json params = {{"max_new_tokens", sampling.max_tokens},
-                   {"temperature", sampling.temperature},
-                   {"top_p", sampling.top_p},
-                   {"top_k", -1},
-                   {"min_p", 0.0},
-                   {"repetition_penalty", 1.0},
-                   {"frequency_penalty", 0.0},
-                   {"presence_penalty", 0.0}};
-    if (sampling.stop_token >= 0) params["stop_token_ids"] = {sampling.stop_token};
+    Json params = SamplingFields(sampling, "max_new_tokens");
     if (n > 1) {
       params["n"] = n;
     } else {
@@ -314,22 +320,12 @@ class VllmReplica : public ReplicaApi {
 
   Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt, const Sampling& sampling,
                                               int n) override {
-    // Every parameter that shapes the distribution explicitly: unset ones would come from the
-    // model's generation_config.json.
-    Json body = {{"max_tokens", sampling.max_tokens},
-                 {"temperature", sampling.temperature},
-                 {"top_p", sampling.top_p},
-                 {"top_k", -1},
-                 {"min_p", 0.0},
-                 {"repetition_penalty", 1.0},
-                 {"frequency_penalty", 0.0},
-                 {"presence_penalty", 0.0},
-                 {"n", n},
-                 {"logprobs", 0},
-                 {"return_tokens_as_token_ids", true},
-                 {"return_token_ids", true},
-                 {"seed", sampling.seed & 0x7fffffffffffffffull}};
-    if (sampling.stop_token >= 0) body["stop_token_ids"] = {sampling.stop_token};
+    Json body = SamplingFields(sampling, "max_tokens");
+    body.update(Json{{"n", n},
+                     {"logprobs", 0},
+                     {"return_tokens_as_token_ids", true},
+                     {"return_token_ids", true},
+                     {"seed", sampling.seed & 0x7fffffffffffffffull}});
     bool known;
     {
       std::lock_guard<std::mutex> lock(mutex_);
