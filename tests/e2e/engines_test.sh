@@ -21,7 +21,8 @@ work=$(pwd)
 source "$here/../test_lib.sh"
 
 # Fixed ports below the ephemeral range (32768 and up), where only listeners bind.
-base=$((20000 + RANDOM % 12000))
+# Its own slice of ports, so that tests run in parallel (ctest -j2) never pick the same ones.
+base=$((20000 + RANDOM % 2200))
 declare -A servers  # port -> pid of the test server listening there
 cleanup() { for pid in "${servers[@]}"; do kill "$pid" 2> /dev/null; done; }
 trap cleanup EXIT

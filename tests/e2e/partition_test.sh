@@ -31,7 +31,8 @@ started=$SECONDS
 
 # Fixed ports below the ephemeral range (32768 and up), where only listeners bind; the proxies take
 # ephemeral ports and print them.
-base=$((20000 + RANDOM % 12000))
+# Its own slice of ports, so that tests run in parallel (ctest -j2) never pick the same ones.
+base=$((22400 + RANDOM % 2200))
 store_port=$base orchestrator_port=$((base + 1)) near_relay=$((base + 2)) far_relay=$((base + 3))
 cluster_timeout_s=3
 steps=100

@@ -14,7 +14,8 @@ work=$(pwd)
 source "$(dirname "${BASH_SOURCE[0]}")/../test_lib.sh"
 
 # Fixed ports below the ephemeral range (32768 and up), where only listeners bind.
-base=$((20000 + RANDOM % 12000))
+# Its own slice of ports, so that tests run in parallel (ctest -j2) never pick the same ones.
+base=$((24800 + RANDOM % 2200))
 cat > run.yaml <<YAML
 run: {id: e2e, dir: $work/run, time_limit: 150s}
 store: {listen: 127.0.0.1:$base}

@@ -17,7 +17,8 @@ work=$(pwd)
 source "$here/../test_lib.sh"
 
 # Fixed ports below the ephemeral range (32768 and up), where only listeners bind.
-base=$((20000 + RANDOM % 12000))
+# Its own slice of ports, so that tests run in parallel (ctest -j2) never pick the same ones.
+base=$((27200 + RANDOM % 2200))
 steps=5 prompts=4 samples=4
 
 # The dataset: every one-digit sum, as text, and a few as token ids (the begin token 13, the

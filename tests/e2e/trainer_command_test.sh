@@ -19,7 +19,8 @@ source "$here/../test_lib.sh"
 set +e
 
 # Fixed ports below the ephemeral range (32768 and up), where only listeners bind.
-base=$((20000 + RANDOM % 12000))
+# Its own slice of ports, so that tests run in parallel (ctest -j2) never pick the same ones.
+base=$((29600 + RANDOM % 2200))
 # config FILE PORT_BASE RUN_DIR WORKERS: a tiny run whose trainer section goes on from stdin.
 config() {
   cat > "$1" <<YAML
