@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -28,6 +29,7 @@ struct Transfer {
   std::atomic<uint64_t>* counter = nullptr;
   std::string etag;
   bool partial_content = false;  // the answer is 206
+  std::map<std::string, std::string>* headers = nullptr;
 };
 
 size_t Collect(char* data, size_t size, size_t count, void* user) {
@@ -49,7 +51,17 @@ size_t CollectHeader(char* data, size_t size, size_t count, void* user) {
   if (lower.rfind("http/", 0) == 0) {
     transfer->etag.clear();  // a new response (after a redirect or 100) starts over
     transfer->partial_content = lower.find(" 206") != std::string::npos;
-  } else if (lower.rfind("content-length:", 0) == 0) {
+    transfer->headers->clear();
+    return size * count;
+  }
+  if (const size_t colon = lower.find(':'); colon != std::string::npos) {
+    auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+    size_t begin = colon + 1, end = line.size();
+    while (begin < end && blank(line[begin])) ++begin;
+    while (end > begin && blank(line[end - 1])) --end;
+    (*transfer->headers)[lower.substr(0, colon)] = line.substr(begin, end - begin);
+  }
+  if (lower.rfind("content-length:", 0) == 0) {
     // Room for the whole body up front: no reallocation while hundreds of MB arrive.
     const unsigned long long length = std::strtoull(line.c_str() + 15, nullptr, 10);
     if (length > 0 && length < (uint64_t{1} << 40))
@@ -99,12 +111,33 @@ HttpClient::HttpClient(std::string base_url, HttpClientOptions options)
   InitCurlOnce();
 }
 
+std::string HttpReply::Header(const std::string& name) const {
+  auto it = headers.find(name);
+  return it == headers.end() ? std::string() : it->second;
+}
+
 Result<HttpReply> HttpClient::Request(const std::string& method, const std::string& path,
                                       std::span<const uint8_t> body,
                                       const std::vector<std::string>& extra_headers,
                                       bool idempotent) {
+  HttpRequest request;
+  request.method = method;
+  request.path = path;
+  request.body = body;
+  request.headers = extra_headers;
+  request.idempotent = idempotent;
+  return Request(request);
+}
+
+Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
   using Clock = std::chrono::steady_clock;
-  const std::string url = base_url_ + path;
+  const std::string& method = request.method;
+  const std::span<const uint8_t> body = request.body;
+  const bool idempotent = request.idempotent;
+  const std::string url = base_url_ + request.path;
+  const uint64_t range_first = request.range ? request.range->first : 0;
+  if (request.range && (method != "GET" || request.range->second == 0))
+    return Internal(method + " " + url + ": a byte range is for a GET of at least one byte");
   const Clock::time_point deadline = Clock::now() + options_.deadline;
   std::string last_error;
   std::chrono::milliseconds backoff = options_.first_backoff;
@@ -121,16 +154,25 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
     if (options_.before_request) options_.before_request();
     const bool resume = method == "GET" && !reply.body.empty() && !etag.empty();
     if (!resume) reply.body.clear();
-    Transfer transfer{&reply.body, &options_.received, &bytes_received_, "", false};
+    Transfer transfer{&reply.body, &options_.received, &bytes_received_, "", false, &reply.headers};
     curl_slist* headers = nullptr;
-    for (const std::string& header : extra_headers)
+    for (const std::string& header : request.headers)
       headers = curl_slist_append(headers, header.c_str());
+    if (request.sign) {
+      for (const std::string& header : request.sign())
+        headers = curl_slist_append(headers, header.c_str());
+    }
     headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
     std::string if_range = "If-Range: " + etag;
     if (resume) {
       headers = curl_slist_append(headers, if_range.c_str());
-      curl_easy_setopt(curl, CURLOPT_RANGE, (std::to_string(reply.body.size()) + "-").c_str());
       resumed_.fetch_add(1);
+    }
+    std::string range;  // bytes first-last, inclusive
+    if (resume || request.range) {
+      range = std::to_string(range_first + reply.body.size()) + "-";
+      if (request.range) range += std::to_string(range_first + request.range->second - 1);
+      curl_easy_setopt(curl, CURLOPT_RANGE, range.c_str());
     }
     curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
@@ -172,12 +214,15 @@ Result<HttpReply> HttpClient::Request(const std::string& method, const std::stri
         // drops the partial body too: the object is gone or refused).
         reply.body.resize(code == CURLE_OK ? 0 : held);
       } else if (code == CURLE_OK) {
-        reply.status = 200;  // the rest arrived: the whole object, assembled
+        reply.status = request.range ? 206 : 200;  // the rest arrived: assembled
       }
     }
     if (!transfer.etag.empty()) etag = transfer.etag;
     const bool server_error = code == CURLE_OK && reply.status >= 500 && reply.status != 501;
-    if (code == CURLE_OK && !server_error && reply.status != 416) return reply;
+    // 416 answers a resumption the object no longer allows (retried from the start); to a first
+    // try it is the answer (a range past the object's end).
+    if (code == CURLE_OK && !server_error && (reply.status != 416 || !resume)) return reply;
+    if (server_error && !request.retry_server_errors) return reply;
     if (code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE ||
         code == CURLE_SSL_CERTPROBLEM || code == CURLE_UNSUPPORTED_PROTOCOL) {
       // Trying again cannot help: the server's certificate is not trusted, the CA file is bad.

@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,6 +40,30 @@ struct HttpClientOptions {
 struct HttpReply {
   long status = 0;
   std::vector<uint8_t> body;
+  // The final answer's headers: names lowercased, values without surrounding blanks (a name sent
+  // twice keeps its last value).
+  std::map<std::string, std::string> headers;
+  // A header's value, or "" when the answer has none; `name` in lowercase.
+  std::string Header(const std::string& name) const;
+};
+
+// One operation, for callers that need more than a method, a path and headers.
+struct HttpRequest {
+  std::string method = "GET";  // GET, HEAD, PUT, POST or DELETE
+  std::string path;            // starts with '/', the query included
+  std::span<const uint8_t> body;
+  std::vector<std::string> headers;  // "Name: value"
+  bool idempotent = true;
+  // False: a 5xx answer is returned as the reply, not retried (the caller decides what the
+  // server's refusal means; a conditional write answered 5xx was not applied, say).
+  bool retry_server_errors = true;
+  // A GET of `length` bytes from byte `first` only; a try cut off resumes within the range. The
+  // reply is 206 with the range's bytes (fewer where the object ends first), or 200 with the whole
+  // object from a server that ignores ranges or when the object changed during a resumption.
+  std::optional<std::pair<uint64_t, uint64_t>> range;  // (first, length), length > 0
+  // Called before every try for headers that must be made afresh per try (a signature over the
+  // request's date); they are added after `headers`.
+  std::function<std::vector<std::string>()> sign;
 };
 
 class HttpClient {
@@ -51,6 +77,7 @@ class HttpClient {
   Result<HttpReply> Request(const std::string& method, const std::string& path,
                             std::span<const uint8_t> body, const std::vector<std::string>& headers,
                             bool idempotent = true);
+  Result<HttpReply> Request(const HttpRequest& request);
 
   const std::string& base_url() const { return base_url_; }
   const HttpClientOptions& options() const { return options_; }
