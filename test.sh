@@ -7,7 +7,8 @@
 #      suite (with the PyTorch trainer's tests) and the end-to-end tests
 #      (ctest, release build: the CLI, the policy store under failures, weft run, weft run with
 #      trainer commands, the PyTorch model against the C++ engine, a region partitioned through
-#      weft_fault_proxy), and the sync suite again with the AVX-512 paths off
+#      weft_fault_proxy, the S3 backend against a Ceph RADOS Gateway started for it), and the sync
+#      suite again with the AVX-512 paths off
 #      and with every SIMD path off (WEFT_CPU=avx2, scalar);
 #   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
 #      with threads of their own under ThreadSanitizer (the thread pool and HTTP plumbing, the store
@@ -47,6 +48,9 @@ if $quick; then
   echo "test.sh --quick: all tests passed"
   exit 0
 fi
+
+echo "== Debian's Ceph (monitor, OSD, RADOS Gateway) for the S3 backend's tests"
+bash tests/s3/rgw.sh install
 
 echo "== unit and end-to-end tests"
 ctest --test-dir build --output-on-failure -j2

@@ -111,7 +111,7 @@ Status RunRun(const std::string& config_path) {
   fs::create_directories(dir / "logs", error);
   if (error) return Internal("cannot create " + (dir / "logs").string() + ": " + error.message());
   std::ofstream(dir / kMarker) << "made by weft run\n";
-  fs::create_directories(dir / "store");
+  if (config.store_uri.empty()) fs::create_directories(dir / "store");
   // The orchestrator's own config: the section, with the journal inside the run directory.
   {
     YAML::Node section = YAML::Clone(config.orchestrator_section);
@@ -135,10 +135,12 @@ Status RunRun(const std::string& config_path) {
 
   std::vector<Child> children;
   const std::string listen_orchestrator = config.orchestrator_listen();
-  children.push_back(MakeChild("store",
-                               {"store", "serve", "--store", (dir / "store").string(), "--listen",
-                                config.store_listen, "--threads", "4"},
-                               true, config.store_listen));
+  if (config.store_uri.empty()) {
+    children.push_back(MakeChild("store",
+                                 {"store", "serve", "--store", (dir / "store").string(), "--listen",
+                                  config.store_listen, "--threads", "4"},
+                                 true, config.store_listen));
+  }
   children.push_back(MakeChild("orchestrator",
                                {"orchestrator", "--config", (dir / "orchestrator.yaml").string()},
                                true, listen_orchestrator));
@@ -175,7 +177,7 @@ Status RunRun(const std::string& config_path) {
   if (config.trainer_command.empty()) {
     children.push_back(MakeChild("trainer",
                                  {"train", "--config", config_abs, "--store",
-                                  (dir / "store").string(), "--progress", progress_path},
+                                  config.publish_store(dir.string()), "--progress", progress_path},
                                  false));
   } else {
     Child trainer = MakeChild(
@@ -218,11 +220,14 @@ Status RunRun(const std::string& config_path) {
   }
   for (size_t i = first_worker; i < children.size(); ++i)
     WEFT_RETURN_IF_ERROR(supervisor.Start(children[i]));
-  std::printf(
-      "started the store (%s), the orchestrator (%s), %zu relays, %zu workers and the trainer "
-      "(%s)\n",
-      config.store_listen.c_str(), listen_orchestrator.c_str(), config.regions.size(),
-      trainer_index - first_worker, TrainerDescription(config).c_str());
+  const std::string own_store =
+      config.store_uri.empty() ? "the store (" + config.store_listen + "), " : "";
+  const std::string shared_store =
+      config.store_uri.empty() ? "" : ", with the store " + config.store_uri;
+  std::printf("started %sthe orchestrator (%s), %zu relays, %zu workers and the trainer (%s)%s\n",
+              own_store.c_str(), listen_orchestrator.c_str(), config.regions.size(),
+              trainer_index - first_worker, TrainerDescription(config).c_str(),
+              shared_store.c_str());
   std::fflush(stdout);
 
   HttpClientOptions quick;

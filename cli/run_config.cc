@@ -125,8 +125,16 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     c.time_limit = std::chrono::duration_cast<std::chrono::seconds>(limit);
   }
   if (const YAML::Node store = root["store"]) {
-    WEFT_RETURN_IF_ERROR(CheckKeys(store, "store", {"listen"}));
+    WEFT_RETURN_IF_ERROR(CheckKeys(store, "store", {"listen", "uri"}));
     WEFT_RETURN_IF_ERROR(ReadString(store, "store", "listen", &c.store_listen));
+    WEFT_RETURN_IF_ERROR(ReadString(store, "store", "uri", &c.store_uri));
+    if (!c.store_uri.empty() && c.store_uri.rfind("s3://", 0) != 0 &&
+        c.store_uri.rfind("http://", 0) != 0 && c.store_uri.rfind("https://", 0) != 0) {
+      return InvalidArgument("store.uri (line " + std::to_string(store["uri"].Mark().line + 1) +
+                             "): '" + c.store_uri +
+                             "' is not a shared store (s3://BUCKET/PREFIX or http(s)://HOST:PORT);"
+                             " leave it out to serve the run's own store");
+    }
   }
   WEFT_RETURN_IF_ERROR(CheckListen(c.store_listen, "store.listen"));
 

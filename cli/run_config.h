@@ -46,6 +46,9 @@ struct RunConfig {
   std::string dir = "runs/local";  // everything the run writes
   std::chrono::seconds time_limit{900};
   std::string store_listen = "127.0.0.1:8170";
+  // store.uri: a store the run uses instead of its own (an s3:// store); empty: the run serves
+  // RUN_DIR/store itself on store_listen.
+  std::string store_uri;
   YAML::Node orchestrator_section;  // passed on to `weft orchestrator`
   orchestrator::OrchestratorConfig orchestrator;
   std::vector<RegionConfig> regions;
@@ -63,7 +66,12 @@ struct RunConfig {
 
   std::string orchestrator_listen() const;  // ADDRESS:PORT
   std::string orchestrator_url() const { return "http://" + orchestrator_listen(); }
-  std::string store_url() const { return "http://" + store_listen; }
+  // Where relays and readers reach the store: store.uri, or the run's own store server.
+  std::string store_url() const { return store_uri.empty() ? "http://" + store_listen : store_uri; }
+  // Where the trainer publishes: store.uri, or the directory RUN_DIR/store (absolute).
+  std::string publish_store(const std::string& run_dir) const {
+    return store_uri.empty() ? run_dir + "/store" : store_uri;
+  }
   const RegionConfig* FindRegion(const std::string& name) const;
 };
 

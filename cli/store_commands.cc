@@ -22,6 +22,7 @@
 #include "policy_store/reader.h"
 #include "policy_store/relay.h"
 #include "policy_store/retention.h"
+#include "policy_store/s3_store.h"
 #include "policy_store/store_server.h"
 #include "sync/safetensors.h"
 
@@ -29,6 +30,9 @@ namespace weft::cli {
 namespace {
 
 using namespace weft::policy_store;
+
+constexpr const char* kStoreHelp =
+    "store: a directory, file://PATH, http(s)://HOST:PORT or s3://BUCKET/PREFIX";
 
 struct StoreOptions {
   std::string store;
@@ -48,9 +52,10 @@ struct StoreOptions {
   std::string deadline = "120s";
   std::string cache_dir;
   std::string cache_bytes = "10GiB";
-  std::string upstream;  // relay
-  std::string holder;    // pull --pin-as, pin --holder
-  bool remove = false;   // pin --remove
+  std::string upstream;                   // relay
+  std::string holder;                     // pull --pin-as, pin --holder
+  bool remove = false;                    // pin --remove
+  std::string abandoned_uploads = "24h";  // gc: multipart uploads older than this are aborted
 };
 
 // The OpenOptions the flags describe.
@@ -86,6 +91,10 @@ std::string TransferNote(ObjectStore& store) {
     if (http->resumed() > 0)
       notes.push_back(std::to_string(http->resumed()) + " downloads resumed");
   }
+  if (auto* s3 = dynamic_cast<S3Store*>(reached)) {
+    if (s3->retries() > 0) notes.push_back(std::to_string(s3->retries()) + " requests retried");
+    if (s3->resumed() > 0) notes.push_back(std::to_string(s3->resumed()) + " downloads resumed");
+  }
   std::string text;
   for (const std::string& note : notes) text += (text.empty() ? "" : ", ") + note;
   return text;
@@ -116,7 +125,8 @@ Result<sync::ServedModel> LoadModel(const std::string& path, int threads) {
 }
 
 Status RunPublish(const StoreOptions& options) {
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  WEFT_ASSIGN_OR_RETURN(OpenOptions link, LinkOptions(options));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store, link));
   WEFT_ASSIGN_OR_RETURN(sync::ServedModel model, LoadModel(options.model, Threads(options)));
   const KeyframePolicy policy{options.keyframe_interval, options.keyframe_budget};
   std::optional<uint64_t> expected;
@@ -294,6 +304,8 @@ Status RunPin(const StoreOptions& options) {
 Status RunCollect(const StoreOptions& options) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(options.run));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  WEFT_ASSIGN_OR_RETURN(std::chrono::microseconds abandoned,
+                        ParseDuration(options.abandoned_uploads));
   WEFT_ASSIGN_OR_RETURN(CollectReport report,
                         CollectGarbage(*store, options.run, options.pins, options.dry_run));
   std::printf(
@@ -304,6 +316,15 @@ Status RunCollect(const StoreOptions& options) {
       static_cast<unsigned long long>(report.versions_deleted),
       static_cast<unsigned long long>(report.blobs_deleted),
       static_cast<unsigned long long>(report.bytes_freed));
+  // On S3, the parts of uploads that publishers killed mid-way left behind.
+  if (auto* s3 = dynamic_cast<S3Store*>(store.get()); s3 != nullptr && !options.dry_run) {
+    WEFT_ASSIGN_OR_RETURN(
+        size_t aborted,
+        s3->AbortUploadsBefore(std::chrono::system_clock::now() -
+                               std::chrono::duration_cast<std::chrono::seconds>(abandoned)));
+    std::printf("%s: aborted %zu multipart uploads started more than %s ago\n",
+                store->Describe().c_str(), aborted, options.abandoned_uploads.c_str());
+  }
   return Status::Ok();
 }
 
@@ -317,8 +338,7 @@ void RegisterStore(CLI::App& app, Action* action) {
   auto publish = std::make_shared<StoreOptions>();
   CLI::App* p =
       store->add_subcommand("publish", "Publish MODEL.safetensors as the next version of a run");
-  p->add_option("--store", publish->store, "store: a directory, file://PATH or http://HOST:PORT")
-      ->required();
+  p->add_option("--store", publish->store, kStoreHelp)->required();
   p->add_option("--run", publish->run, "run id")->required();
   p->add_option("--version", publish->version,
                 "expected version number (refused if it is not the next one)")
@@ -332,14 +352,14 @@ void RegisterStore(CLI::App& app, Action* action) {
   p->add_option("model", publish->model, "served tensors (.safetensors)")
       ->required()
       ->check(CLI::ExistingFile);
+  AddLinkFlags(p, publish.get(), false);
   p->add_option("--threads", publish->threads, "threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
   p->callback([publish, action] { *action = [publish] { return RunPublish(*publish); }; });
 
   auto pull = std::make_shared<StoreOptions>();
   CLI::App* g = store->add_subcommand("pull", "Fetch a version (default: latest) as safetensors");
-  g->add_option("--store", pull->store, "store: a directory, file://PATH or http://HOST:PORT")
-      ->required();
+  g->add_option("--store", pull->store, kStoreHelp)->required();
   g->add_option("--run", pull->run, "run id")->required();
   g->add_option("--version", pull->version, "version (default: latest)")
       ->check(CLI::NonNegativeNumber);
@@ -356,7 +376,7 @@ void RegisterStore(CLI::App& app, Action* action) {
 
   auto list = std::make_shared<StoreOptions>();
   CLI::App* l = store->add_subcommand("ls", "List runs and versions");
-  l->add_option("--store", list->store, "store: a directory or file://PATH")->required();
+  l->add_option("--store", list->store, kStoreHelp)->required();
   l->add_option("--run", list->run, "only this run");
   l->callback([list, action] { *action = [list] { return RunList(*list); }; });
 
@@ -364,8 +384,7 @@ void RegisterStore(CLI::App& app, Action* action) {
   CLI::App* n = store->add_subcommand("pin",
                                       "Record the version a holder still needs (retention keeps "
                                       "it; publishers write catch-up deltas from it)");
-  n->add_option("--store", pin->store, "store: a directory, file://PATH or http://HOST:PORT")
-      ->required();
+  n->add_option("--store", pin->store, kStoreHelp)->required();
   n->add_option("--run", pin->run, "run id")->required();
   n->add_option("--holder", pin->holder, "who needs it: a worker, job or trainer id")->required();
   n->add_option("--version", pin->version, "the version it holds")->check(CLI::NonNegativeNumber);
@@ -375,18 +394,21 @@ void RegisterStore(CLI::App& app, Action* action) {
   auto collect = std::make_shared<StoreOptions>();
   CLI::App* c =
       store->add_subcommand("gc", "Delete versions and blobs that no pinned version needs");
-  c->add_option("--store", collect->store, "store: a directory or file://PATH")->required();
+  c->add_option("--store", collect->store, kStoreHelp)->required();
   c->add_option("--run", collect->run, "run id")->required();
   c->add_option(
       "--pin", collect->pins,
       "a version still needed (repeatable), besides the store's pins; the latest is always kept");
   c->add_flag("--dry-run", collect->dry_run, "report what would be deleted, delete nothing");
+  c->add_option("--abandoned-uploads", collect->abandoned_uploads,
+                "on S3, abort multipart uploads started longer ago than this (default 24h)");
   c->callback([collect, action] { *action = [collect] { return RunCollect(*collect); }; });
 
   auto serve = std::make_shared<StoreOptions>();
   CLI::App* v =
       store->add_subcommand("serve", "Serve a store over HTTP (writes need WEFT_STORE_TOKEN)");
-  v->add_option("--store", serve->store, "the store to serve: a directory or file://PATH")
+  v->add_option("--store", serve->store,
+                "the store to serve: a directory, file://PATH or s3://BUCKET/PREFIX")
       ->required();
   v->add_option("--listen", serve->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
   v->add_option("--threads", serve->threads, "server threads (default: all cores, at least 2)")
@@ -398,7 +420,8 @@ void RegisterRelay(CLI::App& app, Action* action) {
   auto relay = std::make_shared<StoreOptions>();
   CLI::App* r =
       app.add_subcommand("relay", "A regional pull-through cache of a store server (read-only)");
-  r->add_option("--upstream", relay->upstream, "the store server to relay: http://HOST:PORT")
+  r->add_option("--upstream", relay->upstream,
+                "the store to relay: http(s)://HOST:PORT (a store server) or s3://BUCKET/PREFIX")
       ->required();
   r->add_option("--cache", relay->cache_dir, "directory for cached blobs")->required();
   r->add_option("--max-bytes", relay->cache_bytes,

@@ -72,7 +72,7 @@ std::map<std::string, std::string> TrainerChannelEnvironment(const RunConfig& co
   return {{kRunIdVariable, config.run_id},
           {kRunDirVariable, run_dir},
           {kConfigVariable, config_path},
-          {kStoreVariable, run_dir + "/store"},
+          {kStoreVariable, config.publish_store(run_dir)},
           {kStoreUrlVariable, config.store_url()},
           {kOrchestratorVariable, config.orchestrator_url()},
           {kTrainerTokenVariable, config.orchestrator.service.trainer_token},

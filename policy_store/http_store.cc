@@ -9,11 +9,7 @@ using Json = nlohmann::json;
 
 HttpClientOptions ClientOptions(const HttpStoreOptions& options) {
   HttpClientOptions client = options;
-  if (options.shaper) {
-    std::shared_ptr<LinkShaper> shaper = options.shaper;
-    client.before_request = [shaper] { shaper->BeforeRequest(); };
-    client.received = [shaper](uint64_t bytes) { shaper->Received(bytes); };
-  }
+  ShapeClient(options.shaper, &client);
   return client;
 }
 

@@ -36,4 +36,10 @@ void LinkShaper::Received(uint64_t bytes) {
   std::this_thread::sleep_until(wake);
 }
 
+void ShapeClient(const std::shared_ptr<LinkShaper>& shaper, HttpClientOptions* options) {
+  if (!shaper) return;
+  options->before_request = [shaper] { shaper->BeforeRequest(); };
+  options->received = [shaper](uint64_t bytes) { shaper->Received(bytes); };
+}
+
 }  // namespace weft::policy_store

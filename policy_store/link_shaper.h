@@ -9,8 +9,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
+
+#include "common/http_client.h"
 
 namespace weft::policy_store {
 
@@ -37,5 +40,8 @@ class LinkShaper {
   std::mutex mutex_;
   Clock::time_point free_at_{};  // when the link has delivered everything accounted so far
 };
+
+// Sets a client's hooks so that its requests go through `shaper` (null: left as they are).
+void ShapeClient(const std::shared_ptr<LinkShaper>& shaper, HttpClientOptions* options);
 
 }  // namespace weft::policy_store

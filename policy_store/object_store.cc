@@ -12,6 +12,7 @@
 #include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/http_store.h"
+#include "policy_store/s3_store.h"
 
 namespace weft::policy_store {
 namespace {
@@ -96,14 +97,28 @@ Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const Ope
       http.shaper = std::make_shared<LinkShaper>(
           LinkShape{options.shape_bytes_per_second, options.shape_latency});
     store = std::make_unique<HttpStore>(uri, token, http);
+  } else if (uri.rfind("s3://", 0) == 0) {
+    WEFT_ASSIGN_OR_RETURN(s3::Settings settings,
+                          s3::ResolveSettings(uri, s3::ProcessEnvironment()));
+    S3StoreOptions s3_options;
+    s3_options.deadline = options.deadline;
+    if (shaped)
+      ShapeClient(std::make_shared<LinkShaper>(
+                      LinkShape{options.shape_bytes_per_second, options.shape_latency}),
+                  &s3_options);
+    store = std::make_unique<S3Store>(std::move(settings), s3_options);
   } else {
     const size_t scheme = uri.find("://");
     if (scheme != std::string::npos && uri.compare(0, scheme, "file") != 0) {
       return InvalidArgument("store '" + uri + "': unknown scheme '" + uri.substr(0, scheme) +
-                             "' (a store is a directory, file://PATH, http:// or https://)");
+                             "' (a store is a directory, file://PATH, http(s)://HOST:PORT or "
+                             "s3://BUCKET/PREFIX)");
     }
     if (shaped)
-      return InvalidArgument("link shaping applies to http:// stores, not to the directory " + uri);
+      return InvalidArgument(
+          "link shaping applies to http:// and s3:// stores, not to the "
+          "directory " +
+          uri);
     std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri;
     if (path.empty()) return InvalidArgument("empty store path");
     WEFT_ASSIGN_OR_RETURN(std::unique_ptr<DirectoryStore> directory, DirectoryStore::Open(path));

@@ -65,8 +65,8 @@ class ObjectStore {
 
 Status ValidateKey(const std::string& key);
 
-// How a store is reached. `shape` and `deadline` apply to HTTP stores (shaping a directory is
-// refused); with a `cache_dir`, blobs are read through a bounded local cache (CachingStore).
+// How a store is reached. `shape` and `deadline` apply to HTTP and S3 stores (shaping a directory
+// is refused); with a `cache_dir`, blobs are read through a bounded local cache (CachingStore).
 struct OpenOptions {
   uint64_t shape_bytes_per_second = 0;         // 0: unlimited
   std::chrono::microseconds shape_latency{0};  // added before each request
@@ -77,9 +77,10 @@ struct OpenOptions {
   std::optional<std::string> writer_token;
 };
 
-// Opens a store from a URI: a directory path, file://PATH, or http(s)://HOST:PORT (a Store API
-// server; writes use options.writer_token, or else the environment variable WEFT_STORE_TOKEN).
-// Another scheme (xyz://...) is refused with kInvalidArgument.
+// Opens a store from a URI: a directory path, file://PATH, http(s)://HOST:PORT (a Store API
+// server; writes use options.writer_token, or else the environment variable WEFT_STORE_TOKEN), or
+// s3://BUCKET/PREFIX (S3 or a compatible service, configured as s3_config.h says). Another scheme
+// (xyz://...) is refused with kInvalidArgument.
 Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri,
                                                const OpenOptions& options = {});
 

@@ -5,9 +5,11 @@
 namespace weft::policy_store {
 
 Result<std::unique_ptr<Relay>> Relay::Start(const RelayOptions& options) {
-  if (options.upstream.rfind("http://", 0) != 0 && options.upstream.rfind("https://", 0) != 0) {
-    return InvalidArgument("the upstream must be an http:// or https:// store URL, not '" +
-                           options.upstream + "'");
+  if (options.upstream.rfind("http://", 0) != 0 && options.upstream.rfind("https://", 0) != 0 &&
+      options.upstream.rfind("s3://", 0) != 0) {
+    return InvalidArgument(
+        "the upstream must be an http(s):// store server or an s3:// store, not '" +
+        options.upstream + "'");
   }
   std::unique_ptr<Relay> relay(new Relay(options));
   OpenOptions link;

@@ -21,7 +21,7 @@
 namespace weft::policy_store {
 
 struct RelayOptions {
-  std::string upstream;  // http:// or https:// URL of a store server (or of another relay)
+  std::string upstream;  // a store server's (or another relay's) http(s):// URL, or an s3:// store
   std::string cache_dir;
   uint64_t cache_bytes = uint64_t{10} << 30;
   LinkShape link;  // the emulated link to the upstream (inactive: the link as it is)

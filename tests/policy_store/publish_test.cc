@@ -19,13 +19,7 @@ namespace {
 using testing::SameBytes;
 using testing::TestRun;
 
-struct Dir {
-  std::string root;
-  std::unique_ptr<DirectoryStore> store;
-  explicit Dir(const std::string& name = "publish")
-      : root(TempRoot(name)), store(std::move(DirectoryStore::Open(root)).value()) {}
-  ~Dir() { std::filesystem::remove_all(root); }
-};
+using Dir = TestStore;
 
 // Counts the blobs read through it: a publisher that keeps what it squashes reads none back.
 class CountingStore : public ForwardingStore {
@@ -38,20 +32,8 @@ class CountingStore : public ForwardingStore {
   std::atomic<int> blob_reads{0};
 };
 
-// Every object under `dir`, by key, with its bytes.
-std::map<std::string, std::vector<uint8_t>> Objects(const std::string& dir) {
-  std::map<std::string, std::vector<uint8_t>> objects;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
-    if (!entry.is_regular_file()) continue;
-    const std::string key = std::filesystem::relative(entry.path(), dir).string();
-    if (key.find(".tmp") != std::string::npos) continue;
-    objects[key] = *ReadFile(entry.path().string());
-  }
-  return objects;
-}
-
 TEST_CASE("publish: a second publisher of the same version gets a conflict; a rerun completes") {
-  Dir d;
+  Dir d("publish");
   TestRun run(*d.store, "run", 50);
   const Manifest base = run.Start();
   // Version 0 again, the same bytes: accepted (a rerun); other bytes: a conflict.
@@ -82,7 +64,7 @@ TEST_CASE("publish: a second publisher of the same version gets a conflict; a re
 }
 
 TEST_CASE("publish: a publisher killed between its blobs and its pointer leaves the last version") {
-  Dir d;
+  Dir d("publish");
   TestRun run(*d.store, "run", 50);
   run.Start();
   // Version 1's delta blob written, `latest` not yet moved: as if killed just before.
@@ -121,7 +103,7 @@ TEST_CASE(
     const Manifest a = with.Next(), b = without.Next();
     CHECK(a.ToJson() == b.ToJson());
   }
-  CHECK(Objects(kept.root) == Objects(read.root));
+  CHECK(kept.Objects() == read.Objects());
   // Version 16 had skip deltas of spans 2, 4, 8 and 16, and every version after 5 catch-up deltas
   // for both pins: built from memory, the publisher read no blob back (the one catch-up built
   // from the chain of a new pin excepted).
@@ -132,7 +114,7 @@ TEST_CASE(
 }
 
 TEST_CASE("publish: a whole model as the next version of a run") {
-  Dir d;
+  Dir d("publish");
   TestRun run(*d.store, "run", 50);
   sync::ServedModel v0 = std::move(sync::ServedModel::FromMaster(run.Master(), {}, 1)).value();
   auto first = PublishModel(*d.store, "run", v0, run.policy, 1);

@@ -21,14 +21,10 @@ namespace {
 using testing::SameBytes;
 using testing::TestRun;
 
-struct Dir {
-  std::string root = TempRoot("reader");
-  std::unique_ptr<DirectoryStore> store = std::move(DirectoryStore::Open(root)).value();
-  ~Dir() { std::filesystem::remove_all(root); }
-};
+using Dir = TestStore;
 
 TEST_CASE("reader: any version from nothing or from an older copy, along the cheapest path") {
-  Dir d;
+  Dir d("reader");
   TestRun run(*d.store, "run", 4);
   run.Start();
   for (int v = 1; v <= 9; ++v) {
@@ -73,7 +69,7 @@ TEST_CASE("reader: any version from nothing or from an older copy, along the che
 }
 
 TEST_CASE("reader: a copy that is held is changed in place, and not at all when anything fails") {
-  Dir d;
+  Dir d("reader");
   TestRun run(*d.store, "run", 100);
   run.Start();
   for (int v = 1; v <= 5; ++v) run.Next();
@@ -89,14 +85,11 @@ TEST_CASE("reader: a copy that is held is changed in place, and not at all when 
   CHECK(SameBytes(copy, run.published[5]));
   CHECK(copy.tensors()[0].bytes.data() == storage);  // the same memory: no copy was made
   // The last delta of a path corrupted at rest: the pull fails and the copy is as it was.
-  const std::string blob = d.root + "/blobs/" + reader.GetManifest(5)->delta->sha256;
-  std::vector<uint8_t> original = *ReadFile(blob);
-  std::filesystem::remove(blob);
+  const std::string blob = BlobKey(reader.GetManifest(5)->delta->sha256);
   {
-    std::vector<uint8_t> bad = original;
+    std::vector<uint8_t> bad = std::move(d.store->Get(blob)).value();
     bad[bad.size() / 2] ^= 0x10;
-    std::ofstream(blob, std::ios::binary)
-        .write(reinterpret_cast<const char*>(bad.data()), static_cast<std::streamsize>(bad.size()));
+    d.Overwrite(blob, bad);
   }
   sync::ServedModel unchanged = run.published[3];
   auto failed = reader.Pull(5, 3, &unchanged);
@@ -110,7 +103,7 @@ TEST_CASE("reader: a copy that is held is changed in place, and not at all when 
 }
 
 TEST_CASE("reader: publish and pull through a store server over HTTP") {
-  Dir d;
+  Dir d("reader");
   StoreServerOptions server_options;
   server_options.writer_token = "token";
   auto server = std::move(StoreServer::Start(*d.store, server_options)).value();

@@ -60,7 +60,8 @@ TEST_CASE("relay: one upstream fetch per blob for a region's readers; read-only;
   RelayOptions bad;
   bad.upstream = "file:///tmp/store";
   CHECK(Relay::Start(bad).status().message() ==
-        "the upstream must be an http:// or https:// store URL, not 'file:///tmp/store'");
+        "the upstream must be an http(s):// store server or an s3:// store, not "
+        "'file:///tmp/store'");
   std::filesystem::remove_all(root);
   std::filesystem::remove_all(options.cache_dir);
 }

@@ -5,7 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -15,13 +19,14 @@
 #include "policy_store/forwarding_store.h"
 #include "policy_store/http_store.h"
 #include "policy_store/manifest.h"
+#include "policy_store/s3_store.h"
 #include "policy_store/store_server.h"
 #include "tests/temp_path.h"
 
 namespace weft::policy_store {
 
 // A fresh, empty path under the temporary directory, unique to this process.
-inline std::string TempRoot(const std::string& name) { return testing::TempPath(name); }
+inline std::string TempRoot(const std::string& name) { return ::weft::testing::TempPath(name); }
 
 inline std::span<const uint8_t> Bytes(const std::string& text) {
   return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
@@ -93,6 +98,75 @@ struct Upstream {
     return key;
   }
   ~Upstream() { std::filesystem::remove_all(root); }
+};
+
+// The store the backend-neutral tests (publish, reader) run on: a fresh directory, or, when the
+// environment variable WEFT_TEST_STORE names an s3:// store, a fresh prefix under it, emptied
+// again afterwards. The S3 suite (tests/policy_store/s3_test.sh) runs them that way against a
+// real S3 service.
+struct TestStore {
+  std::string root;  // the directory; empty on S3
+  std::unique_ptr<ObjectStore> store;
+  S3Store* s3 = nullptr;
+
+  explicit TestStore(const std::string& name = "store") {
+    const char* uri = std::getenv("WEFT_TEST_STORE");
+    if (uri == nullptr || std::string(uri).rfind("s3://", 0) != 0) {
+      root = TempRoot(name);
+      store = std::move(DirectoryStore::Open(root)).value();
+      return;
+    }
+    std::string base = uri, options;
+    if (const size_t question = base.find('?'); question != std::string::npos) {
+      options = base.substr(question);
+      base.resize(question);
+    }
+    while (base.back() == '/') base.pop_back();
+    const std::string prefix = name + "-" + std::to_string(std::random_device{}());
+    const std::string full = base + (base.find('/', 5) == std::string::npos ? "/" : "/") + prefix;
+    Result<std::unique_ptr<ObjectStore>> opened = OpenStore(full + options);
+    REQUIRE_MESSAGE(opened.ok(), opened.status().ToString());
+    store = std::move(*opened);
+    s3 = dynamic_cast<S3Store*>(store.get());
+  }
+  ~TestStore() {
+    if (s3 == nullptr) {
+      std::filesystem::remove_all(root);
+      return;
+    }
+    for (const auto& [key, bytes] : Objects()) (void)store->Delete(key);
+  }
+  bool local() const { return s3 == nullptr; }
+
+  // Every object of the store's usual namespaces, by key, with its bytes.
+  std::map<std::string, std::vector<uint8_t>> Objects() const {
+    std::map<std::string, std::vector<uint8_t>> objects;
+    for (const char* prefix : {"blobs/", "runs/", "things/"}) {
+      Result<std::vector<std::string>> keys = store->List(prefix);
+      REQUIRE(keys.ok());
+      for (const std::string& key : *keys) objects[key] = std::move(store->Get(key)).value();
+    }
+    return objects;
+  }
+
+  // Replaces an object behind the store's back (corruption at rest).
+  void Overwrite(const std::string& key, const std::vector<uint8_t>& bytes) {
+    if (s3 != nullptr) {
+      S3Store::Call call;
+      call.method = "PUT";
+      call.key = key;
+      call.body = bytes;
+      Result<HttpReply> reply = s3->Send(call);
+      REQUIRE(reply.ok());
+      REQUIRE(reply->status == 200);
+      return;
+    }
+    const std::string path = root + "/" + key;
+    std::filesystem::remove(path);
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+  }
 };
 
 }  // namespace weft::policy_store
