@@ -10,7 +10,9 @@
 #   5. four publishers racing for one version: exactly one wins, the others are told of a conflict;
 #   6. a publisher killed with SIGKILL in the middle of a multipart upload: `latest` stays where it
 #      was, nothing half-written is visible, a rerun completes, and `store gc` aborts the parts
-#      the killed publisher left.
+#      the killed publisher left;
+#   7. `weft run` with `store.uri` on S3: the trainer publishes there, the relay reads from it;
+#   8. the Python package's publisher on S3.
 # Usage: s3_test.sh WEFT SERVICE_TESTS STORE_TESTS MAKE_TEST_MODEL WORKDIR
 set -uo pipefail
 weft=$1 service_tests=$2 store_tests=$3 make_model=$4 work=$5
@@ -52,7 +54,10 @@ if WEFT_TEST_STORE=$store "$service_tests" > service.log 2>&1; then ok; else
   fail "the S3 service suite failed:"; tail -40 service.log
 fi
 grep -o "conditional completion of multipart uploads: [a-z]*" service.log | head -1
-if WEFT_TEST_STORE=$store "$store_tests" -tc='publish*,reader*' > suites.log 2>&1; then ok; else
+# (Less the one that checks what the publisher keeps in memory against the store byte for byte:
+# thousands of requests, and nothing in it depends on the backend.)
+if WEFT_TEST_STORE=$store "$store_tests" -tc='publish*,reader*' -tce='*come from memory*' \
+  > suites.log 2>&1; then ok; else
   fail "the publisher and reader suites failed on S3:"; tail -40 suites.log
 fi
 
@@ -155,6 +160,62 @@ same big1.safetensors dir-big1.safetensors
 expect_ok "$weft" store gc --store $store --run big --abandoned-uploads 0s
 if grep -q "aborted $left multipart uploads" out.txt; then ok; else fail "gc of uploads: $(cat out.txt)"; fi
 if (( $(uploads_under "") == 0 )); then ok; else fail "uploads remain after gc: $(s3_get "/weft-test?uploads=")"; fi
+
+# --- 7. weft run with its store on S3 ------------------------------------------------------------
+# The trainer publishes to S3, the region's relay reads from it, the workers pull through the relay.
+base=$((port + 1000))
+cat > run.yaml <<YAML
+run: {id: on-s3, dir: $work/run, time_limit: 120s}
+store: {uri: "$store"}
+orchestrator:
+  listen: 127.0.0.1:$((base + 1))
+  max_staleness: 4
+  cluster_timeout: 3s
+  tick: 50ms
+  max_wait: 2s
+  tokens: {worker: w, trainer: t, admin: a}
+regions:
+  - {name: near, relay: 127.0.0.1:$((base + 2)), bandwidth: 50MB, latency: 2ms, workers: 2}
+worker: {capacity: 2, heartbeat: 300ms}
+model: {d_model: 32, layers: 2, heads: 2, d_ff: 64}
+task: {digits: 1}
+trainer:
+  threads: 1
+  warmup: {steps: 10, batch: 16}
+  steps: 20
+  prompts_per_step: 8
+  samples_per_prompt: 4
+  eval_problems: 20
+  keyframe_interval: 8
+YAML
+if "$weft" run run.yaml > run.out 2>&1; then ok; else fail "weft run on S3: $(tail -5 run.out)"; fi
+report=run/report.json
+if [[ $(jq -r .completed $report) == true && $(jq -r .digest_mismatches $report) == 0 &&
+      $(jq -r .staleness_violations $report) == 0 && $(jq -r .versions_published $report) == 21 ]]; then
+  ok
+else
+  fail "the run on S3: $(jq -c '{completed, failure, digest_mismatches, staleness_violations, versions_published}' $report)"
+fi
+expect_ok "$weft" store ls --store $store --run on-s3
+if grep -q "run on-s3: latest 20, 21 versions" out.txt; then ok; else fail "the run's versions on S3: $(head -2 out.txt)"; fi
+if grep -q "with the store $store" run.out; then ok; else fail "weft run did not say it uses $store"; fi
+
+# --- 8. The Python package publishing to S3 (where it is built) ------------------------------------
+python_dir=$(dirname "$(dirname "$weft")")/python
+if [[ -d $python_dir/weft ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  if PYTHONPATH=$python_dir /usr/bin/python3 - "$store" > python.out 2>&1 <<'PY'
+import sys, torch, weft
+publisher = weft.Publisher(sys.argv[1], "from-python", serving="bf16")
+weights = {"w": torch.randn(64, 64, generator=torch.Generator().manual_seed(1))}
+assert publisher.start(weights).version == 0
+weights["w"] += 0.01
+assert publisher.publish(weights).version == 1
+PY
+  then ok; else fail "the Python package on S3: $(tail -3 python.out)"; fi
+  expect_ok "$weft" store pull --store $store --run from-python -o from-python.safetensors
+else
+  echo "s3_test: the Python package is not built here; its S3 check is skipped"
+fi
 
 echo "s3_test: $passed passed, $failed failed"
 [[ $failed == 0 ]]

@@ -134,18 +134,24 @@ struct TestStore {
       std::filesystem::remove_all(root);
       return;
     }
-    for (const auto& [key, bytes] : Objects()) (void)store->Delete(key);
+    for (const std::string& key : Keys()) (void)store->Delete(key);
   }
   bool local() const { return s3 == nullptr; }
 
-  // Every object of the store's usual namespaces, by key, with its bytes.
-  std::map<std::string, std::vector<uint8_t>> Objects() const {
-    std::map<std::string, std::vector<uint8_t>> objects;
+  // Every key of the store's usual namespaces.
+  std::vector<std::string> Keys() const {
+    std::vector<std::string> all;
     for (const char* prefix : {"blobs/", "runs/", "things/"}) {
       Result<std::vector<std::string>> keys = store->List(prefix);
       REQUIRE(keys.ok());
-      for (const std::string& key : *keys) objects[key] = std::move(store->Get(key)).value();
+      all.insert(all.end(), keys->begin(), keys->end());
     }
+    return all;
+  }
+  // Every object of the store's usual namespaces, by key, with its bytes.
+  std::map<std::string, std::vector<uint8_t>> Objects() const {
+    std::map<std::string, std::vector<uint8_t>> objects;
+    for (const std::string& key : Keys()) objects[key] = std::move(store->Get(key)).value();
     return objects;
   }
 
