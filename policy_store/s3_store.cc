@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/concurrent.h"
 #include "common/hex.h"
 #include "common/logging.h"
 #include "policy_store/manifest.h"
@@ -238,40 +239,22 @@ Result<std::pair<std::vector<uint8_t>, std::string>> S3Store::GetWithEtag(const 
     std::memcpy(bytes.data(), reply.body.data(), reply.body.size());
     reply.body = {};
     const uint64_t ranges = (total + range - 1) / range;
-    std::atomic<uint64_t> next{1};
-    std::atomic<bool> changed{false};
-    std::mutex mutex;
-    Status failure;
-    auto worker = [&] {
-      for (uint64_t i = next.fetch_add(1); i < ranges; i = next.fetch_add(1)) {
-        if (!failure.ok() || changed.load()) return;
-        Call part;
-        part.key = key;
-        const uint64_t offset = i * range;
-        const uint64_t length = std::min<uint64_t>(range, total - offset);
-        part.range = std::pair<uint64_t, uint64_t>{offset, length};
-        Result<HttpReply> got = Send(part);
-        Status status = got.ok() ? StatusOf(*got, What("GET", key)) : got.status();
-        if (status.ok() &&
-            (got->Header("etag") != etag || got->status != 206 || got->body.size() != length)) {
-          changed.store(true);
-          return;
-        }
-        if (!status.ok()) {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (failure.ok()) failure = status;
-          return;
-        }
-        std::memcpy(bytes.data() + offset, got->body.data(), length);
-      }
-    };
-    const int threads = static_cast<int>(std::min<uint64_t>(settings_.parallel, ranges - 1));
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-    worker();
-    for (std::thread& thread : pool) thread.join();
-    if (!failure.ok()) return failure;
-    if (!changed.load()) return std::pair{std::move(bytes), etag};
+    const Status read =
+        ForEachConcurrently(ranges - 1, settings_.parallel, [&](size_t i) -> Status {
+          Call part;
+          part.key = key;
+          const uint64_t offset = (i + 1) * range;
+          const uint64_t length = std::min<uint64_t>(range, total - offset);
+          part.range = std::pair<uint64_t, uint64_t>{offset, length};
+          WEFT_ASSIGN_OR_RETURN(HttpReply got, Send(part));
+          WEFT_RETURN_IF_ERROR(StatusOf(got, What("GET", key)));
+          if (got.Header("etag") != etag || got.status != 206 || got.body.size() != length)
+            return Conflict(What("GET", key) + ": the object changed while it was read");
+          std::memcpy(bytes.data() + offset, got.body.data(), length);
+          return Status::Ok();
+        });
+    if (read.ok()) return std::pair{std::move(bytes), etag};
+    if (read.code() != StatusCode::kConflict) return read;
     if (attempt >= 3)
       return Unavailable(What("GET", key) + ": the object changed while it was read, 4 times");
   }
@@ -377,13 +360,7 @@ Status S3Store::PutSingle(const std::string& key, std::span<const uint8_t> bytes
   }
 }
 
-Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> bytes) {
-  WEFT_ASSIGN_OR_RETURN(bool conditional, CheckConditionalWrites());
-  if (!conditional) {
-    // The service would complete over an existing object: look first.
-    WEFT_ASSIGN_OR_RETURN(bool exists, Exists(key));
-    if (exists) return CompareExisting(key, bytes);
-  }
+Result<std::string> S3Store::StartUpload(const std::string& key) {
   Call create;
   create.method = "POST";
   create.key = key;
@@ -395,58 +372,27 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> by
   const std::string upload =
       ParseXml(created.body).get<std::string>("InitiateMultipartUploadResult.UploadId", "");
   if (upload.empty()) return DataLoss(What("POST", key) + "?uploads: the answer holds no UploadId");
-  auto abort = [&] {
-    Call call;
-    call.method = "DELETE";
-    call.key = key;
-    call.query = {{"uploadId", upload}};
-    (void)Send(call);
-  };
+  return upload;
+}
 
-  const uint64_t part_size = settings_.part_size;
-  const uint64_t parts = (bytes.size() + part_size - 1) / part_size;
-  std::vector<std::string> etags(parts);
-  std::atomic<uint64_t> next{0};
-  std::mutex mutex;
-  Status failure;
-  auto worker = [&] {
-    for (uint64_t i = next.fetch_add(1); i < parts; i = next.fetch_add(1)) {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!failure.ok()) return;
-      }
-      Call call;
-      call.method = "PUT";
-      call.key = key;
-      call.query = {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload}};
-      const uint64_t offset = i * part_size;
-      call.body = bytes.subspan(offset, std::min<uint64_t>(part_size, bytes.size() - offset));
-      Result<HttpReply> reply = Send(call);
-      Status status = reply.ok()
-                          ? StatusOf(*reply, What("PUT", key) + " part " + std::to_string(i + 1))
-                          : reply.status();
-      if (status.ok() && reply->Header("etag").empty())
-        status = DataLoss(What("PUT", key) + " part " + std::to_string(i + 1) + ": no ETag");
-      std::lock_guard<std::mutex> lock(mutex);
-      if (!status.ok()) {
-        if (failure.ok()) failure = status;
-        return;
-      }
-      etags[i] = reply->Header("etag");
-    }
-  };
-  const int threads = static_cast<int>(std::min<uint64_t>(settings_.parallel, parts));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& thread : pool) thread.join();
-  if (!failure.ok()) {
-    abort();
-    return failure;
-  }
+Result<std::string> S3Store::UploadPart(const std::string& key, const std::string& upload,
+                                        int number, std::span<const uint8_t> bytes) {
+  Call call;
+  call.method = "PUT";
+  call.key = key;
+  call.query = {{"partNumber", std::to_string(number)}, {"uploadId", upload}};
+  call.body = bytes;
+  const std::string what = What("PUT", key) + " part " + std::to_string(number);
+  WEFT_ASSIGN_OR_RETURN(HttpReply reply, Send(call));
+  WEFT_RETURN_IF_ERROR(StatusOf(reply, what));
+  if (reply.Header("etag").empty()) return DataLoss(what + ": the answer holds no ETag");
+  return reply.Header("etag");
+}
 
+Result<HttpReply> S3Store::CompleteUpload(const std::string& key, const std::string& upload,
+                                          const std::vector<std::string>& etags) {
   std::string xml = "<CompleteMultipartUpload>";
-  for (uint64_t i = 0; i < parts; ++i) {
+  for (size_t i = 0; i < etags.size(); ++i) {
     xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etags[i] +
            "</ETag></Part>";
   }
@@ -457,9 +403,43 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> by
   complete.query = {{"uploadId", upload}};
   complete.headers = {{"Content-Type", "application/xml"}, {"If-None-Match", "*"}};
   complete.body = AsBytes(xml);
-  Result<HttpReply> done = Send(complete);
+  return Send(complete);
+}
+
+void S3Store::AbortUpload(const std::string& key, const std::string& upload) {
+  Call call;
+  call.method = "DELETE";
+  call.key = key;
+  call.query = {{"uploadId", upload}};
+  (void)Send(call);  // what it leaves, `store gc` aborts
+}
+
+Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> bytes) {
+  WEFT_ASSIGN_OR_RETURN(bool conditional, CheckConditionalWrites());
+  if (!conditional) {
+    // The service would complete over an existing object: look first.
+    WEFT_ASSIGN_OR_RETURN(bool exists, Exists(key));
+    if (exists) return CompareExisting(key, bytes);
+  }
+  WEFT_ASSIGN_OR_RETURN(const std::string upload, StartUpload(key));
+  const uint64_t part_size = settings_.part_size;
+  const uint64_t parts = (bytes.size() + part_size - 1) / part_size;
+  std::vector<std::string> etags(parts);
+  const Status sent = ForEachConcurrently(parts, settings_.parallel, [&](size_t i) -> Status {
+    const uint64_t offset = i * part_size;
+    WEFT_ASSIGN_OR_RETURN(
+        etags[i],
+        UploadPart(key, upload, static_cast<int>(i + 1),
+                   bytes.subspan(offset, std::min<uint64_t>(part_size, bytes.size() - offset))));
+    return Status::Ok();
+  });
+  if (!sent.ok()) {
+    AbortUpload(key, upload);
+    return sent;
+  }
+  Result<HttpReply> done = CompleteUpload(key, upload, etags);
   if (!done.ok()) {
-    abort();
+    AbortUpload(key, upload);
     return done.status();
   }
   // Completion can fail with 200 and an error in the body.
@@ -467,11 +447,11 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> by
   if (done->status == 412 || code == "PreconditionFailed" ||
       (done->status == 404 && code == "NoSuchUpload")) {
     // The key exists (or a repeated completion found its upload already completed): compare.
-    abort();
+    AbortUpload(key, upload);
     return CompareExisting(key, bytes);
   }
   if (!code.empty() || done->status != 200) {
-    abort();
+    AbortUpload(key, upload);
     HttpReply failed = *done;
     if (failed.status == 200) failed.status = 500;
     return StatusOf(failed, What("POST", key) + " (completing the upload)");
@@ -610,42 +590,16 @@ Result<bool> S3Store::CheckConditionalWrites() {
     return StatusOf(mismatched, What("PUT", key) + " (checking conditional writes)");
   }
   // Completing a multipart upload over the existing probe with If-None-Match: *.
+  WEFT_ASSIGN_OR_RETURN(const std::string upload, StartUpload(key));
+  Result<std::string> part = UploadPart(key, upload, 1, AsBytes("4"));
   bool multipart = false;
-  Call create;
-  create.method = "POST";
-  create.key = key;
-  create.query = {{"uploads", ""}};
-  WEFT_ASSIGN_OR_RETURN(HttpReply created_upload, Send(create));
-  WEFT_RETURN_IF_ERROR(StatusOf(created_upload, What("POST", key) + "?uploads"));
-  const std::string upload =
-      ParseXml(created_upload.body).get<std::string>("InitiateMultipartUploadResult.UploadId", "");
-  if (upload.empty()) return DataLoss(What("POST", key) + "?uploads: the answer holds no UploadId");
-  Call part;
-  part.method = "PUT";
-  part.key = key;
-  part.query = {{"partNumber", "1"}, {"uploadId", upload}};
-  part.body = AsBytes("4");
-  WEFT_ASSIGN_OR_RETURN(HttpReply uploaded, Send(part));
-  Status part_status = StatusOf(uploaded, What("PUT", key) + " part 1");
-  if (part_status.ok()) {
-    const std::string xml = "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>" +
-                            uploaded.Header("etag") + "</ETag></Part></CompleteMultipartUpload>";
-    Call complete;
-    complete.method = "POST";
-    complete.key = key;
-    complete.query = {{"uploadId", upload}};
-    complete.headers = {{"Content-Type", "application/xml"}, {"If-None-Match", "*"}};
-    complete.body = AsBytes(xml);
-    WEFT_ASSIGN_OR_RETURN(HttpReply done, Send(complete));
+  if (part.ok()) {
+    WEFT_ASSIGN_OR_RETURN(HttpReply done, CompleteUpload(key, upload, {*part}));
     multipart = done.status == 412 || ErrorOf(done.body).first == "PreconditionFailed";
   }
-  Call abort;
-  abort.method = "DELETE";
-  abort.key = key;
-  abort.query = {{"uploadId", upload}};
-  (void)Send(abort);
+  AbortUpload(key, upload);
   remove();
-  WEFT_RETURN_IF_ERROR(part_status);
+  WEFT_RETURN_IF_ERROR(part.status());
   multipart_conditional_ = multipart;
   return multipart;
 }

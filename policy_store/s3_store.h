@@ -85,6 +85,13 @@ class S3Store : public ObjectStore {
   Result<std::pair<std::vector<uint8_t>, std::string>> GetWithEtag(const std::string& key);
   Status PutSingle(const std::string& key, std::span<const uint8_t> bytes);
   Status PutMultipart(const std::string& key, std::span<const uint8_t> bytes);
+  // The steps of a multipart upload: its id, a part's ETag, completion with If-None-Match: *.
+  Result<std::string> StartUpload(const std::string& key);
+  Result<std::string> UploadPart(const std::string& key, const std::string& upload, int number,
+                                 std::span<const uint8_t> bytes);
+  Result<HttpReply> CompleteUpload(const std::string& key, const std::string& upload,
+                                   const std::vector<std::string>& etags);
+  void AbortUpload(const std::string& key, const std::string& upload);
   // After a 412 on an immutable write: the key holds `bytes` (Ok) or others (kConflict).
   Status CompareExisting(const std::string& key, std::span<const uint8_t> bytes);
   // Calls fn(key relative to the prefix, upload id, start) for each multipart upload under the
