@@ -566,17 +566,20 @@ Result<bool> S3Store::CheckConditionalWrites() {
     call.body = AsBytes(body);
     return Send(call);
   };
-  auto remove = [&] {
+  // The probe object goes again however the check ends.
+  struct Cleanup {
+    std::function<void()> run;
+    ~Cleanup() { run(); }
+  } cleanup{[&] {
     Call call;
     call.method = "DELETE";
     call.key = key;
     (void)Send(call);
-  };
+  }};
   WEFT_ASSIGN_OR_RETURN(HttpReply created, put("If-None-Match", "*", "1"));
   WEFT_RETURN_IF_ERROR(StatusOf(created, What("PUT", key) + " (checking conditional writes)"));
   WEFT_ASSIGN_OR_RETURN(HttpReply again, put("If-None-Match", "*", "2"));
   if (again.status != 412) {
-    remove();
     if (again.status / 100 == 2)
       return InvalidArgument(refuse + "a second PUT with If-None-Match: * replaced the object" +
                              why);
@@ -584,7 +587,6 @@ Result<bool> S3Store::CheckConditionalWrites() {
   }
   WEFT_ASSIGN_OR_RETURN(HttpReply mismatched, put("If-Match", "0123456789abcdef", "3"));
   if (mismatched.status != 412) {
-    remove();
     if (mismatched.status / 100 == 2)
       return InvalidArgument(refuse + "a PUT with a wrong If-Match ETag replaced the object" + why);
     return StatusOf(mismatched, What("PUT", key) + " (checking conditional writes)");
@@ -592,14 +594,10 @@ Result<bool> S3Store::CheckConditionalWrites() {
   // Completing a multipart upload over the existing probe with If-None-Match: *.
   WEFT_ASSIGN_OR_RETURN(const std::string upload, StartUpload(key));
   Result<std::string> part = UploadPart(key, upload, 1, AsBytes("4"));
-  bool multipart = false;
-  if (part.ok()) {
-    WEFT_ASSIGN_OR_RETURN(HttpReply done, CompleteUpload(key, upload, {*part}));
-    multipart = done.status == 412 || ErrorOf(done.body).first == "PreconditionFailed";
-  }
+  Result<HttpReply> done = part.ok() ? CompleteUpload(key, upload, {*part}) : part.status();
   AbortUpload(key, upload);
-  remove();
-  WEFT_RETURN_IF_ERROR(part.status());
+  if (!done.ok()) return done.status();
+  const bool multipart = done->status == 412 || ErrorOf(done->body).first == "PreconditionFailed";
   multipart_conditional_ = multipart;
   return multipart;
 }
