@@ -268,16 +268,20 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
 
 Status StatusOfReply(const HttpReply& reply, const std::string& what) {
   if (reply.status >= 200 && reply.status < 300) return Status::Ok();
-  std::string text = what + ": HTTP " + std::to_string(reply.status) + ": " + Message(reply);
-  switch (reply.status) {
+  return StatusOfHttpCode(reply.status,
+                          what + ": HTTP " + std::to_string(reply.status) + ": " + Message(reply));
+}
+
+Status StatusOfHttpCode(long status, std::string text) {
+  switch (status) {
     case 404:
-      return NotFound(text);
+      return NotFound(std::move(text));
     case 409:
-      return Conflict(text);
+      return Conflict(std::move(text));
     case 504:
-      return Timeout(text);
+      return Timeout(std::move(text));
     default:
-      return reply.status >= 500 ? Unavailable(text) : InvalidArgument(text);
+      return status >= 500 ? Unavailable(std::move(text)) : InvalidArgument(std::move(text));
   }
 }
 

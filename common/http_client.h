@@ -97,5 +97,7 @@ class HttpClient {
 // The Status an answer means: 2xx Ok, 404 kNotFound, 409 kConflict, 504 kTimeout, other 5xx
 // kUnavailable, other 4xx kInvalidArgument, with the server's JSON {"error"} message.
 Status StatusOfReply(const HttpReply& reply, const std::string& what);
+// The same mapping for an answer that is not 2xx, with `text` as the message.
+Status StatusOfHttpCode(long status, std::string text);
 
 }  // namespace weft

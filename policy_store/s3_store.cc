@@ -194,17 +194,9 @@ Status S3Store::StatusOf(const HttpReply& reply, const std::string& what) const 
   } else if (code == "PermanentRedirect" || code == "AuthorizationHeaderMalformed") {
     text += " (the bucket may be in another region than " + settings_.region + ")";
   }
-  switch (reply.status) {
-    case 404:
-      return NotFound(text);
-    case 409:
-    case 412:
-      return Conflict(text);
-    case 504:
-      return Timeout(text);
-    default:
-      return reply.status >= 500 ? Unavailable(text) : InvalidArgument(text);
-  }
+  // A failed condition is a writer that came first.
+  if (reply.status == 412) return Conflict(text);
+  return StatusOfHttpCode(reply.status, text);
 }
 
 Result<std::pair<std::vector<uint8_t>, std::string>> S3Store::GetWithEtag(const std::string& key) {
@@ -322,10 +314,9 @@ Status S3Store::CompareExisting(const std::string& key, std::span<const uint8_t>
 
 Status S3Store::PutImmutable(const std::string& key, std::span<const uint8_t> bytes) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  WEFT_ASSIGN_OR_RETURN(bool multipart_conditional, CheckConditionalWrites());
-  (void)multipart_conditional;
+  WEFT_ASSIGN_OR_RETURN(const bool conditional_completion, CheckConditionalWrites());
   if (bytes.size() >= settings_.multipart_threshold && bytes.size() > settings_.part_size)
-    return PutMultipart(key, bytes);
+    return PutMultipart(key, bytes, conditional_completion);
   return PutSingle(key, bytes);
 }
 
@@ -414,8 +405,8 @@ void S3Store::AbortUpload(const std::string& key, const std::string& upload) {
   (void)Send(call);  // what it leaves, `store gc` aborts
 }
 
-Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> bytes) {
-  WEFT_ASSIGN_OR_RETURN(bool conditional, CheckConditionalWrites());
+Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> bytes,
+                             bool conditional) {
   if (!conditional) {
     // The service would complete over an existing object: look first.
     WEFT_ASSIGN_OR_RETURN(bool exists, Exists(key));
@@ -475,8 +466,7 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> by
 Status S3Store::CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                                const std::string& desired) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  WEFT_ASSIGN_OR_RETURN(bool multipart_conditional, CheckConditionalWrites());
-  (void)multipart_conditional;
+  WEFT_RETURN_IF_ERROR(CheckConditionalWrites().status());
   const std::span<const uint8_t> wanted = AsBytes(desired);
   for (int attempt = 0;; ++attempt) {
     Call call;

@@ -34,7 +34,7 @@
 
 namespace weft::policy_store {
 
-struct S3StoreOptions : HttpClientOptions {};
+using S3StoreOptions = HttpClientOptions;
 
 class S3Store : public ObjectStore {
  public:
@@ -84,7 +84,8 @@ class S3Store : public ObjectStore {
   Status StatusOf(const HttpReply& reply, const std::string& what) const;
   Result<std::pair<std::vector<uint8_t>, std::string>> GetWithEtag(const std::string& key);
   Status PutSingle(const std::string& key, std::span<const uint8_t> bytes);
-  Status PutMultipart(const std::string& key, std::span<const uint8_t> bytes);
+  // `conditional`: the service honours If-None-Match on completing an upload.
+  Status PutMultipart(const std::string& key, std::span<const uint8_t> bytes, bool conditional);
   // The steps of a multipart upload: its id, a part's ETag, completion with If-None-Match: *.
   Result<std::string> StartUpload(const std::string& key);
   Result<std::string> UploadPart(const std::string& key, const std::string& upload, int number,
