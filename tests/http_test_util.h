@@ -17,6 +17,23 @@
 
 namespace weft::testing {
 
+// A socket listening on a free loopback port (for test servers): its descriptor; the port goes to
+// *port.
+inline int ListenOnLoopback(int backlog, uint16_t* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  socklen_t size = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+  *port = ntohs(address.sin_port);
+  REQUIRE(listen(fd, backlog) == 0);
+  return fd;
+}
+
 struct RawReply {
   long status = 0;  // 0: no answer
   std::vector<uint8_t> body;

@@ -23,6 +23,7 @@
 #include "common/hex.h"
 #include "policy_store/manifest.h"
 #include "policy_store/s3_signer.h"
+#include "tests/http_test_util.h"
 
 namespace weft::policy_store::testing {
 
@@ -32,17 +33,7 @@ class FakeS3 {
   static constexpr const char* kSecretKey = "fake-secret-key";
 
   FakeS3() {
-    listener_ = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-    socklen_t size = sizeof(address);
-    getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &size);
-    port_ = ntohs(address.sin_port);
-    REQUIRE(listen(listener_, 64) == 0);
+    listener_ = ::weft::testing::ListenOnLoopback(64, &port_);
     thread_ = std::thread([this] { Serve(); });
   }
   ~FakeS3() {

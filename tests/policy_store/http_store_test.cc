@@ -1,4 +1,5 @@
 #include "policy_store/http_store.h"
+#include "tests/http_test_util.h"
 
 #include <doctest/doctest.h>
 
@@ -21,15 +22,7 @@ namespace {
 class ScriptedServer {
  public:
   explicit ScriptedServer(std::vector<std::string> responses) : responses_(std::move(responses)) {
-    listener_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-    socklen_t length = sizeof(address);
-    getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
-    REQUIRE(listen(listener_, 8) == 0);
+    listener_ = weft::testing::ListenOnLoopback(8, &port_);
     thread_ = std::thread([this] { Serve(); });
   }
   ~ScriptedServer() {

@@ -13,31 +13,12 @@
 namespace weft::policy_store {
 namespace {
 
-// The store of WEFT_TEST_STORE under a fresh prefix, with extra URI options.
-struct Service {
-  std::string base;     // s3://BUCKET/PREFIX
-  std::string options;  // "?endpoint=..." (may be empty)
-  Service() {
-    const char* uri = std::getenv("WEFT_TEST_STORE");
-    REQUIRE_MESSAGE(uri != nullptr, "WEFT_TEST_STORE must name the s3:// store to test");
-    base = uri;
-    REQUIRE(base.rfind("s3://", 0) == 0);
-    if (const size_t question = base.find('?'); question != std::string::npos) {
-      options = base.substr(question + 1);
-      base.resize(question);
-    }
-    while (base.back() == '/') base.pop_back();
-  }
-  std::unique_ptr<S3Store> Open(const std::string& name, const std::string& extra = "") {
-    const std::string prefix = name + "-" + std::to_string(std::random_device{}());
-    std::string query = options;
-    if (!extra.empty()) query += (query.empty() ? "" : "&") + extra;
-    Result<s3::Settings> settings = s3::ResolveSettings(
-        base + "/" + prefix + (query.empty() ? "" : "?" + query), s3::ProcessEnvironment());
-    REQUIRE_MESSAGE(settings.ok(), settings.status().ToString());
-    return std::make_unique<S3Store>(*settings);
-  }
-};
+// The settings of the store WEFT_TEST_STORE names, under a fresh prefix.
+s3::Settings Service(const std::string& name) {
+  std::optional<s3::Settings> settings = TestS3Settings(name);
+  REQUIRE_MESSAGE(settings.has_value(), "WEFT_TEST_STORE must name the s3:// store to test");
+  return *settings;
+}
 
 TEST_CASE("S3 service: the object store contract") {
   TestStore store("contract");
@@ -47,8 +28,7 @@ TEST_CASE("S3 service: the object store contract") {
 }
 
 TEST_CASE("S3 service: conditional writes as the backend needs them") {
-  Service service;
-  std::unique_ptr<S3Store> store = service.Open("conditions");
+  auto store = std::make_unique<S3Store>(Service("conditions"));
   Result<bool> multipart = store->CheckConditionalWrites();
   REQUIRE_MESSAGE(multipart.ok(), multipart.status().ToString());
   MESSAGE("conditional completion of multipart uploads: "
@@ -85,9 +65,11 @@ TEST_CASE("S3 service: racing writers of one immutable key, one set of bytes win
 }
 
 TEST_CASE("S3 service: large objects in parallel parts and ranges; nothing left behind") {
-  Service service;
-  std::unique_ptr<S3Store> store =
-      service.Open("large", "part_size=5MiB&multipart_threshold=5MiB&range_size=1MiB&parallel=4");
+  s3::Settings settings = Service("large");
+  settings.part_size = settings.multipart_threshold = 5 << 20;
+  settings.range_size = 1 << 20;
+  settings.parallel = 4;
+  auto store = std::make_unique<S3Store>(settings);
   const std::vector<uint8_t> big = Pattern((23 << 20) + 4321, 11);
   REQUIRE(store->PutImmutable("blobs/big", big).ok());
   CHECK(store->PutImmutable("blobs/big", big).ok());
@@ -112,9 +94,7 @@ TEST_CASE("S3 service: large objects in parallel parts and ranges; nothing left 
 }
 
 TEST_CASE("S3 service: listings page through continuation tokens") {
-  Service service;
-  std::unique_ptr<S3Store> opened = service.Open("pages");
-  s3::Settings settings = opened->settings();
+  s3::Settings settings = Service("pages");
   settings.list_page = 7;
   S3Store store(settings);
   std::vector<std::string> keys;
@@ -132,9 +112,7 @@ TEST_CASE("S3 service: listings page through continuation tokens") {
 }
 
 TEST_CASE("S3 service: wrong credentials are refused with a message that holds no secret") {
-  Service service;
-  std::unique_ptr<S3Store> opened = service.Open("denied");
-  s3::Settings settings = opened->settings();
+  s3::Settings settings = Service("denied");
   settings.credentials.secret_key = "certainly-not-the-secret";
   S3Store store(settings);
   Status denied = store.Get("runs/r/latest").status();

@@ -1,4 +1,5 @@
 #include "policy_store/s3_signer.h"
+#include "tests/http_test_util.h"
 
 #include <curl/curl.h>
 #include <doctest/doctest.h>
@@ -232,15 +233,9 @@ std::string CaptureOne(int listener) {
 }
 
 TEST_CASE("SigV4: agrees with libcurl's signer where the two overlap") {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-  socklen_t size = sizeof(address);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &size);
-  REQUIRE(listen(listener, 4) == 0);
-  const std::string host = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  uint16_t port = 0;
+  const int listener = weft::testing::ListenOnLoopback(4, &port);
+  const std::string host = "127.0.0.1:" + std::to_string(port);
 
   struct Probe {
     std::string method, target, body;

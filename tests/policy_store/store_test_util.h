@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -104,30 +105,32 @@ struct Upstream {
 // environment variable WEFT_TEST_STORE names an s3:// store, a fresh prefix under it, emptied
 // again afterwards. The S3 suite (tests/policy_store/s3_test.sh) runs them that way against a
 // real S3 service.
+// The settings of the s3:// store the environment variable WEFT_TEST_STORE names, under a fresh
+// prefix below its own ("NAME-RANDOM"); none when it names no s3:// store.
+inline std::optional<s3::Settings> TestS3Settings(const std::string& name) {
+  const char* uri = std::getenv("WEFT_TEST_STORE");
+  if (uri == nullptr || std::string(uri).rfind("s3://", 0) != 0) return std::nullopt;
+  Result<s3::Settings> settings = s3::ResolveSettings(uri, s3::ProcessEnvironment());
+  REQUIRE_MESSAGE(settings.ok(), settings.status().ToString());
+  const std::string fresh = name + "-" + std::to_string(std::random_device{}());
+  settings->prefix = settings->prefix.empty() ? fresh : settings->prefix + "/" + fresh;
+  return *settings;
+}
+
 struct TestStore {
   std::string root;  // the directory; empty on S3
   std::unique_ptr<ObjectStore> store;
   S3Store* s3 = nullptr;
 
   explicit TestStore(const std::string& name = "store") {
-    const char* uri = std::getenv("WEFT_TEST_STORE");
-    if (uri == nullptr || std::string(uri).rfind("s3://", 0) != 0) {
-      root = TempRoot(name);
-      store = std::move(DirectoryStore::Open(root)).value();
+    if (std::optional<s3::Settings> settings = TestS3Settings(name)) {
+      auto opened = std::make_unique<S3Store>(std::move(*settings));
+      s3 = opened.get();
+      store = std::move(opened);
       return;
     }
-    std::string base = uri, options;
-    if (const size_t question = base.find('?'); question != std::string::npos) {
-      options = base.substr(question);
-      base.resize(question);
-    }
-    while (base.back() == '/') base.pop_back();
-    const std::string prefix = name + "-" + std::to_string(std::random_device{}());
-    const std::string full = base + (base.find('/', 5) == std::string::npos ? "/" : "/") + prefix;
-    Result<std::unique_ptr<ObjectStore>> opened = OpenStore(full + options);
-    REQUIRE_MESSAGE(opened.ok(), opened.status().ToString());
-    store = std::move(*opened);
-    s3 = dynamic_cast<S3Store*>(store.get());
+    root = TempRoot(name);
+    store = std::move(DirectoryStore::Open(root)).value();
   }
   ~TestStore() {
     if (s3 == nullptr) {
