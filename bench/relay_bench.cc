@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "bench/bench_util.h"
 #include "common/concurrent.h"
 #include "common/parallel.h"
 #include "examples/synthetic_adam.h"
@@ -35,7 +36,9 @@ namespace {
 
 using namespace weft;
 using namespace weft::policy_store;
-using Clock = std::chrono::steady_clock;
+using bench::Check;
+using bench::Clock;
+using bench::Seconds;
 
 // Counts the bytes a backend hands to its server: what the server sends.
 class CountingStore : public ForwardingStore {
@@ -48,17 +51,6 @@ class CountingStore : public ForwardingStore {
   }
   std::atomic<uint64_t> served{0};
 };
-
-void Check(const Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "relay_bench: %s: %s\n", what, status.message().c_str());
-    std::exit(1);
-  }
-}
-
-double Seconds(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 template <typename Server>
 std::string Url(const Server& server) {
@@ -77,11 +69,6 @@ double PullAll(const std::string& url, uint64_t version, int readers, int thread
                             }),
         "pull");
   return Seconds(start);
-}
-
-size_t Discard(char*, size_t size, size_t count, void* user) {
-  *static_cast<uint64_t*>(user) += size * count;
-  return size * count;
 }
 
 }  // namespace
@@ -164,22 +151,8 @@ int main(int argc, char** argv) {
   double raw_best = 1e9, pull_best = 1e9;
   for (int rep = 0; rep < 3; ++rep) {
     auto start = Clock::now();
-    Check(ForEachConcurrently(blobs.size(), 16,
-                              [&](size_t i) -> Status {
-                                CURL* curl = curl_easy_init();
-                                uint64_t got = 0;
-                                const std::string url =
-                                    Url(*origin) + "/v1/objects/" + BlobKey(blobs[i].sha256);
-                                curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-                                curl_easy_setopt(curl, CURLOPT_PROXY, "");
-                                curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Discard);
-                                curl_easy_setopt(curl, CURLOPT_WRITEDATA, &got);
-                                CURLcode code = curl_easy_perform(curl);
-                                curl_easy_cleanup(curl);
-                                return code == CURLE_OK && got == blobs[i].bytes
-                                           ? Status::Ok()
-                                           : Unavailable("raw download failed");
-                              }),
+    Check(bench::DownloadAll(
+              blobs, [&](const std::string& key) { return Url(*origin) + "/v1/objects/" + key; }),
           "raw download");
     raw_best = std::min(raw_best, Seconds(start));
     pull_best = std::min(pull_best, PullAll(Url(*origin), latest, 1, threads));

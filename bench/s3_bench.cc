@@ -20,7 +20,7 @@
 #include <filesystem>
 #include <random>
 
-#include "common/concurrent.h"
+#include "bench/bench_util.h"
 #include "common/parallel.h"
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
@@ -34,23 +34,9 @@ namespace {
 
 using namespace weft;
 using namespace weft::policy_store;
-using Clock = std::chrono::steady_clock;
-
-void Check(const Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "s3_bench: %s: %s\n", what, status.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-double Seconds(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-size_t Discard(char*, size_t size, size_t count, void* user) {
-  *static_cast<uint64_t*>(user) += size * count;
-  return size * count;
-}
+using bench::Check;
+using bench::Clock;
+using bench::Seconds;
 
 struct Figures {
   double keyframe = 0;  // Publisher::Start: version 0, a keyframe of the whole model
@@ -110,29 +96,7 @@ Figures Measure(ObjectStore& store, const std::string& run,
   }
   for (int rep = 0; rep < 3; ++rep) {
     start = Clock::now();
-    Check(ForEachConcurrently(blobs.size(), 16,
-                              [&](size_t i) -> Status {
-                                CURL* curl = curl_easy_init();
-                                curl_slist* headers = nullptr;
-                                uint64_t got = 0;
-                                const std::string url = raw_url(BlobKey(blobs[i].sha256));
-                                curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-                                curl_easy_setopt(curl, CURLOPT_PROXY, "");
-                                curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Discard);
-                                curl_easy_setopt(curl, CURLOPT_WRITEDATA, &got);
-                                raw_setup(curl, &headers);
-                                curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-                                CURLcode code = curl_easy_perform(curl);
-                                long status = 0;
-                                curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-                                curl_slist_free_all(headers);
-                                curl_easy_cleanup(curl);
-                                if (code == CURLE_OK && status == 200 && got == blobs[i].bytes)
-                                  return Status::Ok();
-                                return Unavailable("raw download of " + url + " failed: HTTP " +
-                                                   std::to_string(status));
-                              }),
-          "raw download");
+    Check(bench::DownloadAll(blobs, raw_url, raw_setup), "raw download");
     f.raw = std::min(f.raw, Seconds(start));
   }
   return f;
@@ -162,16 +126,10 @@ int main(int argc, char** argv) {
   const std::string http_url = "http://127.0.0.1:" + std::to_string(server->port());
   HttpStore http(http_url, "bench-token");
   // S3, under a fresh prefix.
-  std::string uri = argv[1];
-  std::string options;
-  if (const size_t question = uri.find('?'); question != std::string::npos) {
-    options = uri.substr(question);
-    uri.resize(question);
-  }
-  while (!uri.empty() && uri.back() == '/') uri.pop_back();
-  uri += "/s3-bench-" + std::to_string(std::random_device{}());
-  Result<s3::Settings> settings = s3::ResolveSettings(uri + options, s3::ProcessEnvironment());
+  Result<s3::Settings> settings = s3::ResolveSettings(argv[1], s3::ProcessEnvironment());
   Check(settings.status(), "S3 settings");
+  const std::string fresh = "s3-bench-" + std::to_string(std::random_device{}());
+  settings->prefix = settings->prefix.empty() ? fresh : settings->prefix + "/" + fresh;
   S3Store s3(*settings);
   const s3::Settings& s = s3.settings();
   const std::string credentials = s.credentials.access_key + ":" + s.credentials.secret_key;
