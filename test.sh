@@ -10,12 +10,13 @@
 #      weft_fault_proxy, the S3 backend against a Ceph RADOS Gateway started for it), and the sync
 #      suite again with the AVX-512 paths off
 #      and with every SIMD path off (WEFT_CPU=avx2, scalar);
-#   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
-#      with threads of their own under ThreadSanitizer (the thread pool and HTTP plumbing, the store
-#      server, the orchestrator service, the rollout worker);
-#   3. the libFuzzer targets (delta files, sparse chunks, safetensors, the orchestrator's journal
-#      and snapshots, the HTTP request path of the orchestrator, store server and relay) for a
-#      bounded time each, under an RSS limit.
+#   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer (the corruption
+#      sweep on every eighth byte), and the suites with threads of their own under ThreadSanitizer
+#      (the thread pool and HTTP plumbing, the store server, the orchestrator service, the rollout
+#      worker);
+#   3. the libFuzzer targets, built in the AddressSanitizer tree (delta files, sparse chunks,
+#      safetensors, the orchestrator's journal and snapshots, the HTTP request path of the
+#      orchestrator, store server and relay) for a bounded time each, under an RSS limit.
 # With --quick, the tier for iterating (a few minutes): the source checks, the release build
 # without the benchmarks, the unit suites and one short end-to-end case (weft run).
 # Usage: ./test.sh [--quick]      (FUZZ_SECONDS=N to change the fuzzing time per target; default 10)
@@ -60,16 +61,18 @@ WEFT_CPU=avx2 build/tests/weft_sync_tests
 WEFT_CPU=scalar build/tests/weft_sync_tests
 
 echo "== sanitizers: address, undefined"
+# One tree for the sanitized suites and the fuzz targets (coverage instrumentation does not change
+# what the suites test; only the delta fuzz targets link a build of weft_sync that skips checksums).
 cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_BENCH=OFF > /dev/null
+  -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_FUZZ=ON -DWEFT_BUILD_BENCH=OFF > /dev/null
 cmake --build build-asan --target weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests \
-  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests weft_engine_adapter_tests
+  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests weft_engine_adapter_tests weft_fuzz_targets
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 build-asan/tests/weft_common_tests
 build-asan/tests/weft_sync_tests
 build-asan/tests/weft_policy_store_tests
 build-asan/tests/weft_trainer_adapter_tests
-build-asan/tests/weft_orchestrator_tests
+WEFT_SWEEP_STRIDE=8 build-asan/tests/weft_orchestrator_tests  # the release run flipped every byte
 build-asan/tests/weft_examples_tests
 build-asan/tests/weft_rollout_worker_tests
 build-asan/tests/weft_engine_adapter_tests
@@ -86,9 +89,6 @@ TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_rollout_worker_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_engine_adapter_tests
 
 echo "== fuzzing, ${FUZZ_SECONDS:-10} s per target"
-cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_FUZZ=ON -DWEFT_BUILD_TESTS=OFF -DWEFT_BUILD_BENCH=OFF > /dev/null
-cmake --build build-fuzz --target weft_fuzz_targets
-tests/fuzz/run_fuzzers.sh build-fuzz build/cli/weft build/tests/weft_make_test_model "${FUZZ_SECONDS:-10}"
+tests/fuzz/run_fuzzers.sh build-asan build/cli/weft build/tests/weft_make_test_model "${FUZZ_SECONDS:-10}"
 
 echo "test.sh: all tests passed"

@@ -4,6 +4,7 @@
 // events too large for the journal.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -96,12 +97,32 @@ struct Sweep {
   int tried = 0, refused = 0, recovered = 0, lost = 0;
 };
 
+// Every byte by default. WEFT_SWEEP_STRIDE=N flips one byte in each run of N, at an offset that
+// moves from run to run so that every field is still reached (for the sanitizer builds, where a
+// full sweep takes minutes and the release build has already flipped every byte).
+size_t SweepStride() {
+  const char* text = std::getenv("WEFT_SWEEP_STRIDE");
+  const long stride = text == nullptr ? 1 : std::strtol(text, nullptr, 10);
+  return stride > 1 ? static_cast<size_t>(stride) : 1;
+}
+
+bool Flipped(size_t at, size_t stride) { return at % stride == (at / stride) % stride; }
+
+// How many bytes of `size` a sweep flips.
+int SweepCount(size_t size) {
+  int count = 0;
+  for (size_t at = 0; at < size; ++at) count += Flipped(at, SweepStride()) ? 1 : 0;
+  return count;
+}
+
 // Flips each byte of `file` in turn (the other files as they are) and opens the orchestrator.
 void FlipEach(const std::string& path, const std::string& file,
               const std::map<std::string, std::vector<uint8_t>>& files, const std::string& expected,
               bool names_offset, Sweep* sweep) {
   const std::vector<uint8_t>& original = files.at(file);
+  const size_t stride = SweepStride();
   for (size_t at = 0; at < original.size(); ++at) {
+    if (!Flipped(at, stride)) continue;
     Restore(path, files);
     std::vector<uint8_t> bytes = original;
     bytes[at] ^= 0xFF;
@@ -143,7 +164,7 @@ TEST_CASE("corruption sweep: every flipped byte of the journal is refused or los
   MESSAGE("journal of " << files.at(path).size() << " bytes: " << sweep.tried << " flips tried, "
                         << sweep.refused << " refused, " << sweep.recovered << " recovered, "
                         << sweep.lost << " lost");
-  CHECK(sweep.tried == static_cast<int>(files.at(path).size()));
+  CHECK(sweep.tried == SweepCount(files.at(path).size()));
   CHECK(sweep.lost == 0);
   CHECK(sweep.refused + sweep.recovered == sweep.tried);
   Remove(path);
