@@ -38,5 +38,6 @@ void RegisterOrchestrator(CLI::App& app, Action* action);
 void RegisterWorker(CLI::App& app, Action* action);
 void RegisterTrain(CLI::App& app, Action* action);
 void RegisterRun(CLI::App& app, Action* action);
+void RegisterSim(CLI::App& app, Action* action);
 
 }  // namespace weft::cli

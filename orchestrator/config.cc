@@ -7,6 +7,7 @@
 #include "common/json_fields.h"
 #include "common/json_text.h"
 #include "common/yaml_fields.h"
+#include "orchestrator/core_config.h"
 #include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
@@ -26,12 +27,13 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   if (!o) return InvalidArgument(file + "no 'orchestrator:' section");
   const std::string where = "orchestrator";
   auto check = [&](const Status& s) { return s.ok() ? s : s.WithContext(path); };
-  WEFT_RETURN_IF_ERROR(
-      check(CheckKeys(o, where,
-                      {"listen", "journal", "run", "dataset", "max_staleness", "stale_policy",
-                       "lease", "cluster_timeout", "max_in_flight", "max_attempts", "stall_after",
-                       "threads", "max_request_bytes", "tokens", "tick", "max_wait", "tls",
-                       "compact_after", "remember_done"})));
+  WEFT_RETURN_IF_ERROR(check(CheckKeys(o, where, [] {
+    std::set<std::string> keys = {
+        "listen", "journal", "run",      "dataset", "threads",      "max_request_bytes",
+        "tokens", "tick",    "max_wait", "tls",     "compact_after"};
+    keys.insert(CoreConfigKeys().begin(), CoreConfigKeys().end());
+    return keys;
+  }())));
   std::string listen = "127.0.0.1:8090";
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "listen", &listen)));
   const size_t colon = listen.rfind(':');
@@ -46,50 +48,23 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "journal", &config.journal)));
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "run", &config.service.run_id)));
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "dataset", &config.dataset)));
-  WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "max_staleness", &config.core.max_staleness)));
+  WEFT_RETURN_IF_ERROR(ParseCoreConfig(o, where, path, &config.core));
   config.service.max_staleness = config.core.max_staleness;
-  std::string policy = "drop";
-  WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "stale_policy", &policy)));
-  if (policy == "drop") {
-    config.core.stale_policy = StalePolicy::kDrop;
-  } else if (policy == "deliver_flagged") {
-    config.core.stale_policy = StalePolicy::kDeliverFlagged;
-  } else {
-    return InvalidArgument(file + "orchestrator.stale_policy: '" + policy +
-                           "' is not drop or deliver_flagged");
-  }
-  std::chrono::microseconds lease(config.core.lease_duration), timeout(config.core.cluster_timeout),
-      stall(config.core.stall_after);
   std::chrono::microseconds tick(config.service.tick_interval), max_wait(config.service.max_wait);
-  WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "lease", &lease)));
-  WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "cluster_timeout", &timeout)));
-  WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "stall_after", &stall)));
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "tick", &tick)));
   WEFT_RETURN_IF_ERROR(check(ReadDuration(o, where, "max_wait", &max_wait)));
   const std::chrono::microseconds year = std::chrono::hours(24 * 365);
-  if (lease.count() <= 0 || timeout.count() <= 0 || stall.count() <= 0 || max_wait.count() <= 0 ||
-      tick.count() < 1000 || lease > year || timeout > year || stall > year || max_wait > year ||
-      tick > year) {
+  if (max_wait.count() <= 0 || tick.count() < 1000 || max_wait > year || tick > year) {
     return InvalidArgument(file +
-                           "orchestrator: lease, cluster_timeout, stall_after and max_wait must be "
-                           "positive and tick at least 1ms, all at most a year");
+                           "orchestrator: max_wait must be positive and tick at least 1ms, both "
+                           "at most a year");
   }
-  config.core.lease_duration = lease.count();
-  config.core.cluster_timeout = timeout.count();
-  config.core.stall_after = stall.count();
   config.service.tick_interval = std::chrono::duration_cast<std::chrono::milliseconds>(tick);
   config.service.max_wait = std::chrono::duration_cast<std::chrono::milliseconds>(max_wait);
-  WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "max_in_flight", &config.core.max_in_flight)));
-  uint64_t attempts = config.core.max_attempts, threads = 8;
-  WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "max_attempts", &attempts)));
+  uint64_t threads = 8;
   WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "threads", &threads)));
-  if (attempts < 1 || attempts > 1000)
-    return InvalidArgument(file + "orchestrator.max_attempts must be 1 to 1000");
   if (threads < 1 || threads > 1024)
     return InvalidArgument(file + "orchestrator.threads must be 1 to 1024");
-  if (config.core.max_in_flight < 1)
-    return InvalidArgument(file + "orchestrator.max_in_flight must be at least 1");
-  config.core.max_attempts = static_cast<uint32_t>(attempts);
   config.service.server.threads = static_cast<int>(threads);
   config.service.server.max_body_bytes = kDefaultMaxRequestBytes;
   WEFT_RETURN_IF_ERROR(
@@ -107,9 +82,6 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
       check(ReadBytes(o, where, "compact_after", &config.durable.compact_after_bytes)));
   if (config.durable.compact_after_bytes < 4096)
     return InvalidArgument(file + "orchestrator.compact_after must be at least 4KiB");
-  WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "remember_done", &config.core.remember_done)));
-  if (config.core.remember_done < 1)
-    return InvalidArgument(file + "orchestrator.remember_done must be at least 1");
   if (const YAML::Node tls = o["tls"]) {
     WEFT_RETURN_IF_ERROR(check(CheckKeys(tls, where + ".tls", {"cert", "key"})));
     WEFT_RETURN_IF_ERROR(

@@ -140,10 +140,11 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
   uint64_t grant = std::min<uint64_t>(
       {max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue_.size(),
        config_.max_in_flight - std::min(config_.max_in_flight, in_flight)});
+  if (grant == 0) return leases;  // (the sharing below can only lower it)
   // Sharing matters only when fewer jobs are queued than there are free slots. With at least as
   // many queued as all clusters' capacity together it cannot, and the walks over every cluster
   // (a thousand clusters asking at once would make them quadratic) are skipped.
-  if (queue_.size() < capacity_sum_) {
+  if (config_.dispatch == DispatchPolicy::kWeighted && queue_.size() < capacity_sum_) {
     // When there are fewer queued jobs than free slots, share them by free slots, counting clusters
     // at the latest version twice (they waste nothing when the bound moves on) and weighing each by
     // its recent throughput against the others' (4 at the mean, from 1 to 8): work goes where it
@@ -417,12 +418,37 @@ bool OrchestratorCore::Tick(Micros now) {
 
 std::vector<ClusterView> OrchestratorCore::clusters() const {
   std::vector<ClusterView> views;
-  for (const auto& [id, c] : clusters_) {
-    views.push_back({id, c.region, c.capacity, c.ready_version, c.draining, c.gone,
-                     static_cast<uint32_t>(c.jobs.size()), c.completed, c.throughput,
-                     c.last_heartbeat});
-  }
+  for (const auto& [id, c] : clusters_) views.push_back(ViewOf(id, c));
   return views;
+}
+
+std::optional<ClusterView> OrchestratorCore::cluster(const std::string& id) const {
+  auto found = clusters_.find(id);
+  if (found == clusters_.end()) return std::nullopt;
+  return ViewOf(id, found->second);
+}
+
+ClusterView OrchestratorCore::ViewOf(const std::string& id, const Cluster& c) {
+  return {id,
+          c.region,
+          c.capacity,
+          c.ready_version,
+          c.draining,
+          c.gone,
+          static_cast<uint32_t>(c.jobs.size()),
+          c.completed,
+          c.throughput,
+          c.last_heartbeat};
+}
+
+const char* DispatchName(DispatchPolicy policy) {
+  return policy == DispatchPolicy::kWeighted ? "weighted" : "first_come";
+}
+
+Result<DispatchPolicy> ParseDispatch(const std::string& name) {
+  if (name == "weighted") return DispatchPolicy::kWeighted;
+  if (name == "first_come") return DispatchPolicy::kFirstCome;
+  return InvalidArgument("'" + name + "' is not weighted or first_come");
 }
 
 std::optional<std::string> OrchestratorCore::credential(const std::string& cluster) const {

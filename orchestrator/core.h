@@ -45,6 +45,14 @@ namespace weft::orchestrator {
 
 enum class StalePolicy { kDrop, kDeliverFlagged };
 
+// How free jobs are shared when fewer are queued than there are free slots (docs/design.md,
+// "Dispatch"). kWeighted: each request gets at most its share, weighted by free slots, readiness
+// at the latest version and recent throughput. kFirstCome: whoever asks first fills its free
+// slots (no sharing).
+enum class DispatchPolicy { kWeighted, kFirstCome };
+const char* DispatchName(DispatchPolicy policy);
+Result<DispatchPolicy> ParseDispatch(const std::string& name);
+
 struct CoreConfig {
   uint64_t max_staleness = 2;  // k
   StalePolicy stale_policy = StalePolicy::kDrop;
@@ -56,6 +64,7 @@ struct CoreConfig {
   // Completed jobs remembered (newest ids kept) so that a repeated or late submission is answered
   // precisely; one older than that is refused as unknown, never counted again.
   uint64_t remember_done = 100'000;
+  DispatchPolicy dispatch = DispatchPolicy::kWeighted;
 };
 
 struct ClusterView {
@@ -132,6 +141,8 @@ class OrchestratorCore {
   uint64_t admissible_version() const;
   const Counters& counters() const { return counters_; }
   std::vector<ClusterView> clusters() const;
+  // One cluster's view (nullopt when it never registered); O(log clusters).
+  std::optional<ClusterView> cluster(const std::string& id) const;
   // The credential of the cluster's registration; nullopt for an unknown cluster ("" when it
   // registered without one).
   std::optional<std::string> credential(const std::string& cluster) const;
@@ -182,6 +193,7 @@ class OrchestratorCore {
   };
 
   Cluster* FindCluster(const std::string& id);
+  static ClusterView ViewOf(const std::string& id, const Cluster& c);
   // The lease of `job`'s attempt `attempt` (1-based), as handed to its cluster.
   static Lease LeaseOf(uint64_t job, const Job& j, uint32_t attempt) {
     return {job, attempt, j.deadline, j.min_versions[attempt - 1], j.prompt, j.samples, j.metadata};

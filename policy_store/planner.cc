@@ -13,6 +13,15 @@ std::string Deltas(size_t count) {
   return std::to_string(count) + (count == 1 ? " delta" : " deltas");
 }
 
+// Plans only go forward.
+Status CheckNotPast(std::optional<uint64_t> have, uint64_t target) {
+  if (have && *have > target) {
+    return InvalidArgument("version " + std::to_string(*have) + " is past the target " +
+                           std::to_string(target));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string PullPlan::Describe() const {
@@ -48,53 +57,45 @@ Result<std::optional<BlobRef>> FindCatchup(ObjectStore& store, const std::string
   return std::optional<BlobRef>(catchup->blob);
 }
 
-Result<PullPlan> PlanPath(ObjectStore& store, const std::string& run_id, const Manifest& goal,
-                          std::optional<uint64_t> have, bool allow_keyframe,
-                          int fetch_concurrency) {
+uint64_t PlanLow(const Manifest& goal, std::optional<uint64_t> have, bool allow_keyframe) {
+  return have ? (allow_keyframe ? std::min(*have, goal.last_keyframe) : *have) : goal.last_keyframe;
+}
+
+Result<PullPlan> PlanFromManifests(const Manifest& goal, std::optional<uint64_t> have,
+                                   const Manifest* keyframe, std::span<const Manifest> manifests,
+                                   std::optional<BlobRef> catchup) {
   const uint64_t target = goal.version;
   PullPlan plan;
   plan.target = target;
-  if (allow_keyframe) {
-    WEFT_ASSIGN_OR_RETURN(plan.keyframe, ReadManifest(store, run_id, goal.last_keyframe));
-    if (!plan.keyframe.keyframe) {
+  if (keyframe != nullptr) {
+    if (!keyframe->keyframe || keyframe->version != goal.last_keyframe) {
       return DataLoss("version " + std::to_string(goal.last_keyframe) +
                       " is named as a keyframe but has none");
     }
+    plan.keyframe = *keyframe;
   } else if (!have) {
     return InvalidArgument("a path of deltas needs a starting version");
   }
-  const uint64_t low =
-      have ? (allow_keyframe ? std::min(*have, goal.last_keyframe) : *have) : goal.last_keyframe;
+  WEFT_RETURN_IF_ERROR(CheckNotPast(have, target));
+  const uint64_t low = PlanLow(goal, have, keyframe != nullptr);
+  if (manifests.size() != target - low) {
+    return InvalidArgument("a plan from version " + std::to_string(low) + " to " +
+                           std::to_string(target) + " needs " + std::to_string(target - low) +
+                           " manifests, not " + std::to_string(manifests.size()));
+  }
   const size_t count = static_cast<size_t>(target - low + 1);
   constexpr uint64_t kUnreachable = ~uint64_t{0};
   std::vector<uint64_t> cost(count, kUnreachable);
   std::vector<std::optional<PullPlan::Step>> via(count);
-  if (allow_keyframe) cost[goal.last_keyframe - low] = plan.keyframe.keyframe->bytes;
+  if (keyframe != nullptr) cost[goal.last_keyframe - low] = keyframe->keyframe->bytes;
   if (have) cost[*have - low] = 0;
-  // The manifests of the range, fetched concurrently, with the catch-up record.
-  std::vector<Manifest> manifests(target - low);
-  std::optional<BlobRef> catchup;
-  WEFT_RETURN_IF_ERROR(
-      ForEachConcurrently(manifests.size() + 1, fetch_concurrency, [&](size_t i) -> Status {
-        if (i == manifests.size()) {
-          if (!have || *have + 1 >= target) return Status::Ok();
-          WEFT_ASSIGN_OR_RETURN(catchup, FindCatchup(store, run_id, target, *have));
-          return Status::Ok();
-        }
-        if (i + 1 == manifests.size()) {
-          manifests[i] = goal;
-          return Status::Ok();
-        }
-        WEFT_ASSIGN_OR_RETURN(manifests[i], ReadManifest(store, run_id, low + 1 + i));
-        return Status::Ok();
-      }));
   // Versions in increasing order: every edge goes forward, so each cost is final when reached.
   for (uint64_t v = low + 1; v <= target; ++v) {
-    const Manifest& m = manifests[v - low - 1];
+    const Manifest& m = v == target ? goal : manifests[v - low - 1];
     std::vector<PullPlan::Step> edges;
     if (m.delta) edges.push_back({*m.delta_base, *m.delta, false});
     for (const SkipDelta& skip : m.skips) edges.push_back({skip.base, skip.blob, false});
-    if (v == target && catchup) edges.push_back({*have, *catchup, true});
+    if (v == target && catchup && have) edges.push_back({*have, *catchup, true});
     for (const PullPlan::Step& edge : edges) {
       if (edge.base < low || cost[edge.base - low] == kUnreachable) continue;
       const uint64_t total = cost[edge.base - low] + edge.blob.bytes;
@@ -116,6 +117,40 @@ Result<PullPlan> PlanPath(ObjectStore& store, const std::string& run_id, const M
   plan.start = at;
   plan.from_keyframe = !(have && at == *have);
   return plan;
+}
+
+Result<PullPlan> PlanPath(ObjectStore& store, const std::string& run_id, const Manifest& goal,
+                          std::optional<uint64_t> have, bool allow_keyframe,
+                          int fetch_concurrency) {
+  const uint64_t target = goal.version;
+  if (!allow_keyframe && !have) {
+    return InvalidArgument("a path of deltas needs a starting version");
+  }
+  WEFT_RETURN_IF_ERROR(CheckNotPast(have, target));
+  std::optional<Manifest> keyframe;
+  if (allow_keyframe) {
+    WEFT_ASSIGN_OR_RETURN(keyframe, ReadManifest(store, run_id, goal.last_keyframe));
+  }
+  const uint64_t low = PlanLow(goal, have, allow_keyframe);
+  // The manifests of the range (the goal, given, is the last), fetched concurrently, with the
+  // catch-up record.
+  std::vector<Manifest> manifests(target - low);
+  std::optional<BlobRef> catchup;
+  WEFT_RETURN_IF_ERROR(
+      ForEachConcurrently(manifests.size() + 1, fetch_concurrency, [&](size_t i) -> Status {
+        if (i == manifests.size()) {
+          if (!have || *have + 1 >= target) return Status::Ok();
+          WEFT_ASSIGN_OR_RETURN(catchup, FindCatchup(store, run_id, target, *have));
+          return Status::Ok();
+        }
+        if (i + 1 == manifests.size()) {
+          manifests[i] = goal;
+          return Status::Ok();
+        }
+        WEFT_ASSIGN_OR_RETURN(manifests[i], ReadManifest(store, run_id, low + 1 + i));
+        return Status::Ok();
+      }));
+  return PlanFromManifests(goal, have, keyframe ? &*keyframe : nullptr, manifests, catchup);
 }
 
 }  // namespace weft::policy_store

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,17 @@ struct PullPlan {
 Result<PullPlan> PlanPath(ObjectStore& store, const std::string& run_id, const Manifest& goal,
                           std::optional<uint64_t> have, bool allow_keyframe,
                           int fetch_concurrency = 16);
+
+// The planner itself, a pure function of manifests (PlanPath fetches them and calls it; the
+// simulator calls it on manifests it keeps in memory). `keyframe` is the manifest of
+// goal.last_keyframe when a keyframe start is allowed, else null; `manifests` are those of
+// PlanLow(...) + 1 up to the target, in order (the last is the goal's); `catchup` the catch-up
+// delta from `have` to the target, if one was written.
+Result<PullPlan> PlanFromManifests(const Manifest& goal, std::optional<uint64_t> have,
+                                   const Manifest* keyframe, std::span<const Manifest> manifests,
+                                   std::optional<BlobRef> catchup);
+// The lowest version a plan looks at: the held version, or the keyframe when one may start it.
+uint64_t PlanLow(const Manifest& goal, std::optional<uint64_t> have, bool allow_keyframe);
 
 // The catch-up delta the publisher wrote from `base` to `target`, if any. A record that is not
 // valid is reported and ignored (catch-up deltas are an optimisation).

@@ -21,7 +21,8 @@ rules="^common/http_	^common/
 ^orchestrator/	^(common|orchestrator)/
 ^rollout_worker/	^((common|sync|policy_store|rollout_worker)/|$client\$)
 ^trainer_adapter/	^((common|sync|policy_store|trainer_adapter)/|$client\$)
-^examples/	^(common|sync|policy_store|orchestrator|rollout_worker|trainer_adapter|examples)/"
+^examples/	^(common|sync|policy_store|orchestrator|rollout_worker|trainer_adapter|examples)/
+^sim/	^((common|sync|policy_store|sim)/|orchestrator/(types|wire|core|core_config)[.]h\$)"
 
 {
   git ls-files | sed 's/^/file /'

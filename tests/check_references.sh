@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 problems=0
 report() { echo "references: $1"; problems=$((problems + 1)); }
-folders='common|sync|policy_store|orchestrator|rollout_worker|trainer_adapter|examples|cli|tests|bench|docs|configs'
+folders='common|sync|policy_store|orchestrator|rollout_worker|trainer_adapter|examples|sim|cli|tests|bench|docs|configs'
 
 while IFS= read -r file; do
   dir=$(dirname "$file")

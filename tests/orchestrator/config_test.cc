@@ -51,6 +51,10 @@ TEST_CASE(
   CHECK(error(tokens + "  stale_policy: keep\n").find("not drop or deliver_flagged") !=
         std::string::npos);
   CHECK(error(tokens + "  listen: nowhere\n").find("is not ADDRESS:PORT") != std::string::npos);
+  CHECK(error(tokens + "  dispatch: random\n")
+            .find("orchestrator.dispatch: 'random' is not weighted or first_come") !=
+        std::string::npos);
+  CHECK(error(tokens + "  dispatch: first_come\n") == "ok");
   CHECK(error("  run: x\n").find("tokens are all needed") != std::string::npos);
   CHECK(error(tokens + "  compact_after: 1KiB\n").find("compact_after must be at least 4KiB") !=
         std::string::npos);

@@ -241,6 +241,31 @@ TEST_CASE("core: when jobs are scarce, faster clusters at the latest version get
   CHECK(core.RequestLeases(5'000'001, "behind", 10)->size() == 1);  // its share rounds up to one
 }
 
+TEST_CASE("core: first-come dispatch fills the asker's free slots; one cluster's view") {
+  CoreConfig config;
+  config.dispatch = DispatchPolicy::kFirstCome;
+  OrchestratorCore core(config);
+  REQUIRE(core.AnnounceVersion(0, 0).ok());
+  for (const char* id : {"a", "b"}) {
+    REQUIRE(core.Register(0, id, "eu", 10).ok());
+    REQUIRE(core.Heartbeat(0, id, 0).ok());
+  }
+  // Four jobs for twenty free slots: the first to ask takes all four (weighted dispatch would
+  // give it its share, two).
+  core.AddJobs(1, std::vector<JobSpec>(4, {"p", 1}));
+  CHECK(core.RequestLeases(2, "a", 10)->size() == 4);
+  CHECK(core.RequestLeases(3, "b", 10)->empty());
+  const std::optional<ClusterView> a = core.cluster("a");
+  REQUIRE(a);
+  CHECK(a->leases == 4);
+  CHECK(a->ready_version == std::optional<uint64_t>(0));
+  CHECK(!core.cluster("nobody"));
+  CHECK(ParseDispatch("first_come").value() == DispatchPolicy::kFirstCome);
+  CHECK(ParseDispatch("weighted").value() == DispatchPolicy::kWeighted);
+  CHECK(!ParseDispatch("random").ok());
+  CHECK(std::string(DispatchName(DispatchPolicy::kFirstCome)) == "first_come");
+}
+
 TEST_CASE(
     "core: a repeated lease request (its answer was lost) gets the same leases back, nothing "
     "more") {
