@@ -72,10 +72,8 @@ Status RunSim(const SimArgs& args) {
   if (args.seed) config.seed = *args.seed;
   // The runs: the configuration as written, then each variant (or only the one asked for).
   std::vector<std::pair<std::string, sim::SimConfig>> runs;
-  if (args.variant.empty() || args.variant == "base") runs.emplace_back("base", config);
-  for (const sim::Variant& v : config.variants) {
-    if (args.variant.empty() || args.variant == v.name)
-      runs.emplace_back(v.name, sim::WithVariant(config, v));
+  for (auto& [name, run] : sim::Runs(config)) {
+    if (args.variant.empty() || args.variant == name) runs.emplace_back(name, std::move(run));
   }
   if (runs.empty())
     return InvalidArgument("no variant named '" + args.variant + "' in " + args.config);
@@ -109,9 +107,9 @@ Status RunSim(const SimArgs& args) {
     reports.emplace_back(name, std::move(report));
   }
   const std::string table = sim::SweepTable(reports);
-  WEFT_RETURN_IF_ERROR(WriteText(out / "sweep.md", table));
+  WEFT_RETURN_IF_ERROR(WriteText(out / "sweep.txt", table));
   WEFT_RETURN_IF_ERROR(WriteText(out / "sweep.json", sweep.dump(1) + "\n"));
-  std::printf("\n%s\n(%s)\n", table.c_str(), (out / "sweep.md").string().c_str());
+  std::printf("\n%s\n(%s)\n", table.c_str(), (out / "sweep.txt").string().c_str());
   return Status::Ok();
 }
 

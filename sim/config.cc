@@ -479,4 +479,29 @@ SimConfig WithVariant(const SimConfig& config, const Variant& variant) {
   return out;
 }
 
+std::vector<std::pair<std::string, SimConfig>> Runs(const SimConfig& config) {
+  std::vector<std::pair<std::string, SimConfig>> runs = {{"base", config}};
+  runs[0].second.variants.clear();
+  for (const Variant& v : config.variants) runs.emplace_back(v.name, WithVariant(config, v));
+  return runs;
+}
+
+SimConfig Shrunk(const SimConfig& config, uint32_t clusters, Micros duration) {
+  SimConfig out = config;
+  uint32_t total = 0;
+  for (const RegionConfig& region : out.regions) total += region.clusters;
+  const double scale = total == 0 ? 1.0 : std::min(1.0, static_cast<double>(clusters) / total);
+  for (RegionConfig& region : out.regions)
+    region.clusters = std::max<uint32_t>(1, static_cast<uint32_t>(region.clusters * scale));
+  out.trainer.prompts_per_step =
+      std::max<uint32_t>(16, static_cast<uint32_t>(out.trainer.prompts_per_step * scale));
+  out.duration = std::min(out.duration, duration);
+  for (Fault& fault : out.faults) {
+    fault.at = std::min(fault.at, out.duration * 4 / 10);
+    fault.duration = std::min(fault.duration, out.duration / 4);
+    fault.notice = std::min(fault.notice, out.duration / 10);
+  }
+  return out;
+}
+
 }  // namespace weft::sim

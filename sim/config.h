@@ -130,5 +130,11 @@ struct SimConfig {
 Result<SimConfig> LoadSimConfig(const std::string& path);
 // The configuration with a variant's settings applied.
 SimConfig WithVariant(const SimConfig& config, const Variant& variant);
+// The runs a file describes: ("base", the file as written), then each variant by name.
+std::vector<std::pair<std::string, SimConfig>> Runs(const SimConfig& config);
+// The scenario shrunk for many quick runs (tests, the seed sweep of bench/sim_bench): at most
+// `clusters` clusters (each region scaled alike, at least one), the trainer's batch scaled with
+// them, at most `duration` of simulated time, and the faults moved into its first half.
+SimConfig Shrunk(const SimConfig& config, uint32_t clusters, Micros duration);
 
 }  // namespace weft::sim

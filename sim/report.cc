@@ -295,8 +295,9 @@ std::string SweepTable(const std::vector<std::pair<std::string, Json>>& runs) {
     for (const Json& region : r["regions"]) {
       busy += region["rollout_utilisation"].get<double>();
       regions += 1;
-      worst_p90 =
-          std::max(worst_p90, region["ready_after_publication"]["p90_median"].get<double>());
+      const Json& p90 = region["ready_after_publication"]["p90_median"];
+      worst_p90 = std::max(
+          worst_p90, p90.is_number() ? p90.get<double>() : std::numeric_limits<double>::infinity());
     }
     out << "| " << name << " | " << r["settings"]["max_staleness"] << " | "
         << r["settings"]["dispatch"].get<std::string>() << " | " << r["settings"]["clusters"]

@@ -67,6 +67,9 @@ enum class Ev : uint8_t {
   kFaultEnd,
   kOrchestratorUp,
   kBreak,
+  kLinkDone,   // entity: region; epoch: the link's
+  kPullStep,   // a blob reached the cluster: the next one
+  kPullStart,  // the manifests are read: the first blob
 };
 
 struct Event {
@@ -124,6 +127,13 @@ struct Running {
   std::vector<std::pair<uint64_t, uint64_t>> segments;
 };
 
+struct Plan {
+  std::vector<std::pair<uint64_t, uint64_t>> blobs;  // (blob id, bytes) in the order applied
+  bool from_keyframe = false;
+  size_t manifests = 0;
+  size_t deltas = 0;
+};
+
 struct ClusterState {
   std::string id;
   uint32_t region = 0;
@@ -143,6 +153,8 @@ struct ClusterState {
   uint64_t max_proven = 0;
   bool pulling = false;
   uint64_t pull_target = 0;
+  const Plan* pull_plan = nullptr;  // the blobs of the pull in progress
+  size_t pull_next = 0;             // the next of them to fetch
   bool sync_scheduled = false;
   std::map<uint64_t, Running> running;  // by run number
   uint64_t next_run = 1;
@@ -158,9 +170,19 @@ struct ClusterState {
 
 struct CacheEntry {
   uint64_t bytes = 0;
-  Micros ready_at = 0;
+  bool ready = false;                                  // fetched (else a fetch is in flight)
+  std::vector<std::pair<uint32_t, uint32_t>> waiting;  // (cluster, epoch) waiting for it
   std::list<uint64_t>::iterator lru;
 };
+
+// One transfer over a region's WAN link: for the relay (cluster is kRelay) or one cluster.
+struct Flow {
+  uint64_t blob = 0;
+  double remaining = 0;  // bytes
+  uint32_t cluster = 0;
+  uint32_t epoch = 0;
+};
+constexpr uint32_t kRelay = ~uint32_t{0};
 
 struct RegionStats {
   double alive_slot_us = 0, busy_slot_us = 0;
@@ -177,7 +199,12 @@ struct RegionStats {
 
 struct RegionState {
   RegionConfig config;
-  Micros wan_free = 0;
+  // The WAN link shares its bandwidth equally among the transfers in flight (processor sharing):
+  // each completion or arrival changes every other transfer's rate.
+  std::map<uint64_t, Flow> flows;  // by start order
+  uint64_t next_flow = 0;
+  Micros link_updated = 0;
+  uint32_t link_epoch = 0;
   bool partitioned = false;
   bool relay_down = false;
   std::unordered_map<uint64_t, CacheEntry> cache;
@@ -189,13 +216,6 @@ struct RegionState {
 
 struct Blob {
   uint64_t bytes = 0;
-};
-
-struct Plan {
-  std::vector<std::pair<uint64_t, uint64_t>> blobs;  // (blob id, bytes) in the order applied
-  bool from_keyframe = false;
-  size_t manifests = 0;
-  size_t deltas = 0;
 };
 
 std::string BlobHash(uint64_t id) {
@@ -283,8 +303,15 @@ class Simulation {
     blobs_.push_back({static_cast<uint64_t>(std::max(1.0, std::round(bytes)))});
     return blobs_.size() - 1;
   }
-  Micros Transfer(RegionState& region, ClusterState& c, uint64_t blob, uint64_t bytes,
-                  Micros start);
+  // The WAN link: flows in, the rates shared, completions out.
+  void AdvanceLink(RegionState& region);
+  void ScheduleLink(uint32_t region);
+  void StartFlow(uint32_t region, uint64_t blob, uint64_t bytes, uint32_t cluster, uint32_t epoch);
+  void LinkDone(uint32_t region);
+  void BlobArrived(uint32_t region, const Flow& flow);
+  // The pull in progress: fetch the next blob (through the relay or over the WAN), or apply.
+  void PullNext(ClusterState& c);
+  void CacheInsert(RegionState& region, uint64_t blob, uint64_t bytes);
 
   // --- Invariants.
   void Fail(const std::string& invariant, const std::string& detail);
@@ -562,46 +589,125 @@ const Plan& Simulation::PlanFor(std::optional<uint64_t> have, uint64_t target) {
   return plans_[key] = std::move(out);
 }
 
-// When `bytes` of `blob` reach cluster `c`, asked for at `start`: through the region's relay
-// (a hit, a fetch another cluster started, or a new fetch over the WAN) or straight over the WAN.
-// Links are FIFO pipes: a transfer starts when the link is free.
-Micros Simulation::Transfer(RegionState& region, ClusterState& c, uint64_t blob, uint64_t bytes,
-                            Micros start) {
-  const RegionConfig& rc = region.config;
-  RegionStats& stats = region.stats;
-  stats.downloaded_bytes += bytes;
-  if (stats.blobs_seen.insert(blob).second) stats.unique_blob_bytes += bytes;
-  auto wan = [&](Micros from) {
-    const Micros begin = std::max(from + rc.latency, region.wan_free);
-    const Micros end = begin + Duration(bytes / rc.bandwidth);
-    region.wan_free = end;
-    stats.wan_bytes += bytes;
-    return end;
-  };
-  if (!rc.relay) return wan(start);
-  Micros ready;
-  auto found = region.cache.find(blob);
-  if (found != region.cache.end()) {
-    ++(found->second.ready_at <= start ? stats.relay_hits : stats.relay_misses);
-    ready = std::max(start, found->second.ready_at);
-    region.lru.splice(region.lru.begin(), region.lru, found->second.lru);
-  } else {
-    ++stats.relay_misses;
-    ready = wan(start);
-    if (rc.relay_cache == 0 || bytes <= rc.relay_cache) {
-      region.lru.push_front(blob);
-      region.cache[blob] = {bytes, ready, region.lru.begin()};
-      region.cached += bytes;
-      while (rc.relay_cache != 0 && region.cached > rc.relay_cache) {
-        const uint64_t old = region.lru.back();
-        region.lru.pop_back();
-        region.cached -= region.cache[old].bytes;
-        region.cache.erase(old);
-        ++stats.relay_evictions;
-      }
+void Simulation::AdvanceLink(RegionState& region) {
+  if (!region.flows.empty() && now_ > region.link_updated) {
+    const double each = region.config.bandwidth * Seconds(now_ - region.link_updated) /
+                        static_cast<double>(region.flows.size());
+    for (auto& [id, flow] : region.flows) flow.remaining = std::max(0.0, flow.remaining - each);
+  }
+  region.link_updated = now_;
+}
+
+// The next completion on the link (the flow with the fewest bytes left, at the shared rate).
+void Simulation::ScheduleLink(uint32_t r) {
+  RegionState& region = regions_[r];
+  ++region.link_epoch;
+  if (region.flows.empty()) return;
+  double fewest = std::numeric_limits<double>::infinity();
+  for (const auto& [id, flow] : region.flows) fewest = std::min(fewest, flow.remaining);
+  const double rate = region.config.bandwidth / static_cast<double>(region.flows.size());
+  At(now_ + Duration(fewest / rate), Ev::kLinkDone, r, region.link_epoch);
+}
+
+void Simulation::StartFlow(uint32_t r, uint64_t blob, uint64_t bytes, uint32_t cluster,
+                           uint32_t epoch) {
+  RegionState& region = regions_[r];
+  AdvanceLink(region);
+  region.flows[region.next_flow++] = {blob, static_cast<double>(bytes), cluster, epoch};
+  region.stats.wan_bytes += static_cast<double>(bytes);
+  ScheduleLink(r);
+}
+
+void Simulation::LinkDone(uint32_t r) {
+  RegionState& region = regions_[r];
+  AdvanceLink(region);
+  std::vector<Flow> done;
+  for (auto it = region.flows.begin(); it != region.flows.end();) {
+    if (it->second.remaining < 1.0) {  // (the rounding of the completion time to 1 us)
+      done.push_back(it->second);
+      it = region.flows.erase(it);
+    } else {
+      ++it;
     }
   }
-  return ready + Duration(bytes / rc.lan_bandwidth);
+  ScheduleLink(r);
+  for (const Flow& flow : done) BlobArrived(r, flow);
+}
+
+void Simulation::CacheInsert(RegionState& region, uint64_t blob, uint64_t bytes) {
+  region.lru.push_front(blob);
+  CacheEntry& entry = region.cache[blob];
+  entry.bytes = bytes;
+  entry.lru = region.lru.begin();
+  region.cached += bytes;
+}
+
+// A WAN transfer finished: a blob reached the relay (its waiters get it over the LAN) or the
+// cluster that fetched it directly.
+void Simulation::BlobArrived(uint32_t r, const Flow& flow) {
+  RegionState& region = regions_[r];
+  const Micros latency = region.config.latency;  // the last byte's way
+  if (flow.cluster != kRelay) {
+    At(now_ + latency, Ev::kPullStep, flow.cluster, flow.epoch);
+    return;
+  }
+  auto found = region.cache.find(flow.blob);
+  if (found == region.cache.end()) return;
+  CacheEntry& entry = found->second;
+  entry.ready = true;
+  const Micros lan = Duration(static_cast<double>(entry.bytes) / region.config.lan_bandwidth);
+  for (const auto& [cluster, epoch] : entry.waiting)
+    At(now_ + latency + lan, Ev::kPullStep, cluster, epoch);
+  entry.waiting.clear();
+  // Over its size, the relay evicts the least recently used blobs it holds.
+  const uint64_t limit = region.config.relay_cache;
+  for (auto it = region.lru.end();
+       limit != 0 && region.cached > limit && it != region.lru.begin();) {
+    --it;
+    CacheEntry& old = region.cache[*it];
+    if (!old.ready || !old.waiting.empty()) continue;
+    region.cached -= old.bytes;
+    region.cache.erase(*it);
+    it = region.lru.erase(it);
+    ++region.stats.relay_evictions;
+  }
+}
+
+void Simulation::PullNext(ClusterState& c) {
+  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  RegionState& region = regions_[c.region];
+  const Plan& plan = *c.pull_plan;
+  if (c.pull_next == plan.blobs.size()) {  // every blob here: apply, then commit
+    double apply = 0;
+    if (plan.from_keyframe) apply += keyframe_bytes_ / config_.model.load_throughput;
+    apply += static_cast<double>(plan.deltas) * config_.model.ServedBytes() /
+             config_.model.apply_throughput;
+    At(now_ + Duration(apply), Ev::kCommit, index, c.epoch);
+    return;
+  }
+  const auto [blob, bytes] = plan.blobs[c.pull_next++];
+  RegionStats& stats = region.stats;
+  stats.downloaded_bytes += static_cast<double>(bytes);
+  if (stats.blobs_seen.insert(blob).second) stats.unique_blob_bytes += static_cast<double>(bytes);
+  if (!region.config.relay) return StartFlow(c.region, blob, bytes, index, c.epoch);
+  auto found = region.cache.find(blob);
+  if (found != region.cache.end()) {
+    CacheEntry& entry = found->second;
+    region.lru.splice(region.lru.begin(), region.lru, entry.lru);
+    if (entry.ready) {
+      ++stats.relay_hits;
+      At(now_ + Duration(static_cast<double>(bytes) / region.config.lan_bandwidth), Ev::kPullStep,
+         index, c.epoch);
+    } else {
+      ++stats.relay_misses;  // another cluster's fetch is in flight: wait for it
+      entry.waiting.emplace_back(index, c.epoch);
+    }
+    return;
+  }
+  ++stats.relay_misses;
+  CacheInsert(region, blob, bytes);
+  region.cache[blob].waiting.emplace_back(index, c.epoch);
+  StartFlow(c.region, blob, bytes, kRelay, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -669,7 +775,15 @@ void Simulation::StopCluster(ClusterState& c, bool count_busy) {
   const uint64_t from = c.ready_any ? c.ready_counted + 1 : c.countable_from;
   for (uint64_t u = from; u < ready_population_.size(); ++u) --ready_population_[u][c.region];
   c.held.reset();
+  c.pull_plan = nullptr;
   Unpark(c);
+  // Its own transfers stop (a relay's go on: other clusters may want the blob).
+  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  RegionState& region = regions_[c.region];
+  AdvanceLink(region);
+  const size_t before = region.flows.size();
+  std::erase_if(region.flows, [&](const auto& flow) { return flow.second.cluster == index; });
+  if (region.flows.size() != before) ScheduleLink(c.region);
   ++c.epoch;
 }
 
@@ -705,22 +819,17 @@ void Simulation::SyncCheck(ClusterState& c) {
   const uint64_t target = *store_latest_;
   const Plan& plan = PlanFor(c.held, target);
   if (!failure_.ok()) return;
-  // `latest`, then the manifests (16 at a time), each a round trip.
+  // `latest`, then the manifests (16 at a time), each a round trip; then the blobs in turn.
   const Micros rtt = 2 * region.config.latency;
-  Micros t = now_ + rtt + rtt * static_cast<Micros>((plan.manifests + 15) / 16);
-  for (const auto& [blob, bytes] : plan.blobs) t = Transfer(region, c, blob, bytes, t);
-  // Apply: a keyframe loads; each delta is applied over the served tensors.
-  double apply = 0;
-  if (plan.from_keyframe) apply += keyframe_bytes_ / config_.model.load_throughput;
-  apply += static_cast<double>(plan.deltas) * config_.model.ServedBytes() /
-           config_.model.apply_throughput;
-  t += Duration(apply);
+  const Micros t = now_ + rtt + rtt * static_cast<Micros>((plan.manifests + 15) / 16);
+  c.pull_plan = &plan;
+  c.pull_next = 0;
   ++region.stats.pulls;
   if (plan.from_keyframe) ++region.stats.keyframe_pulls;
   region.stats.versions_pulled.insert(target);
   c.pulling = true;
   c.pull_target = target;
-  At(t, Ev::kCommit, index, c.epoch);
+  At(t, Ev::kPullStart, index, c.epoch);
 }
 
 void Simulation::Commit(ClusterState& c) {
@@ -1337,6 +1446,13 @@ SimResult Simulation::Run() {
         break;
       case Ev::kOrchestratorUp:
         OrchestratorUp();
+        break;
+      case Ev::kLinkDone:
+        if (e.epoch == regions_[e.entity].link_epoch) LinkDone(e.entity);
+        break;
+      case Ev::kPullStart:
+      case Ev::kPullStep:
+        if (live && c->pulling) PullNext(*c);
         break;
       case Ev::kBreak:
         if (events_ >= options_.break_invariant_at) {

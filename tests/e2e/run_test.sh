@@ -5,7 +5,9 @@
 #     drains on SIGTERM and exits cleanly;
 #   - a blob in a relay's cache is corrupted: the relay detects it and fetches it again;
 #   - the orchestrator is killed with kill -9 and restarted: the run continues and every
-#     acknowledged trajectory is delivered or counted.
+#     acknowledged trajectory is delivered or counted;
+#   - weft sim, on the same shape with what the run measured, agrees with it within the tolerances
+#     of tests/sim/crosscheck.sh.
 # Usage: run_test.sh WEFT WORKDIR
 set -uo pipefail
 weft=$1 work=$2
@@ -120,6 +122,24 @@ check '.orchestrator.jobs.done == .orchestrator.trajectories.accepted' "accepted
 grep -q "orchestrator killed by signal 9; restarting it" run.out && ok || fail "weft run did not report the restart: $(tail -5 run.out)"
 grep -q "worker-near-1 killed by signal 9" run.out && ok || fail "weft run did not report the killed worker"
 grep -q "corrupted" run/logs/relay-near.log && ok || fail "the relay did not log the corrupted copy"
+
+# The simulator on the same shape agrees with this run within its tolerances (versions, staleness,
+# WAN bytes per region; tests/sim/crosscheck.sh).
+cat > sim-base.yaml <<YAML
+name: e2e
+duration: 10m
+orchestrator: {max_staleness: 4, lease: 10s, cluster_timeout: 3s, max_in_flight: 128, tick: 50ms}
+clusters: {heartbeat: 300ms}
+regions:
+  - {name: near, bandwidth: 50MB, latency: 2ms, clusters: 2, capacity: 2}
+  - {name: far, bandwidth: 5MB, latency: 30ms, clusters: 2, capacity: 2}
+YAML
+if bash "$(dirname "${BASH_SOURCE[0]}")/../../tests/sim/crosscheck.sh" "$weft" $report sim-base.yaml 4 sim > crosscheck.out 2>&1; then
+  ok
+else
+  fail "weft sim disagrees with the run: $(cat crosscheck.out)"
+fi
+cat crosscheck.out
 
 if [ "$failed" -gt 0 ]; then
   echo "--- weft run's output"; grep -v '^\[' run.out | tail -30

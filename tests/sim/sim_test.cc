@@ -85,28 +85,13 @@ TEST_CASE("sim: every scenario keeps every invariant, three seeds each, at a sma
   for (const char* name :
        {"small.yaml", "fleet-1t.yaml", "preemption-wave.yaml", "region-partition.yaml",
         "orchestrator-crash.yaml", "staleness-sweep.yaml"}) {
-    const SimConfig full = Load(name);
-    std::vector<SimConfig> runs = {full};
-    for (const Variant& v : full.variants) runs.push_back(WithVariant(full, v));
-    for (SimConfig& run : runs) {
-      uint32_t clusters = 0;
-      for (const RegionConfig& region : run.regions) clusters += region.clusters;
-      const double scale = std::min(1.0, 40.0 / clusters);
-      for (RegionConfig& region : run.regions)
-        region.clusters = std::max<uint32_t>(1, static_cast<uint32_t>(region.clusters * scale));
-      run.trainer.prompts_per_step =
-          std::max<uint32_t>(16, static_cast<uint32_t>(run.trainer.prompts_per_step * scale));
-      // The faults within the first ten simulated minutes, which the run covers.
-      const Micros span = 12 * 60 * 1'000'000LL;
-      for (Fault& fault : run.faults) {
-        fault.at = std::min<Micros>(fault.at, 5 * 60 * 1'000'000LL);
-        fault.duration = std::min<Micros>(fault.duration, 3 * 60 * 1'000'000LL);
-      }
-      run.duration = std::min(run.duration, span);
+    for (const auto& [variant, scenario] : Runs(Load(name))) {
+      SimConfig run = Shrunk(scenario, 40, 12 * 60 * 1'000'000LL);
       for (uint64_t seed = 1; seed <= 3; ++seed) {
         run.seed = seed;
         const SimResult result = Simulate(run);
-        CHECK_MESSAGE(result.failure.ok(), name << ": " << result.failure.message());
+        CHECK_MESSAGE(result.failure.ok(),
+                      name << " " << variant << ": " << result.failure.message());
         CHECK(result.invariant_checks > result.events);
         CHECK(result.report["trainer"]["versions_published"].get<uint64_t>() >= 1);
       }
@@ -115,15 +100,10 @@ TEST_CASE("sim: every scenario keeps every invariant, three seeds each, at a sma
 }
 
 TEST_CASE("sim: the orchestrator crash replays the journal and loses no acknowledged trajectory") {
-  SimConfig config = Load("orchestrator-crash.yaml");
+  // The crash 4.8 minutes into a 12-minute run of 36 clusters, down for a minute.
+  const SimConfig config = Shrunk(Load("orchestrator-crash.yaml"), 40, 12 * 60 * 1'000'000LL);
   uint32_t clusters = 0;
-  for (RegionConfig& region : config.regions) {
-    region.clusters = std::max<uint32_t>(1, region.clusters / 25);
-    clusters += region.clusters;
-  }
-  config.trainer.prompts_per_step = 512;
-  config.faults[0].at = 6 * 60 * 1'000'000LL;
-  config.duration = 12 * 60 * 1'000'000LL;
+  for (const RegionConfig& region : config.regions) clusters += region.clusters;
   const SimResult result = Simulate(config);
   REQUIRE_MESSAGE(result.failure.ok(), result.failure.message());
   const nlohmann::json& r = result.report;
@@ -136,7 +116,7 @@ TEST_CASE("sim: the orchestrator crash replays the journal and loses no acknowle
   CHECK(t["accepted"].get<uint64_t>() ==
         t["delivered_fresh"].get<uint64_t>() + t["delivered_stale"].get<uint64_t>() +
             t["dropped_stale"].get<uint64_t>() + t["buffered_at_end"].get<uint64_t>());
-  CHECK(r["trainer"]["steps"].get<uint64_t>() >= 4);
+  CHECK(r["trainer"]["steps"].get<uint64_t>() >= 3);  // it went on after the outage
 }
 
 TEST_CASE("sim: configuration errors name the file, the key and the line") {
