@@ -85,7 +85,8 @@ TEST_CASE("sim: every scenario keeps every invariant, three seeds each, at a sma
   for (const char* name :
        {"small.yaml", "fleet-1t.yaml", "preemption-wave.yaml", "region-partition.yaml",
         "orchestrator-crash.yaml", "staleness-sweep.yaml"}) {
-    for (const auto& [variant, scenario] : Runs(Load(name))) {
+    for (const auto& [label, scenario] : Runs(Load(name))) {
+      const std::string variant = label;  // (a structured binding cannot be captured in C++20)
       SimConfig run = Shrunk(scenario, 40, 12 * 60 * 1'000'000LL);
       for (uint64_t seed = 1; seed <= 3; ++seed) {
         run.seed = seed;
