@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <sstream>
 
 namespace weft::sim {
@@ -221,26 +222,19 @@ std::string ReportSvg(const Json& report) {
             {{}},
             false,
             CountLabel};
-  for (const auto& [l, n] : report["staleness"]["histogram"].items()) {
-    lag.categories.push_back(l);
-    lag.values[0].push_back(n.get<double>());
-  }
-  // (JSON object keys sort as text: "10" before "2"; put them in numeric order.)
-  std::vector<size_t> order(lag.categories.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return std::stoull(lag.categories[a]) < std::stoull(lag.categories[b]);
-  });
-  Chart sorted = lag;
-  for (size_t i = 0; i < order.size(); ++i) {
-    sorted.categories[i] = lag.categories[order[i]];
-    sorted.values[0][i] = lag.values[0][order[i]];
+  // (JSON object keys sort as text, "10" before "2": the lags in numeric order.)
+  std::map<uint64_t, double> lags;
+  for (const auto& [l, n] : report["staleness"]["histogram"].items())
+    lags[std::stoull(l)] = n.get<double>();
+  for (const auto& [l, n] : lags) {
+    lag.categories.push_back(std::to_string(l));
+    lag.values[0].push_back(n);
   }
   double y = 0;
   y = DrawChart(body, ready, y, width);
   y = DrawChart(body, util, y, width);
   y = DrawChart(body, wan, y, width);
-  y = DrawChart(body, sorted, y, width);
+  y = DrawChart(body, lag, y, width);
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << y + 10
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "

@@ -135,6 +135,7 @@ struct Plan {
 };
 
 struct ClusterState {
+  uint32_t index = 0;  // in Simulation::clusters_
   std::string id;
   uint32_t region = 0;
   uint32_t capacity = 0;
@@ -212,10 +213,6 @@ struct RegionState {
   uint64_t cached = 0;
   RegionStats stats;
   uint32_t clusters_made = 0;
-};
-
-struct Blob {
-  uint64_t bytes = 0;
 };
 
 std::string BlobHash(uint64_t id) {
@@ -299,10 +296,7 @@ class Simulation {
   // --- The store model.
   void BuildManifest(uint64_t version);
   const Plan& PlanFor(std::optional<uint64_t> have, uint64_t target);
-  uint64_t NewBlob(double bytes) {
-    blobs_.push_back({static_cast<uint64_t>(std::max(1.0, std::round(bytes)))});
-    return blobs_.size() - 1;
-  }
+  uint64_t NewBlob() { return next_blob_++; }  // a blob's identity (its size is in its BlobRef)
   // The WAN link: flows in, the rates shared, completions out.
   void AdvanceLink(RegionState& region);
   void ScheduleLink(uint32_t region);
@@ -346,7 +340,7 @@ class Simulation {
 
   // Store.
   std::vector<Manifest> manifests_;
-  std::vector<Blob> blobs_;
+  uint64_t next_blob_ = 0;
   std::map<std::pair<int64_t, uint64_t>, Plan> plans_;
   std::optional<uint64_t> store_latest_;
   bool store_down_ = false;
@@ -468,7 +462,7 @@ Status Simulation::CoreRegister(ClusterState& c) {
   Status s =
       Timed([&] { return core_.Register(now_, c.id, regions_[c.region].config.name, c.capacity); });
   if (s.ok()) {
-    Log({Call::kRegister, now_, static_cast<uint32_t>(&c - clusters_.data()), c.capacity}, true);
+    Log({Call::kRegister, now_, c.index, c.capacity}, true);
     c.registered = true;
     c.draining = false;
   }
@@ -476,7 +470,7 @@ Status Simulation::CoreRegister(ClusterState& c) {
 }
 
 Status Simulation::CoreHeartbeat(ClusterState& c) {
-  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  const uint32_t index = c.index;
   std::optional<uint64_t> ready = c.held;
   Status s = Timed([&] { return core_.Heartbeat(now_, c.id, ready); });
   if (s.code() == StatusCode::kConflict) {  // newer than announced: tell nothing yet
@@ -535,7 +529,7 @@ void Simulation::BuildManifest(uint64_t v) {
     const double p = model.DensityAt(v);
     const double bytes = delta_bytes(p);
     m.delta_base = v - 1;
-    m.delta = BlobRef{BlobHash(NewBlob(bytes)), static_cast<uint64_t>(std::round(bytes))};
+    m.delta = BlobRef{BlobHash(NewBlob()), static_cast<uint64_t>(std::round(bytes))};
     published += bytes;
     // Skip deltas: at v divisible by 2^j, one from v - 2^j (the squash of the span: the elements
     // any of its steps changed).
@@ -545,7 +539,7 @@ void Simulation::BuildManifest(uint64_t v) {
       const double changed = 1 - std::pow(1 - p, static_cast<double>(span));
       const double skip = delta_bytes(changed);
       m.skips.push_back(
-          {v - span, BlobRef{BlobHash(NewBlob(skip)), static_cast<uint64_t>(std::round(skip))}});
+          {v - span, BlobRef{BlobHash(NewBlob()), static_cast<uint64_t>(std::round(skip))}});
       published += skip;
     }
     keyframe =
@@ -555,8 +549,7 @@ void Simulation::BuildManifest(uint64_t v) {
     m.delta_bytes_since_keyframe = keyframe ? 0 : prev.delta_bytes_since_keyframe + m.delta->bytes;
   }
   if (keyframe) {
-    m.keyframe = BlobRef{BlobHash(NewBlob(keyframe_bytes_)),
-                         static_cast<uint64_t>(std::round(keyframe_bytes_))};
+    m.keyframe = BlobRef{BlobHash(NewBlob()), static_cast<uint64_t>(std::round(keyframe_bytes_))};
     m.last_keyframe = v;
     published += keyframe_bytes_;
     ++keyframes_published_;
@@ -674,7 +667,7 @@ void Simulation::BlobArrived(uint32_t r, const Flow& flow) {
 }
 
 void Simulation::PullNext(ClusterState& c) {
-  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  const uint32_t index = c.index;
   RegionState& region = regions_[c.region];
   const Plan& plan = *c.pull_plan;
   if (c.pull_next == plan.blobs.size()) {  // every blob here: apply, then commit
@@ -717,6 +710,7 @@ void Simulation::PullNext(ClusterState& c) {
 uint32_t Simulation::AddCluster(uint32_t r, bool preloaded) {
   RegionState& region = regions_[r];
   ClusterState c;
+  c.index = static_cast<uint32_t>(clusters_.size());
   c.id = region.config.name + "-" + std::to_string(region.clusters_made++);
   c.region = r;
   c.capacity = region.config.capacity;
@@ -727,10 +721,9 @@ uint32_t Simulation::AddCluster(uint32_t r, bool preloaded) {
     c.straggler = true;
     c.speed /= config_.generation.straggler_slowdown;
   }
-  const uint32_t index = static_cast<uint32_t>(clusters_.size());
-  cluster_index_[c.id] = index;
+  cluster_index_[c.id] = c.index;
   clusters_.push_back(std::move(c));
-  return index;
+  return clusters_.back().index;
 }
 
 void Simulation::StartCluster(uint32_t index) {
@@ -749,7 +742,7 @@ void Simulation::StartCluster(uint32_t index) {
   c.ready_counted = 0;
   c.countable_from = store_latest_ ? *store_latest_ + 1 : 0;
   ++c.epoch;
-  if (OrchestratorReachable(c) && CoreRegister(c).ok()) Heartbeat(c, false);
+  Heartbeat(c, false);  // registers first, when the orchestrator is reachable
   At(now_ + config_.cluster.heartbeat, Ev::kHeartbeat, index, c.epoch);
   SyncCheck(c);
   if (config_.cluster.crash_rate > 0) {
@@ -778,7 +771,7 @@ void Simulation::StopCluster(ClusterState& c, bool count_busy) {
   c.pull_plan = nullptr;
   Unpark(c);
   // Its own transfers stop (a relay's go on: other clusters may want the blob).
-  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  const uint32_t index = c.index;
   RegionState& region = regions_[c.region];
   AdvanceLink(region);
   const size_t before = region.flows.size();
@@ -788,7 +781,7 @@ void Simulation::StopCluster(ClusterState& c, bool count_busy) {
 }
 
 void Simulation::Heartbeat(ClusterState& c, bool reschedule) {
-  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  const uint32_t index = c.index;
   if (reschedule) At(now_ + config_.cluster.heartbeat, Ev::kHeartbeat, index, c.epoch);
   if (!OrchestratorReachable(c)) return;
   if (!c.registered && !CoreRegister(c).ok()) return;
@@ -805,7 +798,7 @@ void Simulation::Heartbeat(ClusterState& c, bool reschedule) {
 }
 
 void Simulation::SyncCheck(ClusterState& c) {
-  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  const uint32_t index = c.index;
   c.sync_scheduled = false;
   if (!c.up || c.pulling || !store_latest_) return;
   if (c.held && *c.held >= *store_latest_) return;
@@ -833,7 +826,7 @@ void Simulation::SyncCheck(ClusterState& c) {
 }
 
 void Simulation::Commit(ClusterState& c) {
-  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  const uint32_t index = c.index;
   c.pulling = false;
   const uint64_t v = c.pull_target;
   c.held = v;
@@ -871,12 +864,12 @@ void Simulation::Park(ClusterState& c) {
   if (c.parked) return;
   c.parked = true;
   c.park_key = ++park_keys_;
-  parked_.insert({c.park_key, static_cast<uint32_t>(&c - clusters_.data())});
+  parked_.insert({c.park_key, c.index});
 }
 
 void Simulation::Unpark(ClusterState& c) {
   if (!c.parked) return;
-  parked_.erase({c.park_key, static_cast<uint32_t>(&c - clusters_.data())});
+  parked_.erase({c.park_key, c.index});
   c.parked = false;
 }
 
@@ -895,7 +888,7 @@ void Simulation::WakeParked() {
 }
 
 void Simulation::AskForLeases(ClusterState& c) {
-  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  const uint32_t index = c.index;
   if (!c.up || c.draining || !c.registered || !OrchestratorReachable(c)) return;
   const uint32_t free = c.capacity - std::min<uint32_t>(c.capacity, c.running.size());
   if (free == 0) return Unpark(c);
@@ -996,7 +989,7 @@ bool Simulation::SubmitOne(ClusterState& c, const TrajectoryGroup& group) {
     ++duplicates_;
     return true;
   }
-  Call call{Call::kSubmit, now_, static_cast<uint32_t>(&c - clusters_.data())};
+  Call call{Call::kSubmit, now_, c.index};
   call.group = group;
   Log(std::move(call), true);
   if (group.job >= accepted_.size()) accepted_.resize(group.job + 1024, 0);
@@ -1017,7 +1010,7 @@ bool Simulation::SubmitOne(ClusterState& c, const TrajectoryGroup& group) {
 // A graceful leave (a preemption with notice, a scale-down): stop leasing, hand back the jobs that
 // cannot finish within the notice, finish the rest, then deregister.
 void Simulation::Leave(ClusterState& c, Micros notice) {
-  const uint32_t index = static_cast<uint32_t>(&c - clusters_.data());
+  const uint32_t index = c.index;
   if (!c.up) return;
   c.draining = true;
   Unpark(c);
@@ -1348,7 +1341,6 @@ void Simulation::FaultEnd(size_t index) {
 // The run.
 
 SimResult Simulation::Run() {
-  const auto started = std::chrono::steady_clock::now();
   for (const RegionConfig& rc : config_.regions) {
     RegionState region;
     region.config = rc;
@@ -1490,7 +1482,6 @@ SimResult Simulation::Run() {
   result.invariant_checks = checks_;
   result.simulated_seconds = Seconds(now_);
   result.core_seconds = std::chrono::duration<double>(core_time_).count();
-  (void)started;
   return result;
 }
 
@@ -1506,6 +1497,13 @@ double ReadyAfter(std::vector<Micros>& sorted, uint32_t population, double q) {
 
 nlohmann::json Finite(double x) {
   return std::isinf(x) ? nlohmann::json(nullptr) : nlohmann::json(x);
+}
+
+// A lag histogram as a JSON object (lags as keys).
+nlohmann::json HistogramJson(const std::map<uint64_t, uint64_t>& histogram) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [lag, count] : histogram) out[std::to_string(lag)] = count;
+  return out;
 }
 
 // The median and the worst over versions, "never" (infinite) counting as the longest.
@@ -1550,9 +1548,7 @@ nlohmann::json Simulation::Report() {
   for (uint32_t r = 0; r < regions_.size(); ++r) {
     const RegionState& region = regions_[r];
     const RegionStats& s = region.stats;
-    nlohmann::json lag = nlohmann::json::object();
     for (const auto& [l, n] : s.lag) {
-      lag[std::to_string(l)] = n;
       lag_all[l] += n;
       lag_total += l * n;
       lag_groups += n;
@@ -1590,7 +1586,7 @@ nlohmann::json Simulation::Report() {
         {"groups_delivered_fresh", s.delivered_fresh},
         {"groups_delivered_stale", s.delivered_stale},
         {"submissions_refused", s.rejected},
-        {"staleness", lag},
+        {"staleness", HistogramJson(s.lag)},
         {"ready_after_publication",
          {{"versions", versions},
           {"p50_median", p50},
@@ -1613,10 +1609,8 @@ nlohmann::json Simulation::Report() {
     });
   }
   report["regions"] = regions;
-  nlohmann::json lag = nlohmann::json::object();
-  for (const auto& [l, n] : lag_all) lag[std::to_string(l)] = n;
   report["staleness"] = {
-      {"histogram", lag},
+      {"histogram", HistogramJson(lag_all)},
       {"mean", lag_groups > 0 ? static_cast<double>(lag_total) / lag_groups : 0.0}};
   report["trajectories"] = {
       {"accepted", k.submissions_accepted},
