@@ -24,7 +24,14 @@ struct DeltaOptions {
   int chunk_log2 = kDefaultChunkLog2;
   bool json = false;
   bool per_tensor = false;
+  std::string mode = "plain";
+  std::string base;  // squash: the safetensors file the first delta applies to
 };
+
+// The --mode option's value; CLI11 has checked that it names a mode.
+DeltaMode ModeOf(const DeltaOptions& options) {
+  return ParseDeltaMode(options.mode).value_or(DeltaMode::kPlain);
+}
 
 int Threads(const DeltaOptions& options) { return ThreadsOrAll(options.threads); }
 
@@ -66,8 +73,9 @@ Status RunEncode(const DeltaOptions& options) {
     for (const SafetensorsTensor& t : file.tensors()) tensors.push_back({SpecOf(t), t.data, {}});
     return tensors;
   };
-  Result<ModelDelta> encoded = EncodeModelDelta(views(old_file), views(new_file),
-                                                CodecOptions{options.chunk_log2, Threads(options)});
+  Result<ModelDelta> encoded =
+      EncodeModelDelta(views(old_file), views(new_file),
+                       CodecOptions{options.chunk_log2, Threads(options), ModeOf(options)});
   if (!encoded.ok()) {
     return encoded.status().WithContext(old_path + " -> " + new_path);
   }
@@ -131,14 +139,46 @@ Status RunSquash(const DeltaOptions& options) {
     loaded.push_back(std::move(next));
   }
   std::vector<const ModelDelta*> chain;
-  for (const LoadedDelta& d : loaded) chain.push_back(&d.delta);
-  size_t failed = 0;
-  Result<ModelDelta> squashed = SquashChain(chain, Threads(options), &failed);
-  if (!squashed.ok()) {
-    return squashed.status().WithContext("squashing " + options.inputs[failed] + " onto " +
-                                         options.inputs[failed - 1]);
+  bool context = false;
+  for (const LoadedDelta& d : loaded) {
+    chain.push_back(&d.delta);
+    context = context || HasContextChunks(d.delta);
   }
-  std::vector<uint8_t> bytes = SerializeModelDelta(*squashed);
+  size_t failed = 0;
+  auto squash = [&]() -> Result<ModelDelta> {
+    if (!options.base.empty()) {
+      // On the base: any modes in, the chosen mode out.
+      WEFT_ASSIGN_OR_RETURN(SafetensorsFile base_file, SafetensorsFile::Open(options.base));
+      std::vector<TensorBytes> base;
+      for (const SafetensorsTensor& t : base_file.tensors()) {
+        base.push_back({SpecOf(t), t.data, {}});
+      }
+      Result<ModelDelta> squashed =
+          SquashChainOnBase(chain, base, ModeOf(options), Threads(options), &failed);
+      if (!squashed.ok()) {
+        return squashed.status().WithContext("squashing " + options.inputs[failed] + " on " +
+                                             options.base);
+      }
+      return squashed;
+    }
+    if (context) {
+      return InvalidArgument(
+          "the deltas have context chunks, which squash only with the weights the first one "
+          "applies to: pass them with --base");
+    }
+    if (ModeOf(options) != DeltaMode::kPlain) {
+      return InvalidArgument(
+          "--mode context needs the weights the first delta applies to (--base)");
+    }
+    Result<ModelDelta> squashed = SquashChain(chain, Threads(options), &failed);
+    if (!squashed.ok()) {
+      return squashed.status().WithContext("squashing " + options.inputs[failed] + " onto " +
+                                           options.inputs[failed - 1]);
+    }
+    return squashed;
+  };
+  WEFT_ASSIGN_OR_RETURN(ModelDelta squashed, squash());
+  std::vector<uint8_t> bytes = SerializeModelDelta(squashed);
   WEFT_RETURN_IF_ERROR(WriteBytes(options.output, bytes));
   std::printf("%s: %zu deltas squashed into one of %zu bytes\n", options.output.c_str(),
               options.inputs.size(), bytes.size());
@@ -163,42 +203,47 @@ Status RunInspect(const DeltaOptions& options) {
           ? (-density * std::log2(density) - (1 - density) * std::log2(1 - density)) / density
           : 0.0;
   if (options.json) {
-    nlohmann::json out = {
-        {"file", path},
-        {"format_version", kDeltaFormatVersion},
-        {"tensors", loaded.delta.tensors.size()},
-        {"units", s.units},
-        {"changed_units", s.changes},
-        {"changed_by_more_than_one", s.big_changes},
-        {"density", density},
-        {"chunks",
-         {{"unchanged", s.unchanged_chunks}, {"sparse", s.sparse_chunks}, {"raw", s.raw_chunks}}},
-        {"bytes",
-         {{"total", s.total_bytes},
-          {"headers", s.header_bytes},
-          {"positions", s.gap_bytes},
-          {"signs", s.sign_bytes},
-          {"large_change_positions", s.big_bytes},
-          {"magnitudes", s.magnitude_bytes},
-          {"raw", s.raw_bytes}}},
-        {"bits_per_changed_element", bits_per_change},
-        {"position_entropy_floor_bits", entropy_floor}};
+    nlohmann::json out = {{"file", path},
+                          {"format_version", loaded.delta.format_version},
+                          {"tensors", loaded.delta.tensors.size()},
+                          {"units", s.units},
+                          {"changed_units", s.changes},
+                          {"changed_by_more_than_one", s.big_changes},
+                          {"density", density},
+                          {"chunks",
+                           {{"unchanged", s.unchanged_chunks},
+                            {"sparse", s.sparse_chunks},
+                            {"context", s.context_chunks},
+                            {"raw", s.raw_chunks}}},
+                          {"bytes",
+                           {{"total", s.total_bytes},
+                            {"headers", s.header_bytes},
+                            {"positions", s.gap_bytes},
+                            {"signs", s.sign_bytes},
+                            {"large_change_positions", s.big_bytes},
+                            {"magnitudes", s.magnitude_bytes},
+                            {"raw", s.raw_bytes}}},
+                          {"bits_per_changed_element", bits_per_change},
+                          {"position_entropy_floor_bits", entropy_floor}};
     std::printf("%s\n", out.dump(2).c_str());
     return Status::Ok();
   }
-  std::printf("%s: weft delta, format version %u, %zu tensors\n", path.c_str(), kDeltaFormatVersion,
+  std::printf("%s: weft delta, format version %u (%s), %zu tensors\n", path.c_str(),
+              loaded.delta.format_version, s.context_chunks > 0 ? "context-coded chunks" : "plain",
               loaded.delta.tensors.size());
   std::printf("  elements          %llu (%llu in raw chunks)\n",
               static_cast<unsigned long long>(s.units),
               static_cast<unsigned long long>(s.raw_units));
   std::printf(
-      "  changed           %llu in sparse chunks, density %.4f%%, %s of them by more than one "
+      "  changed           %llu in sparse and context chunks, density %.4f%%, %s of them by more "
+      "than one "
       "step\n",
       static_cast<unsigned long long>(s.changes), 100 * density,
       Percent(s.big_changes, s.changes).c_str());
-  std::printf("  chunks            %llu unchanged, %llu sparse, %llu raw\n",
+  std::printf("  chunks            %llu unchanged, %llu sparse, %llu context, %llu raw\n",
               static_cast<unsigned long long>(s.unchanged_chunks),
               static_cast<unsigned long long>(s.sparse_chunks),
+              static_cast<unsigned long long>(s.context_chunks),
               static_cast<unsigned long long>(s.raw_chunks));
   std::printf("  bytes             %llu total\n", static_cast<unsigned long long>(s.total_bytes));
   const std::pair<const char*, uint64_t> sections[] = {{"headers+checksums", s.header_bytes},
@@ -213,7 +258,7 @@ Status RunInspect(const DeltaOptions& options) {
   }
   if (s.changes > 0) {
     std::printf(
-        "  bits per change   %.3f (sparse sections); positions alone %.3f vs iid floor H(p)/p = "
+        "  bits per change   %.3f (coded sections); positions alone %.3f vs iid floor H(p)/p = "
         "%.3f\n",
         bits_per_change, 8.0 * s.gap_bytes / s.changes, entropy_floor);
   }
@@ -224,7 +269,9 @@ Status RunInspect(const DeltaOptions& options) {
       uint64_t changed = 0;
       size_t raw = 0;
       for (const DeltaChunk& c : t.chunks) {
-        changed += c.mode == ChunkMode::kSparse ? c.sparse.change_count : 0;
+        changed += c.mode == ChunkMode::kSparse    ? c.sparse.change_count
+                   : c.mode == ChunkMode::kContext ? c.context.change_count()
+                                                   : 0;
         raw += c.mode == ChunkMode::kRaw;
       }
       std::printf("  %-40s %-8s %14llu %12llu %6zu%s\n", t.spec.name.c_str(),
@@ -240,6 +287,14 @@ Status RunInspect(const DeltaOptions& options) {
 void AddThreads(CLI::App* command, DeltaOptions* options) {
   command->add_option("--threads", options->threads, "worker threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
+}
+
+void AddMode(CLI::App* command, DeltaOptions* options) {
+  command
+      ->add_option("--mode", options->mode,
+                   "plain, or context: code each float chunk's positions by the exponent of its "
+                   "base values where that is smaller (docs/formats.md)")
+      ->check(CLI::IsMember({"plain", "context"}));
 }
 
 }  // namespace
@@ -265,6 +320,7 @@ void RegisterDelta(CLI::App& app, Action* action) {
                    "elements per chunk, as a power of two")
       ->check(CLI::Range(kMinChunkLog2, kMaxChunkLog2));
   AddThreads(encode, encode_options.get());
+  AddMode(encode, encode_options.get());
   encode->callback([encode_options, action] {
     *action = [encode_options] { return RunEncode(*encode_options); };
   });
@@ -292,7 +348,13 @@ void RegisterDelta(CLI::App& app, Action* action) {
       ->expected(2, 1 << 20)
       ->check(CLI::ExistingFile);
   squash->add_option("-o,--output", squash_options->output, "delta file to write")->required();
+  squash
+      ->add_option("--base", squash_options->base,
+                   "safetensors file D1 applies to: needed to squash context-coded deltas, or to "
+                   "write the result with --mode context")
+      ->check(CLI::ExistingFile);
   AddThreads(squash, squash_options.get());
+  AddMode(squash, squash_options.get());
   squash->callback([squash_options, action] {
     *action = [squash_options] { return RunSquash(*squash_options); };
   });

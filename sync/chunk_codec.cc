@@ -10,110 +10,20 @@
 #include <tuple>
 
 #include "sync/bit_stream.h"
+#include "sync/codes.h"
 #include "sync/convert.h"
 #include "sync/cpu.h"
 #include "sync/scan_simd.h"
+#include "sync/sparse_decode.h"
 
 namespace weft::sync {
-namespace {
-
-// ---- Codes -------------------------------------------------------------------------------------
-
-constexpr int kRiceEscape = 24;  // unary prefixes reaching this length escape to a raw 32-bit gap
-
-inline void PutRice(BitWriter& out, uint32_t value, int k) {
-  uint32_t quotient = value >> k;
-  if (quotient < kRiceEscape) {
-    // Unary quotient (zeros, then a one), then the k low bits: at most 24 + 26 bits.
-    uint64_t low = value & ((uint64_t{1} << k) - 1);
-    out.Put((uint64_t{1} << quotient) | (low << (quotient + 1)),
-            static_cast<int>(quotient) + 1 + k);
-  } else {
-    out.Put(0, kRiceEscape);
-    out.Put(value, 32);
-  }
-}
-
-// Decodes one Rice code; the reader must hold at least 56 bits unless the stream ends sooner.
-inline uint32_t GetRice(BitReader& in, int k) {
-  in.Refill();
-  const uint64_t bits = in.bits();
-  const int zeros = std::countr_zero(bits | (uint64_t{1} << kRiceEscape));
-  if (zeros < kRiceEscape) {
-    const uint32_t low = static_cast<uint32_t>(bits >> (zeros + 1)) & ((uint32_t{1} << k) - 1);
-    in.Consume(zeros + 1 + k);
-    return (static_cast<uint32_t>(zeros) << k) | low;
-  }
-  in.Consume(kRiceEscape);
-  return static_cast<uint32_t>(in.Get(32));
-}
-
-inline uint64_t ExpGolombBits(uint32_t value, int k) {
-  uint64_t x = uint64_t{value} + (uint64_t{1} << k);
-  int length = std::bit_width(x);
-  return 2 * static_cast<uint64_t>(length) - static_cast<uint64_t>(k) - 1;
-}
-
-inline void PutExpGolomb(BitWriter& out, uint32_t value, int k) {
-  const uint64_t x = uint64_t{value} + (uint64_t{1} << k);
-  const int length = std::bit_width(x);
-  const int zeros = length - k - 1;
-  out.Put(uint64_t{1} << zeros, zeros + 1);
-  if (length > 1) out.Put(x & ((uint64_t{1} << (length - 1)) - 1), length - 1);
-}
-
-// Returns false on a code longer than any valid one.
-inline bool GetExpGolomb(BitReader& in, int k, uint32_t* value) {
-  in.Refill();
-  const int zeros = std::countr_zero(in.bits() | (uint64_t{1} << 32));
-  if (zeros > 31 - k) return false;
-  in.Consume(zeros + 1);
-  const int length = zeros + k + 1;
-  const uint64_t low = length > 1 ? in.Get(length - 1) : 0;
-  const uint64_t x = (uint64_t{1} << (length - 1)) | low;
-  *value = static_cast<uint32_t>(x - (uint64_t{1} << k));
-  return true;
-}
-
-// The parameter in [0, max_k] that minimises the exact cost, and that cost. The cost of these
-// codes is convex in k, so a local search from the estimate log2(mean) finds the minimum.
-template <typename CostFn>
-std::pair<int, uint64_t> ChooseParameter(double mean, int max_k, CostFn cost) {
-  int best = mean < 1.0 ? 0 : std::min(max_k, static_cast<int>(std::log2(mean)));
-  uint64_t best_cost = cost(best);
-  for (int step : {-1, +1}) {
-    for (int k = best + step; k >= 0 && k <= max_k; k += step) {
-      uint64_t c = cost(k);
-      if (c >= best_cost) break;
-      best = k;
-      best_cost = c;
-    }
-  }
-  return {best, best_cost};
-}
-
-// Written as a select over 32-bit lanes so that the compiler vectorises it; a chunk's values are
-// below 2^32 and 2^20 codes of at most 56 bits each fit a 32-bit partial sum.
-template <typename Vector>
-uint64_t RiceCost(const Vector& values, int k) {
-  uint64_t total = 0;
-  const size_t n = values.size();
-  for (size_t begin = 0; begin < n; begin += 1 << 20) {
-    const size_t end = std::min(n, begin + (size_t{1} << 20));
-    uint32_t partial = 0;
-    for (size_t i = begin; i < end; ++i) {
-      const int32_t quotient = static_cast<int32_t>(values[i] >> k);
-      partial +=
-          quotient < kRiceEscape ? static_cast<uint32_t>(quotient + 1 + k) : kRiceEscape + 32;
-    }
-    total += partial;
-  }
-  return total;
-}
-
-uint32_t BytesFor(uint64_t bits) { return static_cast<uint32_t>((bits + 7) / 8); }
-
-}  // namespace
+using detail::BytesFor;
+using detail::ChooseParameter;
+using detail::ExpGolombBits;
+using detail::PutExpGolomb;
+using detail::PutRice;
+using detail::RiceCost;
+static_assert(detail::kRiceEscape == detail::kSparseRiceEscape);
 
 void ScanFromMasterBf16Ref(const float* master, uint8_t* served, uint32_t count,
                            uint32_t offset_base, uint64_t index_base, ChangeList* changes,
@@ -271,79 +181,78 @@ void EncodeChanges(const ChangeList& changes, uint8_t width, ValueCoding coding,
   payload->resize(start + header->payload_bytes());
 }
 
+namespace {
+
+// Lists each change as it is decoded.
+template <typename T>
+class ListSink {
+ public:
+  explicit ListSink(ChangeList* changes) : changes_(changes) {}
+  void Begin(uint32_t n) {
+    changes_->offsets.resize(n);
+    changes_->residuals.resize(n);
+  }
+  uint32_t* offsets() { return changes_->offsets.data(); }
+  uint32_t* magnitudes() { return changes_->residuals.data(); }
+  void Put(uint32_t, uint32_t) {}
+  void Step(uint32_t) {}
+  void EndBlock(uint32_t first, uint32_t count, uint64_t signs) {
+    detail::ApplySigns<T>(changes_->residuals.data() + first, count, signs);
+  }
+
+ private:
+  ChangeList* changes_;
+};
+
+template <typename T>
+[[gnu::flatten]] Status DecodeIntoPlain(const SparseHeader& header,
+                                        std::span<const uint8_t> payload, uint32_t chunk_elements,
+                                        ValueCoding coding, ChangeList* changes) {
+  ListSink<T> sink(changes);
+  return detail::DecodeSparse<T>(header, payload, chunk_elements, coding, sink);
+}
+
+#if defined(__x86_64__)
+// The same compiled for BMI2's shifts.
+template <typename T>
+[[gnu::flatten]] WEFT_TARGET_AVX2 Status DecodeIntoAvx2(const SparseHeader& header,
+                                                        std::span<const uint8_t> payload,
+                                                        uint32_t chunk_elements, ValueCoding coding,
+                                                        ChangeList* changes) {
+  ListSink<T> sink(changes);
+  return detail::DecodeSparse<T>(header, payload, chunk_elements, coding, sink);
+}
+#endif
+
+template <typename T>
+Status DecodeInto(const SparseHeader& header, std::span<const uint8_t> payload,
+                  uint32_t chunk_elements, ValueCoding coding, ChangeList* changes) {
+#if defined(__x86_64__)
+  if (Cpu().avx2) return DecodeIntoAvx2<T>(header, payload, chunk_elements, coding, changes);
+#endif
+  return DecodeIntoPlain<T>(header, payload, chunk_elements, coding, changes);
+}
+
+}  // namespace
+
 Status DecodeChanges(const SparseHeader& header, std::span<const uint8_t> payload,
                      uint32_t chunk_elements, uint8_t width, ValueCoding coding,
                      ChangeList* changes) {
   changes->clear();
-  const bool ordered = coding == ValueCoding::kOrderedDiff;
-  const uint32_t n = header.change_count;
-  if (header.k_gap > kMaxGapParameter || header.k_big > kMaxGapParameter ||
-      header.k_mag > kMaxMagnitudeOrder) {
-    return DataLoss("code parameter out of range");
+  Status status;
+  switch (width) {
+    case 1:
+      status = DecodeInto<uint8_t>(header, payload, chunk_elements, coding, changes);
+      break;
+    case 2:
+      status = DecodeInto<uint16_t>(header, payload, chunk_elements, coding, changes);
+      break;
+    default:
+      status = DecodeInto<uint32_t>(header, payload, chunk_elements, coding, changes);
+      break;
   }
-  if (n == 0 || n > chunk_elements) {
-    return DataLoss("change count " + std::to_string(n) + " outside 1.." +
-                    std::to_string(chunk_elements));
-  }
-  if (header.big_count > n) return DataLoss("more large changes than changes");
-  if (header.payload_bytes() != payload.size()) return DataLoss("stream lengths do not add up");
-  // Every code word takes at least k + 1 bits: bound the counts by the stream sizes before
-  // allocating anything proportional to them.
-  if (uint64_t{n} * (header.k_gap + 1u) > uint64_t{header.gap_bytes} * 8) {
-    return DataLoss("change count exceeds what the position stream can hold");
-  }
-  if (uint64_t{header.big_count} * (header.k_big + 1u) > uint64_t{header.big_bytes} * 8 ||
-      uint64_t{header.big_count} > uint64_t{header.mag_bytes} * 8) {
-    return DataLoss("large-change count exceeds what its streams can hold");
-  }
-  if (header.sign_bytes != (ordered ? BytesFor(n) : 0u)) {
-    return DataLoss("sign stream has the wrong length");
-  }
-  const uint64_t max_magnitude =
-      ordered ? uint64_t{1} << (8 * width - 1) : (uint64_t{1} << (8 * width)) - 1;
-
-  size_t at = 0;
-  BitReader gaps(payload.subspan(at, header.gap_bytes));
-  at += header.gap_bytes;
-  // One sign bit per change, LSB first: read directly; the padding of the last byte must be zero.
-  const uint8_t* signs = payload.data() + at;
-  if (ordered && n % 8 != 0 && (signs[header.sign_bytes - 1] >> (n % 8)) != 0) {
-    return DataLoss("sign stream has trailing bits");
-  }
-  at += header.sign_bytes;
-  BitReader bigs(payload.subspan(at, header.big_bytes));
-  at += header.big_bytes;
-  BitReader magnitudes(payload.subspan(at, header.mag_bytes));
-
-  changes->offsets.resize(n);
-  changes->residuals.resize(n);
-  const uint64_t mask = width == 4 ? 0xFFFFFFFFull : (uint64_t{1} << (8 * width)) - 1;
-  uint64_t position = std::numeric_limits<uint64_t>::max();  // "-1"
-  uint32_t bigs_read = 0;
-  uint64_t next_big = header.big_count > 0 ? GetRice(bigs, header.k_big) : UINT64_MAX;
-  for (uint32_t j = 0; j < n; ++j) {
-    position += uint64_t{GetRice(gaps, header.k_gap)} + 1;
-    if (position >= chunk_elements) return DataLoss("change position outside the chunk");
-    uint64_t magnitude = 1;
-    if (j == next_big) {
-      uint32_t value;
-      if (!GetExpGolomb(magnitudes, header.k_mag, &value)) return DataLoss("malformed magnitude");
-      magnitude = uint64_t{value} + 2;
-      if (magnitude > max_magnitude) return DataLoss("magnitude too large for the element width");
-      ++bigs_read;
-      next_big =
-          bigs_read < header.big_count ? j + 1 + uint64_t{GetRice(bigs, header.k_big)} : UINT64_MAX;
-    }
-    uint64_t residual = magnitude;
-    if (ordered && ((signs[j >> 3] >> (j & 7)) & 1) != 0) residual = (0 - magnitude) & mask;
-    changes->offsets[j] = static_cast<uint32_t>(position);
-    changes->residuals[j] = static_cast<uint32_t>(residual);
-  }
-  if (bigs_read != header.big_count) return DataLoss("large-change positions run past the changes");
-  if (!gaps.ConsumedExactly() || !bigs.ConsumedExactly() || !magnitudes.ConsumedExactly()) {
-    return DataLoss("a stream is truncated or has trailing bits");
-  }
-  return Status::Ok();
+  if (!status.ok()) changes->clear();
+  return status;
 }
 
 }  // namespace weft::sync

@@ -1,10 +1,12 @@
 // The delta codec: lossless, chunked, adaptive deltas between two versions of served tensors.
 //
-// Byte format: docs/formats.md, "Delta files" (format version 1). A ModelDelta is a list of
+// Byte format: docs/formats.md, "Delta files" (format versions 1 and 2). A ModelDelta is a list of
 // TensorDeltas; each carries the tensor's name, dtype and shape, the state digests of the base it
 // applies to and of the result it produces, and one chunk per `chunk_elements` coded units. A
-// chunk is unchanged, sparse (the changed positions and values, entropy-coded: chunk_codec.h), or
-// raw (the new bytes, when that is smaller). Every chunk and tensor header carries a checksum.
+// chunk is unchanged, sparse (the changed positions and values, entropy-coded: chunk_codec.h),
+// context-coded (the same, with positions coded per class of base value: context_codec.h; format
+// version 2), or raw (the new bytes, when that is smaller). Every chunk and tensor header carries
+// a checksum.
 //
 // Guarantees:
 //  - Lossless: applying Encode(old, new) to old gives new bit for bit, for every dtype and every
@@ -14,7 +16,7 @@
 //    truncated, corrupted or hostile delta is rejected with kDataLoss (malformed) or kConflict
 //    (valid, but made for a different base); the served tensor is then unchanged.
 //  - Composable: SquashTensorDeltas(d1, d2) equals a delta from d1's base to d2's result, computed
-//    without the base weights.
+//    without the base weights when neither holds context chunks (SquashChainOnBase otherwise).
 //  - Large: element counts and indices are 64-bit; tensors over 2^32 elements work.
 //  - Parallel: encode, apply and squash split the work by chunk over `threads` threads.
 //
@@ -27,10 +29,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
 #include "sync/chunk_codec.h"
+#include "sync/context_codec.h"
 #include "sync/convert.h"
 #include "sync/digest.h"
 #include "sync/dtype.h"
@@ -39,7 +43,10 @@
 
 namespace weft::sync {
 
-inline constexpr uint16_t kDeltaFormatVersion = 1;
+// Version 2 adds context chunks; a delta without them is written as version 1, which readers of
+// either version read.
+inline constexpr uint16_t kDeltaFormatVersion = 2;
+inline constexpr uint16_t kPlainDeltaFormatVersion = 1;
 inline constexpr int kMinChunkLog2 = 10;
 inline constexpr int kMaxChunkLog2 = 26;
 inline constexpr int kDefaultChunkLog2 = 20;
@@ -57,11 +64,18 @@ struct TensorSpec {
   uint64_t byte_count() const { return element_count() * Info(dtype).size; }
 };
 
-enum class ChunkMode : uint8_t { kUnchanged = 0, kSparse = 1, kRaw = 2 };
+enum class ChunkMode : uint8_t { kUnchanged = 0, kSparse = 1, kRaw = 2, kContext = 3 };
+
+// How an encoder codes changed chunks: sparse only, or each chunk of a float tensor as the smaller
+// of sparse and context-coded (smaller deltas, more encoding and decoding work).
+enum class DeltaMode : uint8_t { kPlain, kContext };
+std::string_view DeltaModeName(DeltaMode mode);
+std::optional<DeltaMode> ParseDeltaMode(std::string_view name);
 
 struct DeltaChunk {
   ChunkMode mode = ChunkMode::kUnchanged;
   SparseHeader sparse;               // kSparse only
+  ContextHeader context;             // kContext only
   std::span<const uint8_t> payload;  // sparse streams, or the chunk's new bytes (kRaw)
   std::vector<uint8_t> owned;        // backing store of `payload` when the chunk owns it
 
@@ -91,6 +105,7 @@ struct TensorDelta {
 
 struct ModelDelta {
   std::vector<TensorDelta> tensors;
+  uint16_t format_version = 0;  // of the file it was parsed from; 0 when built in memory
 
   const TensorDelta* Find(const std::string& name) const;
   // A copy that owns every payload (a parsed delta's point into its buffer).
@@ -100,6 +115,7 @@ struct ModelDelta {
 struct CodecOptions {
   int chunk_log2 = kDefaultChunkLog2;
   int threads = 1;
+  DeltaMode mode = DeltaMode::kPlain;
 };
 
 // Delta from `old_bytes` to `new_bytes` (both spec.byte_count() long). `base_digest` is the digest
@@ -161,6 +177,31 @@ Result<PreparedTensorDelta> PrepareTensorDelta(const TensorDelta& delta,
 // unchanged since.
 void CommitTensorDelta(const PreparedTensorDelta& prepared, std::span<uint8_t> served, int threads);
 
+// The served bytes a tensor delta is prepared on and, when known, their digest.
+struct ServedBytes {
+  std::span<const uint8_t> bytes;
+  std::optional<Digest> digest;
+};
+
+// Every tensor of a model delta prepared (PrepareModelDelta), ready to be written. Preparing into
+// the same object again reuses its buffers: a replica that keeps one allocates nothing, and takes
+// no page faults, once it has applied a version as large as the current one.
+struct PreparedModelDelta {
+  std::vector<PreparedTensorDelta> tensors;  // in the delta's order
+};
+
+// PrepareTensorDelta for every tensor of a model delta at once: delta.tensors[t] on served[t].
+// The chunks of all tensors are decoded in one parallel loop, so a model of many small tensors
+// (one chunk each) uses every thread too. Reads `served` only. Returns the error PrepareTensorDelta
+// gives for the first tensor, in the delta's order, that fails; `prepared` then holds nothing
+// usable. `prepared` must not outlive `delta`.
+Status PrepareModelDelta(const ModelDelta& delta, std::span<const ServedBytes> served, int threads,
+                         PreparedModelDelta* prepared);
+// Writes what PrepareModelDelta proved: served[t] must be the bytes tensor t was prepared on,
+// unchanged since.
+void CommitModelDelta(const PreparedModelDelta& prepared,
+                      std::span<const std::span<uint8_t>> served, int threads);
+
 // d1: A -> B and d2: B -> C for the same tensor gives A -> C, without A, B or C.
 Result<TensorDelta> SquashTensorDeltas(const TensorDelta& first, const TensorDelta& second,
                                        int threads);
@@ -173,26 +214,50 @@ Result<ModelDelta> SquashModelDeltas(const ModelDelta& first, const ModelDelta& 
 Result<ModelDelta> SquashChain(std::span<const ModelDelta* const> chain, int threads,
                                size_t* failed = nullptr);
 
+// Whether any chunk of `delta` is context-coded (and so cannot be squashed without its base).
+bool HasContextChunks(const TensorDelta& delta);
+bool HasContextChunks(const ModelDelta& delta);
+
+// `delta` with its chunks coded in `mode`: sparse chunks of float tensors become context chunks
+// where that is smaller (kContext), context chunks become sparse (kPlain). `bases` or `results`
+// (by tensor name; one may be empty) give the tensors the delta starts from or ends at: the
+// contexts are read from the base, or from the result with each change undone. The digests and
+// the changes are unchanged.
+Result<ModelDelta> RecodeModelDelta(const ModelDelta& delta, DeltaMode mode,
+                                    const std::vector<TensorBytes>& bases,
+                                    const std::vector<TensorBytes>& results, int threads);
+
+// A chain of deltas in any modes squashed into one delta in `mode` from `base` (the tensors the
+// first delta applies to, checked by digest) to the last one's result. Works chunk by chunk on a
+// copy of one chunk at a time: memory beyond the deltas is a chunk per thread plus the result.
+// Every delta's base and result digests are checked on the way; nothing is written to `base`.
+Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
+                                     const std::vector<TensorBytes>& base, DeltaMode mode,
+                                     int threads, size_t* failed = nullptr);
+
 // Serialises to the byte format of docs/formats.md.
 std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta);
 // The size SerializeModelDelta would produce, without copying any payload.
 uint64_t SerializedSize(const ModelDelta& delta);
 // Parses and checks structure and every checksum. Sparse payloads are decoded (and checked in
-// full) by ApplyTensorDelta and SquashTensorDeltas. The result points into `bytes`.
+// full) by ApplyTensorDelta and SquashTensorDeltas, context payloads by ApplyTensorDelta and
+// SquashChainOnBase. The result points into `bytes`.
 Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes);
 
 // Statistics for `weft delta inspect` and the benchmarks.
 struct DeltaStats {
-  uint64_t units = 0;  // coded units over all tensors
+  uint64_t units = 0;           // coded units over all tensors
+  uint16_t format_version = 0;  // as written (1 without context chunks, else 2)
   uint64_t unchanged_chunks = 0;
   uint64_t sparse_chunks = 0;
+  uint64_t context_chunks = 0;
   uint64_t raw_chunks = 0;
   uint64_t sparse_units = 0;  // units in sparse or unchanged chunks
   uint64_t raw_units = 0;
-  uint64_t changes = 0;       // changed units in sparse chunks
+  uint64_t changes = 0;       // changed units in sparse and context chunks
   uint64_t big_changes = 0;   // of which magnitude > 1
   uint64_t header_bytes = 0;  // file header, tensor headers, chunk headers and checksums
-  uint64_t gap_bytes = 0;
+  uint64_t gap_bytes = 0;     // positions, in either mode
   uint64_t sign_bytes = 0;
   uint64_t big_bytes = 0;
   uint64_t magnitude_bytes = 0;

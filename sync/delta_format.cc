@@ -51,6 +51,22 @@ std::vector<uint8_t> ChunkHeaderBytes(const DeltaChunk& chunk) {
     out.Varint(h.sign_bytes);
     out.Varint(h.big_bytes);
     out.Varint(h.mag_bytes);
+  } else if (chunk.mode == ChunkMode::kContext) {
+    const ContextHeader& h = chunk.context;
+    out.U8(h.exponent_low);
+    out.U8(h.k_big);
+    out.U8(h.k_mag);
+    out.U16(h.present);
+    for (int c = 0; c < kContexts; ++c) {
+      if ((h.present >> c & 1) == 0) continue;
+      out.U8(h.k_gap[c]);
+      out.Varint(h.counts[c]);
+    }
+    out.Varint(h.gap_bytes);
+    out.Varint(h.big_count);
+    out.Varint(h.sign_bytes);
+    out.Varint(h.big_bytes);
+    out.Varint(h.mag_bytes);
   }
   return bytes;
 }
@@ -66,7 +82,7 @@ void WriteModelDelta(const ModelDelta& delta, Sink& sink) {
   std::vector<uint8_t> scratch;
   ByteWriter out(&scratch);
   out.Bytes(std::span<const uint8_t>(kMagic, 8));
-  out.U16(kDeltaFormatVersion);
+  out.U16(HasContextChunks(delta) ? kDeltaFormatVersion : kPlainDeltaFormatVersion);
   out.U16(0);
   out.U32(static_cast<uint32_t>(delta.tensors.size()));
   sink(scratch);
@@ -121,7 +137,32 @@ uint64_t SerializedSize(const ModelDelta& delta) {
 
 namespace {
 
-Status ParseTensor(ByteReader& in, size_t index, TensorDelta* tensor) {
+// Reads the fields of a context chunk's header after its mode byte.
+Status ParseContextHeader(ByteReader& in, const std::string& where, ContextHeader* h) {
+  if (!in.U8(&h->exponent_low) || !in.U8(&h->k_big) || !in.U8(&h->k_mag) || !in.U16(&h->present)) {
+    return DataLoss(where + ": truncated header");
+  }
+  if (h->present == 0) return DataLoss(where + ": context chunk without changes");
+  auto read = [&](uint32_t* field) {
+    uint64_t value;
+    if (!in.Varint(&value) || value > std::numeric_limits<uint32_t>::max()) return false;
+    *field = static_cast<uint32_t>(value);
+    return true;
+  };
+  for (int c = 0; c < kContexts; ++c) {
+    if ((h->present >> c & 1) == 0) continue;
+    if (!in.U8(&h->k_gap[c]) || !read(&h->counts[c])) {
+      return DataLoss(where + ": bad header field of context " + std::to_string(c));
+    }
+  }
+  if (!read(&h->gap_bytes) || !read(&h->big_count) || !read(&h->sign_bytes) ||
+      !read(&h->big_bytes) || !read(&h->mag_bytes)) {
+    return DataLoss(where + ": bad header field");
+  }
+  return Status::Ok();
+}
+
+Status ParseTensor(ByteReader& in, size_t index, uint16_t version, TensorDelta* tensor) {
   const std::string where = "tensor record " + std::to_string(index);
   uint32_t header_length;
   std::span<const uint8_t> header;
@@ -183,8 +224,11 @@ Status ParseTensor(ByteReader& in, size_t index, TensorDelta* tensor) {
     const size_t header_start = in.position();
     uint8_t mode;
     if (!in.U8(&mode)) return DataLoss(chunk_where + ": truncated");
-    if (mode > static_cast<uint8_t>(ChunkMode::kRaw)) {
-      return DataLoss(chunk_where + ": unknown chunk mode " + std::to_string(mode));
+    const uint8_t last_mode = static_cast<uint8_t>(
+        version >= kDeltaFormatVersion ? ChunkMode::kContext : ChunkMode::kRaw);
+    if (mode > last_mode) {
+      return DataLoss(chunk_where + ": unknown chunk mode " + std::to_string(mode) +
+                      " in a version " + std::to_string(version) + " delta");
     }
     chunk.mode = static_cast<ChunkMode>(mode);
     if (chunk.mode == ChunkMode::kUnchanged) continue;
@@ -207,6 +251,13 @@ Status ParseTensor(ByteReader& in, size_t index, TensorDelta* tensor) {
       s.big_bytes = static_cast<uint32_t>(fields[4]);
       s.mag_bytes = static_cast<uint32_t>(fields[5]);
       payload_length = s.payload_bytes();
+    } else if (chunk.mode == ChunkMode::kContext) {
+      if (!SupportsContextMode(tensor->spec.dtype)) {
+        return DataLoss(chunk_where + ": context chunk in a " +
+                        std::string(Info(tensor->spec.dtype).safetensors_name) + " tensor");
+      }
+      WEFT_RETURN_IF_ERROR(ParseContextHeader(in, chunk_where, &chunk.context));
+      payload_length = chunk.context.payload_bytes();
     } else {
       payload_length = uint64_t{tensor->UnitsInChunk(c)} * width;
     }
@@ -229,6 +280,30 @@ Status ParseTensor(ByteReader& in, size_t index, TensorDelta* tensor) {
 
 }  // namespace
 
+bool HasContextChunks(const TensorDelta& delta) {
+  for (const DeltaChunk& chunk : delta.chunks) {
+    if (chunk.mode == ChunkMode::kContext) return true;
+  }
+  return false;
+}
+
+bool HasContextChunks(const ModelDelta& delta) {
+  for (const TensorDelta& tensor : delta.tensors) {
+    if (HasContextChunks(tensor)) return true;
+  }
+  return false;
+}
+
+std::string_view DeltaModeName(DeltaMode mode) {
+  return mode == DeltaMode::kContext ? "context" : "plain";
+}
+
+std::optional<DeltaMode> ParseDeltaMode(std::string_view name) {
+  if (name == "plain") return DeltaMode::kPlain;
+  if (name == "context") return DeltaMode::kContext;
+  return std::nullopt;
+}
+
 Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes) {
   ByteReader in(bytes);
   std::span<const uint8_t> magic;
@@ -239,9 +314,11 @@ Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes) {
   }
   if (!in.U16(&version) || !in.U16(&flags) || !in.U32(&count))
     return DataLoss("truncated file header");
-  if (version != kDeltaFormatVersion) {
+  if (version < kPlainDeltaFormatVersion || version > kDeltaFormatVersion) {
     return DataLoss("delta format version " + std::to_string(version) +
-                    " is not supported (this is " + std::to_string(kDeltaFormatVersion) + ")");
+                    " is not supported (this reads versions " +
+                    std::to_string(kPlainDeltaFormatVersion) + " to " +
+                    std::to_string(kDeltaFormatVersion) + ")");
   }
   if (flags != 0) return DataLoss("unknown flags " + std::to_string(flags));
   // Every tensor record takes at least 13 bytes.
@@ -250,9 +327,10 @@ Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes) {
                     " tensors but only " + std::to_string(in.remaining()) + " bytes follow");
   }
   ModelDelta delta;
+  delta.format_version = version;
   delta.tensors.resize(count);
   for (uint32_t t = 0; t < count; ++t) {
-    WEFT_RETURN_IF_ERROR(ParseTensor(in, t, &delta.tensors[t]));
+    WEFT_RETURN_IF_ERROR(ParseTensor(in, t, version, &delta.tensors[t]));
     for (uint32_t u = 0; u < t; ++u) {
       if (delta.tensors[u].spec.name == delta.tensors[t].spec.name) {
         return DataLoss("tensor '" + delta.tensors[t].spec.name + "' appears twice");
@@ -266,6 +344,7 @@ Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes) {
 
 DeltaStats ComputeStats(const ModelDelta& delta) {
   DeltaStats stats;
+  stats.format_version = HasContextChunks(delta) ? kDeltaFormatVersion : kPlainDeltaFormatVersion;
   uint64_t stream_bytes = 0;
   for (const TensorDelta& tensor : delta.tensors) {
     stats.units += tensor.spec.unit_count();
@@ -278,16 +357,20 @@ DeltaStats ComputeStats(const ModelDelta& delta) {
           stats.sparse_units += units;
           break;
         case ChunkMode::kSparse:
-          ++stats.sparse_chunks;
+        case ChunkMode::kContext: {
+          // The same streams in both modes but the positions.
+          const bool sparse = chunk.mode == ChunkMode::kSparse;
+          ++(sparse ? stats.sparse_chunks : stats.context_chunks);
           stats.sparse_units += units;
-          stats.changes += chunk.sparse.change_count;
-          stats.big_changes += chunk.sparse.big_count;
-          stats.gap_bytes += chunk.sparse.gap_bytes;
-          stats.sign_bytes += chunk.sparse.sign_bytes;
-          stats.big_bytes += chunk.sparse.big_bytes;
-          stats.magnitude_bytes += chunk.sparse.mag_bytes;
+          stats.changes += sparse ? chunk.sparse.change_count : chunk.context.change_count();
+          stats.big_changes += sparse ? chunk.sparse.big_count : chunk.context.big_count;
+          stats.gap_bytes += sparse ? chunk.sparse.gap_bytes : chunk.context.gap_bytes;
+          stats.sign_bytes += sparse ? chunk.sparse.sign_bytes : chunk.context.sign_bytes;
+          stats.big_bytes += sparse ? chunk.sparse.big_bytes : chunk.context.big_bytes;
+          stats.magnitude_bytes += sparse ? chunk.sparse.mag_bytes : chunk.context.mag_bytes;
           stream_bytes += chunk.payload.size();
           break;
+        }
         case ChunkMode::kRaw:
           ++stats.raw_chunks;
           stats.raw_units += units;

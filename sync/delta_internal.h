@@ -21,10 +21,20 @@ inline std::string ChunkContext(const TensorSpec& spec, size_t chunk) {
 // Bytes of a chunk header before its checksum (docs/formats.md, "Chunk").
 std::vector<uint8_t> ChunkHeaderBytes(const DeltaChunk& chunk);
 
-// A sparse chunk unless the raw new bytes are no larger; raw is only possible when the new bytes
-// are known (`new_bytes` non-empty).
+// Where a context coder finds a chunk's base values: `base` itself, or `result` (the chunk after
+// the changes) from which it undoes them. `count` is the chunk's element count.
+struct ContextSource {
+  DType dtype;
+  uint32_t count = 0;
+  const uint8_t* base = nullptr;
+  const uint8_t* result = nullptr;
+};
+
+// A sparse chunk (or, given a context source, the smaller of sparse and context-coded) unless the
+// raw new bytes are no larger; raw is only possible when the new bytes are known (`new_bytes`
+// non-empty).
 DeltaChunk MakeChunk(const ChangeList& changes, std::span<const uint8_t> new_bytes, uint8_t width,
-                     ValueCoding coding);
+                     ValueCoding coding, const ContextSource* context = nullptr);
 // A chunk that owns a copy of `source`'s payload.
 DeltaChunk CopyChunk(const DeltaChunk& source);
 

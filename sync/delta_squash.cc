@@ -47,6 +47,10 @@ Result<TensorDelta> SquashTensorDeltas(const TensorDelta& first, const TensorDel
     return InvalidArgument("tensor '" + spec.name +
                            "': the deltas differ in name, dtype, shape or chunk size");
   }
+  if (HasContextChunks(first) || HasContextChunks(second)) {
+    return InvalidArgument("tensor '" + spec.name +
+                           "': context-coded deltas can only be squashed with the base weights");
+  }
   if (second.base_digest != first.result_digest) {
     return Conflict("tensor '" + spec.name + "': the second delta starts from digest " +
                     second.base_digest.ToHex() + ", but the first ends at " +

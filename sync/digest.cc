@@ -5,15 +5,13 @@
 
 #include "common/parallel.h"
 #include "sync/cpu.h"
+#include "sync/digest_simd.h"
 
-#if defined(__x86_64__)
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 intrinsics start from an "undefined" register, which -Wmaybe-uninitialized
 // and -Wuninitialized report at every use (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
 #endif
 
 namespace weft::sync {
@@ -32,53 +30,25 @@ Digest SumTerms(const uint8_t* bytes, size_t count, uint64_t first_index) {
 
 #if defined(__x86_64__)
 
-// digest_detail::Mix on eight 64-bit lanes.
-template <int kShift1, uint64_t kMultiply1, int kShift2, uint64_t kMultiply2, int kShift3>
-WEFT_TARGET_AVX512 inline __m512i Mix8(__m512i x) {
-  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift1));
-  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(kMultiply1)));
-  x = _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift2));
-  x = _mm512_mullo_epi64(x, _mm512_set1_epi64(static_cast<long long>(kMultiply2)));
-  return _mm512_xor_si512(x, _mm512_srli_epi64(x, kShift3));
-}
-
-WEFT_TARGET_AVX512 inline __m512i MixA8(__m512i x) {
-  return Mix8<30, 0xBF58476D1CE4E5B9ull, 27, 0x94D049BB133111EBull, 31>(x);
-}
-
-WEFT_TARGET_AVX512 inline __m512i MixB8(__m512i x) {
-  return Mix8<33, 0xFF51AFD7ED558CCDull, 33, 0xC4CEB9FE1A85EC53ull, 33>(x);
-}
-
 WEFT_TARGET_AVX512 Digest SumElementChangesAvx512(uint64_t first, const uint32_t* offsets,
                                                   const uint32_t* old_values,
                                                   const uint32_t* new_values, size_t n) {
+  using namespace digest_detail;
   const __m512i base = _mm512_set1_epi64(static_cast<long long>(first));
-  const __m512i seed = _mm512_set1_epi64(static_cast<long long>(0x5EED0F5EED0F5EEDull));
-  const __m512i key_factor = _mm512_set1_epi64(static_cast<long long>(0x9E3779B97F4A7C15ull));
-  const __m512i value_factor = _mm512_set1_epi64(static_cast<long long>(0xD6E8FEB86659FD93ull));
-  __m512i lane0 = _mm512_setzero_si512(), lane1 = _mm512_setzero_si512();
+  DigestLanes sum = ZeroLanes();
   size_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m512i index = _mm512_add_epi64(
         base,
         _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + j))));
-    const __m512i key = MixA8(_mm512_xor_si512(index, seed));
     const __m512i before =
         _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(old_values + j)));
     const __m512i after =
         _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(new_values + j)));
-    lane0 = _mm512_add_epi64(lane0, _mm512_sub_epi64(MixB8(_mm512_xor_si512(key, after)),
-                                                     MixB8(_mm512_xor_si512(key, before))));
-    const __m512i scaled_key = _mm512_mullo_epi64(key, key_factor);
-    lane1 = _mm512_add_epi64(
-        lane1, _mm512_sub_epi64(
-                   MixA8(_mm512_xor_si512(scaled_key, _mm512_mullo_epi64(after, value_factor))),
-                   MixA8(_mm512_xor_si512(scaled_key, _mm512_mullo_epi64(before, value_factor)))));
+    AddElementChanges8(index, before, after, &sum);
   }
-  Digest sum{static_cast<uint64_t>(_mm512_reduce_add_epi64(lane0)),
-             static_cast<uint64_t>(_mm512_reduce_add_epi64(lane1))};
-  return sum + SumElementChangesRef(first, offsets + j, old_values + j, new_values + j, n - j);
+  return ReduceLanes(sum) +
+         SumElementChangesRef(first, offsets + j, old_values + j, new_values + j, n - j);
 }
 #endif
 

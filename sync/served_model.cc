@@ -116,7 +116,10 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
 
 Status ServedModel::Apply(const ModelDelta& delta, int threads) {
   // Prepare every tensor (decode, check, prove the result digest) before writing any of them.
-  std::vector<std::pair<Tensor*, PreparedTensorDelta>> staged;
+  std::vector<Tensor*> targets;
+  std::vector<ServedBytes> served;
+  targets.reserve(delta.tensors.size());
+  served.reserve(delta.tensors.size());
   for (const TensorDelta& t : delta.tensors) {
     Tensor* tensor = FindMutable(t.spec.name);
     if (tensor == nullptr)
@@ -125,15 +128,31 @@ Status ServedModel::Apply(const ModelDelta& delta, int threads) {
       return InvalidArgument("tensor '" + t.spec.name +
                              "': the delta has a different dtype or shape");
     }
-    WEFT_ASSIGN_OR_RETURN(PreparedTensorDelta prepared,
-                          PrepareTensorDelta(t, tensor->bytes, tensor->digest, threads));
-    staged.emplace_back(tensor, std::move(prepared));
+    targets.push_back(tensor);
+    served.push_back({tensor->bytes, tensor->digest});
   }
-  for (auto& [tensor, prepared] : staged) {
-    CommitTensorDelta(prepared, tensor->bytes, threads);
-    tensor->digest = prepared.result_digest;
+  PreparedModelDelta& prepared = apply_buffers_.prepared;
+  Status status = PrepareModelDelta(delta, served, threads, &prepared);
+  if (status.ok()) {
+    std::vector<std::span<uint8_t>> bytes;
+    bytes.reserve(targets.size());
+    for (Tensor* tensor : targets) bytes.emplace_back(tensor->bytes);
+    CommitModelDelta(prepared, bytes, threads);
+    for (size_t t = 0; t < targets.size(); ++t)
+      targets[t]->digest = prepared.tensors[t].result_digest;
   }
-  return Status::Ok();
+  apply_buffers_.Trim(byte_count());
+  return status;
+}
+
+void ServedModel::ApplyBuffers::Trim(uint64_t model_bytes) {
+  uint64_t kept = 0;
+  for (PreparedTensorDelta& tensor : prepared.tensors) {
+    tensor.delta = nullptr;
+    for (const ChangeList& list : tensor.changes)
+      kept += 4 * (list.offsets.capacity() + list.residuals.capacity());
+  }
+  if (kept > model_bytes / 2) prepared = PreparedModelDelta{};
 }
 
 uint64_t ServedModel::byte_count() const {

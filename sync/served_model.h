@@ -75,8 +75,24 @@ class ServedModel {
   bool is_fp8() const { return Info(plan_.dtype).size == 1; }
   Tensor* FindMutable(const std::string& name);
 
+  // What Apply decodes into, kept from one version to the next so that applying allocates nothing
+  // (up to half the model's size; larger buffers are freed). Not copied with the model.
+  struct ApplyBuffers {
+    ApplyBuffers() = default;
+    ApplyBuffers(const ApplyBuffers&) {}
+    ApplyBuffers& operator=(const ApplyBuffers&) { return *this; }
+    ApplyBuffers(ApplyBuffers&&) noexcept = default;
+    ApplyBuffers& operator=(ApplyBuffers&&) noexcept = default;
+    // Forgets the delta the buffers were last prepared from, and frees them if they hold more
+    // than half of `model_bytes`.
+    void Trim(uint64_t model_bytes);
+
+    PreparedModelDelta prepared;
+  };
+
   ServingPlan plan_;
   std::vector<Tensor> tensors_;
+  ApplyBuffers apply_buffers_;
 };
 
 }  // namespace weft::sync

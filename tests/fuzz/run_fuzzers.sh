@@ -12,6 +12,7 @@ for target in bf16 fp8-e4m3; do
   for v in 0 1 2; do "$weft" cast "$work/seeds-safetensors/m$v.safetensors" --to $target -o "$work/s$v.$target" > /dev/null; done
   "$weft" delta encode "$work/s0.$target" "$work/s1.$target" -o "$work/seeds-delta/d01.$target" > /dev/null
   "$weft" delta encode "$work/s1.$target" "$work/s2.$target" -o "$work/seeds-delta/d12.$target" --chunk-log2 10 > /dev/null
+  "$weft" delta encode "$work/s0.$target" "$work/s1.$target" -o "$work/seeds-delta/c01.$target" --mode context > /dev/null
 done
 "$weft" delta encode "$work/seeds-safetensors/m0.safetensors" "$work/seeds-safetensors/m1.safetensors" \
   -o "$work/seeds-delta/d01.all" > /dev/null
