@@ -109,6 +109,34 @@ Status ReadEnvironment(const YAML::Node& trainer, std::map<std::string, std::str
   return Status::Ok();
 }
 
+// trainer.optimizer: the RL phase's optimiser, by name.
+Status ReadOptimizer(const YAML::Node& trainer, examples::OptimizerKind* kind) {
+  std::string name(examples::OptimizerName(*kind));
+  WEFT_RETURN_IF_ERROR(ReadString(trainer, "trainer", "optimizer", &name));
+  const std::optional<examples::OptimizerKind> known = examples::OptimizerFromName(name);
+  if (!known) {
+    return InvalidArgument("trainer.optimizer: '" + name +
+                           "' is not an optimizer (known: adamw, muon)" +
+                           LineOf(trainer["optimizer"]));
+  }
+  *kind = *known;
+  return Status::Ok();
+}
+
+// trainer.delta_mode: how the publisher codes its delta blobs.
+Status ReadDeltaMode(const YAML::Node& trainer, sync::DeltaMode* mode) {
+  std::string name(sync::DeltaModeName(*mode));
+  WEFT_RETURN_IF_ERROR(ReadString(trainer, "trainer", "delta_mode", &name));
+  const std::optional<sync::DeltaMode> known = sync::ParseDeltaMode(name);
+  if (!known) {
+    return InvalidArgument("trainer.delta_mode: '" + name +
+                           "' is not a delta mode (known: plain, context)" +
+                           LineOf(trainer["delta_mode"]));
+  }
+  *mode = *known;
+  return Status::Ok();
+}
+
 Status ParseSections(const YAML::Node& root, RunConfig& c) {
   WEFT_RETURN_IF_ERROR(CheckKeys(
       root, "(top level)",
@@ -244,11 +272,12 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   }
   t.sequence_length = c.task_limits.max_prompt_tokens + c.task_limits.max_completion_tokens;
   if (const YAML::Node tr = root["trainer"]) {
-    WEFT_RETURN_IF_ERROR(CheckKeys(
-        tr, "trainer",
-        {"seed", "threads", "warmup", "steps", "prompts_per_step", "samples_per_prompt",
-         "steps_ahead", "learning_rate", "truncation", "eval_problems", "keyframe_interval",
-         "keyframe_budget", "stall_after", "min_step_time", "command", "env"}));
+    WEFT_RETURN_IF_ERROR(
+        CheckKeys(tr, "trainer",
+                  {"seed", "threads", "warmup", "steps", "prompts_per_step", "samples_per_prompt",
+                   "steps_ahead", "optimizer", "learning_rate", "truncation", "eval_problems",
+                   "keyframe_interval", "keyframe_budget", "delta_mode", "stall_after",
+                   "min_step_time", "command", "env"}));
     WEFT_RETURN_IF_ERROR(ReadCommand(tr, &c.trainer_command));
     WEFT_RETURN_IF_ERROR(ReadEnvironment(tr, &c.trainer_env));
     WEFT_RETURN_IF_ERROR(ReadUnsigned(tr, "trainer", "seed", &t.seed));
@@ -266,6 +295,7 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     WEFT_RETURN_IF_ERROR(
         ReadInt(tr, "trainer", "samples_per_prompt", &t.samples_per_prompt, 2, 1024));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "steps_ahead", &t.steps_ahead, 1, 1000));
+    WEFT_RETURN_IF_ERROR(ReadOptimizer(tr, &t.optimizer_kind));
     WEFT_RETURN_IF_ERROR(
         ReadPositive(tr, "trainer", "learning_rate", &t.optimizer.learning_rate, 1.0));
     WEFT_RETURN_IF_ERROR(
@@ -277,6 +307,7 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
       return InvalidArgument("trainer.keyframe_interval must be at least 1");
     WEFT_RETURN_IF_ERROR(
         ReadPositive(tr, "trainer", "keyframe_budget", &t.publisher.keyframes.delta_budget, 1e9));
+    WEFT_RETURN_IF_ERROR(ReadDeltaMode(tr, &t.publisher.keyframes.delta_mode));
     std::chrono::microseconds stall = t.stall_after;
     WEFT_RETURN_IF_ERROR(ReadDuration(tr, "trainer", "stall_after", &stall));
     t.stall_after = std::chrono::duration_cast<std::chrono::milliseconds>(stall);

@@ -120,11 +120,13 @@ Json TrainerSettings(const RunConfig& config) {
                 {"prompts_per_step", t.prompts_per_step},
                 {"samples_per_prompt", t.samples_per_prompt},
                 {"steps_ahead", t.steps_ahead},
+                {"optimizer", std::string(examples::OptimizerName(t.optimizer_kind))},
                 {"learning_rate", t.optimizer.learning_rate},
                 {"truncation", t.policy_gradient.truncation},
                 {"eval_problems", t.eval_problems},
                 {"keyframe_interval", t.publisher.keyframes.interval},
                 {"keyframe_budget", t.publisher.keyframes.delta_budget},
+                {"delta_mode", std::string(sync::DeltaModeName(t.publisher.keyframes.delta_mode))},
                 {"stall_after_s", seconds(t.stall_after)},
                 {"min_step_time_s", seconds(t.min_step_time)}}}};
 }

@@ -214,7 +214,8 @@ Result<TrainerSummary> RunExampleTrainer(
 
   // 3. Reinforcement learning.
   summary.phase = "rl";
-  AdamW optimizer(layout, options.optimizer);
+  const std::unique_ptr<Optimizer> optimizer =
+      MakeOptimizer(options.optimizer_kind, layout, options.optimizer, options.threads);
   const auto started = Clock::now();
   uint64_t version = 0;
   const size_t per_step = static_cast<size_t>(options.prompts_per_step);
@@ -306,7 +307,7 @@ Result<TrainerSummary> RunExampleTrainer(
     record.reward = samples > 0 ? rewards / static_cast<double>(samples) : 0;
     record.mean_lag = static_cast<double>(lag_sum) / static_cast<double>(groups.size());
     WEFT_ASSIGN_OR_RETURN(StepStats stats,
-                          PolicyGradientStep(layout, weights, optimizer, groups,
+                          PolicyGradientStep(layout, weights, *optimizer, groups,
                                              options.policy_gradient, options.threads));
     record.mean_ratio = stats.mean_ratio;
     record.truncated = stats.truncated;

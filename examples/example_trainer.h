@@ -12,7 +12,7 @@
 //   - each step takes `prompts_per_step` groups with trainer_adapter::BatchClient (within the
 //     staleness bound the orchestrator enforces) and applies a GRPO step with truncated
 //     importance ratios against the behaviour logprobs (examples/grpo.h) at a fine-tuning
-//     learning rate.
+//     learning rate, with AdamW or Muon (examples/optimizers.h).
 // It records per step: the batch's mean reward, the lag of its groups, the bytes of the version's
 // delta and how many served elements changed.
 #pragma once
@@ -50,6 +50,10 @@ struct ExampleTrainerOptions {
   int prompts_per_step = 32;
   int samples_per_prompt = 8;
   int steps_ahead = 2;
+  // The RL phase's optimiser and its settings, which Muon shares (examples/optimizers.h; how its
+  // learning rate compares with AdamW's: docs/run.md, "Muon versus AdamW"). The warm-up always
+  // uses AdamW.
+  OptimizerKind optimizer_kind = OptimizerKind::kAdamW;
   AdamWConfig optimizer{2e-5, 0.9, 0.95, 1e-8, 0.0, 1.0};
   PolicyGradientConfig policy_gradient;
   int eval_problems = 500;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/parallel.h"
+
 namespace weft::examples {
 
 Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<float>& weights,
-                                     AdamW& optimizer, const std::vector<Group>& groups,
+                                     Optimizer& optimizer, const std::vector<Group>& groups,
                                      const PolicyGradientConfig& config, int threads) {
   std::vector<TrainingSequence> batch;
   std::vector<double> advantages;
@@ -61,7 +63,7 @@ Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<flo
   const Trainer trainer(layout);
   WEFT_ASSIGN_OR_RETURN(stats.objective,
                         trainer.Accumulate(weights, batch, weigh, gradient, threads));
-  for (float& g : gradient) g = -g;  // AdamW minimises; the objective is maximised
+  for (float& g : gradient) g = -g;  // the optimiser minimises; the objective is maximised
   stats.gradient_norm = optimizer.Step(weights, gradient);
   for (size_t i = 0; i < batch.size(); ++i) {
     stats.mean_ratio += ratio_sums[i] * per_token;
@@ -72,8 +74,8 @@ Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<flo
 }
 
 Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& weights,
-                              AdamW& optimizer, const ArithmeticTask& task, std::mt19937_64& rng,
-                              int batch_size, int threads) {
+                              Optimizer& optimizer, const ArithmeticTask& task,
+                              std::mt19937_64& rng, int batch_size, int threads) {
   std::vector<TrainingSequence> batch;
   size_t targets = 0;
   for (int i = 0; i < batch_size; ++i) {
@@ -96,6 +98,42 @@ Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& we
   for (float& g : gradient) g = -g;
   optimizer.Step(weights, gradient);
   return -objective;
+}
+
+Result<double> SupervisedLoss(const TinyLmLayout& layout, const std::vector<float>& weights,
+                              const ArithmeticTask& task, const std::vector<std::string>& problems,
+                              int threads) {
+  if (problems.empty()) return InvalidArgument("no problems to measure the loss on");
+  std::vector<std::vector<int>> sequences;
+  std::vector<size_t> first_target;
+  for (const std::string& p : problems) {
+    WEFT_ASSIGN_OR_RETURN(std::vector<int> tokens, task.Encode(p));
+    WEFT_ASSIGN_OR_RETURN(std::vector<int> answer, task.Answer(p));
+    first_target.push_back(tokens.size());
+    tokens.insert(tokens.end(), answer.begin(), answer.end());
+    sequences.push_back(std::move(tokens));
+  }
+  // Per problem, then summed in order: the same for any thread count.
+  std::vector<double> nll(problems.size(), 0.0);
+  std::vector<Status> failed(problems.size(), Status::Ok());
+  const Decoder decoder(layout, weights);
+  ParallelFor(problems.size(), threads, [&](size_t i) {
+    Result<std::vector<float>> scores = decoder.Score(sequences[i]);
+    if (!scores.ok()) {
+      failed[i] = scores.status().WithContext("problem '" + problems[i] + "'");
+      return;
+    }
+    // scores[t] is the log-probability of token t + 1.
+    for (size_t t = first_target[i] - 1; t < scores->size(); ++t) nll[i] -= (*scores)[t];
+  });
+  double total = 0;
+  size_t targets = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    WEFT_RETURN_IF_ERROR(failed[i]);
+    total += nll[i];
+    targets += sequences[i].size() - first_target[i];
+  }
+  return total / static_cast<double>(targets);
 }
 
 Result<double> GreedyAccuracy(const TinyLmLayout& layout, const std::vector<float>& weights,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "examples/arithmetic_task.h"
+#include "examples/optimizers.h"
 #include "examples/tiny_lm.h"
 
 namespace weft::examples {
@@ -52,14 +53,20 @@ struct StepStats {
 // One policy-gradient step on `groups` (weights updated in place by `optimizer`). Errors name the
 // malformed group or sample (logprobs not matching tokens, a sequence too long for the model).
 Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<float>& weights,
-                                     AdamW& optimizer, const std::vector<Group>& groups,
+                                     Optimizer& optimizer, const std::vector<Group>& groups,
                                      const PolicyGradientConfig& config, int threads);
 
 // One supervised step: `batch` random problems of `task` with their answers, cross-entropy on the
 // answer tokens. Returns the mean negative log-likelihood per answer token.
 Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& weights,
-                              AdamW& optimizer, const ArithmeticTask& task, std::mt19937_64& rng,
-                              int batch, int threads);
+                              Optimizer& optimizer, const ArithmeticTask& task,
+                              std::mt19937_64& rng, int batch, int threads);
+
+// The mean negative log-likelihood per answer token of `weights` on `problems` (teacher forcing,
+// no step): the supervised loss on a fixed set, to compare training runs by.
+Result<double> SupervisedLoss(const TinyLmLayout& layout, const std::vector<float>& weights,
+                              const ArithmeticTask& task, const std::vector<std::string>& problems,
+                              int threads);
 
 // Greedy accuracy of `weights` on `problems`.
 Result<double> GreedyAccuracy(const TinyLmLayout& layout, const std::vector<float>& weights,

@@ -504,30 +504,4 @@ Result<double> Trainer::Accumulate(std::span<const float> weights,
   return std::accumulate(objective.begin(), objective.end(), 0.0);
 }
 
-double AdamW::Step(std::span<float> weights, std::span<const float> gradient) {
-  double squares = 0.0;
-  for (float g : gradient) squares += static_cast<double>(g) * g;
-  const double norm = std::sqrt(squares);
-  const double clip =
-      config_.clip_norm > 0 && norm > config_.clip_norm ? config_.clip_norm / norm : 1.0;
-  ++steps_;
-  const double correction1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
-  const double correction2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
-  const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
-  for (const ParameterInfo& p : layout_.parameters()) {
-    const float decay =
-        p.decays ? static_cast<float>(config_.learning_rate * config_.weight_decay) : 0.0f;
-    for (size_t k = p.offset; k < p.offset + p.size; ++k) {
-      const float g = static_cast<float>(gradient[k] * clip);
-      m_[k] = b1 * m_[k] + (1.0f - b1) * g;
-      v_[k] = b2 * v_[k] + (1.0f - b2) * g * g;
-      const double m_hat = m_[k] / correction1, v_hat = v_[k] / correction2;
-      weights[k] -=
-          static_cast<float>(config_.learning_rate * m_hat / (std::sqrt(v_hat) + config_.epsilon)) +
-          decay * weights[k];
-    }
-  }
-  return norm;
-}
-
 }  // namespace weft::examples

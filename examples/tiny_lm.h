@@ -10,7 +10,8 @@
 //     widened to FP32 (exact), with batched sampling (temperature, top-p, max tokens, seed).
 //   - Training (the trainer): `Trainer::Accumulate` runs the same steps keeping activations, asks
 //     the caller to weigh each token's log-probability (a policy-gradient weight, or 1 for
-//     supervised tokens), and back-propagates; `AdamW` applies the step.
+//     supervised tokens), and back-propagates; an optimiser (examples/optimizers.h) applies the
+//     step.
 // Tokens are small integers below `vocab`. Deterministic for given seeds. Parallel over sequences
 // (common/parallel); thread-count independent results.
 #pragma once
@@ -135,33 +136,6 @@ class Trainer {
 
  private:
   const TinyLmLayout& layout_;
-};
-
-struct AdamWConfig {
-  double learning_rate = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double epsilon = 1e-8;
-  double weight_decay = 0.0;
-  double clip_norm = 1.0;  // global gradient norm clip; 0: none
-};
-
-// AdamW minimising a loss: Step() moves the weights against `gradient` (pass the gradient of the
-// loss, i.e. the negative of what Accumulate gives for an objective to maximise).
-class AdamW {
- public:
-  AdamW(const TinyLmLayout& layout, AdamWConfig config)
-      : layout_(layout), config_(config), m_(layout.size()), v_(layout.size()) {}
-  // Returns the gradient norm before clipping.
-  double Step(std::span<float> weights, std::span<const float> gradient);
-  AdamWConfig& config() { return config_; }
-  uint64_t steps() const { return steps_; }
-
- private:
-  const TinyLmLayout& layout_;
-  AdamWConfig config_;
-  std::vector<float> m_, v_;
-  uint64_t steps_ = 0;
 };
 
 }  // namespace weft::examples

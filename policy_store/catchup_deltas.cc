@@ -13,7 +13,10 @@ Result<std::vector<DerivedDelta>> PublishCatchups(ObjectStore& store, const std:
                                                   const Manifest& manifest,
                                                   const sync::ModelDelta& delta,
                                                   const KeyframePolicy& policy, int threads,
-                                                  const RecentDeltas* recent) {
+                                                  const RecentDeltas* recent,
+                                                  const DeltaBlobCoding* coding) {
+  const DeltaBlobCoding plain;
+  if (coding == nullptr) coding = &plain;
   std::vector<DerivedDelta> written;
   const uint64_t target = manifest.version;
   if (policy.max_catchup_bases == 0 || target < 2) return written;
@@ -52,13 +55,17 @@ Result<std::vector<DerivedDelta>> PublishCatchups(ObjectStore& store, const std:
         WEFT_ASSIGN_OR_RETURN(LoadedDelta next, FetchDelta(store, blob, what));
         loaded.push_back(std::move(next));
       }
-      for (const LoadedDelta& d : loaded) chain.push_back(&d.delta);
-      if (chain.empty()) continue;
+      for (const LoadedDelta& d : loaded) {
+        if (sync::HasContextChunks(d.delta)) break;  // squashes only with its base's weights
+        chain.push_back(&d.delta);
+      }
+      if (chain.size() != loaded.size() || chain.empty()) continue;
     }
     chain.push_back(&delta);
     Result<sync::ModelDelta> squashed = sync::SquashChain(chain, threads);
     if (!squashed.ok()) return squashed.status().WithContext(what);
-    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, sync::SerializeModelDelta(*squashed)));
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, coding->Serialize(*squashed));
+    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
     Catchup record{run_id, base, target, blob};
     const std::string text = record.ToJson();
     WEFT_RETURN_IF_ERROR(

@@ -23,6 +23,7 @@ Result<std::vector<DerivedDelta>> PublishCatchups(ObjectStore& store, const std:
                                                   const Manifest& manifest,
                                                   const sync::ModelDelta& delta,
                                                   const KeyframePolicy& policy, int threads,
-                                                  const RecentDeltas* recent = nullptr);
+                                                  const RecentDeltas* recent = nullptr,
+                                                  const DeltaBlobCoding* coding = nullptr);
 
 }  // namespace weft::policy_store

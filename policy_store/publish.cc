@@ -57,6 +57,13 @@ void RecentDeltas::ForgetCatchupsBefore(uint64_t target) {
   }
 }
 
+Result<std::vector<uint8_t>> DeltaBlobCoding::Serialize(const sync::ModelDelta& delta) const {
+  if (mode == sync::DeltaMode::kPlain || result.empty()) return sync::SerializeModelDelta(delta);
+  WEFT_ASSIGN_OR_RETURN(sync::ModelDelta coded,
+                        sync::RecodeModelDelta(delta, mode, {}, result, threads));
+  return sync::SerializeModelDelta(coded);
+}
+
 std::optional<uint64_t> RecentDeltas::KeyframeSize(uint64_t version) const {
   if (!keyframe_ || keyframe_->first != version) return std::nullopt;
   return keyframe_->second;
@@ -94,13 +101,21 @@ std::span<const uint8_t> AsBytes(const std::string& text) {
 
 // Writes a version whose tensors, delta and keyframe (made only when one is due) are given: blobs,
 // skip deltas, manifest, `latest`, then catch-up deltas; once it is published, `recent` keeps
-// what the next versions squash.
+// what the next versions squash. `model`, the version's served tensors when the caller holds
+// them, lets delta blobs be written with context chunks.
 Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
                                 const Manifest* previous, std::vector<ManifestTensor> tensors,
                                 const sync::ModelDelta* delta,
                                 const std::function<Result<std::vector<uint8_t>>()>& keyframe_bytes,
-                                const KeyframePolicy& policy, int threads, RecentDeltas* recent) {
+                                const KeyframePolicy& policy, int threads, RecentDeltas* recent,
+                                const sync::ServedModel* model) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
+  DeltaBlobCoding coding;
+  coding.threads = threads;
+  if (model != nullptr && policy.delta_mode != sync::DeltaMode::kPlain) {
+    coding.mode = policy.delta_mode;
+    coding.result = model->AsTensorBytes();
+  }
   if ((previous == nullptr) != (delta == nullptr)) {
     return InvalidArgument("a version after the first needs a delta from its predecessor");
   }
@@ -112,7 +127,7 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
   // Blobs first.
   uint64_t delta_bytes = 0;
   if (delta != nullptr) {
-    std::vector<uint8_t> bytes = sync::SerializeModelDelta(*delta);
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, coding.Serialize(*delta));
     WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
     manifest.delta = blob;
     manifest.delta_base = previous->version;
@@ -120,8 +135,8 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
   }
   std::vector<DerivedDelta> skips;
   if (delta != nullptr) {
-    WEFT_ASSIGN_OR_RETURN(
-        skips, PublishSkips(store, run_id, manifest.version, *delta, policy, threads, recent));
+    WEFT_ASSIGN_OR_RETURN(skips, PublishSkips(store, run_id, manifest.version, *delta, policy,
+                                              threads, recent, &coding));
   }
   for (const DerivedDelta& skip : skips) manifest.skips.push_back({skip.base, skip.blob});
   WEFT_ASSIGN_OR_RETURN(bool keyframe, KeyframeDue(store, run_id, previous, policy, recent));
@@ -162,7 +177,7 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
   std::vector<DerivedDelta> catchups;
   if (delta != nullptr) {
     Result<std::vector<DerivedDelta>> written =
-        PublishCatchups(store, run_id, manifest, *delta, policy, threads, recent);
+        PublishCatchups(store, run_id, manifest, *delta, policy, threads, recent, &coding);
     if (written.ok()) {
       catchups = std::move(written).value();
     } else {
@@ -209,7 +224,7 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
                                 int threads, RecentDeltas* recent) {
   return PublishContent(
       store, run_id, previous, ManifestTensors(model), delta,
-      [&model] { return KeyframeBytes(model); }, policy, threads, recent);
+      [&model] { return KeyframeBytes(model); }, policy, threads, recent, &model);
 }
 
 Result<Manifest> PublishModel(ObjectStore& store, const std::string& run_id,
@@ -364,7 +379,7 @@ Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id,
     return KeyframeBytes(tensors);
   };
   return PublishContent(store, run_id, previous, std::move(tensors), previous ? &delta : nullptr,
-                        keyframe, policy, threads, recent);
+                        keyframe, policy, threads, recent, nullptr);
 }
 
 Result<Manifest> WaitForVersion(ObjectStore& store, const std::string& run_id, uint64_t version,

@@ -35,6 +35,22 @@ struct KeyframePolicy {
   int max_skip_level = 10;          // skip deltas span up to 2^max_skip_level versions (0: none)
   size_t max_catchup_bases = 16;    // catch-up deltas for at most this many pinned versions
   uint64_t max_catchup_lag = 1024;  // ... at most this many versions behind
+  // How delta blobs are coded: context chunks are smaller but cost more to encode and to apply.
+  // A publisher keeps its deltas in memory in the plain mode either way (RecentDeltas), since
+  // only those squash without the weights.
+  sync::DeltaMode delta_mode = sync::DeltaMode::kPlain;
+};
+
+// How the delta blobs of one version are written: every delta a publish writes (the version's
+// own, skip and catch-up deltas) ends at that version, so the contexts of context chunks are
+// read from its served tensors, `result`. Without them (a sharded commit, which holds no
+// weights) deltas are written in the plain mode.
+struct DeltaBlobCoding {
+  sync::DeltaMode mode = sync::DeltaMode::kPlain;
+  std::vector<sync::TensorBytes> result;
+  int threads = 1;
+
+  Result<std::vector<uint8_t>> Serialize(const sync::ModelDelta& delta) const;
 };
 
 // The deltas a publisher's next publishes squash, kept in memory: for each skip level the newest

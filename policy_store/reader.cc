@@ -133,8 +133,9 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
     *model = std::move(work);
   } else if (steps > 0) {
     // The copy held, changed in place in O(changed elements): the path squashed into one delta
-    // (without the weights), checked to land on the target's digests, then applied to every
-    // tensor at once, which proves each result digest before it writes.
+    // (without the weights; on the held copy, read only, when a delta has context chunks),
+    // checked to land on the target's digests, then applied to every tensor at once, which
+    // proves each result digest before it writes.
     const std::string what = steps == 1 ? "the delta from version " + std::to_string(plan.start)
                                         : "the deltas from version " + std::to_string(plan.start);
     sync::ModelDelta squashed;
@@ -142,7 +143,12 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
     if (steps > 1) {
       std::vector<const sync::ModelDelta*> chain;
       for (const LoadedDelta& d : deltas) chain.push_back(&d.delta);
-      Result<sync::ModelDelta> all = sync::SquashChain(chain, threads_);
+      bool context = false;
+      for (const sync::ModelDelta* d : chain) context = context || sync::HasContextChunks(*d);
+      Result<sync::ModelDelta> all =
+          context ? sync::SquashChainOnBase(chain, model->AsTensorBytes(), sync::DeltaMode::kPlain,
+                                            threads_)
+                  : sync::SquashChain(chain, threads_);
       if (!all.ok()) return all.status().WithContext(what);
       squashed = std::move(all).value();
       path = &squashed;

@@ -9,7 +9,10 @@ namespace weft::policy_store {
 Result<std::vector<DerivedDelta>> PublishSkips(ObjectStore& store, const std::string& run_id,
                                                uint64_t version, const sync::ModelDelta& delta,
                                                const KeyframePolicy& policy, int threads,
-                                               const RecentDeltas* recent) {
+                                               const RecentDeltas* recent,
+                                               const DeltaBlobCoding* coding) {
+  const DeltaBlobCoding plain;
+  if (coding == nullptr) coding = &plain;
   std::vector<DerivedDelta> skips;
   skips.reserve(static_cast<size_t>(std::max(policy.max_skip_level, 0)));
   const sync::ModelDelta* right = &delta;  // the span 2^(level-1) ending at `version`
@@ -35,11 +38,13 @@ Result<std::vector<DerivedDelta>> PublishSkips(ObjectStore& store, const std::st
       }
       if (!left_blob) break;  // published without skips: nothing longer can be built
       WEFT_ASSIGN_OR_RETURN(loaded, FetchDelta(store, *left_blob, what));
+      if (sync::HasContextChunks(loaded.delta)) break;  // squashes only with its base's weights
       left = &loaded.delta;
     }
     Result<sync::ModelDelta> squashed = sync::SquashModelDeltas(*left, *right, threads);
     if (!squashed.ok()) return squashed.status().WithContext(what);
-    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, sync::SerializeModelDelta(*squashed)));
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, coding->Serialize(*squashed));
+    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
     skips.push_back({base, blob, std::move(squashed).value()});
     right = &skips.back().delta;
   }

@@ -16,12 +16,14 @@
 namespace weft::policy_store {
 
 // Writes the skip deltas ending at `version`, whose plain delta (from version - 1) is `delta`,
-// and returns them by increasing span. The left halves come from `recent` when it holds them,
-// otherwise from the store (verified). Stops at the first span whose left half was never
-// published.
+// and returns them by increasing span, written as `coding` says (plain without it). The left halves
+// come from `recent` when it holds them, otherwise from the store (verified). Stops at the first
+// span whose left half was never published, or was written with context chunks (which squash only
+// with weights the publisher no longer holds).
 Result<std::vector<DerivedDelta>> PublishSkips(ObjectStore& store, const std::string& run_id,
                                                uint64_t version, const sync::ModelDelta& delta,
                                                const KeyframePolicy& policy, int threads,
-                                               const RecentDeltas* recent = nullptr);
+                                               const RecentDeltas* recent = nullptr,
+                                               const DeltaBlobCoding* coding = nullptr);
 
 }  // namespace weft::policy_store

@@ -165,7 +165,7 @@ class PyPublisher {
   PyPublisher(const std::string& store, const std::string& run, const std::string& serving,
               uint32_t block, uint64_t rank, uint64_t world, uint64_t keyframe_interval,
               double keyframe_budget, const std::optional<std::string>& token, int threads,
-              double shard_deadline_s)
+              double shard_deadline_s, const std::string& delta_mode)
       : run_(run) {
     plan_.dtype = ServingDType(serving);
     plan_.fp8_block = block;
@@ -177,6 +177,12 @@ class PyPublisher {
       throw StatusError{InvalidArgument("keyframe_budget must be a positive number (or None)")};
     }
     if (keyframe_budget > 0) options_.keyframes.delta_budget = keyframe_budget;  // 0: the default
+    const std::optional<sync::DeltaMode> mode = sync::ParseDeltaMode(delta_mode);
+    if (!mode) {
+      throw StatusError{
+          InvalidArgument("delta_mode must be 'plain' or 'context', not '" + delta_mode + "'")};
+    }
+    options_.keyframes.delta_mode = *mode;
     options_.codec.threads = threads;
     options_.rank = rank;
     options_.world = world;
@@ -443,10 +449,12 @@ PYBIND11_MODULE(_weft, m) {
 
   py::class_<PyPublisher>(m, "Publisher")
       .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t, uint64_t,
-                    uint64_t, uint64_t, double, const std::optional<std::string>&, int, double>(),
+                    uint64_t, uint64_t, double, const std::optional<std::string>&, int, double,
+                    const std::string&>(),
            py::arg("store"), py::arg("run"), py::arg("serving"), py::arg("block"), py::arg("rank"),
            py::arg("world"), py::arg("keyframe_interval"), py::arg("keyframe_budget"),
-           py::arg("token"), py::arg("threads"), py::arg("shard_deadline"))
+           py::arg("token"), py::arg("threads"), py::arg("shard_deadline"),
+           py::arg("delta_mode") = "plain")
       .def("start", &PyPublisher::Start)
       .def("publish", &PyPublisher::Publish)
       .def_property_readonly("version", &PyPublisher::version)

@@ -29,6 +29,12 @@ Result<std::unique_ptr<Publisher>> Publisher::Start(policy_store::ObjectStore& s
     return InvalidArgument("publisher rank " + std::to_string(options.rank) +
                            " is not in a world of " + std::to_string(options.world));
   }
+  if (options.world > 1 && options.keyframes.delta_mode != sync::DeltaMode::kPlain) {
+    // The rank that commits a sharded version holds none of the weights that context chunks
+    // are coded against.
+    return InvalidArgument("context-coded deltas need a single publishing rank, not a world of " +
+                           std::to_string(options.world) + "; publish plain deltas");
+  }
   if (options.rank == 0) {
     WEFT_ASSIGN_OR_RETURN(bool exists, store.Exists(policy_store::LatestKey(run_id)));
     if (exists)

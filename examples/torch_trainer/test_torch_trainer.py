@@ -470,8 +470,8 @@ def settings_document(**trainer: object) -> dict:
     base = {"seed": 3, "threads": 1, "warmup": {"steps": 4, "batch": 8, "learning_rate": 3e-3},
             "steps": 3, "prompts_per_step": 3, "samples_per_prompt": 4, "steps_ahead": 2,
             "learning_rate": 1e-3, "truncation": 2.0, "eval_problems": 10,
-            "keyframe_interval": 50, "keyframe_budget": 0.5, "stall_after_s": 5.0,
-            "min_step_time_s": 0.0}
+            "keyframe_interval": 50, "keyframe_budget": 0.5, "delta_mode": "context",
+            "stall_after_s": 5.0, "min_step_time_s": 0.0}
     base.update(trainer)
     return {"run_id": "test-run", "max_staleness": 2, "serving": "bf16",
             "model": {"vocab": 16, "d_model": 16, "layers": 1, "heads": 2, "d_ff": 16,
@@ -486,6 +486,7 @@ def test_settings() -> None:
     assert (s.run_id, s.max_staleness, s.serving, s.digits) == ("test-run", 2, "bf16", 2)
     assert s.trainer.warmup == train.WarmupSettings(4, 8, 3e-3)
     assert s.trainer.keyframe_budget == 0.5 and s.trainer.stall_after_s == 5.0
+    assert s.trainer.delta_mode == "context"
     document = settings_document()
     del document["trainer"]["min_step_time_s"]
     document["trainer"]["keyframe_budget"] = None
@@ -506,6 +507,8 @@ def test_settings() -> None:
     (lambda d: d["trainer"]["warmup"].update(steps="5"),
      'trainer.warmup.steps must be int, not "5"'),
     (lambda d: d["trainer"].update(steps=True), "trainer.steps must be int, not true"),
+    (lambda d: d["trainer"].update(optimizer="muon"), "trainer.optimizer is 'muon'; this trainer "
+                                                      "has adamw only"),
     (lambda d: d["task"].update(kind="chess"), "task.kind is 'chess'"),
     (lambda d: d["task"].update(name="arithmetic"), "task.name is not read; the task's kind is "
                                                     "task.kind"),

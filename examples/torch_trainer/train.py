@@ -7,9 +7,9 @@ the run was started in, with:
   "model": {"vocab", "d_model", "layers", "heads", "d_ff", "max_seq"}, "task": {"kind",
   "digits", "dataset", "max_prompt_tokens", "max_tokens", "stop_token"}, "trainer": {"seed",
   "threads", "warmup": {"steps", "batch", "learning_rate"},
-  "steps", "prompts_per_step", "samples_per_prompt", "steps_ahead", "learning_rate",
-  "truncation", "eval_problems", "keyframe_interval", "keyframe_budget", "stall_after_s",
-  "min_step_time_s"}}``. A missing trainer key takes docs/run.md's default.
+  "steps", "prompts_per_step", "samples_per_prompt", "steps_ahead", "optimizer",
+  "learning_rate", "truncation", "eval_problems", "keyframe_interval", "keyframe_budget",
+  "delta_mode", "stall_after_s", "min_step_time_s"}}``. A missing trainer key takes docs/run.md's default.
 - ``WEFT_STORE`` (the store it publishes to), ``WEFT_RUN_ID``, ``WEFT_ORCHESTRATOR`` (URL),
   ``WEFT_TRAINER_TOKEN``, ``WEFT_MAX_STALENESS`` and ``WEFT_PROGRESS`` (the progress file).
   ``weft.Publisher`` reads ``WEFT_STORE_TOKEN`` itself, for a store server's writes.
@@ -91,11 +91,13 @@ class TrainerSettings:
     prompts_per_step: int = 32
     samples_per_prompt: int = 8
     steps_ahead: int = 2
+    optimizer: str = "adamw"  # the only one this trainer has (the built-in one also has muon)
     learning_rate: float = 2e-5
     truncation: float = 2.0
     eval_problems: int = 500
     keyframe_interval: int = 50
     keyframe_budget: float | None = None  # None: the publisher's default
+    delta_mode: str = "plain"  # or "context" (weft.Publisher)
     stall_after_s: float = 300.0
     min_step_time_s: float = 0.0
 
@@ -189,6 +191,13 @@ def parse_settings(document: Any) -> Settings:
     except ValueError as e:
         raise SettingsError(f"settings: model: {e}") from e
     t = _section(document, "trainer")
+    optimizer = _read(t, "optimizer", str, "trainer", default=TrainerSettings.optimizer)
+    if optimizer != "adamw":
+        raise SettingsError(f"settings: trainer.optimizer is '{optimizer}'; this trainer has adamw "
+                            f"only")
+    delta_mode = _read(t, "delta_mode", str, "trainer", default=TrainerSettings.delta_mode)
+    if delta_mode not in ("plain", "context"):
+        raise SettingsError(f"settings: trainer.delta_mode is '{delta_mode}', not plain or context")
     w = _section(t, "warmup", "trainer")
     base, base_warmup = TrainerSettings(), WarmupSettings()
     warmup = WarmupSettings(
@@ -206,6 +215,7 @@ def parse_settings(document: Any) -> Settings:
         samples_per_prompt=_read(t, "samples_per_prompt", int, "trainer",
                                  default=base.samples_per_prompt, minimum=2),
         steps_ahead=_read(t, "steps_ahead", int, "trainer", default=base.steps_ahead, minimum=1),
+        optimizer=optimizer,
         learning_rate=_read(t, "learning_rate", float, "trainer", default=base.learning_rate,
                             minimum=0),
         truncation=_read(t, "truncation", float, "trainer", default=base.truncation, minimum=0),
@@ -214,6 +224,7 @@ def parse_settings(document: Any) -> Settings:
         keyframe_interval=_read(t, "keyframe_interval", int, "trainer",
                                 default=base.keyframe_interval, minimum=1),
         keyframe_budget=_read(t, "keyframe_budget", float, "trainer", minimum=0, nullable=True),
+        delta_mode=delta_mode,
         stall_after_s=_read(t, "stall_after_s", float, "trainer", default=base.stall_after_s,
                             minimum=0),
         min_step_time_s=_read(t, "min_step_time_s", float, "trainer",
@@ -425,6 +436,7 @@ class Trainer:
             publisher = self.weft.Publisher(
                 self.endpoints.store, self.settings.run_id, serving=self.settings.serving,
                 keyframe_interval=t.keyframe_interval, keyframe_budget=t.keyframe_budget,
+                delta_mode=t.delta_mode,
                 threads=t.threads)
             first = publisher.start(self.model.state_dict())
         except self.weft.Error as e:

@@ -32,7 +32,17 @@ for target in bf16 fp16 fp8-e4m3 fp8-e5m2 "fp8-e4m3 --block 128" "fp8-e5m2 --blo
   expect_ok "$weft" delta apply s0.$tag d03.$tag -o r3.$tag
   same s3.$tag r3.$tag
   expect_ok "$weft" delta inspect d03.$tag
+  # Context-coded deltas round-trip too, and squash only on their base.
+  expect_ok "$weft" delta encode s0.$tag s1.$tag -o c01.$tag --mode context
+  expect_ok "$weft" delta encode s1.$tag s2.$tag -o c12.$tag --mode context
+  expect_ok "$weft" delta apply s0.$tag c01.$tag -o q1.$tag
+  same s1.$tag q1.$tag
+  expect_ok "$weft" delta squash c01.$tag c12.$tag d23.$tag --base s0.$tag --mode context -o c03.$tag
+  expect_ok "$weft" delta apply s0.$tag c03.$tag -o q3.$tag
+  same s3.$tag q3.$tag
 done
+expect_ok "$weft" delta inspect c03.bf16
+grep -q "format version" out.txt && ok || fail "inspect output lacks the format version"
 grep -q "bits per change" out.txt && ok || fail "inspect output lacks bits per change"
 expect_ok "$weft" delta inspect --json --tensors d01
 grep -q '"density"' out.txt && ok || fail "inspect --json lacks density"
@@ -56,6 +66,8 @@ expect_error "exceeds the file size" "$weft" cast short.safetensors --to bf16 -o
 expect_error "different dtype or shape" "$weft" delta encode m0.safetensors s0.bf16 -o x
 expect_error "starts from digest" "$weft" delta squash d12.bf16 d01.bf16 -o x
 expect_error "chunk size" "$weft" delta squash d01 d12 -o x
+expect_error "needs the weights" "$weft" delta squash d01.bf16 d12.bf16 --mode context -o x
+expect_error "is not what\|has digest" "$weft" delta squash d12.bf16 d23.bf16 --base s0.bf16 -o x
 [ ! -e bad.safetensors ] && ok || fail "a failed command wrote its output"
 if run "$weft" cast m0.safetensors --to int3 -o x; then fail "bad --to accepted"; else ok; fi
 
@@ -144,6 +156,10 @@ good | sed 's/relay: 127.0.0.1:8182/relay: 127.0.0.1:8181/' > bad3.yaml
 expect_error "regions\[1\].relay: 127.0.0.1:8181 is already taken" "$weft" run bad3.yaml
 good | sed 's/^  learning_rate: 2e-5 .*/  learning_rate: fast/' > bad4.yaml
 expect_error "trainer.learning_rate: 'fast' is not a number" "$weft" run bad4.yaml
+good | sed 's/^  learning_rate: 2e-5 .*/&\n  optimizer: sgd/' > bad4b.yaml
+expect_error "trainer.optimizer: 'sgd' is not an optimizer (known: adamw, muon) (line 54)" "$weft" run bad4b.yaml
+good | sed 's/^  learning_rate: 2e-5 .*/&\n  delta_mode: zstd/' > bad4c.yaml
+expect_error "trainer.delta_mode: 'zstd' is not a delta mode (known: plain, context) (line 54)" "$weft" run bad4c.yaml
 good | sed 's/^  max_staleness: 4 .*/  max_staleness: -1/' > bad5.yaml
 expect_error "orchestrator.max_staleness" "$weft" run bad5.yaml
 good | sed 's/^  dir: runs\/local .*/  dir: not-a-run/' > bad6.yaml

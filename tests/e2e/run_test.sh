@@ -46,6 +46,7 @@ trainer:
   eval_problems: 50
   keyframe_interval: 1000
   keyframe_budget: 1000    # no keyframe after v0: a worker joining later reads v0 from the relay cache
+  delta_mode: context      # context-coded deltas: workers that fall behind squash them on their copy
   stall_after: 60s
   min_step_time: 100ms     # so that the run lasts long enough for what the test does to it
 YAML

@@ -144,7 +144,8 @@ check seen-settings.json '.task == {"kind": "arithmetic", "digits": 1, "dataset"
 check seen-settings.json '.trainer | .steps == 4 and .warmup == {"steps": 5, "batch": 8, "learning_rate": 0.003}
   and .prompts_per_step == 4 and .samples_per_prompt == 2 and .steps_ahead == 2 and .learning_rate == 2e-05
   and .truncation == 2 and .eval_problems == 10 and .keyframe_interval == 50 and .keyframe_budget == 0.5
-  and .stall_after_s == 30 and .min_step_time_s == 0 and .seed == 1 and .threads == 1' \
+  and .stall_after_s == 30 and .min_step_time_s == 0 and .seed == 1 and .threads == 1
+  and .optimizer == "adamw"' \
   "the settings have every trainer value, defaults filled in"
 
 config garbled.yaml $((base + 10)) "$work/garbled-run" 0 <<'YAML'

@@ -9,6 +9,7 @@
 
 #include "examples/arithmetic_task.h"
 #include "examples/embedded_engine.h"
+#include "examples/optimizers.h"
 #include "sync/served_model.h"
 
 namespace weft::examples {

@@ -68,6 +68,44 @@ TEST_CASE("reader: any version from nothing or from an older copy, along the che
   CHECK(reader.GetManifest(12).status().message() == "run 'run' has no version 12");
 }
 
+TEST_CASE("reader: a run published with context chunks pulls along every path") {
+  Dir d("reader");
+  TestRun run(*d.store, "run", 4, {{"w", {256, 256}}, {"norm", {256}}});
+  run.policy.delta_mode = sync::DeltaMode::kContext;
+  run.codec = sync::CodecOptions{14, 1};
+  run.Start();
+  for (int v = 1; v <= 9; ++v) run.Next();
+  StoreReader reader(*d.store, "run", 2);
+  // The blobs hold context chunks; the publisher keeps its deltas plain.
+  for (uint64_t v : {1, 5, 8}) {
+    const Manifest m = *reader.GetManifest(v);
+    Result<LoadedDelta> delta = FetchDelta(*d.store, *m.delta, "delta");
+    REQUIRE(delta.ok());
+    CHECK(delta->delta.format_version == sync::kDeltaFormatVersion);
+    CHECK(sync::HasContextChunks(delta->delta));
+  }
+  const sync::ModelDelta* held = run.recent.Find(8, 9);
+  REQUIRE(held != nullptr);
+  CHECK(!sync::HasContextChunks(*held));
+  // From nothing (keyframe and deltas applied in turn), from one behind, and from three behind
+  // (a chain of a skip delta and a delta, squashed on the copy held).
+  for (std::optional<uint64_t> from :
+       {std::optional<uint64_t>(), std::optional<uint64_t>(8), std::optional<uint64_t>(6)}) {
+    sync::ServedModel model = from ? run.published[*from] : sync::ServedModel();
+    Result<PullReport> report = reader.Pull(9, from, &model);
+    REQUIRE_MESSAGE(report.ok(), report.status().ToString());
+    CHECK(SameBytes(model, run.published[9]));
+  }
+  // A publisher that restarts holds no deltas: the skip delta that would squash the context-coded
+  // delta 9 -> 10... is left out, and the version is published all the same.
+  run.recent = RecentDeltas();
+  const Manifest ten = run.Next();
+  CHECK(ten.skips.empty());
+  sync::ServedModel model = run.published[7];
+  REQUIRE(reader.Pull(10, 7, &model).ok());
+  CHECK(SameBytes(model, run.published[10]));
+}
+
 TEST_CASE("reader: a copy that is held is changed in place, and not at all when anything fails") {
   Dir d("reader");
   TestRun run(*d.store, "run", 100);

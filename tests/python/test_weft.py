@@ -135,15 +135,16 @@ def step(sd: dict, seed: int, size: float = 3e-4) -> None:
 
 # --- publishing ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("serving", ["bf16", "fp16"])
-def test_published_versions_are_torch_casts_bit_for_bit(weft_bin, tmp_path, serving):
+@pytest.mark.parametrize("serving,delta_mode",
+                         [("bf16", "plain"), ("fp16", "plain"), ("bf16", "context")])
+def test_published_versions_are_torch_casts_bit_for_bit(weft_bin, tmp_path, serving, delta_mode):
     sd = model()
     # Special values: infinities, signed zero, NaN, a BF16 subnormal, values on rounding ties.
     with torch.no_grad():
         sd["embed"][0, :6] = torch.tensor([float("inf"), float("-inf"), -0.0, float("nan"),
                                            1e-40, 1.0 + 2.0 ** -8])
     sd["bf16_master"] = (torch.randn(32, 16) * 0.02).to(torch.bfloat16)
-    publisher = weft.Publisher(tmp_path / "store", "run", serving=serving)
+    publisher = weft.Publisher(tmp_path / "store", "run", serving=serving, delta_mode=delta_mode)
     first = publisher.start(sd)
     assert first.version == 0 and first.keyframe and first.density == 1.0
     assert first.bytes_written == first.keyframe_bytes > first.served_bytes
@@ -430,6 +431,8 @@ def test_errors_are_exceptions_with_weft_messages(orchestrator, tmp_path):
         weft.Publisher(tmp_path, "run", serving="int4")
     with pytest.raises(weft.InvalidArgument, match="run id"):
         weft.Publisher(tmp_path, "bad run id!")
+    with pytest.raises(ValueError, match="delta_mode must be 'plain' or 'context'"):
+        weft.Publisher(tmp_path, "run", delta_mode="zstd")
     publisher = weft.Publisher(tmp_path / "store", "run")
     with pytest.raises(weft.Conflict, match="before start"):
         publisher.publish({"w": torch.zeros(3)})
