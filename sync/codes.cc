@@ -54,7 +54,7 @@ ValueStreams::ValueStreams(std::span<const uint32_t> residuals, uint8_t width, V
   const int bits = 8 * width;
   if (ordered) signs_.assign(BytesFor(n), 0);
   size_t previous_big = std::numeric_limits<size_t>::max();  // change "-1"
-  uint64_t big_gap_sum = 0, big_value_sum = 0;
+  uint64_t big_value_sum = 0;
   for (size_t j = 0; j < n; ++j) {
     uint32_t magnitude = residuals[j];
     if (ordered) {
@@ -67,7 +67,6 @@ ValueStreams::ValueStreams(std::span<const uint32_t> residuals, uint8_t width, V
     if (magnitude > 1) {
       big_gaps_.push_back(static_cast<uint32_t>(j - previous_big - 1));
       big_values_.push_back(magnitude - 2);
-      big_gap_sum += big_gaps_.back();
       big_value_sum += magnitude - 2;
       previous_big = j;
     }

@@ -69,7 +69,10 @@ TEST_CASE("apply: a model of many small tensors, in one parallel loop, as tensor
 
 TEST_CASE("apply: a bad last tensor leaves every tensor unchanged") {
   std::mt19937_64 rng(32);
-  auto [before, after] = SmallTensors(rng, 12, 0.05);
+  // Not a structured binding: the lambda below captures `before`.
+  auto pair = SmallTensors(rng, 12, 0.05);
+  auto& before = pair.first;
+  auto& after = pair.second;
   before.specs.push_back({"last", DType::kBF16, {5000}});
   before.bytes.push_back(testing::RandomTensor(DType::kBF16, 5000, rng));
   after.specs = before.specs;
@@ -336,7 +339,10 @@ TEST_CASE("apply: the sparse decoder takes any position code parameter") {
 
 TEST_CASE("apply: a served model reuses its buffers across versions of any shape") {
   std::mt19937_64 rng(35);
-  auto [v0, v1] = SmallTensors(rng, 20, 0.04);
+  // Not a structured binding: the lambdas below capture the models.
+  auto pair = SmallTensors(rng, 20, 0.04);
+  auto& v0 = pair.first;
+  auto& v1 = pair.second;
   Model v2;
   v2.specs = v1.specs;
   for (size_t t = 0; t < v1.bytes.size(); ++t)
