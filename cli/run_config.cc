@@ -109,31 +109,19 @@ Status ReadEnvironment(const YAML::Node& trainer, std::map<std::string, std::str
   return Status::Ok();
 }
 
-// trainer.optimizer: the RL phase's optimiser, by name.
-Status ReadOptimizer(const YAML::Node& trainer, examples::OptimizerKind* kind) {
-  std::string name(examples::OptimizerName(*kind));
-  WEFT_RETURN_IF_ERROR(ReadString(trainer, "trainer", "optimizer", &name));
-  const std::optional<examples::OptimizerKind> known = examples::OptimizerFromName(name);
-  if (!known) {
-    return InvalidArgument("trainer.optimizer: '" + name +
-                           "' is not an optimizer (known: adamw, muon)" +
-                           LineOf(trainer["optimizer"]));
+// trainer.KEY: one of a set of choices by name (`name_of` and `parse` convert); `what` and
+// `known` word the error.
+template <typename T, typename NameOf, typename Parse>
+Status ReadChoice(const YAML::Node& trainer, const std::string& key, NameOf name_of, Parse parse,
+                  const std::string& what, const std::string& known, T* value) {
+  std::string name(name_of(*value));
+  WEFT_RETURN_IF_ERROR(ReadString(trainer, "trainer", key, &name));
+  const std::optional<T> parsed = parse(name);
+  if (!parsed) {
+    return InvalidArgument("trainer." + key + ": '" + name + "' is not " + what +
+                           " (known: " + known + ")" + LineOf(trainer[key]));
   }
-  *kind = *known;
-  return Status::Ok();
-}
-
-// trainer.delta_mode: how the publisher codes its delta blobs.
-Status ReadDeltaMode(const YAML::Node& trainer, sync::DeltaMode* mode) {
-  std::string name(sync::DeltaModeName(*mode));
-  WEFT_RETURN_IF_ERROR(ReadString(trainer, "trainer", "delta_mode", &name));
-  const std::optional<sync::DeltaMode> known = sync::ParseDeltaMode(name);
-  if (!known) {
-    return InvalidArgument("trainer.delta_mode: '" + name +
-                           "' is not a delta mode (known: plain, context)" +
-                           LineOf(trainer["delta_mode"]));
-  }
-  *mode = *known;
+  *value = *parsed;
   return Status::Ok();
 }
 
@@ -295,7 +283,10 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     WEFT_RETURN_IF_ERROR(
         ReadInt(tr, "trainer", "samples_per_prompt", &t.samples_per_prompt, 2, 1024));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "steps_ahead", &t.steps_ahead, 1, 1000));
-    WEFT_RETURN_IF_ERROR(ReadOptimizer(tr, &t.optimizer_kind));
+    // The RL phase's optimiser.
+    WEFT_RETURN_IF_ERROR(ReadChoice(tr, "optimizer", examples::OptimizerName,
+                                    examples::OptimizerFromName, "an optimizer", "adamw, muon",
+                                    &t.optimizer_kind));
     WEFT_RETURN_IF_ERROR(
         ReadPositive(tr, "trainer", "learning_rate", &t.optimizer.learning_rate, 1.0));
     WEFT_RETURN_IF_ERROR(
@@ -307,7 +298,10 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
       return InvalidArgument("trainer.keyframe_interval must be at least 1");
     WEFT_RETURN_IF_ERROR(
         ReadPositive(tr, "trainer", "keyframe_budget", &t.publisher.keyframes.delta_budget, 1e9));
-    WEFT_RETURN_IF_ERROR(ReadDeltaMode(tr, &t.publisher.keyframes.delta_mode));
+    // How the publisher codes its delta blobs.
+    WEFT_RETURN_IF_ERROR(ReadChoice(tr, "delta_mode", sync::DeltaModeName, sync::ParseDeltaMode,
+                                    "a delta mode", "plain, context",
+                                    &t.publisher.keyframes.delta_mode));
     std::chrono::microseconds stall = t.stall_after;
     WEFT_RETURN_IF_ERROR(ReadDuration(tr, "trainer", "stall_after", &stall));
     t.stall_after = std::chrono::duration_cast<std::chrono::milliseconds>(stall);

@@ -71,8 +71,9 @@ ValueStreams::ValueStreams(std::span<const uint32_t> residuals, uint8_t width, V
       previous_big = j;
     }
   }
-  big_count = static_cast<uint32_t>(big_gaps_.size());
-  sign_bytes = static_cast<uint32_t>(signs_.size());
+  header_.change_count = static_cast<uint32_t>(n);
+  header_.big_count = static_cast<uint32_t>(big_gaps_.size());
+  header_.sign_bytes = static_cast<uint32_t>(signs_.size());
   if (!big_gaps_.empty()) {
     auto [kb, big_bits] = ChooseRice(big_gaps_);
     auto [km, magnitude_bits] = ChooseParameter(
@@ -81,25 +82,25 @@ ValueStreams::ValueStreams(std::span<const uint32_t> residuals, uint8_t width, V
           for (uint32_t v : big_values_) total += ExpGolombBits(v, k);
           return total;
         });
-    k_big = static_cast<uint8_t>(kb);
-    k_mag = static_cast<uint8_t>(km);
-    big_bytes = BytesFor(big_bits);
-    mag_bytes = BytesFor(magnitude_bits);
+    header_.k_big = static_cast<uint8_t>(kb);
+    header_.k_mag = static_cast<uint8_t>(km);
+    header_.big_bytes = BytesFor(big_bits);
+    header_.mag_bytes = BytesFor(magnitude_bits);
   }
 }
 
 void ValueStreams::Write(uint8_t* out) const {
   if (!signs_.empty()) std::memcpy(out, signs_.data(), signs_.size());
-  out += sign_bytes;
+  out += header_.sign_bytes;
   {
     BitWriter writer(out);
-    for (uint32_t g : big_gaps_) PutRice(writer, g, k_big);
-    assert(writer.bytes() == big_bytes);
+    for (uint32_t g : big_gaps_) PutRice(writer, g, header_.k_big);
+    assert(writer.bytes() == header_.big_bytes);
   }
-  out += big_bytes;
+  out += header_.big_bytes;
   BitWriter writer(out);
-  for (uint32_t v : big_values_) PutExpGolomb(writer, v, k_mag);
-  assert(writer.bytes() == mag_bytes);
+  for (uint32_t v : big_values_) PutExpGolomb(writer, v, header_.k_mag);
+  assert(writer.bytes() == header_.mag_bytes);
 }
 
 Status CheckValueStreams(const ValueStreamHeader& header, ValueCoding coding) {

@@ -89,29 +89,6 @@ uint64_t RiceCost(std::span<const uint32_t> values, int k);
 // The best Rice parameter for `values` (non-empty) and the stream's size in bits.
 std::pair<int, uint64_t> ChooseRice(std::span<const uint32_t> values);
 
-// Signs, positions of the changes whose magnitude exceeds one, and their magnitudes, for
-// residuals in change order (docs/formats.md, "Sparse payload", streams 2 to 4).
-class ValueStreams {
- public:
-  ValueStreams(std::span<const uint32_t> residuals, uint8_t width, ValueCoding coding);
-
-  uint8_t k_big = 0;
-  uint8_t k_mag = 0;
-  uint32_t big_count = 0;
-  uint32_t sign_bytes = 0;
-  uint32_t big_bytes = 0;
-  uint32_t mag_bytes = 0;
-
-  uint64_t bytes() const { return uint64_t{sign_bytes} + big_bytes + mag_bytes; }
-  // Writes the three streams at `out`, which has bytes() + kBitWriterSlack bytes of room.
-  void Write(uint8_t* out) const;
-
- private:
-  std::vector<uint8_t> signs_;
-  std::vector<uint32_t> big_gaps_;
-  std::vector<uint32_t> big_values_;
-};
-
 // The sizes and parameters of value streams as a header declares them.
 struct ValueStreamHeader {
   uint8_t k_big = 0;
@@ -121,6 +98,24 @@ struct ValueStreamHeader {
   uint32_t sign_bytes = 0;
   uint32_t big_bytes = 0;
   uint32_t mag_bytes = 0;
+};
+
+// Signs, positions of the changes whose magnitude exceeds one, and their magnitudes, for
+// residuals in change order (docs/formats.md, "Sparse payload", streams 2 to 4).
+class ValueStreams {
+ public:
+  ValueStreams(std::span<const uint32_t> residuals, uint8_t width, ValueCoding coding);
+
+  // What a chunk header declares of them.
+  const ValueStreamHeader& header() const { return header_; }
+  // Writes the three streams at `out`, which has room for them plus kBitWriterSlack bytes.
+  void Write(uint8_t* out) const;
+
+ private:
+  ValueStreamHeader header_;
+  std::vector<uint8_t> signs_;
+  std::vector<uint32_t> big_gaps_;
+  std::vector<uint32_t> big_values_;
 };
 
 // Checks the declared sizes against each other before anything is allocated: parameters in

@@ -447,12 +447,13 @@ void Encode(const ChangeList& changes, DType dtype, const uint8_t* base, const u
   }
   header->gap_bytes = BytesFor(position_bits);
   const detail::ValueStreams values(changes.residuals, sizeof(T), ValueCoding::kOrderedDiff);
-  header->k_big = values.k_big;
-  header->k_mag = values.k_mag;
-  header->big_count = values.big_count;
-  header->sign_bytes = values.sign_bytes;
-  header->big_bytes = values.big_bytes;
-  header->mag_bytes = values.mag_bytes;
+  const detail::ValueStreamHeader& declared = values.header();
+  header->k_big = declared.k_big;
+  header->k_mag = declared.k_mag;
+  header->big_count = declared.big_count;
+  header->sign_bytes = declared.sign_bytes;
+  header->big_bytes = declared.big_bytes;
+  header->mag_bytes = declared.mag_bytes;
 
   const size_t at = payload->size();
   payload->resize(at + header->payload_bytes() + kBitWriterSlack);
