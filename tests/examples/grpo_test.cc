@@ -3,17 +3,13 @@
 
 #include <doctest/doctest.h>
 
+#include "tests/examples/small_model.h"
+
 namespace weft::examples {
 namespace {
 
 TinyLmLayout SmallLayout(int max_seq = 12) {
-  TinyLmConfig config;
-  config.d_model = 16;
-  config.layers = 1;
-  config.heads = 2;
-  config.d_ff = 32;
-  config.max_seq = max_seq;
-  return TinyLmLayout(config);
+  return TinyLmLayout(testing::SmallTinyLm(1, max_seq));
 }
 
 // The sum of the log-probabilities `weights` give `tokens` after `prompt`.

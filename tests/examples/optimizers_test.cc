@@ -8,6 +8,7 @@
 #include <random>
 
 #include "examples/grpo.h"
+#include "tests/examples/small_model.h"
 
 namespace weft::examples {
 namespace {
@@ -37,16 +38,6 @@ std::vector<double> OrthonormalColumns(size_t size, size_t count, std::mt19937_6
 double Quintic5(double s) {
   for (int i = 0; i < 5; ++i) s = 3.4445 * s - 4.7750 * s * s * s + 2.0315 * std::pow(s, 5);
   return s;
-}
-
-TinyLmLayout SmallLayout(int max_seq) {
-  TinyLmConfig config;
-  config.d_model = 16;
-  config.layers = 2;
-  config.heads = 2;
-  config.d_ff = 32;
-  config.max_seq = max_seq;
-  return TinyLmLayout(config);
 }
 
 TEST_CASE("Newton-Schulz: singular vectors kept, singular values mapped into the quintic's band") {
@@ -109,7 +100,7 @@ TEST_CASE("Newton-Schulz: singular vectors kept, singular values mapped into the
 }
 
 TEST_CASE("Muon: hidden matrices by blocks, everything else by AdamW's own code") {
-  const TinyLmLayout layout = SmallLayout(8);
+  const TinyLmLayout layout = TinyLmLayout(testing::SmallTinyLm(2, 8));
   const size_t d = 16, f = 32;
   AdamWConfig config;
   config.learning_rate = 1e-3;
@@ -173,7 +164,7 @@ TEST_CASE("Muon: hidden matrices by blocks, everything else by AdamW's own code"
 
 TEST_CASE("Muon lowers the supervised loss on the arithmetic task; optimisers by name") {
   const ArithmeticTask task(1);
-  const TinyLmLayout layout = SmallLayout(task.max_length());
+  const TinyLmLayout layout = TinyLmLayout(testing::SmallTinyLm(2, task.max_length()));
   std::vector<float> w = layout.Initialize(7);
   const std::vector<std::string> held_out = {"1+2=", "3+4=", "5+5=", "9+0=", "7+8=", "2+6="};
   const double before = SupervisedLoss(layout, w, task, held_out, 1).value();

@@ -4,15 +4,14 @@
 
 #include <doctest/doctest.h>
 
+#include "tests/examples/small_model.h"
+
 namespace weft::examples {
 namespace {
 
-RealStepsOptions Small() {
+RealStepsOptions SmallRun() {
   RealStepsOptions options;
-  options.model.d_model = 16;
-  options.model.layers = 1;
-  options.model.heads = 2;
-  options.model.d_ff = 32;
+  options.model = testing::SmallTinyLm(1, options.model.max_seq);
   options.digits = 1;
   options.warmup_steps = 5;
   options.warmup_batch = 8;
@@ -32,7 +31,7 @@ std::vector<float> Run(const RealStepsOptions& options, const std::vector<float>
 }
 
 TEST_CASE("real steps: deterministic, thread-count independent, optimisers on the same problems") {
-  RealStepsOptions options = Small();
+  RealStepsOptions options = SmallRun();
   int reported = 0;
   const std::vector<float> warm =
       WarmUpWeights(options, [&](int step, double) { reported = step; }).value();
@@ -68,7 +67,7 @@ TEST_CASE("real steps: deterministic, thread-count independent, optimisers on th
 }
 
 TEST_CASE("real steps: policy-gradient steps on sampled groups") {
-  RealStepsOptions options = Small();
+  RealStepsOptions options = SmallRun();
   options.kind = RealStepKind::kPolicyGradient;
   options.prompts_per_step = 8;
   // Warm enough that some samples are right and some wrong: groups with a learning signal.

@@ -15,7 +15,7 @@
 namespace weft::examples {
 namespace {
 
-TinyLmConfig Small() {
+TinyLmConfig TinyConfig() {
   TinyLmConfig c;
   c.vocab = 7;
   c.d_model = 8;
@@ -27,7 +27,7 @@ TinyLmConfig Small() {
 }
 
 TEST_CASE("tiny LM: gradients match finite differences") {
-  const TinyLmLayout layout(Small());
+  const TinyLmLayout layout(TinyConfig());
   std::vector<float> w = layout.Initialize(3);
   std::mt19937_64 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.4f);
@@ -74,7 +74,7 @@ TEST_CASE("tiny LM: gradients match finite differences") {
 }
 
 TEST_CASE("tiny LM: the gradient does not depend on the thread count") {
-  const TinyLmLayout layout(Small());
+  const TinyLmLayout layout(TinyConfig());
   const std::vector<float> w = layout.Initialize(9);
   std::vector<TrainingSequence> batch;
   for (int i = 0; i < 30; ++i) batch.push_back({{i % 7, (i + 1) % 7, (i * 3) % 7, 2}, 1});
@@ -91,7 +91,7 @@ TEST_CASE("tiny LM: the gradient does not depend on the thread count") {
 TEST_CASE(
     "tiny LM: sampling is reproducible, its log-probabilities are the model's, bad input is "
     "refused") {
-  const TinyLmLayout layout(Small());
+  const TinyLmLayout layout(TinyConfig());
   const std::vector<float> w = layout.Initialize(1);
   const Decoder decoder(layout, w);
   Sampling params;
@@ -127,7 +127,7 @@ TEST_CASE(
 
 TEST_CASE(
     "tiny LM: weights that change mid-generation are used from the next token on, and segmented") {
-  const TinyLmLayout layout(Small());
+  const TinyLmLayout layout(TinyConfig());
   auto v3 = std::make_shared<VersionedWeights>(VersionedWeights{3, layout.Initialize(1)});
   auto v4 = std::make_shared<VersionedWeights>(VersionedWeights{4, layout.Initialize(2)});
   int calls = 0;
@@ -241,7 +241,7 @@ sync::ServedModel Served(const TinyLmLayout& layout, const std::vector<float>& w
 
 TEST_CASE(
     "embedded engine: serves BF16 weights, commits between tokens and reports version segments") {
-  TinyLmConfig config = Small();
+  TinyLmConfig config = TinyConfig();
   config.max_seq = 24;
   EmbeddedEngine engine(config, 2);
   const TinyLmLayout& layout = engine.layout();
@@ -299,7 +299,7 @@ TEST_CASE(
   }
   CHECK(engine.version() == 1);
   // Weights that do not fit are refused.
-  TinyLmConfig other = Small();
+  TinyLmConfig other = TinyConfig();
   other.d_model = 4;
   const TinyLmLayout other_layout(other);
   CHECK(engine.Stage(Served(other_layout, other_layout.Initialize(1)), 2)

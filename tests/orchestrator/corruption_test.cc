@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "orchestrator/durable_core.h"
+#include "tests/orchestrator/snapshot_of.h"
 #include "tests/temp_path.h"
 
 namespace weft::orchestrator {
@@ -29,9 +30,7 @@ void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
             static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string SnapshotOf(const DurableCore& durable) {
-  return durable.Inspect([](const OrchestratorCore& core) { return core.Snapshot(); });
-}
+using testing::SnapshotOf;
 
 // Every file of the journal at `path` (all generations) by name.
 std::map<std::string, std::vector<uint8_t>> Files(const std::string& path) {

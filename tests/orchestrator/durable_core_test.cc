@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "tests/orchestrator/snapshot_of.h"
 #include "tests/temp_path.h"
 
 namespace weft::orchestrator {
@@ -116,9 +117,7 @@ void Traffic(DurableCore& durable, Micros t, int rounds) {
   }
 }
 
-std::string SnapshotOf(const DurableCore& durable) {
-  return durable.Inspect([](const OrchestratorCore& core) { return core.Snapshot(); });
-}
+using testing::SnapshotOf;
 
 TEST_CASE(
     "durable core: compaction writes a snapshot, drops old files and restores the same state") {

@@ -17,6 +17,7 @@
 namespace weft::sync {
 namespace {
 
+using testing::CheckRoundTrip;
 using testing::Perturb;
 using testing::RandomTensor;
 
@@ -66,25 +67,6 @@ std::pair<std::vector<uint8_t>, std::vector<uint8_t>> Bf16Step(uint64_t count, f
   std::vector<uint8_t> before = w.Bf16();
   w.Step(step);
   return {before, w.Bf16()};
-}
-
-void CheckRoundTrip(const TensorSpec& spec, const std::vector<uint8_t>& before,
-                    const std::vector<uint8_t>& after, const CodecOptions& options) {
-  Result<TensorDelta> delta = EncodeTensorDelta(spec, before, after, options);
-  REQUIRE(delta.ok());
-  ModelDelta model;
-  model.tensors.push_back(std::move(delta).value());
-  const std::vector<uint8_t> bytes = SerializeModelDelta(model);
-  Result<ModelDelta> parsed = ParseModelDelta(bytes);
-  REQUIRE_MESSAGE(parsed.ok(), parsed.status().ToString());
-  CHECK(parsed->format_version ==
-        (HasContextChunks(model) ? kDeltaFormatVersion : kPlainDeltaFormatVersion));
-  std::vector<uint8_t> served = before;
-  Digest digest;
-  const Status applied = ApplyTensorDelta(parsed->tensors[0], served, std::nullopt, 2, &digest);
-  REQUIRE_MESSAGE(applied.ok(), applied.ToString());
-  CHECK(served == after);
-  CHECK(digest == TensorDigest(spec.dtype, after));
 }
 
 TEST_CASE("context chunks: every float dtype round-trips bit for bit, specials included") {

@@ -14,28 +14,6 @@ TensorSpec Spec(DType dtype, std::vector<uint64_t> shape, std::string name = "w"
   return TensorSpec{std::move(name), dtype, std::move(shape)};
 }
 
-// Encodes, serialises, parses and applies; checks the result bit for bit and the digests.
-void CheckRoundTrip(const TensorSpec& spec, const std::vector<uint8_t>& old_bytes,
-                    const std::vector<uint8_t>& new_bytes, const CodecOptions& options) {
-  Result<TensorDelta> delta = EncodeTensorDelta(spec, old_bytes, new_bytes, options);
-  REQUIRE(delta.ok());
-  CHECK(delta->base_digest == TensorDigest(spec.dtype, old_bytes));
-  CHECK(delta->result_digest == TensorDigest(spec.dtype, new_bytes));
-  ModelDelta model;
-  model.tensors.push_back(std::move(delta).value());
-  std::vector<uint8_t> bytes = SerializeModelDelta(model);
-  Result<ModelDelta> parsed = ParseModelDelta(bytes);
-  REQUIRE(parsed.ok());
-  CHECK(SerializeModelDelta(*parsed) == bytes);
-  std::vector<uint8_t> served = old_bytes;
-  Digest digest;
-  Status status =
-      ApplyTensorDelta(parsed->tensors[0], served, std::nullopt, options.threads, &digest);
-  REQUIRE(status.ok());
-  CHECK(served == new_bytes);
-  CHECK(digest == TensorDigest(spec.dtype, new_bytes));
-}
-
 TEST_CASE("lossless round trip for every dtype, density, chunk size and thread count") {
   std::mt19937_64 rng(11);
   for (DType dtype : testing::kAllDTypes) {
@@ -46,7 +24,7 @@ TEST_CASE("lossless round trip for every dtype, density, chunk size and thread c
         TensorSpec spec = Spec(dtype, {3, 1000 + static_cast<uint64_t>(rng() % 500)});
         std::vector<uint8_t> old_bytes = testing::RandomTensor(dtype, spec.element_count(), rng);
         std::vector<uint8_t> new_bytes = testing::Perturb(old_bytes, dtype, density, rng);
-        CheckRoundTrip(spec, old_bytes, new_bytes, CodecOptions{10, threads});
+        testing::CheckRoundTrip(spec, old_bytes, new_bytes, CodecOptions{10, threads});
       }
     }
   }
@@ -54,9 +32,9 @@ TEST_CASE("lossless round trip for every dtype, density, chunk size and thread c
 
 TEST_CASE("empty and scalar tensors") {
   std::mt19937_64 rng(12);
-  CheckRoundTrip(Spec(DType::kBF16, {0, 7}), {}, {}, CodecOptions{});
+  testing::CheckRoundTrip(Spec(DType::kBF16, {0, 7}), {}, {}, CodecOptions{});
   std::vector<uint8_t> a = {0x80, 0x3F}, b = {0x81, 0x3F};
-  CheckRoundTrip(Spec(DType::kBF16, {}), a, b, CodecOptions{});
+  testing::CheckRoundTrip(Spec(DType::kBF16, {}), a, b, CodecOptions{});
 }
 
 TEST_CASE("chunks are chosen adaptively: unchanged, sparse, raw") {
