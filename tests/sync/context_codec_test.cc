@@ -12,6 +12,7 @@
 
 #include "sync/delta_codec.h"
 #include "sync/served_model.h"
+#include "tests/sync/round_trip.h"
 #include "tests/sync/test_util.h"
 
 namespace weft::sync {

@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "tests/sync/round_trip.h"
 #include "tests/sync/test_util.h"
 
 namespace weft::sync {

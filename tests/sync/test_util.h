@@ -1,16 +1,12 @@
-// Helpers shared by the sync tests: random tensors with the bit patterns that break codecs, and
-// the round trip of one tensor through the delta file format.
+// Helpers shared by the sync tests (and the test model maker): random tensors with the bit
+// patterns that break codecs.
 #pragma once
-
-#include <doctest/doctest.h>
 
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <random>
 #include <vector>
 
-#include "sync/delta_codec.h"
 #include "sync/dtype.h"
 
 namespace weft::sync::testing {
@@ -79,30 +75,5 @@ inline const DType kAllDTypes[] = {DType::kF32,    DType::kF16, DType::kBF16, DT
                                    DType::kF8E5M2, DType::kF64, DType::kI8,   DType::kU8,
                                    DType::kI16,    DType::kU16, DType::kI32,  DType::kU32,
                                    DType::kI64,    DType::kU64, DType::kBool};
-
-// Encodes, serialises, parses and applies; checks the result bit for bit, the digests, the file's
-// format version and that the parsed delta serialises to the same bytes.
-inline void CheckRoundTrip(const TensorSpec& spec, const std::vector<uint8_t>& old_bytes,
-                           const std::vector<uint8_t>& new_bytes, const CodecOptions& options) {
-  Result<TensorDelta> delta = EncodeTensorDelta(spec, old_bytes, new_bytes, options);
-  REQUIRE_MESSAGE(delta.ok(), delta.status().ToString());
-  CHECK(delta->base_digest == TensorDigest(spec.dtype, old_bytes));
-  CHECK(delta->result_digest == TensorDigest(spec.dtype, new_bytes));
-  ModelDelta model;
-  model.tensors.push_back(std::move(delta).value());
-  const std::vector<uint8_t> bytes = SerializeModelDelta(model);
-  Result<ModelDelta> parsed = ParseModelDelta(bytes);
-  REQUIRE_MESSAGE(parsed.ok(), parsed.status().ToString());
-  CHECK(parsed->format_version ==
-        (HasContextChunks(model) ? kDeltaFormatVersion : kPlainDeltaFormatVersion));
-  CHECK(SerializeModelDelta(*parsed) == bytes);
-  std::vector<uint8_t> served = old_bytes;
-  Digest digest;
-  const Status applied =
-      ApplyTensorDelta(parsed->tensors[0], served, std::nullopt, options.threads, &digest);
-  REQUIRE_MESSAGE(applied.ok(), applied.ToString());
-  CHECK(served == new_bytes);
-  CHECK(digest == TensorDigest(spec.dtype, new_bytes));
-}
 
 }  // namespace weft::sync::testing
