@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -129,26 +131,42 @@ Status WriteFileAtomic(const std::string& path, const std::function<Status(int f
 }
 
 Result<std::vector<uint8_t>> ReadFile(const std::string& path) {
+  WEFT_ASSIGN_OR_RETURN(FileRange whole, ReadFileRange(path, 0, UINT64_MAX));
+  return std::move(whole.bytes);
+}
+
+Result<FileRange> ReadFileRange(const std::string& path, uint64_t first, uint64_t length) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return NotFound(path + ": no such file");
     return Unavailable(path + ": cannot open: " + ErrnoText());
   }
-  std::vector<uint8_t> bytes;
-  uint8_t buffer[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return Unavailable(path + ": cannot stat: " + error);
+  }
+  FileRange range;
+  range.file_size = static_cast<uint64_t>(info.st_size);
+  const uint64_t count = first >= range.file_size ? 0 : std::min(length, range.file_size - first);
+  range.bytes.resize(count);
+  uint64_t done = 0;
+  while (done < count) {
+    ssize_t n =
+        ::pread(fd, range.bytes.data() + done, count - done, static_cast<off_t>(first + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       std::string error = ErrnoText();
       ::close(fd);
       return Unavailable(path + ": read failed: " + error);
     }
-    if (n == 0) break;
-    bytes.insert(bytes.end(), buffer, buffer + n);
+    if (n == 0) break;  // it shrank meanwhile
+    done += static_cast<uint64_t>(n);
   }
   ::close(fd);
-  return bytes;
+  range.bytes.resize(done);
+  return range;
 }
 
 Status WriteTextFileAtomic(const std::string& path, std::string_view text) {

@@ -56,6 +56,14 @@ void SyncParentDirectory(const std::string& path);
 // The whole file: kNotFound when it does not exist, kUnavailable on I/O errors.
 Result<std::vector<uint8_t>> ReadFile(const std::string& path);
 
+// Bytes [first, first + length) of a file (fewer where it ends first, none from past its end),
+// and the file's size, read straight into place; errors as ReadFile's.
+struct FileRange {
+  std::vector<uint8_t> bytes;
+  uint64_t file_size = 0;
+};
+Result<FileRange> ReadFileRange(const std::string& path, uint64_t first, uint64_t length);
+
 // Writes all of `bytes` to `fd`, retrying short writes.
 Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what);
 

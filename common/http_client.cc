@@ -266,6 +266,20 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
                      seconds + " s" + progress + ")");
 }
 
+std::optional<uint64_t> RangedObjectSize(const HttpReply& reply) {
+  if (reply.status == 200) return reply.body.size();
+  const std::string range = reply.Header("content-range");
+  const size_t slash = range.rfind('/');
+  if (range.rfind("bytes ", 0) != 0 || slash == std::string::npos || slash + 1 == range.size())
+    return std::nullopt;
+  uint64_t total = 0;
+  for (size_t i = slash + 1; i < range.size(); ++i) {
+    if (range[i] < '0' || range[i] > '9' || total > (UINT64_MAX - 9) / 10) return std::nullopt;
+    total = total * 10 + static_cast<uint64_t>(range[i] - '0');
+  }
+  return total;
+}
+
 Status StatusOfReply(const HttpReply& reply, const std::string& what) {
   if (reply.status >= 200 && reply.status < 300) return Status::Ok();
   return StatusOfHttpCode(reply.status,

@@ -100,4 +100,9 @@ Status StatusOfReply(const HttpReply& reply, const std::string& what);
 // The same mapping for an answer that is not 2xx, with `text` as the message.
 Status StatusOfHttpCode(long status, std::string text);
 
+// The whole object's size in an answer to a ranged GET: the total of its Content-Range
+// ("bytes A-B/TOTAL" on a 206, "bytes */TOTAL" on a 416) or, on a 200, the body's size; nullopt
+// when the header is missing or malformed.
+std::optional<uint64_t> RangedObjectSize(const HttpReply& reply);
+
 }  // namespace weft

@@ -36,9 +36,17 @@ bool IsVersionManifest(const std::string& key) {
 
 }  // namespace
 
+std::optional<CachingStore::FileStamp> CachingStore::StampOf(const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return std::nullopt;
+  return FileStamp{static_cast<uint64_t>(info.st_ino), static_cast<uint64_t>(info.st_size),
+                   static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec,
+                   static_cast<int64_t>(info.st_ctim.tv_sec) * 1000000000 + info.st_ctim.tv_nsec};
+}
+
 struct CachingStore::Flight {
   bool done = false;
-  std::optional<Result<std::vector<uint8_t>>> result;
+  std::optional<Result<SharedBytes>> result;
   std::condition_variable finished;
 };
 
@@ -68,7 +76,7 @@ Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream,
     const uint64_t bytes = std::filesystem::file_size(cache->PathOf(name), error);
     if (error) continue;
     cache->lru_.push_back(name);
-    cache->entries_[name] = {bytes, std::prev(cache->lru_.end())};
+    cache->entries_[name] = {bytes, std::prev(cache->lru_.end()), std::nullopt};
     cache->cached_bytes_ += bytes;
   }
   // A smaller limit than the last run's takes effect now.
@@ -125,11 +133,16 @@ std::optional<std::vector<uint8_t>> CachingStore::ReadCached(const std::string& 
     std::lock_guard<std::mutex> lock(mutex_);
     if (!entries_.count(sha256)) return std::nullopt;
   }
+  // The file as it was before the read: if it changes during the read, the next range read sees
+  // a different file and checks it again.
+  const std::optional<FileStamp> stamp = StampOf(PathOf(sha256));
   Result<std::vector<uint8_t>> bytes = ReadFile(PathOf(sha256));
   if (bytes.ok() && Sha256Hex(*bytes) == sha256) {
     std::lock_guard<std::mutex> lock(mutex_);
     Touch(sha256);
     ++stats_.hits;
+    auto entry = entries_.find(sha256);
+    if (entry != entries_.end()) entry->second.checked = stamp;
     return std::move(*bytes);
   }
   // Gone (evicted meanwhile, or removed by hand) or corrupted on disk: forget it and refetch.
@@ -161,7 +174,7 @@ void CachingStore::Insert(const std::string& sha256, std::span<const uint8_t> by
       std::lock_guard<std::mutex> lock(mutex_);
       if (!entries_.count(sha256)) {
         lru_.push_back(sha256);
-        entries_[sha256] = {bytes.size(), std::prev(lru_.end())};
+        entries_[sha256] = {bytes.size(), std::prev(lru_.end()), StampOf(PathOf(sha256))};
         cached_bytes_ += bytes.size();
       }
     }
@@ -205,6 +218,12 @@ Result<std::vector<uint8_t>> CachingStore::FetchBlob(const std::string& key,
 Result<std::vector<uint8_t>> CachingStore::GetBlob(const std::string& key,
                                                    const std::string& sha256) {
   if (std::optional<std::vector<uint8_t>> cached = ReadCached(sha256)) return std::move(*cached);
+  WEFT_ASSIGN_OR_RETURN(SharedBytes fetched, FetchShared(key, sha256));
+  return std::vector<uint8_t>(*fetched);
+}
+
+Result<CachingStore::SharedBytes> CachingStore::FetchShared(const std::string& key,
+                                                            const std::string& sha256) {
   std::shared_ptr<Flight> flight;
   bool leader = false;
   {
@@ -225,15 +244,19 @@ Result<std::vector<uint8_t>> CachingStore::GetBlob(const std::string& key,
     return *flight->result;
   }
   Result<std::vector<uint8_t>> bytes = FetchBlob(key, sha256);
-  if (bytes.ok()) Insert(sha256, *bytes);
+  Result<SharedBytes> shared = bytes.status();
+  if (bytes.ok()) {
+    shared = std::make_shared<const std::vector<uint8_t>>(std::move(bytes).value());
+    Insert(sha256, **shared);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    flight->result = bytes;
+    flight->result = shared;
     flight->done = true;
     flights_.erase(sha256);
   }
   flight->finished.notify_all();
-  return bytes;
+  return shared;
 }
 
 Result<std::vector<uint8_t>> CachingStore::GetManifest(const std::string& key) {
@@ -263,6 +286,47 @@ Result<std::vector<uint8_t>> CachingStore::Get(const std::string& key) {
   if (!sha256.empty()) return GetBlob(key, sha256);
   if (IsVersionManifest(key)) return GetManifest(key);
   return upstream_.Get(key);
+}
+
+Result<ObjectRange> CachingStore::GetRange(const std::string& key, uint64_t first,
+                                           uint64_t length) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string sha256 = BlobHash(key);
+  if (sha256.empty() || length == 0) return ObjectStore::GetRange(key, first, length);
+  uint64_t size = 0;
+  std::optional<FileStamp> checked;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto entry = entries_.find(sha256);
+    if (entry != entries_.end()) {
+      size = entry->second.bytes;
+      checked = entry->second.checked;
+    }
+  }
+  if (size > 0 && checked && StampOf(PathOf(sha256)) == checked) {
+    // Checked, and unchanged on disk since: the range straight from the file.
+    Result<FileRange> range = ReadFileRange(PathOf(sha256), first, length);
+    if (range.ok() && range->file_size == size) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Touch(sha256);
+      ++stats_.hits;
+      return ObjectRange{std::move(range->bytes), size};
+    }
+  }
+  // Not checked since the cache opened: the whole file, checked.
+  if (std::optional<std::vector<uint8_t>> cached = ReadCached(sha256))
+    return SliceRange(std::move(*cached), first, length);
+  // A miss: fetched (and cached) once, however many parts ask at once; each takes its range of
+  // the one copy.
+  WEFT_ASSIGN_OR_RETURN(SharedBytes fetched, FetchShared(key, sha256));
+  ObjectRange range;
+  range.object_size = fetched->size();
+  if (first < fetched->size()) {
+    const uint64_t count = std::min<uint64_t>(length, fetched->size() - first);
+    range.bytes.assign(fetched->begin() + static_cast<long>(first),
+                       fetched->begin() + static_cast<long>(first + count));
+  }
+  return range;
 }
 
 Result<bool> CachingStore::Exists(const std::string& key) {

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "policy_store/object_store.h"
@@ -54,6 +55,13 @@ class CachingStore : public ObjectStore {
                                                     CacheOptions options);
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
+  // A range of a blob is read straight from its cached file when the cache has checked that
+  // file's hash (when it fetched the blob, or on a whole read since it opened) and the file has
+  // not changed on disk since (inode, size, modification and change times); otherwise the whole
+  // file is read and checked first (and the blob fetched again if it fails). A reader checks the
+  // hash of every blob it assembles too.
+  Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
+  bool ReadsRanges() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
@@ -72,7 +80,11 @@ class CachingStore : public ObjectStore {
       : upstream_(upstream), options_(std::move(options)) {}
   struct Flight;
 
+  using SharedBytes = std::shared_ptr<const std::vector<uint8_t>>;
   Result<std::vector<uint8_t>> GetBlob(const std::string& key, const std::string& sha256);
+  // The single flight of a miss: one upstream fetch (FetchBlob) however many callers ask at once,
+  // cached, and shared with them all.
+  Result<SharedBytes> FetchShared(const std::string& key, const std::string& sha256);
   Result<std::vector<uint8_t>> GetManifest(const std::string& key);
   // A verified upstream fetch of a blob, retried when its bytes fail their hash.
   Result<std::vector<uint8_t>> FetchBlob(const std::string& key, const std::string& sha256);
@@ -88,9 +100,21 @@ class CachingStore : public ObjectStore {
   mutable std::mutex mutex_;
   // LRU over cached blobs: front is the least recently used.
   std::list<std::string> lru_;
+  // What identifies a cached file's state on disk: a write to it (or a new file in its place)
+  // changes the stamp.
+  struct FileStamp {
+    uint64_t inode = 0;
+    uint64_t size = 0;
+    int64_t modified_ns = 0;
+    int64_t changed_ns = 0;
+    friend bool operator==(const FileStamp&, const FileStamp&) = default;
+  };
+  static std::optional<FileStamp> StampOf(const std::string& path);
   struct Entry {
     uint64_t bytes = 0;
     std::list<std::string>::iterator position;
+    // The file's stamp when its hash was last checked (since the cache opened), if it was.
+    std::optional<FileStamp> checked;
   };
   std::map<std::string, Entry> entries_;
   uint64_t cached_bytes_ = 0;

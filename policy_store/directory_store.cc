@@ -108,10 +108,11 @@ Status DirectoryStore::Hidden(const Status& status) const {
   return Status(status.code(), std::move(message));
 }
 
-Result<std::vector<uint8_t>> DirectoryStore::Read(const std::string& key) const {
+Result<ObjectRange> DirectoryStore::Read(const std::string& key, uint64_t first,
+                                         uint64_t length) const {
   const std::string path = PathOf(key);
-  Result<std::vector<uint8_t>> bytes = ReadFile(path);
-  if (bytes.ok()) return bytes;
+  Result<FileRange> bytes = ReadFileRange(path, first, length);
+  if (bytes.ok()) return ObjectRange{std::move(bytes->bytes), bytes->file_size};
   // Missing, a directory (a prefix of other keys), or under a file: no such object.
   if (bytes.status().code() == StatusCode::kNotFound || !IsRegularFile(path))
     return NotFound(key + ": no such object");
@@ -129,7 +130,15 @@ Status DirectoryStore::EnsureParent(const std::string& key) const {
 
 Result<std::vector<uint8_t>> DirectoryStore::Get(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  return Read(key);
+  WEFT_ASSIGN_OR_RETURN(ObjectRange whole, Read(key, 0, UINT64_MAX));
+  return std::move(whole.bytes);
+}
+
+Result<ObjectRange> DirectoryStore::GetRange(const std::string& key, uint64_t first,
+                                             uint64_t length) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  return Read(key, first, length);
 }
 
 Result<bool> DirectoryStore::Exists(const std::string& key) {
@@ -211,11 +220,11 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
   std::error_code error;
   if (fs::exists(path, error) && !IsRegularFile(path))
     return finish(Conflict(key + " is a prefix of other keys, not an object"));
-  Result<std::vector<uint8_t>> current = Read(key);
+  Result<ObjectRange> current = Read(key, 0, UINT64_MAX);
   if (!current.ok() && current.status().code() != StatusCode::kNotFound)
     return finish(current.status());
   std::optional<std::string> actual;
-  if (current.ok()) actual = std::string(current->begin(), current->end());
+  if (current.ok()) actual = std::string(current->bytes.begin(), current->bytes.end());
   if (actual != expected) {
     return finish(Conflict(key + " changed concurrently (expected " +
                            (expected ? "'" + *expected + "'" : "absent") + ", found " +

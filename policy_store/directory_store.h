@@ -24,6 +24,8 @@ class DirectoryStore : public ObjectStore {
   static Result<std::unique_ptr<DirectoryStore>> Open(const std::string& root);
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
+  Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
+  bool ReadsRanges() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
@@ -39,7 +41,7 @@ class DirectoryStore : public ObjectStore {
   // A Status whose message names files under the root by their keys instead.
   Status Hidden(const Status& status) const;
   // The object's bytes: kNotFound unless `key` is a regular file.
-  Result<std::vector<uint8_t>> Read(const std::string& key) const;
+  Result<ObjectRange> Read(const std::string& key, uint64_t first, uint64_t length) const;
   // The object's directory, created if needed; kConflict if a prefix of the key is an object.
   Status EnsureParent(const std::string& key) const;
 

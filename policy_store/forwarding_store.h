@@ -1,5 +1,8 @@
 // ForwardingStore: an ObjectStore that passes every call to another one; derive from it to
-// change a few calls (count what is read, inject faults, add a cache) and keep the rest.
+// change a few calls (count what is read, inject faults, add a cache) and keep the rest. GetRange
+// is not passed on: it reads through this store's Get (ObjectStore's default), so that a class
+// that changes Get sees every read; one that wants ranges read alone overrides GetRange and
+// ReadsRanges too.
 #pragma once
 
 #include "policy_store/object_store.h"

@@ -1,5 +1,6 @@
 #include "policy_store/http_store.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace weft::policy_store {
@@ -14,6 +15,31 @@ HttpClientOptions ClientOptions(const HttpStoreOptions& options) {
 }
 
 }  // namespace
+
+Result<ObjectRange> RangeOfReply(HttpReply reply, uint64_t first, uint64_t length,
+                                 const std::string& what) {
+  const std::optional<uint64_t> size = RangedObjectSize(reply);
+  if (!size) {
+    return DataLoss(what + ": HTTP " + std::to_string(reply.status) +
+                    " without a valid Content-Range ('" + reply.Header("content-range") + "')");
+  }
+  const uint64_t expected = first >= *size ? 0 : std::min(length, *size - first);
+  if (reply.status == 416) {
+    if (expected != 0) return DataLoss(what + ": refused a range inside the object (HTTP 416)");
+    return ObjectRange{{}, *size};
+  }
+  // The whole object: a server that ignores ranges.
+  if (reply.status == 200) return SliceRange(std::move(reply.body), first, length);
+  // 206. (The client assembles a range resumed over several tries from its start, so only the
+  // last try's Content-Range is at hand: its total, and the size of what was assembled.)
+  if (reply.status != 206 || reply.body.size() != expected) {
+    return DataLoss(what + ": HTTP " + std::to_string(reply.status) + " with " +
+                    std::to_string(reply.body.size()) + " bytes and Content-Range '" +
+                    reply.Header("content-range") + "' for " + std::to_string(expected) +
+                    " bytes from " + std::to_string(first));
+  }
+  return ObjectRange{std::move(reply.body), *size};
+}
 
 HttpStore::HttpStore(std::string base_url, std::string writer_token, HttpStoreOptions options)
     : client_(std::move(base_url), ClientOptions(options)),
@@ -32,6 +58,18 @@ Result<std::vector<uint8_t>> HttpStore::Get(const std::string& key) {
   WEFT_ASSIGN_OR_RETURN(Reply reply, Request("GET", "/v1/objects/" + key, {}, false));
   WEFT_RETURN_IF_ERROR(StatusOfReply(reply, "GET " + client_.base_url() + "/v1/objects/" + key));
   return std::move(reply.body);
+}
+
+Result<ObjectRange> HttpStore::GetRange(const std::string& key, uint64_t first, uint64_t length) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  HttpRequest request;
+  request.path = "/v1/objects/" + key;
+  request.range = std::pair<uint64_t, uint64_t>{first, length};
+  WEFT_ASSIGN_OR_RETURN(Reply reply, client_.Request(request));
+  const std::string what = "GET " + client_.base_url() + request.path;
+  if (reply.status != 416) WEFT_RETURN_IF_ERROR(StatusOfReply(reply, what));
+  return RangeOfReply(std::move(reply), first, length, what);
 }
 
 Result<bool> HttpStore::Exists(const std::string& key) {

@@ -24,12 +24,20 @@ struct HttpStoreOptions : HttpClientOptions {
   std::shared_ptr<LinkShaper> shaper;  // null: the link as it is
 };
 
+// A successful answer (200, 206 or 416) to a GET of `length` bytes from `first` as the range it
+// holds: kDataLoss, naming `what`, when it does not fit the request (a missing or malformed
+// Content-Range, a body of the wrong size). Shared by the HTTP and S3 stores.
+Result<ObjectRange> RangeOfReply(HttpReply reply, uint64_t first, uint64_t length,
+                                 const std::string& what);
+
 class HttpStore : public ObjectStore {
  public:
   // `base_url` like "http://127.0.0.1:8080" (no trailing slash).
   HttpStore(std::string base_url, std::string writer_token, HttpStoreOptions options = {});
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
+  Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
+  bool ReadsRanges() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;

@@ -1,5 +1,7 @@
 #include "policy_store/object_store.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -50,6 +52,26 @@ class StagedWriter : public ObjectWriter {
 };
 
 }  // namespace
+
+Result<ObjectRange> ObjectStore::GetRange(const std::string& key, uint64_t first, uint64_t length) {
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> whole, Get(key));
+  return SliceRange(std::move(whole), first, length);
+}
+
+ObjectRange SliceRange(std::vector<uint8_t> whole, uint64_t first, uint64_t length) {
+  ObjectRange range;
+  range.object_size = whole.size();
+  if (first >= whole.size()) return range;
+  const uint64_t count = std::min(length, whole.size() - first);
+  if (first == 0 && count == whole.size()) {
+    range.bytes = std::move(whole);
+  } else {
+    range.bytes.assign(whole.begin() + static_cast<long>(first),
+                       whole.begin() + static_cast<long>(first + count));
+  }
+  return range;
+}
 
 Result<std::unique_ptr<ObjectWriter>> ObjectStore::NewImmutableWriter(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));

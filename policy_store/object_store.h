@@ -2,7 +2,7 @@
 //
 // The interface is the subset of object-storage semantics the policy store needs, so that a local
 // directory, an HTTP server and S3-compatible storage can all implement it:
-//   - Get / Exists / List read objects;
+//   - Get / GetRange / Exists / List read objects;
 //   - PutImmutable writes an object that must never change: writing the same bytes again succeeds,
 //     writing different bytes under an existing key is a kConflict;
 //   - CompareAndSwap replaces a small mutable object (a run's `latest` pointer) only if it still
@@ -40,12 +40,26 @@ class ObjectWriter {
   virtual Result<bool> Commit() = 0;
 };
 
+// A part of an object (GetRange).
+struct ObjectRange {
+  std::vector<uint8_t> bytes;  // fewer than asked for where the object ends first
+  uint64_t object_size = 0;    // the whole object's
+};
+
 class ObjectStore {
  public:
   virtual ~ObjectStore() = default;
 
   // kNotFound when the key does not exist.
   virtual Result<std::vector<uint8_t>> Get(const std::string& key) = 0;
+  // Bytes [first, first + length) of an object (length > 0; none from a `first` past its end),
+  // and its size: kNotFound when the key does not exist. The default reads the whole object with
+  // Get; the stores override it to read the range only (a cache reads from a blob it has
+  // checked, see caching_store.h), which lets a reader fetch parts of one blob at once.
+  virtual Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length);
+  // Whether GetRange reads the range alone (false: it reads the whole object, so fetching a blob
+  // in several parts would read it several times).
+  virtual bool ReadsRanges() const { return false; }
   virtual Result<bool> Exists(const std::string& key) = 0;
   // Keys under `prefix` (a key prefix ending in '/'), sorted.
   virtual Result<std::vector<std::string>> List(const std::string& prefix) = 0;
@@ -64,6 +78,9 @@ class ObjectStore {
 };
 
 Status ValidateKey(const std::string& key);
+
+// Bytes [first, first + length) of a whole object, as GetRange answers.
+ObjectRange SliceRange(std::vector<uint8_t> whole, uint64_t first, uint64_t length);
 
 // How a store is reached. `shape` and `deadline` apply to HTTP and S3 stores (shaping a directory
 // is refused); with a `cache_dir`, blobs are read through a bounded local cache (CachingStore).

@@ -1,12 +1,31 @@
 #include "policy_store/reader.h"
 
 #include "common/concurrent.h"
+#include "policy_store/blob_fetch.h"
 #include "policy_store/planner.h"
 #include "policy_store/run_objects.h"
 #include "sync/digest.h"
 #include "sync/safetensors.h"
+#include "sync/served_model_stream.h"
 
 namespace weft::policy_store {
+namespace {
+
+// A keyframe assembled into a new model as its parts arrive.
+class KeyframeSink : public BlobSink {
+ public:
+  explicit KeyframeSink(uint64_t size) : stream_(size) {}
+  Status Place(uint64_t offset, std::span<const uint8_t> bytes) override {
+    return stream_.Place(offset, bytes);
+  }
+  void Restart() override { stream_.Restart(); }
+  sync::ServedModelStream& stream() { return stream_; }
+
+ private:
+  sync::ServedModelStream stream_;
+};
+
+}  // namespace
 
 Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
                             const sync::ModelDelta* pending, bool recompute, int threads) {
@@ -51,16 +70,6 @@ Result<std::vector<uint64_t>> StoreReader::Versions() {
   return versions;
 }
 
-Result<sync::ServedModel> StoreReader::LoadKeyframe(const Manifest& manifest,
-                                                    std::span<const uint8_t> bytes) {
-  const std::string what = "keyframe of version " + std::to_string(manifest.version);
-  Result<sync::SafetensorsFile> file = sync::SafetensorsFile::Parse(bytes);
-  if (!file.ok()) return file.status().WithContext(what);
-  sync::ServedModel model = sync::ServedModel::FromSafetensors(*file, threads_);
-  WEFT_RETURN_IF_ERROR(CheckAgainstManifest(model, manifest).WithContext(what));
-  return model;
-}
-
 Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> have,
                                      sync::ServedModel* model, const Manifest* held) {
   WEFT_ASSIGN_OR_RETURN(Manifest goal, GetManifest(target));
@@ -84,11 +93,11 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
       WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, *held).WithContext("the local copy"));
     }
   }
-  Result<PullPlan> planned = PlanPath(store_, run_id_, goal, have, true, fetch_concurrency_);
+  Result<PullPlan> planned = PlanPath(store_, run_id_, goal, have, true, fetch_.concurrency);
   if (!planned.ok() && planned.status().code() == StatusCode::kNotFound && have) {
     // Versions after the one held were collected meanwhile: start from the keyframe.
     have.reset();
-    planned = PlanPath(store_, run_id_, goal, have, true, fetch_concurrency_);
+    planned = PlanPath(store_, run_id_, goal, have, true, fetch_.concurrency);
   }
   if (!planned.ok()) return planned.status();
   const PullPlan& plan = *planned;
@@ -97,33 +106,43 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   report.to = target;
   report.path = plan.Describe();
 
-  // Every blob of the path (and the keyframe) is fetched and verified, concurrently, before
-  // anything is applied.
+  // Every blob of the path (and the keyframe) is fetched and verified before anything is
+  // applied: in parts, concurrently, each part placed (the keyframe's straight into the tensors of
+  // a new model, with their digests) and hashed as it arrives.
   const size_t steps = plan.steps.size();
-  std::vector<LoadedDelta> deltas(steps);
-  std::vector<uint8_t> keyframe_bytes;
-  WEFT_RETURN_IF_ERROR(ForEachConcurrently(
-      steps + (plan.from_keyframe ? 1 : 0), fetch_concurrency_, [&](size_t i) -> Status {
-        if (i == steps) {
-          WEFT_ASSIGN_OR_RETURN(
-              keyframe_bytes,
-              FetchVerifiedBlob(store_, *plan.keyframe.keyframe,
-                                "keyframe of version " + std::to_string(plan.keyframe.version)));
-          return Status::Ok();
-        }
-        WEFT_ASSIGN_OR_RETURN(
-            deltas[i], FetchDelta(store_, plan.steps[i].blob,
-                                  "delta from version " + std::to_string(plan.steps[i].base)));
-        return Status::Ok();
-      }));
-  for (const LoadedDelta& d : deltas) report.bytes_downloaded += d.bytes.size();
-  report.bytes_downloaded += keyframe_bytes.size();
+  std::vector<BlobFetch> fetches;
+  std::unique_ptr<KeyframeSink> keyframe;
+  if (plan.from_keyframe) {
+    keyframe = std::make_unique<KeyframeSink>(plan.keyframe.keyframe->bytes);
+    fetches.push_back({*plan.keyframe.keyframe,
+                       "keyframe of version " + std::to_string(plan.keyframe.version),
+                       keyframe.get()});
+  }
+  std::vector<std::unique_ptr<BytesSink>> delta_bytes;
+  for (const PullPlan::Step& step : plan.steps) {
+    delta_bytes.push_back(std::make_unique<BytesSink>(step.blob.bytes));
+    fetches.push_back(
+        {step.blob, "delta from version " + std::to_string(step.base), delta_bytes.back().get()});
+  }
+  WEFT_RETURN_IF_ERROR(FetchBlobs(store_, fetches, fetch_));
+  std::vector<LoadedDelta> deltas;
+  for (size_t i = 0; i < steps; ++i) {
+    WEFT_ASSIGN_OR_RETURN(
+        deltas.emplace_back(),
+        ParseLoadedDelta(std::move(delta_bytes[i]->bytes()),
+                         "delta from version " + std::to_string(plan.steps[i].base)));
+  }
+  for (const BlobFetch& fetch : fetches) report.bytes_downloaded += fetch.blob.bytes;
   if (plan.from_keyframe) report.fetched.push_back(*plan.keyframe.keyframe);
   for (const PullPlan::Step& step : plan.steps) report.fetched.push_back(step.blob);
 
   if (plan.from_keyframe) {
     // A new copy: built aside and moved in only once it matches the target.
-    WEFT_ASSIGN_OR_RETURN(sync::ServedModel work, LoadKeyframe(plan.keyframe, keyframe_bytes));
+    const std::string what = "keyframe of version " + std::to_string(plan.keyframe.version);
+    Result<sync::ServedModel> built = keyframe->stream().Finish();
+    if (!built.ok()) return built.status().WithContext(what);
+    sync::ServedModel work = std::move(built).value();
+    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, plan.keyframe).WithContext(what));
     for (size_t i = 0; i < steps; ++i) {
       WEFT_RETURN_IF_ERROR(
           work.Apply(deltas[i].delta, threads_)

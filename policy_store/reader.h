@@ -7,7 +7,10 @@
 // O(changed elements): the path is squashed into one delta without the weights, checked to land
 // on the target's digests, and applied all tensors at once (sync::ServedModel::Apply), so on any
 // error the copy is exactly as it was. A reader with nothing (or whose version retention removed)
-// loads a keyframe. Manifests and blobs are fetched concurrently. Not thread-safe; one per caller.
+// loads a keyframe into a new model, swapped in once it matches the target. Manifests are fetched
+// concurrently, blobs in parts (blob_fetch.h): each part of a keyframe is copied into its tensor
+// and added to its digest as it arrives, and hashed into the blob's SHA-256, so verification runs
+// with the download instead of after it. Not thread-safe; one per caller.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "policy_store/blob_fetch.h"
 #include "policy_store/manifest.h"
 #include "policy_store/object_store.h"
 #include "sync/served_model.h"
@@ -41,12 +45,10 @@ Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& mani
 
 class StoreReader {
  public:
-  // `threads` compute (decoding, digests); up to `fetch_concurrency` requests are in flight.
-  StoreReader(ObjectStore& store, std::string run_id, int threads, int fetch_concurrency = 16)
-      : store_(store),
-        run_id_(std::move(run_id)),
-        threads_(threads),
-        fetch_concurrency_(fetch_concurrency) {}
+  // `threads` compute (decoding, digests); up to `fetch.concurrency` requests are in flight
+  // (manifests, and the parts of blobs).
+  StoreReader(ObjectStore& store, std::string run_id, int threads, FetchOptions fetch = {})
+      : store_(store), run_id_(std::move(run_id)), threads_(threads), fetch_(fetch) {}
 
   // The latest complete version; kNotFound when the run has none.
   Result<uint64_t> Latest();
@@ -66,13 +68,10 @@ class StoreReader {
                                                   uint64_t max_versions = 1000);
 
  private:
-  // The keyframe blob `bytes` (already verified) as a model checked against its manifest.
-  Result<sync::ServedModel> LoadKeyframe(const Manifest& manifest, std::span<const uint8_t> bytes);
-
   ObjectStore& store_;
   std::string run_id_;
   int threads_;
-  int fetch_concurrency_;
+  FetchOptions fetch_;
 };
 
 }  // namespace weft::policy_store

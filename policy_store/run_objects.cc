@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "common/logging.h"
+#include "policy_store/blob_fetch.h"
 #include "sync/safetensors.h"
 
 namespace weft::policy_store {
@@ -22,29 +23,24 @@ Result<BlobRef> PutBlob(ObjectStore& store, std::span<const uint8_t> bytes) {
 
 Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob,
                                                const std::string& what) {
-  constexpr int kTries = 3;
-  for (int attempt = 1;; ++attempt) {
-    Result<std::vector<uint8_t>> bytes = store.Get(BlobKey(blob.sha256));
-    if (!bytes.ok()) return bytes.status().WithContext(what);
-    if (bytes->size() == blob.bytes && Sha256Hex(*bytes) == blob.sha256) return bytes;
-    // Corrupted in transit, or at rest: fetch it again; a copy corrupted at rest stays so.
-    WEFT_LOG(kWarning) << what << ": blob " << blob.sha256 << " from " << store.Describe()
-                       << " does not match its hash (try " << attempt << " of " << kTries << ")";
-    if (attempt == kTries) {
-      return DataLoss(what + ": blob " + blob.sha256 +
-                      " is corrupted (its content does not match its hash on " +
-                      std::to_string(kTries) + " fetches)");
-    }
-  }
+  BytesSink sink(blob.bytes);
+  const BlobFetch fetch{blob, what, &sink};
+  WEFT_RETURN_IF_ERROR(FetchBlobs(store, {&fetch, 1}));
+  return std::move(sink.bytes());
 }
 
-Result<LoadedDelta> FetchDelta(ObjectStore& store, const BlobRef& blob, const std::string& what) {
+Result<LoadedDelta> ParseLoadedDelta(std::vector<uint8_t> bytes, const std::string& what) {
   LoadedDelta loaded;
-  WEFT_ASSIGN_OR_RETURN(loaded.bytes, FetchVerifiedBlob(store, blob, what));
+  loaded.bytes = std::move(bytes);
   Result<sync::ModelDelta> delta = sync::ParseModelDelta(loaded.bytes);
   if (!delta.ok()) return delta.status().WithContext(what);
   loaded.delta = std::move(delta).value();
   return loaded;
+}
+
+Result<LoadedDelta> FetchDelta(ObjectStore& store, const BlobRef& blob, const std::string& what) {
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, FetchVerifiedBlob(store, blob, what));
+  return ParseLoadedDelta(std::move(bytes), what);
 }
 
 Result<Manifest> ReadManifest(ObjectStore& store, const std::string& run_id, uint64_t version) {

@@ -21,8 +21,9 @@ namespace weft::policy_store {
 // Writes `bytes` as blobs/<sha256> (immutable: writing the same bytes again succeeds).
 Result<BlobRef> PutBlob(ObjectStore& store, std::span<const uint8_t> bytes);
 
-// A blob's bytes, checked against its size and SHA-256. A copy that fails the check is reported
-// and fetched again (three tries), then kDataLoss. `what` names the blob in messages.
+// A blob's bytes, checked against its size and SHA-256 (FetchBlobs: in parts, several at once,
+// hashed as they arrive). A copy that fails the check is reported and fetched again (three
+// fetches), then kDataLoss. `what` names the blob in messages.
 Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob,
                                                const std::string& what);
 
@@ -33,6 +34,8 @@ struct LoadedDelta {
   sync::ModelDelta delta;
 };
 Result<LoadedDelta> FetchDelta(ObjectStore& store, const BlobRef& blob, const std::string& what);
+// A verified delta blob's bytes, parsed; errors name `what`.
+Result<LoadedDelta> ParseLoadedDelta(std::vector<uint8_t> bytes, const std::string& what);
 
 // The manifest of `version` of `run_id`, checked to name that run and version: kNotFound when it
 // does not exist, kDataLoss when it is not a valid manifest.

@@ -15,6 +15,7 @@
 #include "common/concurrent.h"
 #include "common/hex.h"
 #include "common/logging.h"
+#include "policy_store/http_store.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
@@ -218,13 +219,12 @@ Result<std::pair<std::vector<uint8_t>, std::string>> S3Store::GetWithEtag(const 
     const std::string etag = reply.Header("etag");
     if (reply.status == 200) return std::pair{std::move(reply.body), etag};
     // 206: "bytes 0-N/TOTAL".
-    const std::string content_range = reply.Header("content-range");
-    const size_t slash = content_range.rfind('/');
-    char* end = nullptr;
-    const unsigned long long total =
-        slash == std::string::npos ? 0 : std::strtoull(content_range.c_str() + slash + 1, &end, 10);
-    if (slash == std::string::npos || end == nullptr || *end != '\0' || total < reply.body.size())
-      return DataLoss(What("GET", key) + ": malformed Content-Range '" + content_range + "'");
+    const std::optional<uint64_t> size = RangedObjectSize(reply);
+    if (!size || *size < reply.body.size()) {
+      return DataLoss(What("GET", key) + ": malformed Content-Range '" +
+                      reply.Header("content-range") + "'");
+    }
+    const uint64_t total = *size;
     if (total == reply.body.size()) return std::pair{std::move(reply.body), etag};
     // The rest in parallel ranges, each checked to come from the same object (its ETag).
     std::vector<uint8_t> bytes(total);
@@ -255,6 +255,18 @@ Result<std::pair<std::vector<uint8_t>, std::string>> S3Store::GetWithEtag(const 
 Result<std::vector<uint8_t>> S3Store::Get(const std::string& key) {
   WEFT_ASSIGN_OR_RETURN(auto got, GetWithEtag(key));
   return std::move(got.first);
+}
+
+Result<ObjectRange> S3Store::GetRange(const std::string& key, uint64_t first, uint64_t length) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  Call call;
+  call.key = key;
+  call.range = std::pair<uint64_t, uint64_t>{first, length};
+  WEFT_ASSIGN_OR_RETURN(HttpReply reply, Send(call));
+  if (reply.status == 404) return NotFound(key + ": no such object");
+  if (reply.status != 416) WEFT_RETURN_IF_ERROR(StatusOf(reply, What("GET", key)));
+  return RangeOfReply(std::move(reply), first, length, What("GET", key));
 }
 
 Result<bool> S3Store::Exists(const std::string& key) {

@@ -41,6 +41,8 @@ class S3Store : public ObjectStore {
   S3Store(s3::Settings settings, S3StoreOptions options = {});
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
+  Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
+  bool ReadsRanges() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;

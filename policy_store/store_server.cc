@@ -275,14 +275,31 @@ std::unique_ptr<weft::http::BodySink> RouteBody(const Shared& shared,
 }
 
 Response GetObject(const Shared& shared, const Request& request, const std::string& key) {
-  Result<std::vector<uint8_t>> object = shared.backend.Get(key);
-  if (!object.ok()) return ErrorResponse(request, object.status());
-  const uint64_t size = object->size();
+  // A blob's ETag is its name; a range of it is read alone (ranges are how readers fetch parts of
+  // a large blob at once). Other objects are small: read whole, ETag from their content.
+  const bool blob = key.rfind("blobs/", 0) == 0;
+  const std::string range_header =
+      request.count(http::field::range) > 0 ? std::string(request[http::field::range]) : "";
+  std::optional<ObjectRange> part;
+  if (blob && !range_header.empty() && range_header.rfind("bytes=-", 0) != 0) {
+    if (auto wanted = ParseRange(range_header, UINT64_MAX)) {
+      Result<ObjectRange> read =
+          shared.backend.GetRange(key, wanted->first, wanted->second - wanted->first + 1);
+      if (!read.ok()) return ErrorResponse(request, read.status());
+      part = std::move(read).value();
+    }
+  }
+  std::vector<uint8_t> object;
+  if (!part) {
+    Result<std::vector<uint8_t>> whole = shared.backend.Get(key);
+    if (!whole.ok()) return ErrorResponse(request, whole.status());
+    object = std::move(whole).value();
+  }
+  const uint64_t size = part ? part->object_size : object.size();
   Response response(http::status::ok, request.version());
   response.set(http::field::content_type, "application/octet-stream");
   response.set(http::field::accept_ranges, "bytes");
-  const std::string etag =
-      "\"" + (key.rfind("blobs/", 0) == 0 ? key.substr(6) : Sha256Hex(*object)) + "\"";
+  const std::string etag = "\"" + (blob ? key.substr(6) : Sha256Hex(object)) + "\"";
   response.set(http::field::etag, etag);
   response.set(http::field::cache_control,
                ImmutableKey(key) ? "public, max-age=31536000, immutable" : "no-cache");
@@ -294,9 +311,8 @@ Response GetObject(const Shared& shared, const Request& request, const std::stri
   // If-Range: a range of a different version of the object is refused by sending it whole.
   const bool same_object =
       request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
-  if (request.count(http::field::range) > 0 && same_object) {
-    const auto header = request[http::field::range];
-    auto range = ParseRange(std::string_view(header.data(), header.size()), size);
+  if (!range_header.empty() && same_object) {
+    auto range = ParseRange(range_header, size);
     if (!range) {
       Response refused = ErrorResponse(request, http::status::range_not_satisfiable,
                                        "unsatisfiable or unsupported range");
@@ -307,12 +323,23 @@ Response GetObject(const Shared& shared, const Request& request, const std::stri
     response.result(http::status::partial_content);
     response.set(http::field::content_range, "bytes " + std::to_string(first) + "-" +
                                                  std::to_string(last) + "/" + std::to_string(size));
+  } else if (part) {
+    // The range read alone is not what is sent (If-Range named another object): the whole blob.
+    Result<std::vector<uint8_t>> whole = shared.backend.Get(key);
+    if (!whole.ok()) return ErrorResponse(request, whole.status());
+    object = std::move(whole).value();
+    part.reset();
   }
-  if (first == 0 && last + 1 == size) {
-    response.body() = std::move(*object);
+  if (part) {
+    if (part->bytes.size() != last - first + 1) {
+      return ErrorResponse(request, DataLoss(key + ": changed while it was read"));
+    }
+    response.body() = std::move(part->bytes);
+  } else if (first == 0 && last + 1 == size) {
+    response.body() = std::move(object);
   } else if (size > 0) {
-    response.body().assign(object->begin() + static_cast<long>(first),
-                           object->begin() + static_cast<long>(last) + 1);
+    response.body().assign(object.begin() + static_cast<long>(first),
+                           object.begin() + static_cast<long>(last) + 1);
   }
   response.prepare_payload();
   return response;

@@ -30,6 +30,38 @@ Digest SumTerms(const uint8_t* bytes, size_t count, uint64_t first_index) {
 
 #if defined(__x86_64__)
 
+// Eight elements of T from `bytes`, zero-extended to 64 bits.
+template <typename T>
+WEFT_TARGET_AVX512 inline __m512i LoadElements8(const uint8_t* bytes) {
+  if constexpr (sizeof(T) == 1) {
+    return _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+  } else if constexpr (sizeof(T) == 2) {
+    return _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+  } else if constexpr (sizeof(T) == 4) {
+    return _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+  } else {
+    return _mm512_loadu_si512(bytes);
+  }
+}
+
+template <typename T>
+WEFT_TARGET_AVX512 Digest SumTermsAvx512(const uint8_t* bytes, size_t count, uint64_t first_index) {
+  using namespace digest_detail;
+  __m512i index = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first_index)),
+                                   _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
+  const __m512i eight = _mm512_set1_epi64(8);
+  DigestLanes sum = ZeroLanes();
+  size_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    const DigestLanes terms =
+        ElementTerms8(PositionKeys8(index), LoadElements8<T>(bytes + j * sizeof(T)));
+    sum.lane0 = _mm512_add_epi64(sum.lane0, terms.lane0);
+    sum.lane1 = _mm512_add_epi64(sum.lane1, terms.lane1);
+    index = _mm512_add_epi64(index, eight);
+  }
+  return ReduceLanes(sum) + SumTerms<T>(bytes + j * sizeof(T), count - j, first_index + j);
+}
+
 WEFT_TARGET_AVX512 Digest SumElementChangesAvx512(uint64_t first, const uint32_t* offsets,
                                                   const uint32_t* old_values,
                                                   const uint32_t* new_values, size_t n) {
@@ -106,6 +138,26 @@ Digest BaseDigest(uint64_t element_count, DType dtype) {
 }
 
 Digest ElementsDigest(std::span<const uint8_t> bytes, uint8_t element_size, uint64_t first_index) {
+#if defined(__x86_64__)
+  if (Cpu().avx512) {
+    const size_t count = bytes.size() / element_size;
+    switch (element_size) {
+      case 1:
+        return SumTermsAvx512<uint8_t>(bytes.data(), count, first_index);
+      case 2:
+        return SumTermsAvx512<uint16_t>(bytes.data(), count, first_index);
+      case 4:
+        return SumTermsAvx512<uint32_t>(bytes.data(), count, first_index);
+      default:
+        return SumTermsAvx512<uint64_t>(bytes.data(), count, first_index);
+    }
+  }
+#endif
+  return ElementsDigestRef(bytes, element_size, first_index);
+}
+
+Digest ElementsDigestRef(std::span<const uint8_t> bytes, uint8_t element_size,
+                         uint64_t first_index) {
   size_t count = bytes.size() / element_size;
   switch (element_size) {
     case 1:

@@ -106,7 +106,10 @@ Digest SumElementChangesRef(uint64_t first, const uint32_t* offsets, const uint3
 Digest BaseDigest(uint64_t element_count, DType dtype);
 
 // Sum of Term(first_index + j, element j) over `bytes`, viewed as elements of `element_size` bytes.
+// Uses AVX-512 when available; ElementsDigestRef is the scalar reference.
 Digest ElementsDigest(std::span<const uint8_t> bytes, uint8_t element_size, uint64_t first_index);
+Digest ElementsDigestRef(std::span<const uint8_t> bytes, uint8_t element_size,
+                         uint64_t first_index);
 
 // The full digest of a tensor (n = bytes.size() / CodedWidth(dtype) units), on up to `threads`
 // threads.

@@ -57,21 +57,23 @@ WEFT_TARGET_AVX512 inline __m512i PositionKeys8(__m512i index) {
       _mm512_xor_si512(index, _mm512_set1_epi64(static_cast<long long>(0x5EED0F5EED0F5EEDull))));
 }
 
+// Term(key, value) on eight lanes: position keys (PositionKeys8) and zero-extended bit patterns.
+WEFT_TARGET_AVX512 inline DigestLanes ElementTerms8(__m512i key, __m512i value) {
+  const __m512i key_factor = _mm512_set1_epi64(static_cast<long long>(0x9E3779B97F4A7C15ull));
+  const __m512i value_factor = _mm512_set1_epi64(static_cast<long long>(0xD6E8FEB86659FD93ull));
+  return {MixB8(_mm512_xor_si512(key, value)),
+          MixA8(_mm512_xor_si512(_mm512_mullo_epi64(key, key_factor),
+                                 _mm512_mullo_epi64(value, value_factor)))};
+}
+
 // AddElementChanges8 from the position keys (PositionKeys8) instead of the indices: a chain of
 // three dependent multiplications rather than five, for kernels that compute the keys a step
 // ahead so as to keep the chains they leave in flight short.
 WEFT_TARGET_AVX512 inline void AddElementChangesWithKeys8(__m512i key, __m512i before,
                                                           __m512i after, DigestLanes* sum) {
-  const __m512i key_factor = _mm512_set1_epi64(static_cast<long long>(0x9E3779B97F4A7C15ull));
-  const __m512i value_factor = _mm512_set1_epi64(static_cast<long long>(0xD6E8FEB86659FD93ull));
-  sum->lane0 = _mm512_add_epi64(sum->lane0, _mm512_sub_epi64(MixB8(_mm512_xor_si512(key, after)),
-                                                             MixB8(_mm512_xor_si512(key, before))));
-  const __m512i scaled_key = _mm512_mullo_epi64(key, key_factor);
-  sum->lane1 = _mm512_add_epi64(
-      sum->lane1,
-      _mm512_sub_epi64(
-          MixA8(_mm512_xor_si512(scaled_key, _mm512_mullo_epi64(after, value_factor))),
-          MixA8(_mm512_xor_si512(scaled_key, _mm512_mullo_epi64(before, value_factor)))));
+  const DigestLanes now = ElementTerms8(key, after), was = ElementTerms8(key, before);
+  sum->lane0 = _mm512_add_epi64(sum->lane0, _mm512_sub_epi64(now.lane0, was.lane0));
+  sum->lane1 = _mm512_add_epi64(sum->lane1, _mm512_sub_epi64(now.lane1, was.lane1));
 }
 
 WEFT_TARGET_AVX512 inline void AddElementChanges8(__m512i index, __m512i before, __m512i after,

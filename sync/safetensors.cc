@@ -78,17 +78,38 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
 }
 
 Result<SafetensorsFile> SafetensorsFile::Parse(std::span<const uint8_t> bytes) {
-  if (bytes.size() < 8)
-    return DataLoss("file of " + std::to_string(bytes.size()) +
+  return ParseHeaderOf(bytes, bytes.size(), true);
+}
+
+Result<SafetensorsFile> SafetensorsFile::ParseHeader(std::span<const uint8_t> prefix,
+                                                     uint64_t file_size) {
+  return ParseHeaderOf(prefix, file_size, false);
+}
+
+std::optional<uint64_t> SafetensorsFile::HeaderSize(std::span<const uint8_t> prefix) {
+  if (prefix.size() < 8) return std::nullopt;
+  uint64_t header_length = 0;
+  for (int i = 0; i < 8; ++i) header_length |= uint64_t{prefix[i]} << (8 * i);
+  return 8 + std::min(header_length, kMaxSafetensorsHeaderBytes + 1);
+}
+
+Result<SafetensorsFile> SafetensorsFile::ParseHeaderOf(std::span<const uint8_t> bytes,
+                                                       uint64_t file_size, bool with_data) {
+  if (file_size < 8 || bytes.size() < 8)
+    return DataLoss("file of " + std::to_string(file_size) +
                     " bytes is too short for a safetensors header");
   uint64_t header_length = 0;
   for (int i = 0; i < 8; ++i) header_length |= uint64_t{bytes[i]} << (8 * i);
   if (header_length > kMaxSafetensorsHeaderBytes) {
     return DataLoss("header length " + std::to_string(header_length) + " exceeds the 100 MB limit");
   }
-  if (header_length > bytes.size() - 8) {
+  if (header_length > file_size - 8) {
     return DataLoss("header length " + std::to_string(header_length) + " exceeds the file size " +
-                    std::to_string(bytes.size()));
+                    std::to_string(file_size));
+  }
+  if (header_length > bytes.size() - 8) {
+    return Internal("the first " + std::to_string(bytes.size()) +
+                    " bytes do not hold the whole safetensors header");
   }
   const char* text = reinterpret_cast<const char*>(bytes.data() + 8);
   if (header_length == 0 || text[0] != '{') return DataLoss("header is not a JSON object");
@@ -112,9 +133,9 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::span<const uint8_t> bytes) {
   if (!header.is_object()) return DataLoss("header is not a JSON object");
 
   SafetensorsFile file;
-  file.bytes_ = bytes;
+  if (with_data) file.bytes_ = bytes;
   file.data_start_ = 8 + static_cast<size_t>(header_length);
-  const uint64_t data_size = bytes.size() - file.data_start_;
+  const uint64_t data_size = file_size - file.data_start_;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const Json& entry = it.value();
@@ -168,13 +189,14 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::span<const uint8_t> bytes) {
                       " bytes, data_offsets give " + std::to_string(end - begin));
     }
     tensor.data_offset = begin;
-    tensor.data = bytes.subspan(file.data_start_ + begin, end - begin);
+    tensor.data_bytes = end - begin;
+    if (with_data) tensor.data = bytes.subspan(file.data_start_ + begin, end - begin);
     file.tensors_.push_back(std::move(tensor));
   }
   std::sort(file.tensors_.begin(), file.tensors_.end(),
             [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
               return a.data_offset != b.data_offset ? a.data_offset < b.data_offset
-                                                    : a.data.size() < b.data.size();
+                                                    : a.data_bytes < b.data_bytes;
             });
   uint64_t expected_offset = 0;
   for (const SafetensorsTensor& tensor : file.tensors_) {
@@ -183,7 +205,7 @@ Result<SafetensorsFile> SafetensorsFile::Parse(std::span<const uint8_t> bytes) {
                       std::to_string(tensor.data_offset) + ", expected " +
                       std::to_string(expected_offset) + " (gap or overlap)");
     }
-    expected_offset += tensor.data.size();
+    expected_offset += tensor.data_bytes;
   }
   if (expected_offset != data_size) {
     return DataLoss("tensors cover " + std::to_string(expected_offset) + " of " +

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,8 +36,9 @@ struct SafetensorsTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<uint64_t> shape;
-  std::span<const uint8_t> data;
-  uint64_t data_offset = 0;  // from the start of the data section
+  std::span<const uint8_t> data;  // empty when only the header was parsed
+  uint64_t data_offset = 0;       // from the start of the data section
+  uint64_t data_bytes = 0;
 
   uint64_t element_count() const;
 };
@@ -47,6 +49,14 @@ class SafetensorsFile {
   static Result<SafetensorsFile> Open(const std::string& path);
   // Parses bytes the caller keeps alive.
   static Result<SafetensorsFile> Parse(std::span<const uint8_t> bytes);
+  // The header of a file of `file_size` bytes, from its first bytes (at least HeaderSize of them),
+  // for a file that is still arriving: every check but the data's, and the tensors' data spans
+  // and bytes() are empty (data_offset and data_bytes say where each tensor will lie).
+  static Result<SafetensorsFile> ParseHeader(std::span<const uint8_t> prefix, uint64_t file_size);
+  // How many bytes from a file's start hold its header (the length prefix, the JSON and its
+  // padding), read from its first 8 bytes; nullopt when `prefix` is shorter. A header length over
+  // the limit gives a size just past it (ParseHeader then says what is wrong).
+  static std::optional<uint64_t> HeaderSize(std::span<const uint8_t> prefix);
 
   // In data order (ascending offset).
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
@@ -57,6 +67,9 @@ class SafetensorsFile {
   size_t data_start() const { return data_start_; }
 
  private:
+  static Result<SafetensorsFile> ParseHeaderOf(std::span<const uint8_t> bytes, uint64_t file_size,
+                                               bool with_data);
+
   std::shared_ptr<MappedFile> mapping_;
   std::span<const uint8_t> bytes_;
   size_t data_start_ = 0;

@@ -72,6 +72,8 @@ class ServedModel {
   uint64_t element_count() const;  // served elements, scales included
 
  private:
+  friend class ServedModelStream;  // builds tensors and their digests as a keyframe arrives
+
   bool is_fp8() const { return Info(plan_.dtype).size == 1; }
   Tensor* FindMutable(const std::string& name);
 

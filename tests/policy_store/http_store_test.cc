@@ -89,6 +89,31 @@ TEST_CASE("HTTP store: a transfer cut midway resumes from the byte it reached") 
   CHECK(requests[1].find("If-Range: \"e1\"") != std::string::npos);
 }
 
+TEST_CASE("HTTP store: a range cut midway resumes within the range") {
+  const std::string part = std::string(400, 'a') + std::string(600, 'b');
+  ScriptedServer server({
+      "HTTP/1.1 206 Partial Content\r\nContent-Length: 1000\r\nContent-Range: bytes "
+      "1000-1999/5000\r\nETag: \"e1\"\r\nConnection: close\r\n\r\n" +
+          part.substr(0, 400) + "CUT",
+      "HTTP/1.1 206 Partial Content\r\nContent-Length: 600\r\nContent-Range: bytes "
+      "1400-1999/5000\r\nETag: \"e1\"\r\nConnection: close\r\n\r\n" +
+          part.substr(400),
+  });
+  HttpStoreOptions options;
+  options.first_backoff = std::chrono::milliseconds(1);
+  HttpStore store(server.url(), "", options);
+  Result<ObjectRange> got = store.GetRange("blobs/x", 1000, 1000);
+  REQUIRE_MESSAGE(got.ok(), got.status().ToString());
+  CHECK(std::string(got->bytes.begin(), got->bytes.end()) == part);
+  CHECK(got->object_size == 5000);
+  CHECK(store.resumed() == 1);
+  const auto requests = server.requests();
+  REQUIRE(requests.size() == 2);
+  CHECK(requests[0].find("Range: bytes=1000-1999") != std::string::npos);
+  CHECK(requests[1].find("Range: bytes=1400-1999") != std::string::npos);
+  CHECK(requests[1].find("If-Range: \"e1\"") != std::string::npos);
+}
+
 TEST_CASE(
     "HTTP store: a resumed object that changed is taken whole; a dead server fails at the "
     "deadline") {

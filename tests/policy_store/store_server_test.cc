@@ -126,7 +126,7 @@ TEST_CASE("store server: refusals come from the header, before any of the body i
             400},
        }) {
     CAPTURE(c.request);
-    RawConnection connection(testing::PortOf(c.server->url), std::chrono::seconds(2));
+    RawConnection connection(weft::testing::PortOf(c.server->url), std::chrono::seconds(2));
     connection.Send(c.request + "Host: h\r\n\r\n");
     CHECK(StatusOf(connection.ReadAll()) == c.status);
   }
@@ -149,7 +149,7 @@ TEST_CASE("store server: a PUT streams to a temporary file, stored once it has a
     return false;
   };
   {
-    RawConnection cut(testing::PortOf(served.url), std::chrono::seconds(2));
+    RawConnection cut(weft::testing::PortOf(served.url), std::chrono::seconds(2));
     cut.Send(header + body.substr(0, 300000));
     CHECK(wait_for_upload(300000));  // on disk as it arrives, not in memory
   }
@@ -159,7 +159,7 @@ TEST_CASE("store server: a PUT streams to a temporary file, stored once it has a
   CHECK(HiddenFiles(served.root).empty());
   CHECK(!*served.backend->Exists("runs/r/big"));
 
-  RawConnection whole(testing::PortOf(served.url), std::chrono::seconds(2));
+  RawConnection whole(weft::testing::PortOf(served.url), std::chrono::seconds(2));
   whole.Send(header + body.substr(0, 300000));
   CHECK(wait_for_upload(300000));
   CHECK(!*served.backend->Exists("runs/r/big"));
@@ -196,7 +196,7 @@ TEST_CASE("store server: a blob's bytes must hash to its name, or nothing is sto
   }
   // Chunked, in pieces: hashed as it streams.
   const std::string chunked_hash = Sha256Hex(Bytes("hello world"));
-  RawConnection connection(testing::PortOf(served.url), std::chrono::seconds(2));
+  RawConnection connection(weft::testing::PortOf(served.url), std::chrono::seconds(2));
   connection.Send("PUT /v1/objects/blobs/" + chunked_hash +
                   " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer secret\r\nConnection: close\r\n"
                   "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
@@ -207,7 +207,7 @@ TEST_CASE("store server: a blob's bytes must hash to its name, or nothing is sto
 TEST_CASE("store server: wrong methods are 405 with Allow; If-None-Match: * makes a PUT create") {
   Served served("secret");
   auto answer = [&](const std::string& request) {
-    RawConnection connection(testing::PortOf(served.url), std::chrono::seconds(2));
+    RawConnection connection(weft::testing::PortOf(served.url), std::chrono::seconds(2));
     connection.Send(request +
                     " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer secret\r\n"
                     "Connection: close\r\n\r\n");

@@ -1,0 +1,70 @@
+// FetchBlobs: blobs fetched in parts, several requests at once, and checked as they arrive.
+//
+// Each blob is cut into parts of `part_bytes`; parts of every blob are requested in order, up to
+// `concurrency` at a time (ObjectStore::GetRange; a store that reads whole objects gets one part
+// per blob). A part goes to its blob's sink as soon as it arrives, on the thread that fetched it
+// (the sinks copy it into place, in parallel), and is then hashed into the blob's SHA-256 in
+// order, by whichever fetching thread completes the run of parts that can be hashed next. So a
+// blob's hash is known as soon as its last part has arrived, and each byte is read twice after it
+// lands (placed and hashed), both while it is fresh.
+//
+// At most `max_buffered_bytes` of parts are held (in flight, or arrived and waiting for an earlier
+// part to be hashed), except the part each blob needs next, which always goes ahead. A transfer
+// cut off mid-part resumes where it stopped (the HTTP and S3 stores resume ranges). A blob whose
+// size or SHA-256 does not match its reference is fetched again from its start (its sink is
+// restarted), up to three fetches, then kDataLoss naming it. What the sinks were given is theirs
+// to discard on error: FetchBlobs never says a blob is good before its hash matched.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "policy_store/manifest.h"
+#include "policy_store/object_store.h"
+
+namespace weft::policy_store {
+
+// Where a blob's bytes go. Place is called from several threads at once, for disjoint parts, in
+// any order; an error from it fails the fetch (after the blob's hash has been checked: a sink's
+// complaint about a blob whose hash is wrong only means it arrived damaged, and the blob is
+// fetched again).
+class BlobSink {
+ public:
+  virtual ~BlobSink() = default;
+  virtual Status Place(uint64_t offset, std::span<const uint8_t> bytes) = 0;
+  // Forgets what was placed: the blob is fetched again from its start.
+  virtual void Restart() = 0;
+};
+
+// A blob's bytes in memory, in one buffer of the blob's size.
+class BytesSink : public BlobSink {
+ public:
+  explicit BytesSink(uint64_t size) : bytes_(size) {}
+  Status Place(uint64_t offset, std::span<const uint8_t> bytes) override;
+  void Restart() override {}
+  std::vector<uint8_t>& bytes() { return bytes_; }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+struct FetchOptions {
+  uint64_t part_bytes = uint64_t{8} << 20;
+  int concurrency = 16;
+  uint64_t max_buffered_bytes = uint64_t{256} << 20;
+};
+
+struct BlobFetch {
+  BlobRef blob;
+  std::string what;  // names the blob in messages, e.g. "keyframe of version 7"
+  BlobSink* sink = nullptr;
+};
+
+// Fetches every blob into its sink and checks each against its reference; returns at the first
+// error (the lowest failing part's, so the same failure is reported whatever the timing).
+Status FetchBlobs(ObjectStore& store, std::span<const BlobFetch> blobs,
+                  const FetchOptions& options = {});
+
+}  // namespace weft::policy_store

@@ -1,0 +1,164 @@
+#include "sync/served_model_stream.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "sync/digest.h"
+#include "sync/safetensors.h"
+
+namespace weft::sync {
+
+Status ServedModelStream::Place(uint64_t offset, std::span<const uint8_t> bytes) {
+  if (bytes.empty()) return Status::Ok();
+  if (offset > file_size_ || bytes.size() > file_size_ - offset) {
+    return DataLoss("bytes [" + std::to_string(offset) + ", " +
+                    std::to_string(offset + bytes.size()) + ") lie past the end of the " +
+                    std::to_string(file_size_) + "-byte file");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!header_error_.ok()) return header_error_;
+    placed_ += bytes.size();
+    if (!parsed_) {
+      waiting_[offset].assign(bytes.begin(), bytes.end());
+      header_error_ = TryParseHeader();
+      if (!header_error_.ok()) waiting_.clear();
+      return header_error_;
+    }
+  }
+  PlaceData(offset, bytes);
+  return Status::Ok();
+}
+
+Status ServedModelStream::TryParseHeader() {
+  // The first `want` bytes, when the waiting pieces hold them without a gap.
+  auto gather = [&](uint64_t want) {
+    std::vector<uint8_t> prefix;
+    uint64_t next = 0;
+    for (const auto& [offset, piece] : waiting_) {
+      if (offset != next || prefix.size() >= want) break;
+      const uint64_t take = std::min<uint64_t>(piece.size(), want - prefix.size());
+      prefix.insert(prefix.end(), piece.begin(), piece.begin() + static_cast<long>(take));
+      next = offset + piece.size();
+    }
+    return prefix;
+  };
+  const uint64_t length_bytes = std::min<uint64_t>(8, file_size_);
+  const std::vector<uint8_t> start = gather(length_bytes);
+  if (start.size() < length_bytes) return Status::Ok();
+  if (file_size_ < 8) return SafetensorsFile::ParseHeader(start, file_size_).status();
+  const uint64_t header_size = *SafetensorsFile::HeaderSize(start);
+  if (header_size > file_size_) return SafetensorsFile::ParseHeader(start, file_size_).status();
+  const std::vector<uint8_t> header = gather(header_size);
+  if (header.size() < header_size) return Status::Ok();
+  WEFT_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::ParseHeader(header, file_size_));
+
+  data_start_ = file.data_start();
+  for (const SafetensorsTensor& t : file.tensors()) {
+    Building building;
+    building.tensor.spec = {t.name, t.dtype, t.shape};
+    building.tensor.bytes.resize(t.data_bytes);
+    building.unit = CodedWidth(t.dtype);
+    building.tensor.digest = BaseDigest(t.data_bytes / building.unit, t.dtype);
+    building.offset = data_start_ + t.data_offset;
+    tensors_.push_back(std::move(building));
+  }
+  digests_.assign(tensors_.size(), Digest{});
+  parsed_ = true;
+  std::map<uint64_t, std::vector<uint8_t>> waiting = std::move(waiting_);
+  waiting_.clear();
+  for (const auto& [offset, piece] : waiting) PlaceDataLocked(offset, piece);
+  return Status::Ok();
+}
+
+void ServedModelStream::PlaceData(uint64_t offset, std::span<const uint8_t> bytes) {
+  std::vector<std::pair<size_t, Digest>> sums;
+  std::vector<std::pair<size_t, uint64_t>> split;
+  CopyAndHash(offset, bytes, &sums, &split);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [t, sum] : sums) digests_[t] += sum;
+  split_.insert(split_.end(), split.begin(), split.end());
+}
+
+void ServedModelStream::PlaceDataLocked(uint64_t offset, std::span<const uint8_t> bytes) {
+  std::vector<std::pair<size_t, Digest>> sums;
+  CopyAndHash(offset, bytes, &sums, &split_);
+  for (const auto& [t, sum] : sums) digests_[t] += sum;
+}
+
+void ServedModelStream::CopyAndHash(uint64_t offset, std::span<const uint8_t> bytes,
+                                    std::vector<std::pair<size_t, Digest>>* sums,
+                                    std::vector<std::pair<size_t, uint64_t>>* split) {
+  const uint64_t begin = std::max(offset, data_start_);
+  const uint64_t end = offset + bytes.size();
+  if (begin >= end) return;
+  // The last tensor starting at or before `begin` (zero-byte tensors sort before others there).
+  size_t t = static_cast<size_t>(
+      std::upper_bound(tensors_.begin(), tensors_.end(), begin,
+                       [](uint64_t at, const Building& b) { return at < b.offset; }) -
+      tensors_.begin());
+  t = t == 0 ? 0 : t - 1;
+  for (; t < tensors_.size() && tensors_[t].offset < end; ++t) {
+    Building& building = tensors_[t];
+    std::vector<uint8_t>& data = building.tensor.bytes;
+    const uint64_t from = std::max(begin, building.offset);
+    const uint64_t to = std::min(end, building.offset + data.size());
+    if (from >= to) continue;
+    std::memcpy(data.data() + (from - building.offset), bytes.data() + (from - offset), to - from);
+    // The elements wholly inside this piece are hashed now; the ones it cuts, by Finish.
+    const uint64_t unit = building.unit;
+    const uint64_t low = from - building.offset, high = to - building.offset;
+    const uint64_t first = (low + unit - 1) / unit, last = high / unit;
+    if (first < last) {
+      sums->emplace_back(t, ElementsDigest(std::span<const uint8_t>(data).subspan(
+                                               first * unit, (last - first) * unit),
+                                           building.unit, first));
+    }
+    if (low % unit != 0) split->emplace_back(t, low / unit);
+    if (high % unit != 0) split->emplace_back(t, high / unit);
+  }
+}
+
+void ServedModelStream::Restart() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  parsed_ = false;
+  header_error_ = Status::Ok();
+  data_start_ = 0;
+  waiting_.clear();
+  tensors_.clear();
+  digests_.clear();
+  split_.clear();
+  placed_ = 0;
+}
+
+Result<ServedModel> ServedModelStream::Finish() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!header_error_.ok()) return header_error_;
+  if (placed_ != file_size_ || !parsed_) {
+    const uint64_t missing = file_size_ - std::min(placed_, file_size_);
+    return DataLoss(std::to_string(missing) + " of the file's " + std::to_string(file_size_) +
+                    " bytes have not arrived" + (parsed_ ? "" : ", nor has its whole header"));
+  }
+  std::sort(split_.begin(), split_.end());
+  split_.erase(std::unique(split_.begin(), split_.end()), split_.end());
+  for (const auto& [t, element] : split_) {
+    const Building& building = tensors_[t];
+    digests_[t] += ElementsDigest(std::span<const uint8_t>(building.tensor.bytes)
+                                      .subspan(element * building.unit, building.unit),
+                                  building.unit, element);
+  }
+  ServedModel model;
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    tensors_[t].tensor.digest += digests_[t];
+    model.tensors_.push_back(std::move(tensors_[t].tensor));
+  }
+  tensors_.clear();
+  digests_.clear();
+  split_.clear();
+  parsed_ = false;
+  placed_ = 0;
+  return model;
+}
+
+}  // namespace weft::sync

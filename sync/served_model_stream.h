@@ -1,0 +1,75 @@
+// ServedModelStream: a ServedModel assembled from a safetensors file (a keyframe) while its bytes
+// are still arriving, in pieces, in any order, from several threads at once, as parallel ranged
+// downloads deliver them.
+//
+// Each piece is copied once, straight into its tensor, and added to that tensor's state digest
+// right after, while it is still in cache (the digest is a sum over positions, so pieces add up
+// in any order). Pieces that arrive before the header has been read wait in memory until it has.
+// An element split between two pieces is hashed once both have arrived. Nothing holds the file:
+// the memory is the model's, plus pieces waiting for the header.
+//
+// The stream checks the header as SafetensorsFile::Parse does; it does not check that the bytes
+// are the publisher's (the caller checks the file's content hash as the pieces pass through).
+// Place is thread-safe for disjoint pieces; Restart and Finish are not concurrent with it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "sync/served_model.h"
+
+namespace weft::sync {
+
+class ServedModelStream {
+ public:
+  explicit ServedModelStream(uint64_t file_size) : file_size_(file_size) {}
+
+  // Bytes [offset, offset + bytes.size()) of the file. kDataLoss when the header is not valid or
+  // the piece lies past the file's end; pieces must not overlap (each byte is placed once).
+  Status Place(uint64_t offset, std::span<const uint8_t> bytes);
+  // Forgets every piece (the file is being fetched again).
+  void Restart();
+  // The model, once every byte has been placed (kDataLoss before, naming what is missing). The
+  // stream is empty afterwards.
+  Result<ServedModel> Finish();
+
+  uint64_t file_size() const { return file_size_; }
+
+ private:
+  struct Building {
+    ServedModel::Tensor tensor;
+    uint64_t offset = 0;  // of its data in the file
+    uint8_t unit = 1;     // the digest's unit (CodedWidth)
+  };
+  // With mutex_ held: parses the header once the pieces from offset 0 hold it, then places the
+  // pieces that waited for it.
+  Status TryParseHeader();
+  // Copies and hashes a piece of the data section (header parsed): PlaceData takes mutex_ to add
+  // the sums, PlaceDataLocked is called with it held.
+  void PlaceData(uint64_t offset, std::span<const uint8_t> bytes);
+  void PlaceDataLocked(uint64_t offset, std::span<const uint8_t> bytes);
+  // Copies the piece into its tensors; the sums of the elements wholly inside it go to `sums`,
+  // the elements it cuts to `split`.
+  void CopyAndHash(uint64_t offset, std::span<const uint8_t> bytes,
+                   std::vector<std::pair<size_t, Digest>>* sums,
+                   std::vector<std::pair<size_t, uint64_t>>* split);
+
+  const uint64_t file_size_;
+  std::mutex mutex_;
+  bool parsed_ = false;
+  Status header_error_;  // once the header failed to parse, every call says so
+  uint64_t data_start_ = 0;
+  std::map<uint64_t, std::vector<uint8_t>> waiting_;  // pieces that arrived before the header
+  std::vector<Building> tensors_;                     // by data offset
+  std::vector<Digest> digests_;                       // each tensor's sum so far
+  // Elements split between pieces (tensor, element), hashed by Finish.
+  std::vector<std::pair<size_t, uint64_t>> split_;
+  uint64_t placed_ = 0;  // bytes placed (the header's included)
+};
+
+}  // namespace weft::sync
