@@ -135,6 +135,7 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
 }  // namespace
 
 Status BytesSink::Place(uint64_t offset, std::span<const uint8_t> bytes) {
+  if (bytes.empty()) return Status::Ok();
   if (offset > bytes_.size() || bytes.size() > bytes_.size() - offset)
     return DataLoss("bytes past the blob's end");
   std::memcpy(bytes_.data() + offset, bytes.data(), bytes.size());
