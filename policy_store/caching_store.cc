@@ -319,14 +319,7 @@ Result<ObjectRange> CachingStore::GetRange(const std::string& key, uint64_t firs
   // A miss: fetched (and cached) once, however many parts ask at once; each takes its range of
   // the one copy.
   WEFT_ASSIGN_OR_RETURN(SharedBytes fetched, FetchShared(key, sha256));
-  ObjectRange range;
-  range.object_size = fetched->size();
-  if (first < fetched->size()) {
-    const uint64_t count = std::min<uint64_t>(length, fetched->size() - first);
-    range.bytes.assign(fetched->begin() + static_cast<long>(first),
-                       fetched->begin() + static_cast<long>(first + count));
-  }
-  return range;
+  return SliceRange(std::span<const uint8_t>(*fetched), first, length);
 }
 
 Result<bool> CachingStore::Exists(const std::string& key) {

@@ -60,13 +60,18 @@ Result<ObjectRange> ObjectStore::GetRange(const std::string& key, uint64_t first
 }
 
 ObjectRange SliceRange(std::vector<uint8_t> whole, uint64_t first, uint64_t length) {
+  if (first == 0 && length >= whole.size()) {
+    const uint64_t size = whole.size();
+    return ObjectRange{std::move(whole), size};
+  }
+  return SliceRange(std::span<const uint8_t>(whole), first, length);
+}
+
+ObjectRange SliceRange(std::span<const uint8_t> whole, uint64_t first, uint64_t length) {
   ObjectRange range;
   range.object_size = whole.size();
-  if (first >= whole.size()) return range;
-  const uint64_t count = std::min(length, whole.size() - first);
-  if (first == 0 && count == whole.size()) {
-    range.bytes = std::move(whole);
-  } else {
+  if (first < whole.size()) {
+    const uint64_t count = std::min<uint64_t>(length, whole.size() - first);
     range.bytes.assign(whole.begin() + static_cast<long>(first),
                        whole.begin() + static_cast<long>(first + count));
   }

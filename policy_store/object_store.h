@@ -79,8 +79,10 @@ class ObjectStore {
 
 Status ValidateKey(const std::string& key);
 
-// Bytes [first, first + length) of a whole object, as GetRange answers.
+// Bytes [first, first + length) of a whole object, as GetRange answers (the first form moves the
+// bytes when the range is the whole object).
 ObjectRange SliceRange(std::vector<uint8_t> whole, uint64_t first, uint64_t length);
+ObjectRange SliceRange(std::span<const uint8_t> whole, uint64_t first, uint64_t length);
 
 // How a store is reached. `shape` and `deadline` apply to HTTP and S3 stores (shaping a directory
 // is refused); with a `cache_dir`, blobs are read through a bounded local cache (CachingStore).

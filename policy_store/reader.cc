@@ -112,11 +112,10 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   const size_t steps = plan.steps.size();
   std::vector<BlobFetch> fetches;
   std::unique_ptr<KeyframeSink> keyframe;
+  const std::string keyframe_what = "keyframe of version " + std::to_string(plan.keyframe.version);
   if (plan.from_keyframe) {
     keyframe = std::make_unique<KeyframeSink>(plan.keyframe.keyframe->bytes);
-    fetches.push_back({*plan.keyframe.keyframe,
-                       "keyframe of version " + std::to_string(plan.keyframe.version),
-                       keyframe.get()});
+    fetches.push_back({*plan.keyframe.keyframe, keyframe_what, keyframe.get()});
   }
   std::vector<std::unique_ptr<BytesSink>> delta_bytes;
   for (const PullPlan::Step& step : plan.steps) {
@@ -138,11 +137,10 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
 
   if (plan.from_keyframe) {
     // A new copy: built aside and moved in only once it matches the target.
-    const std::string what = "keyframe of version " + std::to_string(plan.keyframe.version);
     Result<sync::ServedModel> built = keyframe->stream().Finish();
-    if (!built.ok()) return built.status().WithContext(what);
+    if (!built.ok()) return built.status().WithContext(keyframe_what);
     sync::ServedModel work = std::move(built).value();
-    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, plan.keyframe).WithContext(what));
+    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, plan.keyframe).WithContext(keyframe_what));
     for (size_t i = 0; i < steps; ++i) {
       WEFT_RETURN_IF_ERROR(
           work.Apply(deltas[i].delta, threads_)

@@ -280,8 +280,13 @@ Response GetObject(const Shared& shared, const Request& request, const std::stri
   const bool blob = key.rfind("blobs/", 0) == 0;
   const std::string range_header =
       request.count(http::field::range) > 0 ? std::string(request[http::field::range]) : "";
+  // If-Range: a range of a different version of the object is refused by sending it whole.
+  auto same_object = [&](const std::string& etag) {
+    return request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
+  };
   std::optional<ObjectRange> part;
-  if (blob && !range_header.empty() && range_header.rfind("bytes=-", 0) != 0) {
+  if (blob && !range_header.empty() && range_header.rfind("bytes=-", 0) != 0 &&
+      same_object("\"" + key.substr(6) + "\"")) {
     if (auto wanted = ParseRange(range_header, UINT64_MAX)) {
       Result<ObjectRange> read =
           shared.backend.GetRange(key, wanted->first, wanted->second - wanted->first + 1);
@@ -308,10 +313,7 @@ Response GetObject(const Shared& shared, const Request& request, const std::stri
     return response;
   }
   uint64_t first = 0, last = size == 0 ? 0 : size - 1;
-  // If-Range: a range of a different version of the object is refused by sending it whole.
-  const bool same_object =
-      request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
-  if (!range_header.empty() && same_object) {
+  if (!range_header.empty() && same_object(etag)) {
     auto range = ParseRange(range_header, size);
     if (!range) {
       Response refused = ErrorResponse(request, http::status::range_not_satisfiable,
@@ -323,12 +325,6 @@ Response GetObject(const Shared& shared, const Request& request, const std::stri
     response.result(http::status::partial_content);
     response.set(http::field::content_range, "bytes " + std::to_string(first) + "-" +
                                                  std::to_string(last) + "/" + std::to_string(size));
-  } else if (part) {
-    // The range read alone is not what is sent (If-Range named another object): the whole blob.
-    Result<std::vector<uint8_t>> whole = shared.backend.Get(key);
-    if (!whole.ok()) return ErrorResponse(request, whole.status());
-    object = std::move(whole).value();
-    part.reset();
   }
   if (part) {
     if (part->bytes.size() != last - first + 1) {

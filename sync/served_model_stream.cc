@@ -122,6 +122,10 @@ void ServedModelStream::CopyAndHash(uint64_t offset, std::span<const uint8_t> by
 
 void ServedModelStream::Restart() {
   std::lock_guard<std::mutex> lock(mutex_);
+  ResetLocked();
+}
+
+void ServedModelStream::ResetLocked() {
   parsed_ = false;
   header_error_ = Status::Ok();
   data_start_ = 0;
@@ -153,11 +157,7 @@ Result<ServedModel> ServedModelStream::Finish() {
     tensors_[t].tensor.digest += digests_[t];
     model.tensors_.push_back(std::move(tensors_[t].tensor));
   }
-  tensors_.clear();
-  digests_.clear();
-  split_.clear();
-  parsed_ = false;
-  placed_ = 0;
+  ResetLocked();
   return model;
 }
 

@@ -49,6 +49,8 @@ class ServedModelStream {
   // With mutex_ held: parses the header once the pieces from offset 0 hold it, then places the
   // pieces that waited for it.
   Status TryParseHeader();
+  // Forgets every piece, with mutex_ held (Restart, and Finish once the model is out).
+  void ResetLocked();
   // Copies and hashes a piece of the data section (header parsed): PlaceData takes mutex_ to add
   // the sums, PlaceDataLocked is called with it held.
   void PlaceData(uint64_t offset, std::span<const uint8_t> bytes);
