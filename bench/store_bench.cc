@@ -8,19 +8,37 @@
 // updated by Adam at lr 1e-6 (examples/synthetic_adam.h), 110 published versions in a directory
 // store with skip deltas and no keyframe after version 0. Pull times are Google Benchmark figures
 // (fastest of three repetitions). Takes a few minutes; --quick uses a 16 MB model.
+//
+// Then the peak memory of a catch-up over 100 versions, next to the model's size: each pull runs
+// in a process of its own (this program, started again), which loads the version it starts from,
+// resets its peak resident size and pulls; printed are the resident size before the model, with
+// it, and at the peak. The same pulls the way readers applied paths before (the path squashed
+// into one delta, decoded whole, then written) are the baseline.
+//
+// Last, a version with a keyframe published by 4 ranks that each hold a part of the model
+// (PublishShard on 4 threads, then rank 0's CommitShards) next to one rank publishing the whole
+// model (PublishVersion), with the bytes rank 0's commit reads, by kind.
 #include <benchmark/benchmark.h>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "common/parallel.h"
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
+#include "policy_store/forwarding_store.h"
 #include "policy_store/pins.h"
+#include "policy_store/planner.h"
 #include "policy_store/reader.h"
 #include "policy_store/run_objects.h"
 #include "trainer_adapter/publisher.h"
@@ -34,6 +52,7 @@ struct Setup {
   std::unique_ptr<policy_store::DirectoryStore> store;
   std::vector<sync::ServedModel> versions;  // only those the benchmarks start from, by version
   std::map<uint64_t, sync::ServedModel> held;
+  sync::ServedModel last;  // the latest version's
   uint64_t latest = 0;
   uint64_t full_bytes = 0;
 };
@@ -75,7 +94,7 @@ void Prepare(bool quick) {
   const uint64_t total = 110;
   std::fprintf(stderr, "store_bench: publishing %llu versions of %.0f MB served...\n",
                static_cast<unsigned long long>(total), publisher->served().byte_count() / 1e6);
-  s->full_bytes = publisher->last().keyframe->bytes;
+  s->full_bytes = publisher->last().keyframe_bytes();
   for (uint64_t v = 1; v <= total; ++v) {
     adam.Step(threads);
     if (!publisher->Publish(examples::MasterView(adam)).ok()) std::abort();
@@ -88,6 +107,7 @@ void Prepare(bool quick) {
     }
   }
   s->latest = total;
+  s->last = publisher->served();
   // Sizes: the planner's download, the single squashed delta, the plain chain.
   policy_store::StoreReader reader(*s->store, "bench", threads);
   for (uint64_t lag : kLags) {
@@ -123,6 +143,226 @@ void Prepare(bool quick) {
   }
 }
 
+// A field of /proc/self/status, in bytes (VmRSS: resident now; VmHWM: the peak since the last
+// reset).
+uint64_t StatusBytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+// How readers applied a path before it was applied in place: the deltas squashed into one (on the
+// base when they hold context chunks), decoded whole and written.
+Status PullSquashed(policy_store::ObjectStore& store, uint64_t from, uint64_t to,
+                    sync::ServedModel* model, int threads) {
+  WEFT_ASSIGN_OR_RETURN(policy_store::Manifest goal,
+                        policy_store::ReadManifest(store, "bench", to));
+  WEFT_ASSIGN_OR_RETURN(policy_store::PullPlan plan,
+                        policy_store::PlanPath(store, "bench", goal, from, false));
+  std::vector<policy_store::LoadedDelta> deltas;
+  std::vector<const sync::ModelDelta*> chain;
+  for (const policy_store::PullPlan::Step& step : plan.steps) {
+    WEFT_ASSIGN_OR_RETURN(deltas.emplace_back(),
+                          policy_store::FetchDelta(store, step.blob, "delta"));
+  }
+  for (const policy_store::LoadedDelta& d : deltas) chain.push_back(&d.delta);
+  if (chain.size() == 1) return model->Apply(*chain[0], threads);
+  bool context = false;
+  for (const sync::ModelDelta* d : chain) context = context || sync::HasContextChunks(*d);
+  WEFT_ASSIGN_OR_RETURN(sync::ModelDelta squashed,
+                        context ? sync::SquashChainOnBase(chain, model->AsTensorBytes(),
+                                                          sync::DeltaMode::kPlain, threads)
+                                : sync::SquashChain(chain, threads));
+  return model->Apply(squashed, threads);
+}
+
+// The child process of a memory measurement: loads version `from` (none: "-"), resets the peak,
+// pulls `to` (`how`: "reader" or "squashed") and prints "before holding peak model_bytes".
+int MeasureCatchup(const std::string& root, const std::string& from_text, uint64_t to,
+                   const std::string& how) {
+  const int threads = HardwareThreads();
+  auto store = std::move(policy_store::DirectoryStore::Open(root)).value();
+  std::optional<uint64_t> from;
+  if (from_text != "-") from = std::stoull(from_text);
+  malloc_trim(0);
+  const uint64_t before = StatusBytes("VmRSS");
+  policy_store::StoreReader reader(*store, "bench", threads);
+  sync::ServedModel model;
+  if (from && !reader.Pull(*from, std::nullopt, &model).ok()) return 1;
+  malloc_trim(0);
+  const uint64_t holding = StatusBytes("VmRSS");
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const Status pulled = how == "squashed" ? PullSquashed(*store, *from, to, &model, threads)
+                                          : reader.Pull(to, from, &model).status();
+  if (!pulled.ok()) {
+    std::fprintf(stderr, "store_bench: %s\n", pulled.ToString().c_str());
+    return 1;
+  }
+  std::printf("%llu %llu %llu %llu\n", static_cast<unsigned long long>(before),
+              static_cast<unsigned long long>(holding),
+              static_cast<unsigned long long>(StatusBytes("VmHWM")),
+              static_cast<unsigned long long>(model.byte_count()));
+  return 0;
+}
+
+struct MemoryRow {
+  std::string what;
+  uint64_t before = 0, holding = 0, peak = 0, model = 0;
+};
+std::vector<MemoryRow> g_memory;
+
+// Runs MeasureCatchup in a new process of this program.
+void MeasureInChild(const std::string& what, std::optional<uint64_t> from, const std::string& how) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) std::abort();
+  self[n] = 0;
+  const std::string command = std::string(self) + " --measure-catchup " + g_setup->root + " " +
+                              (from ? std::to_string(*from) : "-") + " " +
+                              std::to_string(g_setup->latest) + " " + how;
+  FILE* child = popen(command.c_str(), "r");
+  MemoryRow row{what};
+  unsigned long long before = 0, holding = 0, peak = 0, model = 0;
+  if (child == nullptr ||
+      std::fscanf(child, "%llu %llu %llu %llu", &before, &holding, &peak, &model) != 4) {
+    std::fprintf(stderr, "store_bench: the measurement of '%s' failed\n", what.c_str());
+    std::abort();
+  }
+  pclose(child);
+  g_memory.push_back({what, before, holding, peak, model});
+}
+
+void MeasureMemory() {
+  const uint64_t from = g_setup->latest - 100;
+  const std::string record = policy_store::CatchupKey("bench", g_setup->latest, from);
+  MeasureInChild("lag 100, pinned (1 catch-up delta), in place", from, "reader");
+  MeasureInChild("lag 100, pinned, squashed and decoded whole", from, "squashed");
+  // Without the catch-up delta: the skip deltas.
+  auto kept = g_setup->store->Get(record);
+  if (!kept.ok() || !g_setup->store->Delete(record).ok()) std::abort();
+  MeasureInChild("lag 100, unpinned (skip deltas), in place", from, "reader");
+  MeasureInChild("lag 100, unpinned, squashed and decoded whole", from, "squashed");
+  if (!g_setup->store->PutImmutable(record, *kept).ok()) std::abort();
+  MeasureInChild("from nothing (keyframe + deltas)", std::nullopt, "reader");
+}
+
+// Counts the bytes read through it: blobs in `keyframes`, other blobs, and everything else.
+class ReadCounter : public policy_store::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  Result<std::vector<uint8_t>> Get(const std::string& key) override {
+    Result<std::vector<uint8_t>> bytes = inner().Get(key);
+    if (bytes.ok()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const bool blob = key.rfind("blobs/", 0) == 0;
+      (blob ? (keyframes.count(key) ? keyframe_bytes : delta_bytes) : other_bytes) += bytes->size();
+    }
+    return bytes;
+  }
+  std::set<std::string> keyframes;
+  uint64_t keyframe_bytes = 0, delta_bytes = 0, other_bytes = 0;
+
+ private:
+  std::mutex mutex_;
+};
+
+struct ShardedRow {
+  double whole_seconds = 0, sharded_seconds = 0, commit_seconds = 0;
+  uint64_t keyframe_bytes = 0, parts = 0, read_keyframes = 0, read_deltas = 0, read_other = 0;
+};
+ShardedRow g_sharded;
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void MeasureShardedPublish() {
+  const int threads = HardwareThreads();
+  constexpr uint64_t kWorld = 4;
+  const sync::ServedModel& before = g_setup->held.at(g_setup->latest - 1);
+  const sync::ServedModel& after = g_setup->last;
+  policy_store::KeyframePolicy policy;
+  policy.interval = 1;  // version 1 has a keyframe, as does version 0
+  const sync::CodecOptions codec{sync::kDefaultChunkLog2, threads};
+  // One rank with the whole model.
+  policy_store::DirectoryStore& store = *g_setup->store;
+  const policy_store::Manifest whole0 =
+      std::move(
+          policy_store::PublishVersion(store, "whole", nullptr, before, nullptr, policy, threads))
+          .value();
+  const sync::ModelDelta whole_delta =
+      std::move(sync::EncodeModelDelta(before.AsTensorBytes(), after.AsTensorBytes(), codec))
+          .value();
+  auto start = std::chrono::steady_clock::now();
+  const policy_store::Manifest whole1 =
+      std::move(policy_store::PublishVersion(store, "whole", &whole0, after, &whole_delta, policy,
+                                             threads))
+          .value();
+  g_sharded.whole_seconds = SecondsSince(start);
+  g_sharded.keyframe_bytes = whole1.keyframe_bytes();
+  // Four ranks, each with every fourth tensor.
+  auto split = [&](const sync::ServedModel& model) {
+    std::vector<sync::ServedModel> parts;
+    for (uint64_t r = 0; r < kWorld; ++r) {
+      std::vector<sync::TensorSpec> specs;
+      std::vector<std::vector<uint8_t>> bytes;
+      for (size_t t = r; t < model.tensors().size(); t += kWorld) {
+        specs.push_back(model.tensors()[t].spec);
+        bytes.push_back(model.tensors()[t].bytes);
+      }
+      parts.push_back(sync::ServedModel::FromTensors(specs, bytes, threads));
+    }
+    return parts;
+  };
+  const std::vector<sync::ServedModel> parts0 = split(before), parts1 = split(after);
+  std::vector<sync::ModelDelta> deltas;
+  for (uint64_t r = 0; r < kWorld; ++r) {
+    deltas.push_back(std::move(sync::EncodeModelDelta(parts0[r].AsTensorBytes(),
+                                                      parts1[r].AsTensorBytes(), codec))
+                         .value());
+    if (!policy_store::PublishShard(store, "sharded", nullptr, r, kWorld, parts0[r], nullptr,
+                                    policy)
+             .ok())
+      std::abort();
+  }
+  const policy_store::Manifest sharded0 =
+      std::move(policy_store::CommitShards(store, "sharded", nullptr, kWorld, policy, threads,
+                                           std::chrono::seconds(60)))
+          .value();
+  ReadCounter counter(store);
+  start = std::chrono::steady_clock::now();
+  std::vector<std::thread> ranks;
+  for (uint64_t r = 0; r < kWorld; ++r) {
+    ranks.emplace_back([&, r] {
+      if (!policy_store::PublishShard(store, "sharded", &sharded0, r, kWorld, parts1[r], &deltas[r],
+                                      policy)
+               .ok())
+        std::abort();
+    });
+  }
+  for (std::thread& rank : ranks) rank.join();
+  // Rank 0 commits once every part is in (it would wait for them anyway).
+  for (uint64_t r = 0; r < kWorld; ++r) {
+    const auto part =
+        policy_store::ReadPart(store, policy_store::ShardKey("sharded", 1, r, kWorld));
+    if (part.ok()) counter.keyframes.insert(policy_store::BlobKey(part->keyframe.front().sha256));
+  }
+  const auto commit_start = std::chrono::steady_clock::now();
+  const policy_store::Manifest sharded1 =
+      std::move(policy_store::CommitShards(counter, "sharded", &sharded0, kWorld, policy, threads,
+                                           std::chrono::seconds(60)))
+          .value();
+  g_sharded.commit_seconds = SecondsSince(commit_start);
+  g_sharded.sharded_seconds = SecondsSince(start);
+  g_sharded.parts = sharded1.keyframe.size();
+  g_sharded.read_keyframes = counter.keyframe_bytes;
+  g_sharded.read_deltas = counter.delta_bytes;
+  g_sharded.read_other = counter.other_bytes;
+}
+
 void Register() {
   for (uint64_t lag : kLags) {
     benchmark::RegisterBenchmark(
@@ -149,6 +389,8 @@ void Register() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 6 && std::string(argv[1]) == "--measure-catchup")
+    return MeasureCatchup(argv[2], argv[3], std::stoull(argv[4]), argv[5]);
   bool quick = false;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
@@ -162,6 +404,8 @@ int main(int argc, char** argv) {
   Prepare(quick);
   Register();
   benchmark::RunSpecifiedBenchmarks();
+  MeasureMemory();
+  MeasureShardedPublish();
   std::printf("\nCatch-up to version %llu, bytes downloaded (full copy: %llu bytes)\n",
               static_cast<unsigned long long>(g_setup->latest),
               static_cast<unsigned long long>(g_setup->full_bytes));
@@ -202,6 +446,41 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(catchup_bytes),
       static_cast<double>(catchup_bytes) / g_sizes.front().planned);
   std::printf("Target: at most about 1.3x the single squashed delta.\n");
+  std::printf(
+      "\nPeak memory of a catch-up to version %llu (resident bytes, in a process of its own)\n",
+      static_cast<unsigned long long>(g_setup->latest));
+  std::printf("%-48s %12s %12s %12s %12s %14s\n", "pull", "model", "process", "with model", "peak",
+              "peak / model");
+  for (const MemoryRow& row : g_memory) {
+    // The process's own memory (code, libraries, heap) before it held a model is not the pull's.
+    std::printf(
+        "%-48s %12llu %12llu %12llu %12llu %13.3fx\n", row.what.c_str(),
+        static_cast<unsigned long long>(row.model), static_cast<unsigned long long>(row.before),
+        static_cast<unsigned long long>(row.holding), static_cast<unsigned long long>(row.peak),
+        static_cast<double>(row.peak - row.before) / static_cast<double>(row.model));
+  }
+  std::printf("Target: a peak of at most 1.2x the model (beyond the process's own memory).\n");
+  std::printf(
+      "\nA version with a keyframe (%llu bytes) and a delta, published by one rank and by %llu "
+      "ranks\n",
+      static_cast<unsigned long long>(g_sharded.keyframe_bytes),
+      static_cast<unsigned long long>(g_sharded.parts));
+  std::printf("  one rank, the whole model (PublishVersion)        %8.3f s\n",
+              g_sharded.whole_seconds);
+  std::printf(
+      "  %llu ranks on threads, then rank 0 commits          %8.3f s (the commit: %.3f s)\n",
+      static_cast<unsigned long long>(g_sharded.parts), g_sharded.sharded_seconds,
+      g_sharded.commit_seconds);
+  std::printf(
+      "  bytes rank 0 read to commit: %llu of the ranks' keyframes, %llu of their deltas (merged "
+      "into the version's), %llu of manifests\n",
+      static_cast<unsigned long long>(g_sharded.read_keyframes),
+      static_cast<unsigned long long>(g_sharded.read_deltas),
+      static_cast<unsigned long long>(g_sharded.read_other));
+  std::printf(
+      "Target: none of the other ranks' weights (a commit that merged the keyframes read "
+      "all %llu bytes of them).\n",
+      static_cast<unsigned long long>(g_sharded.keyframe_bytes));
   std::filesystem::remove_all(g_setup->root);
   benchmark::Shutdown();
   return 0;

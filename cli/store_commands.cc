@@ -137,15 +137,15 @@ Status RunPublish(const StoreOptions& options) {
     return published.status().WithContext(options.model);
   }
   WEFT_ASSIGN_OR_RETURN(Manifest manifest, std::move(published));
-  std::printf("published %s version %llu to %s: %s%s\n", options.run.c_str(),
-              static_cast<unsigned long long>(manifest.version), store->Describe().c_str(),
-              manifest.delta
-                  ? ("delta of " + std::to_string(manifest.delta->bytes) + " bytes").c_str()
-                  : "",
-              manifest.keyframe ? ((manifest.delta ? " and " : "") + std::string("keyframe of ") +
-                                   std::to_string(manifest.keyframe->bytes) + " bytes")
-                                      .c_str()
-                                : "");
+  std::printf(
+      "published %s version %llu to %s: %s%s\n", options.run.c_str(),
+      static_cast<unsigned long long>(manifest.version), store->Describe().c_str(),
+      manifest.delta ? ("delta of " + std::to_string(manifest.delta->bytes) + " bytes").c_str()
+                     : "",
+      manifest.has_keyframe() ? ((manifest.delta ? " and " : "") + std::string("keyframe of ") +
+                                 std::to_string(manifest.keyframe_bytes()) + " bytes")
+                                    .c_str()
+                              : "");
   return Status::Ok();
 }
 
@@ -187,6 +187,13 @@ Status RunPull(const StoreOptions& options) {
   return Status::Ok();
 }
 
+// A keyframe's size, and its part count when it is in parts: "1200" or "1200 (4 parts)".
+std::string KeyframeText(const Manifest& m) {
+  std::string text = std::to_string(m.keyframe_bytes());
+  if (m.keyframe.size() > 1) text += " (" + std::to_string(m.keyframe.size()) + " parts)";
+  return text;
+}
+
 Status RunList(const StoreOptions& options) {
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
   std::set<std::string> runs;
@@ -213,7 +220,7 @@ Status RunList(const StoreOptions& options) {
       std::printf("  v%-6llu %3zu tensors  delta %10s  keyframe %12s%s\n",
                   static_cast<unsigned long long>(v), m.tensors.size(),
                   m.delta ? std::to_string(m.delta->bytes).c_str() : "-",
-                  m.keyframe ? std::to_string(m.keyframe->bytes).c_str() : "-",
+                  m.has_keyframe() ? KeyframeText(m).c_str() : "-",
                   latest.ok() && v > *latest ? "  (not yet visible: latest is behind)" : "");
     }
   }

@@ -135,7 +135,12 @@ Result<std::vector<uint8_t>> ReadFile(const std::string& path) {
   return std::move(whole.bytes);
 }
 
-Result<FileRange> ReadFileRange(const std::string& path, uint64_t first, uint64_t length) {
+namespace {
+
+// Opens `path` and reads into the buffer `dest(file_size)` returns (up to its size, from
+// `first`); returns the bytes read and the file's size.
+Result<FileRead> ReadOpenedRange(const std::string& path, uint64_t first,
+                                 const std::function<std::span<uint8_t>(uint64_t)>& dest) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return NotFound(path + ": no such file");
@@ -147,14 +152,14 @@ Result<FileRange> ReadFileRange(const std::string& path, uint64_t first, uint64_
     ::close(fd);
     return Unavailable(path + ": cannot stat: " + error);
   }
-  FileRange range;
-  range.file_size = static_cast<uint64_t>(info.st_size);
-  const uint64_t count = first >= range.file_size ? 0 : std::min(length, range.file_size - first);
-  range.bytes.resize(count);
-  uint64_t done = 0;
-  while (done < count) {
-    ssize_t n =
-        ::pread(fd, range.bytes.data() + done, count - done, static_cast<off_t>(first + done));
+  FileRead result;
+  result.file_size = static_cast<uint64_t>(info.st_size);
+  const std::span<uint8_t> out = dest(result.file_size);
+  const uint64_t count =
+      first >= result.file_size ? 0 : std::min<uint64_t>(out.size(), result.file_size - first);
+  while (result.read < count) {
+    ssize_t n = ::pread(fd, out.data() + result.read, count - result.read,
+                        static_cast<off_t>(first + result.read));
     if (n < 0) {
       if (errno == EINTR) continue;
       std::string error = ErrnoText();
@@ -162,11 +167,29 @@ Result<FileRange> ReadFileRange(const std::string& path, uint64_t first, uint64_
       return Unavailable(path + ": read failed: " + error);
     }
     if (n == 0) break;  // it shrank meanwhile
-    done += static_cast<uint64_t>(n);
+    result.read += static_cast<uint64_t>(n);
   }
   ::close(fd);
-  range.bytes.resize(done);
+  return result;
+}
+
+}  // namespace
+
+Result<FileRange> ReadFileRange(const std::string& path, uint64_t first, uint64_t length) {
+  FileRange range;
+  WEFT_ASSIGN_OR_RETURN(
+      FileRead read, ReadOpenedRange(path, first, [&](uint64_t file_size) {
+        range.bytes.resize(first >= file_size ? 0 : std::min(length, file_size - first));
+        return std::span<uint8_t>(range.bytes);
+      }));
+  range.bytes.resize(read.read);
+  range.file_size = read.file_size;
   return range;
+}
+
+Result<FileRead> ReadFileRangeInto(const std::string& path, uint64_t first,
+                                   std::span<uint8_t> out) {
+  return ReadOpenedRange(path, first, [&](uint64_t) { return out; });
 }
 
 Status WriteTextFileAtomic(const std::string& path, std::string_view text) {

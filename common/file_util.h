@@ -63,6 +63,13 @@ struct FileRange {
   uint64_t file_size = 0;
 };
 Result<FileRange> ReadFileRange(const std::string& path, uint64_t first, uint64_t length);
+// The same into memory the caller holds: up to out.size() bytes from `first` at the start of
+// `out`. Returns how many were read and the file's size.
+struct FileRead {
+  uint64_t read = 0;
+  uint64_t file_size = 0;
+};
+Result<FileRead> ReadFileRangeInto(const std::string& path, uint64_t first, std::span<uint8_t> out);
 
 // Writes all of `bytes` to `fd`, retrying short writes.
 Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what);

@@ -205,7 +205,7 @@ Result<TrainerSummary> RunExampleTrainer(
                                         sync::ServingPlan{}, options.publisher));
   summary.served_bytes = publisher->served().byte_count();
   summary.versions_published = 1;
-  if (publisher->last().keyframe) summary.bytes_published += publisher->last().keyframe->bytes;
+  summary.bytes_published += publisher->last().keyframe_bytes();
   HttpClientOptions http;
   http.deadline = options.deadline;
   orchestrator::OrchestratorClient client(options.orchestrator, options.trainer_token, http);
@@ -319,7 +319,7 @@ Result<TrainerSummary> RunExampleTrainer(
     version = manifest.version;
     record.version = version;
     record.delta_bytes = manifest.delta ? manifest.delta->bytes : 0;
-    record.keyframe_bytes = manifest.keyframe ? manifest.keyframe->bytes : 0;
+    record.keyframe_bytes = manifest.keyframe_bytes();
     summary.bytes_published += record.delta_bytes + record.keyframe_bytes;
     for (const policy_store::SkipDelta& skip : manifest.skips)
       summary.bytes_published += skip.blob.bytes;

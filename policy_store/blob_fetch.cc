@@ -17,6 +17,9 @@ namespace weft::policy_store {
 namespace {
 
 constexpr int kFetches = 3;
+// The first part of a blob whose sink wants it before the others (a keyframe: its header): small,
+// so that the other parts wait for one short request only.
+constexpr uint64_t kFirstPartBytes = uint64_t{1} << 20;
 
 struct Part {
   size_t blob = 0;  // index into the blobs of this round
@@ -32,11 +35,19 @@ struct BlobState {
   const BlobFetch& fetch;
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> hash{EVP_MD_CTX_new(), EVP_MD_CTX_free};
   uint64_t hashed = 0;  // bytes hashed, from the start
-  // Parts waiting to be hashed, by offset: the size each should have, and what arrived.
-  std::map<uint64_t, std::pair<uint64_t, std::vector<uint8_t>>> arrived;
-  bool hashing = false;  // a thread is hashing its parts
-  bool damaged = false;  // a part had the wrong size
-  Status sink_error;     // the first error of its sink
+  // A part that arrived, waiting to be hashed: the size it should have, its bytes (in `buffer`, or
+  // in the sink's window `view`) and the buffered bytes it counts against the memory bound.
+  struct Arrived {
+    uint64_t size = 0;
+    std::vector<uint8_t> buffer;
+    std::span<const uint8_t> view;
+    uint64_t counted = 0;
+  };
+  std::map<uint64_t, Arrived> arrived;  // by offset
+  bool hashing = false;                 // a thread is hashing its parts
+  bool damaged = false;                 // a part had the wrong size
+  bool first_done = false;              // its first part has been placed (StartFirst)
+  Status sink_error;                    // the first error of its sink
 };
 
 // One pass over `blobs`; the ones that arrived damaged (size or hash) are added to `damaged`.
@@ -49,9 +60,12 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
   for (size_t b = 0; b < blobs.size(); ++b) {
     states.push_back(std::make_unique<BlobState>(*blobs[b]));
     const uint64_t size = blobs[b]->blob.bytes;
+    const bool start_first = store.ReadsRanges() && blobs[b]->sink->StartFirst();
     uint64_t offset = 0;
     do {
-      const uint64_t length = std::min(part_bytes, size - offset);
+      const uint64_t length =
+          std::min(offset == 0 && start_first ? std::min(part_bytes, kFirstPartBytes) : part_bytes,
+                   size - offset);
       parts.push_back({b, offset, length});
       offset += length;
     } while (offset < size);
@@ -65,50 +79,73 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
       ForEachConcurrently(parts.size(), std::max(1, options.concurrency), [&](size_t i) -> Status {
         const Part& part = parts[i];
         BlobState& state = *states[part.blob];
+        BlobSink& sink = *state.fetch.sink;
+        const std::string key = BlobKey(state.fetch.blob.sha256);
+        if (part.offset > 0 && sink.StartFirst()) {
+          std::unique_lock<std::mutex> lock(mutex);
+          room.wait(lock, [&] { return stopped || state.first_done; });
+          if (stopped) return Status::Ok();
+        }
+        const std::span<uint8_t> window =
+            part.size > 0 ? sink.Window(part.offset, part.size) : std::span<uint8_t>();
+        const bool in_place = window.size() == part.size && part.size > 0;
+        const uint64_t counted = in_place ? 0 : part.size;
         {
           std::unique_lock<std::mutex> lock(mutex);
           room.wait(lock, [&] {
-            return stopped || held + part.size <= options.max_buffered_bytes ||
+            return stopped || held + counted <= options.max_buffered_bytes ||
                    state.hashed == part.offset;
           });
           if (stopped) return Status::Ok();  // the failure is reported by its own part
-          held += part.size;
+          held += counted;
         }
-        // (An empty blob is asked for one byte: the answer says it exists and holds none.)
-        Result<ObjectRange> got = store.GetRange(BlobKey(state.fetch.blob.sha256), part.offset,
-                                                 std::max<uint64_t>(part.size, 1));
-        if (!got.ok()) {
+        auto fail = [&](const Status& status) {
           std::lock_guard<std::mutex> lock(mutex);
           stopped = true;
           room.notify_all();
-          return got.status().WithContext(state.fetch.what);
-        }
-        ObjectRange range = std::move(got).value();
-        const bool whole =
-            range.object_size == state.fetch.blob.bytes && range.bytes.size() == part.size;
-        if (whole) {
-          Status placed = state.fetch.sink->Place(part.offset, range.bytes);
-          if (!placed.ok()) {
-            std::lock_guard<std::mutex> lock(mutex);
-            if (state.sink_error.ok()) state.sink_error = std::move(placed);
-          }
+          return status.WithContext(state.fetch.what);
+        };
+        BlobState::Arrived arrived{part.size, {}, {}, counted};
+        bool whole = false;
+        Status placed = Status::Ok();
+        if (in_place) {
+          Result<RangeRead> got = store.GetRangeInto(key, part.offset, window);
+          if (!got.ok()) return fail(got.status());
+          whole = got->object_size == state.fetch.blob.bytes && got->read == part.size;
+          arrived.view = window.first(std::min<uint64_t>(got->read, part.size));
+          if (whole) placed = sink.Placed(part.offset, part.size);
+        } else {
+          // (An empty blob is asked for one byte: the answer says it exists and holds none.)
+          Result<ObjectRange> got =
+              store.GetRange(key, part.offset, std::max<uint64_t>(part.size, 1));
+          if (!got.ok()) return fail(got.status());
+          whole = got->object_size == state.fetch.blob.bytes && got->bytes.size() == part.size;
+          arrived.buffer = std::move(got->bytes);
+          if (whole) placed = sink.Place(part.offset, arrived.buffer);
         }
         // Hashed in order: this thread hashes every part that can be hashed next, unless another
         // thread is doing so for this blob (it will take this part too).
         std::unique_lock<std::mutex> lock(mutex);
+        if (!placed.ok() && state.sink_error.ok()) state.sink_error = std::move(placed);
         if (!whole) state.damaged = true;
-        state.arrived[part.offset] = {part.size, std::move(range.bytes)};
+        if (part.offset == 0) {
+          state.first_done = true;
+          room.notify_all();
+        }
+        state.arrived[part.offset] = std::move(arrived);
         if (state.hashing) return Status::Ok();
         state.hashing = true;
         while (!state.arrived.empty() && state.arrived.begin()->first == state.hashed) {
           auto next = state.arrived.extract(state.arrived.begin());
           const bool skip = state.damaged;  // it will be fetched again anyway
           lock.unlock();
-          const std::vector<uint8_t>& bytes = next.mapped().second;
+          const BlobState::Arrived& done = next.mapped();
+          const std::span<const uint8_t> bytes =
+              done.buffer.empty() ? done.view : std::span<const uint8_t>(done.buffer);
           if (!skip) EVP_DigestUpdate(state.hash.get(), bytes.data(), bytes.size());
           lock.lock();
-          state.hashed += next.mapped().first;
-          held -= next.mapped().first;
+          state.hashed += done.size;
+          held -= done.counted;
           room.notify_all();
         }
         state.hashing = false;
@@ -140,6 +177,11 @@ Status BytesSink::Place(uint64_t offset, std::span<const uint8_t> bytes) {
     return DataLoss("bytes past the blob's end");
   std::memcpy(bytes_.data() + offset, bytes.data(), bytes.size());
   return Status::Ok();
+}
+
+std::span<uint8_t> BytesSink::Window(uint64_t offset, uint64_t size) {
+  if (offset > bytes_.size() || size > bytes_.size() - offset) return {};
+  return std::span<uint8_t>(bytes_).subspan(offset, size);
 }
 
 Status FetchBlobs(ObjectStore& store, std::span<const BlobFetch> blobs,

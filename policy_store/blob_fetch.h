@@ -2,14 +2,17 @@
 //
 // Each blob is cut into parts of `part_bytes`; parts of every blob are requested in order, up to
 // `concurrency` at a time (ObjectStore::GetRange; a store that reads whole objects gets one part
-// per blob). A part goes to its blob's sink as soon as it arrives, on the thread that fetched it
-// (the sinks copy it into place, in parallel), and is then hashed into the blob's SHA-256 in
-// order, by whichever fetching thread completes the run of parts that can be hashed next. So a
-// blob's hash is known as soon as its last part has arrived, and each byte is read twice after it
-// lands (placed and hashed), both while it is fresh.
+// per blob). Where a sink can say where a part belongs (BlobSink::Window), the part is read
+// straight there (ObjectStore::GetRangeInto: with no buffer at all from a directory or a cache's
+// checked file); otherwise it arrives in a buffer and goes to its blob's sink on the thread that
+// fetched it (the sinks copy it into place, in parallel). It is then hashed into the blob's
+// SHA-256 in order, by whichever fetching thread completes the run of parts that can be hashed
+// next. So a blob's hash is known as soon as its last part has arrived, and each byte is read at
+// most twice after it lands (placed and hashed), both while it is fresh.
 //
-// At most `max_buffered_bytes` of parts are held (in flight, or arrived and waiting for an earlier
-// part to be hashed), except the part each blob needs next, which always goes ahead. A transfer
+// At most `max_buffered_bytes` of buffered parts are held (in flight, or arrived and waiting for
+// an earlier part to be hashed), except the part each blob needs next, which always goes ahead;
+// parts read into their sink's window hold no buffer. A transfer
 // cut off mid-part resumes where it stopped (the HTTP and S3 stores resume ranges). A blob whose
 // size or SHA-256 does not match its reference is fetched again from its start (its sink is
 // restarted), up to three fetches, then kDataLoss naming it. What the sinks were given is theirs
@@ -36,6 +39,15 @@ class BlobSink {
   virtual Status Place(uint64_t offset, std::span<const uint8_t> bytes) = 0;
   // Forgets what was placed: the blob is fetched again from its start.
   virtual void Restart() = 0;
+  // Where bytes [offset, offset + size) belong in the sink's memory, when it can say (size bytes
+  // long): the part is read straight there and announced with Placed instead of Place. Empty: the
+  // part arrives in a buffer and is handed to Place. Called from several threads at once.
+  virtual std::span<uint8_t> Window(uint64_t offset, uint64_t size) { return {}; }
+  virtual Status Placed(uint64_t offset, uint64_t size) { return Status::Ok(); }
+  // Whether the blob's first part must have been placed before its other parts are requested (a
+  // sink that has windows only once it has read the blob's header). That first part is then at
+  // most 1 MiB, so the others wait for one short request.
+  virtual bool StartFirst() const { return false; }
 };
 
 // A blob's bytes in memory, in one buffer of the blob's size.
@@ -44,6 +56,7 @@ class BytesSink : public BlobSink {
   explicit BytesSink(uint64_t size) : bytes_(size) {}
   Status Place(uint64_t offset, std::span<const uint8_t> bytes) override;
   void Restart() override {}
+  std::span<uint8_t> Window(uint64_t offset, uint64_t size) override;
   std::vector<uint8_t>& bytes() { return bytes_; }
 
  private:

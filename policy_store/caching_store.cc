@@ -288,11 +288,7 @@ Result<std::vector<uint8_t>> CachingStore::Get(const std::string& key) {
   return upstream_.Get(key);
 }
 
-Result<ObjectRange> CachingStore::GetRange(const std::string& key, uint64_t first,
-                                           uint64_t length) {
-  WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  const std::string sha256 = BlobHash(key);
-  if (sha256.empty() || length == 0) return ObjectStore::GetRange(key, first, length);
+std::optional<uint64_t> CachingStore::CheckedSize(const std::string& sha256) {
   uint64_t size = 0;
   std::optional<FileStamp> checked;
   {
@@ -303,14 +299,27 @@ Result<ObjectRange> CachingStore::GetRange(const std::string& key, uint64_t firs
       checked = entry->second.checked;
     }
   }
-  if (size > 0 && checked && StampOf(PathOf(sha256)) == checked) {
+  if (size > 0 && checked && StampOf(PathOf(sha256)) == checked) return size;
+  return std::nullopt;
+}
+
+void CachingStore::CountRangeHit(const std::string& sha256) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Touch(sha256);
+  ++stats_.hits;
+}
+
+Result<ObjectRange> CachingStore::GetRange(const std::string& key, uint64_t first,
+                                           uint64_t length) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string sha256 = BlobHash(key);
+  if (sha256.empty() || length == 0) return ObjectStore::GetRange(key, first, length);
+  if (std::optional<uint64_t> size = CheckedSize(sha256)) {
     // Checked, and unchanged on disk since: the range straight from the file.
     Result<FileRange> range = ReadFileRange(PathOf(sha256), first, length);
-    if (range.ok() && range->file_size == size) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      Touch(sha256);
-      ++stats_.hits;
-      return ObjectRange{std::move(range->bytes), size};
+    if (range.ok() && range->file_size == *size) {
+      CountRangeHit(sha256);
+      return ObjectRange{std::move(range->bytes), *size};
     }
   }
   // Not checked since the cache opened: the whole file, checked.
@@ -320,6 +329,23 @@ Result<ObjectRange> CachingStore::GetRange(const std::string& key, uint64_t firs
   // the one copy.
   WEFT_ASSIGN_OR_RETURN(SharedBytes fetched, FetchShared(key, sha256));
   return SliceRange(std::span<const uint8_t>(*fetched), first, length);
+}
+
+Result<RangeRead> CachingStore::GetRangeInto(const std::string& key, uint64_t first,
+                                             std::span<uint8_t> out) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string sha256 = BlobHash(key);
+  if (!sha256.empty() && !out.empty()) {
+    if (std::optional<uint64_t> size = CheckedSize(sha256)) {
+      Result<FileRead> read = ReadFileRangeInto(PathOf(sha256), first, out);
+      if (read.ok() && read->file_size == *size) {
+        CountRangeHit(sha256);
+        return RangeRead{read->read, *size};
+      }
+    }
+  }
+  // Anything else as GetRange does it, copied.
+  return ObjectStore::GetRangeInto(key, first, out);
 }
 
 Result<bool> CachingStore::Exists(const std::string& key) {

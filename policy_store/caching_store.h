@@ -61,6 +61,8 @@ class CachingStore : public ObjectStore {
   // file is read and checked first (and the blob fetched again if it fails). A reader checks the
   // hash of every blob it assembles too.
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
+  Result<RangeRead> GetRangeInto(const std::string& key, uint64_t first,
+                                 std::span<uint8_t> out) override;
   bool ReadsRanges() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
@@ -91,7 +93,11 @@ class CachingStore : public ObjectStore {
   // Reads and checks a cached blob; nullopt on a miss (a corrupted file is removed).
   std::optional<std::vector<uint8_t>> ReadCached(const std::string& sha256);
   void Insert(const std::string& sha256, std::span<const uint8_t> bytes);
-  void Touch(const std::string& sha256);  // with mutex_ held
+  // The size of a cached blob whose file was checked and has not changed on disk since, which a
+  // range may be read from as it is; nullopt otherwise.
+  std::optional<uint64_t> CheckedSize(const std::string& sha256);
+  void CountRangeHit(const std::string& sha256);  // a range read from a checked file
+  void Touch(const std::string& sha256);          // with mutex_ held
   std::string PathOf(const std::string& sha256) const;
 
   std::unique_ptr<ObjectStore> owned_upstream_;

@@ -141,6 +141,18 @@ Result<ObjectRange> DirectoryStore::GetRange(const std::string& key, uint64_t fi
   return Read(key, first, length);
 }
 
+Result<RangeRead> DirectoryStore::GetRangeInto(const std::string& key, uint64_t first,
+                                               std::span<uint8_t> out) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  if (out.empty()) return InvalidArgument(key + ": a range of no bytes");
+  const std::string path = PathOf(key);
+  Result<FileRead> read = ReadFileRangeInto(path, first, out);
+  if (read.ok()) return RangeRead{read->read, read->file_size};
+  if (read.status().code() == StatusCode::kNotFound || !IsRegularFile(path))
+    return NotFound(key + ": no such object");
+  return Hidden(read.status());
+}
+
 Result<bool> DirectoryStore::Exists(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   std::error_code error;

@@ -25,6 +25,8 @@ class DirectoryStore : public ObjectStore {
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
+  Result<RangeRead> GetRangeInto(const std::string& key, uint64_t first,
+                                 std::span<uint8_t> out) override;
   bool ReadsRanges() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;

@@ -31,9 +31,14 @@ Result<BlobRef> ParseBlob(const Json& object, const std::string& where) {
 
 }  // namespace
 
+uint64_t Manifest::keyframe_bytes() const {
+  uint64_t bytes = 0;
+  for (const BlobRef& part : keyframe) bytes += part.bytes;
+  return bytes;
+}
+
 std::vector<BlobRef> Manifest::Blobs() const {
-  std::vector<BlobRef> blobs;
-  if (keyframe) blobs.push_back(*keyframe);
+  std::vector<BlobRef> blobs = keyframe;
   if (delta) blobs.push_back(*delta);
   for (const SkipDelta& skip : skips) blobs.push_back(skip.blob);
   return blobs;
@@ -47,13 +52,19 @@ std::string Manifest::ToJson() const {
                             {"shape", t.shape},
                             {"digest", t.digest.ToHex()}});
   }
-  Json json = {{"format", kManifestFormat},
+  const bool parts = keyframe.size() > 1;
+  Json json = {{"format", parts ? kManifestFormatParts : kManifestFormat},
                {"run", run_id},
                {"version", version},
                {"tensors", tensors_json},
                {"last_keyframe", last_keyframe},
                {"delta_bytes_since_keyframe", delta_bytes_since_keyframe}};
-  if (keyframe) json["keyframe"] = BlobJson(*keyframe);
+  if (keyframe.size() == 1) json["keyframe"] = BlobJson(keyframe.front());
+  if (parts) {
+    Json list = Json::array();
+    for (const BlobRef& part : keyframe) list.push_back(BlobJson(part));
+    json["keyframe_parts"] = list;
+  }
   if (delta)
     json["delta"] = {{"base", *delta_base}, {"sha256", delta->sha256}, {"bytes", delta->bytes}};
   if (shard) json["shard"] = {{"rank", shard->rank}, {"world", shard->world}};
@@ -72,9 +83,11 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
   WEFT_RETURN_IF_ERROR(CheckFields(
       json, "manifest",
       {"format", "run", "version", "tensors", "last_keyframe", "delta_bytes_since_keyframe"},
-      {"keyframe", "delta", "skips", "shard"}));
-  if (json["format"] != kManifestFormat) {
-    return InvalidArgument("manifest format is not " + std::string(kManifestFormat));
+      {"keyframe", "keyframe_parts", "delta", "skips", "shard"}));
+  const bool v2 = json["format"] == kManifestFormatParts;
+  if (json["format"] != kManifestFormat && !v2) {
+    return InvalidArgument("manifest format is not " + std::string(kManifestFormat) + " or " +
+                           kManifestFormatParts);
   }
   Manifest m;
   if (!json["run"].is_string()) return InvalidArgument("manifest.run is not a string");
@@ -119,7 +132,27 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
   }
   if (json.contains("keyframe")) {
     WEFT_ASSIGN_OR_RETURN(BlobRef keyframe, ParseBlob(json["keyframe"], "manifest.keyframe"));
-    m.keyframe = keyframe;
+    m.keyframe.push_back(keyframe);
+  }
+  if (json.contains("keyframe_parts")) {
+    const Json& parts = json["keyframe_parts"];
+    if (!v2) {
+      return InvalidArgument("manifest.keyframe_parts needs format " +
+                             std::string(kManifestFormatParts));
+    }
+    if (m.has_keyframe()) return InvalidArgument("manifest has both keyframe and keyframe_parts");
+    if (!parts.is_array() || parts.size() < 2 || parts.size() > kMaxKeyframeParts) {
+      return InvalidArgument("manifest.keyframe_parts is not an array of 2 to " +
+                             std::to_string(kMaxKeyframeParts) + " blobs");
+    }
+    for (size_t i = 0; i < parts.size(); ++i) {
+      WEFT_ASSIGN_OR_RETURN(
+          BlobRef part, ParseBlob(parts[i], "manifest.keyframe_parts[" + std::to_string(i) + "]"));
+      m.keyframe.push_back(std::move(part));
+    }
+  } else if (v2) {
+    return InvalidArgument("manifest format " + std::string(kManifestFormatParts) +
+                           " is for keyframes in parts, and this one has no keyframe_parts");
   }
   if (json.contains("delta")) {
     const Json& d = json["delta"];
@@ -157,10 +190,10 @@ Result<Manifest> Manifest::FromJson(std::string_view text) {
     }
     m.shard = shard;
   }
-  if (!m.keyframe && !m.delta)
+  if (!m.has_keyframe() && !m.delta)
     return InvalidArgument("manifest has neither a keyframe nor a delta");
-  if (m.version == 0 && !m.keyframe) return InvalidArgument("version 0 must have a keyframe");
-  if (m.keyframe && m.last_keyframe != m.version)
+  if (m.version == 0 && !m.has_keyframe()) return InvalidArgument("version 0 must have a keyframe");
+  if (m.has_keyframe() && m.last_keyframe != m.version)
     return InvalidArgument("manifest.last_keyframe must equal the version of a keyframe");
   return m;
 }

@@ -15,8 +15,9 @@
 // `latest = v` can always fetch v.
 //
 // A manifest lists every served tensor (name, dtype, shape, state digest) and the blobs that hold
-// the version: a keyframe (the whole version as safetensors) and/or a delta from a named base
-// version. Version 0 of a run always has a keyframe. Plain data; thread-compatible.
+// the version: a keyframe (the whole version as safetensors, in one file or in parts) and/or a
+// delta from a named base version. Version 0 of a run always has a keyframe. Plain data;
+// thread-compatible.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,12 @@
 
 namespace weft::policy_store {
 
+// A manifest whose keyframe is one file is written as version 1, which every reader reads; one
+// whose keyframe is in parts (`keyframe_parts`) as version 2.
 inline constexpr const char* kManifestFormat = "weft.manifest.v1";
+inline constexpr const char* kManifestFormatParts = "weft.manifest.v2";
+// The most parts a keyframe may have.
+inline constexpr size_t kMaxKeyframeParts = 65536;
 
 struct BlobRef {
   std::string sha256;  // 64 lowercase hex digits: the blob's key is blobs/<sha256>
@@ -55,7 +61,9 @@ struct Manifest {
   std::string run_id;
   uint64_t version = 0;
   std::vector<ManifestTensor> tensors;
-  std::optional<BlobRef> keyframe;          // the whole version, as a safetensors file
+  // The whole version as safetensors: one file, or the parts a sharded trainer's ranks wrote,
+  // each file holding some of the tensors and every tensor in exactly one. Empty: no keyframe.
+  std::vector<BlobRef> keyframe;
   std::optional<uint64_t> delta_base;       // the version the delta starts from
   std::optional<BlobRef> delta;             // a weft delta file from delta_base to this version
   std::vector<SkipDelta> skips;             // longer deltas ending here, by increasing span
@@ -70,7 +78,11 @@ struct Manifest {
   };
   std::optional<Shard> shard;
 
-  // The blobs it references: keyframe, delta, skip deltas.
+  bool has_keyframe() const { return !keyframe.empty(); }
+  // The keyframe's size, all its parts together (0 without one).
+  uint64_t keyframe_bytes() const;
+
+  // The blobs it references: keyframe (every part), delta, skip deltas.
   std::vector<BlobRef> Blobs() const;
 
   std::string ToJson() const;

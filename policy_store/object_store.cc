@@ -59,6 +59,14 @@ Result<ObjectRange> ObjectStore::GetRange(const std::string& key, uint64_t first
   return SliceRange(std::move(whole), first, length);
 }
 
+Result<RangeRead> ObjectStore::GetRangeInto(const std::string& key, uint64_t first,
+                                            std::span<uint8_t> out) {
+  WEFT_ASSIGN_OR_RETURN(ObjectRange range, GetRange(key, first, out.size()));
+  const uint64_t read = std::min<uint64_t>(range.bytes.size(), out.size());
+  if (read > 0) std::memcpy(out.data(), range.bytes.data(), read);
+  return RangeRead{read, range.object_size};
+}
+
 ObjectRange SliceRange(std::vector<uint8_t> whole, uint64_t first, uint64_t length) {
   if (first == 0 && length >= whole.size()) {
     const uint64_t size = whole.size();

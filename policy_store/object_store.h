@@ -46,6 +46,13 @@ struct ObjectRange {
   uint64_t object_size = 0;    // the whole object's
 };
 
+// What GetRangeInto read: `read` bytes at the start of the caller's buffer (fewer than its size
+// where the object ends first), and the whole object's size.
+struct RangeRead {
+  uint64_t read = 0;
+  uint64_t object_size = 0;
+};
+
 class ObjectStore {
  public:
   virtual ~ObjectStore() = default;
@@ -57,6 +64,11 @@ class ObjectStore {
   // Get; the stores override it to read the range only (a cache reads from a blob it has
   // checked, see caching_store.h), which lets a reader fetch parts of one blob at once.
   virtual Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length);
+  // GetRange into memory the caller holds: out.size() (> 0) bytes from `first`, at the start of
+  // `out`. The default copies GetRange's answer; stores that read into place (a directory, a
+  // cache's checked file) override it, so that a part lands where it belongs without a buffer.
+  virtual Result<RangeRead> GetRangeInto(const std::string& key, uint64_t first,
+                                         std::span<uint8_t> out);
   // Whether GetRange reads the range alone (false: it reads the whole object, so fetching a blob
   // in several parts would read it several times).
   virtual bool ReadsRanges() const { return false; }

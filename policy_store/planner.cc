@@ -26,6 +26,8 @@ Status CheckNotPast(std::optional<uint64_t> have, uint64_t target) {
 
 std::string PullPlan::Describe() const {
   std::string text = from_keyframe ? "keyframe v" + std::to_string(start) : "";
+  if (from_keyframe && keyframe.keyframe.size() > 1)
+    text += " (" + std::to_string(keyframe.keyframe.size()) + " parts)";
   size_t catchups = 0;
   for (const Step& step : steps) catchups += step.catchup ? 1 : 0;
   if (!steps.empty()) {
@@ -68,7 +70,7 @@ Result<PullPlan> PlanFromManifests(const Manifest& goal, std::optional<uint64_t>
   PullPlan plan;
   plan.target = target;
   if (keyframe != nullptr) {
-    if (!keyframe->keyframe || keyframe->version != goal.last_keyframe) {
+    if (!keyframe->has_keyframe() || keyframe->version != goal.last_keyframe) {
       return DataLoss("version " + std::to_string(goal.last_keyframe) +
                       " is named as a keyframe but has none");
     }
@@ -87,7 +89,7 @@ Result<PullPlan> PlanFromManifests(const Manifest& goal, std::optional<uint64_t>
   constexpr uint64_t kUnreachable = ~uint64_t{0};
   std::vector<uint64_t> cost(count, kUnreachable);
   std::vector<std::optional<PullPlan::Step>> via(count);
-  if (keyframe != nullptr) cost[goal.last_keyframe - low] = keyframe->keyframe->bytes;
+  if (keyframe != nullptr) cost[goal.last_keyframe - low] = keyframe->keyframe_bytes();
   if (have) cost[*have - low] = 0;
   // Versions in increasing order: every edge goes forward, so each cost is final when reached.
   for (uint64_t v = low + 1; v <= target; ++v) {

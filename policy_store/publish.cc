@@ -79,7 +79,7 @@ Result<bool> KeyframeDue(ObjectStore& store, const std::string& run_id, const Ma
       recent ? recent->KeyframeSize(previous->last_keyframe) : std::nullopt;
   if (!size) {
     WEFT_ASSIGN_OR_RETURN(Manifest last, ReadManifest(store, run_id, previous->last_keyframe));
-    size = last.keyframe ? last.keyframe->bytes : 0;
+    size = last.keyframe_bytes();
     if (recent != nullptr) recent->KeepKeyframeSize(previous->last_keyframe, *size);
   }
   return static_cast<double>(previous->delta_bytes_since_keyframe) >
@@ -99,14 +99,22 @@ std::span<const uint8_t> AsBytes(const std::string& text) {
   return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
 }
 
-// Writes a version whose tensors, delta and keyframe (made only when one is due) are given: blobs,
+// A keyframe of `model` in one blob, written.
+Result<std::vector<BlobRef>> PutKeyframe(ObjectStore& store, const sync::ServedModel& model) {
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, KeyframeBytes(model));
+  WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
+  return std::vector<BlobRef>{blob};
+}
+
+// Writes a version whose tensors, delta and keyframe (its blobs written by `keyframe_blobs`, called
+// only when one is due) are given: blobs,
 // skip deltas, manifest, `latest`, then catch-up deltas; once it is published, `recent` keeps
 // what the next versions squash. `model`, the version's served tensors when the caller holds
 // them, lets delta blobs be written with context chunks.
 Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
                                 const Manifest* previous, std::vector<ManifestTensor> tensors,
                                 const sync::ModelDelta* delta,
-                                const std::function<Result<std::vector<uint8_t>>()>& keyframe_bytes,
+                                const std::function<Result<std::vector<BlobRef>>()>& keyframe_blobs,
                                 const KeyframePolicy& policy, int threads, RecentDeltas* recent,
                                 const sync::ServedModel* model) {
   WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
@@ -141,9 +149,7 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
   for (const DerivedDelta& skip : skips) manifest.skips.push_back({skip.base, skip.blob});
   WEFT_ASSIGN_OR_RETURN(bool keyframe, KeyframeDue(store, run_id, previous, policy, recent));
   if (keyframe) {
-    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, keyframe_bytes());
-    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
-    manifest.keyframe = blob;
+    WEFT_ASSIGN_OR_RETURN(manifest.keyframe, keyframe_blobs());
     manifest.last_keyframe = manifest.version;
     manifest.delta_bytes_since_keyframe = 0;
   } else {
@@ -186,7 +192,8 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
     }
   }
   if (recent != nullptr) {
-    if (manifest.keyframe) recent->KeepKeyframeSize(manifest.version, manifest.keyframe->bytes);
+    if (manifest.has_keyframe())
+      recent->KeepKeyframeSize(manifest.version, manifest.keyframe_bytes());
     if (delta != nullptr) {
       recent->KeepSkip(0, previous->version, manifest.version, delta->Copy());
       for (size_t level = 0; level < skips.size(); ++level) {
@@ -224,7 +231,7 @@ Result<Manifest> PublishVersion(ObjectStore& store, const std::string& run_id,
                                 int threads, RecentDeltas* recent) {
   return PublishContent(
       store, run_id, previous, ManifestTensors(model), delta,
-      [&model] { return KeyframeBytes(model); }, policy, threads, recent, &model);
+      [&] { return PutKeyframe(store, model); }, policy, threads, recent, &model);
 }
 
 Result<Manifest> PublishModel(ObjectStore& store, const std::string& run_id,
@@ -280,9 +287,7 @@ Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id,
   }
   WEFT_ASSIGN_OR_RETURN(bool keyframe, KeyframeDue(store, run_id, previous, policy, recent));
   if (keyframe) {
-    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, KeyframeBytes(shard));
-    WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
-    part.keyframe = blob;
+    WEFT_ASSIGN_OR_RETURN(part.keyframe, PutKeyframe(store, shard));
     part.last_keyframe = part.version;
   } else {
     part.last_keyframe = previous->last_keyframe;
@@ -306,17 +311,21 @@ Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id,
   const uint64_t version = previous ? previous->version + 1 : 0;
   const std::string where = "run '" + run_id + "' version " + std::to_string(version);
   std::vector<std::optional<Manifest>> parts(world);
+  // Every missing part is looked for in each round, so that a timeout names exactly those.
   WEFT_ASSIGN_OR_RETURN(bool complete, PollUntil(deadline, [&]() -> Result<bool> {
+                          bool all = true;
                           for (uint64_t rank = 0; rank < world; ++rank) {
                             if (parts[rank]) continue;
                             Result<Manifest> part =
                                 ReadPart(store, ShardKey(run_id, version, rank, world));
-                            if (!part.ok() && part.status().code() == StatusCode::kNotFound)
-                              return false;
+                            if (!part.ok() && part.status().code() == StatusCode::kNotFound) {
+                              all = false;
+                              continue;
+                            }
                             if (!part.ok()) return part.status();
                             parts[rank] = std::move(*part);
                           }
-                          return true;
+                          return all;
                         }));
   if (!complete) {
     std::string missing;
@@ -339,7 +348,9 @@ Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id,
       return DataLoss(which + ": the part does not continue version " +
                       (previous ? std::to_string(previous->version) : "none"));
     }
-    if (part->keyframe.has_value() != parts[0]->keyframe.has_value())
+    if (part->keyframe.size() > 1)
+      return DataLoss(which + ": a rank's part has a keyframe in parts of its own");
+    if (part->has_keyframe() != parts[0]->has_keyframe())
       return DataLoss(which + ": the parts disagree on the keyframe");
     for (const ManifestTensor& t : part->tensors) {
       if (!names.insert(t.name).second)
@@ -357,26 +368,18 @@ Result<Manifest> CommitShards(ObjectStore& store, const std::string& run_id,
       shard_deltas.push_back(std::move(loaded));
     }
   }
-  // The keyframe, when one is due, is the parts' keyframes as one safetensors file.
-  auto keyframe = [&]() -> Result<std::vector<uint8_t>> {
-    std::vector<std::vector<uint8_t>> blobs;  // the files' tensors point into these
-    std::vector<sync::SafetensorsFile> files;
-    std::vector<sync::TensorToWrite> tensors;
+  // The keyframe, when one is due, is the ranks' keyframes, referenced in rank order as the parts
+  // of one: their bytes are not read here.
+  auto keyframe = [&]() -> Result<std::vector<BlobRef>> {
+    std::vector<BlobRef> blobs;
     for (const std::optional<Manifest>& part : parts) {
-      const std::string what =
-          where + ", the keyframe of rank " + std::to_string(part->shard->rank);
-      if (!part->keyframe) return DataLoss(what + " is missing: a keyframe is due");
-      WEFT_ASSIGN_OR_RETURN(blobs.emplace_back(), FetchVerifiedBlob(store, *part->keyframe, what));
-      Result<sync::SafetensorsFile> file = sync::SafetensorsFile::Parse(blobs.back());
-      if (!file.ok()) return file.status().WithContext(what);
-      files.push_back(std::move(*file));
-    }
-    for (const sync::SafetensorsFile& file : files) {
-      for (const sync::SafetensorsTensor& t : file.tensors()) {
-        tensors.push_back({t.name, t.dtype, t.shape, t.data});
+      if (!part->has_keyframe()) {
+        return DataLoss(where + ", the keyframe of rank " + std::to_string(part->shard->rank) +
+                        " is missing: a keyframe is due");
       }
+      blobs.push_back(part->keyframe.front());
     }
-    return KeyframeBytes(tensors);
+    return blobs;
   };
   return PublishContent(store, run_id, previous, std::move(tensors), previous ? &delta : nullptr,
                         keyframe, policy, threads, recent, nullptr);

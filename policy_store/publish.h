@@ -130,9 +130,11 @@ Result<Manifest> PublishModel(ObjectStore& store, const std::string& run_id,
 // 0): the delta of its tensors and, when a keyframe is due, their keyframe, then its part
 // manifest (ShardKey). Then one rank calls CommitShards, which waits up to `deadline` for all
 // `world` parts, checks that they continue `previous`, agree and hold disjoint tensors, merges
-// them into one delta (and keyframe) and publishes the version as PublishVersion does. Both are
-// idempotent: a rerun after a crash rewrites the same bytes. WaitForVersion lets the other ranks
-// wait until the version is visible.
+// their deltas into one (reading them: a few percent of the weights' size) and publishes the
+// version as PublishVersion does. A keyframe is not merged: the manifest names the ranks'
+// keyframes, in rank order, as the parts of the version's keyframe, so the committing rank never
+// reads another rank's weights. Both are idempotent: a rerun after a crash rewrites the same
+// bytes. WaitForVersion lets the other ranks wait until the version is visible.
 Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id,
                               const Manifest* previous, uint64_t rank, uint64_t world,
                               const sync::ServedModel& shard, const sync::ModelDelta* delta,

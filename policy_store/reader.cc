@@ -19,13 +19,49 @@ class KeyframeSink : public BlobSink {
     return stream_.Place(offset, bytes);
   }
   void Restart() override { stream_.Restart(); }
+  // Parts that lie within one tensor are read straight into it, once the header is in.
+  std::span<uint8_t> Window(uint64_t offset, uint64_t size) override {
+    return stream_.Window(offset, size);
+  }
+  Status Placed(uint64_t offset, uint64_t size) override { return stream_.Placed(offset, size); }
+  bool StartFirst() const override { return true; }
   sync::ServedModelStream& stream() { return stream_; }
 
  private:
   sync::ServedModelStream stream_;
 };
 
+// "the delta from version 7", "the deltas from version 7": the steps of a plan, for errors.
+std::string PathName(const PullPlan& plan) {
+  return (plan.steps.size() == 1 ? "the delta from version " : "the deltas from version ") +
+         std::to_string(plan.start);
+}
+
+// Whether a delta decoded whole before it is written (sync::ServedModel::Apply: about 8 bytes
+// per changed element, kept for the next version) stays within an eighth of the model's size.
+bool DecodesSmall(const sync::ModelDelta& delta, uint64_t model_bytes) {
+  const sync::DeltaStats stats = sync::ComputeStats(delta);
+  return 8 * (stats.changes + stats.raw_units) <= model_bytes / 8;
+}
+
 }  // namespace
+
+Status StoreReader::ApplyPath(std::span<const sync::ModelDelta* const> chain, const PullPlan& plan,
+                              sync::ServedModel* model) {
+  if (chain.empty()) return Status::Ok();
+  // One small delta (a reader following the run version by version) is decoded whole and written
+  // in one short pass. Anything larger (a catch-up) is applied chunk by chunk in place, in the
+  // model's memory plus a chunk per thread, proving every delta's digests before it writes.
+  if (chain.size() == 1 && DecodesSmall(*chain[0], model->byte_count())) {
+    return model->Apply(*chain[0], threads_).WithContext(PathName(plan));
+  }
+  size_t failed = 0;
+  Status status = model->ApplyChain(chain, threads_, &failed);
+  if (status.ok()) return status;
+  return status.WithContext(
+      "the delta from version " +
+      std::to_string(plan.steps[std::min(failed, plan.steps.size() - 1)].base));
+}
 
 Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
                             const sync::ModelDelta* pending, bool recompute, int threads) {
@@ -111,11 +147,21 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   // a new model, with their digests) and hashed as it arrives.
   const size_t steps = plan.steps.size();
   std::vector<BlobFetch> fetches;
-  std::unique_ptr<KeyframeSink> keyframe;
+  // A keyframe in parts is fetched part by part, concurrently, each into a model of its own.
+  std::vector<std::unique_ptr<KeyframeSink>> keyframe;
   const std::string keyframe_what = "keyframe of version " + std::to_string(plan.keyframe.version);
+  auto part_what = [&](size_t i) {
+    return plan.keyframe.keyframe.size() == 1
+               ? keyframe_what
+               : keyframe_what + ", part " + std::to_string(i + 1) + " of " +
+                     std::to_string(plan.keyframe.keyframe.size());
+  };
   if (plan.from_keyframe) {
-    keyframe = std::make_unique<KeyframeSink>(plan.keyframe.keyframe->bytes);
-    fetches.push_back({*plan.keyframe.keyframe, keyframe_what, keyframe.get()});
+    for (size_t i = 0; i < plan.keyframe.keyframe.size(); ++i) {
+      const BlobRef& part = plan.keyframe.keyframe[i];
+      keyframe.push_back(std::make_unique<KeyframeSink>(part.bytes));
+      fetches.push_back({part, part_what(i), keyframe.back().get()});
+    }
   }
   std::vector<std::unique_ptr<BytesSink>> delta_bytes;
   for (const PullPlan::Step& step : plan.steps) {
@@ -132,46 +178,34 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
                          "delta from version " + std::to_string(plan.steps[i].base)));
   }
   for (const BlobFetch& fetch : fetches) report.bytes_downloaded += fetch.blob.bytes;
-  if (plan.from_keyframe) report.fetched.push_back(*plan.keyframe.keyframe);
+  if (plan.from_keyframe) {
+    for (const BlobRef& part : plan.keyframe.keyframe) report.fetched.push_back(part);
+  }
   for (const PullPlan::Step& step : plan.steps) report.fetched.push_back(step.blob);
 
+  std::vector<const sync::ModelDelta*> chain;
+  for (const LoadedDelta& d : deltas) chain.push_back(&d.delta);
   if (plan.from_keyframe) {
     // A new copy: built aside and moved in only once it matches the target.
-    Result<sync::ServedModel> built = keyframe->stream().Finish();
-    if (!built.ok()) return built.status().WithContext(keyframe_what);
-    sync::ServedModel work = std::move(built).value();
-    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, plan.keyframe).WithContext(keyframe_what));
-    for (size_t i = 0; i < steps; ++i) {
-      WEFT_RETURN_IF_ERROR(
-          work.Apply(deltas[i].delta, threads_)
-              .WithContext("delta from version " + std::to_string(plan.steps[i].base)));
+    std::vector<sync::ServedModel> parts;
+    for (size_t i = 0; i < keyframe.size(); ++i) {
+      Result<sync::ServedModel> built = keyframe[i]->stream().Finish();
+      if (!built.ok()) return built.status().WithContext(part_what(i));
+      parts.push_back(std::move(built).value());
     }
+    Result<sync::ServedModel> joined = sync::ServedModel::Join(std::move(parts));
+    if (!joined.ok()) return DataLoss(joined.status().message()).WithContext(keyframe_what);
+    sync::ServedModel work = std::move(joined).value();
+    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, plan.keyframe).WithContext(keyframe_what));
+    WEFT_RETURN_IF_ERROR(ApplyPath(chain, plan, &work));
     WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, goal));
     *model = std::move(work);
   } else if (steps > 0) {
-    // The copy held, changed in place in O(changed elements): the path squashed into one delta
-    // (without the weights; on the held copy, read only, when a delta has context chunks),
-    // checked to land on the target's digests, then applied to every tensor at once, which
-    // proves each result digest before it writes.
-    const std::string what = steps == 1 ? "the delta from version " + std::to_string(plan.start)
-                                        : "the deltas from version " + std::to_string(plan.start);
-    sync::ModelDelta squashed;
-    const sync::ModelDelta* path = &deltas[0].delta;
-    if (steps > 1) {
-      std::vector<const sync::ModelDelta*> chain;
-      for (const LoadedDelta& d : deltas) chain.push_back(&d.delta);
-      bool context = false;
-      for (const sync::ModelDelta* d : chain) context = context || sync::HasContextChunks(*d);
-      Result<sync::ModelDelta> all =
-          context ? sync::SquashChainOnBase(chain, model->AsTensorBytes(), sync::DeltaMode::kPlain,
-                                            threads_)
-                  : sync::SquashChain(chain, threads_);
-      if (!all.ok()) return all.status().WithContext(what);
-      squashed = std::move(all).value();
-      path = &squashed;
-    }
-    WEFT_RETURN_IF_ERROR(CheckAgainstManifest(*model, goal, path).WithContext(what));
-    WEFT_RETURN_IF_ERROR(model->Apply(*path, threads_).WithContext(what));
+    // The copy held, changed in place in O(changed elements), checked to land on the target's
+    // digests first; every delta's result digest is proven before anything is written.
+    WEFT_RETURN_IF_ERROR(
+        CheckAgainstManifest(*model, goal, chain.back()).WithContext(PathName(plan)));
+    WEFT_RETURN_IF_ERROR(ApplyPath(chain, plan, model));
   }
   report.manifest = std::move(goal);
   return report;

@@ -21,6 +21,7 @@
 #include "policy_store/blob_fetch.h"
 #include "policy_store/manifest.h"
 #include "policy_store/object_store.h"
+#include "policy_store/planner.h"
 #include "sync/served_model.h"
 
 namespace weft::policy_store {
@@ -68,6 +69,10 @@ class StoreReader {
                                                   uint64_t max_versions = 1000);
 
  private:
+  // Applies the deltas of `plan` (parsed, in `chain`) to `*model`; on error it is unchanged.
+  Status ApplyPath(std::span<const sync::ModelDelta* const> chain, const PullPlan& plan,
+                   sync::ServedModel* model);
+
   ObjectStore& store_;
   std::string run_id_;
   int threads_;

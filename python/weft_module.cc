@@ -153,8 +153,8 @@ py::dict StatsDict(const trainer_adapter::PublishStats& stats,
   d["elements"] = stats.elements;
   d["density"] = stats.density();
   d["seconds"] = stats.seconds;
-  d["keyframe"] = manifest.keyframe.has_value();
-  d["keyframe_bytes"] = manifest.keyframe ? manifest.keyframe->bytes : 0;
+  d["keyframe"] = manifest.has_keyframe();
+  d["keyframe_bytes"] = manifest.keyframe_bytes();
   d["delta_bytes"] = manifest.delta ? manifest.delta->bytes : 0;
   d["served_bytes"] = served_bytes;
   return d;

@@ -549,7 +549,7 @@ void Simulation::BuildManifest(uint64_t v) {
     m.delta_bytes_since_keyframe = keyframe ? 0 : prev.delta_bytes_since_keyframe + m.delta->bytes;
   }
   if (keyframe) {
-    m.keyframe = BlobRef{BlobHash(NewBlob()), static_cast<uint64_t>(std::round(keyframe_bytes_))};
+    m.keyframe = {BlobRef{BlobHash(NewBlob()), static_cast<uint64_t>(std::round(keyframe_bytes_))}};
     m.last_keyframe = v;
     published += keyframe_bytes_;
     ++keyframes_published_;
@@ -573,8 +573,10 @@ const Plan& Simulation::PlanFor(std::optional<uint64_t> have, uint64_t target) {
     return plans_[key] = out;
   }
   out.from_keyframe = plan->from_keyframe;
-  if (plan->from_keyframe)
-    out.blobs.emplace_back(BlobId(plan->keyframe.keyframe->sha256), plan->keyframe.keyframe->bytes);
+  if (plan->from_keyframe) {
+    for (const BlobRef& part : plan->keyframe.keyframe)
+      out.blobs.emplace_back(BlobId(part.sha256), part.bytes);
+  }
   for (const auto& step : plan->steps)
     out.blobs.emplace_back(BlobId(step.blob.sha256), step.blob.bytes);
   out.deltas = plan->steps.size();

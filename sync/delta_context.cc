@@ -1,5 +1,7 @@
 // Deltas and their context chunks (delta_codec.h): recoding between modes, and squashing chains
 // on their base.
+#include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <map>
 #include <string>
@@ -75,19 +77,27 @@ Status DecodeChunk(const TensorDelta& tensor, size_t c, const uint8_t* base, Cha
 }
 
 // Applies a decoded chunk to `values` (the chunk's units, starting at tensor unit `first`) and
-// returns the digest change.
+// returns the digest change. Works through the changes a block at a time, so that its memory
+// does not grow with the chunk's.
 template <typename T>
 Digest ApplyChanges(KeyKind kind, const ChangeList& list, uint64_t first, uint8_t* values) {
-  const size_t n = list.size();
-  U32Vector old_values(n), new_values(n);
-  for (size_t j = 0; j < n; ++j) {
-    const T old_value = detail::Load<T>(values, list.offsets[j]);
-    const T new_value = ApplyResidual<T>(kind, old_value, static_cast<T>(list.residuals[j]));
-    old_values[j] = old_value;
-    new_values[j] = new_value;
-    detail::Store<T>(values, list.offsets[j], new_value);
+  constexpr size_t kBlock = 2048;
+  uint32_t old_values[kBlock], new_values[kBlock];
+  Digest change;
+  for (size_t begin = 0; begin < list.size(); begin += kBlock) {
+    const size_t n = std::min(kBlock, list.size() - begin);
+    const uint32_t* offsets = list.offsets.data() + begin;
+    const uint32_t* residuals = list.residuals.data() + begin;
+    for (size_t j = 0; j < n; ++j) {
+      const T old_value = detail::Load<T>(values, offsets[j]);
+      const T new_value = ApplyResidual<T>(kind, old_value, static_cast<T>(residuals[j]));
+      old_values[j] = old_value;
+      new_values[j] = new_value;
+      detail::Store<T>(values, offsets[j], new_value);
+    }
+    change += SumElementChanges(first, offsets, old_values, new_values, n);
   }
-  return SumElementChanges(first, list.offsets.data(), old_values.data(), new_values.data(), n);
+  return change;
 }
 
 }  // namespace
@@ -150,27 +160,41 @@ Result<ModelDelta> RecodeModelDelta(const ModelDelta& delta, DeltaMode mode,
   return recoded;
 }
 
-Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
-                                     const std::vector<TensorBytes>& base, DeltaMode mode,
-                                     int threads, size_t* failed) {
-  if (chain.empty()) return InvalidArgument("an empty chain of deltas has nothing to squash");
+namespace {
+
+// A chain of deltas lined up per tensor of its first delta: links[t][k] is delta k's delta of
+// tensor t, base_of[t] the bytes it starts from (checked by digest).
+struct LinkedChain {
+  std::vector<std::vector<const TensorDelta*>> links;
+  std::vector<const TensorBytes*> base_of;
+};
+
+// Checks that every delta of `chain` covers the first's tensors with the same dtypes, shapes and
+// chunking, that each starts where the one before ends, and that `base` holds the first's bases.
+// On a delta that does not fit, `*failed` (when given) is its index.
+Result<LinkedChain> LinkChain(std::span<const ModelDelta* const> chain,
+                              const std::vector<TensorBytes>& base, int threads, size_t* failed) {
+  if (chain.empty()) return InvalidArgument("an empty chain of deltas");
   auto fail = [&](size_t i, Status status) {
     if (failed != nullptr) *failed = i;
     return status;
   };
   const ModelDelta& head = *chain[0];
   const TensorIndex base_index = IndexByName(base);
-  // Each tensor's delta in every link, in the first delta's order, checked to continue.
   const size_t tensors = head.tensors.size();
-  std::vector<std::vector<const TensorDelta*>> links(tensors);
-  std::vector<const TensorBytes*> base_of(tensors);
+  LinkedChain linked;
+  linked.links.resize(tensors);
+  linked.base_of.resize(tensors);
   for (size_t t = 0; t < tensors; ++t) {
     const TensorDelta& first = head.tensors[t];
-    WEFT_ASSIGN_OR_RETURN(base_of[t],
-                          TensorAt(base_index, first.spec, first.base_digest, "base", threads));
-    if (base_of[t] == nullptr) {
-      return InvalidArgument("tensor '" + first.spec.name + "' is not in the base");
+    Result<const TensorBytes*> base_of =
+        TensorAt(base_index, first.spec, first.base_digest, "base", threads);
+    if (!base_of.ok()) return fail(0, base_of.status());
+    if (*base_of == nullptr) {
+      return fail(0, InvalidArgument("tensor '" + first.spec.name + "' is not in the base"));
     }
+    linked.base_of[t] = *base_of;
+    std::vector<const TensorDelta*>& links = linked.links[t];
     for (size_t i = 0; i < chain.size(); ++i) {
       const TensorDelta* link = chain[i]->Find(first.spec.name);
       if (chain[i]->tensors.size() != tensors || link == nullptr) {
@@ -183,22 +207,121 @@ Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
         return fail(i, InvalidArgument("tensor '" + first.spec.name +
                                        "': the deltas differ in dtype, shape or chunking"));
       }
-      if (i > 0 && link->base_digest != links[t].back()->result_digest) {
+      if (i > 0 && link->base_digest != links.back()->result_digest) {
         return fail(
             i, Conflict("tensor '" + first.spec.name + "': delta " + std::to_string(i) +
                         " starts from digest " + link->base_digest.ToHex() +
-                        ", but the one before ends at " + links[t].back()->result_digest.ToHex()));
+                        ", but the one before ends at " + links.back()->result_digest.ToHex()));
       }
-      links[t].push_back(link);
+      links.push_back(link);
     }
   }
+  return linked;
+}
 
+// Walks chunk c of a tensor through every link of its chain, changing `values` (the chunk's
+// units) in place. With `changes` (one per link), records what each link changes in the digest;
+// without, only writes. On a malformed chunk returns its error and sets `*failed_link`.
+Status WalkChunk(const std::vector<const TensorDelta*>& links, size_t c, uint8_t* values,
+                 Digest* changes, size_t* failed_link) {
+  const TensorDelta& head = *links.front();
+  const TensorSpec& spec = head.spec;
+  const uint8_t width = CodedWidth(spec.dtype);
+  const KeyKind kind = KeyKindFor(spec.dtype);
+  const uint64_t first = uint64_t{c} << head.chunk_log2;
+  const uint32_t units = head.UnitsInChunk(c);
+  thread_local ChangeList list;
+  for (size_t k = 0; k < links.size(); ++k) {
+    const TensorDelta& link = *links[k];
+    const DeltaChunk& chunk = link.chunks[c];
+    if (chunk.mode == ChunkMode::kUnchanged) continue;
+    if (chunk.mode == ChunkMode::kRaw) {
+      if (chunk.payload.size() != size_t{units} * width) {
+        *failed_link = k;
+        return DataLoss(ChunkContext(spec, c) + ": raw chunk has the wrong length");
+      }
+      if (changes != nullptr) {
+        list.clear();
+        ScanChanges(kind, width, values, chunk.payload.data(), units, 0, first, &list, &changes[k]);
+      }
+      std::memcpy(values, chunk.payload.data(), chunk.payload.size());
+      continue;
+    }
+    list.clear();
+    Status status = DecodeChunk(link, c, values, &list);
+    if (!status.ok()) {
+      *failed_link = k;
+      return status;
+    }
+    const Digest change = WithUnitType(
+        width, [&]<typename T>() { return ApplyChanges<T>(kind, list, first, values); });
+    if (changes != nullptr) changes[k] = change;
+  }
+  list.clear();
+  return Status::Ok();
+}
+
+// Whether any link changes chunk c.
+bool ChunkTouched(const std::vector<const TensorDelta*>& links, size_t c) {
+  for (const TensorDelta* link : links) {
+    if (link->chunks[c].mode != ChunkMode::kUnchanged) return true;
+  }
+  return false;
+}
+
+// The error of the earliest link that failed in any chunk (the link the chain broke at), or Ok.
+Status EarliestFailure(const std::vector<Status>& statuses, const std::vector<size_t>& failed_link,
+                       size_t links, size_t* failed) {
+  size_t first_failure = links;
+  Status first_status = Status::Ok();
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    if (!statuses[i].ok() && failed_link[i] < first_failure) {
+      first_failure = failed_link[i];
+      first_status = statuses[i];
+    }
+  }
+  if (!first_status.ok() && failed != nullptr) *failed = first_failure;
+  return first_status;
+}
+
+// Proves that every link lands on its result digest, from the digest changes walked per chunk
+// (`changes[i][k]`: chunk `chunks[i]`, link k): a link made for another base fails here.
+Status ProveLinks(const LinkedChain& linked, const std::vector<ChunkRef>& chunks,
+                  const std::vector<std::vector<Digest>>& changes, size_t* failed) {
+  const size_t tensors = linked.links.size();
+  const size_t links = tensors == 0 ? 0 : linked.links[0].size();
+  for (size_t k = 0; k < links; ++k) {
+    std::vector<Digest> reached(tensors);
+    for (size_t t = 0; t < tensors; ++t) reached[t] = linked.links[t][k]->base_digest;
+    for (size_t i = 0; i < chunks.size(); ++i) reached[chunks[i].tensor] += changes[i][k];
+    for (size_t t = 0; t < tensors; ++t) {
+      const TensorDelta& link = *linked.links[t][k];
+      if (reached[t] != link.result_digest) {
+        if (failed != nullptr) *failed = k;
+        return DataLoss("tensor '" + link.spec.name + "': delta " + std::to_string(k) +
+                        " gives digest " + reached[t].ToHex() + ", not its result digest " +
+                        link.result_digest.ToHex());
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
+                                     const std::vector<TensorBytes>& base, DeltaMode mode,
+                                     int threads, size_t* failed) {
+  if (chain.empty()) return InvalidArgument("an empty chain of deltas has nothing to squash");
+  WEFT_ASSIGN_OR_RETURN(LinkedChain linked, LinkChain(chain, base, threads, failed));
+  const ModelDelta& head = *chain[0];
+  const size_t tensors = head.tensors.size();
   ModelDelta squashed;
   squashed.tensors.resize(tensors);
   for (size_t t = 0; t < tensors; ++t) {
     squashed.tensors[t] = detail::NewDelta(head.tensors[t].spec, head.tensors[t].chunk_log2);
     squashed.tensors[t].base_digest = head.tensors[t].base_digest;
-    squashed.tensors[t].result_digest = links[t].back()->result_digest;
+    squashed.tensors[t].result_digest = linked.links[t].back()->result_digest;
   }
   const std::vector<ChunkRef> chunks = AllChunks(head);
   // Digest changes per chunk and link, to prove every link's result digest.
@@ -209,68 +332,75 @@ Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
     const auto [t, c] = chunks[i];
     const TensorSpec& spec = head.tensors[t].spec;
     const uint8_t width = CodedWidth(spec.dtype);
-    const KeyKind kind = KeyKindFor(spec.dtype);
     const uint64_t first = uint64_t{c} << head.tensors[t].chunk_log2;
     const uint32_t units = head.tensors[t].UnitsInChunk(c);
-    const uint8_t* original = base_of[t]->bytes.data() + first * width;
+    const uint8_t* original = linked.base_of[t]->bytes.data() + first * width;
     // The chunk as the chain goes, built from the base: one chunk's memory per thread.
     thread_local std::vector<uint8_t> values;
     values.assign(original, original + size_t{units} * width);
+    statuses[i] = WalkChunk(linked.links[t], c, values.data(), changes[i].data(), &failed_link[i]);
+    if (!statuses[i].ok()) return;
     ChangeList list;
-    for (size_t k = 0; k < chain.size(); ++k) {
-      const TensorDelta& link = *links[t][k];
-      const DeltaChunk& chunk = link.chunks[c];
-      if (chunk.mode == ChunkMode::kUnchanged) continue;
-      if (chunk.mode == ChunkMode::kRaw) {
-        if (chunk.payload.size() != size_t{units} * width) {
-          statuses[i] = DataLoss(ChunkContext(spec, c) + ": raw chunk has the wrong length");
-          failed_link[i] = k;
-          return;
-        }
-        ScanChanges(kind, width, values.data(), chunk.payload.data(), units, 0, first, &list,
-                    &changes[i][k]);
-        std::memcpy(values.data(), chunk.payload.data(), chunk.payload.size());
-        list.clear();
-        continue;
-      }
-      Status status = DecodeChunk(link, c, values.data(), &list);
-      if (!status.ok()) {
-        statuses[i] = status;
-        failed_link[i] = k;
-        return;
-      }
-      changes[i][k] = WithUnitType(
-          width, [&]<typename T>() { return ApplyChanges<T>(kind, list, first, values.data()); });
-    }
-    list.clear();
-    ScanChanges(kind, width, original, values.data(), units, 0, first, &list, nullptr);
+    ScanChanges(KeyKindFor(spec.dtype), width, original, values.data(), units, 0, first, &list,
+                nullptr);
     const detail::ContextSource source{spec.dtype, units, original, nullptr};
     squashed.tensors[t].chunks[c] = MakeChunk(list, values, width, CodingFor(spec.dtype),
                                               mode == DeltaMode::kContext ? &source : nullptr);
   });
-  size_t first_failure = chain.size();
-  Status first_status = Status::Ok();
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    if (!statuses[i].ok() && failed_link[i] < first_failure) {
-      first_failure = failed_link[i];
-      first_status = statuses[i];
-    }
-  }
-  if (!first_status.ok()) return fail(first_failure, first_status);
-  // Every link must land on its result digest: a link made for another base fails here.
-  for (size_t k = 0; k < chain.size(); ++k) {
-    std::vector<Digest> reached(tensors);
-    for (size_t t = 0; t < tensors; ++t) reached[t] = links[t][k]->base_digest;
-    for (size_t i = 0; i < chunks.size(); ++i) reached[chunks[i].tensor] += changes[i][k];
-    for (size_t t = 0; t < tensors; ++t) {
-      if (reached[t] != links[t][k]->result_digest) {
-        return fail(k, DataLoss("tensor '" + head.tensors[t].spec.name + "': delta " +
-                                std::to_string(k) + " gives digest " + reached[t].ToHex() +
-                                ", not its result digest " + links[t][k]->result_digest.ToHex()));
-      }
-    }
-  }
+  WEFT_RETURN_IF_ERROR(EarliestFailure(statuses, failed_link, chain.size(), failed));
+  WEFT_RETURN_IF_ERROR(ProveLinks(linked, chunks, changes, failed));
   return squashed;
+}
+
+Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<TensorBytes>& served,
+                  std::span<const std::span<uint8_t>> writable, int threads, size_t* failed) {
+  if (writable.size() != served.size()) {
+    return InvalidArgument("ApplyChain needs a writable span for every served tensor");
+  }
+  for (size_t i = 0; i < served.size(); ++i) {
+    if (writable[i].data() != served[i].bytes.data() ||
+        writable[i].size() != served[i].bytes.size()) {
+      return InvalidArgument("tensor '" + served[i].spec.name +
+                             "': its writable span is not its served bytes");
+    }
+  }
+  WEFT_ASSIGN_OR_RETURN(LinkedChain linked, LinkChain(chain, served, threads, failed));
+  const ModelDelta& head = *chain[0];
+  // Only the chunks some delta changes are walked: twice, first on a copy to prove every link's
+  // digest, then in place.
+  std::vector<ChunkRef> chunks;
+  for (const ChunkRef& chunk : AllChunks(head)) {
+    if (ChunkTouched(linked.links[chunk.tensor], chunk.chunk)) chunks.push_back(chunk);
+  }
+  std::vector<std::vector<Digest>> changes(chunks.size(), std::vector<Digest>(chain.size()));
+  std::vector<Status> statuses(chunks.size());
+  std::vector<size_t> failed_link(chunks.size(), chain.size());
+  auto chunk_bytes = [&](const ChunkRef& chunk) {
+    const TensorDelta& tensor = head.tensors[chunk.tensor];
+    const uint8_t width = CodedWidth(tensor.spec.dtype);
+    const size_t begin = (size_t{chunk.chunk} << tensor.chunk_log2) * width;
+    const size_t index = static_cast<size_t>(linked.base_of[chunk.tensor] - served.data());
+    return writable[index].subspan(begin, size_t{tensor.UnitsInChunk(chunk.chunk)} * width);
+  };
+  ParallelFor(chunks.size(), threads, [&](size_t i) {
+    const std::span<uint8_t> original = chunk_bytes(chunks[i]);
+    thread_local std::vector<uint8_t> values;
+    values.assign(original.begin(), original.end());
+    statuses[i] = WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, values.data(),
+                            changes[i].data(), &failed_link[i]);
+  });
+  WEFT_RETURN_IF_ERROR(EarliestFailure(statuses, failed_link, chain.size(), failed));
+  WEFT_RETURN_IF_ERROR(ProveLinks(linked, chunks, changes, failed));
+  // Proven: the same walk, now on the served bytes. It decodes what already decoded, so it
+  // cannot fail.
+  ParallelFor(chunks.size(), threads, [&](size_t i) {
+    size_t unused = 0;
+    [[maybe_unused]] const Status status =
+        WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, chunk_bytes(chunks[i]).data(),
+                  nullptr, &unused);
+    assert(status.ok());
+  });
+  return Status::Ok();
 }
 
 }  // namespace weft::sync

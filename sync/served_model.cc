@@ -1,6 +1,7 @@
 #include "sync/served_model.h"
 
 #include <cstring>
+#include <set>
 
 namespace weft::sync {
 namespace {
@@ -143,6 +144,32 @@ Status ServedModel::Apply(const ModelDelta& delta, int threads) {
   }
   apply_buffers_.Trim(byte_count());
   return status;
+}
+
+Status ServedModel::ApplyChain(std::span<const ModelDelta* const> chain, int threads,
+                               size_t* failed) {
+  std::vector<std::span<uint8_t>> writable;
+  writable.reserve(tensors_.size());
+  for (Tensor& tensor : tensors_) writable.emplace_back(tensor.bytes);
+  WEFT_RETURN_IF_ERROR(sync::ApplyChain(chain, AsTensorBytes(), writable, threads, failed));
+  for (const TensorDelta& t : chain.back()->tensors) {
+    if (Tensor* tensor = FindMutable(t.spec.name)) tensor->digest = t.result_digest;
+  }
+  return Status::Ok();
+}
+
+Result<ServedModel> ServedModel::Join(std::vector<ServedModel> parts) {
+  ServedModel joined;
+  if (!parts.empty()) joined.plan_ = parts.front().plan_;
+  std::set<std::string> names;
+  for (ServedModel& part : parts) {
+    for (Tensor& tensor : part.tensors_) {
+      if (!names.insert(tensor.spec.name).second)
+        return InvalidArgument("tensor '" + tensor.spec.name + "' is in two parts");
+      joined.tensors_.push_back(std::move(tensor));
+    }
+  }
+  return joined;
 }
 
 void ServedModel::ApplyBuffers::Trim(uint64_t model_bytes) {

@@ -62,8 +62,18 @@ class ServedModel {
   Result<ModelDelta> Update(const std::vector<MasterTensor>& master, const CodecOptions& options,
                             uint64_t* changed = nullptr);
 
-  // Applies a delta made from this state; on error nothing is changed.
+  // Applies a delta made from this state; on error nothing is changed. Decodes the whole delta
+  // before writing (into buffers kept for the next version: about 8 bytes per changed element),
+  // so the write itself is short.
   Status Apply(const ModelDelta& delta, int threads);
+  // Applies a chain of deltas, the first made from this state and each from the one before, in
+  // place and in bounded memory (sync::ApplyChain: a chunk per thread, decoding twice); on error
+  // nothing is changed and `*failed`, when given, is the index of the delta at fault.
+  Status ApplyChain(std::span<const ModelDelta* const> chain, int threads,
+                    size_t* failed = nullptr);
+  // The tensors of several models as one model, in order; kInvalidArgument when two hold a tensor
+  // of the same name. The serving plan is the first part's.
+  static Result<ServedModel> Join(std::vector<ServedModel> parts);
 
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const Tensor* Find(const std::string& name) const;

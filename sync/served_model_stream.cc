@@ -31,6 +31,46 @@ Status ServedModelStream::Place(uint64_t offset, std::span<const uint8_t> bytes)
   return Status::Ok();
 }
 
+std::span<uint8_t> ServedModelStream::Window(uint64_t offset, uint64_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!parsed_ || size == 0 || offset < data_start_) return {};
+  const size_t t = TensorAt(offset);
+  if (t == tensors_.size()) return {};
+  Building& building = tensors_[t];
+  const uint64_t within = offset - building.offset;  // TensorAt: it starts at or before `offset`
+  const uint64_t length = building.tensor.bytes.size();
+  if (within > length || size > length - within) return {};
+  return std::span<uint8_t>(building.tensor.bytes).subspan(within, size);
+}
+
+Status ServedModelStream::Placed(uint64_t offset, uint64_t size) {
+  std::span<uint8_t> window;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!header_error_.ok()) return header_error_;
+    const size_t t = parsed_ ? TensorAt(offset) : tensors_.size();
+    if (t == tensors_.size() || offset - tensors_[t].offset > tensors_[t].tensor.bytes.size() ||
+        size > tensors_[t].tensor.bytes.size() - (offset - tensors_[t].offset)) {
+      return InvalidArgument("bytes [" + std::to_string(offset) + ", " +
+                             std::to_string(offset + size) + ") were not a window of the file");
+    }
+    window =
+        std::span<uint8_t>(tensors_[t].tensor.bytes).subspan(offset - tensors_[t].offset, size);
+    placed_ += size;
+  }
+  PlaceData(offset, window);
+  return Status::Ok();
+}
+
+size_t ServedModelStream::TensorAt(uint64_t offset) const {
+  // The last tensor starting at or before `offset` (zero-byte tensors sort before others there).
+  const size_t after = static_cast<size_t>(
+      std::upper_bound(tensors_.begin(), tensors_.end(), offset,
+                       [](uint64_t at, const Building& b) { return at < b.offset; }) -
+      tensors_.begin());
+  return after == 0 ? tensors_.size() : after - 1;
+}
+
 Status ServedModelStream::TryParseHeader() {
   // The first `want` bytes, when the waiting pieces hold them without a gap.
   auto gather = [&](uint64_t want) {
@@ -93,19 +133,17 @@ void ServedModelStream::CopyAndHash(uint64_t offset, std::span<const uint8_t> by
   const uint64_t begin = std::max(offset, data_start_);
   const uint64_t end = offset + bytes.size();
   if (begin >= end) return;
-  // The last tensor starting at or before `begin` (zero-byte tensors sort before others there).
-  size_t t = static_cast<size_t>(
-      std::upper_bound(tensors_.begin(), tensors_.end(), begin,
-                       [](uint64_t at, const Building& b) { return at < b.offset; }) -
-      tensors_.begin());
-  t = t == 0 ? 0 : t - 1;
+  size_t t = TensorAt(begin);
+  if (t == tensors_.size()) t = 0;
   for (; t < tensors_.size() && tensors_[t].offset < end; ++t) {
     Building& building = tensors_[t];
     std::vector<uint8_t>& data = building.tensor.bytes;
     const uint64_t from = std::max(begin, building.offset);
     const uint64_t to = std::min(end, building.offset + data.size());
     if (from >= to) continue;
-    std::memcpy(data.data() + (from - building.offset), bytes.data() + (from - offset), to - from);
+    uint8_t* into = data.data() + (from - building.offset);
+    const uint8_t* source = bytes.data() + (from - offset);
+    if (into != source) std::memcpy(into, source, to - from);  // (a window is in place already)
     // The elements wholly inside this piece are hashed now; the ones it cuts, by Finish.
     const uint64_t unit = building.unit;
     const uint64_t low = from - building.offset, high = to - building.offset;

@@ -2,11 +2,11 @@
 // are still arriving, in pieces, in any order, from several threads at once, as parallel ranged
 // downloads deliver them.
 //
-// Each piece is copied once, straight into its tensor, and added to that tensor's state digest
-// right after, while it is still in cache (the digest is a sum over positions, so pieces add up
-// in any order). Pieces that arrive before the header has been read wait in memory until it has.
-// An element split between two pieces is hashed once both have arrived. Nothing holds the file:
-// the memory is the model's, plus pieces waiting for the header.
+// Each piece is copied once, straight into its tensor (or written there by the caller, Window),
+// and added to that tensor's state digest right after, while it is still in cache (the digest is a
+// sum over positions, so pieces add up in any order). Pieces that arrive before the header has been
+// read wait in memory until it has. An element split between two pieces is hashed once both have
+// arrived. Nothing holds the file: the memory is the model's, plus pieces waiting for the header.
 //
 // The stream checks the header as SafetensorsFile::Parse does; it does not check that the bytes
 // are the publisher's (the caller checks the file's content hash as the pieces pass through).
@@ -32,6 +32,12 @@ class ServedModelStream {
   // Bytes [offset, offset + bytes.size()) of the file. kDataLoss when the header is not valid or
   // the piece lies past the file's end; pieces must not overlap (each byte is placed once).
   Status Place(uint64_t offset, std::span<const uint8_t> bytes);
+  // Where bytes [offset, offset + size) of the file belong, once the header has been read, when
+  // they lie within one tensor's data: a piece written there straight from the network or a file
+  // (no copy) is then announced with Placed, which counts and hashes it. Empty otherwise (the
+  // piece goes to Place). Thread-safe as Place is.
+  std::span<uint8_t> Window(uint64_t offset, uint64_t size);
+  Status Placed(uint64_t offset, uint64_t size);
   // Forgets every piece (the file is being fetched again).
   void Restart();
   // The model, once every byte has been placed (kDataLoss before, naming what is missing). The
@@ -49,6 +55,9 @@ class ServedModelStream {
   // With mutex_ held: parses the header once the pieces from offset 0 hold it, then places the
   // pieces that waited for it.
   Status TryParseHeader();
+  // The index of the last tensor whose data starts at or before `offset` (tensors_.size() when
+  // none does), with mutex_ held or after the header is parsed.
+  size_t TensorAt(uint64_t offset) const;
   // Forgets every piece, with mutex_ held (Restart, and Finish once the model is out).
   void ResetLocked();
   // Copies and hashes a piece of the data section (header parsed): PlaceData takes mutex_ to add

@@ -7,7 +7,7 @@ using Clock = std::chrono::steady_clock;
 
 uint64_t BlobBytes(const policy_store::Manifest& manifest) {
   uint64_t bytes = 0;
-  if (manifest.keyframe) bytes += manifest.keyframe->bytes;
+  bytes += manifest.keyframe_bytes();
   if (manifest.delta) bytes += manifest.delta->bytes;
   for (const policy_store::SkipDelta& skip : manifest.skips) bytes += skip.blob.bytes;
   return bytes;

@@ -37,12 +37,32 @@ class RangedStore : public ForwardingStore {
     }
     return range;
   }
+  // Into place, as the directory below reads it, with the same faults.
+  Result<RangeRead> GetRangeInto(const std::string& key, uint64_t first,
+                                 std::span<uint8_t> out) override {
+    ranges.fetch_add(1);
+    in_place.fetch_add(1);
+    Result<RangeRead> read = inner().GetRangeInto(key, first, out);
+    if (read.ok() && read->read > 0) {
+      if (corrupt.load() > 0 && corrupt.fetch_sub(1) > 0) out[read->read / 2] ^= 4;
+      if (cut.load() > 0 && cut.fetch_sub(1) > 0) --read->read;
+    }
+    return read;
+  }
   bool ReadsRanges() const override { return true; }
 
   std::atomic<int> ranges{0};
+  std::atomic<int> in_place{0};
   std::atomic<int> whole_blob_reads{0};
   std::atomic<int> corrupt{0};
   std::atomic<int> cut{0};
+};
+
+// A blob's bytes in memory, handed over in buffers (no windows).
+class BufferedSink : public BytesSink {
+ public:
+  using BytesSink::BytesSink;
+  std::span<uint8_t> Window(uint64_t, uint64_t) override { return {}; }
 };
 
 struct Blobs {
@@ -57,12 +77,14 @@ struct Blobs {
       upstream.Put(contents.back());
     }
   }
-  // Fetches every blob through `store`; checks each one's bytes when it succeeds.
-  Status Fetch(ObjectStore& store, const FetchOptions& options) {
+  // Fetches every blob through `store` (`in_place`: into the sinks' windows; otherwise through
+  // buffers handed to Place); checks each one's bytes when it succeeds.
+  Status Fetch(ObjectStore& store, const FetchOptions& options, bool in_place = true) {
     std::vector<std::unique_ptr<BytesSink>> sinks;
     std::vector<BlobFetch> fetches;
     for (size_t i = 0; i < refs.size(); ++i) {
-      sinks.push_back(std::make_unique<BytesSink>(refs[i].bytes));
+      sinks.push_back(in_place ? std::make_unique<BytesSink>(refs[i].bytes)
+                               : std::make_unique<BufferedSink>(refs[i].bytes));
       fetches.push_back({refs[i], "blob " + std::to_string(i), sinks.back().get()});
     }
     Status status = FetchBlobs(store, fetches, options);
@@ -78,22 +100,30 @@ const std::vector<size_t> kSizes = {0, 1, 999, 1000, 1001, 5000, 12345};
 TEST_CASE("blob fetch: every part size, concurrency and memory bound gives whole, checked blobs") {
   Blobs blobs(kSizes);
   RangedStore store(*blobs.upstream.store);
-  for (uint64_t part_bytes : {uint64_t{7}, uint64_t{1000}, uint64_t{1} << 20}) {
-    for (int concurrency : {1, 4, 16}) {
-      for (uint64_t buffered : {uint64_t{1}, uint64_t{4000}, uint64_t{1} << 30}) {
-        CAPTURE(part_bytes);
-        CAPTURE(concurrency);
-        CAPTURE(buffered);
-        store.ranges = 0;
-        const Status status = blobs.Fetch(store, {part_bytes, concurrency, buffered});
-        REQUIRE_MESSAGE(status.ok(), status.ToString());
-        int parts = 0;
-        for (size_t size : kSizes)
-          parts += static_cast<int>(std::max<uint64_t>(1, (size + part_bytes - 1) / part_bytes));
-        CHECK(store.ranges.load() == parts);
+  for (bool in_place : {true, false}) {
+    for (uint64_t part_bytes : {uint64_t{7}, uint64_t{1000}, uint64_t{1} << 20}) {
+      for (int concurrency : {1, 4, 16}) {
+        for (uint64_t buffered : {uint64_t{1}, uint64_t{4000}, uint64_t{1} << 30}) {
+          CAPTURE(in_place);
+          CAPTURE(part_bytes);
+          CAPTURE(concurrency);
+          CAPTURE(buffered);
+          store.ranges = 0;
+          store.in_place = 0;
+          const Status status = blobs.Fetch(store, {part_bytes, concurrency, buffered}, in_place);
+          REQUIRE_MESSAGE(status.ok(), status.ToString());
+          int parts = 0;
+          for (size_t size : kSizes)
+            parts += static_cast<int>(std::max<uint64_t>(1, (size + part_bytes - 1) / part_bytes));
+          CHECK(store.ranges.load() == parts);
+          // Every part of a blob with bytes lands in place when the sink has windows.
+          CHECK(store.in_place.load() == (in_place ? parts - 1 : 0));
+        }
       }
     }
   }
+  // Straight from the directory: read into place, no buffer.
+  REQUIRE(blobs.Fetch(*blobs.upstream.store, {1000, 4, 1}).ok());
   CHECK(store.whole_blob_reads.load() == 0);
   // A store that reads whole objects is asked for each blob once, whatever the part size.
   int before = blobs.upstream.faulty.gets.load();
@@ -105,11 +135,15 @@ TEST_CASE("blob fetch: a damaged part is fetched again with its blob; three time
   Blobs blobs({30000});
   RangedStore store(*blobs.upstream.store);
   const FetchOptions options{4096, 4, 1 << 20};
-  store.corrupt = 1;
-  REQUIRE(blobs.Fetch(store, options).ok());
-  CHECK(store.ranges.load() == 2 * 8);  // the blob's 8 parts, twice
-  store.cut = 2;                        // short parts: a transfer that ended early
-  REQUIRE(blobs.Fetch(store, options).ok());
+  for (bool in_place : {true, false}) {
+    CAPTURE(in_place);
+    store.ranges = 0;
+    store.corrupt = 1;
+    REQUIRE(blobs.Fetch(store, options, in_place).ok());
+    CHECK(store.ranges.load() == 2 * 8);  // the blob's 8 parts, twice
+    store.cut = 2;                        // short parts: a transfer that ended early
+    REQUIRE(blobs.Fetch(store, options, in_place).ok());
+  }
   store.corrupt = 1000;
   const Status status = blobs.Fetch(store, options);
   CHECK(status.code() == StatusCode::kDataLoss);

@@ -39,6 +39,43 @@ TEST_CASE("manifests: round trip and strict parsing") {
   CHECK(error(replace("\"run-1\"", "\"../x\"")).find("run id") != std::string::npos);
   CHECK(error(replace("\"base\": 2", "\"base\": 3")).find("before the version") !=
         std::string::npos);
+
+  // A keyframe in parts: format version 2, which needs them; version 1 manifests stay as they were.
+  Manifest keyframed = m;
+  keyframed.version = 4;
+  keyframed.last_keyframe = 4;
+  keyframed.delta_bytes_since_keyframe = 0;
+  keyframed.delta_base = 3;
+  keyframed.keyframe = {BlobRef{std::string(64, 'd'), 10}, BlobRef{std::string(64, 'e'), 20}};
+  const std::string parts = keyframed.ToJson();
+  CHECK(parts.find("\"weft.manifest.v2\"") != std::string::npos);
+  auto reparsed = Manifest::FromJson(parts);
+  REQUIRE_MESSAGE(reparsed.ok(), reparsed.status().ToString());
+  CHECK(reparsed->keyframe.size() == 2);
+  CHECK(reparsed->keyframe_bytes() == 30);
+  CHECK(reparsed->Blobs().size() == 5);
+  CHECK(reparsed->ToJson() == parts);
+  keyframed.keyframe.resize(1);
+  CHECK(keyframed.ToJson().find("\"weft.manifest.v1\"") != std::string::npos);
+  CHECK(Manifest::FromJson(keyframed.ToJson())->keyframe.size() == 1);
+  good = parts;
+  CHECK(error(replace("weft.manifest.v2", "weft.manifest.v1")).find("needs format") !=
+        std::string::npos);
+  CHECK(error(replace("weft.manifest.v2", "weft.manifest.v3")).find("format is not") !=
+        std::string::npos);
+  CHECK(error(replace(std::string(64, 'e'), std::string(63, 'e') + "x"))
+            .find("manifest.keyframe_parts[1].sha256") != std::string::npos);
+  CHECK(error(replace("\"keyframe_parts\"", "\"keyframe\": {\"sha256\": \"" + std::string(64, 'f') +
+                                                "\", \"bytes\": 1}, \"keyframe_parts\""))
+            .find("both keyframe and keyframe_parts") != std::string::npos);
+  good = m.ToJson();
+  CHECK(error(replace("weft.manifest.v1", "weft.manifest.v2")).find("has no keyframe_parts") !=
+        std::string::npos);
+  Manifest one_part = keyframed;
+  std::string single = one_part.ToJson();
+  single.replace(single.find("weft.manifest.v1"), 16, "weft.manifest.v2");
+  single.replace(single.find("\"keyframe\""), 10, "\"keyframe_parts\"");
+  CHECK(Manifest::FromJson(single).status().message().find("2 to 65536") != std::string::npos);
   CHECK(Sha256Hex({}) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 

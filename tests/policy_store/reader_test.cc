@@ -30,7 +30,7 @@ TEST_CASE("reader: any version from nothing or from an older copy, along the che
   for (int v = 1; v <= 9; ++v) {
     const Manifest m = run.Next();
     CHECK(m.version == static_cast<uint64_t>(v));
-    CHECK(m.keyframe.has_value() == (v % 4 == 0));
+    CHECK(m.has_keyframe() == (v % 4 == 0));
     CHECK(m.last_keyframe == static_cast<uint64_t>(v - v % 4));
   }
   StoreReader reader(*d.store, "run", 1);

@@ -1,6 +1,7 @@
 // Applying deltas: the model-level prepare and commit (one parallel loop over every tensor's
-// chunks), the sparse decoder that resolves changes while it decodes, and the guarantee that a
-// delta is proven in full before anything is written.
+// chunks), the sparse decoder that resolves changes while it decodes, chains applied in place
+// chunk by chunk, and the guarantee that a delta (or a whole chain) is proven in full before
+// anything is written.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -391,6 +392,130 @@ TEST_CASE("apply: a served model reuses its buffers across versions of any shape
   ServedModel copy = replica;
   REQUIRE(copy.Apply(d01, 2).ok());
   CHECK(copy.tensors()[0].bytes == v1.bytes[0]);
+}
+
+// Versions 0..n of SmallTensors-like models, each a step of about `density` from the one before,
+// and the deltas between them in alternating modes (a chain may mix them).
+struct History {
+  std::vector<Model> versions;
+  std::vector<ModelDelta> deltas;
+
+  std::vector<const ModelDelta*> Chain(size_t from, size_t to) const {
+    std::vector<const ModelDelta*> chain;
+    for (size_t v = from; v < to; ++v) chain.push_back(&deltas[v]);
+    return chain;
+  }
+};
+
+History MakeHistory(std::mt19937_64& rng, size_t tensors, size_t steps, double density) {
+  History h;
+  h.versions.push_back(SmallTensors(rng, tensors, density).first);
+  for (size_t v = 0; v < steps; ++v) {
+    Model next = h.versions.back();
+    for (size_t t = 0; t < next.specs.size(); ++t)
+      next.bytes[t] = testing::Perturb(next.bytes[t], next.specs[t].dtype, density, rng);
+    const DeltaMode mode = v % 2 == 0 ? DeltaMode::kContext : DeltaMode::kPlain;
+    h.deltas.push_back(std::move(EncodeModelDelta(h.versions.back().View(), next.View(),
+                                                  CodecOptions{10, 2, mode}))
+                           .value());
+    h.versions.push_back(std::move(next));
+  }
+  return h;
+}
+
+void CheckHolds(const ServedModel& model, const Model& expected) {
+  REQUIRE(model.tensors().size() == expected.specs.size());
+  for (size_t t = 0; t < expected.specs.size(); ++t) {
+    CHECK(model.tensors()[t].bytes == expected.bytes[t]);
+    CHECK(model.tensors()[t].digest == TensorDigest(expected.specs[t].dtype, expected.bytes[t]));
+  }
+}
+
+TEST_CASE("apply: a chain applied in place equals its deltas applied one by one") {
+  std::mt19937_64 rng(41);
+  const History h = MakeHistory(rng, 30, 6, 0.04);
+  for (int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    for (size_t from : {size_t{0}, size_t{2}, size_t{5}}) {
+      CAPTURE(from);
+      ServedModel replica =
+          ServedModel::FromTensors(h.versions[from].specs, h.versions[from].bytes, threads);
+      const std::vector<const ModelDelta*> chain = h.Chain(from, 6);
+      REQUIRE(replica.ApplyChain(chain, threads).ok());
+      CheckHolds(replica, h.versions[6]);
+    }
+  }
+  // Raw chunks (every element changed) and tensors no delta names are handled too.
+  Model dense = h.versions[0];
+  dense.specs.push_back({"extra", DType::kBF16, {4000}});
+  dense.bytes.push_back(testing::RandomTensor(DType::kBF16, 4000, rng));
+  Model all = h.versions[0];
+  for (size_t t = 0; t < all.specs.size(); ++t)
+    all.bytes[t] = testing::Perturb(all.bytes[t], all.specs[t].dtype, 1.0, rng);
+  const ModelDelta to_all =
+      std::move(EncodeModelDelta(h.versions[0].View(), all.View(), CodecOptions{10, 2})).value();
+  const ModelDelta back = std::move(EncodeModelDelta(all.View(), h.versions[1].View(),
+                                                     CodecOptions{10, 2, DeltaMode::kContext}))
+                              .value();
+  ServedModel replica = ServedModel::FromTensors(dense.specs, dense.bytes, 2);
+  const std::vector<const ModelDelta*> chain = {&to_all, &back, &h.deltas[1]};
+  REQUIRE(replica.ApplyChain(chain, 2).ok());
+  for (size_t t = 0; t < h.versions[2].specs.size(); ++t)
+    CHECK(replica.tensors()[t].bytes == h.versions[2].bytes[t]);
+  CHECK(replica.tensors().back().bytes == dense.bytes.back());
+}
+
+TEST_CASE("apply: a chain with any bad link leaves every tensor unchanged, and names the link") {
+  std::mt19937_64 rng(42);
+  const History h = MakeHistory(rng, 12, 4, 0.05);
+  auto check_refused = [&](const std::vector<const ModelDelta*>& chain, size_t link,
+                           StatusCode code) {
+    for (int threads : {1, 2}) {
+      ServedModel replica =
+          ServedModel::FromTensors(h.versions[0].specs, h.versions[0].bytes, threads);
+      size_t failed = 99;
+      const Status status = replica.ApplyChain(chain, threads, &failed);
+      CHECK(status.code() == code);
+      CHECK(failed == link);
+      CheckHolds(replica, h.versions[0]);
+      REQUIRE(replica.ApplyChain(h.Chain(0, 4), threads).ok());
+      CheckHolds(replica, h.versions[4]);
+    }
+  };
+  SUBCASE("a corrupted payload in the third delta") {
+    // The last sparse or context chunk of the third delta, every 5th byte in turn: each is
+    // malformed, or lands elsewhere than that delta's result digest.
+    ModelDelta probe = h.deltas[2].Copy();
+    size_t tensor = 0, chunk = 0;
+    for (size_t t = 0; t < probe.tensors.size(); ++t) {
+      for (size_t c = 0; c < probe.tensors[t].chunks.size(); ++c) {
+        const ChunkMode mode = probe.tensors[t].chunks[c].mode;
+        if (mode == ChunkMode::kSparse || mode == ChunkMode::kContext) tensor = t, chunk = c;
+      }
+    }
+    const size_t size = probe.tensors[tensor].chunks[chunk].payload.size();
+    REQUIRE(size > 0);
+    for (size_t at = 0; at < size; at += 5) {
+      ModelDelta bad = h.deltas[2].Copy();
+      bad.tensors[tensor].chunks[chunk].owned[at] ^= 0x24;
+      std::vector<const ModelDelta*> chain = h.Chain(0, 4);
+      chain[2] = &bad;
+      check_refused(chain, 2, StatusCode::kDataLoss);
+    }
+  }
+  SUBCASE("a result digest that the changes do not produce") {
+    ModelDelta bad = h.deltas[1].Copy();
+    bad.tensors.back().result_digest.lane1 ^= 1;
+    ModelDelta next = h.deltas[2].Copy();
+    next.tensors.back().base_digest = bad.tensors.back().result_digest;
+    check_refused({&h.deltas[0], &bad, &next, &h.deltas[3]}, 1, StatusCode::kDataLoss);
+  }
+  SUBCASE("a link that does not continue the one before") {
+    check_refused({&h.deltas[0], &h.deltas[2]}, 1, StatusCode::kConflict);
+  }
+  SUBCASE("a first delta made for another base") {
+    check_refused({&h.deltas[1], &h.deltas[2]}, 0, StatusCode::kConflict);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <thread>
 
@@ -65,6 +66,51 @@ void CheckSame(const ServedModel& got, const ServedModel& expected) {
     CHECK(a.bytes == b.bytes);
     CHECK(a.digest == b.digest);
     CHECK(a.digest == TensorDigest(a.spec.dtype, a.bytes));
+  }
+}
+
+TEST_CASE("served model stream: pieces written in place through windows, the rest placed") {
+  std::mt19937_64 rng(6);
+  const std::vector<uint8_t> file = Keyframe(rng);
+  const ServedModel expected =
+      ServedModel::FromSafetensors(SafetensorsFile::Parse(file).value(), 1);
+  const uint64_t data_start = SafetensorsFile::Parse(file)->data_start();
+  for (uint64_t max_piece : {uint64_t{1}, uint64_t{5}, uint64_t{200}, uint64_t{5000}}) {
+    CAPTURE(max_piece);
+    ServedModelStream stream(file.size());
+    // No window before the header has been read, nor over it.
+    CHECK(stream.Window(data_start, 1).empty());
+    CHECK(stream.Place(0, std::span(file).first(data_start)).ok());
+    CHECK(stream.Window(0, 1).empty());
+    CHECK(stream.Window(data_start - 1, 2).empty());
+    CHECK(stream.Placed(0, 1).code() == StatusCode::kInvalidArgument);
+    const auto pieces = Pieces(file.size() - data_start, max_piece, rng);
+    std::atomic<int> windows{0};
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 4; ++w) {
+      threads.emplace_back([&, w] {
+        for (size_t i = w; i < pieces.size(); i += 4) {
+          const uint64_t offset = data_start + pieces[i].first, length = pieces[i].second;
+          const std::span<const uint8_t> piece = std::span(file).subspan(offset, length);
+          const std::span<uint8_t> window = stream.Window(offset, length);
+          if (window.empty()) {
+            CHECK(stream.Place(offset, piece).ok());
+            continue;
+          }
+          // A window is exactly the piece's place: written there, then announced.
+          REQUIRE(window.size() == length);
+          std::copy(piece.begin(), piece.end(), window.begin());
+          CHECK(stream.Placed(offset, length).ok());
+          windows.fetch_add(1);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    // (The largest tensor holds 2002 bytes: pieces of up to 5000 mostly straddle tensors.)
+    if (max_piece <= 200) CHECK(windows.load() > 0);
+    Result<ServedModel> got = stream.Finish();
+    REQUIRE_MESSAGE(got.ok(), got.status().ToString());
+    CheckSame(*got, expected);
   }
 }
 

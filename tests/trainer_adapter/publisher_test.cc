@@ -64,13 +64,13 @@ TEST_CASE("publisher: every version a delta of the served state, proven by its d
   auto publisher = Publisher::Start(*f.store, "run", f.Master(), sync::ServingPlan{}, Options(4));
   REQUIRE(publisher.ok());
   CHECK((*publisher)->last().version == 0);
-  CHECK((*publisher)->last().keyframe.has_value());
+  CHECK((*publisher)->last().has_keyframe());
   // Version 0 writes everything: its stats say so.
   const PublishStats first = (*publisher)->last_stats();
   CHECK(first.version == 0);
   CHECK(first.elements == (*publisher)->served().element_count());
   CHECK(first.changed_elements == first.elements);
-  CHECK(first.bytes_written == (*publisher)->last().keyframe->bytes);
+  CHECK(first.bytes_written == (*publisher)->last().keyframe_bytes());
   StoreReader reader(*f.store, "run", 1);
   sync::ServedModel replica;
   REQUIRE(reader.Pull(0, std::nullopt, &replica).ok());
@@ -89,7 +89,7 @@ TEST_CASE("publisher: every version a delta of the served state, proven by its d
     // elements that is neither none nor all.
     const PublishStats& stats = (*publisher)->last_stats();
     CHECK(stats.version == v);
-    uint64_t blobs = manifest->delta->bytes + (manifest->keyframe ? manifest->keyframe->bytes : 0);
+    uint64_t blobs = manifest->delta->bytes + manifest->keyframe_bytes();
     for (const policy_store::SkipDelta& skip : manifest->skips) blobs += skip.blob.bytes;
     CHECK(stats.bytes_written == blobs);
     CHECK(stats.changed_elements > 0);
@@ -174,8 +174,9 @@ TEST_CASE(
   StoreReader sharded(*f.store, "sharded", 1);
   StoreReader reference(*f.store, "whole", 1);
   CHECK(*sharded.Latest() == 7);
-  for (uint64_t v : {0, 3, 6}) CHECK(sharded.GetManifest(v)->keyframe.has_value());
-  CHECK(!sharded.GetManifest(5)->keyframe.has_value());
+  // Each keyframe is the three ranks' keyframes, as its parts.
+  for (uint64_t v : {0, 3, 6}) CHECK(sharded.GetManifest(v)->keyframe.size() == 3);
+  CHECK(!sharded.GetManifest(5)->has_keyframe());
   CHECK(sharded.GetManifest(4)->skips.size() == 2);
   sync::ServedModel expected;
   REQUIRE(reference.Pull(7, std::nullopt, &expected).ok());
