@@ -36,11 +36,11 @@ struct BlobState {
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> hash{EVP_MD_CTX_new(), EVP_MD_CTX_free};
   uint64_t hashed = 0;  // bytes hashed, from the start
   // A part that arrived, waiting to be hashed: the size it should have, its bytes (in `buffer`, or
-  // in the sink's window `view`) and the buffered bytes it counts against the memory bound.
+  // in the sink's windows, `views`) and the buffered bytes it counts against the memory bound.
   struct Arrived {
     uint64_t size = 0;
     std::vector<uint8_t> buffer;
-    std::span<const uint8_t> view;
+    std::vector<std::span<const uint8_t>> views;
     uint64_t counted = 0;
   };
   std::map<uint64_t, Arrived> arrived;  // by offset
@@ -86,9 +86,12 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
           room.wait(lock, [&] { return stopped || state.first_done; });
           if (stopped) return Status::Ok();
         }
-        const std::span<uint8_t> window =
-            part.size > 0 ? sink.Window(part.offset, part.size) : std::span<uint8_t>();
-        const bool in_place = window.size() == part.size && part.size > 0;
+        const std::vector<std::span<uint8_t>> windows = part.size > 0
+                                                            ? sink.Windows(part.offset, part.size)
+                                                            : std::vector<std::span<uint8_t>>();
+        uint64_t window_bytes = 0;
+        for (std::span<uint8_t> window : windows) window_bytes += window.size();
+        const bool in_place = part.size > 0 && window_bytes == part.size;
         const uint64_t counted = in_place ? 0 : part.size;
         {
           std::unique_lock<std::mutex> lock(mutex);
@@ -109,10 +112,19 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
         bool whole = false;
         Status placed = Status::Ok();
         if (in_place) {
-          Result<RangeRead> got = store.GetRangeInto(key, part.offset, window);
-          if (!got.ok()) return fail(got.status());
-          whole = got->object_size == state.fetch.blob.bytes && got->read == part.size;
-          arrived.view = window.first(std::min<uint64_t>(got->read, part.size));
+          whole = true;
+          uint64_t at = part.offset;
+          for (std::span<uint8_t> window : windows) {
+            if (window.empty()) continue;
+            Result<RangeRead> got = store.GetRangeInto(key, at, window);
+            if (!got.ok()) return fail(got.status());
+            arrived.views.push_back(window.first(std::min<uint64_t>(got->read, window.size())));
+            at += got->read;
+            if (got->object_size != state.fetch.blob.bytes || got->read != window.size()) {
+              whole = false;
+              break;
+            }
+          }
           if (whole) placed = sink.Placed(part.offset, part.size);
         } else {
           // (An empty blob is asked for one byte: the answer says it exists and holds none.)
@@ -140,9 +152,11 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
           const bool skip = state.damaged;  // it will be fetched again anyway
           lock.unlock();
           const BlobState::Arrived& done = next.mapped();
-          const std::span<const uint8_t> bytes =
-              done.buffer.empty() ? done.view : std::span<const uint8_t>(done.buffer);
-          if (!skip) EVP_DigestUpdate(state.hash.get(), bytes.data(), bytes.size());
+          if (!skip) {
+            EVP_DigestUpdate(state.hash.get(), done.buffer.data(), done.buffer.size());
+            for (std::span<const uint8_t> view : done.views)
+              EVP_DigestUpdate(state.hash.get(), view.data(), view.size());
+          }
           lock.lock();
           state.hashed += done.size;
           held -= done.counted;
@@ -179,9 +193,9 @@ Status BytesSink::Place(uint64_t offset, std::span<const uint8_t> bytes) {
   return Status::Ok();
 }
 
-std::span<uint8_t> BytesSink::Window(uint64_t offset, uint64_t size) {
+std::vector<std::span<uint8_t>> BytesSink::Windows(uint64_t offset, uint64_t size) {
   if (offset > bytes_.size() || size > bytes_.size() - offset) return {};
-  return std::span<uint8_t>(bytes_).subspan(offset, size);
+  return {std::span<uint8_t>(bytes_).subspan(offset, size)};
 }
 
 Status FetchBlobs(ObjectStore& store, std::span<const BlobFetch> blobs,

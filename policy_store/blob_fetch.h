@@ -2,7 +2,7 @@
 //
 // Each blob is cut into parts of `part_bytes`; parts of every blob are requested in order, up to
 // `concurrency` at a time (ObjectStore::GetRange; a store that reads whole objects gets one part
-// per blob). Where a sink can say where a part belongs (BlobSink::Window), the part is read
+// per blob). Where a sink can say where a part belongs (BlobSink::Windows), the part is read
 // straight there (ObjectStore::GetRangeInto: with no buffer at all from a directory or a cache's
 // checked file); otherwise it arrives in a buffer and goes to its blob's sink on the thread that
 // fetched it (the sinks copy it into place, in parallel). It is then hashed into the blob's
@@ -39,10 +39,11 @@ class BlobSink {
   virtual Status Place(uint64_t offset, std::span<const uint8_t> bytes) = 0;
   // Forgets what was placed: the blob is fetched again from its start.
   virtual void Restart() = 0;
-  // Where bytes [offset, offset + size) belong in the sink's memory, when it can say (size bytes
-  // long): the part is read straight there and announced with Placed instead of Place. Empty: the
-  // part arrives in a buffer and is handed to Place. Called from several threads at once.
-  virtual std::span<uint8_t> Window(uint64_t offset, uint64_t size) { return {}; }
+  // Where bytes [offset, offset + size) belong in the sink's memory, when it can say: spans that
+  // together hold `size` bytes, in order (a keyframe's part may cover the ends of two tensors).
+  // The part is read straight there and announced with Placed instead of Place. Empty: the part
+  // arrives in a buffer and is handed to Place. Called from several threads at once.
+  virtual std::vector<std::span<uint8_t>> Windows(uint64_t offset, uint64_t size) { return {}; }
   virtual Status Placed(uint64_t offset, uint64_t size) { return Status::Ok(); }
   // Whether the blob's first part must have been placed before its other parts are requested (a
   // sink that has windows only once it has read the blob's header). That first part is then at
@@ -56,7 +57,7 @@ class BytesSink : public BlobSink {
   explicit BytesSink(uint64_t size) : bytes_(size) {}
   Status Place(uint64_t offset, std::span<const uint8_t> bytes) override;
   void Restart() override {}
-  std::span<uint8_t> Window(uint64_t offset, uint64_t size) override;
+  std::vector<std::span<uint8_t>> Windows(uint64_t offset, uint64_t size) override;
   std::vector<uint8_t>& bytes() { return bytes_; }
 
  private:

@@ -19,9 +19,9 @@ class KeyframeSink : public BlobSink {
     return stream_.Place(offset, bytes);
   }
   void Restart() override { stream_.Restart(); }
-  // Parts that lie within one tensor are read straight into it, once the header is in.
-  std::span<uint8_t> Window(uint64_t offset, uint64_t size) override {
-    return stream_.Window(offset, size);
+  // Parts are read straight into their tensors, once the header is in.
+  std::vector<std::span<uint8_t>> Windows(uint64_t offset, uint64_t size) override {
+    return stream_.Windows(offset, size);
   }
   Status Placed(uint64_t offset, uint64_t size) override { return stream_.Placed(offset, size); }
   bool StartFirst() const override { return true; }

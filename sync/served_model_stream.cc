@@ -1,6 +1,7 @@
 #include "sync/served_model_stream.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -31,34 +32,52 @@ Status ServedModelStream::Place(uint64_t offset, std::span<const uint8_t> bytes)
   return Status::Ok();
 }
 
-std::span<uint8_t> ServedModelStream::Window(uint64_t offset, uint64_t size) {
+std::vector<std::span<uint8_t>> ServedModelStream::SpansLocked(uint64_t offset, uint64_t size,
+                                                               size_t max) {
+  if (!parsed_ || size == 0 || offset < data_start_ || offset > file_size_ ||
+      size > file_size_ - offset) {
+    return {};
+  }
+  std::vector<std::span<uint8_t>> spans;
+  const uint64_t end = offset + size;
+  uint64_t at = offset;
+  for (size_t t = TensorAt(offset); at < end; ++t) {
+    if (t >= tensors_.size() || spans.size() == max) return {};
+    Building& building = tensors_[t];
+    const uint64_t length = building.tensor.bytes.size();
+    if (at < building.offset || at - building.offset > length) return {};  // not tensor data
+    const uint64_t within = at - building.offset;
+    if (within == length) continue;  // its end (or an empty tensor): the next one
+    const uint64_t take = std::min(end - at, length - within);
+    spans.push_back(std::span<uint8_t>(building.tensor.bytes).subspan(within, take));
+    at += take;
+  }
+  return spans;
+}
+
+std::vector<std::span<uint8_t>> ServedModelStream::Windows(uint64_t offset, uint64_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!parsed_ || size == 0 || offset < data_start_) return {};
-  const size_t t = TensorAt(offset);
-  if (t == tensors_.size()) return {};
-  Building& building = tensors_[t];
-  const uint64_t within = offset - building.offset;  // TensorAt: it starts at or before `offset`
-  const uint64_t length = building.tensor.bytes.size();
-  if (within > length || size > length - within) return {};
-  return std::span<uint8_t>(building.tensor.bytes).subspan(within, size);
+  return SpansLocked(offset, size, 64);
 }
 
 Status ServedModelStream::Placed(uint64_t offset, uint64_t size) {
-  std::span<uint8_t> window;
+  std::vector<std::span<uint8_t>> spans;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!header_error_.ok()) return header_error_;
-    const size_t t = parsed_ ? TensorAt(offset) : tensors_.size();
-    if (t == tensors_.size() || offset - tensors_[t].offset > tensors_[t].tensor.bytes.size() ||
-        size > tensors_[t].tensor.bytes.size() - (offset - tensors_[t].offset)) {
+    spans = SpansLocked(offset, size, SIZE_MAX);
+    if (spans.empty()) {
       return InvalidArgument("bytes [" + std::to_string(offset) + ", " +
-                             std::to_string(offset + size) + ") were not a window of the file");
+                             std::to_string(offset + size) + ") were not windows of the file");
     }
-    window =
-        std::span<uint8_t>(tensors_[t].tensor.bytes).subspan(offset - tensors_[t].offset, size);
     placed_ += size;
   }
-  PlaceData(offset, window);
+  // Each span is in place already: hashed where it lies.
+  uint64_t at = offset;
+  for (std::span<uint8_t> span : spans) {
+    PlaceData(at, span);
+    at += span.size();
+  }
   return Status::Ok();
 }
 

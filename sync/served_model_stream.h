@@ -2,7 +2,7 @@
 // are still arriving, in pieces, in any order, from several threads at once, as parallel ranged
 // downloads deliver them.
 //
-// Each piece is copied once, straight into its tensor (or written there by the caller, Window),
+// Each piece is copied once, straight into its tensor (or written there by the caller, Windows),
 // and added to that tensor's state digest right after, while it is still in cache (the digest is a
 // sum over positions, so pieces add up in any order). Pieces that arrive before the header has been
 // read wait in memory until it has. An element split between two pieces is hashed once both have
@@ -33,10 +33,11 @@ class ServedModelStream {
   // the piece lies past the file's end; pieces must not overlap (each byte is placed once).
   Status Place(uint64_t offset, std::span<const uint8_t> bytes);
   // Where bytes [offset, offset + size) of the file belong, once the header has been read, when
-  // they lie within one tensor's data: a piece written there straight from the network or a file
-  // (no copy) is then announced with Placed, which counts and hashes it. Empty otherwise (the
-  // piece goes to Place). Thread-safe as Place is.
-  std::span<uint8_t> Window(uint64_t offset, uint64_t size);
+  // they lie in the data section: the spans of the tensors they cover, in order (at most 64). A
+  // piece written there straight from the network or a file (no copy) is then announced with
+  // Placed, which counts and hashes it. Empty otherwise (the piece goes to Place). Thread-safe as
+  // Place is.
+  std::vector<std::span<uint8_t>> Windows(uint64_t offset, uint64_t size);
   Status Placed(uint64_t offset, uint64_t size);
   // Forgets every piece (the file is being fetched again).
   void Restart();
@@ -58,6 +59,9 @@ class ServedModelStream {
   // The index of the last tensor whose data starts at or before `offset` (tensors_.size() when
   // none does), with mutex_ held or after the header is parsed.
   size_t TensorAt(uint64_t offset) const;
+  // The spans of the tensors that bytes [offset, offset + size) of the file cover, in order, with
+  // mutex_ held; empty when they are not all in the data section or need more than `max` spans.
+  std::vector<std::span<uint8_t>> SpansLocked(uint64_t offset, uint64_t size, size_t max);
   // Forgets every piece, with mutex_ held (Restart, and Finish once the model is out).
   void ResetLocked();
   // Copies and hashes a piece of the data section (header parsed): PlaceData takes mutex_ to add

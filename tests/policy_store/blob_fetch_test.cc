@@ -62,7 +62,7 @@ class RangedStore : public ForwardingStore {
 class BufferedSink : public BytesSink {
  public:
   using BytesSink::BytesSink;
-  std::span<uint8_t> Window(uint64_t, uint64_t) override { return {}; }
+  std::vector<std::span<uint8_t>> Windows(uint64_t, uint64_t) override { return {}; }
 };
 
 struct Blobs {
