@@ -21,7 +21,9 @@ rgw="$here/../s3/rgw.sh"
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 source "$here/../test_lib.sh"
 pids=()
-port=$((31800 + RANDOM % 900))  # its own slice, below the ephemeral ports
+# Its own slice, 31800-32767, below the ephemeral ports (32768 and up, which any outgoing
+# connection may hold): the S3 service on `port`, the run of section 7 on the 450 above it.
+port=$((31800 + RANDOM % 450))
 cleanup() {
   for p in "${pids[@]}"; do kill -9 $p 2>/dev/null && wait $p 2>/dev/null; done
   bash "$rgw" stop "$work/rgw" >/dev/null 2>&1
@@ -163,7 +165,7 @@ if (( $(uploads_under "") == 0 )); then ok; else fail "uploads remain after gc: 
 
 # --- 7. weft run with its store on S3 ------------------------------------------------------------
 # The trainer publishes to S3, the region's relay reads from it, the workers pull through the relay.
-base=$((port + 1000))
+base=$((port + 450))
 cat > run.yaml <<YAML
 run: {id: on-s3, dir: $work/run, time_limit: 120s}
 store: {uri: "$store"}
