@@ -31,6 +31,11 @@ class KeyframeSink : public BlobSink {
   sync::ServedModelStream stream_;
 };
 
+// "delta from version 7": one step of a plan, in messages.
+std::string StepName(const PullPlan::Step& step) {
+  return "delta from version " + std::to_string(step.base);
+}
+
 // "the delta from version 7", "the deltas from version 7": the steps of a plan, for errors.
 std::string PathName(const PullPlan& plan) {
   return (plan.steps.size() == 1 ? "the delta from version " : "the deltas from version ") +
@@ -58,9 +63,7 @@ Status StoreReader::ApplyPath(std::span<const sync::ModelDelta* const> chain, co
   size_t failed = 0;
   Status status = model->ApplyChain(chain, threads_, &failed);
   if (status.ok()) return status;
-  return status.WithContext(
-      "the delta from version " +
-      std::to_string(plan.steps[std::min(failed, plan.steps.size() - 1)].base));
+  return status.WithContext("the " + StepName(plan.steps[std::min(failed, plan.steps.size() - 1)]));
 }
 
 Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
@@ -166,16 +169,14 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   std::vector<std::unique_ptr<BytesSink>> delta_bytes;
   for (const PullPlan::Step& step : plan.steps) {
     delta_bytes.push_back(std::make_unique<BytesSink>(step.blob.bytes));
-    fetches.push_back(
-        {step.blob, "delta from version " + std::to_string(step.base), delta_bytes.back().get()});
+    fetches.push_back({step.blob, StepName(step), delta_bytes.back().get()});
   }
   WEFT_RETURN_IF_ERROR(FetchBlobs(store_, fetches, fetch_));
   std::vector<LoadedDelta> deltas;
   for (size_t i = 0; i < steps; ++i) {
     WEFT_ASSIGN_OR_RETURN(
         deltas.emplace_back(),
-        ParseLoadedDelta(std::move(delta_bytes[i]->bytes()),
-                         "delta from version " + std::to_string(plan.steps[i].base)));
+        ParseLoadedDelta(std::move(delta_bytes[i]->bytes()), StepName(plan.steps[i])));
   }
   for (const BlobFetch& fetch : fetches) report.bytes_downloaded += fetch.blob.bytes;
   if (plan.from_keyframe) {
