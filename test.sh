@@ -14,7 +14,8 @@
 #      sweep on one byte in every 32), and the suites with threads of their own under
 #      ThreadSanitizer (the thread pool and HTTP plumbing, the store server, the orchestrator
 #      service, the rollout worker); both trees are unity builds (each library's and suite's
-#      sources compiled a few to a file), which builds them in about two thirds of the time;
+#      sources compiled a few to a file), which builds them in about two thirds of the time, and
+#      they build in the background at the lowest priority while stage 1 runs;
 #   3. the libFuzzer targets, built in the AddressSanitizer tree (delta files, sparse chunks,
 #      safetensors, the orchestrator's journal and snapshots, the HTTP request path of the
 #      orchestrator, store server and relay) for a bounded time each, under an RSS limit.
@@ -54,6 +55,43 @@ if $quick; then
   exit 0
 fi
 
+# The sanitized trees build in the background, at the lowest priority, from here on: they use the
+# cores that installing Ceph and the end-to-end tests (waiting on processes and sockets) leave idle,
+# and yield them whenever a test wants them.
+sanitized_targets_asan=(weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests
+  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests weft_engine_adapter_tests weft_fuzz_targets)
+sanitized_targets_tsan=(weft_common_tests weft_policy_store_tests weft_orchestrator_tests weft_rollout_worker_tests
+  weft_engine_adapter_tests)
+build_sanitized_trees() {
+  # One tree for the sanitized suites and the fuzz targets (coverage instrumentation does not change
+  # what the suites test; only the delta fuzz targets link a build of weft_sync that skips checksums).
+  cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_FUZZ=ON -DWEFT_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON > /dev/null
+  cmake --build build-asan --target "${sanitized_targets_asan[@]}"
+  touch build-asan/.weft-built
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DWEFT_SANITIZE=thread -DWEFT_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON > /dev/null
+  cmake --build build-tsan --target "${sanitized_targets_tsan[@]}"
+}
+sanitized_log=build/sanitized-trees.log
+rm -f build-asan/.weft-built
+# setsid: the build is a process group of its own, stopped with the script whichever way it ends.
+setsid nice -n 19 bash -c "$(declare -p sanitized_targets_asan sanitized_targets_tsan)
+$(declare -f build_sanitized_trees); set -e; build_sanitized_trees" > "$sanitized_log" 2>&1 &
+builder=$!
+trap 'kill -- -$builder 2> /dev/null || true' EXIT
+# Waits for the background build of a tree (asan: until its tree is built; tsan: until the build is
+# over); on a failure shows the build's log.
+wait_for_tree() {
+  while [ "$1" = asan ] && [ ! -e build-asan/.weft-built ] && kill -0 "$builder" 2> /dev/null; do sleep 1; done
+  if [ "$1" = asan ] && [ -e build-asan/.weft-built ]; then return; fi
+  if ! wait "$builder"; then
+    tail -n 60 "$sanitized_log"
+    echo "test.sh: building the sanitized trees failed (the whole log: $sanitized_log)"
+    exit 1
+  fi
+}
+
 stage "Debian's Ceph (monitor, OSD, RADOS Gateway) for the S3 backend's tests"
 bash tests/s3/rgw.sh install
 
@@ -64,16 +102,12 @@ stage "the codec's fallback paths: AVX2 only, then scalar only"
 WEFT_CPU=avx2 build/tests/weft_sync_tests
 WEFT_CPU=scalar build/tests/weft_sync_tests
 
-stage "sanitizers: address, undefined"
-# One tree for the sanitized suites and the fuzz targets (coverage instrumentation does not change
-# what the suites test; only the delta fuzz targets link a build of weft_sync that skips checksums).
-cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_FUZZ=ON -DWEFT_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON > /dev/null
-cmake --build build-asan --target weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests \
-  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests weft_engine_adapter_tests weft_fuzz_targets
+stage "sanitizers: address, undefined (once their tree is built)"
+wait_for_tree asan
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 build-asan/tests/weft_common_tests
-build-asan/tests/weft_sync_tests
+# Without the 4 GiB index test: it scans zero pages for a minute here, and the release run has it.
+build-asan/tests/weft_sync_tests -tce='*over 2^32 elements*'
 build-asan/tests/weft_policy_store_tests
 build-asan/tests/weft_trainer_adapter_tests
 WEFT_SWEEP_STRIDE=32 build-asan/tests/weft_orchestrator_tests  # the release run flipped every byte
@@ -81,11 +115,8 @@ build-asan/tests/weft_examples_tests
 build-asan/tests/weft_rollout_worker_tests
 build-asan/tests/weft_engine_adapter_tests
 
-stage "sanitizer: thread"
-cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DWEFT_SANITIZE=thread -DWEFT_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON > /dev/null
-cmake --build build-tsan --target weft_common_tests weft_policy_store_tests weft_orchestrator_tests weft_rollout_worker_tests \
-  weft_engine_adapter_tests
+stage "sanitizer: thread (once its tree is built)"
+wait_for_tree tsan
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_common_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_policy_store_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*property*,*kill -9*,*sweep*'

@@ -56,7 +56,8 @@ Status StoreReader::ApplyPath(std::span<const sync::ModelDelta* const> chain, co
   if (chain.empty()) return Status::Ok();
   // One small delta (a reader following the run version by version) is decoded whole and written
   // in one short pass. Anything larger (a catch-up) is applied chunk by chunk in place, in the
-  // model's memory plus a chunk per thread, proving every delta's digests before it writes.
+  // model's memory plus a chunk's working space per thread, proving every delta's digests before
+  // it writes.
   if (chain.size() == 1 && DecodesSmall(*chain[0], model->byte_count())) {
     return model->Apply(*chain[0], threads_).WithContext(PathName(plan));
   }

@@ -551,11 +551,11 @@ Status DecodeContextChanges(const ContextHeader& header, std::span<const uint8_t
   if (header.payload_bytes() != payload.size()) return DataLoss("stream lengths do not add up");
 
   // Each context's changes as ranks among its members, context after context. A rank at or past
-  // the chunk's end cannot be placed: refused here, the rest when the members run out.
+  // the chunk's end cannot be placed: refused here, the rest when the members run out. The ranks
+  // are kept where the residuals go, which are decoded once the ranks are spent.
   changes->offsets.resize(n);
   changes->residuals.resize(n);
-  thread_local std::vector<uint32_t> ranks;
-  ranks.resize(n);
+  U32Vector& ranks = changes->residuals;
   PositionState state;
   state.offsets = changes->offsets.data();
   {

@@ -238,9 +238,11 @@ Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
 // A chain of deltas in any modes applied in place to `served` (the tensors the first delta applies
 // to, in any order, checked by digest; tensors the deltas do not name are left alone), writing
 // through `writable` (writable[i] is served[i].bytes). In bounded memory: every chunk some delta
-// changes is first walked through the whole chain on a copy of that chunk, which proves every
-// delta's result digest, and only then walked again on the served bytes. Memory beyond the
-// deltas is a chunk per thread and a digest per changed chunk and delta; decoding is done twice.
+// changes is first walked through the whole chain on a copy of that chunk (a chain of one delta:
+// on the served bytes, unwritten), which proves every delta's result digest, and only then walked
+// again on the served bytes. Memory beyond the deltas is, per thread, one chunk's decoded changes
+// and (chains of several) a chunk copy, freed on return, plus a digest per changed chunk and
+// delta; decoding is done twice.
 // On any error nothing is written; `*failed`, when given, is the index of the delta at fault.
 // On success each tensor's digest is the last delta's result digest.
 Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<TensorBytes>& served,

@@ -1,8 +1,10 @@
 // Deltas and their context chunks (delta_codec.h): recoding between modes, and squashing chains
 // on their base.
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -77,9 +79,9 @@ Status DecodeChunk(const TensorDelta& tensor, size_t c, const uint8_t* base, Cha
 }
 
 // Applies a decoded chunk to `values` (the chunk's units, starting at tensor unit `first`) and
-// returns the digest change. Works through the changes a block at a time, so that its memory
-// does not grow with the chunk's.
-template <typename T>
+// returns the digest change; with kWrite false, only the digest change (`values` unchanged).
+// Works through the changes a block at a time, so that its memory does not grow with the chunk's.
+template <typename T, bool kWrite = true>
 Digest ApplyChanges(KeyKind kind, const ChangeList& list, uint64_t first, uint8_t* values) {
   constexpr size_t kBlock = 2048;
   uint32_t old_values[kBlock], new_values[kBlock];
@@ -93,7 +95,7 @@ Digest ApplyChanges(KeyKind kind, const ChangeList& list, uint64_t first, uint8_
       const T new_value = ApplyResidual<T>(kind, old_value, static_cast<T>(residuals[j]));
       old_values[j] = old_value;
       new_values[j] = new_value;
-      detail::Store<T>(values, offsets[j], new_value);
+      if constexpr (kWrite) detail::Store<T>(values, offsets[j], new_value);
     }
     change += SumElementChanges(first, offsets, old_values, new_values, n);
   }
@@ -219,18 +221,59 @@ Result<LinkedChain> LinkChain(std::span<const ModelDelta* const> chain,
   return linked;
 }
 
+// What a thread needs to walk chunks: the chunk's units as a chain goes (a copy), and one link's
+// decoded changes. Each loop over chunks gives each of its threads one, freed when the loop ends,
+// so that the memory is not held for the life of the pool's threads.
+struct WalkScratch {
+  std::vector<uint8_t> values;
+  ChangeList list;
+};
+
+// The most changes one link decodes in chunk c (a raw chunk's scan finds at most its units).
+uint64_t MostChanges(const std::vector<const TensorDelta*>& links, size_t c) {
+  uint64_t most = 0;
+  for (const TensorDelta* link : links) {
+    const DeltaChunk& chunk = link->chunks[c];
+    const uint64_t units = link->UnitsInChunk(c);
+    const uint64_t n = chunk.mode == ChunkMode::kSparse    ? chunk.sparse.change_count
+                       : chunk.mode == ChunkMode::kContext ? chunk.context.change_count()
+                       : chunk.mode == ChunkMode::kRaw     ? units
+                                                           : 0;
+    most = std::max(most, std::min(n, units));
+  }
+  return most;
+}
+
+// Runs fn(i, scratch) for every i in [0, count) on up to `threads` threads, each thread with a
+// WalkScratch of its own whose change list has room for `changes` from the start: grown chunk by
+// chunk, it would leave the allocator holes the size of the lists it outgrew.
+void ForEachChunk(size_t count, int threads, uint64_t changes,
+                  const std::function<void(size_t, WalkScratch&)>& fn) {
+  std::atomic<size_t> next{0};
+  const size_t workers = std::min<size_t>(count, static_cast<size_t>(std::max(threads, 1)));
+  ParallelFor(workers, threads, [&](size_t) {
+    WalkScratch scratch;
+    // The scan kernels size a list a few entries past what they fill.
+    scratch.list.offsets.reserve(changes + 16);
+    scratch.list.residuals.reserve(changes + 16);
+    for (size_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) fn(i, scratch);
+  });
+}
+
 // Walks chunk c of a tensor through every link of its chain, changing `values` (the chunk's
 // units) in place. With `changes` (one per link), records what each link changes in the digest;
-// without, only writes. On a malformed chunk returns its error and sets `*failed_link`.
+// without, only writes. With `write` false (a chain of one link, `changes` given), records the
+// digest change and leaves `values` as they are. On a malformed chunk returns its error and sets
+// `*failed_link`.
 Status WalkChunk(const std::vector<const TensorDelta*>& links, size_t c, uint8_t* values,
-                 Digest* changes, size_t* failed_link) {
+                 Digest* changes, size_t* failed_link, ChangeList& list, bool write = true) {
+  assert(write || (links.size() == 1 && changes != nullptr));
   const TensorDelta& head = *links.front();
   const TensorSpec& spec = head.spec;
   const uint8_t width = CodedWidth(spec.dtype);
   const KeyKind kind = KeyKindFor(spec.dtype);
   const uint64_t first = uint64_t{c} << head.chunk_log2;
   const uint32_t units = head.UnitsInChunk(c);
-  thread_local ChangeList list;
   for (size_t k = 0; k < links.size(); ++k) {
     const TensorDelta& link = *links[k];
     const DeltaChunk& chunk = link.chunks[c];
@@ -244,7 +287,7 @@ Status WalkChunk(const std::vector<const TensorDelta*>& links, size_t c, uint8_t
         list.clear();
         ScanChanges(kind, width, values, chunk.payload.data(), units, 0, first, &list, &changes[k]);
       }
-      std::memcpy(values, chunk.payload.data(), chunk.payload.size());
+      if (write) std::memcpy(values, chunk.payload.data(), chunk.payload.size());
       continue;
     }
     list.clear();
@@ -253,8 +296,10 @@ Status WalkChunk(const std::vector<const TensorDelta*>& links, size_t c, uint8_t
       *failed_link = k;
       return status;
     }
-    const Digest change = WithUnitType(
-        width, [&]<typename T>() { return ApplyChanges<T>(kind, list, first, values); });
+    const Digest change = WithUnitType(width, [&]<typename T>() {
+      return write ? ApplyChanges<T>(kind, list, first, values)
+                   : ApplyChanges<T, false>(kind, list, first, values);
+    });
     if (changes != nullptr) changes[k] = change;
   }
   list.clear();
@@ -328,7 +373,9 @@ Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
   std::vector<std::vector<Digest>> changes(chunks.size(), std::vector<Digest>(chain.size()));
   std::vector<Status> statuses(chunks.size());
   std::vector<size_t> failed_link(chunks.size(), chain.size());
-  ParallelFor(chunks.size(), threads, [&](size_t i) {
+  uint64_t most = 0;
+  for (const auto [t, c] : chunks) most = std::max(most, MostChanges(linked.links[t], c));
+  ForEachChunk(chunks.size(), threads, most, [&](size_t i, WalkScratch& scratch) {
     const auto [t, c] = chunks[i];
     const TensorSpec& spec = head.tensors[t].spec;
     const uint8_t width = CodedWidth(spec.dtype);
@@ -336,9 +383,10 @@ Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
     const uint32_t units = head.tensors[t].UnitsInChunk(c);
     const uint8_t* original = linked.base_of[t]->bytes.data() + first * width;
     // The chunk as the chain goes, built from the base: one chunk's memory per thread.
-    thread_local std::vector<uint8_t> values;
+    std::vector<uint8_t>& values = scratch.values;
     values.assign(original, original + size_t{units} * width);
-    statuses[i] = WalkChunk(linked.links[t], c, values.data(), changes[i].data(), &failed_link[i]);
+    statuses[i] = WalkChunk(linked.links[t], c, values.data(), changes[i].data(), &failed_link[i],
+                            scratch.list);
     if (!statuses[i].ok()) return;
     ChangeList list;
     ScanChanges(KeyKindFor(spec.dtype), width, original, values.data(), units, 0, first, &list,
@@ -369,8 +417,11 @@ Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<Te
   // Only the chunks some delta changes are walked: twice, first on a copy to prove every link's
   // digest, then in place.
   std::vector<ChunkRef> chunks;
+  uint64_t most = 0;
   for (const ChunkRef& chunk : AllChunks(head)) {
-    if (ChunkTouched(linked.links[chunk.tensor], chunk.chunk)) chunks.push_back(chunk);
+    if (!ChunkTouched(linked.links[chunk.tensor], chunk.chunk)) continue;
+    chunks.push_back(chunk);
+    most = std::max(most, MostChanges(linked.links[chunk.tensor], chunk.chunk));
   }
   std::vector<std::vector<Digest>> changes(chunks.size(), std::vector<Digest>(chain.size()));
   std::vector<Status> statuses(chunks.size());
@@ -382,22 +433,28 @@ Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<Te
     const size_t index = static_cast<size_t>(linked.base_of[chunk.tensor] - served.data());
     return writable[index].subspan(begin, size_t{tensor.UnitsInChunk(chunk.chunk)} * width);
   };
-  ParallelFor(chunks.size(), threads, [&](size_t i) {
+  // A chain of one delta is walked on the served bytes without writing them; a longer one on a
+  // copy of the chunk, as each link decodes against what the links before it wrote.
+  const bool copy = chain.size() > 1;
+  ForEachChunk(chunks.size(), threads, most, [&](size_t i, WalkScratch& scratch) {
     const std::span<uint8_t> original = chunk_bytes(chunks[i]);
-    thread_local std::vector<uint8_t> values;
-    values.assign(original.begin(), original.end());
-    statuses[i] = WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, values.data(),
-                            changes[i].data(), &failed_link[i]);
+    uint8_t* values = original.data();
+    if (copy) {
+      scratch.values.assign(original.begin(), original.end());
+      values = scratch.values.data();
+    }
+    statuses[i] = WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, values,
+                            changes[i].data(), &failed_link[i], scratch.list, copy);
   });
   WEFT_RETURN_IF_ERROR(EarliestFailure(statuses, failed_link, chain.size(), failed));
   WEFT_RETURN_IF_ERROR(ProveLinks(linked, chunks, changes, failed));
   // Proven: the same walk, now on the served bytes. It decodes what already decoded, so it
   // cannot fail.
-  ParallelFor(chunks.size(), threads, [&](size_t i) {
+  ForEachChunk(chunks.size(), threads, most, [&](size_t i, WalkScratch& scratch) {
     size_t unused = 0;
     [[maybe_unused]] const Status status =
         WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, chunk_bytes(chunks[i]).data(),
-                  nullptr, &unused);
+                  nullptr, &unused, scratch.list);
     assert(status.ok());
   });
   return Status::Ok();

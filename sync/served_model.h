@@ -67,8 +67,9 @@ class ServedModel {
   // so the write itself is short.
   Status Apply(const ModelDelta& delta, int threads);
   // Applies a chain of deltas, the first made from this state and each from the one before, in
-  // place and in bounded memory (sync::ApplyChain: a chunk per thread, decoding twice); on error
-  // nothing is changed and `*failed`, when given, is the index of the delta at fault.
+  // place and in bounded memory (sync::ApplyChain: a chunk's working space per thread, decoding
+  // twice); on error nothing is changed and `*failed`, when given, is the index of the delta at
+  // fault.
   Status ApplyChain(std::span<const ModelDelta* const> chain, int threads,
                     size_t* failed = nullptr);
   // The tensors of several models as one model, in order; kInvalidArgument when two hold a tensor

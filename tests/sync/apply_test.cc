@@ -444,6 +444,15 @@ TEST_CASE("apply: a chain applied in place equals its deltas applied one by one"
       REQUIRE(replica.ApplyChain(chain, threads).ok());
       CheckHolds(replica, h.versions[6]);
     }
+    // A chain of one delta (its digests proven on the served bytes, without a copy): context
+    // and plain chunks.
+    for (size_t from : {size_t{4}, size_t{5}}) {
+      CAPTURE(from);
+      ServedModel replica =
+          ServedModel::FromTensors(h.versions[from].specs, h.versions[from].bytes, threads);
+      REQUIRE(replica.ApplyChain(h.Chain(from, from + 1), threads).ok());
+      CheckHolds(replica, h.versions[from + 1]);
+    }
   }
   // Raw chunks (every element changed) and tensors no delta names are handled too.
   Model dense = h.versions[0];
@@ -463,6 +472,11 @@ TEST_CASE("apply: a chain applied in place equals its deltas applied one by one"
   for (size_t t = 0; t < h.versions[2].specs.size(); ++t)
     CHECK(replica.tensors()[t].bytes == h.versions[2].bytes[t]);
   CHECK(replica.tensors().back().bytes == dense.bytes.back());
+  // Raw chunks alone, in a chain of one.
+  ServedModel alone = ServedModel::FromTensors(dense.specs, dense.bytes, 2);
+  const std::vector<const ModelDelta*> raw = {&to_all};
+  REQUIRE(alone.ApplyChain(raw, 2).ok());
+  for (size_t t = 0; t < all.specs.size(); ++t) CHECK(alone.tensors()[t].bytes == all.bytes[t]);
 }
 
 TEST_CASE("apply: a chain with any bad link leaves every tensor unchanged, and names the link") {
@@ -502,6 +516,21 @@ TEST_CASE("apply: a chain with any bad link leaves every tensor unchanged, and n
       chain[2] = &bad;
       check_refused(chain, 2, StatusCode::kDataLoss);
     }
+  }
+  SUBCASE("a chain of one delta: corrupted, landing elsewhere, or for another base") {
+    ModelDelta wrong = h.deltas[0].Copy();
+    wrong.tensors.front().result_digest.lane0 ^= 1;
+    check_refused({&wrong}, 0, StatusCode::kDataLoss);
+    // Every coded chunk with a byte in its middle flipped: malformed, or other changes.
+    ModelDelta bad = h.deltas[0].Copy();
+    for (TensorDelta& tensor : bad.tensors) {
+      for (DeltaChunk& chunk : tensor.chunks) {
+        if (chunk.mode == ChunkMode::kSparse || chunk.mode == ChunkMode::kContext)
+          chunk.owned[chunk.owned.size() / 2] ^= 0x5a;
+      }
+    }
+    check_refused({&bad}, 0, StatusCode::kDataLoss);
+    check_refused({&h.deltas[1]}, 0, StatusCode::kConflict);
   }
   SUBCASE("a result digest that the changes do not produce") {
     ModelDelta bad = h.deltas[1].Copy();
