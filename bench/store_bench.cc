@@ -13,7 +13,8 @@
 // in a process of its own (this program, started again), which loads the version it starts from,
 // resets its peak resident size and pulls; printed are the resident size before the model, with
 // it, and at the peak. The same pulls the way readers applied paths before (the path squashed
-// into one delta, decoded whole, then written) are the baseline.
+// into one delta, decoded whole, then written) are the baseline. Last, a reader whose version's
+// manifest is gone restarts from the keyframe, dropping its copy first or keeping it meanwhile.
 //
 // Last, a version with a keyframe published by 4 ranks that each hold a part of the model
 // (PublishShard on 4 threads, then rank 0's CommitShards) next to one rank publishing the whole
@@ -37,6 +38,7 @@
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/forwarding_store.h"
+#include "policy_store/manifest.h"
 #include "policy_store/pins.h"
 #include "policy_store/planner.h"
 #include "policy_store/reader.h"
@@ -179,23 +181,52 @@ Status PullSquashed(policy_store::ObjectStore& store, uint64_t from, uint64_t to
   return model->Apply(squashed, threads);
 }
 
+// The directory store with one key hidden once `hidden` is set (a version's manifest, as
+// retention removes it), reading ranges into place as the directory does.
+class HidingStore : public policy_store::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  Result<std::vector<uint8_t>> Get(const std::string& key) override {
+    if (key == hidden) return NotFound(key + " is hidden");
+    return inner().Get(key);
+  }
+  Result<policy_store::ObjectRange> GetRange(const std::string& key, uint64_t first,
+                                             uint64_t length) override {
+    return inner().GetRange(key, first, length);
+  }
+  Result<policy_store::RangeRead> GetRangeInto(const std::string& key, uint64_t first,
+                                               std::span<uint8_t> out) override {
+    return inner().GetRangeInto(key, first, out);
+  }
+  bool ReadsRanges() const override { return inner().ReadsRanges(); }
+  std::string hidden;
+};
+
 // The child process of a memory measurement: loads version `from` (none: "-"), resets the peak,
-// pulls `to` (`how`: "reader" or "squashed") and prints "before holding peak model_bytes".
+// pulls `to` and prints "before holding peak model_bytes". `how`: "reader" (the reader's path),
+// "squashed" (the path the way readers applied it before), "restart-keep" or "restart-drop"
+// (version `from`'s manifest gone, so the pull restarts from a keyframe, building the new copy
+// beside the one held, or dropping that one first).
 int MeasureCatchup(const std::string& root, const std::string& from_text, uint64_t to,
                    const std::string& how) {
   const int threads = HardwareThreads();
-  auto store = std::move(policy_store::DirectoryStore::Open(root)).value();
+  auto directory = std::move(policy_store::DirectoryStore::Open(root)).value();
+  HidingStore store(*directory);
   std::optional<uint64_t> from;
   if (from_text != "-") from = std::stoull(from_text);
   malloc_trim(0);
   const uint64_t before = StatusBytes("VmRSS");
-  policy_store::StoreReader reader(*store, "bench", threads);
+  policy_store::StoreReader reader(store, "bench", threads);
   sync::ServedModel model;
   if (from && !reader.Pull(*from, std::nullopt, &model).ok()) return 1;
   malloc_trim(0);
   const uint64_t holding = StatusBytes("VmRSS");
   std::ofstream("/proc/self/clear_refs") << "5";
-  const Status pulled = how == "squashed" ? PullSquashed(*store, *from, to, &model, threads)
+  if (how.rfind("restart-", 0) == 0) {
+    store.hidden = policy_store::ManifestKey("bench", *from);
+    reader.DropCopyForKeyframe(how == "restart-drop");
+  }
+  const Status pulled = how == "squashed" ? PullSquashed(store, *from, to, &model, threads)
                                           : reader.Pull(to, from, &model).status();
   if (!pulled.ok()) {
     std::fprintf(stderr, "store_bench: %s\n", pulled.ToString().c_str());
@@ -247,6 +278,9 @@ void MeasureMemory() {
   MeasureInChild("lag 100, unpinned, squashed and decoded whole", from, "squashed");
   if (!g_setup->store->PutImmutable(record, *kept).ok()) std::abort();
   MeasureInChild("from nothing (keyframe + deltas)", std::nullopt, "reader");
+  // A reader whose version was collected: the pull restarts from the keyframe.
+  MeasureInChild("restart from a keyframe, copy dropped first", from, "restart-drop");
+  MeasureInChild("restart from a keyframe, copy kept meanwhile", from, "restart-keep");
 }
 
 // Counts the bytes read through it: blobs in `keyframes`, other blobs, and everything else.

@@ -145,6 +145,11 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   report.from = plan.from_keyframe ? std::nullopt : have;
   report.to = target;
   report.path = plan.Describe();
+  if (plan.from_keyframe && drop_copy_for_keyframe_ && !model->tensors().empty()) {
+    // The copy held cannot start this path: its memory goes before the new copy's arrives.
+    *model = sync::ServedModel();
+    report.dropped_copy = true;
+  }
 
   // Every blob of the path (and the keyframe) is fetched and verified before anything is
   // applied: in parts, concurrently, each part placed (the keyframe's straight into the tensors of

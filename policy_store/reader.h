@@ -33,6 +33,7 @@ struct PullReport {
   std::string path;              // e.g. "keyframe v100 + 3 deltas" or "4 deltas from v96"
   std::vector<BlobRef> fetched;  // the blobs of that path, in the order they apply
   Manifest manifest;             // the target's manifest, which the copy now matches
+  bool dropped_copy = false;     // the copy held was dropped to start from a keyframe
 };
 
 // Whether `model` holds exactly the manifest's tensors: names, dtypes, shapes and digests. By
@@ -59,9 +60,16 @@ class StoreReader {
 
   // Brings `*model` to `target`. `have` is the version `*model` holds (its digests must match that
   // version's manifest), or nullopt for an empty model; `held`, when given, is that version's
-  // manifest (saving a fetch). On error `*model` is unchanged.
+  // manifest (saving a fetch). On error `*model` is unchanged (but see DropCopyForKeyframe).
   Result<PullReport> Pull(uint64_t target, std::optional<uint64_t> have, sync::ServedModel* model,
                           const Manifest* held = nullptr);
+
+  // When a pull's path starts from a keyframe although `*model` holds a version (no deltas from it
+  // remain, or they cost more than the keyframe), drops that copy before the keyframe arrives, so
+  // that the pull needs the memory of one model rather than two. On an error the model is then
+  // empty rather than unchanged. Off by default; for a caller whose serving engine keeps weights
+  // of its own.
+  void DropCopyForKeyframe(bool drop) { drop_copy_for_keyframe_ = drop; }
 
   // The version whose manifest digests equal `model`'s, searching back from `latest`; nullopt
   // when none of the last `max_versions` matches.
@@ -77,6 +85,7 @@ class StoreReader {
   std::string run_id_;
   int threads_;
   FetchOptions fetch_;
+  bool drop_copy_for_keyframe_ = false;
 };
 
 }  // namespace weft::policy_store

@@ -114,6 +114,9 @@ void RolloutWorker::CorruptServedCopyForTest() { corrupt_for_test_ = true; }
 
 void RolloutWorker::SyncLoop() {
   policy_store::StoreReader reader(store_, options_.run_id, options_.sync_threads);
+  // The engine keeps its own weights: a copy that must be rebuilt from a keyframe is dropped
+  // first, so that a worker back from an outage needs the memory of one copy, not two.
+  reader.DropCopyForKeyframe(true);
   do {
     SyncOnce(reader);
   } while (!Sleep(options_.sync_interval));
@@ -199,6 +202,13 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     if (!pulled.ok()) {
       WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest
                          << " failed: " << pulled.status().message();
+      if (held_ && served_.tensors().empty()) {
+        // The copy was dropped for a keyframe that did not arrive: the next round starts from
+        // nothing (the engine goes on serving what it has).
+        std::lock_guard<std::mutex> lock(mutex_);
+        held_.reset();
+        return;
+      }
       if (pulled.status().code() == StatusCode::kDataLoss && held_) {
         // A delta did not apply to what we hold (or a blob stayed corrupted): check our own copy
         // in the next round, which re-syncs from a keyframe if it no longer matches its version.

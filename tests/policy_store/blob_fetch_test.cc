@@ -235,5 +235,46 @@ TEST_CASE("blob fetch: a reader pulls through parts; damaged keyframe parts leav
   CHECK(SameBytes(model, run.published[6]));
 }
 
+TEST_CASE("reader: a copy that must restart from a keyframe is dropped first when asked") {
+  TestStore d("reader-drop");
+  TestRun run(*d.store, "run", 4, {{"w", {300, 100}}, {"norm", {100}}});
+  run.Start();
+  for (int v = 1; v <= 6; ++v) run.Next();
+  RangedStore store(*d.store);
+  StoreReader keeping(store, "run", 2, {4096, 6, 64 << 10});
+  StoreReader dropping(store, "run", 2, {4096, 6, 64 << 10});
+  dropping.DropCopyForKeyframe(true);
+  sync::ServedModel kept, dropped;
+  REQUIRE(keeping.Pull(2, std::nullopt, &kept).ok());
+  REQUIRE(dropping.Pull(2, std::nullopt, &dropped).ok());
+  // A path of deltas from version 2 is still there: the copy is changed in place, not dropped.
+  Result<PullReport> in_place = dropping.Pull(3, 2, &dropped);
+  REQUIRE(in_place.ok());
+  CHECK(!in_place->dropped_copy);
+  CHECK(in_place->from == std::optional<uint64_t>(2));
+  REQUIRE(keeping.Pull(3, 2, &kept).ok());
+  // Version 3's manifest collected: nothing chains from it any more, so the path starts from a
+  // keyframe. A keyframe damaged on every fetch fails both pulls; the dropping reader has let its
+  // copy go, the other kept its copy as it was.
+  REQUIRE(d.store->Delete(ManifestKey("run", 3)).ok());
+  store.corrupt = 1000;
+  CHECK(keeping.Pull(6, 3, &kept).status().code() == StatusCode::kDataLoss);
+  CHECK(SameBytes(kept, run.published[3]));
+  CHECK(dropping.Pull(6, 3, &dropped).status().code() == StatusCode::kDataLoss);
+  CHECK(dropped.tensors().empty());
+  // Undamaged: each pull lands on version 6; the dropping one says it dropped the copy.
+  store.corrupt = 0;
+  sync::ServedModel second = kept;
+  Result<PullReport> kept_pull = keeping.Pull(6, 3, &kept);
+  REQUIRE(kept_pull.ok());
+  CHECK(!kept_pull->dropped_copy);
+  CHECK(SameBytes(kept, run.published[6]));
+  Result<PullReport> dropped_pull = dropping.Pull(6, 3, &second);
+  REQUIRE(dropped_pull.ok());
+  CHECK(dropped_pull->dropped_copy);
+  CHECK(!dropped_pull->from);
+  CHECK(SameBytes(second, run.published[6]));
+}
+
 }  // namespace
 }  // namespace weft::policy_store
