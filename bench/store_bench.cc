@@ -181,13 +181,16 @@ Status PullSquashed(policy_store::ObjectStore& store, uint64_t from, uint64_t to
   return model->Apply(squashed, threads);
 }
 
-// The directory store with one key hidden once `hidden` is set (a version's manifest, as
-// retention removes it), reading ranges into place as the directory does.
+// The directory store, reading ranges into place as the directory does, that answers the next
+// read of `hidden` (a version's manifest) as if retention had removed it.
 class HidingStore : public policy_store::ForwardingStore {
  public:
   using ForwardingStore::ForwardingStore;
   Result<std::vector<uint8_t>> Get(const std::string& key) override {
-    if (key == hidden) return NotFound(key + " is hidden");
+    if (!hidden.empty() && key == hidden) {
+      hidden.clear();
+      return NotFound(key + " is gone");
+    }
     return inner().Get(key);
   }
   Result<policy_store::ObjectRange> GetRange(const std::string& key, uint64_t first,
@@ -205,8 +208,8 @@ class HidingStore : public policy_store::ForwardingStore {
 // The child process of a memory measurement: loads version `from` (none: "-"), resets the peak,
 // pulls `to` and prints "before holding peak model_bytes". `how`: "reader" (the reader's path),
 // "squashed" (the path the way readers applied it before), "restart-keep" or "restart-drop"
-// (version `from`'s manifest gone, so the pull restarts from a keyframe, building the new copy
-// beside the one held, or dropping that one first).
+// (version `from`'s manifest gone when the reader looks for it, so the pull restarts from the
+// keyframe, building the new copy beside the one held, or dropping that one first).
 int MeasureCatchup(const std::string& root, const std::string& from_text, uint64_t to,
                    const std::string& how) {
   const int threads = HardwareThreads();
