@@ -75,10 +75,15 @@ build_sanitized_trees() {
 }
 sanitized_log=build/sanitized-trees.log
 rm -f build-asan/.weft-built
-# setsid: the build is a process group of its own, stopped with the script whichever way it ends.
-setsid nice -n 19 bash -c "$(declare -p sanitized_targets_asan sanitized_targets_tsan)
+# With job control on, the build is a process group of its own, stopped with the script whichever
+# way it ends. It stays in the script's session: the kernel shares the processor fairly between
+# sessions (autogroups) before it looks at priorities, so a build in a session of its own would
+# take half of it from the tests.
+set -m
+nice -n 19 bash -c "$(declare -p sanitized_targets_asan sanitized_targets_tsan)
 $(declare -f build_sanitized_trees); set -e; build_sanitized_trees" > "$sanitized_log" 2>&1 &
 builder=$!
+set +m
 trap 'kill -- -$builder 2> /dev/null || true' EXIT
 # Waits for the background build of a tree (asan: until its tree is built; tsan: until the build is
 # over); on a failure shows the build's log.
