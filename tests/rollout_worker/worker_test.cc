@@ -4,12 +4,18 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "examples/arithmetic_task.h"
 #include "examples/embedded_engine.h"
 #include "orchestrator/service.h"
+#include "policy_store/forwarding_store.h"
+#include "policy_store/manifest.h"
+#include "policy_store/run_objects.h"
 #include "tests/orchestrator_test_util.h"
 #include "trainer_adapter/batch_client.h"
 #include "trainer_adapter/publisher.h"
@@ -19,6 +25,39 @@ namespace {
 
 using namespace weft::orchestrator;
 using Json = nlohmann::json;
+
+// The worker's view of a store: while frozen, the latest version cannot be read (the worker sees
+// no new version); reads of some blobs can be damaged (a byte flipped), and are counted.
+class GatedStore : public policy_store::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  Result<std::vector<uint8_t>> Get(const std::string& key) override {
+    if (frozen.load() && key == policy_store::LatestKey("r")) return Unavailable("frozen");
+    Result<std::vector<uint8_t>> got = inner().Get(key);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (damaged_.count(key) != 0 && got.ok() && !got->empty()) {
+      ++damaged_reads_;
+      if (damage_) (*got)[got->size() / 2] ^= 1;
+    }
+    return got;
+  }
+  void Damage(std::set<std::string> keys, bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    damaged_ = std::move(keys);
+    damage_ = on;
+  }
+  int damaged_reads() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return damaged_reads_;
+  }
+  std::atomic<bool> frozen{false};
+
+ private:
+  std::mutex mutex_;
+  std::set<std::string> damaged_;
+  bool damage_ = false;
+  int damaged_reads_ = 0;
+};
 
 TEST_CASE("group versions: samples end to end, runs tagged, range from the oldest to the newest") {
   Completion a, b, c;
@@ -92,7 +131,8 @@ TEST_CASE(
   options.lease_wait = std::chrono::milliseconds(200);
   options.sampling.max_tokens = 3;
   options.sampling.stop_token = examples::ArithmeticTask::kEnd;
-  RolloutWorker worker(options, worker_client, *store, engine, verifier);
+  GatedStore view(*store);
+  RolloutWorker worker(options, worker_client, view, engine, verifier);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
 
@@ -146,6 +186,38 @@ TEST_CASE(
     auto status = trainer.GetStatus();
     return status.ok() && (*status)["regions"]["eu"]["sync"]["digest_mismatches"] == 1;
   }));
+
+  // While the worker cannot see the store, versions 2 and 3 come and version 2's manifest goes:
+  // nothing chains from version 1 any more, so the next pull restarts from the keyframe, and the
+  // worker drops its copy first. The keyframe arrives damaged on every read: the pull fails, the
+  // worker forgets the version it held and its engine goes on serving version 1. Once the
+  // keyframe reads whole, the next round pulls version 3 from nothing, and no digest mismatch is
+  // counted (a worker that still claimed version 1 would find its empty copy wrong).
+  view.frozen = true;
+  for (uint64_t v = 2; v <= 3; ++v) {
+    for (float& w : weights) w *= 1.01f;
+    REQUIRE(publisher->Publish(layout.Master(weights)).ok());
+    REQUIRE(trainer.AnnounceVersion(v).ok());
+  }
+  std::set<std::string> keyframes;  // every keyframe blob a pull of version 3 could start from
+  for (uint64_t v = 0; v <= 3; ++v) {
+    Result<policy_store::Manifest> manifest = policy_store::ReadManifest(*store, "r", v);
+    if (!manifest.ok()) continue;
+    for (const policy_store::BlobRef& part : manifest->keyframe)
+      keyframes.insert(policy_store::BlobKey(part.sha256));
+  }
+  REQUIRE(!keyframes.empty());
+  REQUIRE(store->Delete(policy_store::ManifestKey("r", 2)).ok());
+  view.Damage(keyframes, true);
+  const uint64_t keyframe_pulls = worker.sync_report().keyframe_pulls;
+  view.frozen = false;
+  REQUIRE(WaitFor([&] { return view.damaged_reads() >= 6; }));  // two pulls of 3 tries each
+  CHECK(worker.ready_version() == std::optional<uint64_t>(1));
+  CHECK(engine.version() == 1);
+  view.Damage(keyframes, false);
+  REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(3); }));
+  CHECK(worker.sync_report().keyframe_pulls == keyframe_pulls + 1);
+  CHECK(worker.sync_report().digest_mismatches == 1);
 
   worker.Stop();
   running.join();
