@@ -88,8 +88,10 @@ trap 'kill -- -$builder 2> /dev/null || true' EXIT
 # Waits for the background build of a tree (asan: until its tree is built; tsan: until the build is
 # over); on a failure shows the build's log.
 wait_for_tree() {
-  while [ "$1" = asan ] && [ ! -e build-asan/.weft-built ] && kill -0 "$builder" 2> /dev/null; do sleep 1; done
-  if [ "$1" = asan ] && [ -e build-asan/.weft-built ]; then return; fi
+  if [ "$1" = asan ]; then
+    while [ ! -e build-asan/.weft-built ] && kill -0 "$builder" 2> /dev/null; do sleep 1; done
+    if [ -e build-asan/.weft-built ]; then return; fi
+  fi
   if ! wait "$builder"; then
     tail -n 60 "$sanitized_log"
     echo "test.sh: building the sanitized trees failed (the whole log: $sanitized_log)"
