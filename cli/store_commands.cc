@@ -435,7 +435,7 @@ void RegisterRelay(CLI::App& app, Action* action) {
                 "the most the cache holds (e.g. 50GiB; default 10GiB)");
   r->add_option("--listen", relay->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
   r->add_option("--threads", relay->threads,
-                "server threads (default 64: requests wait on the upstream link)")
+                "I/O threads (default 4; they never wait on the upstream)")
       ->check(CLI::Range(1, 1024));
   AddLinkFlags(r, relay.get(), false);
   r->callback([relay, action] { *action = [relay] { return RunRelay(*relay); }; });

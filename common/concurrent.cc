@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -29,6 +32,57 @@ Status ForEachConcurrently(size_t count, int concurrency, const std::function<St
   work();
   for (std::thread& thread : helpers) thread.join();
   return first_error ? first_error->second : Status::Ok();
+}
+
+namespace {
+
+// The blocking pool: threads that take tasks from one queue and end once idle for a while.
+class BlockingPool {
+ public:
+  void Run(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+    // Every queued task needs a thread of its own: an idle one, or a new one.
+    if (tasks_.size() <= static_cast<size_t>(idle_)) {
+      wake_.notify_one();
+    } else if (threads_ < kMaxBlockingThreads) {
+      ++threads_;
+      std::thread([this] { Work(); }).detach();
+    }
+  }
+
+ private:
+  void Work() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      ++idle_;
+      const bool woken =
+          wake_.wait_for(lock, std::chrono::seconds(10), [this] { return !tasks_.empty(); });
+      --idle_;
+      if (!woken) break;
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      task = nullptr;  // what it held goes before the thread waits again
+      lock.lock();
+    }
+    --threads_;
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  int threads_ = 0;
+  int idle_ = 0;
+};
+
+}  // namespace
+
+void RunBlocking(std::function<void()> task) {
+  // Never destroyed: detached threads may still use it while the process exits.
+  static BlockingPool* pool = new BlockingPool;
+  pool->Run(std::move(task));
 }
 
 }  // namespace weft

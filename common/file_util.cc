@@ -175,6 +175,25 @@ Result<FileRead> ReadOpenedRange(const std::string& path, uint64_t first,
 
 }  // namespace
 
+Result<OpenedFile> OpenForReading(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return NotFound(path + ": no such file");
+    return Unavailable(path + ": cannot open: " + ErrnoText());
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    std::string error = ErrnoText();
+    ::close(fd);
+    return Unavailable(path + ": cannot stat: " + error);
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(path + ": not a regular file");
+  }
+  return OpenedFile{fd, static_cast<uint64_t>(info.st_size)};
+}
+
 Result<FileRange> ReadFileRange(const std::string& path, uint64_t first, uint64_t length) {
   FileRange range;
   WEFT_ASSIGN_OR_RETURN(

@@ -71,6 +71,15 @@ struct FileRead {
 };
 Result<FileRead> ReadFileRangeInto(const std::string& path, uint64_t first, std::span<uint8_t> out);
 
+// A regular file opened for reading (O_CLOEXEC): its descriptor, which the caller owns and closes,
+// and its size. kNotFound when it does not exist, kInvalidArgument when it is not a regular file
+// (a directory), kUnavailable on other errors.
+struct OpenedFile {
+  int fd = -1;
+  uint64_t size = 0;
+};
+Result<OpenedFile> OpenForReading(const std::string& path);
+
 // Writes all of `bytes` to `fd`, retrying short writes.
 Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what);
 

@@ -21,25 +21,218 @@ void InitCurlOnce() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
-// What one try of a request collects: the body (appended to what earlier tries received) and the
-// headers a resumed GET needs.
+// A body kept in memory (HttpReply::body), reserved from what the answer announces up to
+// kMaxReserveBytes and grown as it arrives beyond that.
+class VectorTarget : public BodyTarget {
+ public:
+  explicit VectorTarget(std::vector<uint8_t>* bytes) : bytes_(bytes) {}
+  Status Write(std::span<const uint8_t> piece) override {
+    bytes_->insert(bytes_->end(), piece.begin(), piece.end());
+    return Status::Ok();
+  }
+  Status Rewind() override {
+    bytes_->clear();
+    return Status::Ok();
+  }
+  void Reserve(uint64_t more) {
+    bytes_->reserve(bytes_->size() + std::min(more, kMaxReserveBytes));
+  }
+
+ private:
+  std::vector<uint8_t>* bytes_;
+};
+
+// A number of decimal digits, or nullopt (empty, a sign, overflow).
+std::optional<uint64_t> ParseCount(std::string_view text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return value;
+}
+
+// "bytes A-B/TOTAL" (or "bytes */TOTAL"): A (nullopt for '*') and TOTAL (nullopt for '*').
+struct ContentRange {
+  std::optional<uint64_t> first;
+  std::optional<uint64_t> total;
+  bool valid = false;
+};
+ContentRange ParseContentRange(const std::string& value) {
+  ContentRange range;
+  if (value.rfind("bytes ", 0) != 0) return range;
+  const std::string_view spec = std::string_view(value).substr(6);
+  const size_t slash = spec.rfind('/');
+  if (slash == std::string_view::npos) return range;
+  const std::string_view span = spec.substr(0, slash), total = spec.substr(slash + 1);
+  if (total != "*") {
+    range.total = ParseCount(total);
+    if (!range.total) return range;
+  }
+  if (span != "*") {
+    const size_t dash = span.find('-');
+    if (dash == std::string_view::npos) return range;
+    range.first = ParseCount(span.substr(0, dash));
+    if (!range.first || !ParseCount(span.substr(dash + 1))) return range;
+  }
+  range.valid = true;
+  return range;
+}
+
+// What one request collects across its tries: the wanted window of the object (a range, or all of
+// it), how much of it has been delivered to the target, and per try the answer's status line,
+// headers and what its body is: the object's bytes (content) or a message.
 struct Transfer {
-  std::vector<uint8_t>* body = nullptr;
+  // For the whole request.
+  bool get = false;
+  BodyTarget* target = nullptr;
+  VectorTarget* vector = nullptr;  // the target, when it is HttpReply::body
   const std::function<void(uint64_t)>* received = nullptr;
   std::atomic<uint64_t>* counter = nullptr;
-  std::string etag;
-  bool partial_content = false;  // the answer is 206
+  uint64_t window_first = 0;
+  std::optional<uint64_t> window_length;
+  uint64_t max_body = UINT64_MAX;
+  uint64_t delivered = 0;
+
+  // For one try.
+  enum class Body { kUndecided, kContent, kMessage };
+  long status = 0;
   std::map<std::string, std::string>* headers = nullptr;
+  std::string etag;
+  Body body = Body::kUndecided;
+  uint64_t skip = 0;      // bytes of this answer before the next one wanted
+  bool complete = false;  // every wanted byte is in; what the server sends beyond is not read
+  Status failure;         // the target's, or a check's: ends the request
+  std::vector<uint8_t> message;
+
+  void StartTry() {
+    status = 0;
+    headers->clear();
+    etag.clear();
+    body = Body::kUndecided;
+    skip = 0;
+    complete = false;
+    message.clear();
+  }
+
+  std::string Header(const std::string& name) const {
+    auto it = headers->find(name);
+    return it == headers->end() ? std::string() : it->second;
+  }
+
+  // Decides, at the answer's first body byte, what the body is; for the object's bytes, where
+  // they start and how much of them is wanted.
+  void Decide() {
+    body = get && status >= 200 && status < 300 ? Body::kContent : Body::kMessage;
+    if (body != Body::kContent) return;
+    uint64_t answer_first = 0;
+    std::optional<uint64_t> total;
+    if (status == 206) {
+      const ContentRange range = ParseContentRange(Header("content-range"));
+      if (!range.valid || !range.first) {
+        failure = DataLoss("a 206 answer without a valid Content-Range ('" +
+                           Header("content-range") + "')");
+        return;
+      }
+      answer_first = *range.first;
+      total = range.total;
+    } else {
+      total = ParseCount(Header("content-length"));
+      if (delivered > 0) {
+        // The whole object again (it changed, or the server ignores ranges): from the start.
+        failure = target->Rewind();
+        delivered = 0;
+        if (!failure.ok()) return;
+      }
+    }
+    const uint64_t next = window_first + delivered;
+    if (answer_first > next) {
+      failure = DataLoss("the answer starts at byte " + std::to_string(answer_first) +
+                         ", after byte " + std::to_string(next) + " that was asked for");
+      return;
+    }
+    skip = next - answer_first;
+    if (total) {
+      if (!window_length && *total > max_body) {
+        failure =
+            InvalidArgument("the object is " + std::to_string(*total) + " bytes, more than the " +
+                            std::to_string(max_body) + " this request takes");
+        return;
+      }
+      failure = target->ObjectSize(*total);
+      if (!failure.ok()) return;
+    }
+    if (vector != nullptr) {
+      uint64_t expected = total ? (*total > next ? *total - next : 0) : 0;
+      if (window_length) expected = std::min(expected, *window_length - delivered);
+      vector->Reserve(expected);
+    }
+  }
+
+  // Takes a piece of the answer's body; false stops the transfer.
+  bool Take(std::span<const uint8_t> piece) {
+    if (body == Body::kUndecided) Decide();
+    if (!failure.ok()) return false;
+    if (body == Body::kMessage) {
+      const uint64_t limit = status >= 200 && status < 300 ? max_body : kMaxErrorBodyBytes;
+      if (message.size() < limit) {
+        const uint64_t kept = std::min<uint64_t>(piece.size(), limit - message.size());
+        message.insert(message.end(), piece.begin(), piece.begin() + static_cast<long>(kept));
+      } else if (limit == max_body && !piece.empty()) {
+        failure = InvalidArgument("the answer is more than the " + std::to_string(max_body) +
+                                  " bytes this request takes");
+        return false;
+      }
+      return true;
+    }
+    const uint64_t skipped = std::min<uint64_t>(skip, piece.size());
+    skip -= skipped;
+    piece = piece.subspan(skipped);
+    bool beyond = false;
+    if (window_length) {
+      const uint64_t wanted = *window_length - delivered;
+      if (piece.size() > wanted) {
+        piece = piece.first(wanted);
+        beyond = true;
+      }
+    }
+    if (delivered + piece.size() > max_body) {
+      failure = InvalidArgument("the answer is more than the " + std::to_string(max_body) +
+                                " bytes this request takes");
+      return false;
+    }
+    if (!piece.empty()) {
+      failure = target->Write(piece);
+      if (!failure.ok()) return false;
+      delivered += piece.size();
+    }
+    if (beyond) {
+      complete = true;  // the range is whole; the rest of the object is not read
+      return false;
+    }
+    return true;
+  }
 };
+
+// The whole object's size, as the last answer said it: Content-Range's total (206, 416), a 200's
+// Content-Length, or the bytes of a 200 read to its end.
+std::optional<uint64_t> ObjectSizeOf(const Transfer& transfer, bool read_to_end) {
+  if (transfer.status == 206 || transfer.status == 416)
+    return ParseContentRange(transfer.Header("content-range")).total;
+  if (!transfer.get || transfer.status != 200) return std::nullopt;
+  if (std::optional<uint64_t> length = ParseCount(transfer.Header("content-length"))) return length;
+  if (read_to_end && !transfer.window_length) return transfer.delivered;
+  return std::nullopt;
+}
 
 size_t Collect(char* data, size_t size, size_t count, void* user) {
   auto* transfer = static_cast<Transfer*>(user);
   const size_t bytes = size * count;
-  transfer->body->insert(transfer->body->end(), reinterpret_cast<uint8_t*>(data),
-                         reinterpret_cast<uint8_t*>(data) + bytes);
   transfer->counter->fetch_add(bytes);
   if (transfer->received != nullptr && *transfer->received) (*transfer->received)(bytes);
-  return bytes;
+  const bool go_on = transfer->Take({reinterpret_cast<const uint8_t*>(data), bytes});
+  return go_on ? bytes : 0;
 }
 
 size_t CollectHeader(char* data, size_t size, size_t count, void* user) {
@@ -49,9 +242,11 @@ size_t CollectHeader(char* data, size_t size, size_t count, void* user) {
   for (char c : line)
     lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   if (lower.rfind("http/", 0) == 0) {
-    transfer->etag.clear();  // a new response (after a redirect or 100) starts over
-    transfer->partial_content = lower.find(" 206") != std::string::npos;
-    transfer->headers->clear();
+    // A new response (after a redirect or 100) starts over.
+    transfer->StartTry();
+    const size_t space = line.find(' ');
+    if (space != std::string::npos)
+      transfer->status = std::strtol(line.c_str() + space + 1, nullptr, 10);
     return size * count;
   }
   if (const size_t colon = lower.find(':'); colon != std::string::npos) {
@@ -59,20 +254,9 @@ size_t CollectHeader(char* data, size_t size, size_t count, void* user) {
     size_t begin = colon + 1, end = line.size();
     while (begin < end && blank(line[begin])) ++begin;
     while (end > begin && blank(line[end - 1])) --end;
-    (*transfer->headers)[lower.substr(0, colon)] = line.substr(begin, end - begin);
-  }
-  if (lower.rfind("content-length:", 0) == 0) {
-    // Room for the whole body up front: no reallocation while hundreds of MB arrive.
-    const unsigned long long length = std::strtoull(line.c_str() + 15, nullptr, 10);
-    if (length > 0 && length < (uint64_t{1} << 40))
-      transfer->body->reserve(transfer->body->size() + length);
-  } else if (lower.rfind("etag:", 0) == 0) {
-    std::string value = line.substr(5);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
-      value.erase(value.begin());
-    while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' '))
-      value.pop_back();
-    transfer->etag = value;
+    const std::string name = lower.substr(0, colon);
+    (*transfer->headers)[name] = line.substr(begin, end - begin);
+    if (name == "etag") transfer->etag = line.substr(begin, end - begin);
   }
   return size * count;
 }
@@ -135,14 +319,29 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
   const std::span<const uint8_t> body = request.body;
   const bool idempotent = request.idempotent;
   const std::string url = base_url_ + request.path;
-  const uint64_t range_first = request.range ? request.range->first : 0;
   if (request.range && (method != "GET" || request.range->second == 0))
     return Internal(method + " " + url + ": a byte range is for a GET of at least one byte");
+  if (request.target != nullptr && method != "GET")
+    return Internal(method + " " + url + ": a body target is for a GET");
   const Clock::time_point deadline = Clock::now() + options_.deadline;
   std::string last_error;
   std::chrono::milliseconds backoff = options_.first_backoff;
   HttpReply reply;
-  std::string etag;  // of the partial body held, for a resumed GET
+  std::vector<uint8_t> content;  // the object's bytes, without a target of the caller's
+  VectorTarget vector(&content);
+  Transfer transfer;
+  transfer.get = method == "GET";
+  transfer.target = request.target != nullptr ? request.target : &vector;
+  transfer.vector = request.target != nullptr ? nullptr : &vector;
+  transfer.received = &options_.received;
+  transfer.counter = &bytes_received_;
+  transfer.headers = &reply.headers;
+  transfer.max_body = request.max_body_bytes;
+  if (request.range) {
+    transfer.window_first = request.range->first;
+    transfer.window_length = request.range->second;
+  }
+  std::string etag;  // of the part of the object delivered, for a resumed GET
   int attempt = 0;
   while (true) {
     ++attempt;
@@ -152,9 +351,12 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
     CURL* curl = ThreadHandle();
     if (curl == nullptr) return Internal("cannot create an HTTP request");
     if (options_.before_request) options_.before_request();
-    const bool resume = method == "GET" && !reply.body.empty() && !etag.empty();
-    if (!resume) reply.body.clear();
-    Transfer transfer{&reply.body, &options_.received, &bytes_received_, "", false, &reply.headers};
+    const bool resume = transfer.get && transfer.delivered > 0 && !etag.empty();
+    if (!resume && transfer.delivered > 0) {
+      WEFT_RETURN_IF_ERROR(transfer.target->Rewind());
+      transfer.delivered = 0;
+    }
+    transfer.StartTry();
     curl_slist* headers = nullptr;
     for (const std::string& header : request.headers)
       headers = curl_slist_append(headers, header.c_str());
@@ -170,8 +372,10 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
     }
     std::string range;  // bytes first-last, inclusive
     if (resume || request.range) {
-      range = std::to_string(range_first + reply.body.size()) + "-";
-      if (request.range) range += std::to_string(range_first + request.range->second - 1);
+      range = std::to_string(transfer.window_first + transfer.delivered) + "-";
+      // (A range to the end of any object is left open: "bytes=N-".)
+      if (request.range && *transfer.window_length < (uint64_t{1} << 62))
+        range += std::to_string(transfer.window_first + *transfer.window_length - 1);
       curl_easy_setopt(curl, CURLOPT_RANGE, range.c_str());
     }
     curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
@@ -200,29 +404,37 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
         curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
       }
     }
-    const size_t held = resume ? reply.body.size() : 0;
     CURLcode code = curl_easy_perform(curl);
-    reply.status = 0;
-    if (code == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &reply.status);
     curl_slist_free_all(headers);
-    if (resume) {
-      if (code == CURLE_OK && reply.status == 200) {
-        // The server sent the whole object again (it changed, or ignores ranges): keep only that.
-        reply.body.erase(reply.body.begin(), reply.body.begin() + static_cast<long>(held));
-      } else if (!transfer.partial_content) {
-        // No 206 began: nothing this try added belongs to the object (a final error answer
-        // drops the partial body too: the object is gone or refused).
-        reply.body.resize(code == CURLE_OK ? 0 : held);
-      } else if (code == CURLE_OK) {
-        reply.status = request.range ? 206 : 200;  // the rest arrived: assembled
+    // A body with nothing in it is decided too (an empty object, a 204).
+    if (code == CURLE_OK && transfer.body == Transfer::Body::kUndecided && transfer.failure.ok())
+      transfer.Take({});
+    if (!transfer.failure.ok()) {
+      return transfer.failure.WithContext(method + " " + url);
+    }
+    // A range whose last byte arrived while the server went on: the rest was not read.
+    if (code == CURLE_WRITE_ERROR && transfer.complete) code = CURLE_OK;
+    reply.status = code == CURLE_OK ? transfer.status : 0;
+    if (!transfer.etag.empty() && transfer.body == Transfer::Body::kContent) etag = transfer.etag;
+    if (code == CURLE_OK && transfer.body == Transfer::Body::kContent) {
+      // The object's bytes, whole (assembled over tries that resumed where the last stopped).
+      if (request.range) reply.status = 206;
+      reply.body = std::move(content);
+      reply.delivered = transfer.delivered;
+      reply.object_size = ObjectSizeOf(transfer, !transfer.complete);
+      return reply;
+    }
+    const bool server_error = code == CURLE_OK && reply.status >= 500 && reply.status != 501;
+    if (code == CURLE_OK &&
+        (!server_error || reply.Header("x-weft-error") != "" || !request.retry_server_errors)) {
+      // 416 answers a resumption the object no longer allows (retried from the start); to a first
+      // try it is the answer (a range past the object's end).
+      if (reply.status != 416 || !resume) {
+        reply.body = std::move(transfer.message);
+        reply.object_size = ObjectSizeOf(transfer, false);
+        return reply;
       }
     }
-    if (!transfer.etag.empty()) etag = transfer.etag;
-    const bool server_error = code == CURLE_OK && reply.status >= 500 && reply.status != 501;
-    // 416 answers a resumption the object no longer allows (retried from the start); to a first
-    // try it is the answer (a range past the object's end).
-    if (code == CURLE_OK && !server_error && (reply.status != 416 || !resume)) return reply;
-    if (server_error && !request.retry_server_errors) return reply;
     if (code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE ||
         code == CURLE_SSL_CERTPROBLEM || code == CURLE_UNSUPPORTED_PROTOCOL) {
       // Trying again cannot help: the server's certificate is not trusted, the CA file is bad.
@@ -232,15 +444,13 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
     if (code != CURLE_OK) {
       last_error = curl_easy_strerror(code);
     } else if (reply.status == 416) {
-      last_error = "the server refused to resume at byte " + std::to_string(reply.body.size());
-      reply.body.clear();
+      last_error = "the server refused to resume at byte " +
+                   std::to_string(transfer.window_first + transfer.delivered);
+      etag.clear();  // from the start
     } else {
-      last_error = "HTTP " + std::to_string(reply.status) + ": " + Message(reply);
-      reply.body.clear();
-    }
-    if (method != "GET" || reply.body.empty()) {
-      reply.body.clear();
-      etag.clear();
+      HttpReply answer;
+      answer.body = std::move(transfer.message);
+      last_error = "HTTP " + std::to_string(reply.status) + ": " + Message(answer);
     }
     // A request that may have reached the server is repeated only when repeating it is harmless.
     const bool unsent = code == CURLE_COULDNT_CONNECT || code == CURLE_COULDNT_RESOLVE_HOST ||
@@ -258,32 +468,20 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
       std::chrono::duration<double>(Clock::now() - (deadline - options_.deadline)).count();
   char seconds[32];
   std::snprintf(seconds, sizeof(seconds), "%.1f", waited);
-  std::string progress = method == "GET" && !reply.body.empty()
-                             ? ", " + std::to_string(reply.body.size()) + " bytes had arrived"
+  std::string progress = transfer.get && transfer.delivered > 0
+                             ? ", " + std::to_string(transfer.delivered) + " bytes had arrived"
                              : "";
   return Unavailable(method + " " + url + ": " + last_error + " (gave up after " +
                      std::to_string(attempt) + (attempt == 1 ? " try" : " tries") + " in " +
                      seconds + " s" + progress + ")");
 }
 
-std::optional<uint64_t> RangedObjectSize(const HttpReply& reply) {
-  if (reply.status == 200) return reply.body.size();
-  const std::string range = reply.Header("content-range");
-  const size_t slash = range.rfind('/');
-  if (range.rfind("bytes ", 0) != 0 || slash == std::string::npos || slash + 1 == range.size())
-    return std::nullopt;
-  uint64_t total = 0;
-  for (size_t i = slash + 1; i < range.size(); ++i) {
-    if (range[i] < '0' || range[i] > '9' || total > (UINT64_MAX - 9) / 10) return std::nullopt;
-    total = total * 10 + static_cast<uint64_t>(range[i] - '0');
-  }
-  return total;
-}
-
 Status StatusOfReply(const HttpReply& reply, const std::string& what) {
   if (reply.status >= 200 && reply.status < 300) return Status::Ok();
-  return StatusOfHttpCode(reply.status,
-                          what + ": HTTP " + std::to_string(reply.status) + ": " + Message(reply));
+  std::string text = what + ": HTTP " + std::to_string(reply.status) + ": " + Message(reply);
+  // The server's verdict that what it received is not what the key names.
+  if (reply.status >= 500 && !reply.Header("x-weft-error").empty()) return DataLoss(text);
+  return StatusOfHttpCode(reply.status, std::move(text));
 }
 
 Status StatusOfHttpCode(long status, std::string text) {

@@ -8,6 +8,13 @@
 // resumes where it stopped (Range, with If-Range on the ETag, so a changed object restarts from
 // the beginning). Connections are kept alive and reused per thread. Hooks let a caller shape the
 // link (a wait before each request, a wait per received chunk). Thread-safe.
+//
+// Memory: a successful GET's body goes either into HttpReply::body, grown as bytes arrive (never
+// reserved from a Content-Length past kMaxReserveBytes, whatever the server announces), or, with
+// a BodyTarget, to the caller as it arrives (a file, a tensor, a hash: nothing is held). A ranged
+// GET takes the range's bytes and no more, whatever the server sends (a server that ignores
+// ranges sends the whole object; the bytes outside the range are skipped as they pass). The body
+// of an answer that is not a success is kept up to kMaxErrorBodyBytes (it carries a message).
 #pragma once
 
 #include <atomic>
@@ -37,9 +44,33 @@ struct HttpClientOptions {
   std::function<void(uint64_t)> received;  // called per chunk of body received
 };
 
+// Where the body of a successful GET goes as it arrives (HttpRequest::target), instead of
+// HttpReply::body: the bytes of the range asked for (or of the whole object), in order. Write and
+// Rewind are called on the thread of the request; an error from either stops the transfer and is
+// the request's answer (not retried: it is the caller's).
+class BodyTarget {
+ public:
+  virtual ~BodyTarget() = default;
+  virtual Status Write(std::span<const uint8_t> bytes) = 0;
+  // The bytes written so far are void (the object changed during a resumed transfer, so it is
+  // read again from the start of the range); the next Write is the range's first byte again.
+  virtual Status Rewind() = 0;
+  // The whole object's size, once an answer has said it (before the answer's first Write).
+  virtual Status ObjectSize(uint64_t bytes) { return Status::Ok(); }
+};
+
+// A 5xx answer with this header is the server's considered verdict (a relay that received bytes
+// whose hash is not their name, say): the client returns it at once instead of retrying, since
+// asking again cannot help. Its value names the error ("blob-hash-mismatch").
+inline constexpr const char* kFinalErrorHeader = "X-Weft-Error";
+
 struct HttpReply {
   long status = 0;
-  std::vector<uint8_t> body;
+  std::vector<uint8_t> body;  // empty when the request's target took the body
+  // For a GET: the whole object's size, when the answer said it (Content-Range's total, or a 200's
+  // Content-Length), and how many bytes of the range (or object) were delivered.
+  std::optional<uint64_t> object_size;
+  uint64_t delivered = 0;
   // The final answer's headers: names lowercased, values without surrounding blanks (a name sent
   // twice keeps its last value).
   std::map<std::string, std::string> headers;
@@ -64,7 +95,18 @@ struct HttpRequest {
   // Called before every try for headers that must be made afresh per try (a signature over the
   // request's date); they are added after `headers`.
   std::function<std::vector<std::string>()> sign;
+  // A GET's body goes here as it arrives, instead of into HttpReply::body (see BodyTarget).
+  BodyTarget* target = nullptr;
+  // A successful GET whose body would be larger is refused (kInvalidArgument) as soon as its
+  // Content-Length or its bytes say so, without reading the rest.
+  uint64_t max_body_bytes = UINT64_MAX;
 };
+
+// At most this much is reserved up front for a body from its Content-Length; a larger body grows as
+// it actually arrives.
+inline constexpr uint64_t kMaxReserveBytes = uint64_t{64} << 20;
+// The body of an answer that is not a success (an error message) is kept up to this size.
+inline constexpr uint64_t kMaxErrorBodyBytes = uint64_t{1} << 20;
 
 class HttpClient {
  public:
@@ -94,15 +136,11 @@ class HttpClient {
   std::atomic<uint64_t> resumed_{0};
 };
 
-// The Status an answer means: 2xx Ok, 404 kNotFound, 409 kConflict, 504 kTimeout, other 5xx
-// kUnavailable, other 4xx kInvalidArgument, with the server's JSON {"error"} message.
+// The Status an answer means: 2xx Ok, 404 kNotFound, 409 kConflict, 504 kTimeout, a 5xx with
+// kFinalErrorHeader kDataLoss (bytes that are not what their key names), other 5xx kUnavailable,
+// other 4xx kInvalidArgument, with the server's JSON {"error"} message.
 Status StatusOfReply(const HttpReply& reply, const std::string& what);
 // The same mapping for an answer that is not 2xx, with `text` as the message.
 Status StatusOfHttpCode(long status, std::string text);
-
-// The whole object's size in an answer to a ranged GET: the total of its Content-Range
-// ("bytes A-B/TOTAL" on a 206, "bytes */TOTAL" on a 416) or, on a 200, the body's size; nullopt
-// when the header is missing or malformed.
-std::optional<uint64_t> RangedObjectSize(const HttpReply& reply);
 
 }  // namespace weft

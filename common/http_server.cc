@@ -260,23 +260,128 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   // The responder for the request being handled; the server holds the session until it answers.
   Responder Waiting(bool keep_alive) {
-    {
-      std::lock_guard<std::mutex> lock(liveness_->mutex);
-      liveness_->waiting.emplace(this, Self());
-    }
-    return [weak = std::weak_ptr<Session>(Self()), liveness = liveness_,
-            keep_alive](Response response) {
-      std::lock_guard<std::mutex> lock(liveness->mutex);
-      if (!liveness->alive) return;
-      std::shared_ptr<Session> self = weak.lock();
+    Hold();
+    auto whole = [weak = std::weak_ptr<Session>(Self()), liveness = liveness_,
+                  keep_alive](Response response) {
+      std::shared_ptr<Session> self = Release(weak, liveness);
       if (!self) return;
-      liveness->waiting.erase(self.get());  // the posted answer holds it now
       asio::post(self->stream_.get_executor(),
                  [self, keep_alive, response = std::move(response)]() mutable {
                    response.keep_alive(keep_alive);
                    self->Send(std::move(response), !keep_alive, false);
                  });
     };
+    auto streamed = [weak = std::weak_ptr<Session>(Self()), liveness = liveness_, keep_alive](
+                        Response head, uint64_t length, std::unique_ptr<BodySource> body) {
+      std::shared_ptr<Session> self = Release(weak, liveness);
+      if (!self) return;
+      asio::post(self->stream_.get_executor(), [self, keep_alive, head = std::move(head), length,
+                                                body = std::move(body)]() mutable {
+        head.keep_alive(keep_alive);
+        self->SendStreamed(std::move(head), length, std::move(body), !keep_alive);
+      });
+    };
+    return Responder(std::move(whole), std::move(streamed));
+  }
+
+  // The server holds the session while it waits for something from another thread (an answer, a
+  // piece of a streamed body), so that Stop() can release it while its context still runs.
+  void Hold() {
+    std::lock_guard<std::mutex> lock(liveness_->mutex);
+    liveness_->waiting.emplace(this, Self());
+  }
+  // The session held, taken back to act on what came (null: the server stopped, or the session
+  // is gone).
+  static std::shared_ptr<Session> Release(const std::weak_ptr<Session>& weak,
+                                          const std::shared_ptr<Liveness>& liveness) {
+    std::lock_guard<std::mutex> lock(liveness->mutex);
+    if (!liveness->alive) return nullptr;
+    std::shared_ptr<Session> self = weak.lock();
+    if (self) liveness->waiting.erase(self.get());  // what is posted next holds it now
+    return self;
+  }
+
+  // An answer whose body comes from a BodySource: the header, then a piece at a time, each asked
+  // for once the last is written (so a slow client holds one piece, however large the body).
+  void SendStreamed(Response head, uint64_t length, std::unique_ptr<BodySource> body, bool close) {
+    if (head_ || length == 0) {
+      head.body().clear();
+      head.content_length(length);
+      return Send(std::move(head), close, false);
+    }
+    header_parser_.reset();
+    body_parser_.reset();
+    sink_parser_.reset();
+    sink_.reset();
+    streamed_.emplace();
+    streamed_->response.emplace(std::move(head.base()));
+    streamed_->response->content_length(length);
+    if (close) streamed_->response->keep_alive(false);
+    streamed_->response->body().data = nullptr;
+    streamed_->response->body().more = true;
+    streamed_->serializer.emplace(*streamed_->response);
+    streamed_->left = length;
+    streamed_->source = std::move(body);
+    streamed_->close = close;
+    Socket().expires_after(options_.read_timeout);
+    bhttp::async_write_header(stream_, *streamed_->serializer,
+                              [self = Self()](beast::error_code error, size_t) {
+                                if (error) return self->Close();
+                                self->NextPiece();
+                              });
+  }
+
+  void NextPiece() {
+    Streamed& streamed = *streamed_;
+    if (streamed.left == 0) {
+      streamed.response->body().data = nullptr;
+      streamed.response->body().size = 0;
+      streamed.response->body().more = false;
+      Socket().expires_after(options_.read_timeout);
+      bhttp::async_write(stream_, *streamed.serializer,
+                         [self = Self()](beast::error_code error, size_t) {
+                           const bool close = self->streamed_->close;
+                           self->streamed_.reset();
+                           self->OnWrite(close, false, error, 0);
+                         });
+      return;
+    }
+    // No deadline while the source works (it may wait for an upstream transfer, with a deadline
+    // of its own); the piece's write has one.
+    Socket().expires_never();
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(streamed.left, kStreamPieceBytes));
+    Hold();
+    streamed.source->Read(want, [weak = std::weak_ptr<Session>(Self()), liveness = liveness_,
+                                 want](Result<std::span<const uint8_t>> piece) {
+      std::shared_ptr<Session> self = Release(weak, liveness);
+      if (!self) return;
+      asio::post(self->stream_.get_executor(),
+                 [self, want, piece = std::move(piece)] { self->OnPiece(want, piece); });
+    });
+  }
+
+  void OnPiece(size_t want, const Result<std::span<const uint8_t>>& piece) {
+    if (!streamed_) return;
+    if (!piece.ok() || piece->empty() || piece->size() > want) {
+      // The body cannot be completed: the client must see a transfer cut off, not a short one.
+      streamed_.reset();
+      return CloseNow();
+    }
+    Streamed& streamed = *streamed_;
+    streamed.response->body().data = const_cast<uint8_t*>(piece->data());
+    streamed.response->body().size = piece->size();
+    streamed.response->body().more = true;
+    streamed.left -= piece->size();
+    Socket().expires_after(options_.read_timeout);
+    bhttp::async_write(stream_, *streamed.serializer,
+                       [self = Self()](beast::error_code error, size_t) {
+                         if (error == bhttp::error::need_buffer) error = {};
+                         if (error || !self->streamed_) {
+                           self->streamed_.reset();
+                           return self->CloseNow();
+                         }
+                         self->NextPiece();
+                       });
   }
 
   Response Error(bhttp::status status, const std::string& message) const {
@@ -354,6 +459,13 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                             });
   }
 
+  // Ends the connection at once, whatever was being sent (a body that cannot be completed).
+  void CloseNow() {
+    beast::error_code ignored;
+    Socket().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    Socket().close();
+  }
+
   void Close() {
     if constexpr (kTls) {
       // close_notify, then the socket goes with the session (whatever the peer answers).
@@ -375,6 +487,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::optional<bhttp::request_parser<SinkBody>> sink_parser_;
   std::unique_ptr<BodySink> sink_;
   std::shared_ptr<Response> response_;
+  // An answer being streamed from a BodySource.
+  struct Streamed {
+    std::optional<bhttp::response<bhttp::buffer_body>> response;
+    std::optional<bhttp::response_serializer<bhttp::buffer_body>> serializer;
+    std::unique_ptr<BodySource> source;
+    uint64_t left = 0;  // bytes of the body still to be asked for
+    bool close = false;
+  };
+  std::optional<Streamed> streamed_;
   std::unique_ptr<char[]> drain_;
   const ServerOptions& options_;
   const Hooks& hooks_;
@@ -531,6 +652,15 @@ void HttpServer::Stop() {
   }
   waiting.clear();  // sessions still waiting for an answer go here, while their context lives
   impl_->context.reset();
+}
+
+void Responder::Stream(Response head, uint64_t length, std::unique_ptr<BodySource> body) const {
+  if (streamed_) return streamed_(std::move(head), length, std::move(body));
+  // A responder without a connection behind it that can stream (a test's own).
+  RequestHeader context;
+  context.version(head.version());
+  (*this)(ErrorResponse(context, bhttp::status::internal_server_error,
+                        "this responder cannot stream a body"));
 }
 
 bhttp::status HttpStatusFor(StatusCode code) {

@@ -49,7 +49,48 @@ namespace weft::http {
 using Request = boost::beast::http::request<boost::beast::http::vector_body<uint8_t>>;
 using RequestHeader = boost::beast::http::request_header<>;
 using Response = boost::beast::http::response<boost::beast::http::vector_body<uint8_t>>;
-using Responder = std::function<void(Response)>;
+
+// A response body produced a piece at a time, for answers too large to hold (an object streamed
+// from disk, or from a transfer still under way): see Responder::Stream. Read hands over the next
+// bytes by calling `done` exactly once, from any thread (perhaps before it returns), with a span of
+// at most `max` bytes that the source owns and keeps valid until its next Read or its destruction
+// (at least one byte while the body is not complete), or with an error. Reads are never
+// concurrent. A source destroyed while a Read is pending (the connection closed) must keep what
+// that Read still uses alive itself; calling `done` then is harmless.
+class BodySource {
+ public:
+  using Done = std::function<void(Result<std::span<const uint8_t>>)>;
+  virtual ~BodySource() = default;
+  virtual void Read(size_t max, Done done) = 0;
+};
+
+// Answers one request, once: with a whole response, or with a header and a streamed body.
+// Copyable; a copy answers the same request. Calling it for a connection that has closed meanwhile
+// does nothing.
+class Responder {
+ public:
+  using Whole = std::function<void(Response)>;
+  using Streamed = std::function<void(Response, uint64_t, std::unique_ptr<BodySource>)>;
+  Responder() = default;
+  Responder(std::nullptr_t) {}  // none: the request was answered elsewhere
+  Responder(Whole whole, Streamed streamed = nullptr)
+      : whole_(std::move(whole)), streamed_(std::move(streamed)) {}
+  void operator()(Response response) const { whole_(std::move(response)); }
+  // `head`'s status and headers with Content-Length `length`, then `length` bytes read from `body`
+  // as the connection takes them, a piece of at most kStreamPieceBytes at a time (the memory a
+  // streamed answer holds). A HEAD request's answer reads none. If `body` fails, or ends early,
+  // the connection is closed before the body is complete: the client sees a transfer cut off.
+  void Stream(Response head, uint64_t length, std::unique_ptr<BodySource> body) const;
+  explicit operator bool() const { return static_cast<bool>(whole_); }
+
+ private:
+  Whole whole_;
+  Streamed streamed_;
+};
+
+// The largest piece a streamed body is asked for at once.
+inline constexpr size_t kStreamPieceBytes = 256 * 1024;
+
 using Handler = std::function<void(Request, Responder)>;
 // Called on an I/O thread once a request's header has arrived, before its body is read. Returns
 // a response to answer at once without reading the body (the connection is closed after it), or

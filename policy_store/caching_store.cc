@@ -2,19 +2,28 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
+#include "common/concurrent.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/units.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 bool IsHex64(const std::string& text) {
   return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
@@ -34,26 +43,284 @@ bool IsVersionManifest(const std::string& key) {
          key.size() > 5 && key.compare(key.size() - 5, 5, ".json") == 0;
 }
 
+std::string ErrnoText() { return std::strerror(errno); }
+
+// Reads [first, first + out.size()) of what `reader` reads into `out` (the whole span: the caller
+// has cut it to the object).
+Status ReadFully(ObjectReader& reader, uint64_t first, std::span<uint8_t> out) {
+  for (uint64_t done = 0; done < out.size();) {
+    WEFT_ASSIGN_OR_RETURN(size_t got, reader.ReadAt(first + done, out.subspan(done)));
+    done += got;
+  }
+  return Status::Ok();
+}
+
+// An object other than a blob, read whole into memory: refused past kMaxSmallObjectBytes.
+class SmallObject : public BodyTarget {
+ public:
+  explicit SmallObject(std::string key) : key_(std::move(key)) {}
+  Status ObjectSize(uint64_t bytes) override {
+    if (bytes > kMaxSmallObjectBytes) return TooLarge(bytes);
+    return Status::Ok();
+  }
+  Status Write(std::span<const uint8_t> piece) override {
+    if (piece.size() > kMaxSmallObjectBytes - bytes_.size()) return TooLarge(bytes_.size());
+    bytes_.insert(bytes_.end(), piece.begin(), piece.end());
+    return Status::Ok();
+  }
+  Status Rewind() override {
+    bytes_.clear();
+    return Status::Ok();
+  }
+  std::vector<uint8_t>& bytes() { return bytes_; }
+
+ private:
+  Status TooLarge(uint64_t bytes) const {
+    return InvalidArgument(key_ + ": " + std::to_string(bytes) +
+                           " bytes or more, and the cache passes objects other than blobs only up "
+                           "to " +
+                           FormatBytes(kMaxSmallObjectBytes));
+  }
+  std::string key_;
+  std::vector<uint8_t> bytes_;
+};
+
+Result<std::vector<uint8_t>> ReadSmall(ObjectStore& store, const std::string& key) {
+  SmallObject object(key);
+  WEFT_RETURN_IF_ERROR(store.ReadTo(key, 0, UINT64_MAX, object).status());
+  return std::move(object.bytes());
+}
+
 }  // namespace
 
-std::optional<CachingStore::FileStamp> CachingStore::StampOf(const std::string& path) {
+// One fetch of a blob (or the check of its cached file), and the readers it serves as it goes.
+struct CachingStore::Flight {
+  Flight(std::string sha256, bool check) : sha256(std::move(sha256)), check(check) {}
+  ~Flight() {
+    if (fd >= 0) ::close(fd);
+  }
+  enum class State { kRunning, kDone, kFailed };
+  struct Waiter {
+    uint64_t end;  // bytes [0, end) must be readable
+    std::function<void(Status)> ready;
+  };
+
+  const std::string sha256;
+  bool check;  // the cached file is checked first (and fetched only if it fails)
+
+  std::mutex mutex;
+  int fd = -1;  // the temporary file being written, or the checked file
+  std::optional<uint64_t> size;
+  uint64_t arrived = 0;
+  State state = State::kRunning;
+  Status failure;
+  std::optional<uint64_t> oversize;  // the blob is larger than the cache
+  std::vector<OpenDone> openers;     // waiting for the size
+  std::vector<Waiter> waiters;
+  uint64_t next_wake = UINT64_MAX;  // the smallest end a waiter waits for
+
+  // Whether bytes [0, end) can be read, with mutex held. The blob's last bytes are withheld until
+  // its hash has matched.
+  bool Readable(uint64_t end) const {
+    return state == State::kDone ||
+           (state == State::kRunning && size && end <= arrived && end < *size);
+  }
+
+  // Calls the waiters that can go on (all of them once the flight has ended), outside the lock.
+  void Wake(std::unique_lock<std::mutex>& lock) {
+    if (state == State::kRunning && arrived < next_wake) return;
+    std::vector<std::function<void(Status)>> go;
+    next_wake = UINT64_MAX;
+    for (auto waiter = waiters.begin(); waiter != waiters.end();) {
+      if (state == State::kFailed || Readable(waiter->end)) {
+        go.push_back(std::move(waiter->ready));
+        waiter = waiters.erase(waiter);
+      } else {
+        next_wake = std::min(next_wake, waiter->end);
+        ++waiter;
+      }
+    }
+    const Status status = state == State::kFailed ? failure : Status::Ok();
+    lock.unlock();
+    for (auto& ready : go) ready(status);
+    lock.lock();
+  }
+};
+
+struct CachingStore::ManifestFlight {
+  std::vector<OpenDone> openers;  // guarded by the cache's mutex
+};
+
+namespace {
+
+// A reader of a blob being fetched (or checked): served from the flight's file as it grows.
+class FlightReader : public ObjectReader {
+ public:
+  FlightReader(std::shared_ptr<CachingStore::Flight> flight, uint64_t size)
+      : ObjectReader(size), flight_(std::move(flight)) {}
+
+  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
+    if (offset >= size() || out.empty()) return InvalidArgument("a read past the blob's end");
+    out = out.first(std::min<uint64_t>(out.size(), size() - offset));
+    std::promise<Status> ready;
+    WhenReady(offset, out.size(), [&ready](Status status) { ready.set_value(std::move(status)); });
+    WEFT_RETURN_IF_ERROR(ready.get_future().get());
+    while (true) {
+      const ssize_t got = ::pread(flight_->fd, out.data(), out.size(), static_cast<off_t>(offset));
+      if (got > 0) return static_cast<size_t>(got);
+      if (got == 0)
+        return DataLoss("blob " + flight_->sha256 + ": its file is shorter than it was");
+      if (errno != EINTR) return Unavailable("blob " + flight_->sha256 + ": " + ErrnoText());
+    }
+  }
+
+  void WhenReady(uint64_t offset, uint64_t length, std::function<void(Status)> ready) override {
+    CachingStore::Flight& flight = *flight_;
+    std::unique_lock<std::mutex> lock(flight.mutex);
+    const uint64_t end = std::min(size(), offset + length);
+    if (flight.state == CachingStore::Flight::State::kFailed) {
+      const Status failure = flight.failure;
+      lock.unlock();
+      return ready(failure);
+    }
+    if (flight.Readable(end)) {
+      lock.unlock();
+      return ready(Status::Ok());
+    }
+    flight.waiters.push_back({end, std::move(ready)});
+    flight.next_wake = std::min(flight.next_wake, end);
+  }
+
+ private:
+  std::shared_ptr<CachingStore::Flight> flight_;
+};
+
+// A reader of a blob larger than the cache: its bytes read from the upstream as they are asked
+// for, a megabyte at a time.
+class PassThroughReader : public ObjectReader {
+ public:
+  PassThroughReader(ObjectStore& upstream, std::string key, uint64_t size,
+                    std::function<void()> count)
+      : ObjectReader(size), upstream_(upstream), key_(std::move(key)), count_(std::move(count)) {}
+
+  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
+    if (offset >= size() || out.empty()) return InvalidArgument(key_ + ": a read past its end");
+    if (offset < first_ || offset >= first_ + held_) {
+      buffer_.resize(std::min<uint64_t>(kAhead, size() - offset));
+      count_();
+      WEFT_ASSIGN_OR_RETURN(RangeRead read, upstream_.GetRangeInto(key_, offset, buffer_));
+      if (read.object_size != size() || read.read == 0) {
+        held_ = 0;
+        return DataLoss(upstream_.Describe() + ": " + key_ + " changed size while it was read");
+      }
+      first_ = offset;
+      held_ = read.read;
+    }
+    const size_t count = std::min<uint64_t>(out.size(), first_ + held_ - offset);
+    std::memcpy(out.data(), buffer_.data() + (offset - first_), count);
+    return count;
+  }
+  bool Remote() const override { return true; }
+
+ private:
+  static constexpr uint64_t kAhead = uint64_t{1} << 20;
+  ObjectStore& upstream_;
+  std::string key_;
+  std::function<void()> count_;
+  std::vector<uint8_t> buffer_;
+  uint64_t first_ = 0;
+  uint64_t held_ = 0;
+};
+
+// Where a fetched blob's bytes go: its flight's temporary file, hashed on the way; its readers
+// are told as bytes arrive.
+class FlightTarget : public BodyTarget {
+ public:
+  FlightTarget(CachingStore::Flight& flight, uint64_t max_bytes, const std::atomic<bool>& stopping)
+      : flight_(flight), max_bytes_(max_bytes), stopping_(stopping) {}
+
+  Status ObjectSize(uint64_t bytes) override {
+    std::unique_lock<std::mutex> lock(flight_.mutex);
+    if (flight_.size) {
+      if (*flight_.size == bytes) return Status::Ok();
+      return DataLoss("blob " + flight_.sha256 + " changed size from " +
+                      std::to_string(*flight_.size) + " to " + std::to_string(bytes) +
+                      " bytes while it was fetched");
+    }
+    if (bytes > max_bytes_) {
+      flight_.oversize = bytes;
+      return InvalidArgument("blob " + flight_.sha256 + " is larger than the cache");
+    }
+    flight_.size = bytes;
+    std::vector<OpenDone> openers = std::move(flight_.openers);
+    flight_.openers.clear();
+    lock.unlock();
+    return Serve(openers);
+  }
+
+  Status Write(std::span<const uint8_t> piece) override {
+    if (stopping_.load()) return Unavailable("the cache is closing");
+    for (size_t done = 0; done < piece.size();) {
+      const ssize_t wrote = ::pwrite(flight_.fd, piece.data() + done, piece.size() - done,
+                                     static_cast<off_t>(written_ + done));
+      if (wrote < 0) {
+        if (errno == EINTR) continue;
+        return Unavailable("blob " + flight_.sha256 +
+                           ": cannot write the cache's file: " + ErrnoText());
+      }
+      done += static_cast<size_t>(wrote);
+    }
+    hash_.Update(piece);
+    written_ += piece.size();
+    std::unique_lock<std::mutex> lock(flight_.mutex);
+    flight_.arrived = written_;
+    flight_.Wake(lock);
+    return Status::Ok();
+  }
+
+  Status Rewind() override {
+    written_ = 0;
+    hash_.Reset();
+    std::lock_guard<std::mutex> lock(flight_.mutex);
+    flight_.arrived = 0;
+    return Status::Ok();
+  }
+
+  uint64_t written() const { return written_; }
+  std::string HexDigest() { return hash_.HexDigest(); }
+
+  // The readers that waited for the size, each given one.
+  Status Serve(std::vector<OpenDone>& openers);
+
+  std::shared_ptr<CachingStore::Flight> self;  // set by the fetch, for the readers it hands out
+
+ private:
+  CachingStore::Flight& flight_;
+  uint64_t max_bytes_;
+  const std::atomic<bool>& stopping_;
+  Sha256 hash_;
+  uint64_t written_ = 0;
+};
+
+Status FlightTarget::Serve(std::vector<OpenDone>& openers) {
+  for (OpenDone& open : openers)
+    open(std::unique_ptr<ObjectReader>(new FlightReader(self, *flight_.size)));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::optional<CachingStore::FileStamp> CachingStore::StampOf(int fd) {
   struct stat info {};
-  if (::stat(path.c_str(), &info) != 0) return std::nullopt;
+  if (::fstat(fd, &info) != 0) return std::nullopt;
   return FileStamp{static_cast<uint64_t>(info.st_ino), static_cast<uint64_t>(info.st_size),
                    static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec,
                    static_cast<int64_t>(info.st_ctim.tv_sec) * 1000000000 + info.st_ctim.tv_nsec};
 }
 
-struct CachingStore::Flight {
-  bool done = false;
-  std::optional<Result<SharedBytes>> result;
-  std::condition_variable finished;
-};
-
 Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream,
                                                          CacheOptions options) {
   if (options.dir.empty()) return InvalidArgument("the cache needs a directory");
-  if (options.fetch_attempts < 1) options.fetch_attempts = 1;
   std::error_code error;
   std::filesystem::create_directories(std::filesystem::path(options.dir) / "blobs", error);
   if (error)
@@ -72,6 +339,7 @@ Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream,
     found.emplace_back(file.last_write_time(error), name);
   }
   std::sort(found.begin(), found.end());
+  std::lock_guard<std::mutex> lock(cache->mutex_);
   for (const auto& [time, name] : found) {
     const uint64_t bytes = std::filesystem::file_size(cache->PathOf(name), error);
     if (error) continue;
@@ -80,7 +348,7 @@ Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream,
     cache->cached_bytes_ += bytes;
   }
   // A smaller limit than the last run's takes effect now.
-  cache->Insert("", {});
+  cache->EvictLocked();
   return cache;
 }
 
@@ -89,6 +357,12 @@ Result<std::unique_ptr<CachingStore>> CachingStore::Open(std::unique_ptr<ObjectS
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<CachingStore> cache, Open(*upstream, std::move(options)));
   cache->owned_upstream_ = std::move(upstream);
   return cache;
+}
+
+CachingStore::~CachingStore() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  stopping_.store(true);
+  no_flights_.wait(lock, [this] { return running_ == 0; });
 }
 
 std::string CachingStore::PathOf(const std::string& sha256) const {
@@ -104,6 +378,7 @@ CacheStats CachingStore::stats() const {
   CacheStats stats = stats_;
   stats.cached_blobs = entries_.size();
   stats.cached_bytes = cached_bytes_;
+  stats.fetching = flights_.size();
   return stats;
 }
 
@@ -115,11 +390,42 @@ std::string CachingStore::StatsJson() const {
                          {"upstream_fetches", s.upstream_fetches},
                          {"upstream_bytes", s.upstream_bytes},
                          {"corrupted", s.corrupted},
+                         {"upstream_mismatches", s.upstream_mismatches},
+                         {"refused", s.refused},
+                         {"passed_through", s.passed_through},
                          {"evicted", s.evicted},
+                         {"fetching", s.fetching},
                          {"cached_blobs", s.cached_blobs},
                          {"cached_bytes", s.cached_bytes},
                          {"max_bytes", options_.max_bytes}};
   return json.dump();
+}
+
+std::string CachingStore::MetricsText(const std::string& prefix) const {
+  const CacheStats s = stats();
+  std::string text;
+  auto add = [&](const std::string& name, const char* type, const char* help, uint64_t value) {
+    text += "# HELP " + prefix + name + " " + help + "\n# TYPE " + prefix + name + " " + type +
+            "\n" + prefix + name + " " + std::to_string(value) + "\n";
+  };
+  add("_cache_hits_total", "counter", "Blob reads served from a cached file.", s.hits);
+  add("_cache_misses_total", "counter", "Blob reads that waited for a fetch.", s.misses);
+  add("_upstream_fetches_total", "counter", "Upstream reads of blobs and manifests.",
+      s.upstream_fetches);
+  add("_upstream_bytes_total", "counter", "Bytes those upstream reads returned.", s.upstream_bytes);
+  add("_upstream_hash_mismatches_total", "counter",
+      "Fetched blobs whose bytes did not hash to their name (not cached).", s.upstream_mismatches);
+  add("_refused_total", "counter", "Blob reads refused while a hash mismatch was held.", s.refused);
+  add("_cache_corrupted_total", "counter", "Cached files that failed their hash.", s.corrupted);
+  add("_passed_through_total", "counter", "Upstream range reads of blobs larger than the cache.",
+      s.passed_through);
+  add("_cache_evictions_total", "counter", "Blobs evicted to stay within the cache's size.",
+      s.evicted);
+  add("_fetches_in_flight", "gauge", "Blob fetches under way.", s.fetching);
+  add("_cached_blobs", "gauge", "Blobs in the cache.", s.cached_blobs);
+  add("_cached_bytes", "gauge", "Bytes of blobs in the cache.", s.cached_bytes);
+  add("_cache_max_bytes", "gauge", "The cache's size limit.", options_.max_bytes);
+  return text;
 }
 
 void CachingStore::Touch(const std::string& sha256) {
@@ -128,224 +434,401 @@ void CachingStore::Touch(const std::string& sha256) {
   lru_.splice(lru_.end(), lru_, entry->second.position);
 }
 
-std::optional<std::vector<uint8_t>> CachingStore::ReadCached(const std::string& sha256) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!entries_.count(sha256)) return std::nullopt;
-  }
-  // The file as it was before the read: if it changes during the read, the next range read sees
-  // a different file and checks it again.
-  const std::optional<FileStamp> stamp = StampOf(PathOf(sha256));
-  Result<std::vector<uint8_t>> bytes = ReadFile(PathOf(sha256));
-  if (bytes.ok() && Sha256Hex(*bytes) == sha256) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Touch(sha256);
-    ++stats_.hits;
-    auto entry = entries_.find(sha256);
-    if (entry != entries_.end()) entry->second.checked = stamp;
-    return std::move(*bytes);
-  }
-  // Gone (evicted meanwhile, or removed by hand) or corrupted on disk: forget it and refetch.
-  std::lock_guard<std::mutex> lock(mutex_);
+void CachingStore::ForgetLocked(const std::string& sha256) {
   auto entry = entries_.find(sha256);
-  if (bytes.ok()) {
-    ++stats_.corrupted;
-    WEFT_LOG(kWarning) << "cache " << options_.dir << ": blob " << sha256
-                       << " is corrupted on disk; removing it and fetching it again";
-  }
-  if (entry != entries_.end()) {
-    cached_bytes_ -= entry->second.bytes;
-    lru_.erase(entry->second.position);
-    entries_.erase(entry);
-    std::error_code error;
-    std::filesystem::remove(PathOf(sha256), error);
-  }
-  return std::nullopt;
+  if (entry == entries_.end()) return;
+  const std::string path = PathOf(sha256);  // (`sha256` may be the entry's own name)
+  cached_bytes_ -= entry->second.bytes;
+  lru_.erase(entry->second.position);
+  entries_.erase(entry);
+  std::error_code error;
+  std::filesystem::remove(path, error);
 }
 
-void CachingStore::Insert(const std::string& sha256, std::span<const uint8_t> bytes) {
-  if (!sha256.empty() && bytes.size() <= options_.max_bytes) {
-    Status written = WriteFileAtomic(PathOf(sha256),
-                                     [&](int fd) { return WriteAll(fd, bytes, PathOf(sha256)); });
-    if (!written.ok()) {
-      WEFT_LOG(kWarning) << "cache " << options_.dir << ": cannot keep blob " << sha256 << ": "
-                         << written.message();
-    } else {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!entries_.count(sha256)) {
-        lru_.push_back(sha256);
-        entries_[sha256] = {bytes.size(), std::prev(lru_.end()), StampOf(PathOf(sha256))};
-        cached_bytes_ += bytes.size();
-      }
-    }
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
+void CachingStore::EvictLocked() {
   while (cached_bytes_ > options_.max_bytes && !lru_.empty()) {
     const std::string victim = lru_.front();
-    lru_.pop_front();
-    cached_bytes_ -= entries_[victim].bytes;
-    entries_.erase(victim);
+    ForgetLocked(victim);
     ++stats_.evicted;
-    std::error_code error;
-    std::filesystem::remove(PathOf(victim), error);
   }
 }
 
-Result<std::vector<uint8_t>> CachingStore::FetchBlob(const std::string& key,
-                                                     const std::string& sha256) {
-  for (int attempt = 1;; ++attempt) {
-    Result<std::vector<uint8_t>> bytes = upstream_.Get(key);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++stats_.upstream_fetches;
-      if (bytes.ok()) stats_.upstream_bytes += bytes->size();
-    }
-    if (!bytes.ok()) return bytes.status();
-    if (Sha256Hex(*bytes) == sha256) return bytes;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++stats_.corrupted;
-    }
-    WEFT_LOG(kWarning) << upstream_.Describe() << ": blob " << sha256 << " arrived corrupted (try "
-                       << attempt << " of " << options_.fetch_attempts << ")";
-    if (attempt >= options_.fetch_attempts) {
-      return DataLoss(upstream_.Describe() + ": blob " + sha256 + " failed its hash on each of " +
-                      std::to_string(attempt) + " fetches");
-    }
+void CachingStore::IndexLocked(const std::string& sha256, uint64_t bytes) {
+  auto entry = entries_.find(sha256);
+  if (entry == entries_.end()) {
+    lru_.push_back(sha256);
+    entries_[sha256] = {bytes, std::prev(lru_.end()), std::nullopt};
+    cached_bytes_ += bytes;
+  } else {
+    Touch(sha256);
+  }
+  // The newest blob goes last, whatever the order: it is at the end of the LRU.
+  while (cached_bytes_ > options_.max_bytes && lru_.front() != sha256) {
+    const std::string victim = lru_.front();
+    ForgetLocked(victim);
+    ++stats_.evicted;
   }
 }
 
-Result<std::vector<uint8_t>> CachingStore::GetBlob(const std::string& key,
-                                                   const std::string& sha256) {
-  if (std::optional<std::vector<uint8_t>> cached = ReadCached(sha256)) return std::move(*cached);
-  WEFT_ASSIGN_OR_RETURN(SharedBytes fetched, FetchShared(key, sha256));
-  return std::vector<uint8_t>(*fetched);
-}
-
-Result<CachingStore::SharedBytes> CachingStore::FetchShared(const std::string& key,
-                                                            const std::string& sha256) {
-  std::shared_ptr<Flight> flight;
-  bool leader = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.misses;
-    auto found = flights_.find(sha256);
-    if (found == flights_.end()) {
-      flight = std::make_shared<Flight>();
-      flights_[sha256] = flight;
-      leader = true;
-    } else {
-      flight = found->second;
-    }
-  }
-  if (!leader) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    flight->finished.wait(lock, [&] { return flight->done; });
-    return *flight->result;
-  }
-  Result<std::vector<uint8_t>> bytes = FetchBlob(key, sha256);
-  Result<SharedBytes> shared = bytes.status();
-  if (bytes.ok()) {
-    shared = std::make_shared<const std::vector<uint8_t>>(std::move(bytes).value());
-    Insert(sha256, **shared);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    flight->result = shared;
-    flight->done = true;
-    flights_.erase(sha256);
-  }
-  flight->finished.notify_all();
-  return shared;
-}
-
-Result<std::vector<uint8_t>> CachingStore::GetManifest(const std::string& key) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = manifests_.find(key);
-    if (found != manifests_.end()) return found->second;
-  }
-  Result<std::vector<uint8_t>> bytes = upstream_.Get(key);
+void CachingStore::FlightEnds() {
   std::lock_guard<std::mutex> lock(mutex_);
-  ++stats_.upstream_fetches;
-  if (!bytes.ok()) return bytes;
-  stats_.upstream_bytes += bytes->size();
-  if (manifests_.emplace(key, *bytes).second) {
-    manifest_order_.push_back(key);
-    if (manifests_.size() > options_.max_manifests) {
-      manifests_.erase(manifest_order_.front());
-      manifest_order_.pop_front();
+  if (--running_ == 0) no_flights_.notify_all();
+}
+
+void CachingStore::OpenReadAsync(const std::string& key, OpenDone done) {
+  Status valid = ValidateKey(key);
+  if (!valid.ok()) return done(valid);
+  const std::string sha256 = BlobHash(key);
+  if (!sha256.empty()) return OpenBlob(sha256, std::move(done));
+  if (IsVersionManifest(key)) return OpenManifest(key, std::move(done));
+  // Anything else (`latest`, pins, records) is read upstream each time, off the calling thread.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return done(Unavailable(Describe() + " is closing"));
+    ++running_;
+  }
+  RunBlocking([this, key, done = std::move(done)] {
+    Result<std::vector<uint8_t>> bytes = ReadSmall(upstream_, key);
+    if (bytes.ok()) {
+      done(MemoryReader(std::move(bytes).value()));
+    } else {
+      done(bytes.status());
+    }
+    FlightEnds();
+  });
+}
+
+void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
+  const std::string key = BlobKey(sha256);
+  std::optional<FileStamp> checked;
+  std::optional<uint64_t> oversize;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto held = held_.find(sha256); held != held_.end()) {
+      if (Clock::now() < held->second.until) {
+        ++stats_.refused;
+        const Status error = held->second.error;
+        return done(error);
+      }
+      held_.erase(held);
+    }
+    if (auto size = oversize_.find(sha256); size != oversize_.end()) oversize = size->second;
+    if (auto entry = entries_.find(sha256); entry != entries_.end())
+      checked = entry->second.checked;
+  }
+  if (oversize) {
+    return done(
+        std::unique_ptr<ObjectReader>(new PassThroughReader(upstream_, key, *oversize, [this] {
+          std::lock_guard<std::mutex> lock(mutex_);
+          ++stats_.passed_through;
+        })));
+  }
+  if (checked) {
+    // A hit: the file checked, unchanged on disk since (the descriptor opened is the file checked).
+    Result<OpenedFile> file = OpenForReading(PathOf(sha256));
+    if (file.ok()) {
+      if (StampOf(file->fd) == checked) {
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          ++stats_.hits;
+          Touch(sha256);
+        }
+        return done(FileReader(file->fd, file->size, key));
+      }
+      ::close(file->fd);
     }
   }
-  return bytes;
+  std::shared_ptr<Flight> flight;
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return done(Unavailable(Describe() + " is closing"));
+    ++stats_.misses;
+    if (auto found = flights_.find(sha256); found != flights_.end()) {
+      flight = found->second;
+    } else {
+      flight = std::make_shared<Flight>(sha256, entries_.count(sha256) > 0);
+      flights_[sha256] = flight;
+      ++running_;
+      start = true;
+    }
+  }
+  {
+    std::unique_lock<std::mutex> lock(flight->mutex);
+    if (flight->state == Flight::State::kFailed) {
+      const Status failure = flight->failure;
+      lock.unlock();
+      done(failure);
+    } else if (flight->size) {
+      const uint64_t size = *flight->size;
+      lock.unlock();
+      done(std::unique_ptr<ObjectReader>(new FlightReader(flight, size)));
+    } else {
+      flight->openers.push_back(std::move(done));
+    }
+  }
+  if (start) RunBlocking([this, flight] { RunFlight(flight); });
+}
+
+bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
+  Result<OpenedFile> file = OpenForReading(PathOf(flight->sha256));
+  if (!file.ok()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ForgetLocked(flight->sha256);  // gone from disk (removed by hand)
+    return false;
+  }
+  const std::optional<FileStamp> stamp = StampOf(file->fd);
+  std::unique_ptr<ObjectReader> reader = FileReader(::dup(file->fd), file->size, "");
+  Sha256 hash;
+  std::vector<uint8_t> buffer(std::min<uint64_t>(file->size, 1 << 20));
+  bool read = true;
+  for (uint64_t at = 0; at < file->size && read;) {
+    Result<size_t> got = reader->ReadAt(at, buffer);
+    read = got.ok();
+    if (read) {
+      hash.Update(std::span<const uint8_t>(buffer).first(*got));
+      at += *got;
+    }
+  }
+  if (!read || hash.HexDigest() != flight->sha256) {
+    ::close(file->fd);
+    WEFT_LOG(kWarning) << "cache " << options_.dir << ": blob " << flight->sha256
+                       << " is corrupted on disk; removing it and fetching it again";
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.corrupted;
+    ForgetLocked(flight->sha256);
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto entry = entries_.find(flight->sha256); entry != entries_.end())
+      entry->second.checked = stamp;
+  }
+  std::unique_lock<std::mutex> lock(flight->mutex);
+  flight->fd = file->fd;
+  flight->size = file->size;
+  flight->arrived = file->size;
+  flight->state = Flight::State::kDone;
+  std::vector<OpenDone> openers = std::move(flight->openers);
+  flight->openers.clear();
+  flight->Wake(lock);
+  lock.unlock();
+  for (OpenDone& open : openers)
+    open(std::unique_ptr<ObjectReader>(new FlightReader(flight, file->size)));
+  return true;
+}
+
+void CachingStore::RunFlight(const std::shared_ptr<Flight>& flight) {
+  if (!flight->check || !CheckCached(flight)) Fetch(flight);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    flights_.erase(flight->sha256);
+  }
+  FlightEnds();
+}
+
+void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
+  const std::string key = BlobKey(flight->sha256);
+  auto fail = [&](Status status) {
+    std::unique_lock<std::mutex> lock(flight->mutex);
+    flight->state = Flight::State::kFailed;
+    flight->failure = status;
+    std::vector<OpenDone> openers = std::move(flight->openers);
+    flight->openers.clear();
+    flight->Wake(lock);
+    lock.unlock();
+    for (OpenDone& open : openers) open(status);
+  };
+  std::string temp = options_.dir + "/blobs/." + flight->sha256 + ".tmp-XXXXXX";
+  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
+  if (fd < 0)
+    return fail(Unavailable("cache " + options_.dir + ": cannot create a file: " + ErrnoText()));
+  {
+    std::lock_guard<std::mutex> lock(flight->mutex);
+    flight->fd = fd;
+  }
+  FlightTarget target(*flight, options_.max_bytes, stopping_);
+  target.self = flight;
+  Result<uint64_t> fetched = upstream_.ReadTo(key, 0, UINT64_MAX, target);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.upstream_fetches;
+    stats_.upstream_bytes += target.written();
+  }
+  std::optional<uint64_t> oversize;
+  {
+    std::lock_guard<std::mutex> lock(flight->mutex);
+    oversize = flight->oversize;
+  }
+  if (oversize) {
+    // Larger than the cache: its readers read it upstream, range by range.
+    ::unlink(temp.c_str());
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      oversize_[flight->sha256] = *oversize;
+    }
+    std::unique_lock<std::mutex> lock(flight->mutex);
+    flight->state = Flight::State::kFailed;
+    flight->failure = Unavailable("blob " + flight->sha256 + " is read upstream");
+    std::vector<OpenDone> openers = std::move(flight->openers);
+    flight->openers.clear();
+    lock.unlock();
+    for (OpenDone& open : openers) {
+      open(std::unique_ptr<ObjectReader>(new PassThroughReader(upstream_, key, *oversize, [this] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_.passed_through;
+      })));
+    }
+    return;
+  }
+  if (!fetched.ok()) {
+    ::unlink(temp.c_str());
+    return fail(fetched.status().WithContext("blob " + flight->sha256));
+  }
+  const std::string actual = target.HexDigest();
+  if (target.written() != *fetched || actual != flight->sha256) {
+    ::unlink(temp.c_str());
+    const Status mismatch = DataLoss(
+        upstream_.Describe() + ": blob " + flight->sha256 + " arrived as " +
+        std::to_string(target.written()) + " bytes with SHA-256 " + actual +
+        ": not the bytes its name is the hash of (nothing cached; the blob is refused for " +
+        std::to_string(options_.mismatch_hold.count() / 1000) + " s before it is fetched again)");
+    WEFT_LOG(kWarning) << mismatch.message();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.upstream_mismatches;
+      held_[flight->sha256] = {mismatch, Clock::now() + options_.mismatch_hold};
+    }
+    return fail(mismatch);
+  }
+  // Whole and right: the file becomes the cached blob (its descriptor stays the readers'), stamped
+  // once in place (a rename changes the file's change time).
+  if (::rename(temp.c_str(), PathOf(flight->sha256).c_str()) != 0) {
+    WEFT_LOG(kWarning) << "cache " << options_.dir << ": cannot keep blob " << flight->sha256
+                       << ": " << ErrnoText();
+    ::unlink(temp.c_str());
+  } else {
+    const std::optional<FileStamp> stamp = StampOf(fd);
+    std::lock_guard<std::mutex> lock(mutex_);
+    IndexLocked(flight->sha256, *fetched);
+    entries_[flight->sha256].checked = stamp;
+  }
+  std::unique_lock<std::mutex> lock(flight->mutex);
+  flight->state = Flight::State::kDone;
+  flight->Wake(lock);
+}
+
+void CachingStore::OpenManifest(const std::string& key, OpenDone done) {
+  std::shared_ptr<ManifestFlight> flight;
+  bool start = false;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (auto found = manifests_.find(key); found != manifests_.end()) {
+      std::vector<uint8_t> bytes = found->second;
+      lock.unlock();
+      return done(MemoryReader(std::move(bytes)));
+    }
+    if (stopping_) return done(Unavailable(Describe() + " is closing"));
+    std::shared_ptr<ManifestFlight>& slot = manifest_flights_[key];
+    if (!slot) {
+      slot = std::make_shared<ManifestFlight>();
+      ++running_;
+      start = true;
+    }
+    slot->openers.push_back(std::move(done));
+    flight = slot;
+  }
+  if (start) RunBlocking([this, key, flight] { RunManifestFlight(key, flight); });
+}
+
+void CachingStore::RunManifestFlight(const std::string& key,
+                                     const std::shared_ptr<ManifestFlight>& flight) {
+  Result<std::vector<uint8_t>> bytes = ReadSmall(upstream_, key);
+  std::vector<OpenDone> openers;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.upstream_fetches;
+    if (bytes.ok()) {
+      stats_.upstream_bytes += bytes->size();
+      if (bytes->size() <= options_.max_manifest_bytes && manifests_.emplace(key, *bytes).second) {
+        manifest_order_.push_back(key);
+        manifest_bytes_ += bytes->size();
+        while (manifest_bytes_ > options_.max_manifest_bytes) {
+          manifest_bytes_ -= manifests_[manifest_order_.front()].size();
+          manifests_.erase(manifest_order_.front());
+          manifest_order_.pop_front();
+        }
+      }
+    }
+    openers = std::move(flight->openers);
+    manifest_flights_.erase(key);
+  }
+  for (OpenDone& open : openers) {
+    if (bytes.ok()) {
+      open(MemoryReader(*bytes));
+    } else {
+      open(bytes.status());
+    }
+  }
+  FlightEnds();
+}
+
+Result<std::unique_ptr<ObjectReader>> CachingStore::OpenRead(const std::string& key) {
+  std::promise<Result<std::unique_ptr<ObjectReader>>> opened;
+  OpenReadAsync(key, [&opened](Result<std::unique_ptr<ObjectReader>> reader) {
+    opened.set_value(std::move(reader));
+  });
+  return opened.get_future().get();
 }
 
 Result<std::vector<uint8_t>> CachingStore::Get(const std::string& key) {
-  WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  const std::string sha256 = BlobHash(key);
-  if (!sha256.empty()) return GetBlob(key, sha256);
-  if (IsVersionManifest(key)) return GetManifest(key);
-  return upstream_.Get(key);
-}
-
-std::optional<uint64_t> CachingStore::CheckedSize(const std::string& sha256) {
-  uint64_t size = 0;
-  std::optional<FileStamp> checked;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto entry = entries_.find(sha256);
-    if (entry != entries_.end()) {
-      size = entry->second.bytes;
-      checked = entry->second.checked;
-    }
-  }
-  if (size > 0 && checked && StampOf(PathOf(sha256)) == checked) return size;
-  return std::nullopt;
-}
-
-void CachingStore::CountRangeHit(const std::string& sha256) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Touch(sha256);
-  ++stats_.hits;
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, OpenRead(key));
+  std::vector<uint8_t> bytes(reader->size());
+  WEFT_RETURN_IF_ERROR(ReadFully(*reader, 0, bytes));
+  return bytes;
 }
 
 Result<ObjectRange> CachingStore::GetRange(const std::string& key, uint64_t first,
                                            uint64_t length) {
-  WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  const std::string sha256 = BlobHash(key);
-  if (sha256.empty() || length == 0) return ObjectStore::GetRange(key, first, length);
-  if (std::optional<uint64_t> size = CheckedSize(sha256)) {
-    // Checked, and unchanged on disk since: the range straight from the file.
-    Result<FileRange> range = ReadFileRange(PathOf(sha256), first, length);
-    if (range.ok() && range->file_size == *size) {
-      CountRangeHit(sha256);
-      return ObjectRange{std::move(range->bytes), *size};
-    }
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, OpenRead(key));
+  ObjectRange range;
+  range.object_size = reader->size();
+  if (first < reader->size()) {
+    range.bytes.resize(std::min(length, reader->size() - first));
+    WEFT_RETURN_IF_ERROR(ReadFully(*reader, first, range.bytes));
   }
-  // Not checked since the cache opened: the whole file, checked.
-  if (std::optional<std::vector<uint8_t>> cached = ReadCached(sha256))
-    return SliceRange(std::move(*cached), first, length);
-  // A miss: fetched (and cached) once, however many parts ask at once; each takes its range of
-  // the one copy.
-  WEFT_ASSIGN_OR_RETURN(SharedBytes fetched, FetchShared(key, sha256));
-  return SliceRange(std::span<const uint8_t>(*fetched), first, length);
+  return range;
 }
 
 Result<RangeRead> CachingStore::GetRangeInto(const std::string& key, uint64_t first,
                                              std::span<uint8_t> out) {
-  WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  const std::string sha256 = BlobHash(key);
-  if (!sha256.empty() && !out.empty()) {
-    if (std::optional<uint64_t> size = CheckedSize(sha256)) {
-      Result<FileRead> read = ReadFileRangeInto(PathOf(sha256), first, out);
-      if (read.ok() && read->file_size == *size) {
-        CountRangeHit(sha256);
-        return RangeRead{read->read, *size};
-      }
-    }
+  if (out.empty()) return InvalidArgument(key + ": a range of no bytes");
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, OpenRead(key));
+  RangeRead read{0, reader->size()};
+  if (first < reader->size()) {
+    read.read = std::min<uint64_t>(out.size(), reader->size() - first);
+    WEFT_RETURN_IF_ERROR(ReadFully(*reader, first, out.first(read.read)));
   }
-  // Anything else as GetRange does it, copied.
-  return ObjectStore::GetRangeInto(key, first, out);
+  return read;
+}
+
+Result<uint64_t> CachingStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                                      BodyTarget& target) {
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, OpenRead(key));
+  WEFT_RETURN_IF_ERROR(target.ObjectSize(reader->size()));
+  const uint64_t end =
+      reader->size() - std::min(reader->size(), first) < length ? reader->size() : first + length;
+  std::vector<uint8_t> buffer(std::min<uint64_t>(end > first ? end - first : 0, 1 << 20));
+  for (uint64_t at = first; at < end;) {
+    WEFT_ASSIGN_OR_RETURN(size_t got,
+                          reader->ReadAt(at, std::span<uint8_t>(buffer).first(
+                                                 std::min<uint64_t>(buffer.size(), end - at))));
+    WEFT_RETURN_IF_ERROR(target.Write(std::span<const uint8_t>(buffer).first(got)));
+    at += got;
+  }
+  return reader->size();
 }
 
 Result<bool> CachingStore::Exists(const std::string& key) {
@@ -377,7 +860,11 @@ Status CachingStore::CompareAndSwap(const std::string& key, std::optional<std::s
 Status CachingStore::Delete(const std::string& key) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (manifests_.erase(key)) manifest_order_.remove(key);
+    if (auto found = manifests_.find(key); found != manifests_.end()) {
+      manifest_bytes_ -= found->second.size();
+      manifests_.erase(found);
+      manifest_order_.remove(key);
+    }
   }
   return upstream_.Delete(key);
 }

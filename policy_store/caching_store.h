@@ -1,20 +1,40 @@
 // CachingStore: a pull-through cache in front of another store, for regional relays
 // (`weft relay`) and for readers that keep a bounded local cache.
 //
-// Reads of content-addressed blobs (blobs/<sha256>) are served from a cache directory:
-//   - a hit is read and its SHA-256 checked against its name; a corrupted file is reported,
-//     deleted and fetched again, so nothing corrupted is ever returned;
-//   - concurrent misses for the same blob make one upstream fetch (single flight) that every
-//     caller waits for;
-//   - a fetched blob is checked against its name before it is cached or returned (a corrupted
-//     transfer is fetched again, up to `fetch_attempts` tries, then kDataLoss);
-//   - the directory holds at most `max_bytes`; the least recently used blobs are evicted (a blob
-//     larger than that is returned without being cached).
-// Version manifests (runs/<run>/versions/..., immutable once written) are kept in memory, up to
-// `max_manifests`. Everything else (`latest`, listings) and every write goes upstream. The cache
-// survives restarts: Open indexes the directory, oldest modification time first. Thread-safe.
+// Reads of content-addressed blobs (blobs/<sha256>) are served from a cache directory, in bounded
+// memory whatever a blob's size:
+//   - a hit is a file whose SHA-256 the cache has checked against its name since it opened (when
+//     it fetched it, or in a pass over it on its first read after a restart: a corrupted file is
+//     reported, deleted and fetched again), and which has not changed on disk since; it is read
+//     straight from the file;
+//   - a miss starts one fetch of the blob however many readers ask at once (single flight): the
+//     upstream's bytes stream into a temporary file, hashed on the way, and every reader of the
+//     blob is served from that file as it grows (a reader wanting bytes not yet there waits for
+//     them, without holding a thread). The file becomes the cached blob only once its hash
+//     matches; the last bytes of the blob are given to no reader before then, so a whole read of
+//     a blob that fails its hash is cut off rather than completed;
+//   - bytes whose hash is not their name are never cached: the fetch fails with kDataLoss naming
+//     the blob, the hash it should have and the hash it had, and the blob is refused with that
+//     error for `mismatch_hold` before the upstream is asked again (so a tampered upstream is
+//     fetched once per hold, however many readers retry);
+//   - a blob larger than `max_bytes` is not cached: its readers' ranges are read from the
+//     upstream as they ask for them, a megabyte at a time;
+//   - the directory holds at most `max_bytes` of cached blobs (plus the temporary files of fetches
+//     under way); the least recently used are evicted first.
+// Version manifests (runs/<run>/versions/..., immutable once written) are kept in memory, at most
+// `max_manifest_bytes` of them, fetched once however many readers ask at once. Everything else
+// (`latest`, listings) and every write goes upstream. Objects other than blobs are read whole, up
+// to kMaxSmallObjectBytes. The cache survives restarts: Open indexes the directory, oldest
+// modification time first.
+//
+// OpenReadAsync never waits on the upstream on the calling thread (a relay's I/O thread):
+// fetches run on the blocking pool (common/concurrent.h) and answer their readers by callback.
+// The destructor waits for the fetches under way (each ends within the upstream's deadline).
+// Thread-safe.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <list>
@@ -31,17 +51,25 @@ namespace weft::policy_store {
 struct CacheOptions {
   std::string dir;
   uint64_t max_bytes = uint64_t{10} << 30;
-  int fetch_attempts = 3;
-  size_t max_manifests = 4096;
+  uint64_t max_manifest_bytes = uint64_t{64} << 20;
+  // How long a blob whose upstream bytes failed their hash is refused before it is fetched again.
+  std::chrono::milliseconds mismatch_hold{std::chrono::seconds(30)};
 };
 
+// Objects other than blobs pass through the cache whole, up to this size.
+inline constexpr uint64_t kMaxSmallObjectBytes = uint64_t{64} << 20;
+
 struct CacheStats {
-  uint64_t hits = 0;              // blob reads served from the cache
-  uint64_t misses = 0;            // blob reads that waited for an upstream fetch
-  uint64_t upstream_fetches = 0;  // upstream GETs of blobs and manifests
-  uint64_t upstream_bytes = 0;    // bytes those fetches returned
-  uint64_t corrupted = 0;         // cached files or transfers that failed their hash
-  uint64_t evicted = 0;           // blobs evicted to stay under max_bytes
+  uint64_t hits = 0;                 // blob reads served from a cached file
+  uint64_t misses = 0;               // blob reads that waited for a fetch (their own or another's)
+  uint64_t upstream_fetches = 0;     // upstream reads of blobs and manifests
+  uint64_t upstream_bytes = 0;       // bytes those reads returned
+  uint64_t corrupted = 0;            // cached files that failed their hash, deleted and refetched
+  uint64_t upstream_mismatches = 0;  // fetched blobs whose bytes failed their hash: not cached
+  uint64_t refused = 0;              // blob reads refused while a mismatch was held
+  uint64_t passed_through = 0;       // upstream range reads of blobs larger than the cache
+  uint64_t evicted = 0;              // blobs evicted to stay under max_bytes
+  uint64_t fetching = 0;             // fetches under way now
   uint64_t cached_blobs = 0;
   uint64_t cached_bytes = 0;
 };
@@ -53,17 +81,17 @@ class CachingStore : public ObjectStore {
   // The same, owning its upstream.
   static Result<std::unique_ptr<CachingStore>> Open(std::unique_ptr<ObjectStore> upstream,
                                                     CacheOptions options);
+  ~CachingStore() override;
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
-  // A range of a blob is read straight from its cached file when the cache has checked that
-  // file's hash (when it fetched the blob, or on a whole read since it opened) and the file has
-  // not changed on disk since (inode, size, modification and change times); otherwise the whole
-  // file is read and checked first (and the blob fetched again if it fails). A reader checks the
-  // hash of every blob it assembles too.
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
   Result<RangeRead> GetRangeInto(const std::string& key, uint64_t first,
                                  std::span<uint8_t> out) override;
+  Result<uint64_t> ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                          BodyTarget& target) override;
   bool ReadsRanges() const override { return true; }
+  Result<std::unique_ptr<ObjectReader>> OpenRead(const std::string& key) override;
+  void OpenReadAsync(const std::string& key, OpenDone done) override;
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
@@ -76,34 +104,39 @@ class CachingStore : public ObjectStore {
   ObjectStore& upstream() const { return upstream_; }
   CacheStats stats() const;
   std::string StatsJson() const;
+  // The counters in the Prometheus text format, each name starting with `prefix`.
+  std::string MetricsText(const std::string& prefix) const;
+
+  struct Flight;
+  struct ManifestFlight;
 
  private:
   CachingStore(ObjectStore& upstream, CacheOptions options)
       : upstream_(upstream), options_(std::move(options)) {}
-  struct Flight;
 
-  using SharedBytes = std::shared_ptr<const std::vector<uint8_t>>;
-  Result<std::vector<uint8_t>> GetBlob(const std::string& key, const std::string& sha256);
-  // The single flight of a miss: one upstream fetch (FetchBlob) however many callers ask at once,
-  // cached, and shared with them all.
-  Result<SharedBytes> FetchShared(const std::string& key, const std::string& sha256);
-  Result<std::vector<uint8_t>> GetManifest(const std::string& key);
-  // A verified upstream fetch of a blob, retried when its bytes fail their hash.
-  Result<std::vector<uint8_t>> FetchBlob(const std::string& key, const std::string& sha256);
-  // Reads and checks a cached blob; nullopt on a miss (a corrupted file is removed).
-  std::optional<std::vector<uint8_t>> ReadCached(const std::string& sha256);
-  void Insert(const std::string& sha256, std::span<const uint8_t> bytes);
-  // The size of a cached blob whose file was checked and has not changed on disk since, which a
-  // range may be read from as it is; nullopt otherwise.
-  std::optional<uint64_t> CheckedSize(const std::string& sha256);
-  void CountRangeHit(const std::string& sha256);  // a range read from a checked file
-  void Touch(const std::string& sha256);          // with mutex_ held
+  void OpenBlob(const std::string& sha256, OpenDone done);
+  void OpenManifest(const std::string& key, OpenDone done);
+  // A flight's work, on the blocking pool: check the cached file, or fetch the blob.
+  void RunFlight(const std::shared_ptr<Flight>& flight);
+  void Fetch(const std::shared_ptr<Flight>& flight);
+  // Whether the cached file of a flight's blob holds its bytes (checked in a pass over it).
+  bool CheckCached(const std::shared_ptr<Flight>& flight);
+  void RunManifestFlight(const std::string& key, const std::shared_ptr<ManifestFlight>& flight);
+  // Adds a checked file to the index (evicting beyond max_bytes); with mutex_ held.
+  void IndexLocked(const std::string& sha256, uint64_t bytes);
+  void EvictLocked();
+  void ForgetLocked(const std::string& sha256);  // drops an entry and deletes its file
+  void Touch(const std::string& sha256);         // with mutex_ held
   std::string PathOf(const std::string& sha256) const;
+  void FlightEnds();
 
   std::unique_ptr<ObjectStore> owned_upstream_;
   ObjectStore& upstream_;
   CacheOptions options_;
   mutable std::mutex mutex_;
+  std::condition_variable no_flights_;
+  int running_ = 0;  // flights and manifest fetches under way (the destructor waits for them)
+  std::atomic<bool> stopping_{false};
   // LRU over cached blobs: front is the least recently used.
   std::list<std::string> lru_;
   // What identifies a cached file's state on disk: a write to it (or a new file in its place)
@@ -115,7 +148,7 @@ class CachingStore : public ObjectStore {
     int64_t changed_ns = 0;
     friend bool operator==(const FileStamp&, const FileStamp&) = default;
   };
-  static std::optional<FileStamp> StampOf(const std::string& path);
+  static std::optional<FileStamp> StampOf(int fd);
   struct Entry {
     uint64_t bytes = 0;
     std::list<std::string>::iterator position;
@@ -125,8 +158,17 @@ class CachingStore : public ObjectStore {
   std::map<std::string, Entry> entries_;
   uint64_t cached_bytes_ = 0;
   std::map<std::string, std::shared_ptr<Flight>> flights_;
-  std::list<std::string> manifest_order_;
+  // Blobs whose upstream bytes failed their hash: the error, until when it is held.
+  struct Held {
+    Status error;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<std::string, Held> held_;
+  std::map<std::string, uint64_t> oversize_;  // blobs larger than the cache, with their sizes
+  std::map<std::string, std::shared_ptr<ManifestFlight>> manifest_flights_;
+  std::list<std::string> manifest_order_;  // oldest first
   std::map<std::string, std::vector<uint8_t>> manifests_;
+  uint64_t manifest_bytes_ = 0;
   CacheStats stats_;
 };
 

@@ -9,8 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 #include "common/file_util.h"
+#include "policy_store/manifest.h"
 
 namespace weft::policy_store {
 namespace {
@@ -22,6 +25,32 @@ std::string ErrnoText() { return std::strerror(errno); }
 bool IsRegularFile(const std::string& path) {
   std::error_code error;
   return fs::is_regular_file(path, error);
+}
+
+// A compare-and-swap names the values it compares in its messages: in full when short and
+// printable, otherwise by size and SHA-256, so that a conflict never echoes a large object.
+constexpr uint64_t kShownValueBytes = 256;
+
+std::string ShownValue(std::string_view value) {
+  const bool printable = std::all_of(value.begin(), value.end(),
+                                     [](char c) { return (c >= 0x20 && c < 0x7f) || c == '\n'; });
+  if (value.size() <= kShownValueBytes && printable) return "'" + std::string(value) + "'";
+  return std::to_string(value.size()) + " bytes with SHA-256 " +
+         Sha256Hex({reinterpret_cast<const uint8_t*>(value.data()), value.size()});
+}
+
+// The object `reader` reads, named as ShownValue names it: from `read` when it was read whole,
+// else hashed a piece at a time.
+Result<std::string> DescribeValue(ObjectReader& reader, const std::optional<std::string>& read) {
+  if (read) return ShownValue(*read);
+  Sha256 hash;
+  std::vector<uint8_t> buffer(std::min<uint64_t>(reader.size(), 1 << 20));
+  for (uint64_t at = 0; at < reader.size();) {
+    WEFT_ASSIGN_OR_RETURN(size_t got, reader.ReadAt(at, buffer));
+    hash.Update(std::span<const uint8_t>(buffer).first(got));
+    at += got;
+  }
+  return std::to_string(reader.size()) + " bytes with SHA-256 " + hash.HexDigest();
 }
 
 // Links the temporary file `temp` into place as the immutable object `key` at `path`, and removes
@@ -117,6 +146,41 @@ Result<ObjectRange> DirectoryStore::Read(const std::string& key, uint64_t first,
   if (bytes.status().code() == StatusCode::kNotFound || !IsRegularFile(path))
     return NotFound(key + ": no such object");
   return Hidden(bytes.status());
+}
+
+Result<OpenedFile> DirectoryStore::OpenFile(const std::string& key) const {
+  Result<OpenedFile> opened = OpenForReading(PathOf(key));
+  if (opened.ok()) return opened;
+  // Missing, a directory (a prefix of other keys), or under a file: no such object.
+  if (opened.status().code() == StatusCode::kNotFound ||
+      opened.status().code() == StatusCode::kInvalidArgument)
+    return NotFound(key + ": no such object");
+  return Hidden(opened.status());
+}
+
+Result<std::unique_ptr<ObjectReader>> DirectoryStore::OpenRead(const std::string& key) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  WEFT_ASSIGN_OR_RETURN(OpenedFile file, OpenFile(key));
+  return FileReader(file.fd, file.size, key);
+}
+
+Result<uint64_t> DirectoryStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                                        BodyTarget& target) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  WEFT_ASSIGN_OR_RETURN(OpenedFile file, OpenFile(key));
+  std::unique_ptr<ObjectReader> reader = FileReader(file.fd, file.size, key);
+  WEFT_RETURN_IF_ERROR(target.ObjectSize(file.size));
+  const uint64_t end = file.size - std::min(file.size, first) < length ? file.size : first + length;
+  std::vector<uint8_t> buffer(std::min<uint64_t>(end > first ? end - first : 0, 1 << 20));
+  for (uint64_t at = first; at < end;) {
+    const std::span<uint8_t> piece =
+        std::span<uint8_t>(buffer).first(std::min<uint64_t>(buffer.size(), end - at));
+    WEFT_ASSIGN_OR_RETURN(size_t read, reader->ReadAt(at, piece));
+    WEFT_RETURN_IF_ERROR(target.Write(piece.first(read)));
+    at += read;
+  }
+  return file.size;
 }
 
 Status DirectoryStore::EnsureParent(const std::string& key) const {
@@ -232,15 +296,34 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
   std::error_code error;
   if (fs::exists(path, error) && !IsRegularFile(path))
     return finish(Conflict(key + " is a prefix of other keys, not an object"));
-  Result<ObjectRange> current = Read(key, 0, UINT64_MAX);
+  // What the key holds, read only as far as `expected` could match it: an object larger than that
+  // (whatever was put there) is named by its size and hash, never read into memory whole.
+  std::optional<std::string> actual;
+  std::string found = "absent";
+  Result<OpenedFile> current = OpenFile(key);
   if (!current.ok() && current.status().code() != StatusCode::kNotFound)
     return finish(current.status());
-  std::optional<std::string> actual;
-  if (current.ok()) actual = std::string(current->bytes.begin(), current->bytes.end());
+  if (current.ok()) {
+    std::unique_ptr<ObjectReader> reader = FileReader(current->fd, current->size, key);
+    const uint64_t limit = expected ? expected->size() : 0;
+    if (reader->size() <= std::max<uint64_t>(limit, kShownValueBytes)) {
+      std::string bytes(reader->size(), '\0');
+      for (uint64_t at = 0; at < bytes.size();) {
+        Result<size_t> got =
+            reader->ReadAt(at, {reinterpret_cast<uint8_t*>(bytes.data()) + at, bytes.size() - at});
+        if (!got.ok()) return finish(got.status());
+        at += *got;
+      }
+      actual = std::move(bytes);
+    }
+    Result<std::string> described = DescribeValue(*reader, actual);
+    if (!described.ok()) return finish(described.status());
+    found = std::move(described).value();
+  }
   if (actual != expected) {
     return finish(Conflict(key + " changed concurrently (expected " +
-                           (expected ? "'" + *expected + "'" : "absent") + ", found " +
-                           (actual ? "'" + *actual + "'" : "absent") + ")"));
+                           (expected ? ShownValue(*expected) : "absent") + ", found " + found +
+                           ")"));
   }
   Result<std::string> temp = WriteTemporaryFile(path, [&](int fd) {
     return WriteAll(fd, {reinterpret_cast<const uint8_t*>(desired.data()), desired.size()}, key);

@@ -14,6 +14,7 @@
 
 #include <string>
 
+#include "common/file_util.h"
 #include "policy_store/object_store.h"
 
 namespace weft::policy_store {
@@ -28,6 +29,11 @@ class DirectoryStore : public ObjectStore {
   Result<RangeRead> GetRangeInto(const std::string& key, uint64_t first,
                                  std::span<uint8_t> out) override;
   bool ReadsRanges() const override { return true; }
+  // The file, opened once: one version of the object even if the key is replaced meanwhile.
+  Result<uint64_t> ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                          BodyTarget& target) override;
+  Result<std::unique_ptr<ObjectReader>> OpenRead(const std::string& key) override;
+  bool Local() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
@@ -44,6 +50,8 @@ class DirectoryStore : public ObjectStore {
   Status Hidden(const Status& status) const;
   // The object's bytes: kNotFound unless `key` is a regular file.
   Result<ObjectRange> Read(const std::string& key, uint64_t first, uint64_t length) const;
+  // The object's file, opened for reading: kNotFound unless `key` is a regular file.
+  Result<OpenedFile> OpenFile(const std::string& key) const;
   // The object's directory, created if needed; kConflict if a prefix of the key is an object.
   Status EnsureParent(const std::string& key) const;
 

@@ -1,6 +1,7 @@
 #include "policy_store/http_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 namespace weft::policy_store {
@@ -16,29 +17,41 @@ HttpClientOptions ClientOptions(const HttpStoreOptions& options) {
 
 }  // namespace
 
+Status SpanTarget::Write(std::span<const uint8_t> bytes) {
+  if (bytes.size() > out_.size() - written_)
+    return DataLoss("more bytes arrived than the " + std::to_string(out_.size()) + " asked for");
+  std::memcpy(out_.data() + written_, bytes.data(), bytes.size());
+  written_ += bytes.size();
+  return Status::Ok();
+}
+
 Result<ObjectRange> RangeOfReply(HttpReply reply, uint64_t first, uint64_t length,
                                  const std::string& what) {
-  const std::optional<uint64_t> size = RangedObjectSize(reply);
-  if (!size) {
+  WEFT_ASSIGN_OR_RETURN(const uint64_t size, DeliveredRange(reply, first, length, what));
+  if (reply.status == 416) return ObjectRange{{}, size};  // (its body is the server's message)
+  return ObjectRange{std::move(reply.body), size};
+}
+
+Result<uint64_t> DeliveredRange(const HttpReply& reply, uint64_t first, uint64_t length,
+                                const std::string& what) {
+  if (!reply.object_size) {
     return DataLoss(what + ": HTTP " + std::to_string(reply.status) +
-                    " without a valid Content-Range ('" + reply.Header("content-range") + "')");
+                    " without the object's size (Content-Range '" + reply.Header("content-range") +
+                    "')");
   }
-  const uint64_t expected = first >= *size ? 0 : std::min(length, *size - first);
+  const uint64_t size = *reply.object_size;
+  const uint64_t expected = first >= size ? 0 : std::min(length, size - first);
   if (reply.status == 416) {
     if (expected != 0) return DataLoss(what + ": refused a range inside the object (HTTP 416)");
-    return ObjectRange{{}, *size};
+    return size;
   }
-  // The whole object: a server that ignores ranges.
-  if (reply.status == 200) return SliceRange(std::move(reply.body), first, length);
-  // 206. (The client assembles a range resumed over several tries from its start, so only the
-  // last try's Content-Range is at hand: its total, and the size of what was assembled.)
-  if (reply.status != 206 || reply.body.size() != expected) {
+  if (reply.delivered != expected) {
     return DataLoss(what + ": HTTP " + std::to_string(reply.status) + " with " +
-                    std::to_string(reply.body.size()) + " bytes and Content-Range '" +
-                    reply.Header("content-range") + "' for " + std::to_string(expected) +
-                    " bytes from " + std::to_string(first));
+                    std::to_string(reply.delivered) + " bytes of an object of " +
+                    std::to_string(size) + " for " + std::to_string(expected) + " bytes from " +
+                    std::to_string(first));
   }
-  return ObjectRange{std::move(reply.body), *size};
+  return size;
 }
 
 HttpStore::HttpStore(std::string base_url, std::string writer_token, HttpStoreOptions options)
@@ -70,6 +83,36 @@ Result<ObjectRange> HttpStore::GetRange(const std::string& key, uint64_t first, 
   const std::string what = "GET " + client_.base_url() + request.path;
   if (reply.status != 416) WEFT_RETURN_IF_ERROR(StatusOfReply(reply, what));
   return RangeOfReply(std::move(reply), first, length, what);
+}
+
+Result<RangeRead> HttpStore::GetRangeInto(const std::string& key, uint64_t first,
+                                          std::span<uint8_t> out) {
+  SpanTarget target(out);
+  WEFT_ASSIGN_OR_RETURN(const uint64_t size, ReadTo(key, first, out.size(), target));
+  return RangeRead{target.written(), size};
+}
+
+Result<uint64_t> HttpStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                                   BodyTarget& target) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  HttpRequest request;
+  request.path = "/v1/objects/" + key;
+  if (first > 0 || length != UINT64_MAX)
+    request.range = std::pair<uint64_t, uint64_t>{first, std::min(length, UINT64_MAX - first)};
+  request.target = &target;
+  WEFT_ASSIGN_OR_RETURN(Reply reply, client_.Request(request));
+  const std::string what = "GET " + client_.base_url() + request.path;
+  if (reply.status != 416) WEFT_RETURN_IF_ERROR(StatusOfReply(reply, what));
+  if (!request.range) {
+    if (!reply.object_size || *reply.object_size != reply.delivered) {
+      return DataLoss(what + ": " + std::to_string(reply.delivered) +
+                      " bytes arrived of an object announced as " +
+                      (reply.object_size ? std::to_string(*reply.object_size) : "unknown"));
+    }
+    return reply.delivered;
+  }
+  return DeliveredRange(reply, first, request.range->second, what);
 }
 
 Result<bool> HttpStore::Exists(const std::string& key) {

@@ -29,6 +29,26 @@ struct HttpStoreOptions : HttpClientOptions {
 // Content-Range, a body of the wrong size). Shared by the HTTP and S3 stores.
 Result<ObjectRange> RangeOfReply(HttpReply reply, uint64_t first, uint64_t length,
                                  const std::string& what);
+// The same for an answer whose bytes went to a BodyTarget: the whole object's size.
+Result<uint64_t> DeliveredRange(const HttpReply& reply, uint64_t first, uint64_t length,
+                                const std::string& what);
+
+// A BodyTarget writing into memory the caller holds (a part's place in a tensor or a buffer);
+// bytes past its end are an error.
+class SpanTarget : public BodyTarget {
+ public:
+  explicit SpanTarget(std::span<uint8_t> out) : out_(out) {}
+  Status Write(std::span<const uint8_t> bytes) override;
+  Status Rewind() override {
+    written_ = 0;
+    return Status::Ok();
+  }
+  uint64_t written() const { return written_; }
+
+ private:
+  std::span<uint8_t> out_;
+  uint64_t written_ = 0;
+};
 
 class HttpStore : public ObjectStore {
  public:
@@ -37,6 +57,12 @@ class HttpStore : public ObjectStore {
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
+  // Straight into `out` as the bytes arrive, without a buffer.
+  Result<RangeRead> GetRangeInto(const std::string& key, uint64_t first,
+                                 std::span<uint8_t> out) override;
+  // One streamed GET (a ranged one unless the whole object is asked for), resumed where it stops.
+  Result<uint64_t> ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                          BodyTarget& target) override;
   bool ReadsRanges() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "common/hex.h"
 #include "common/json_fields.h"
@@ -278,6 +279,25 @@ std::string Sha256Hex(std::span<const uint8_t> bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
+  return HexEncode({digest, length});
+}
+
+Sha256::Sha256() : context_(EVP_MD_CTX_new()) { Reset(); }
+Sha256::Sha256(Sha256&& other) noexcept : context_(std::exchange(other.context_, nullptr)) {}
+Sha256& Sha256::operator=(Sha256&& other) noexcept {
+  std::swap(context_, other.context_);
+  return *this;
+}
+Sha256::~Sha256() { EVP_MD_CTX_free(context_); }
+void Sha256::Reset() { EVP_DigestInit_ex(context_, EVP_sha256(), nullptr); }
+void Sha256::Update(std::span<const uint8_t> bytes) {
+  EVP_DigestUpdate(context_, bytes.data(), bytes.size());
+}
+std::string Sha256::HexDigest() {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(context_, digest, &length);
+  Reset();
   return HexEncode({digest, length});
 }
 

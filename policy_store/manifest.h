@@ -29,6 +29,8 @@
 #include "common/status.h"
 #include "sync/delta_codec.h"
 
+struct evp_md_ctx_st;
+
 namespace weft::policy_store {
 
 // A manifest whose keyframe is one file is written as version 1, which every reader reads; one
@@ -119,6 +121,22 @@ std::string CatchupKey(const std::string& run_id, uint64_t target, uint64_t base
 std::string CatchupPrefix(const std::string& run_id, uint64_t target);
 std::string BlobKey(const std::string& sha256);
 std::string Sha256Hex(std::span<const uint8_t> bytes);
+// A SHA-256 computed a piece at a time (bytes that stream past). Movable, not copyable.
+class Sha256 {
+ public:
+  Sha256();
+  Sha256(Sha256&& other) noexcept;
+  Sha256& operator=(Sha256&& other) noexcept;
+  ~Sha256();
+  void Update(std::span<const uint8_t> bytes);
+  // The digest of everything updated since the start (or the last Reset), as Sha256Hex writes it;
+  // then starts again.
+  std::string HexDigest();
+  void Reset();
+
+ private:
+  ::evp_md_ctx_st* context_;  // OpenSSL's EVP_MD_CTX
+};
 // Whether `text` is a SHA-256 as Sha256Hex writes it: 64 lowercase hex digits.
 bool IsSha256Hex(std::string_view text);
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/concurrent.h"
 #include "common/file_util.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
@@ -51,7 +52,118 @@ class StagedWriter : public ObjectWriter {
   int fd_;
 };
 
+// The default reader: the size from a one-byte range, the bytes from GetRangeInto.
+class RangeReader : public ObjectReader {
+ public:
+  RangeReader(ObjectStore& store, std::string key, uint64_t size, bool remote)
+      : ObjectReader(size), store_(store), key_(std::move(key)), remote_(remote) {}
+  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
+    if (offset >= size() || out.empty()) return InvalidArgument(key_ + ": a read past its end");
+    out = out.first(std::min<uint64_t>(out.size(), size() - offset));
+    WEFT_ASSIGN_OR_RETURN(RangeRead read, store_.GetRangeInto(key_, offset, out));
+    if (read.object_size != size() || read.read == 0)
+      return Conflict(key_ + ": the object changed while it was read");
+    return static_cast<size_t>(read.read);
+  }
+  bool Remote() const override { return remote_; }
+
+ private:
+  ObjectStore& store_;
+  std::string key_;
+  bool remote_;
+};
+
+constexpr uint64_t kReadToPart = uint64_t{4} << 20;
+
+class FileObjectReader : public ObjectReader {
+ public:
+  FileObjectReader(int fd, uint64_t size, std::string what)
+      : ObjectReader(size), fd_(fd), what_(std::move(what)) {}
+  ~FileObjectReader() override { ::close(fd_); }
+  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
+    if (offset >= size() || out.empty()) return InvalidArgument(what_ + ": a read past its end");
+    out = out.first(std::min<uint64_t>(out.size(), size() - offset));
+    while (true) {
+      const ssize_t got = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(offset));
+      if (got > 0) return static_cast<size_t>(got);
+      if (got == 0) return DataLoss(what_ + ": shorter than when it was opened");
+      if (errno != EINTR) return Unavailable(what_ + ": cannot read: " + std::strerror(errno));
+    }
+  }
+
+ private:
+  int fd_;
+  std::string what_;
+};
+
+class BytesReader : public ObjectReader {
+ public:
+  explicit BytesReader(std::vector<uint8_t> bytes)
+      : ObjectReader(bytes.size()), bytes_(std::move(bytes)) {}
+  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
+    if (offset >= size() || out.empty()) return InvalidArgument("a read past the object's end");
+    const size_t count = std::min<uint64_t>(out.size(), size() - offset);
+    std::memcpy(out.data(), bytes_.data() + offset, count);
+    return count;
+  }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
 }  // namespace
+
+std::unique_ptr<ObjectReader> MemoryReader(std::vector<uint8_t> bytes) {
+  return std::make_unique<BytesReader>(std::move(bytes));
+}
+
+std::unique_ptr<ObjectReader> FileReader(int fd, uint64_t size, std::string what) {
+  return std::make_unique<FileObjectReader>(fd, size, std::move(what));
+}
+
+Result<uint64_t> ObjectStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                                     BodyTarget& target) {
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  if (!ReadsRanges()) {
+    // A store that reads whole objects anyway: one read, the range taken from it.
+    WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> whole, Get(key));
+    WEFT_RETURN_IF_ERROR(target.ObjectSize(whole.size()));
+    if (first < whole.size()) {
+      const uint64_t count = std::min<uint64_t>(length, whole.size() - first);
+      WEFT_RETURN_IF_ERROR(target.Write(std::span<const uint8_t>(whole).subspan(first, count)));
+    }
+    return whole.size();
+  }
+  std::vector<uint8_t> buffer;
+  uint64_t at = first;
+  const uint64_t end = length > UINT64_MAX - first ? UINT64_MAX : first + length;
+  std::optional<uint64_t> size;
+  while (!size || at < std::min(end, *size)) {
+    const uint64_t want = size ? std::min(end, *size) - at : std::min(end - at, kReadToPart);
+    buffer.resize(std::min(want, kReadToPart));
+    WEFT_ASSIGN_OR_RETURN(RangeRead read, GetRangeInto(key, at, buffer));
+    if (size && read.object_size != *size)
+      return Conflict(key + ": the object changed while it was read");
+    if (!size) {
+      size = read.object_size;
+      WEFT_RETURN_IF_ERROR(target.ObjectSize(*size));
+    }
+    if (read.read == 0) break;  // `first` past the end
+    WEFT_RETURN_IF_ERROR(target.Write({buffer.data(), static_cast<size_t>(read.read)}));
+    at += read.read;
+  }
+  return *size;
+}
+
+Result<std::unique_ptr<ObjectReader>> ObjectStore::OpenRead(const std::string& key) {
+  WEFT_ASSIGN_OR_RETURN(ObjectRange probe, GetRange(key, 0, 1));
+  return std::unique_ptr<ObjectReader>(new RangeReader(*this, key, probe.object_size, !Local()));
+}
+
+void ObjectStore::OpenReadAsync(const std::string& key, OpenDone done) {
+  if (Local()) return done(OpenRead(key));
+  RunBlocking([this, key, done = std::move(done)] { done(OpenRead(key)); });
+}
 
 Result<ObjectRange> ObjectStore::GetRange(const std::string& key, uint64_t first, uint64_t length) {
   if (length == 0) return InvalidArgument(key + ": a range of no bytes");

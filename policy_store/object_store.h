@@ -9,7 +9,10 @@
 //     holds the expected bytes (or is absent, when `expected` is empty);
 //   - Delete removes objects nothing needs any more (retention);
 //   - NewImmutableWriter writes an immutable object a piece at a time (ObjectWriter), for objects
-//     too large to hold in memory (uploads to the store server).
+//     too large to hold in memory (uploads to the store server);
+//   - ReadTo streams a range of an object to a BodyTarget, and OpenRead opens an object to be read
+//     a piece at a time (ObjectReader), both in bounded memory whatever the object's size; servers
+//     use OpenReadAsync, which never waits on a network on the thread that calls it.
 // Every write is atomic: a reader sees the whole old object or the whole new one.
 //
 // Keys are relative paths of segments [A-Za-z0-9._-], separated by '/', without empty, "." or
@@ -24,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/http_client.h"
 #include "common/status.h"
 
 namespace weft::policy_store {
@@ -53,6 +57,41 @@ struct RangeRead {
   uint64_t object_size = 0;
 };
 
+// An object opened for reading a piece at a time (ObjectStore::OpenRead): its size, fixed when it
+// was opened, and its bytes. A reader of a directory store reads the file it opened, so the bytes
+// it gives are one version of the object even if the key is replaced meanwhile. Not thread-safe.
+class ObjectReader {
+ public:
+  virtual ~ObjectReader() = default;
+  uint64_t size() const { return size_; }
+  // Up to out.size() bytes from `offset` (< size()) into `out`: how many were read (at least one).
+  // Blocks until they can be read (for an object still arriving, until they have).
+  virtual Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) = 0;
+  // Whether ReadAt may wait on a network (the reader of a remote store): a server then calls it
+  // off its I/O threads.
+  virtual bool Remote() const { return false; }
+  // Calls `ready` exactly once (from any thread, perhaps before returning) when a ReadAt of bytes
+  // [offset, offset + length) will not wait for anything but a local disk, or with the error that
+  // ended the transfer they were waiting for. The default calls it at once.
+  virtual void WhenReady(uint64_t offset, uint64_t length, std::function<void(Status)> ready) {
+    ready(Status::Ok());
+  }
+
+ protected:
+  explicit ObjectReader(uint64_t size) : size_(size) {}
+
+ private:
+  uint64_t size_;
+};
+
+using OpenDone = std::function<void(Result<std::unique_ptr<ObjectReader>>)>;
+
+// A reader of an open file of `size` bytes (a directory store's object, a cache's checked file);
+// it owns `fd`. `what` names it in errors.
+std::unique_ptr<ObjectReader> FileReader(int fd, uint64_t size, std::string what);
+// A reader of bytes in memory (a small object read whole).
+std::unique_ptr<ObjectReader> MemoryReader(std::vector<uint8_t> bytes);
+
 class ObjectStore {
  public:
   virtual ~ObjectStore() = default;
@@ -72,6 +111,24 @@ class ObjectStore {
   // Whether GetRange reads the range alone (false: it reads the whole object, so fetching a blob
   // in several parts would read it several times).
   virtual bool ReadsRanges() const { return false; }
+  // Bytes [first, first + length) of an object (length UINT64_MAX: to its end; none from a
+  // `first` past its end), written to `target` in order as they are read, in bounded memory;
+  // returns the object's size. kNotFound when the key does not exist. The default reads parts of
+  // at most 4 MiB with GetRangeInto; the HTTP and S3 stores stream one request (resumed where it
+  // stops), the directory store reads its file.
+  virtual Result<uint64_t> ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                                  BodyTarget& target);
+  // Opens an object to be read a piece at a time (kNotFound when the key does not exist). The
+  // default learns the size with a one-byte GetRange and reads with GetRangeInto (a reader that is
+  // Remote() unless the store is Local()); a directory store opens the file.
+  virtual Result<std::unique_ptr<ObjectReader>> OpenRead(const std::string& key);
+  // OpenRead for a server: calls `done` exactly once, from any thread (perhaps before returning),
+  // and never waits on a network on the calling thread. The default calls OpenRead there when the
+  // store is Local(), and otherwise on a thread of the process's blocking pool (RunBlocking); a
+  // cache answers from its files, or when the fetch it joins has said the object's size.
+  virtual void OpenReadAsync(const std::string& key, OpenDone done);
+  // Whether every call is answered from local storage, never waiting on a network (a directory).
+  virtual bool Local() const { return false; }
   virtual Result<bool> Exists(const std::string& key) = 0;
   // Keys under `prefix` (a key prefix ending in '/'), sorted.
   virtual Result<std::vector<std::string>> List(const std::string& prefix) = 0;

@@ -18,14 +18,17 @@ Result<std::unique_ptr<Relay>> Relay::Start(const RelayOptions& options) {
   link.deadline = options.deadline;
   WEFT_ASSIGN_OR_RETURN(relay->upstream_, OpenStore(options.upstream, link));
   WEFT_ASSIGN_OR_RETURN(
-      relay->cache_,
-      CachingStore::Open(*relay->upstream_, CacheOptions{options.cache_dir, options.cache_bytes}));
+      relay->cache_, CachingStore::Open(*relay->upstream_,
+                                        CacheOptions{options.cache_dir, options.cache_bytes,
+                                                     uint64_t{64} << 20, options.mismatch_hold}));
   StoreServerOptions server;
   server.address = options.address;
   server.port = options.port;
   server.threads = options.threads;
   CachingStore* cache = relay->cache_.get();
   server.stats = [cache] { return cache->StatsJson(); };
+  server.metrics_prefix = "weft_relay";
+  server.metrics = [cache] { return cache->MetricsText("weft_relay"); };
   WEFT_ASSIGN_OR_RETURN(relay->server_, StoreServer::Start(*relay->cache_, server));
   return relay;
 }

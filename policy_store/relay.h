@@ -2,10 +2,15 @@
 //
 // A read-only store server in front of a CachingStore (caching_store.h) in front of the upstream
 // store server, reached over an optionally shaped link (link_shaper.h): blobs are fetched once per
-// region however many readers ask at once, checked against their hash when cached and when read,
-// and kept within a byte bound; manifests are kept in memory; `latest` and listings pass through.
-// GET /v1/stats serves the cache's counters. Start() returns once the port is bound; Stop() (or
-// the destructor) closes it. Thread-safe, except that Stop() must not race with itself.
+// region however many readers ask at once, streamed to the cache's disk and to every reader that
+// waits for them as they arrive, checked against their hash, and kept within a byte bound;
+// manifests are kept in memory; `latest` and listings pass through. Its I/O threads never wait
+// on the upstream (the cache answers them by callback), so a slow or hung upstream delays only
+// the requests for the objects it holds back; hits, other misses, /livez and /metrics answer at
+// once. Bytes that arrive with the wrong hash are answered 502 (api.md), never cached.
+// GET /v1/stats serves the cache's counters, GET /metrics the same in the Prometheus text format.
+// Start() returns once the port is bound; Stop() (or the destructor) closes it and waits for the
+// fetches under way. Thread-safe, except that Stop() must not race with itself.
 #pragma once
 
 #include <chrono>
@@ -28,8 +33,9 @@ struct RelayOptions {
   std::chrono::milliseconds deadline{120000};  // per upstream request, retries included
   std::string address = "127.0.0.1";
   uint16_t port = 0;  // 0: any free port
-  // Each request may wait on the upstream link: enough threads that readers do not queue behind it.
-  int threads = 64;
+  int threads = 4;    // I/O threads; they never wait on the upstream
+  // How long a blob whose upstream bytes failed their hash is refused before it is fetched again.
+  std::chrono::milliseconds mismatch_hold{std::chrono::seconds(30)};
 };
 
 class Relay {

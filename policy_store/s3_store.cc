@@ -142,6 +142,7 @@ Result<HttpReply> S3Store::Send(const Call& call) {
   request.path = query.empty() ? path : path + "?" + query;
   request.body = call.body;
   request.range = call.range;
+  request.target = call.target;
   request.idempotent = call.idempotent;
   request.retry_server_errors = call.retry_server_errors;
   std::vector<std::pair<std::string, std::string>> signed_headers = call.headers;
@@ -219,7 +220,7 @@ Result<std::pair<std::vector<uint8_t>, std::string>> S3Store::GetWithEtag(const 
     const std::string etag = reply.Header("etag");
     if (reply.status == 200) return std::pair{std::move(reply.body), etag};
     // 206: "bytes 0-N/TOTAL".
-    const std::optional<uint64_t> size = RangedObjectSize(reply);
+    const std::optional<uint64_t> size = reply.object_size;
     if (!size || *size < reply.body.size()) {
       return DataLoss(What("GET", key) + ": malformed Content-Range '" +
                       reply.Header("content-range") + "'");
@@ -267,6 +268,29 @@ Result<ObjectRange> S3Store::GetRange(const std::string& key, uint64_t first, ui
   if (reply.status == 404) return NotFound(key + ": no such object");
   if (reply.status != 416) WEFT_RETURN_IF_ERROR(StatusOf(reply, What("GET", key)));
   return RangeOfReply(std::move(reply), first, length, What("GET", key));
+}
+
+Result<RangeRead> S3Store::GetRangeInto(const std::string& key, uint64_t first,
+                                        std::span<uint8_t> out) {
+  SpanTarget target(out);
+  WEFT_ASSIGN_OR_RETURN(const uint64_t size, ReadTo(key, first, out.size(), target));
+  return RangeRead{target.written(), size};
+}
+
+Result<uint64_t> S3Store::ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                                 BodyTarget& target) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  if (length == 0) return InvalidArgument(key + ": a range of no bytes");
+  Call call;
+  call.key = key;
+  // Always a range: an empty object answers 416 with its size, where a plain GET of a missing
+  // range would not say it.
+  call.range = std::pair<uint64_t, uint64_t>{first, std::min(length, UINT64_MAX - first)};
+  call.target = &target;
+  WEFT_ASSIGN_OR_RETURN(HttpReply reply, Send(call));
+  if (reply.status == 404) return NotFound(key + ": no such object");
+  if (reply.status != 416) WEFT_RETURN_IF_ERROR(StatusOf(reply, What("GET", key)));
+  return DeliveredRange(reply, first, call.range->second, What("GET", key));
 }
 
 Result<bool> S3Store::Exists(const std::string& key) {

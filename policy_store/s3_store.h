@@ -42,6 +42,12 @@ class S3Store : public ObjectStore {
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
+  // Straight into `out` as the bytes arrive, without a buffer.
+  Result<RangeRead> GetRangeInto(const std::string& key, uint64_t first,
+                                 std::span<uint8_t> out) override;
+  // One streamed ranged GET, resumed where it stops.
+  Result<uint64_t> ReadTo(const std::string& key, uint64_t first, uint64_t length,
+                          BodyTarget& target) override;
   bool ReadsRanges() const override { return true; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
@@ -74,6 +80,7 @@ class S3Store : public ObjectStore {
     std::vector<std::pair<std::string, std::string>> headers;  // signed and sent
     std::span<const uint8_t> body;
     std::optional<std::pair<uint64_t, uint64_t>> range;
+    BodyTarget* target = nullptr;  // a GET's body goes there as it arrives
     bool idempotent = true;
     bool retry_server_errors = true;
   };

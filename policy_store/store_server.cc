@@ -3,14 +3,19 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
+#include "common/concurrent.h"
 #include "common/hex.h"
 #include "common/http_server.h"
 #include "common/json_fields.h"
@@ -31,6 +36,9 @@ using weft::http::JsonResponse;
 
 // The body of a request other than an object's PUT: a compare-and-swap's JSON, or nothing.
 constexpr uint64_t kSmallBodyBytes = 64 * 1024;
+// An object other than a blob up to this size is read whole to answer (its ETag is its SHA-256);
+// a larger one is hashed in a first pass over it, then streamed.
+constexpr uint64_t kWholeObjectBytes = 1 << 20;
 
 bool ImmutableKey(const std::string& key) {
   return key.rfind("blobs/", 0) == 0 ||
@@ -73,12 +81,50 @@ std::optional<std::pair<uint64_t, uint64_t>> ParseRange(std::string_view header,
   return std::make_pair(first, last);
 }
 
-struct Shared {
-  ObjectStore& backend;
-  StoreServerOptions options;
+// What the server counts for /metrics.
+struct Counters {
+  std::atomic<uint64_t> answers[6] = {};  // by status class: [1] 1xx ... [5] 5xx, [0] other
+  std::atomic<uint64_t> bytes_sent{0};    // of object bodies
+  std::atomic<uint64_t> streams{0};       // object bodies being sent
 };
 
-enum class Endpoint { kLivez, kStats, kObject, kCas, kList };
+// What every request of a server shares. Held by the calls still under way (an answer from a
+// backend that opens objects asynchronously may come after the server stopped).
+struct Shared {
+  Shared(ObjectStore& backend, StoreServerOptions options)
+      : backend(backend), options(std::move(options)) {}
+  ObjectStore& backend;
+  StoreServerOptions options;
+  Counters counters;
+  // Backend calls under way off the I/O threads: Stop() waits for them, since they use the
+  // backend, which the server's owner destroys after it.
+  std::mutex mutex;
+  std::condition_variable idle;
+  int calls = 0;
+
+  void CallStarts() {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++calls;
+  }
+  void CallEnds() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (--calls == 0) idle.notify_all();
+  }
+};
+using SharedPtr = std::shared_ptr<Shared>;
+
+// Runs a call that may block on the backend: at once for a local store (a directory), else on the
+// blocking pool, so that the server's I/O threads never wait on a network.
+void Blocking(const SharedPtr& shared, std::function<void()> call) {
+  if (shared->backend.Local()) return call();
+  shared->CallStarts();
+  RunBlocking([shared, call = std::move(call)] {
+    call();
+    shared->CallEnds();
+  });
+}
+
+enum class Endpoint { kLivez, kStats, kMetrics, kObject, kCas, kList };
 
 // What a request's target names: an endpoint, and for objects, compare-and-swap and listings the
 // key (a listing's prefix ends in '/').
@@ -131,6 +177,7 @@ std::variant<Target, Response> ParseTarget(const Shared& shared, const RequestHe
                          "query strings and escapes are not supported");
   }
   if (target == "/livez") return Target{Endpoint::kLivez, ""};
+  if (target == "/metrics") return Target{Endpoint::kMetrics, ""};
   if (target == "/v1/stats" && shared.options.stats) return Target{Endpoint::kStats, ""};
   const std::pair<std::string_view, Endpoint> keyed[] = {{"/v1/objects/", Endpoint::kObject},
                                                          {"/v1/cas/", Endpoint::kCas},
@@ -202,6 +249,8 @@ std::optional<Response> CheckHeader(const Shared& shared, const RequestHeader& r
     if (request[http::field::if_none_match] != "*") {
       return ErrorResponse(request, http::status::bad_request, "a PUT takes only If-None-Match: *");
     }
+    // A remote backend is not asked from an I/O thread: its commit refuses an existing key (412).
+    if (!shared.backend.Local()) return std::nullopt;
     Result<bool> exists = shared.backend.Exists(target.key);
     if (!exists.ok()) return ErrorResponse(request, exists.status());
     if (*exists) {
@@ -216,12 +265,18 @@ std::optional<Response> CheckHeader(const Shared& shared, const RequestHeader& r
 // the way when the key is a blob's, and is stored only once it has arrived whole and matched.
 class PutSink : public weft::http::BodySink {
  public:
-  PutSink(const Shared& shared, std::string key)
-      : key_(std::move(key)),
-        writer_(shared.backend.NewImmutableWriter(key_)),
+  PutSink(SharedPtr shared, std::string key)
+      : shared_(std::move(shared)),
+        key_(std::move(key)),
+        writer_(shared_->backend.NewImmutableWriter(key_)),
         hash_(key_.rfind("blobs/", 0) == 0 ? EVP_MD_CTX_new() : nullptr) {
     if (hash_ != nullptr) EVP_DigestInit_ex(hash_, EVP_sha256(), nullptr);
   }
+  PutSink(PutSink&& other) noexcept
+      : shared_(other.shared_),
+        key_(std::move(other.key_)),
+        writer_(std::move(other.writer_)),
+        hash_(std::exchange(other.hash_, nullptr)) {}
   ~PutSink() override { EVP_MD_CTX_free(hash_); }
 
   Status Write(std::span<const uint8_t> piece) override {
@@ -231,7 +286,11 @@ class PutSink : public weft::http::BodySink {
   }
 
   void Finish(const RequestHeader& request, weft::http::Responder respond) override {
-    respond(Store(request));
+    if (shared_->backend.Local()) return respond(Store(request));
+    // A remote backend's commit uploads: off the I/O thread, the writer moved along.
+    auto self = std::make_shared<PutSink>(std::move(*this));
+    Blocking(shared_,
+             [self, request = RequestHeader(request), respond] { respond(self->Store(request)); });
   }
 
  private:
@@ -259,86 +318,180 @@ class PutSink : public weft::http::BodySink {
     return JsonResponse(request, http::status::created, Json{{"key", key_}});
   }
 
+  SharedPtr shared_;
   std::string key_;
   Result<std::unique_ptr<ObjectWriter>> writer_;
   EVP_MD_CTX* hash_;
 };
 
 // The requests whose body streams to disk: an object's PUT (CheckHeader has let it through).
-std::unique_ptr<weft::http::BodySink> RouteBody(const Shared& shared,
+std::unique_ptr<weft::http::BodySink> RouteBody(const SharedPtr& shared,
                                                 const RequestHeader& request) {
   if (request.method() != http::verb::put) return nullptr;
-  std::variant<Target, Response> parsed = ParseTarget(shared, request);
+  std::variant<Target, Response> parsed = ParseTarget(*shared, request);
   const Target* target = std::get_if<Target>(&parsed);
   if (target == nullptr || target->endpoint != Endpoint::kObject) return nullptr;
   return std::make_unique<PutSink>(shared, target->key);
 }
 
-Response GetObject(const Shared& shared, const Request& request, const std::string& key) {
-  // A blob's ETag is its name; a range of it is read alone (ranges are how readers fetch parts of
-  // a large blob at once). Other objects are small: read whole, ETag from their content.
-  const bool blob = key.rfind("blobs/", 0) == 0;
-  const std::string range_header =
-      request.count(http::field::range) > 0 ? std::string(request[http::field::range]) : "";
-  // If-Range: a range of a different version of the object is refused by sending it whole.
-  auto same_object = [&](const std::string& etag) {
-    return request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag;
-  };
-  std::optional<ObjectRange> part;
-  if (blob && !range_header.empty() && range_header.rfind("bytes=-", 0) != 0 &&
-      same_object("\"" + key.substr(6) + "\"")) {
-    if (auto wanted = ParseRange(range_header, UINT64_MAX)) {
-      Result<ObjectRange> read =
-          shared.backend.GetRange(key, wanted->first, wanted->second - wanted->first + 1);
-      if (!read.ok()) return ErrorResponse(request, read.status());
-      part = std::move(read).value();
+// An object's bytes [first, first + length) from its reader, a piece at a time, for a streamed
+// answer. What a pending read uses lives in State, which the read holds: the source may be
+// destroyed (its connection closed) while a read is still under way.
+class ReaderSource : public weft::http::BodySource {
+ public:
+  ReaderSource(SharedPtr shared, std::unique_ptr<ObjectReader> reader, uint64_t first,
+               uint64_t length)
+      : state_(
+            std::make_shared<State>(std::move(shared), std::move(reader), first, first + length)) {
+    ++state_->shared->counters.streams;
+  }
+  ~ReaderSource() override { --state_->shared->counters.streams; }
+
+  void Read(size_t max, Done done) override {
+    const std::shared_ptr<State> state = state_;
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(max, state->end - state->at));
+    auto finish = std::make_shared<Done>(std::move(done));
+    auto read = [state, want, finish] {
+      state->buffer.resize(std::max(state->buffer.size(), want));
+      Result<size_t> got =
+          state->reader->ReadAt(state->at, std::span<uint8_t>(state->buffer).first(want));
+      if (!got.ok()) return (*finish)(got.status());
+      state->at += *got;
+      state->shared->counters.bytes_sent += *got;
+      (*finish)(std::span<const uint8_t>(state->buffer.data(), *got));
+    };
+    if (state->reader->Remote()) {
+      state->shared->CallStarts();
+      return RunBlocking([state, read = std::move(read)] {
+        read();
+        state->shared->CallEnds();
+      });
     }
+    // Bytes on disk are read on this thread; bytes still arriving, once they have, on the pool
+    // (not on the thread of the transfer that announces them).
+    auto calling = std::make_shared<std::atomic<bool>>(true);
+    state->reader->WhenReady(state->at, want, [calling, read, finish](Status ready) {
+      if (!ready.ok()) return (*finish)(ready);  // the transfer failed: the answer is cut off
+      if (calling->load()) return read();
+      RunBlocking(read);
+    });
+    calling->store(false);
   }
-  std::vector<uint8_t> object;
-  if (!part) {
-    Result<std::vector<uint8_t>> whole = shared.backend.Get(key);
-    if (!whole.ok()) return ErrorResponse(request, whole.status());
-    object = std::move(whole).value();
-  }
-  const uint64_t size = part ? part->object_size : object.size();
-  Response response(http::status::ok, request.version());
-  response.set(http::field::content_type, "application/octet-stream");
-  response.set(http::field::accept_ranges, "bytes");
-  const std::string etag = "\"" + (blob ? key.substr(6) : Sha256Hex(object)) + "\"";
-  response.set(http::field::etag, etag);
-  response.set(http::field::cache_control,
-               ImmutableKey(key) ? "public, max-age=31536000, immutable" : "no-cache");
+
+ private:
+  struct State {
+    State(SharedPtr shared, std::unique_ptr<ObjectReader> reader, uint64_t at, uint64_t end)
+        : shared(std::move(shared)), reader(std::move(reader)), at(at), end(end) {}
+    SharedPtr shared;
+    std::unique_ptr<ObjectReader> reader;
+    uint64_t at;
+    uint64_t end;
+    std::vector<uint8_t> buffer;
+  };
+  std::shared_ptr<State> state_;
+};
+// The answer to a GET or HEAD of an object whose reader is open, its ETag known: the headers an
+// immutable object gets, 304 on a matching If-None-Match, a single byte range (with If-Range),
+// and the bytes streamed from the reader.
+void AnswerRead(const SharedPtr& shared, const RequestHeader& request, const std::string& key,
+                std::unique_ptr<ObjectReader> reader, const std::string& etag,
+                const weft::http::Responder& respond) {
+  const uint64_t size = reader->size();
+  Response head(http::status::ok, request.version());
+  head.set(http::field::content_type, "application/octet-stream");
+  head.set(http::field::accept_ranges, "bytes");
+  head.set(http::field::etag, etag);
+  head.set(http::field::cache_control,
+           ImmutableKey(key) ? "public, max-age=31536000, immutable" : "no-cache");
   if (request[http::field::if_none_match] == etag) {
-    response.result(http::status::not_modified);
-    return response;
+    head.result(http::status::not_modified);
+    return respond(std::move(head));
   }
-  uint64_t first = 0, last = size == 0 ? 0 : size - 1;
-  if (!range_header.empty() && same_object(etag)) {
-    auto range = ParseRange(range_header, size);
+  uint64_t first = 0, length = size;
+  const bool ranged =
+      request.count(http::field::range) > 0 &&
+      (request.count(http::field::if_range) == 0 || request[http::field::if_range] == etag);
+  if (ranged) {
+    const auto range = ParseRange(std::string(request[http::field::range]), size);
     if (!range) {
       Response refused = ErrorResponse(request, http::status::range_not_satisfiable,
                                        "unsatisfiable or unsupported range");
       refused.set(http::field::content_range, "bytes */" + std::to_string(size));
-      return refused;
+      return respond(std::move(refused));
     }
-    std::tie(first, last) = *range;
-    response.result(http::status::partial_content);
-    response.set(http::field::content_range, "bytes " + std::to_string(first) + "-" +
-                                                 std::to_string(last) + "/" + std::to_string(size));
+    first = range->first;
+    length = range->second - range->first + 1;
+    head.result(http::status::partial_content);
+    head.set(http::field::content_range, "bytes " + std::to_string(first) + "-" +
+                                             std::to_string(range->second) + "/" +
+                                             std::to_string(size));
   }
-  if (part) {
-    if (part->bytes.size() != last - first + 1) {
-      return ErrorResponse(request, DataLoss(key + ": changed while it was read"));
+  respond.Stream(std::move(head), length,
+                 std::make_unique<ReaderSource>(shared, std::move(reader), first, length));
+}
+
+// An object other than a blob: its ETag is the SHA-256 of its bytes. A small one is read whole
+// (one version of it, even for a remote store), a larger one hashed in a pass before it is sent.
+// May block on a remote reader: called off the I/O threads for those.
+void AnswerHashed(const SharedPtr& shared, const RequestHeader& request, const std::string& key,
+                  std::unique_ptr<ObjectReader> reader, const weft::http::Responder& respond) {
+  std::vector<uint8_t> bytes(std::min<uint64_t>(reader->size(), kWholeObjectBytes));
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> hash(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(hash.get(), EVP_sha256(), nullptr);
+  for (uint64_t at = 0; at < reader->size();) {
+    const std::span<uint8_t> into = reader->size() <= kWholeObjectBytes
+                                        ? std::span<uint8_t>(bytes).subspan(at)
+                                        : std::span<uint8_t>(bytes).first(std::min<uint64_t>(
+                                              bytes.size(), reader->size() - at));
+    Result<size_t> got = reader->ReadAt(at, into);
+    if (!got.ok()) return respond(ErrorResponse(request, got.status()));
+    EVP_DigestUpdate(hash.get(), into.data(), *got);
+    at += *got;
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(hash.get(), digest, &length);
+  const std::string etag = "\"" + HexEncode({digest, length}) + "\"";
+  if (reader->size() <= kWholeObjectBytes) reader = MemoryReader(std::move(bytes));
+  AnswerRead(shared, request, key, std::move(reader), etag, respond);
+}
+
+// Why an object could not be opened. Bytes of a blob that do not hash to its name (a relay's
+// upstream sent others) are a bad gateway, marked final (api.md): asking again cannot help.
+Response OpenError(const RequestHeader& request, const std::string& key, const Status& status) {
+  if (status.code() != StatusCode::kDataLoss || key.rfind("blobs/", 0) != 0)
+    return ErrorResponse(request, status);
+  Response refused = ErrorResponse(request, http::status::bad_gateway, status.message());
+  refused.set(kFinalErrorHeader, "blob-hash-mismatch");
+  refused.set(http::field::cache_control, "no-store");
+  return refused;
+}
+
+// A GET or HEAD of an object: opened by the backend (at once from a directory, from a cache once
+// its fetch has said the size, from a remote store off the I/O threads), then answered.
+void ServeObject(const SharedPtr& shared, const RequestHeader& request, const std::string& key,
+                 const weft::http::Responder& respond) {
+  shared->CallStarts();
+  shared->backend.OpenReadAsync(key, [shared, request = RequestHeader(request), key, respond](
+                                         Result<std::unique_ptr<ObjectReader>> opened) mutable {
+    if (!opened.ok()) {
+      respond(OpenError(request, key, opened.status()));
+    } else if (key.rfind("blobs/", 0) == 0) {
+      // A blob's ETag is its name.
+      AnswerRead(shared, request, key, std::move(opened).value(), "\"" + key.substr(6) + "\"",
+                 respond);
+    } else if ((*opened)->Remote() || (*opened)->size() > kWholeObjectBytes) {
+      auto reader = std::make_shared<std::unique_ptr<ObjectReader>>(std::move(*opened));
+      shared->CallStarts();
+      RunBlocking([shared, request, key, reader, respond] {
+        AnswerHashed(shared, request, key, std::move(*reader), respond);
+        shared->CallEnds();
+      });
+    } else {
+      AnswerHashed(shared, request, key, std::move(opened).value(), respond);
     }
-    response.body() = std::move(part->bytes);
-  } else if (first == 0 && last + 1 == size) {
-    response.body() = std::move(object);
-  } else if (size > 0) {
-    response.body().assign(object.begin() + static_cast<long>(first),
-                           object.begin() + static_cast<long>(last) + 1);
-  }
-  response.prepare_payload();
-  return response;
+    shared->CallEnds();
+  });
 }
 
 Response CompareAndSwap(const Shared& shared, const Request& request, const std::string& key) {
@@ -360,47 +513,99 @@ Response CompareAndSwap(const Shared& shared, const Request& request, const std:
   return JsonResponse(request, http::status::ok, Json{{"key", key}});
 }
 
-// Every request but an object's PUT, once CheckHeader has let it through and its body arrived.
-Response Handle(const Shared& shared, const Request& request) {
-  try {
-    std::variant<Target, Response> parsed = ParseTarget(shared, request);
-    if (Response* refused = std::get_if<Response>(&parsed)) return std::move(*refused);
-    const Target& target = std::get<Target>(parsed);
-    switch (target.endpoint) {
-      case Endpoint::kLivez:
-        return JsonResponse(request, http::status::ok, Json{{"ok", true}});
-      case Endpoint::kStats:
-        return JsonResponse(request, http::status::ok,
-                            Json::parse(shared.options.stats(), nullptr, false));
-      case Endpoint::kList: {
-        Result<std::vector<std::string>> keys = shared.backend.List(target.key);
-        if (!keys.ok()) return ErrorResponse(request, keys.status());
-        return JsonResponse(request, http::status::ok, Json{{"keys", *keys}});
-      }
-      case Endpoint::kCas:
-        return CompareAndSwap(shared, request, target.key);
-      case Endpoint::kObject:
-        if (request.method() == http::verb::delete_) {
-          Status status = shared.backend.Delete(target.key);
-          if (!status.ok()) return ErrorResponse(request, status);
-          return JsonResponse(request, http::status::ok, Json{{"key", target.key}});
-        }
-        if (request.method() == http::verb::get || request.method() == http::verb::head)
-          return GetObject(shared, request, target.key);
-        break;  // a PUT streams to a PutSink
-    }
-    return ErrorResponse(request, http::status::internal_server_error,
-                         "request not routed: " + std::string(request.target()));
-  } catch (const std::exception& error) {
-    return ErrorResponse(request, http::status::internal_server_error, error.what());
+// GET /metrics: the server's counters in the Prometheus text format, and the backend's (a relay's
+// cache) after them.
+std::string MetricsText(const Shared& shared) {
+  const std::string prefix = shared.options.metrics_prefix;
+  std::string text = "# HELP " + prefix +
+                     "_answers_total Requests answered, by status class.\n"
+                     "# TYPE " +
+                     prefix + "_answers_total counter\n";
+  static const char* kClasses[] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
+  for (int c = 1; c <= 5; ++c) {
+    text += prefix + "_answers_total{class=\"" + kClasses[c] + "\"} " +
+            std::to_string(shared.counters.answers[c].load()) + "\n";
   }
+  text += "# HELP " + prefix + "_object_bytes_sent_total Bytes of object bodies sent.\n# TYPE " +
+          prefix + "_object_bytes_sent_total counter\n" + prefix + "_object_bytes_sent_total " +
+          std::to_string(shared.counters.bytes_sent.load()) + "\n";
+  text += "# HELP " + prefix + "_object_streams Object bodies being sent now.\n# TYPE " + prefix +
+          "_object_streams gauge\n" + prefix + "_object_streams " +
+          std::to_string(shared.counters.streams.load()) + "\n";
+  if (shared.options.metrics) text += shared.options.metrics();
+  return text;
+}
+
+// Every request but an object's PUT, once CheckHeader has let it through and its body arrived:
+// answered at once, or once the backend has answered (off the I/O thread where it may block).
+void Handle(const SharedPtr& shared, const Request& request, const weft::http::Responder& respond) {
+  std::variant<Target, Response> parsed = ParseTarget(*shared, request);
+  if (Response* refused = std::get_if<Response>(&parsed)) return respond(std::move(*refused));
+  const Target target = std::get<Target>(parsed);
+  switch (target.endpoint) {
+    case Endpoint::kLivez:
+      return respond(JsonResponse(request, http::status::ok, Json{{"ok", true}}));
+    case Endpoint::kStats:
+      return respond(JsonResponse(request, http::status::ok,
+                                  Json::parse(shared->options.stats(), nullptr, false)));
+    case Endpoint::kMetrics: {
+      Response response(http::status::ok, request.version());
+      response.set(http::field::content_type, "text/plain; version=0.0.4");
+      const std::string text = MetricsText(*shared);
+      response.body().assign(text.begin(), text.end());
+      response.prepare_payload();
+      return respond(std::move(response));
+    }
+    case Endpoint::kList:
+      return Blocking(shared, [shared, request = RequestHeader(request), target, respond] {
+        Result<std::vector<std::string>> keys = shared->backend.List(target.key);
+        if (!keys.ok()) return respond(ErrorResponse(request, keys.status()));
+        respond(JsonResponse(request, http::status::ok, Json{{"keys", *keys}}));
+      });
+    case Endpoint::kCas:
+      return Blocking(shared, [shared, request, target, respond] {
+        respond(CompareAndSwap(*shared, request, target.key));
+      });
+    case Endpoint::kObject:
+      if (request.method() == http::verb::delete_) {
+        return Blocking(shared, [shared, request = RequestHeader(request), target, respond] {
+          Status status = shared->backend.Delete(target.key);
+          if (!status.ok()) return respond(ErrorResponse(request, status));
+          respond(JsonResponse(request, http::status::ok, Json{{"key", target.key}}));
+        });
+      }
+      if (request.method() == http::verb::get || request.method() == http::verb::head)
+        return ServeObject(shared, request, target.key, respond);
+      break;  // a PUT streams to a PutSink
+  }
+  respond(ErrorResponse(request, http::status::internal_server_error,
+                        "request not routed: " + std::string(request.target())));
+}
+
+// Counts every answer by its status class, for /metrics.
+weft::http::Responder Counted(const SharedPtr& shared, weft::http::Responder respond) {
+  auto count = [shared](const Response& response) {
+    const unsigned code = static_cast<unsigned>(response.result_int());
+    ++shared->counters.answers[code >= 100 && code < 600 ? code / 100 : 0];
+  };
+  return weft::http::Responder(
+      [count, respond](Response response) {
+        count(response);
+        respond(std::move(response));
+      },
+      [count, respond](Response head, uint64_t length,
+                       std::unique_ptr<weft::http::BodySource> body) {
+        count(head);
+        respond.Stream(std::move(head), length, std::move(body));
+      });
 }
 
 }  // namespace
 
 struct StoreServer::Impl {
-  Impl(ObjectStore& backend, const StoreServerOptions& options) : shared{backend, options} {}
-  Shared shared;
+  Impl(ObjectStore& backend, const StoreServerOptions& options)
+      : shared(std::make_shared<Shared>(backend, options)) {}
+  SharedPtr shared;
   std::unique_ptr<weft::http::HttpServer> server;
 };
 
@@ -413,18 +618,23 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend,
   server_options.max_body_bytes = options.max_body_bytes;
   server_options.threads = options.threads;
   server_options.read_timeout = options.read_timeout;
-  const Shared* shared = &impl->shared;
+  const SharedPtr shared = impl->shared;
   WEFT_ASSIGN_OR_RETURN(
       impl->server,
       weft::http::HttpServer::Start(
           server_options,
           [shared](Request request, weft::http::Responder respond) {
-            respond(Handle(*shared, request));
+            const weft::http::Responder counted = Counted(shared, std::move(respond));
+            try {
+              Handle(shared, request, counted);
+            } catch (const std::exception& error) {
+              counted(ErrorResponse(request, http::status::internal_server_error, error.what()));
+            }
           },
           [shared](const RequestHeader& request, uint64_t* body_limit) {
             return CheckHeader(*shared, request, body_limit);
           },
-          [shared](const RequestHeader& request) { return RouteBody(*shared, request); }));
+          [shared](const RequestHeader& request) { return RouteBody(shared, request); }));
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 
@@ -435,7 +645,11 @@ StoreServer::~StoreServer() { Stop(); }
 uint16_t StoreServer::port() const { return impl_->server->port(); }
 
 void StoreServer::Stop() {
-  if (impl_ && impl_->server) impl_->server->Stop();
+  if (!impl_ || !impl_->server) return;
+  impl_->server->Stop();
+  // The backend calls under way end within their deadlines; the backend must outlive them.
+  std::unique_lock<std::mutex> lock(impl_->shared->mutex);
+  impl_->shared->idle.wait(lock, [&] { return impl_->shared->calls == 0; });
 }
 
 }  // namespace weft::policy_store

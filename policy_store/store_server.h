@@ -35,6 +35,10 @@ struct StoreServerOptions {
   std::chrono::seconds read_timeout{30};
   // When set, GET /v1/stats answers with the JSON object it returns (a relay's cache counters).
   std::function<std::string()> stats;
+  // GET /metrics: the server's own counters, named with this prefix, then what `metrics` returns
+  // when set (a relay's cache counters), in the Prometheus text format.
+  std::string metrics_prefix = "weft_store_server";
+  std::function<std::string()> metrics;
 };
 
 class StoreServer {
