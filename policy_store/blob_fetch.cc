@@ -17,6 +17,9 @@ namespace weft::policy_store {
 namespace {
 
 constexpr int kFetches = 3;
+// A blob the store refuses as damaged (kDataLoss: a relay's upstream sent other bytes) is asked
+// for once more, then reported.
+constexpr int kSourceFetches = 2;
 // The first part of a blob whose sink wants it before the others (a keyframe: its header): small,
 // so that the other parts wait for one short request only.
 constexpr uint64_t kFirstPartBytes = uint64_t{1} << 20;
@@ -46,13 +49,22 @@ struct BlobState {
   std::map<uint64_t, Arrived> arrived;  // by offset
   bool hashing = false;                 // a thread is hashing its parts
   bool damaged = false;                 // a part had the wrong size
+  Status source_error;                  // the store said its bytes are not the blob (kDataLoss)
   bool first_done = false;              // its first part has been placed (StartFirst)
   Status sink_error;                    // the first error of its sink
 };
 
-// One pass over `blobs`; the ones that arrived damaged (size or hash) are added to `damaged`.
+// A blob of a round that must be fetched again: its index, and the store's own verdict on it
+// when the store refused it as damaged (ok when the fetcher found the damage).
+struct Damaged {
+  size_t blob = 0;
+  Status source_error;
+};
+
+// One pass over `blobs`; the ones that arrived damaged (size or hash), or that the store refused
+// as damaged, are added to `damaged`.
 Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs,
-                  const FetchOptions& options, std::vector<size_t>* damaged) {
+                  const FetchOptions& options, std::vector<Damaged>* damaged) {
   const uint64_t part_bytes =
       store.ReadsRanges() ? std::max<uint64_t>(options.part_bytes, 1) : UINT64_MAX;
   std::vector<Part> parts;
@@ -102,8 +114,16 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
           if (stopped) return Status::Ok();  // the failure is reported by its own part
           held += counted;
         }
+        // The store's verdict that its bytes are not the blob's (a relay whose upstream sent
+        // others) fails the blob, not the round: it is fetched again, then reported.
+        bool refused = false;
         auto fail = [&](const Status& status) {
           std::lock_guard<std::mutex> lock(mutex);
+          if (status.code() == StatusCode::kDataLoss) {
+            if (state.source_error.ok()) state.source_error = status;
+            refused = true;
+            return Status::Ok();
+          }
           stopped = true;
           room.notify_all();
           return status.WithContext(state.fetch.what);
@@ -111,13 +131,24 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
         BlobState::Arrived arrived{part.size, {}, {}, counted};
         bool whole = false;
         Status placed = Status::Ok();
-        if (in_place) {
+        bool skip_part = false;
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          skip_part = !state.source_error.ok();  // refused already: fetched again anyway
+        }
+        if (skip_part) {
+          // Nothing read: counted as arrived so that the round ends.
+        } else if (in_place) {
           whole = true;
           uint64_t at = part.offset;
           for (std::span<uint8_t> window : windows) {
             if (window.empty()) continue;
             Result<RangeRead> got = store.GetRangeInto(key, at, window);
-            if (!got.ok()) return fail(got.status());
+            if (!got.ok()) {
+              WEFT_RETURN_IF_ERROR(fail(got.status()));
+              whole = false;
+              break;
+            }
             arrived.views.push_back(window.first(std::min<uint64_t>(got->read, window.size())));
             at += got->read;
             if (got->object_size != state.fetch.blob.bytes || got->read != window.size()) {
@@ -130,16 +161,19 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
           // (An empty blob is asked for one byte: the answer says it exists and holds none.)
           Result<ObjectRange> got =
               store.GetRange(key, part.offset, std::max<uint64_t>(part.size, 1));
-          if (!got.ok()) return fail(got.status());
-          whole = got->object_size == state.fetch.blob.bytes && got->bytes.size() == part.size;
-          arrived.buffer = std::move(got->bytes);
-          if (whole) placed = sink.Place(part.offset, arrived.buffer);
+          if (got.ok()) {
+            whole = got->object_size == state.fetch.blob.bytes && got->bytes.size() == part.size;
+            arrived.buffer = std::move(got->bytes);
+            if (whole) placed = sink.Place(part.offset, arrived.buffer);
+          } else {
+            WEFT_RETURN_IF_ERROR(fail(got.status()));
+          }
         }
         // Hashed in order: this thread hashes every part that can be hashed next, unless another
         // thread is doing so for this blob (it will take this part too).
         std::unique_lock<std::mutex> lock(mutex);
         if (!placed.ok() && state.sink_error.ok()) state.sink_error = std::move(placed);
-        if (!whole) state.damaged = true;
+        if (!whole || refused || skip_part) state.damaged = true;
         if (part.offset == 0) {
           state.first_done = true;
           room.notify_all();
@@ -175,7 +209,7 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
     const bool good = !state.damaged && state.hashed == state.fetch.blob.bytes &&
                       HexEncode({digest, length}) == state.fetch.blob.sha256;
     if (!good) {
-      damaged->push_back(b);
+      damaged->push_back({b, state.source_error});
     } else if (!state.sink_error.ok()) {
       return state.sink_error.WithContext(state.fetch.what);
     }
@@ -203,19 +237,31 @@ Status FetchBlobs(ObjectStore& store, std::span<const BlobFetch> blobs,
   std::vector<const BlobFetch*> round;
   for (const BlobFetch& fetch : blobs) round.push_back(&fetch);
   for (int attempt = 1; !round.empty(); ++attempt) {
-    std::vector<size_t> damaged;
+    std::vector<Damaged> damaged;
     WEFT_RETURN_IF_ERROR(FetchRound(store, round, options, &damaged));
     std::vector<const BlobFetch*> again;
-    for (size_t b : damaged) {
-      const BlobFetch& fetch = *round[b];
-      // Corrupted in transit, or at rest: fetch it again; a copy corrupted at rest stays so.
-      WEFT_LOG(kWarning) << fetch.what << ": blob " << fetch.blob.sha256 << " from "
-                         << store.Describe() << " does not match its size and hash (fetch "
-                         << attempt << " of " << kFetches << ")";
-      if (attempt == kFetches) {
-        return DataLoss(fetch.what + ": blob " + fetch.blob.sha256 +
-                        " is corrupted (its content does not match its hash on " +
-                        std::to_string(kFetches) + " fetches)");
+    for (const Damaged& bad : damaged) {
+      const BlobFetch& fetch = *round[bad.blob];
+      if (!bad.source_error.ok()) {
+        // The store itself says its bytes are not the blob's: asked once more, then reported.
+        WEFT_LOG(kWarning) << fetch.what << ": blob " << fetch.blob.sha256 << " refused by "
+                           << store.Describe() << " (fetch " << attempt << " of " << kSourceFetches
+                           << "): " << bad.source_error.message();
+        if (attempt >= kSourceFetches) {
+          return DataLoss(fetch.what + ": blob " + fetch.blob.sha256 + " from " + store.Describe() +
+                          " is not what its name says on " + std::to_string(attempt) +
+                          " fetches: " + bad.source_error.message());
+        }
+      } else {
+        // Corrupted in transit, or at rest: fetch it again; a copy corrupted at rest stays so.
+        WEFT_LOG(kWarning) << fetch.what << ": blob " << fetch.blob.sha256 << " from "
+                           << store.Describe() << " does not match its size and hash (fetch "
+                           << attempt << " of " << kFetches << ")";
+        if (attempt >= kFetches) {
+          return DataLoss(fetch.what + ": blob " + fetch.blob.sha256 +
+                          " is corrupted (its content does not match its hash on " +
+                          std::to_string(attempt) + " fetches)");
+        }
       }
       fetch.sink->Restart();
       again.push_back(&fetch);

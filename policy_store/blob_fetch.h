@@ -15,8 +15,11 @@
 // parts read into their sink's window hold no buffer. A transfer
 // cut off mid-part resumes where it stopped (the HTTP and S3 stores resume ranges). A blob whose
 // size or SHA-256 does not match its reference is fetched again from its start (its sink is
-// restarted), up to three fetches, then kDataLoss naming it. What the sinks were given is theirs
-// to discard on error: FetchBlobs never says a blob is good before its hash matched.
+// restarted), up to three fetches, then kDataLoss naming it. A blob the store itself refuses as
+// damaged (kDataLoss: a relay whose upstream sent bytes that are not the blob's) is asked for once
+// more, then reported as kDataLoss naming the blob, the store and what it said. What the sinks were
+// given is theirs to discard on error: FetchBlobs never says a blob is good before its hash
+// matched.
 #pragma once
 
 #include <cstdint>

@@ -177,5 +177,46 @@ TEST_CASE("HTTP store: a 4xx answer is final, never retried; a 5xx is retried") 
   CHECK(store.retries() == 1);
 }
 
+TEST_CASE(
+    "HTTP store: a 5xx marked final is not retried; it is kDataLoss naming what the server said") {
+  const std::string body = "{\"error\": \"blob b arrived with SHA-256 x\"}";
+  ScriptedServer server({
+      "HTTP/1.1 502 Bad Gateway\r\nX-Weft-Error: blob-hash-mismatch\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body,
+      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+  });
+  HttpStoreOptions options;
+  options.first_backoff = std::chrono::milliseconds(1);
+  HttpStore store(server.url(), "", options);
+  Result<ObjectRange> refused = store.GetRange("blobs/b", 0, 10);
+  CHECK(refused.status().code() == StatusCode::kDataLoss);
+  CHECK(refused.status().message().find("arrived with SHA-256 x") != std::string::npos);
+  CHECK(store.retries() == 0);
+  CHECK(server.requests().size() == 1);
+}
+
+TEST_CASE("HTTP store: a huge Content-Length reserves nothing of it; a range takes what it asked") {
+  // 1 TiB announced; 300 bytes sent, the rest never comes.
+  ScriptedServer server({
+      "HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\nConnection: close\r\n\r\n" +
+          std::string(300, 'x') + "CUT",
+      "HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\nConnection: close\r\n\r\n" +
+          std::string(300, 'y') + "CUT",
+  });
+  HttpStoreOptions options;
+  options.first_backoff = std::chrono::milliseconds(1);
+  options.attempts = 1;
+  HttpStore store(server.url(), "", options);
+  // A range of 100 bytes takes 100, whatever the server goes on sending.
+  Result<ObjectRange> range = store.GetRange("blobs/x", 0, 100);
+  REQUIRE_MESSAGE(range.ok(), range.status().ToString());
+  CHECK(range->bytes == std::vector<uint8_t>(100, 'x'));
+  CHECK(range->object_size == uint64_t{1} << 40);
+  // A whole read of a body cut short fails as unavailable (no allocation of what was announced).
+  Status whole = store.Get("blobs/x").status();
+  CHECK(whole.code() == StatusCode::kUnavailable);
+  CHECK(whole.message().find("300 bytes had arrived") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace weft::policy_store

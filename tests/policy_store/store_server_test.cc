@@ -133,6 +133,63 @@ TEST_CASE("store server: refusals come from the header, before any of the body i
   CHECK(HiddenFiles(served.root).empty());
 }
 
+TEST_CASE("store server: slow readers of a large blob hold a piece each, not the blob") {
+  Served served("");
+  const std::vector<uint8_t> blob = Pattern(size_t{32} << 20, 7);
+  const std::string key = BlobKey(Sha256Hex(blob));
+  REQUIRE(served.backend->PutImmutable(key, blob).ok());
+  const uint64_t before = ResidentBytes();
+  // Eight clients ask for the whole blob and read only its first bytes: a server that held the
+  // object per request would grow by 256 MB.
+  std::vector<std::unique_ptr<RawConnection>> slow;
+  for (int i = 0; i < 8; ++i) {
+    slow.push_back(std::make_unique<RawConnection>(weft::testing::PortOf(served.url)));
+    slow.back()->Send("GET /v1/objects/" + key + " HTTP/1.1\r\nHost: h\r\n\r\n");
+    CHECK(StatusOf(slow.back()->ReadSome()) == 200);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const uint64_t grown = ResidentBytes() - std::min(before, ResidentBytes());
+  CAPTURE(grown);
+  CHECK(grown < (uint64_t{48} << 20));
+  // HEAD says the size without reading the blob; a range comes whole.
+  RawConnection head(weft::testing::PortOf(served.url), std::chrono::seconds(1));
+  head.Send("HEAD /v1/objects/" + key + " HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+  const std::string headers = head.ReadAll();
+  CHECK(StatusOf(headers) == 200);
+  CHECK(headers.find("Content-Length: 33554432\r\n") != std::string::npos);
+  CHECK(headers.substr(headers.find("\r\n\r\n") + 4).empty());
+  auto range = Raw(served.url + "/v1/objects/" + key, "GET", {"Range: bytes=1000-1099"});
+  CHECK(range.status == 206);
+  CHECK(range.body == std::vector<uint8_t>(blob.begin() + 1000, blob.begin() + 1100));
+  // A whole read streams every byte.
+  auto whole = Raw(served.url + "/v1/objects/" + key, "GET");
+  CHECK(whole.status == 200);
+  CHECK(whole.body == blob);
+  CHECK(Raw(served.url + "/livez", "GET").status == 200);
+  auto metrics = Raw(served.url + "/metrics", "GET");
+  CHECK(metrics.status == 200);
+  CHECK(metrics.text().find("weft_store_server_object_streams ") != std::string::npos);
+}
+
+TEST_CASE("store server: a compare-and-swap conflict names a large object by size and hash") {
+  Served served("secret");
+  const std::vector<uint8_t> big = Pattern(size_t{32} << 20, 9);
+  REQUIRE(served.backend->PutImmutable("runs/r/big", big).ok());
+  const uint64_t before = ResidentBytes();
+  auto conflict = Raw(served.url + "/v1/cas/runs/r/big", "POST", {"Authorization: Bearer secret"},
+                      "{\"expected\": \"1\", \"desired\": \"2\"}");
+  CHECK(conflict.status == 409);
+  CHECK(conflict.body.size() < 1024);
+  CHECK(conflict.text().find("33554432 bytes with SHA-256 " + Sha256Hex(big)) != std::string::npos);
+  CHECK(ResidentBytes() - std::min(before, ResidentBytes()) < (uint64_t{24} << 20));
+  // A short value is named as it is.
+  REQUIRE(served.backend->CompareAndSwap("runs/r/latest", std::nullopt, "7\n").ok());
+  auto small = Raw(served.url + "/v1/cas/runs/r/latest", "POST", {"Authorization: Bearer secret"},
+                   "{\"expected\": \"6\\n\", \"desired\": \"8\\n\"}");
+  CHECK(small.status == 409);
+  CHECK(small.text().find("found '7\\n'") != std::string::npos);
+}
+
 TEST_CASE("store server: a PUT streams to a temporary file, stored once it has arrived whole") {
   Served served("secret");
   const std::string body = std::string(300000, 'a') + std::string(300000, 'b');
