@@ -219,6 +219,14 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
 
 }  // namespace
 
+FetchOptions FetchOptionsFor(const ObjectStore& store) {
+  const BlobReads reads = store.blob_reads();
+  FetchOptions options;
+  options.part_bytes = reads.part_bytes;
+  options.concurrency = reads.parallel;
+  return options;
+}
+
 Status BytesSink::Place(uint64_t offset, std::span<const uint8_t> bytes) {
   if (bytes.empty()) return Status::Ok();
   if (offset > bytes_.size() || bytes.size() > bytes_.size() - offset)

@@ -72,6 +72,8 @@ struct FetchOptions {
   int concurrency = 16;
   uint64_t max_buffered_bytes = uint64_t{256} << 20;
 };
+// The fetch options a store's URI asks for (ObjectStore::blob_reads).
+FetchOptions FetchOptionsFor(const ObjectStore& store);
 
 struct BlobFetch {
   BlobRef blob;

@@ -90,6 +90,8 @@ class CachingStore : public ObjectStore {
   Result<uint64_t> ReadTo(const std::string& key, uint64_t first, uint64_t length,
                           BodyTarget& target) override;
   bool ReadsRanges() const override { return true; }
+  // The upstream's: its misses are read from there.
+  BlobReads blob_reads() const override { return upstream_.blob_reads(); }
   Result<std::unique_ptr<ObjectReader>> OpenRead(const std::string& key) override;
   void OpenReadAsync(const std::string& key, OpenDone done) override;
   Result<bool> Exists(const std::string& key) override;

@@ -56,7 +56,8 @@ Result<uint64_t> DeliveredRange(const HttpReply& reply, uint64_t first, uint64_t
 
 HttpStore::HttpStore(std::string base_url, std::string writer_token, HttpStoreOptions options)
     : client_(std::move(base_url), ClientOptions(options)),
-      writer_token_(std::move(writer_token)) {}
+      writer_token_(std::move(writer_token)),
+      reads_(options.reads) {}
 
 Result<HttpStore::Reply> HttpStore::Request(const std::string& method, const std::string& path,
                                             std::span<const uint8_t> body, bool authorize) {

@@ -22,6 +22,7 @@ namespace weft::policy_store {
 // The client's retry and deadline settings, and the link shaping (its hooks are set from `shaper`).
 struct HttpStoreOptions : HttpClientOptions {
   std::shared_ptr<LinkShaper> shaper;  // null: the link as it is
+  BlobReads reads;                     // how readers fetch its blobs (the URI's options)
 };
 
 // A successful answer (200, 206 or 416) to a GET of `length` bytes from `first` as the range it
@@ -64,6 +65,7 @@ class HttpStore : public ObjectStore {
   Result<uint64_t> ReadTo(const std::string& key, uint64_t first, uint64_t length,
                           BodyTarget& target) override;
   bool ReadsRanges() const override { return true; }
+  BlobReads blob_reads() const override { return reads_; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
@@ -86,6 +88,7 @@ class HttpStore : public ObjectStore {
  private:
   HttpClient client_;
   std::string writer_token_;
+  BlobReads reads_;
 };
 
 }  // namespace weft::policy_store

@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 #include "common/concurrent.h"
 #include "common/file_util.h"
+#include "common/units.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/http_store.h"
@@ -210,6 +212,27 @@ Result<std::unique_ptr<ObjectWriter>> ObjectStore::NewImmutableWriter(const std:
   return std::unique_ptr<ObjectWriter>(new StagedWriter(*this, key, std::move(file), fd));
 }
 
+Status ParseBlobReads(const std::map<std::string, std::string>& options, const std::string& where,
+                      BlobReads* reads) {
+  if (auto size = options.find("range_size"); size != options.end()) {
+    Result<uint64_t> bytes = ParseByteSize(size->second);
+    if (!bytes.ok())
+      return InvalidArgument(where + ", option range_size: " + bytes.status().message());
+    if (*bytes < 4096) return InvalidArgument(where + ": range_size must be at least 4KiB");
+    reads->part_bytes = *bytes;
+  }
+  if (auto count = options.find("parallel"); count != options.end()) {
+    const std::string& text = count->second;
+    char* end = nullptr;
+    const long value = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || value < 1 || value > 64)
+      return InvalidArgument(where + ": parallel must be a number from 1 to 64, not '" + text +
+                             "'");
+    reads->parallel = static_cast<int>(value);
+  }
+  return Status::Ok();
+}
+
 Status ValidateKey(const std::string& key) {
   if (key.empty() || key.size() > 512) return InvalidArgument("object key must be 1 to 512 bytes");
   size_t start = 0;
@@ -240,10 +263,28 @@ Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const Ope
         options.writer_token ? *options.writer_token : (environment ? environment : "");
     HttpStoreOptions http;
     http.deadline = options.deadline;
+    // Options after '?': how blobs are read.
+    std::string base = uri;
+    if (const size_t question = uri.find('?'); question != std::string::npos) {
+      base = uri.substr(0, question);
+      std::map<std::string, std::string> given;
+      std::stringstream query(uri.substr(question + 1));
+      for (std::string item; std::getline(query, item, '&');) {
+        if (item.empty()) continue;
+        const size_t equals = item.find('=');
+        const std::string name = item.substr(0, equals);
+        if (name != "range_size" && name != "parallel") {
+          return InvalidArgument("store '" + base + "': unknown option '" + name +
+                                 "' (known: range_size, parallel)");
+        }
+        given[name] = equals == std::string::npos ? "" : item.substr(equals + 1);
+      }
+      WEFT_RETURN_IF_ERROR(ParseBlobReads(given, "store '" + base + "'", &http.reads));
+    }
     if (shaped)
       http.shaper = std::make_shared<LinkShaper>(
           LinkShape{options.shape_bytes_per_second, options.shape_latency});
-    store = std::make_unique<HttpStore>(uri, token, http);
+    store = std::make_unique<HttpStore>(base, token, http);
   } else if (uri.rfind("s3://", 0) == 0) {
     WEFT_ASSIGN_OR_RETURN(s3::Settings settings,
                           s3::ResolveSettings(uri, s3::ProcessEnvironment()));

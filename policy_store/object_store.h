@@ -21,6 +21,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -86,6 +88,13 @@ class ObjectReader {
 
 using OpenDone = std::function<void(Result<std::unique_ptr<ObjectReader>>)>;
 
+// How readers fetch a store's blobs (blob_fetch.h): in parts of `part_bytes`, up to `parallel`
+// requests at once. A store's URI can set both (docs/store.md); these are the defaults.
+struct BlobReads {
+  uint64_t part_bytes = uint64_t{8} << 20;
+  int parallel = 16;
+};
+
 // A reader of an open file of `size` bytes (a directory store's object, a cache's checked file);
 // it owns `fd`. `what` names it in errors.
 std::unique_ptr<ObjectReader> FileReader(int fd, uint64_t size, std::string what);
@@ -129,6 +138,8 @@ class ObjectStore {
   virtual void OpenReadAsync(const std::string& key, OpenDone done);
   // Whether every call is answered from local storage, never waiting on a network (a directory).
   virtual bool Local() const { return false; }
+  // How readers should fetch this store's blobs (its URI's range_size and parallel).
+  virtual BlobReads blob_reads() const { return {}; }
   virtual Result<bool> Exists(const std::string& key) = 0;
   // Keys under `prefix` (a key prefix ending in '/'), sorted.
   virtual Result<std::vector<std::string>> List(const std::string& prefix) = 0;
@@ -147,6 +158,11 @@ class ObjectStore {
 };
 
 Status ValidateKey(const std::string& key);
+
+// The range_size (at least 4KiB) and parallel (1 to 64) options of a store URI, where given, into
+// `reads`; errors name `where` (the store) and the option.
+Status ParseBlobReads(const std::map<std::string, std::string>& options, const std::string& where,
+                      BlobReads* reads);
 
 // Bytes [first, first + length) of a whole object, as GetRange answers (the first form moves the
 // bytes when the range is the whole object).

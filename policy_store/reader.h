@@ -48,8 +48,11 @@ Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& mani
 class StoreReader {
  public:
   // `threads` compute (decoding, digests); up to `fetch.concurrency` requests are in flight
-  // (manifests, and the parts of blobs).
-  StoreReader(ObjectStore& store, std::string run_id, int threads, FetchOptions fetch = {})
+  // (manifests, and the parts of blobs). Without `fetch`, the store's own (its URI's range_size
+  // and parallel: FetchOptionsFor).
+  StoreReader(ObjectStore& store, std::string run_id, int threads)
+      : StoreReader(store, std::move(run_id), threads, FetchOptionsFor(store)) {}
+  StoreReader(ObjectStore& store, std::string run_id, int threads, FetchOptions fetch)
       : store_(store), run_id_(std::move(run_id)), threads_(threads), fetch_(fetch) {}
 
   // The latest complete version; kNotFound when the run has none.

@@ -279,30 +279,22 @@ Result<Settings> ResolveSettings(const std::string& uri, const Environment& envi
   }
 
   // Transfer settings.
-  for (const char* name : {"part_size", "multipart_threshold", "range_size"}) {
+  for (const char* name : {"part_size", "multipart_threshold"}) {
     if (!options.count(name)) continue;
     Result<uint64_t> size = ParseByteSize(options[name]);
     if (!size.ok())
       return InvalidArgument(where + ", option " + name + ": " + size.status().message());
-    uint64_t& field = std::string(name) == "part_size"             ? s.part_size
-                      : std::string(name) == "multipart_threshold" ? s.multipart_threshold
-                                                                   : s.range_size;
+    uint64_t& field = std::string(name) == "part_size" ? s.part_size : s.multipart_threshold;
     field = *size;
   }
   if (s.part_size < (uint64_t{5} << 20) || s.part_size > (uint64_t{5} << 30))
     return InvalidArgument(where + ": part_size must be 5MiB to 5GiB (S3's limits for a part)");
   if (s.multipart_threshold > (uint64_t{5} << 30))
     return InvalidArgument(where + ": multipart_threshold must be at most 5GiB (one PUT's limit)");
-  if (s.range_size < 4096) return InvalidArgument(where + ": range_size must be at least 4KiB");
-  if (options.count("parallel")) {
-    const std::string& text = options["parallel"];
-    char* end = nullptr;
-    const long value = std::strtol(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || value < 1 || value > 64)
-      return InvalidArgument(where + ": parallel must be a number from 1 to 64, not '" + text +
-                             "'");
-    s.parallel = static_cast<int>(value);
-  }
+  BlobReads reads{s.range_size, s.parallel};
+  WEFT_RETURN_IF_ERROR(ParseBlobReads(options, where, &reads));
+  s.range_size = reads.part_bytes;
+  s.parallel = reads.parallel;
   if (options.count("ca_file")) s.ca_file = options["ca_file"];
   return s;
 }

@@ -2,16 +2,16 @@
 // region, addressing style and credentials, resolved by the conventions of AWS's own tools.
 //
 // URI: s3://BUCKET[/PREFIX][?OPTION=VALUE&...], options:
-//   endpoint=URL        the service (http://127.0.0.1:7480,
-//   https://ACCOUNT.r2.cloudflarestorage.com) region=NAME         the signing region profile=NAME
-//   the profile of ~/.aws/config and ~/.aws/credentials to read (then its
-//                       credentials win over the environment's)
-//   addressing=path|virtual   path-style https://ENDPOINT/BUCKET/KEY or BUCKET.ENDPOINT/KEY
-//   part_size=SIZE      multipart upload part size (default 16MiB, at least 5MiB)
-//   multipart_threshold=SIZE  objects at least this large are uploaded in parts (default 64MiB)
-//   range_size=SIZE     downloads of larger objects are split into ranges of this size (16MiB)
-//   parallel=N          parts or ranges of one object in flight at once (default 8)
-//   ca_file=PATH        PEM certificates to trust for an https endpoint
+//   - endpoint=URL: the service (http://127.0.0.1:7480, https://ACCOUNT.r2.cloudflarestorage.com)
+//   - region=NAME: the signing region
+//   - profile=NAME: the profile of ~/.aws/config and ~/.aws/credentials to read (its credentials
+//     then win over the environment's)
+//   - addressing=path|virtual: path-style https://ENDPOINT/BUCKET/KEY or BUCKET.ENDPOINT/KEY
+//   - part_size=SIZE: multipart upload part size (default 16MiB, at least 5MiB)
+//   - multipart_threshold=SIZE: objects at least this large are uploaded in parts (default 64MiB)
+//   - range_size=SIZE: blobs are read in ranges of this size (default 16MiB, at least 4KiB)
+//   - parallel=N: ranges of blob reads, and parts of one upload, in flight at once (default 16)
+//   - ca_file=PATH: PEM certificates to trust for an https endpoint
 // Otherwise, in order: the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 // AWS_SESSION_TOKEN; AWS_REGION, AWS_DEFAULT_REGION; AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, both
 // ignored with AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true; AWS_PROFILE), then the profile (default
@@ -29,6 +29,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "policy_store/object_store.h"
 #include "policy_store/s3_signer.h"
 
 namespace weft::policy_store::s3 {
@@ -44,7 +45,7 @@ struct Settings {
   uint64_t part_size = uint64_t{16} << 20;
   uint64_t multipart_threshold = uint64_t{64} << 20;
   uint64_t range_size = uint64_t{16} << 20;
-  int parallel = 8;
+  int parallel = 16;
   std::string ca_file;
   int list_page = 1000;  // keys per ListObjectsV2 page (S3's maximum; tests use fewer)
 

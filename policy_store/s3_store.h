@@ -49,6 +49,8 @@ class S3Store : public ObjectStore {
   Result<uint64_t> ReadTo(const std::string& key, uint64_t first, uint64_t length,
                           BodyTarget& target) override;
   bool ReadsRanges() const override { return true; }
+  // Parts of range_size, `parallel` at once.
+  BlobReads blob_reads() const override { return {settings_.range_size, settings_.parallel}; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;

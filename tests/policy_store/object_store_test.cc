@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "policy_store/blob_fetch.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/http_store.h"
 #include "tests/policy_store/store_contract.h"
@@ -34,6 +35,37 @@ TEST_CASE("store URIs: an unknown scheme is refused, not taken for a directory")
         "store 'gs://bucket/prefix': unknown scheme 'gs' (a store is a directory, file://PATH, "
         "http(s)://HOST:PORT or s3://BUCKET/PREFIX)");
   CHECK(!std::filesystem::exists("gs:"));
+}
+
+TEST_CASE("store URIs: range_size and parallel set how readers fetch blobs; others are refused") {
+  auto http = OpenStore("http://127.0.0.1:1?range_size=1MiB&parallel=3");
+  REQUIRE(http.ok());
+  CHECK((*http)->Describe() == "http://127.0.0.1:1");
+  CHECK((*http)->blob_reads().part_bytes == uint64_t{1} << 20);
+  CHECK((*http)->blob_reads().parallel == 3);
+  const FetchOptions fetch = FetchOptionsFor(**http);
+  CHECK(fetch.part_bytes == uint64_t{1} << 20);
+  CHECK(fetch.concurrency == 3);
+  CHECK(OpenStore("http://127.0.0.1:1").value()->blob_reads().part_bytes == uint64_t{8} << 20);
+  CHECK(OpenStore("http://127.0.0.1:1?part=2").status().message() ==
+        "store 'http://127.0.0.1:1': unknown option 'part' (known: range_size, parallel)");
+  CHECK(OpenStore("http://127.0.0.1:1?parallel=0").status().message() ==
+        "store 'http://127.0.0.1:1': parallel must be a number from 1 to 64, not '0'");
+  CHECK(OpenStore("http://127.0.0.1:1?range_size=1k").status().message() ==
+        "store 'http://127.0.0.1:1': range_size must be at least 4KiB");
+  // The same options of an s3:// store.
+  Result<s3::Settings> s3 = s3::ResolveSettings("s3://bucket/prefix?range_size=2MiB&parallel=5",
+                                                [](const std::string& name) {
+                                                  if (name == "AWS_ACCESS_KEY_ID")
+                                                    return std::optional<std::string>("id");
+                                                  if (name == "AWS_SECRET_ACCESS_KEY")
+                                                    return std::optional<std::string>("secret");
+                                                  return std::optional<std::string>();
+                                                });
+  REQUIRE_MESSAGE(s3.ok(), s3.status().ToString());
+  const S3Store store(*s3);
+  CHECK(store.blob_reads().part_bytes == uint64_t{2} << 20);
+  CHECK(store.blob_reads().parallel == 5);
 }
 
 TEST_CASE("directory store: immutable objects, compare-and-swap, listing, deletion") {
