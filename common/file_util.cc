@@ -51,6 +51,75 @@ Result<MappedFile> MappedFile::Open(const std::string& path) {
   return file;
 }
 
+Result<MappedFile> MappedFile::Map(int fd, uint64_t size, const std::string& what) {
+  MappedFile file;
+  file.path_ = what;
+  file.size_ = static_cast<size_t>(size);
+  if (file.size_ > 0) {
+    void* address = ::mmap(nullptr, file.size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (address == MAP_FAILED) return Unavailable(what + ": cannot map: " + ErrnoText());
+    file.data_ = static_cast<const uint8_t*>(address);
+  }
+  return file;
+}
+
+void MappedFile::Release(std::span<const uint8_t> bytes) const {
+  if (data_ == nullptr || bytes.empty()) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(data_);
+  const uintptr_t first = std::max(start, reinterpret_cast<uintptr_t>(bytes.data()) / page * page);
+  const uintptr_t end =
+      std::min(start + size_, reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size());
+  const uintptr_t last = (end + page - 1) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+Result<SpillFile> SpillFile::Create(const std::string& dir, uint64_t size) {
+  SpillFile file;
+#ifdef O_TMPFILE
+  file.fd_ = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+#endif
+  if (file.fd_ < 0) {
+    std::string path = dir + "/.weft-spill-XXXXXX";
+    file.fd_ = ::mkostemp(path.data(), O_CLOEXEC);
+    if (file.fd_ < 0) return Unavailable(dir + ": cannot create a spill file: " + ErrnoText());
+    ::unlink(path.c_str());
+  }
+  if (::ftruncate(file.fd_, static_cast<off_t>(size)) != 0)
+    return Unavailable(dir + ": cannot size a spill file of " + std::to_string(size) +
+                       " bytes: " + ErrnoText());
+  file.size_ = size;
+  return file;
+}
+
+SpillFile::SpillFile(SpillFile&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), size_(std::exchange(other.size_, 0)) {}
+
+SpillFile& SpillFile::operator=(SpillFile&& other) noexcept {
+  std::swap(fd_, other.fd_);
+  std::swap(size_, other.size_);
+  return *this;
+}
+
+SpillFile::~SpillFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status SpillFile::WriteAt(uint64_t offset, std::span<const uint8_t> bytes) const {
+  if (offset > size_ || bytes.size() > size_ - offset)
+    return Internal("a write past the end of a spill file");
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t wrote =
+        ::pwrite(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (wrote < 0) {
+      if (errno == EINTR) continue;
+      return Unavailable("cannot write a spill file: " + ErrnoText());
+    }
+    done += static_cast<size_t>(wrote);
+  }
+  return Status::Ok();
+}
+
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       data_(std::exchange(other.data_, nullptr)),

@@ -21,6 +21,12 @@ namespace weft {
 class MappedFile {
  public:
   static Result<MappedFile> Open(const std::string& path);
+  // Maps `size` bytes of an open file (the descriptor stays the caller's); `what` names it in
+  // errors.
+  static Result<MappedFile> Map(int fd, uint64_t size, const std::string& what);
+  // Lets the pages holding `bytes` (a part of the mapping) go: they leave the process's resident
+  // memory and are read from the file again if touched.
+  void Release(std::span<const uint8_t> bytes) const;
 
   MappedFile() = default;
   MappedFile(MappedFile&& other) noexcept;
@@ -36,6 +42,30 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+};
+
+// A file with no name in `dir` (O_TMPFILE, or a name removed at once where the file system has no
+// O_TMPFILE), `size` bytes long, for data that must not sit in memory: nothing is left behind
+// whatever happens to the process. Movable, not copyable; the destructor closes it.
+class SpillFile {
+ public:
+  static Result<SpillFile> Create(const std::string& dir, uint64_t size);
+  SpillFile() = default;
+  SpillFile(SpillFile&& other) noexcept;
+  SpillFile& operator=(SpillFile&& other) noexcept;
+  SpillFile(const SpillFile&) = delete;
+  SpillFile& operator=(const SpillFile&) = delete;
+  ~SpillFile();
+
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+  // Writes `bytes` at `offset` (within the size).
+  Status WriteAt(uint64_t offset, std::span<const uint8_t> bytes) const;
+  Result<MappedFile> Map() const { return MappedFile::Map(fd_, size_, "a spill file"); }
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
 };
 
 // Calls `write(fd)` on a temporary file, then makes the result durable and visible at `path`.

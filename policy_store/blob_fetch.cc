@@ -1,8 +1,10 @@
 #include "policy_store/blob_fetch.h"
 
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -45,6 +47,7 @@ struct BlobState {
     std::vector<uint8_t> buffer;
     std::vector<std::span<const uint8_t>> views;
     uint64_t counted = 0;
+    bool in_file = false;  // in the sink's file, read back to be hashed
   };
   std::map<uint64_t, Arrived> arrived;  // by offset
   bool hashing = false;                 // a thread is hashing its parts
@@ -53,6 +56,52 @@ struct BlobState {
   bool first_done = false;              // its first part has been placed (StartFirst)
   Status sink_error;                    // the first error of its sink
 };
+
+// Where a part of a blob that a sink keeps in a file goes: straight to its place in the file as the
+// bytes arrive.
+class FileTarget : public BodyTarget {
+ public:
+  FileTarget(int fd, uint64_t offset, uint64_t size) : fd_(fd), offset_(offset), size_(size) {}
+  Status Write(std::span<const uint8_t> bytes) override {
+    if (bytes.size() > size_ - written_) return DataLoss("more bytes arrived than the part holds");
+    for (size_t done = 0; done < bytes.size();) {
+      const ssize_t wrote = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
+                                     static_cast<off_t>(offset_ + written_ + done));
+      if (wrote < 0) {
+        if (errno == EINTR) continue;
+        return Unavailable(std::string("cannot write a spill file: ") + std::strerror(errno));
+      }
+      done += static_cast<size_t>(wrote);
+    }
+    written_ += bytes.size();
+    return Status::Ok();
+  }
+  Status Rewind() override {
+    written_ = 0;
+    return Status::Ok();
+  }
+  uint64_t written() const { return written_; }
+
+ private:
+  int fd_;
+  uint64_t offset_;
+  uint64_t size_;
+  uint64_t written_ = 0;
+};
+
+// Adds bytes [offset, offset + size) of a file to a hash, read back a megabyte at a time.
+Status HashFromFile(int fd, uint64_t offset, uint64_t size, EVP_MD_CTX* hash) {
+  std::vector<uint8_t> buffer(std::min<uint64_t>(size, 1 << 20));
+  for (uint64_t done = 0; done < size;) {
+    const ssize_t got = ::pread(fd, buffer.data(), std::min<uint64_t>(buffer.size(), size - done),
+                                static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return DataLoss("a spill file is shorter than what was written to it");
+    EVP_DigestUpdate(hash, buffer.data(), static_cast<size_t>(got));
+    done += static_cast<size_t>(got);
+  }
+  return Status::Ok();
+}
 
 // A blob of a round that must be fetched again: its index, and the store's own verdict on it
 // when the store refused it as damaged (ok when the fetcher found the damage).
@@ -104,7 +153,7 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
         uint64_t window_bytes = 0;
         for (std::span<uint8_t> window : windows) window_bytes += window.size();
         const bool in_place = part.size > 0 && window_bytes == part.size;
-        const uint64_t counted = in_place ? 0 : part.size;
+        const uint64_t counted = in_place || sink.file() >= 0 ? 0 : part.size;
         {
           std::unique_lock<std::mutex> lock(mutex);
           room.wait(lock, [&] {
@@ -138,6 +187,17 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
         }
         if (skip_part) {
           // Nothing read: counted as arrived so that the round ends.
+        } else if (sink.file() >= 0) {
+          FileTarget target(sink.file(), part.offset, part.size);
+          // (An empty blob is asked for one byte: the answer says it exists and holds none.)
+          Result<uint64_t> got =
+              store.ReadTo(key, part.offset, std::max<uint64_t>(part.size, 1), target);
+          if (got.ok()) {
+            whole = *got == state.fetch.blob.bytes && target.written() == part.size;
+            arrived.in_file = true;
+          } else {
+            WEFT_RETURN_IF_ERROR(fail(got.status()));
+          }
         } else if (in_place) {
           whole = true;
           uint64_t at = part.offset;
@@ -186,7 +246,15 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
           const bool skip = state.damaged;  // it will be fetched again anyway
           lock.unlock();
           const BlobState::Arrived& done = next.mapped();
-          if (!skip) {
+          if (!skip && done.in_file) {
+            const Status read =
+                HashFromFile(sink.file(), state.hashed, done.size, state.hash.get());
+            if (!read.ok()) {
+              lock.lock();
+              state.damaged = true;
+              lock.unlock();
+            }
+          } else if (!skip) {
             EVP_DigestUpdate(state.hash.get(), done.buffer.data(), done.buffer.size());
             for (std::span<const uint8_t> view : done.views)
               EVP_DigestUpdate(state.hash.get(), view.data(), view.size());

@@ -5,7 +5,8 @@
 // per blob). Where a sink can say where a part belongs (BlobSink::Windows), the part is read
 // straight there (ObjectStore::GetRangeInto: with no buffer at all from a directory or a cache's
 // checked file); otherwise it arrives in a buffer and goes to its blob's sink on the thread that
-// fetched it (the sinks copy it into place, in parallel). It is then hashed into the blob's
+// fetched it (the sinks copy it into place, in parallel); into a sink that is a file, it streams
+// straight to the file. It is then hashed into the blob's
 // SHA-256 in order, by whichever fetching thread completes the run of parts that can be hashed
 // next. So a blob's hash is known as soon as its last part has arrived, and each byte is read at
 // most twice after it lands (placed and hashed), both while it is fresh.
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file_util.h"
 #include "policy_store/manifest.h"
 #include "policy_store/object_store.h"
 
@@ -52,6 +54,24 @@ class BlobSink {
   // sink that has windows only once it has read the blob's header). That first part is then at
   // most 1 MiB, so the others wait for one short request.
   virtual bool StartFirst() const { return false; }
+  // A descriptor when the sink is a file (a spilled delta): each part is then streamed into it as
+  // it arrives (ObjectStore::ReadTo, no buffer), and read back from it to be hashed. -1 otherwise.
+  virtual int file() const { return -1; }
+};
+
+// A blob's bytes in a spill file (a delta too large to hold in memory beside the model).
+class FileSink : public BlobSink {
+ public:
+  explicit FileSink(SpillFile file) : file_(std::move(file)) {}
+  Status Place(uint64_t offset, std::span<const uint8_t> bytes) override {
+    return file_.WriteAt(offset, bytes);
+  }
+  void Restart() override {}
+  int file() const override { return file_.fd(); }
+  const SpillFile& spill() const { return file_; }
+
+ private:
+  SpillFile file_;
 };
 
 // A blob's bytes in memory, in one buffer of the blob's size.

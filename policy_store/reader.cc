@@ -1,6 +1,9 @@
 #include "policy_store/reader.h"
 
+#include <filesystem>
+
 #include "common/concurrent.h"
+#include "common/logging.h"
 #include "policy_store/blob_fetch.h"
 #include "policy_store/planner.h"
 #include "policy_store/run_objects.h"
@@ -49,10 +52,23 @@ bool DecodesSmall(const sync::ModelDelta& delta, uint64_t model_bytes) {
   return 8 * (stats.changes + stats.raw_units) <= model_bytes / 8;
 }
 
+// The bytes of a version's served tensors, from its manifest.
+uint64_t ModelBytes(const Manifest& manifest) {
+  uint64_t bytes = 0;
+  for (const ManifestTensor& tensor : manifest.tensors) {
+    uint64_t elements = 1;
+    for (uint64_t d : tensor.shape) elements *= d;
+    bytes += elements * sync::Info(tensor.dtype).size;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 Status StoreReader::ApplyPath(std::span<const sync::ModelDelta* const> chain, const PullPlan& plan,
-                              sync::ServedModel* model) {
+                              sync::ServedModel* model,
+                              const std::function<void(size_t, std::span<const uint8_t>)>& release,
+                              bool* partly_written) {
   if (chain.empty()) return Status::Ok();
   // One small delta (a reader following the run version by version) is decoded whole and written
   // in one short pass. Anything larger (a catch-up) is applied chunk by chunk in place, in the
@@ -62,9 +78,18 @@ Status StoreReader::ApplyPath(std::span<const sync::ModelDelta* const> chain, co
     return model->Apply(*chain[0], threads_).WithContext(PathName(plan));
   }
   size_t failed = 0;
-  Status status = model->ApplyChain(chain, threads_, &failed);
+  sync::ApplyChainOptions options;
+  options.release = release;
+  options.partly_written = partly_written;
+  Status status = model->ApplyChain(chain, threads_, &failed, options);
   if (status.ok()) return status;
   return status.WithContext("the " + StepName(plan.steps[std::min(failed, plan.steps.size() - 1)]));
+}
+
+std::string StoreReader::DefaultSpillDir() {
+  std::error_code error;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path(error);
+  return error ? std::string() : dir.string();
 }
 
 Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& manifest,
@@ -172,18 +197,61 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
       fetches.push_back({part, part_what(i), keyframe.back().get()});
     }
   }
-  std::vector<std::unique_ptr<BytesSink>> delta_bytes;
-  for (const PullPlan::Step& step : plan.steps) {
-    delta_bytes.push_back(std::make_unique<BytesSink>(step.blob.bytes));
-    fetches.push_back({step.blob, StepName(step), delta_bytes.back().get()});
+  // The deltas: in memory, or, when they would take more than the spill fraction of the model
+  // beside it, in spill files streamed to as they arrive.
+  uint64_t delta_total = 0;
+  for (const PullPlan::Step& step : plan.steps) delta_total += step.blob.bytes;
+  std::vector<SpillFile> spills;
+  if (!spill_dir_.empty() &&
+      static_cast<double>(delta_total) > spill_fraction_ * static_cast<double>(ModelBytes(goal))) {
+    for (const PullPlan::Step& step : plan.steps) {
+      Result<SpillFile> spill = SpillFile::Create(spill_dir_, step.blob.bytes);
+      if (!spill.ok()) {
+        WEFT_LOG(kWarning) << "the deltas of this pull are kept in memory: "
+                           << spill.status().message();
+        spills.clear();
+        break;
+      }
+      spills.push_back(std::move(spill).value());
+    }
+  }
+  const bool spilled = !spills.empty();
+  std::vector<std::unique_ptr<BlobSink>> delta_sinks;
+  for (size_t i = 0; i < steps; ++i) {
+    if (spilled) {
+      delta_sinks.push_back(std::make_unique<FileSink>(std::move(spills[i])));
+    } else {
+      delta_sinks.push_back(std::make_unique<BytesSink>(plan.steps[i].blob.bytes));
+    }
+    fetches.push_back({plan.steps[i].blob, StepName(plan.steps[i]), delta_sinks.back().get()});
   }
   WEFT_RETURN_IF_ERROR(FetchBlobs(store_, fetches, fetch_));
-  std::vector<LoadedDelta> deltas;
+  // Parsed where they are: a spilled delta from its mapped file, its pages let go as the parse
+  // moves on (they are read again when applied).
+  std::vector<std::vector<uint8_t>> delta_bytes(steps);
+  std::vector<MappedFile> mapped(steps);
+  std::vector<sync::ModelDelta> deltas(steps);
   for (size_t i = 0; i < steps; ++i) {
-    WEFT_ASSIGN_OR_RETURN(
-        deltas.emplace_back(),
-        ParseLoadedDelta(std::move(delta_bytes[i]->bytes()), StepName(plan.steps[i])));
+    std::span<const uint8_t> bytes;
+    if (spilled) {
+      WEFT_ASSIGN_OR_RETURN(mapped[i], static_cast<FileSink&>(*delta_sinks[i]).spill().Map());
+      bytes = mapped[i].bytes();
+    } else {
+      delta_bytes[i] = std::move(static_cast<BytesSink&>(*delta_sinks[i]).bytes());
+      bytes = delta_bytes[i];
+    }
+    const MappedFile& file = mapped[i];
+    Result<sync::ModelDelta> parsed = sync::ParseModelDelta(bytes, [&](uint64_t done) {
+      if (spilled) file.Release(bytes.first(done));
+    });
+    if (!parsed.ok()) return parsed.status().WithContext(StepName(plan.steps[i]));
+    deltas[i] = std::move(parsed).value();
+    if (spilled) file.Release(bytes);
   }
+  std::function<void(size_t, std::span<const uint8_t>)> release;
+  if (spilled)
+    release = [&](size_t k, std::span<const uint8_t> bytes) { mapped[k].Release(bytes); };
+  bool partly_written = false;
   for (const BlobFetch& fetch : fetches) report.bytes_downloaded += fetch.blob.bytes;
   if (plan.from_keyframe) {
     for (const BlobRef& part : plan.keyframe.keyframe) report.fetched.push_back(part);
@@ -191,7 +259,7 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
   for (const PullPlan::Step& step : plan.steps) report.fetched.push_back(step.blob);
 
   std::vector<const sync::ModelDelta*> chain;
-  for (const LoadedDelta& d : deltas) chain.push_back(&d.delta);
+  for (const sync::ModelDelta& d : deltas) chain.push_back(&d);
   if (plan.from_keyframe) {
     // A new copy: built aside and moved in only once it matches the target.
     std::vector<sync::ServedModel> parts;
@@ -204,7 +272,7 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
     if (!joined.ok()) return DataLoss(joined.status().message()).WithContext(keyframe_what);
     sync::ServedModel work = std::move(joined).value();
     WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, plan.keyframe).WithContext(keyframe_what));
-    WEFT_RETURN_IF_ERROR(ApplyPath(chain, plan, &work));
+    WEFT_RETURN_IF_ERROR(ApplyPath(chain, plan, &work, release, &partly_written));
     WEFT_RETURN_IF_ERROR(CheckAgainstManifest(work, goal));
     *model = std::move(work);
   } else if (steps > 0) {
@@ -212,7 +280,13 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
     // digests first; every delta's result digest is proven before anything is written.
     WEFT_RETURN_IF_ERROR(
         CheckAgainstManifest(*model, goal, chain.back()).WithContext(PathName(plan)));
-    WEFT_RETURN_IF_ERROR(ApplyPath(chain, plan, model));
+    const Status applied = ApplyPath(chain, plan, model, release, &partly_written);
+    if (!applied.ok() && partly_written) {
+      // A spilled delta read back other than it was first read: part of the copy was written,
+      // so it is no version any more.
+      *model = sync::ServedModel();
+    }
+    WEFT_RETURN_IF_ERROR(applied);
   }
   report.manifest = std::move(goal);
   return report;

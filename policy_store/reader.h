@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,21 +75,39 @@ class StoreReader {
   // of its own.
   void DropCopyForKeyframe(bool drop) { drop_copy_for_keyframe_ = drop; }
 
+  // Where the deltas of a path are kept while it is fetched and applied, when they would take more
+  // than `fraction` of the model's size in memory: unnamed files in `dir` (by default the system's
+  // temporary directory), each part streamed there as it arrives, then mapped and applied a
+  // window at a time, the window's pages let go as it is done (sync::ApplyChainOptions). A
+  // catch-up from any lag then holds the model and a window of its deltas, not all of them. An
+  // empty `dir` keeps every delta in memory; a spill file that cannot be made does too (logged).
+  void SpillDeltas(std::string dir, double fraction = 1.0 / 16) {
+    spill_dir_ = std::move(dir);
+    spill_fraction_ = fraction;
+  }
+
   // The version whose manifest digests equal `model`'s, searching back from `latest`; nullopt
   // when none of the last `max_versions` matches.
   Result<std::optional<uint64_t>> IdentifyVersion(const sync::ServedModel& model,
                                                   uint64_t max_versions = 1000);
 
  private:
-  // Applies the deltas of `plan` (parsed, in `chain`) to `*model`; on error it is unchanged.
+  // Applies the deltas of `plan` (parsed, in `chain`) to `*model`; on error it is unchanged
+  // unless `*partly_written` says otherwise. `release`, for deltas in mapped spill files, lets a
+  // delta's pages go (sync::ApplyChainOptions).
   Status ApplyPath(std::span<const sync::ModelDelta* const> chain, const PullPlan& plan,
-                   sync::ServedModel* model);
+                   sync::ServedModel* model,
+                   const std::function<void(size_t, std::span<const uint8_t>)>& release,
+                   bool* partly_written);
+  static std::string DefaultSpillDir();
 
   ObjectStore& store_;
   std::string run_id_;
   int threads_;
   FetchOptions fetch_;
   bool drop_copy_for_keyframe_ = false;
+  std::string spill_dir_ = DefaultSpillDir();
+  double spill_fraction_ = 1.0 / 16;
 };
 
 }  // namespace weft::policy_store

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -245,9 +246,23 @@ Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
 // delta; decoding is done twice.
 // On any error nothing is written; `*failed`, when given, is the index of the delta at fault.
 // On success each tensor's digest is the last delta's result digest.
+//
+// With `options.release`, the deltas' payloads may live in memory that can be let go and read
+// again (the pages of a mapped file): the chunks are walked in windows of about
+// `options.window_bytes` of payload over the whole chain, and after each window `release(k,
+// bytes)` is called for each delta k with the extent of that window's payloads in it, so that the
+// memory held is a window's, not the deltas'. The second walk then checks each payload against
+// what the first read (XXH3) before it writes its window; should one differ, it stops with
+// kDataLoss, and `*options.partly_written` (when given) says whether earlier windows were
+// written (the copy is then damaged and must be dropped).
+struct ApplyChainOptions {
+  std::function<void(size_t delta, std::span<const uint8_t> bytes)> release;
+  uint64_t window_bytes = uint64_t{32} << 20;
+  bool* partly_written = nullptr;
+};
 Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<TensorBytes>& served,
                   std::span<const std::span<uint8_t>> writable, int threads,
-                  size_t* failed = nullptr);
+                  size_t* failed = nullptr, const ApplyChainOptions& options = {});
 
 // Serialises to the byte format of docs/formats.md.
 std::vector<uint8_t> SerializeModelDelta(const ModelDelta& delta);
@@ -257,6 +272,10 @@ uint64_t SerializedSize(const ModelDelta& delta);
 // full) by ApplyTensorDelta and SquashTensorDeltas, context payloads by ApplyTensorDelta and
 // SquashChainOnBase. The result points into `bytes`.
 Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes);
+// The same, calling `parsed(n)` after each tensor with the bytes of `bytes` read so far (a caller
+// parsing a mapped file may let the pages before that go; they are read again when applied).
+Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes,
+                                   const std::function<void(uint64_t)>& parsed);
 
 // Statistics for `weft delta inspect` and the benchmarks.
 struct DeltaStats {

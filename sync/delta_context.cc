@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include <xxhash.h>
+
 #include "common/parallel.h"
 #include "sync/delta_codec.h"
 #include "sync/delta_internal.h"
@@ -401,7 +403,8 @@ Result<ModelDelta> SquashChainOnBase(std::span<const ModelDelta* const> chain,
 }
 
 Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<TensorBytes>& served,
-                  std::span<const std::span<uint8_t>> writable, int threads, size_t* failed) {
+                  std::span<const std::span<uint8_t>> writable, int threads, size_t* failed,
+                  const ApplyChainOptions& options) {
   if (writable.size() != served.size()) {
     return InvalidArgument("ApplyChain needs a writable span for every served tensor");
   }
@@ -414,6 +417,7 @@ Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<Te
   }
   WEFT_ASSIGN_OR_RETURN(LinkedChain linked, LinkChain(chain, served, threads, failed));
   const ModelDelta& head = *chain[0];
+  const size_t links = chain.size();
   // Only the chunks some delta changes are walked: twice, first on a copy to prove every link's
   // digest, then in place.
   std::vector<ChunkRef> chunks;
@@ -423,9 +427,42 @@ Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<Te
     chunks.push_back(chunk);
     most = std::max(most, MostChanges(linked.links[chunk.tensor], chunk.chunk));
   }
-  std::vector<std::vector<Digest>> changes(chunks.size(), std::vector<Digest>(chain.size()));
+  auto payload = [&](size_t i, size_t k) -> std::span<const uint8_t> {
+    return linked.links[chunks[i].tensor][k]->chunks[chunks[i].chunk].payload;
+  };
+  // Windows of chunks, [first, end): one for all of them, unless the payloads' memory is let go
+  // window by window.
+  const bool releasing = static_cast<bool>(options.release);
+  std::vector<std::pair<size_t, size_t>> windows;
+  for (size_t begin = 0, i = 0; i < chunks.size();) {
+    uint64_t bytes = 0;
+    while (i < chunks.size() && (!releasing || bytes < options.window_bytes)) {
+      for (size_t k = 0; k < links; ++k) bytes += payload(i, k).size();
+      ++i;
+    }
+    windows.emplace_back(begin, i);
+    begin = i;
+  }
+  auto release_window = [&](const std::pair<size_t, size_t>& window) {
+    if (!releasing) return;
+    for (size_t k = 0; k < links; ++k) {
+      const uint8_t* low = nullptr;
+      const uint8_t* high = nullptr;
+      for (size_t i = window.first; i < window.second; ++i) {
+        const std::span<const uint8_t> bytes = payload(i, k);
+        if (bytes.empty()) continue;
+        if (low == nullptr || bytes.data() < low) low = bytes.data();
+        if (high == nullptr || bytes.data() + bytes.size() > high)
+          high = bytes.data() + bytes.size();
+      }
+      if (low != nullptr) options.release(k, {low, static_cast<size_t>(high - low)});
+    }
+  };
+  // What the first walk read of each payload (releasing only: the second reads it again).
+  std::vector<uint64_t> sums(releasing ? chunks.size() * links : 0);
+  std::vector<std::vector<Digest>> changes(chunks.size(), std::vector<Digest>(links));
   std::vector<Status> statuses(chunks.size());
-  std::vector<size_t> failed_link(chunks.size(), chain.size());
+  std::vector<size_t> failed_link(chunks.size(), links);
   auto chunk_bytes = [&](const ChunkRef& chunk) {
     const TensorDelta& tensor = head.tensors[chunk.tensor];
     const uint8_t width = CodedWidth(tensor.spec.dtype);
@@ -435,28 +472,61 @@ Status ApplyChain(std::span<const ModelDelta* const> chain, const std::vector<Te
   };
   // A chain of one delta is walked on the served bytes without writing them; a longer one on a
   // copy of the chunk, as each link decodes against what the links before it wrote.
-  const bool copy = chain.size() > 1;
-  ForEachChunk(chunks.size(), threads, most, [&](size_t i, WalkScratch& scratch) {
-    const std::span<uint8_t> original = chunk_bytes(chunks[i]);
-    uint8_t* values = original.data();
-    if (copy) {
-      scratch.values.assign(original.begin(), original.end());
-      values = scratch.values.data();
-    }
-    statuses[i] = WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, values,
-                            changes[i].data(), &failed_link[i], scratch.list, copy);
-  });
-  WEFT_RETURN_IF_ERROR(EarliestFailure(statuses, failed_link, chain.size(), failed));
+  const bool copy = links > 1;
+  for (const auto& window : windows) {
+    ForEachChunk(window.second - window.first, threads, most, [&](size_t j, WalkScratch& scratch) {
+      const size_t i = window.first + j;
+      if (releasing) {
+        for (size_t k = 0; k < links; ++k) {
+          const std::span<const uint8_t> bytes = payload(i, k);
+          sums[i * links + k] = XXH3_64bits(bytes.data(), bytes.size());
+        }
+      }
+      const std::span<uint8_t> original = chunk_bytes(chunks[i]);
+      uint8_t* values = original.data();
+      if (copy) {
+        scratch.values.assign(original.begin(), original.end());
+        values = scratch.values.data();
+      }
+      statuses[i] = WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, values,
+                              changes[i].data(), &failed_link[i], scratch.list, copy);
+    });
+    release_window(window);
+  }
+  WEFT_RETURN_IF_ERROR(EarliestFailure(statuses, failed_link, links, failed));
   WEFT_RETURN_IF_ERROR(ProveLinks(linked, chunks, changes, failed));
   // Proven: the same walk, now on the served bytes. It decodes what already decoded, so it
-  // cannot fail.
-  ForEachChunk(chunks.size(), threads, most, [&](size_t i, WalkScratch& scratch) {
-    size_t unused = 0;
-    [[maybe_unused]] const Status status =
-        WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, chunk_bytes(chunks[i]).data(),
-                  nullptr, &unused, scratch.list);
-    assert(status.ok());
-  });
+  // cannot fail, unless bytes read again are not what the first walk read.
+  for (size_t w = 0; w < windows.size(); ++w) {
+    const auto& window = windows[w];
+    if (releasing) {
+      std::atomic<size_t> changed{SIZE_MAX};
+      ParallelFor(window.second - window.first, threads, [&](size_t j) {
+        const size_t i = window.first + j;
+        for (size_t k = 0; k < links; ++k) {
+          const std::span<const uint8_t> bytes = payload(i, k);
+          if (XXH3_64bits(bytes.data(), bytes.size()) != sums[i * links + k]) changed.store(k);
+        }
+      });
+      if (changed.load() != SIZE_MAX) {
+        if (failed != nullptr) *failed = changed.load();
+        if (options.partly_written != nullptr) *options.partly_written = w > 0;
+        return DataLoss("delta " + std::to_string(changed.load()) +
+                        " changed between the two walks of the chain (its bytes were read again "
+                        "from where they are kept)" +
+                        (w > 0 ? "; part of the chain was written" : ""));
+      }
+    }
+    ForEachChunk(window.second - window.first, threads, most, [&](size_t j, WalkScratch& scratch) {
+      const size_t i = window.first + j;
+      size_t unused = 0;
+      [[maybe_unused]] const Status status =
+          WalkChunk(linked.links[chunks[i].tensor], chunks[i].chunk, chunk_bytes(chunks[i]).data(),
+                    nullptr, &unused, scratch.list);
+      assert(status.ok());
+    });
+    release_window(window);
+  }
   return Status::Ok();
 }
 

@@ -305,6 +305,11 @@ std::optional<DeltaMode> ParseDeltaMode(std::string_view name) {
 }
 
 Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes) {
+  return ParseModelDelta(bytes, nullptr);
+}
+
+Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes,
+                                   const std::function<void(uint64_t)>& parsed) {
   ByteReader in(bytes);
   std::span<const uint8_t> magic;
   uint16_t version, flags;
@@ -331,6 +336,7 @@ Result<ModelDelta> ParseModelDelta(std::span<const uint8_t> bytes) {
   delta.tensors.resize(count);
   for (uint32_t t = 0; t < count; ++t) {
     WEFT_RETURN_IF_ERROR(ParseTensor(in, t, version, &delta.tensors[t]));
+    if (parsed) parsed(bytes.size() - in.remaining());
     for (uint32_t u = 0; u < t; ++u) {
       if (delta.tensors[u].spec.name == delta.tensors[t].spec.name) {
         return DataLoss("tensor '" + delta.tensors[t].spec.name + "' appears twice");

@@ -147,11 +147,12 @@ Status ServedModel::Apply(const ModelDelta& delta, int threads) {
 }
 
 Status ServedModel::ApplyChain(std::span<const ModelDelta* const> chain, int threads,
-                               size_t* failed) {
+                               size_t* failed, const ApplyChainOptions& options) {
   std::vector<std::span<uint8_t>> writable;
   writable.reserve(tensors_.size());
   for (Tensor& tensor : tensors_) writable.emplace_back(tensor.bytes);
-  WEFT_RETURN_IF_ERROR(sync::ApplyChain(chain, AsTensorBytes(), writable, threads, failed));
+  WEFT_RETURN_IF_ERROR(
+      sync::ApplyChain(chain, AsTensorBytes(), writable, threads, failed, options));
   for (const TensorDelta& t : chain.back()->tensors) {
     if (Tensor* tensor = FindMutable(t.spec.name)) tensor->digest = t.result_digest;
   }

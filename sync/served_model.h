@@ -69,9 +69,9 @@ class ServedModel {
   // Applies a chain of deltas, the first made from this state and each from the one before, in
   // place and in bounded memory (sync::ApplyChain: a chunk's working space per thread, decoding
   // twice); on error nothing is changed and `*failed`, when given, is the index of the delta at
-  // fault.
-  Status ApplyChain(std::span<const ModelDelta* const> chain, int threads,
-                    size_t* failed = nullptr);
+  // fault (but see ApplyChainOptions for deltas read from a mapped file).
+  Status ApplyChain(std::span<const ModelDelta* const> chain, int threads, size_t* failed = nullptr,
+                    const ApplyChainOptions& options = {});
   // The tensors of several models as one model, in order; kInvalidArgument when two hold a tensor
   // of the same name. The serving plan is the first part's.
   static Result<ServedModel> Join(std::vector<ServedModel> parts);

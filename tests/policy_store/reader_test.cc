@@ -140,6 +140,39 @@ TEST_CASE("reader: a copy that is held is changed in place, and not at all when 
   CHECK(SameBytes(wrong, run.published[1]));
 }
 
+TEST_CASE("reader: deltas spilled to files are applied window by window, bit for bit") {
+  Dir d("reader_spill");
+  TestRun run(*d.store, "run", 16, {{"a", {128, 300}}, {"b", {64, 500}}, {"norm", {300}}});
+  run.Start();
+  for (int v = 1; v <= 12; ++v) run.Next();
+  const std::string spill_dir = TempRoot("spill");
+  std::filesystem::create_directories(spill_dir);
+  for (const bool spill : {false, true}) {
+    CAPTURE(spill);
+    StoreReader reader(*d.store, "run", 2);
+    // Always (any deltas at all), or never.
+    reader.SpillDeltas(spill ? spill_dir : "", 0.0);
+    for (uint64_t from : {uint64_t{0}, uint64_t{3}, uint64_t{11}}) {
+      CAPTURE(from);
+      sync::ServedModel model = run.published[from];
+      Result<PullReport> report = reader.Pull(12, from, &model);
+      REQUIRE_MESSAGE(report.ok(), report.status().ToString());
+      CHECK(SameBytes(model, run.published[12]));
+    }
+    sync::ServedModel fresh;
+    REQUIRE(reader.Pull(12, std::nullopt, &fresh).ok());
+    CHECK(SameBytes(fresh, run.published[12]));
+  }
+  // Nothing is left in the spill directory; one that cannot hold files keeps the deltas in memory.
+  CHECK(std::filesystem::is_empty(spill_dir));
+  StoreReader reader(*d.store, "run", 1);
+  reader.SpillDeltas(spill_dir + "/missing", 0.0);
+  sync::ServedModel model = run.published[2];
+  REQUIRE(reader.Pull(12, 2, &model).ok());
+  CHECK(SameBytes(model, run.published[12]));
+  std::filesystem::remove_all(spill_dir);
+}
+
 TEST_CASE("reader: publish and pull through a store server over HTTP") {
   Dir d("reader");
   StoreServerOptions server_options;

@@ -547,5 +547,93 @@ TEST_CASE("apply: a chain with any bad link leaves every tensor unchanged, and n
   }
 }
 
+TEST_CASE("apply: a chain walked in windows lets each window's payloads go, with the same result") {
+  std::mt19937_64 rng(43);
+  History h = MakeHistory(rng, 40, 5, 0.05);
+  // The deltas as files hold them: each serialised and parsed from its own bytes.
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<ModelDelta> parsed;
+  for (const ModelDelta& delta : h.deltas) files.push_back(SerializeModelDelta(delta));
+  for (const std::vector<uint8_t>& file : files) parsed.push_back(ParseModelDelta(file).value());
+  std::vector<const ModelDelta*> chain;
+  for (const ModelDelta& delta : parsed) chain.push_back(&delta);
+  for (const ModelDelta* one : chain) CHECK(one->tensors.size() == 40);
+  for (uint64_t window : {uint64_t{1}, uint64_t{2000}, uint64_t{1} << 30}) {
+    for (size_t links : {size_t{1}, size_t{5}}) {
+      CAPTURE(window);
+      CAPTURE(links);
+      const std::span<const ModelDelta* const> part(chain.data(), links);
+      std::vector<uint64_t> released(links);
+      size_t calls = 0;
+      ApplyChainOptions options;
+      options.window_bytes = window;
+      options.release = [&](size_t k, std::span<const uint8_t> bytes) {
+        REQUIRE(k < links);
+        CHECK(bytes.data() >= files[k].data());
+        CHECK(bytes.data() + bytes.size() <= files[k].data() + files[k].size());
+        released[k] += bytes.size();
+        ++calls;
+      };
+      ServedModel replica = ServedModel::FromTensors(h.versions[0].specs, h.versions[0].bytes, 2);
+      REQUIRE(replica.ApplyChain(part, 2, nullptr, options).ok());
+      CheckHolds(replica, h.versions[links]);
+      // Every delta's payloads were let go, twice (once per walk); small windows, many calls.
+      for (size_t k = 0; k < links; ++k) CHECK(released[k] > 0);
+      if (window == 1) CHECK(calls > 20 * links);
+    }
+  }
+}
+
+TEST_CASE("apply: payloads read again other than they were first read stop the second walk") {
+  std::mt19937_64 rng(44);
+  History h = MakeHistory(rng, 20, 3, 0.05);
+  for (bool late : {false, true}) {
+    CAPTURE(late);
+    std::vector<std::vector<uint8_t>> files;
+    std::vector<ModelDelta> parsed;
+    for (const ModelDelta& delta : h.deltas) files.push_back(SerializeModelDelta(delta));
+    for (const std::vector<uint8_t>& file : files) parsed.push_back(ParseModelDelta(file).value());
+    std::vector<const ModelDelta*> chain;
+    for (const ModelDelta& delta : parsed) chain.push_back(&delta);
+    // Between the walks, a byte of the second delta's first (or last) payload changes where it
+    // is kept, as a spill file read back other than written would.
+    const TensorDelta* target = nullptr;
+    size_t target_chunk = 0;
+    for (const TensorDelta& tensor : parsed[1].tensors) {
+      for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+        if (tensor.chunks[c].payload.empty()) continue;
+        if (target == nullptr || late) target = &tensor, target_chunk = c;
+      }
+    }
+    REQUIRE(target != nullptr);
+    const uint8_t* byte = target->chunks[target_chunk].payload.data();
+    size_t windows = 0, calls = 0;
+    ApplyChainOptions options;
+    options.window_bytes = 500;
+    bool partly = false;
+    options.partly_written = &partly;
+    options.release = [&](size_t k, std::span<const uint8_t>) {
+      if (k == 0) ++windows;
+      ++calls;
+    };
+    // The first walk's windows are counted, then the byte flipped before the second walk.
+    ServedModel counter = ServedModel::FromTensors(h.versions[0].specs, h.versions[0].bytes, 1);
+    REQUIRE(counter.ApplyChain(chain, 1, nullptr, options).ok());
+    const size_t first_walk_calls = calls / 2;
+    calls = 0;
+    options.release = [&](size_t, std::span<const uint8_t>) {
+      if (++calls == first_walk_calls) files[1][byte - files[1].data()] ^= 0x40;
+    };
+    ServedModel replica = ServedModel::FromTensors(h.versions[0].specs, h.versions[0].bytes, 1);
+    size_t failed = 99;
+    const Status status = replica.ApplyChain(chain, 1, &failed, options);
+    CHECK(status.code() == StatusCode::kDataLoss);
+    CHECK(status.message().find("changed between the two walks") != std::string::npos);
+    CHECK(failed == 1);
+    CHECK(partly == late);
+    if (!late) CheckHolds(replica, h.versions[0]);
+  }
+}
+
 }  // namespace
 }  // namespace weft::sync
