@@ -1,5 +1,6 @@
 #include "policy_store/reader.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "common/concurrent.h"
@@ -81,6 +82,8 @@ Status StoreReader::ApplyPath(std::span<const sync::ModelDelta* const> chain, co
   sync::ApplyChainOptions options;
   options.release = release;
   options.partly_written = partly_written;
+  // The pages of a window's payloads are held while it is walked: a small part of the model.
+  options.window_bytes = std::clamp<uint64_t>(model->byte_count() / 256, 256 << 10, 32 << 20);
   Status status = model->ApplyChain(chain, threads_, &failed, options);
   if (status.ok()) return status;
   return status.WithContext("the " + StepName(plan.steps[std::min(failed, plan.steps.size() - 1)]));

@@ -62,6 +62,63 @@ WEFT_TARGET_AVX512 Digest SumTermsAvx512(const uint8_t* bytes, size_t count, uin
   return ReduceLanes(sum) + SumTerms<T>(bytes + j * sizeof(T), count - j, first_index + j);
 }
 
+// Four elements of T from `bytes`, zero-extended to 64 bits.
+template <typename T>
+WEFT_TARGET_AVX2 inline __m256i LoadElements4(const uint8_t* bytes) {
+  if constexpr (sizeof(T) == 1) {
+    uint32_t four;
+    std::memcpy(&four, bytes, 4);
+    return _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(static_cast<int>(four)));
+  } else if constexpr (sizeof(T) == 2) {
+    return _mm256_cvtepu16_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+  } else if constexpr (sizeof(T) == 4) {
+    return _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+  } else {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes));
+  }
+}
+
+template <typename T>
+WEFT_TARGET_AVX2 Digest SumTermsAvx2(const uint8_t* bytes, size_t count, uint64_t first_index) {
+  using namespace digest_detail;
+  __m256i index = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(first_index)),
+                                   _mm256_set_epi64x(3, 2, 1, 0));
+  const __m256i four = _mm256_set1_epi64x(4);
+  DigestLanes4 sum{_mm256_setzero_si256(), _mm256_setzero_si256()};
+  size_t j = 0;
+  for (; j + 4 <= count; j += 4) {
+    const DigestLanes4 terms =
+        ElementTerms4(PositionKeys4(index), LoadElements4<T>(bytes + j * sizeof(T)));
+    sum.lane0 = _mm256_add_epi64(sum.lane0, terms.lane0);
+    sum.lane1 = _mm256_add_epi64(sum.lane1, terms.lane1);
+    index = _mm256_add_epi64(index, four);
+  }
+  return ReduceLanes4(sum) + SumTerms<T>(bytes + j * sizeof(T), count - j, first_index + j);
+}
+
+WEFT_TARGET_AVX2 Digest SumElementChangesAvx2(uint64_t first, const uint32_t* offsets,
+                                              const uint32_t* old_values,
+                                              const uint32_t* new_values, size_t n) {
+  using namespace digest_detail;
+  const __m256i base = _mm256_set1_epi64x(static_cast<long long>(first));
+  DigestLanes4 sum{_mm256_setzero_si256(), _mm256_setzero_si256()};
+  size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const __m256i index = _mm256_add_epi64(
+        base, _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + j))));
+    const __m256i key = PositionKeys4(index);
+    const __m256i before =
+        _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(old_values + j)));
+    const __m256i after =
+        _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(new_values + j)));
+    const DigestLanes4 now = ElementTerms4(key, after), was = ElementTerms4(key, before);
+    sum.lane0 = _mm256_add_epi64(sum.lane0, _mm256_sub_epi64(now.lane0, was.lane0));
+    sum.lane1 = _mm256_add_epi64(sum.lane1, _mm256_sub_epi64(now.lane1, was.lane1));
+  }
+  return ReduceLanes4(sum) +
+         SumElementChangesRef(first, offsets + j, old_values + j, new_values + j, n - j);
+}
+
 WEFT_TARGET_AVX512 Digest SumElementChangesAvx512(uint64_t first, const uint32_t* offsets,
                                                   const uint32_t* old_values,
                                                   const uint32_t* new_values, size_t n) {
@@ -98,6 +155,7 @@ Digest SumElementChanges(uint64_t first, const uint32_t* offsets, const uint32_t
                          const uint32_t* new_values, size_t n) {
 #if defined(__x86_64__)
   if (Cpu().avx512) return SumElementChangesAvx512(first, offsets, old_values, new_values, n);
+  if (Cpu().avx2) return SumElementChangesAvx2(first, offsets, old_values, new_values, n);
 #endif
   return SumElementChangesRef(first, offsets, old_values, new_values, n);
 }
@@ -150,6 +208,19 @@ Digest ElementsDigest(std::span<const uint8_t> bytes, uint8_t element_size, uint
         return SumTermsAvx512<uint32_t>(bytes.data(), count, first_index);
       default:
         return SumTermsAvx512<uint64_t>(bytes.data(), count, first_index);
+    }
+  }
+  if (Cpu().avx2) {
+    const size_t count = bytes.size() / element_size;
+    switch (element_size) {
+      case 1:
+        return SumTermsAvx2<uint8_t>(bytes.data(), count, first_index);
+      case 2:
+        return SumTermsAvx2<uint16_t>(bytes.data(), count, first_index);
+      case 4:
+        return SumTermsAvx2<uint32_t>(bytes.data(), count, first_index);
+      default:
+        return SumTermsAvx2<uint64_t>(bytes.data(), count, first_index);
     }
   }
 #endif

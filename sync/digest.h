@@ -96,7 +96,7 @@ inline Digest ElementChange(uint64_t index, uint64_t old_value, uint64_t new_val
 
 // The digest change of n changed elements: element first + offsets[j] went from old_values[j] to
 // new_values[j] (first + offset wraps modulo 2^64, so `first` may be an index base minus an
-// offset base). Uses AVX-512 when available; SumElementChangesRef is the scalar reference.
+// offset base). Uses AVX-512 or AVX2 when available; SumElementChangesRef is the scalar reference.
 Digest SumElementChanges(uint64_t first, const uint32_t* offsets, const uint32_t* old_values,
                          const uint32_t* new_values, size_t n);
 Digest SumElementChangesRef(uint64_t first, const uint32_t* offsets, const uint32_t* old_values,
@@ -106,7 +106,7 @@ Digest SumElementChangesRef(uint64_t first, const uint32_t* offsets, const uint3
 Digest BaseDigest(uint64_t element_count, DType dtype);
 
 // Sum of Term(first_index + j, element j) over `bytes`, viewed as elements of `element_size` bytes.
-// Uses AVX-512 when available; ElementsDigestRef is the scalar reference.
+// Uses AVX-512 or AVX2 when available; ElementsDigestRef is the scalar reference.
 Digest ElementsDigest(std::span<const uint8_t> bytes, uint8_t element_size, uint64_t first_index);
 Digest ElementsDigestRef(std::span<const uint8_t> bytes, uint8_t element_size,
                          uint64_t first_index);

@@ -1,6 +1,8 @@
 // Internal: the state digest's element changes (digest.h) on eight 64-bit lanes with AVX-512, for
-// digest.cc and for kernels that update a digest while they go. Call only where Cpu().avx512
-// holds, from functions marked WEFT_TARGET_AVX512. Use digest.h instead.
+// digest.cc and for kernels that update a digest while they go (call only where Cpu().avx512
+// holds, from functions marked WEFT_TARGET_AVX512), and its terms on four lanes with AVX2, whose
+// 64-bit multiplications are made of three 32-bit ones (only where Cpu().avx2 holds, from
+// functions marked WEFT_TARGET_AVX2). Use digest.h instead.
 #pragma once
 
 #if defined(__x86_64__)
@@ -84,6 +86,56 @@ WEFT_TARGET_AVX512 inline void AddElementChanges8(__m512i index, __m512i before,
 WEFT_TARGET_AVX512 inline Digest ReduceLanes(const DigestLanes& sum) {
   return Digest{static_cast<uint64_t>(_mm512_reduce_add_epi64(sum.lane0)),
                 static_cast<uint64_t>(_mm512_reduce_add_epi64(sum.lane1))};
+}
+
+// The same on four lanes with AVX2. a * b mod 2^64 from 32-bit halves: lo(a) lo(b) + ((hi(a) lo(b)
+// + lo(a) hi(b)) << 32).
+WEFT_TARGET_AVX2 inline __m256i Multiply4(__m256i a, __m256i b) {
+  const __m256i low = _mm256_mul_epu32(a, b);
+  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), b),
+                                         _mm256_mul_epu32(a, _mm256_srli_epi64(b, 32)));
+  return _mm256_add_epi64(low, _mm256_slli_epi64(cross, 32));
+}
+
+template <int kShift1, uint64_t kMultiply1, int kShift2, uint64_t kMultiply2, int kShift3>
+WEFT_TARGET_AVX2 inline __m256i Mix4(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, kShift1));
+  x = Multiply4(x, _mm256_set1_epi64x(static_cast<long long>(kMultiply1)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, kShift2));
+  x = Multiply4(x, _mm256_set1_epi64x(static_cast<long long>(kMultiply2)));
+  return _mm256_xor_si256(x, _mm256_srli_epi64(x, kShift3));
+}
+
+WEFT_TARGET_AVX2 inline __m256i MixA4(__m256i x) {
+  return Mix4<30, 0xBF58476D1CE4E5B9ull, 27, 0x94D049BB133111EBull, 31>(x);
+}
+
+WEFT_TARGET_AVX2 inline __m256i MixB4(__m256i x) {
+  return Mix4<33, 0xFF51AFD7ED558CCDull, 33, 0xC4CEB9FE1A85EC53ull, 33>(x);
+}
+
+struct DigestLanes4 {
+  __m256i lane0;
+  __m256i lane1;
+};
+
+WEFT_TARGET_AVX2 inline __m256i PositionKeys4(__m256i index) {
+  return MixA4(
+      _mm256_xor_si256(index, _mm256_set1_epi64x(static_cast<long long>(0x5EED0F5EED0F5EEDull))));
+}
+
+WEFT_TARGET_AVX2 inline DigestLanes4 ElementTerms4(__m256i key, __m256i value) {
+  const __m256i key_factor = _mm256_set1_epi64x(static_cast<long long>(0x9E3779B97F4A7C15ull));
+  const __m256i value_factor = _mm256_set1_epi64x(static_cast<long long>(0xD6E8FEB86659FD93ull));
+  return {MixB4(_mm256_xor_si256(key, value)),
+          MixA4(_mm256_xor_si256(Multiply4(key, key_factor), Multiply4(value, value_factor)))};
+}
+
+WEFT_TARGET_AVX2 inline Digest ReduceLanes4(const DigestLanes4& sum) {
+  alignas(32) uint64_t lane0[4], lane1[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane0), sum.lane0);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane1), sum.lane1);
+  return Digest{lane0[0] + lane0[1] + lane0[2] + lane0[3], lane1[0] + lane1[1] + lane1[2] + lane1[3]};
 }
 
 }  // namespace weft::sync::digest_detail
