@@ -4,6 +4,7 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -30,6 +31,15 @@ inline void Check(const Status& status, const char* what) {
 
 inline double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// This program's own path, to start it again as a child (a measurement in a process of its own).
+inline std::string SelfPath() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) std::abort();
+  path[n] = 0;
+  return path;
 }
 
 // Plain libcurl GETs of the blobs (no verification, no decoding), 16 at once, the bytes counted

@@ -161,10 +161,9 @@ void Publish(ObjectStore& store, uint64_t model_bytes, uint64_t versions, double
           Step(next, owned[r][i], v, density);
           sync::CodecOptions codec;
           codec.threads = threads;
-          delta->tensors.push_back(
-              std::move(sync::EncodeTensorDelta(tensor.spec, tensor.bytes, next, codec,
-                                                tensor.digest))
-                  .value());
+          delta->tensors.push_back(std::move(sync::EncodeTensorDelta(tensor.spec, tensor.bytes,
+                                                                     next, codec, tensor.digest))
+                                       .value());
         }
         Check(shards[r].Apply(*delta, threads), "apply a step");
       }
@@ -306,8 +305,8 @@ int ChildRawRead(const std::string& dir, const std::string& list) {
   std::vector<Part> parts;
   for (const BlobRef& blob : blobs) {
     for (uint64_t at = 0; at < blob.bytes; at += 8 << 20)
-      parts.push_back({dir + "/" + BlobKey(blob.sha256), at,
-                       std::min<uint64_t>(8 << 20, blob.bytes - at)});
+      parts.push_back(
+          {dir + "/" + BlobKey(blob.sha256), at, std::min<uint64_t>(8 << 20, blob.bytes - at)});
     report.bytes += blob.bytes;
   }
   const double cpu = CpuSeconds();
@@ -388,17 +387,66 @@ int ChildRawDownload(const std::string& url, const std::string& list, uint64_t p
   return 0;
 }
 
-std::string Self() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) std::abort();
-  path[n] = 0;
-  return path;
+// Counts the bytes of a read and drops them.
+class CountTarget : public BodyTarget {
+ public:
+  Status Write(std::span<const uint8_t> bytes) override {
+    count += bytes.size();
+    return Status::Ok();
+  }
+  Status Rewind() override {
+    count = 0;
+    return Status::Ok();
+  }
+  uint64_t count = 0;
+};
+
+// Child: the blobs read through weft's own client for the store (S3's signed requests, say), in
+// ranges of the store's range_size, as many at once as its parallel: the bytes counted and
+// dropped, nothing checked.
+int ChildRawStore(const std::string& uri, const std::string& list) {
+  Result<std::unique_ptr<ObjectStore>> store = OpenStore(uri);
+  Check(store.status(), "open the store");
+  const BlobReads reads = (*store)->blob_reads();
+  const std::vector<BlobRef> blobs = ReadBlobList(list);
+  ChildReport report;
+  struct Range {
+    std::string key;
+    uint64_t offset, size;
+  };
+  std::vector<Range> ranges;
+  for (const BlobRef& blob : blobs) {
+    for (uint64_t at = 0; at < blob.bytes; at += reads.part_bytes)
+      ranges.push_back({BlobKey(blob.sha256), at, std::min(reads.part_bytes, blob.bytes - at)});
+    report.bytes += blob.bytes;
+  }
+  const double cpu = CpuSeconds();
+  const auto start = Clock::now();
+  std::atomic<size_t> next{0};
+  Check(ForEachConcurrently(reads.parallel, reads.parallel,
+                            [&](size_t) -> Status {
+                              for (size_t i = next++; i < ranges.size(); i = next++) {
+                                CountTarget target;
+                                WEFT_RETURN_IF_ERROR((*store)
+                                                         ->ReadTo(ranges[i].key, ranges[i].offset,
+                                                                  ranges[i].size, target)
+                                                         .status());
+                                if (target.count != ranges[i].size)
+                                  return DataLoss("a short range of " + ranges[i].key);
+                              }
+                              return Status::Ok();
+                            }),
+        "raw download through the store's client");
+  report.wall = Seconds(start);
+  report.cpu = CpuSeconds() - cpu;
+  report.peak = StatusBytes("self", "VmHWM");
+  Print(report);
+  return 0;
 }
 
 // Runs this program as a child with `args` and reads its report.
 ChildReport RunChild(const std::vector<std::string>& args) {
-  std::string command = Self() + " --child";
+  std::string command = bench::SelfPath() + " --child";
   for (const std::string& arg : args) command += " '" + arg + "'";
   FILE* child = popen(command.c_str(), "r");
   ChildReport r;
@@ -482,8 +530,7 @@ struct Row {
 
 void PrintRows(const std::string& title, const std::vector<Row>& rows) {
   std::printf("\n%s\n", title.c_str());
-  std::printf("  %-52s %8s %8s %9s %9s %8s\n", "", "s", "MB/s", "CPU s/GB", "peak MiB",
-              "x model");
+  std::printf("  %-52s %8s %8s %9s %9s %8s\n", "", "s", "MB/s", "CPU s/GB", "peak MiB", "x model");
   for (const Row& row : rows) {
     std::printf("  %-52s %8.2f %8.0f %9.2f %9.0f %8s %s\n", row.what.c_str(), row.r.wall,
                 row.r.MBps(), row.r.CpuPerGB(), (row.r.peak - row.r.before) / 1048576.0,
@@ -493,12 +540,88 @@ void PrintRows(const std::string& title, const std::vector<Row>& rows) {
   std::fflush(stdout);
 }
 
+// (a) through a store server and (b) through a relay in front of it.
+void MeasureHttp(const std::string& store_dir, const std::string& dir, const std::string& list,
+                 uint64_t latest, uint64_t pull_bytes, uint64_t model_bytes, bool knobs) {
+  const std::string from_nothing = "-";
+  const std::string lag10 = std::to_string(latest - 10), lag100 = std::to_string(latest - 100);
+  Server serve = Server::Start({"store", "serve", "--store", store_dir, "--listen", "127.0.0.1:0"});
+  std::vector<Row> a;
+  std::vector<std::string> pull = {"pull", serve.url, std::to_string(latest)};
+  a.push_back({"raw read of the blob files (8 MiB reads, 16 at once)",
+               RunChild({"raw-read", store_dir, list}), ""});
+  a.push_back({"raw download, whole blobs, 16 at once (libcurl)",
+               RunChild({"raw-download", serve.url, list, "0"}), ""});
+  const ChildReport raw = RunChild({"raw-download", serve.url, list, std::to_string(8 << 20)});
+  a.push_back({"raw download, 8 MiB ranges, 16 at once (libcurl)", raw, ""});
+  const ChildReport fresh = RunChild({"pull", serve.url, std::to_string(latest), from_nothing});
+  char note[128];
+  std::snprintf(note, sizeof(note), "%.2fx the ranged raw download", fresh.MBps() / raw.MBps());
+  a.push_back({"verified pull from nothing", fresh, note});
+  // The keyframe alone (version 0): moving and checking the bytes, without applying deltas.
+  const ChildReport keyframe = RunChild({"pull", serve.url, "0", from_nothing});
+  std::snprintf(note, sizeof(note), "%.2fx the ranged raw download", keyframe.MBps() / raw.MBps());
+  a.push_back({"verified pull of the keyframe alone (version 0)", keyframe, note});
+  a.push_back({"catch-up, lag 10, unpinned",
+               RunChild({"pull", serve.url, std::to_string(latest), lag10}), ""});
+  a.push_back({"catch-up, lag 100, unpinned",
+               RunChild({"pull", serve.url, std::to_string(latest), lag100}), ""});
+  if (knobs) {
+    for (const char* options : {"?range_size=1MiB&parallel=16", "?range_size=32MiB&parallel=16",
+                                "?range_size=8MiB&parallel=4", "?range_size=8MiB&parallel=64"}) {
+      a.push_back({std::string("verified pull from nothing, ") + (options + 1),
+                   RunChild({"pull", serve.url + options, std::to_string(latest), from_nothing}),
+                   ""});
+    }
+  }
+  const uint64_t serve_peak = serve.Peak();
+  PrintRows("(a) through weft store serve (loopback)", a);
+  std::printf("  store server peak resident memory: %.0f MiB (target: at most 256 MiB)\n",
+              serve_peak / 1048576.0);
+
+  // (b) A relay in front of it, 8 readers at once.
+  Server relay =
+      Server::Start({"relay", "--upstream", serve.url, "--cache", dir + "/relay", "--max-bytes",
+                     std::to_string(model_bytes * 3), "--listen", "127.0.0.1:0"});
+  std::vector<ChildReport> readers(8);
+  const auto start = Clock::now();
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i)
+      threads.emplace_back([&, i] {
+        readers[i] = RunChild({"verify", relay.url, std::to_string(latest)});
+      });
+    for (std::thread& t : threads) t.join();
+  }
+  const double relay_wall = Seconds(start);
+  const uint64_t upstream = RelayCounter(relay.url, "upstream_bytes");
+  uint64_t reader_peak = 0;
+  for (const ChildReport& r : readers) reader_peak = std::max(reader_peak, r.peak - r.before);
+  std::vector<Row> b;
+  const ChildReport warm = RunChild({"pull", relay.url, std::to_string(latest), from_nothing});
+  b.push_back({"verified pull from nothing, from the warm relay", warm, ""});
+  const uint64_t relay_peak = relay.Peak();
+  PrintRows("(b) through a relay in front of the store server", b);
+  std::printf(
+      "  8 readers at once, each checking every blob from nothing: %.1f s, %.0f MB/s in "
+      "all, each reader's peak %.0f MiB\n",
+      relay_wall, 8 * pull_bytes / 1e6 / relay_wall, reader_peak / 1048576.0);
+  std::printf("  upstream bytes for the 8 readers: %" PRIu64 ", %.3fx one pull (target 1.00x)\n",
+              upstream, static_cast<double>(upstream) / pull_bytes);
+  std::printf("  relay peak resident memory: %.0f MiB (target: at most 256 MiB)\n",
+              relay_peak / 1048576.0);
+  std::printf("  store server peak resident memory, all of (a) and (b): %.0f MiB\n",
+              serve.Peak() / 1048576.0);
+  relay.Stop();
+  serve.Stop();
+}
+
 int Main(int argc, char** argv) {
   double gib = 4, density = 0.02;
   uint64_t versions = 100;
   int ranks = 4;
   std::string dir, s3;
-  bool keep = false, knobs = true;
+  bool keep = false, knobs = true, http = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&] {
@@ -524,6 +647,8 @@ int Main(int argc, char** argv) {
       keep = true;
     } else if (arg == "--skip-knobs") {
       knobs = false;
+    } else if (arg == "--s3-only") {
+      http = false;
     } else {
       std::fprintf(stderr, "large_model_bench: unknown argument %s\n", arg.c_str());
       return 2;
@@ -560,80 +685,19 @@ int Main(int argc, char** argv) {
   uint64_t pull_bytes = 0;
   {
     std::ofstream out(list);
-    for (const BlobRef& blob : plan->keyframe.keyframe) out << blob.sha256 << " " << blob.bytes << "\n";
-    for (const PullPlan::Step& step : plan->steps) out << step.blob.sha256 << " " << step.blob.bytes << "\n";
+    for (const BlobRef& blob : plan->keyframe.keyframe)
+      out << blob.sha256 << " " << blob.bytes << "\n";
+    for (const PullPlan::Step& step : plan->steps)
+      out << step.blob.sha256 << " " << step.blob.bytes << "\n";
     for (const BlobRef& blob : plan->keyframe.keyframe) pull_bytes += blob.bytes;
     for (const PullPlan::Step& step : plan->steps) pull_bytes += step.blob.bytes;
   }
-  std::printf("\nversion %" PRIu64 " from nothing: %s, %.2f GB\n", latest,
-              plan->Describe().c_str(), pull_bytes / 1e9);
+  std::printf("\nversion %" PRIu64 " from nothing: %s, %.2f GB\n", latest, plan->Describe().c_str(),
+              pull_bytes / 1e9);
   const std::string from_nothing = "-";
   const std::string lag10 = std::to_string(latest - 10), lag100 = std::to_string(latest - 100);
 
-  // (a) The store server.
-  Server serve = Server::Start({"store", "serve", "--store", store_dir, "--listen", "127.0.0.1:0"});
-  std::vector<Row> a;
-  std::vector<std::string> pull = {"pull", serve.url, std::to_string(latest)};
-  a.push_back({"raw read of the blob files (8 MiB reads, 16 at once)",
-               RunChild({"raw-read", store_dir, list}), ""});
-  a.push_back({"raw download, whole blobs, 16 at once (libcurl)",
-               RunChild({"raw-download", serve.url, list, "0"}), ""});
-  const ChildReport raw = RunChild({"raw-download", serve.url, list, std::to_string(8 << 20)});
-  a.push_back({"raw download, 8 MiB ranges, 16 at once (libcurl)", raw, ""});
-  const ChildReport fresh = RunChild({"pull", serve.url, std::to_string(latest), from_nothing});
-  char note[128];
-  std::snprintf(note, sizeof(note), "%.2fx the ranged raw download", fresh.MBps() / raw.MBps());
-  a.push_back({"verified pull from nothing", fresh, note});
-  a.push_back({"catch-up, lag 10, unpinned",
-               RunChild({"pull", serve.url, std::to_string(latest), lag10}), ""});
-  a.push_back({"catch-up, lag 100, unpinned",
-               RunChild({"pull", serve.url, std::to_string(latest), lag100}), ""});
-  if (knobs) {
-    for (const char* options : {"?range_size=1MiB&parallel=16", "?range_size=32MiB&parallel=16",
-                                "?range_size=8MiB&parallel=4", "?range_size=8MiB&parallel=64"}) {
-      a.push_back({std::string("verified pull from nothing, ") + (options + 1),
-                   RunChild({"pull", serve.url + options, std::to_string(latest), from_nothing}),
-                   ""});
-    }
-  }
-  const uint64_t serve_peak = serve.Peak();
-  PrintRows("(a) through weft store serve (loopback)", a);
-  std::printf("  store server peak resident memory: %.0f MiB (target: at most 256 MiB)\n",
-              serve_peak / 1048576.0);
-
-  // (b) A relay in front of it, 8 readers at once.
-  Server relay = Server::Start({"relay", "--upstream", serve.url, "--cache", dir + "/relay",
-                                "--max-bytes", std::to_string(model_bytes * 3),
-                                "--listen", "127.0.0.1:0"});
-  std::vector<ChildReport> readers(8);
-  const auto start = Clock::now();
-  {
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 8; ++i)
-      threads.emplace_back(
-          [&, i] { readers[i] = RunChild({"verify", relay.url, std::to_string(latest)}); });
-    for (std::thread& t : threads) t.join();
-  }
-  const double relay_wall = Seconds(start);
-  const uint64_t upstream = RelayCounter(relay.url, "upstream_bytes");
-  uint64_t reader_peak = 0;
-  for (const ChildReport& r : readers) reader_peak = std::max(reader_peak, r.peak - r.before);
-  std::vector<Row> b;
-  const ChildReport warm = RunChild({"pull", relay.url, std::to_string(latest), from_nothing});
-  b.push_back({"verified pull from nothing, from the warm relay", warm, ""});
-  const uint64_t relay_peak = relay.Peak();
-  PrintRows("(b) through a relay in front of the store server", b);
-  std::printf("  8 readers at once, each checking every blob from nothing: %.1f s, %.0f MB/s in "
-              "all, each reader's peak %.0f MiB\n",
-              relay_wall, 8 * pull_bytes / 1e6 / relay_wall, reader_peak / 1048576.0);
-  std::printf("  upstream bytes for the 8 readers: %" PRIu64 ", %.3fx one pull (target 1.00x)\n",
-              upstream, static_cast<double>(upstream) / pull_bytes);
-  std::printf("  relay peak resident memory: %.0f MiB (target: at most 256 MiB)\n",
-              relay_peak / 1048576.0);
-  std::printf("  store server peak resident memory, all of (a) and (b): %.0f MiB\n",
-              serve.Peak() / 1048576.0);
-  relay.Stop();
-  serve.Stop();
+  if (http) MeasureHttp(store_dir, dir, list, latest, pull_bytes, model_bytes, knobs);
 
   // (c) S3.
   if (!s3.empty()) {
@@ -647,9 +711,11 @@ int Main(int argc, char** argv) {
     Check(run_keys.status(), "list");
     keys.insert(run_keys->begin(), run_keys->end());
     // (The catch-ups pull the version they start from first, from nothing.)
-    const std::pair<uint64_t, std::optional<uint64_t>> pulls[] = {
-        {latest, std::nullopt}, {latest, latest - 10},        {latest, latest - 100},
-        {latest - 10, std::nullopt}, {latest - 100, std::nullopt}};
+    const std::pair<uint64_t, std::optional<uint64_t>> pulls[] = {{latest, std::nullopt},
+                                                                  {latest, latest - 10},
+                                                                  {latest, latest - 100},
+                                                                  {latest - 10, std::nullopt},
+                                                                  {latest - 100, std::nullopt}};
     for (const auto& [to, from] : pulls) {
       Result<Manifest> target = ReadManifest(*store, kRun, to);
       Check(target.status(), "manifest");
@@ -669,12 +735,17 @@ int Main(int argc, char** argv) {
     }
     std::printf("  %.2f GB copied in %.0f s\n", copied / 1e9, Seconds(copy_start));
     std::vector<Row> c;
-    c.push_back({"verified pull from nothing",
-                 RunChild({"pull", s3, std::to_string(latest), from_nothing}), ""});
+    const ChildReport raw_s3 = RunChild({"raw-store", s3, list});
+    c.push_back({"raw download of the same blobs (weft's S3 client)", raw_s3, ""});
+    const ChildReport s3_fresh = RunChild({"pull", s3, std::to_string(latest), from_nothing});
+    char s3_note[128];
+    std::snprintf(s3_note, sizeof(s3_note), "%.2fx the raw download",
+                  s3_fresh.MBps() / raw_s3.MBps());
+    c.push_back({"verified pull from nothing", s3_fresh, s3_note});
     c.push_back({"checked download of the same blobs (no model)",
                  RunChild({"verify", s3, std::to_string(latest)}), ""});
-    c.push_back({"catch-up, lag 10, unpinned",
-                 RunChild({"pull", s3, std::to_string(latest), lag10}), ""});
+    c.push_back(
+        {"catch-up, lag 10, unpinned", RunChild({"pull", s3, std::to_string(latest), lag10}), ""});
     c.push_back({"catch-up, lag 100, unpinned",
                  RunChild({"pull", s3, std::to_string(latest), lag100}), ""});
     PrintRows("(c) from S3", c);
@@ -695,6 +766,7 @@ int main(int argc, char** argv) {
     if (mode == "pull" && argc == 6) return ChildPull(argv[3], std::stoull(argv[4]), argv[5]);
     if (mode == "verify" && argc == 5) return ChildVerify(argv[3], std::stoull(argv[4]));
     if (mode == "raw-read" && argc == 5) return ChildRawRead(argv[3], argv[4]);
+    if (mode == "raw-store" && argc == 5) return ChildRawStore(argv[3], argv[4]);
     if (mode == "raw-download" && argc == 6)
       return ChildRawDownload(argv[3], argv[4], std::stoull(argv[5]));
     std::fprintf(stderr, "large_model_bench: bad child arguments\n");

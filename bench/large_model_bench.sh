@@ -18,7 +18,7 @@ rmdir "$dir"
 port=$((19000 + RANDOM % 900))  # below the ephemeral ports (32768 and up)
 bash "$rgw" install
 # Room for the keyframe and the deltas the pulls read, twice over.
-store_bytes=$(awk -v g="$gib" 'BEGIN { printf "%d", (g * 3 + 2) * 1073741824 }')
+store_bytes=$(awk -v g="$gib" 'BEGIN { printf "%.0f", (g * 3 + 2) * 1073741824 }')
 RGW_OSD_STORE=bluestore RGW_STORE_BYTES=$store_bytes RGW_OWNER_PID=$$ bash "$rgw" start "$dir" $port weft-bench
 trap 'bash "$rgw" stop "$dir" >/dev/null 2>&1' EXIT
 AWS_ACCESS_KEY_ID=WEFTTESTKEY AWS_SECRET_ACCESS_KEY=WEFTTESTSECRET AWS_REGION=us-east-1 \

@@ -34,6 +34,7 @@
 #include <set>
 #include <thread>
 
+#include "bench/bench_util.h"
 #include "common/parallel.h"
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
@@ -250,12 +251,8 @@ std::vector<MemoryRow> g_memory;
 
 // Runs MeasureCatchup in a new process of this program.
 void MeasureInChild(const std::string& what, std::optional<uint64_t> from, const std::string& how) {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) std::abort();
-  self[n] = 0;
-  const std::string command = std::string(self) + " --measure-catchup " + g_setup->root + " " +
-                              (from ? std::to_string(*from) : "-") + " " +
+  const std::string command = weft::bench::SelfPath() + " --measure-catchup " + g_setup->root +
+                              " " + (from ? std::to_string(*from) : "-") + " " +
                               std::to_string(g_setup->latest) + " " + how;
   FILE* child = popen(command.c_str(), "r");
   MemoryRow row{what};

@@ -13,42 +13,17 @@
 #include <utility>
 
 namespace weft {
-namespace {
-
-std::string ErrnoText() { return std::strerror(errno); }
-
-}  // namespace
 
 Result<MappedFile> MappedFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    auto code = errno == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument;
-    return Status(code, path + ": cannot open: " + ErrnoText());
+  Result<OpenedFile> opened = OpenForReading(path);
+  if (!opened.ok()) {
+    if (opened.status().code() == StatusCode::kNotFound) return opened.status();
+    return InvalidArgument(opened.status().message());
   }
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    std::string error = ErrnoText();
-    ::close(fd);
-    return InvalidArgument(path + ": cannot stat: " + error);
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return InvalidArgument(path + ": not a regular file");
-  }
-  MappedFile file;
-  file.path_ = path;
-  file.size_ = static_cast<size_t>(info.st_size);
-  if (file.size_ > 0) {
-    void* address = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (address == MAP_FAILED) {
-      std::string error = ErrnoText();
-      ::close(fd);
-      return InvalidArgument(path + ": cannot map: " + error);
-    }
-    file.data_ = static_cast<const uint8_t*>(address);
-  }
-  ::close(fd);
-  return file;
+  Result<MappedFile> mapped = Map(opened->fd, opened->size, path);
+  ::close(opened->fd);
+  if (!mapped.ok()) return InvalidArgument(mapped.status().message());
+  return mapped;
 }
 
 Result<MappedFile> MappedFile::Map(int fd, uint64_t size, const std::string& what) {
@@ -243,6 +218,8 @@ Result<FileRead> ReadOpenedRange(const std::string& path, uint64_t first,
 }
 
 }  // namespace
+
+std::string ErrnoText() { return std::strerror(errno); }
 
 Result<OpenedFile> OpenForReading(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

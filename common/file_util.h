@@ -110,6 +110,9 @@ struct OpenedFile {
 };
 Result<OpenedFile> OpenForReading(const std::string& path);
 
+// The text of errno now (strerror), for messages.
+std::string ErrnoText();
+
 // Writes all of `bytes` to `fd`, retrying short writes.
 Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what);
 

@@ -348,6 +348,8 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) break;
+    if (options_.cancel && options_.cancel->load())
+      return Unavailable(method + " " + url + ": cancelled (the client is closing)");
     CURL* curl = ThreadHandle();
     if (curl == nullptr) return Internal("cannot create an HTTP request");
     if (options_.before_request) options_.before_request();
@@ -391,6 +393,16 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                      std::max(1L, static_cast<long>(options_.stall_timeout.count() / 1000)));
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    if (options_.cancel) {
+      // Asked about at least once a second, with or without bytes moving.
+      curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+      curl_easy_setopt(curl, CURLOPT_XFERINFODATA, options_.cancel.get());
+      curl_easy_setopt(
+          curl, CURLOPT_XFERINFOFUNCTION,
+          +[](void* cancel, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+            return static_cast<const std::atomic<bool>*>(cancel)->load() ? 1 : 0;
+          });
+    }
     // Loopback never goes through a proxy, whatever the environment says; other hosts honour
     // the usual proxy variables.
     if (loopback_) curl_easy_setopt(curl, CURLOPT_PROXY, "");
@@ -441,6 +453,8 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
       return Unavailable(method + " " + url + ": " + curl_easy_strerror(code) +
                          (options_.ca_file.empty() ? "" : " (CA file " + options_.ca_file + ")"));
     }
+    if (code == CURLE_ABORTED_BY_CALLBACK)
+      return Unavailable(method + " " + url + ": cancelled (the client is closing)");
     if (code != CURLE_OK) {
       last_error = curl_easy_strerror(code);
     } else if (reply.status == 416) {

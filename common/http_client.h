@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -42,6 +43,9 @@ struct HttpClientOptions {
   std::string ca_file;
   std::function<void()> before_request;    // e.g. a link's latency
   std::function<void(uint64_t)> received;  // called per chunk of body received
+  // Once it holds true, no request starts and those under way stop within about a second, with
+  // kUnavailable (a server closing that must not wait on its upstream's deadline).
+  std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
 // Where the body of a successful GET goes as it arrives (HttpRequest::target), instead of

@@ -1,6 +1,5 @@
 #include "policy_store/blob_fetch.h"
 
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +11,6 @@
 #include <mutex>
 
 #include "common/concurrent.h"
-#include "common/hex.h"
 #include "common/logging.h"
 
 namespace weft::policy_store {
@@ -34,11 +32,9 @@ struct Part {
 
 // One blob's state in a round: its hash so far and the parts that arrived ahead of it.
 struct BlobState {
-  explicit BlobState(const BlobFetch& fetch) : fetch(fetch) {
-    EVP_DigestInit_ex(hash.get(), EVP_sha256(), nullptr);
-  }
+  explicit BlobState(const BlobFetch& fetch) : fetch(fetch) {}
   const BlobFetch& fetch;
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> hash{EVP_MD_CTX_new(), EVP_MD_CTX_free};
+  Sha256 hash;
   uint64_t hashed = 0;  // bytes hashed, from the start
   // A part that arrived, waiting to be hashed: the size it should have, its bytes (in `buffer`, or
   // in the sink's windows, `views`) and the buffered bytes it counts against the memory bound.
@@ -90,14 +86,14 @@ class FileTarget : public BodyTarget {
 };
 
 // Adds bytes [offset, offset + size) of a file to a hash, read back a megabyte at a time.
-Status HashFromFile(int fd, uint64_t offset, uint64_t size, EVP_MD_CTX* hash) {
+Status HashFromFile(int fd, uint64_t offset, uint64_t size, Sha256& hash) {
   std::vector<uint8_t> buffer(std::min<uint64_t>(size, 1 << 20));
   for (uint64_t done = 0; done < size;) {
     const ssize_t got = ::pread(fd, buffer.data(), std::min<uint64_t>(buffer.size(), size - done),
                                 static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return DataLoss("a spill file is shorter than what was written to it");
-    EVP_DigestUpdate(hash, buffer.data(), static_cast<size_t>(got));
+    hash.Update(std::span<const uint8_t>(buffer).first(static_cast<size_t>(got)));
     done += static_cast<size_t>(got);
   }
   return Status::Ok();
@@ -247,17 +243,15 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
           lock.unlock();
           const BlobState::Arrived& done = next.mapped();
           if (!skip && done.in_file) {
-            const Status read =
-                HashFromFile(sink.file(), state.hashed, done.size, state.hash.get());
+            const Status read = HashFromFile(sink.file(), state.hashed, done.size, state.hash);
             if (!read.ok()) {
               lock.lock();
               state.damaged = true;
               lock.unlock();
             }
           } else if (!skip) {
-            EVP_DigestUpdate(state.hash.get(), done.buffer.data(), done.buffer.size());
-            for (std::span<const uint8_t> view : done.views)
-              EVP_DigestUpdate(state.hash.get(), view.data(), view.size());
+            state.hash.Update(done.buffer);
+            for (std::span<const uint8_t> view : done.views) state.hash.Update(view);
           }
           lock.lock();
           state.hashed += done.size;
@@ -271,11 +265,8 @@ Status FetchRound(ObjectStore& store, const std::vector<const BlobFetch*>& blobs
 
   for (size_t b = 0; b < blobs.size(); ++b) {
     BlobState& state = *states[b];
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int length = 0;
-    EVP_DigestFinal_ex(state.hash.get(), digest, &length);
     const bool good = !state.damaged && state.hashed == state.fetch.blob.bytes &&
-                      HexEncode({digest, length}) == state.fetch.blob.sha256;
+                      state.hash.HexDigest() == state.fetch.blob.sha256;
     if (!good) {
       damaged->push_back({b, state.source_error});
     } else if (!state.sink_error.ok()) {

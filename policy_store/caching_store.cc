@@ -43,8 +43,6 @@ bool IsVersionManifest(const std::string& key) {
          key.size() > 5 && key.compare(key.size() - 5, 5, ".json") == 0;
 }
 
-std::string ErrnoText() { return std::strerror(errno); }
-
 // Reads [first, first + out.size()) of what `reader` reads into `out` (the whole span: the caller
 // has cut it to the object).
 Status ReadFully(ObjectReader& reader, uint64_t first, std::span<uint8_t> out) {
@@ -516,13 +514,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
     if (auto entry = entries_.find(sha256); entry != entries_.end())
       checked = entry->second.checked;
   }
-  if (oversize) {
-    return done(
-        std::unique_ptr<ObjectReader>(new PassThroughReader(upstream_, key, *oversize, [this] {
-          std::lock_guard<std::mutex> lock(mutex_);
-          ++stats_.passed_through;
-        })));
-  }
+  if (oversize) return done(PassThrough(key, *oversize));
   if (checked) {
     // A hit: the file checked, unchanged on disk since (the descriptor opened is the file checked).
     Result<OpenedFile> file = OpenForReading(PathOf(sha256));
@@ -555,7 +547,11 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
   }
   {
     std::unique_lock<std::mutex> lock(flight->mutex);
-    if (flight->state == Flight::State::kFailed) {
+    if (flight->oversize) {
+      const uint64_t size = *flight->oversize;
+      lock.unlock();
+      done(PassThrough(key, size));
+    } else if (flight->state == Flight::State::kFailed) {
       const Status failure = flight->failure;
       lock.unlock();
       done(failure);
@@ -568,6 +564,13 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
     }
   }
   if (start) RunBlocking([this, flight] { RunFlight(flight); });
+}
+
+std::unique_ptr<ObjectReader> CachingStore::PassThrough(const std::string& key, uint64_t size) {
+  return std::unique_ptr<ObjectReader>(new PassThroughReader(upstream_, key, size, [this] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.passed_through;
+  }));
 }
 
 bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
@@ -673,12 +676,7 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
     std::vector<OpenDone> openers = std::move(flight->openers);
     flight->openers.clear();
     lock.unlock();
-    for (OpenDone& open : openers) {
-      open(std::unique_ptr<ObjectReader>(new PassThroughReader(upstream_, key, *oversize, [this] {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++stats_.passed_through;
-      })));
-    }
+    for (OpenDone& open : openers) open(PassThrough(key, *oversize));
     return;
   }
   if (!fetched.ok()) {

@@ -117,6 +117,8 @@ class CachingStore : public ObjectStore {
       : upstream_(upstream), options_(std::move(options)) {}
 
   void OpenBlob(const std::string& sha256, OpenDone done);
+  // A reader of a blob larger than the cache: range by range from the upstream.
+  std::unique_ptr<ObjectReader> PassThrough(const std::string& key, uint64_t size);
   void OpenManifest(const std::string& key, OpenDone done);
   // A flight's work, on the blocking pool: check the cached file, or fetch the blob.
   void RunFlight(const std::shared_ptr<Flight>& flight);

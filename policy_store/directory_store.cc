@@ -20,8 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string ErrnoText() { return std::strerror(errno); }
-
 bool IsRegularFile(const std::string& path) {
   std::error_code error;
   return fs::is_regular_file(path, error);

@@ -1,7 +1,6 @@
 #include "policy_store/http_store.h"
 
 #include <algorithm>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 namespace weft::policy_store {
@@ -16,14 +15,6 @@ HttpClientOptions ClientOptions(const HttpStoreOptions& options) {
 }
 
 }  // namespace
-
-Status SpanTarget::Write(std::span<const uint8_t> bytes) {
-  if (bytes.size() > out_.size() - written_)
-    return DataLoss("more bytes arrived than the " + std::to_string(out_.size()) + " asked for");
-  std::memcpy(out_.data() + written_, bytes.data(), bytes.size());
-  written_ += bytes.size();
-  return Status::Ok();
-}
 
 Result<ObjectRange> RangeOfReply(HttpReply reply, uint64_t first, uint64_t length,
                                  const std::string& what) {
@@ -88,9 +79,7 @@ Result<ObjectRange> HttpStore::GetRange(const std::string& key, uint64_t first, 
 
 Result<RangeRead> HttpStore::GetRangeInto(const std::string& key, uint64_t first,
                                           std::span<uint8_t> out) {
-  SpanTarget target(out);
-  WEFT_ASSIGN_OR_RETURN(const uint64_t size, ReadTo(key, first, out.size(), target));
-  return RangeRead{target.written(), size};
+  return ReadInto(key, first, out);
 }
 
 Result<uint64_t> HttpStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,

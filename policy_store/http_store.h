@@ -34,23 +34,6 @@ Result<ObjectRange> RangeOfReply(HttpReply reply, uint64_t first, uint64_t lengt
 Result<uint64_t> DeliveredRange(const HttpReply& reply, uint64_t first, uint64_t length,
                                 const std::string& what);
 
-// A BodyTarget writing into memory the caller holds (a part's place in a tensor or a buffer);
-// bytes past its end are an error.
-class SpanTarget : public BodyTarget {
- public:
-  explicit SpanTarget(std::span<uint8_t> out) : out_(out) {}
-  Status Write(std::span<const uint8_t> bytes) override;
-  Status Rewind() override {
-    written_ = 0;
-    return Status::Ok();
-  }
-  uint64_t written() const { return written_; }
-
- private:
-  std::span<uint8_t> out_;
-  uint64_t written_ = 0;
-};
-
 class HttpStore : public ObjectStore {
  public:
   // `base_url` like "http://127.0.0.1:8080" (no trailing slash).

@@ -157,6 +157,21 @@ Result<uint64_t> ObjectStore::ReadTo(const std::string& key, uint64_t first, uin
   return *size;
 }
 
+Result<RangeRead> ObjectStore::ReadInto(const std::string& key, uint64_t first,
+                                        std::span<uint8_t> out) {
+  SpanTarget target(out);
+  WEFT_ASSIGN_OR_RETURN(const uint64_t size, ReadTo(key, first, out.size(), target));
+  return RangeRead{target.written(), size};
+}
+
+Status SpanTarget::Write(std::span<const uint8_t> bytes) {
+  if (bytes.size() > out_.size() - written_)
+    return DataLoss("more bytes arrived than the " + std::to_string(out_.size()) + " asked for");
+  std::memcpy(out_.data() + written_, bytes.data(), bytes.size());
+  written_ += bytes.size();
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<ObjectReader>> ObjectStore::OpenRead(const std::string& key) {
   WEFT_ASSIGN_OR_RETURN(ObjectRange probe, GetRange(key, 0, 1));
   return std::unique_ptr<ObjectReader>(new RangeReader(*this, key, probe.object_size, !Local()));
@@ -263,6 +278,7 @@ Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const Ope
         options.writer_token ? *options.writer_token : (environment ? environment : "");
     HttpStoreOptions http;
     http.deadline = options.deadline;
+    http.cancel = options.cancel;
     // Options after '?': how blobs are read.
     std::string base = uri;
     if (const size_t question = uri.find('?'); question != std::string::npos) {
@@ -290,6 +306,7 @@ Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const Ope
                           s3::ResolveSettings(uri, s3::ProcessEnvironment()));
     S3StoreOptions s3_options;
     s3_options.deadline = options.deadline;
+    s3_options.cancel = options.cancel;
     if (shaped)
       ShapeClient(std::make_shared<LinkShaper>(
                       LinkShape{options.shape_bytes_per_second, options.shape_latency}),

@@ -155,6 +155,28 @@ class ObjectStore {
   virtual Result<std::unique_ptr<ObjectWriter>> NewImmutableWriter(const std::string& key);
   // A short description for messages ("dir:/var/weft").
   virtual std::string Describe() const = 0;
+
+ protected:
+  // GetRangeInto through ReadTo, the bytes written straight into `out` as they arrive (for the
+  // stores that stream: HTTP, S3).
+  Result<RangeRead> ReadInto(const std::string& key, uint64_t first, std::span<uint8_t> out);
+};
+
+// A BodyTarget writing into memory the caller holds (a part's place in a tensor or a buffer);
+// bytes past its end are an error.
+class SpanTarget : public BodyTarget {
+ public:
+  explicit SpanTarget(std::span<uint8_t> out) : out_(out) {}
+  Status Write(std::span<const uint8_t> bytes) override;
+  Status Rewind() override {
+    written_ = 0;
+    return Status::Ok();
+  }
+  uint64_t written() const { return written_; }
+
+ private:
+  std::span<uint8_t> out_;
+  uint64_t written_ = 0;
 };
 
 Status ValidateKey(const std::string& key);
@@ -179,6 +201,8 @@ struct OpenOptions {
   uint64_t cache_bytes = uint64_t{10} << 30;
   // The writer token of an HTTP store; unset: the environment variable WEFT_STORE_TOKEN.
   std::optional<std::string> writer_token;
+  // HTTP and S3 stores: once it holds true, their requests stop (HttpClientOptions::cancel).
+  std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
 // Opens a store from a URI: a directory path, file://PATH, http(s)://HOST:PORT (a Store API

@@ -16,6 +16,7 @@ Result<std::unique_ptr<Relay>> Relay::Start(const RelayOptions& options) {
   link.shape_bytes_per_second = options.link.bytes_per_second;
   link.shape_latency = options.link.latency;
   link.deadline = options.deadline;
+  link.cancel = relay->cancel_;
   WEFT_ASSIGN_OR_RETURN(relay->upstream_, OpenStore(options.upstream, link));
   WEFT_ASSIGN_OR_RETURN(
       relay->cache_, CachingStore::Open(*relay->upstream_,
@@ -36,6 +37,7 @@ Result<std::unique_ptr<Relay>> Relay::Start(const RelayOptions& options) {
 Relay::~Relay() { Stop(); }
 
 void Relay::Stop() {
+  cancel_->store(true);
   if (server_) server_->Stop();
 }
 

@@ -9,10 +9,12 @@
 // the requests for the objects it holds back; hits, other misses, /livez and /metrics answer at
 // once. Bytes that arrive with the wrong hash are answered 502 (api.md), never cached.
 // GET /v1/stats serves the cache's counters, GET /metrics the same in the Prometheus text format.
-// Start() returns once the port is bound; Stop() (or the destructor) closes it and waits for the
-// fetches under way. Thread-safe, except that Stop() must not race with itself.
+// Start() returns once the port is bound; Stop() (or the destructor) closes it, cancels the
+// upstream requests under way and waits for them to end. Thread-safe, except that Stop() must not
+// race with itself.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -53,6 +55,8 @@ class Relay {
   explicit Relay(RelayOptions options) : options_(std::move(options)) {}
 
   RelayOptions options_;
+  // Set by Stop(): the upstream's requests under way end at once rather than at their deadline.
+  std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<ObjectStore> upstream_;
   std::unique_ptr<CachingStore> cache_;
   std::unique_ptr<StoreServer> server_;

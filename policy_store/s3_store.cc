@@ -272,9 +272,7 @@ Result<ObjectRange> S3Store::GetRange(const std::string& key, uint64_t first, ui
 
 Result<RangeRead> S3Store::GetRangeInto(const std::string& key, uint64_t first,
                                         std::span<uint8_t> out) {
-  SpanTarget target(out);
-  WEFT_ASSIGN_OR_RETURN(const uint64_t size, ReadTo(key, first, out.size(), target));
-  return RangeRead{target.written(), size};
+  return ReadInto(key, first, out);
 }
 
 Result<uint64_t> S3Store::ReadTo(const std::string& key, uint64_t first, uint64_t length,

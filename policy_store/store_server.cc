@@ -1,7 +1,5 @@
 #include "policy_store/store_server.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
@@ -16,7 +14,6 @@
 #include <vector>
 
 #include "common/concurrent.h"
-#include "common/hex.h"
 #include "common/http_server.h"
 #include "common/json_fields.h"
 #include "policy_store/manifest.h"
@@ -269,19 +266,12 @@ class PutSink : public weft::http::BodySink {
       : shared_(std::move(shared)),
         key_(std::move(key)),
         writer_(shared_->backend.NewImmutableWriter(key_)),
-        hash_(key_.rfind("blobs/", 0) == 0 ? EVP_MD_CTX_new() : nullptr) {
-    if (hash_ != nullptr) EVP_DigestInit_ex(hash_, EVP_sha256(), nullptr);
-  }
-  PutSink(PutSink&& other) noexcept
-      : shared_(other.shared_),
-        key_(std::move(other.key_)),
-        writer_(std::move(other.writer_)),
-        hash_(std::exchange(other.hash_, nullptr)) {}
-  ~PutSink() override { EVP_MD_CTX_free(hash_); }
+        blob_(key_.rfind("blobs/", 0) == 0) {}
+  PutSink(PutSink&& other) noexcept = default;
 
   Status Write(std::span<const uint8_t> piece) override {
     if (!writer_.ok()) return writer_.status();
-    if (hash_ != nullptr) EVP_DigestUpdate(hash_, piece.data(), piece.size());
+    if (blob_) hash_.Update(piece);
     return (*writer_)->Write(piece);
   }
 
@@ -296,11 +286,8 @@ class PutSink : public weft::http::BodySink {
  private:
   Response Store(const RequestHeader& request) {
     if (!writer_.ok()) return ErrorResponse(request, writer_.status());
-    if (hash_ != nullptr) {
-      unsigned char digest[EVP_MAX_MD_SIZE];
-      unsigned int length = 0;
-      EVP_DigestFinal_ex(hash_, digest, &length);
-      const std::string actual = HexEncode({digest, length});
+    if (blob_) {
+      const std::string actual = hash_.HexDigest();
       const std::string expected = key_.substr(6);
       if (actual != expected) {
         return ErrorResponse(request, http::status::bad_request,
@@ -321,7 +308,8 @@ class PutSink : public weft::http::BodySink {
   SharedPtr shared_;
   std::string key_;
   Result<std::unique_ptr<ObjectWriter>> writer_;
-  EVP_MD_CTX* hash_;
+  bool blob_;  // its bytes must hash to its name
+  Sha256 hash_;
 };
 
 // The requests whose body streams to disk: an object's PUT (CheckHeader has let it through).
@@ -436,8 +424,7 @@ void AnswerRead(const SharedPtr& shared, const RequestHeader& request, const std
 void AnswerHashed(const SharedPtr& shared, const RequestHeader& request, const std::string& key,
                   std::unique_ptr<ObjectReader> reader, const weft::http::Responder& respond) {
   std::vector<uint8_t> bytes(std::min<uint64_t>(reader->size(), kWholeObjectBytes));
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> hash(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(hash.get(), EVP_sha256(), nullptr);
+  Sha256 hash;
   for (uint64_t at = 0; at < reader->size();) {
     const std::span<uint8_t> into = reader->size() <= kWholeObjectBytes
                                         ? std::span<uint8_t>(bytes).subspan(at)
@@ -445,13 +432,10 @@ void AnswerHashed(const SharedPtr& shared, const RequestHeader& request, const s
                                               bytes.size(), reader->size() - at));
     Result<size_t> got = reader->ReadAt(at, into);
     if (!got.ok()) return respond(ErrorResponse(request, got.status()));
-    EVP_DigestUpdate(hash.get(), into.data(), *got);
+    hash.Update(into.first(*got));
     at += *got;
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_DigestFinal_ex(hash.get(), digest, &length);
-  const std::string etag = "\"" + HexEncode({digest, length}) + "\"";
+  const std::string etag = "\"" + hash.HexDigest() + "\"";
   if (reader->size() <= kWholeObjectBytes) reader = MemoryReader(std::move(bytes));
   AnswerRead(shared, request, key, std::move(reader), etag, respond);
 }

@@ -11,3 +11,15 @@ expect_error() {
   if grep -q -- "$pattern" err.txt; then ok; else fail "$*: stderr lacks '$pattern': $(cat err.txt)"; fi
 }
 same() { if cmp -s "$1" "$2"; then ok; else fail "$1 and $2 differ"; fi; }
+# server_started NAME PID: waits (5 s at most) for the weft server PID, writing NAME.log, to say
+# where it listens; sets NAME_pid and NAME_url (empty if it never said).
+server_started() {
+  local name=$1 pid=$2
+  pids+=($pid)
+  for _ in $(seq 100); do
+    if grep -q 'on http://' $name.log; then break; fi
+    sleep 0.05
+  done
+  eval "${name}_pid=$pid"
+  eval "${name}_url=$(grep -o 'on http://127.0.0.1:[0-9]*' $name.log | head -1 | cut -c4-)"
+}

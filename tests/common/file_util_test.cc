@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -71,6 +72,34 @@ TEST_CASE("files: reading and mapping, with errors that name the path") {
   CHECK(missing.message().find(dir + "/none.bin") != std::string::npos);
   CHECK(ReadFile(dir + "/none.bin").status().code() == StatusCode::kNotFound);
   CHECK(Text(*ReadFile(path)) == "0123456789");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("files: a spill file has no name, holds what was written, and lets its pages go") {
+  const std::string dir = testing::TempPath("spill");
+  fs::create_directories(dir);
+  const uint64_t size = 3 << 20;
+  Result<SpillFile> spill = SpillFile::Create(dir, size);
+  REQUIRE_MESSAGE(spill.ok(), spill.status().ToString());
+  CHECK(fs::is_empty(dir));  // nothing to leave behind
+  std::vector<uint8_t> pattern(size);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + i / 4096);
+  REQUIRE(spill->WriteAt(1 << 20, std::span<const uint8_t>(pattern).subspan(1 << 20)).ok());
+  REQUIRE(spill->WriteAt(0, std::span<const uint8_t>(pattern).first(1 << 20)).ok());
+  CHECK(spill->WriteAt(size - 1, std::span<const uint8_t>(pattern).first(2)).code() ==
+        StatusCode::kInternal);
+  Result<MappedFile> mapped = spill->Map();
+  REQUIRE(mapped.ok());
+  CHECK(std::equal(pattern.begin(), pattern.end(), mapped->bytes().begin()));
+  // Its pages let go (a range not on page boundaries), then read again from the file.
+  mapped->Release(mapped->bytes().subspan(1000, 2 << 20));
+  mapped->Release(mapped->bytes());
+  CHECK(std::equal(pattern.begin(), pattern.end(), mapped->bytes().begin()));
+  // Moved, it stays whole; gone, nothing is left.
+  SpillFile moved = std::move(*spill);
+  CHECK(moved.size() == size);
+  CHECK(SpillFile::Create(dir + "/missing", 10).status().message().find(dir + "/missing") !=
+        std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -5,6 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "common/file_util.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/reader.h"
@@ -29,6 +32,7 @@ class RangedStore : public ForwardingStore {
   }
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override {
     ranges.fetch_add(1);
+    Track(length);
     Result<ObjectRange> range = inner().GetRange(key, first, length);
     if (range.ok() && !range->bytes.empty()) {
       if (corrupt.load() > 0 && corrupt.fetch_sub(1) > 0)
@@ -42,6 +46,7 @@ class RangedStore : public ForwardingStore {
                                  std::span<uint8_t> out) override {
     ranges.fetch_add(1);
     in_place.fetch_add(1);
+    Track(out.size());
     Result<RangeRead> read = inner().GetRangeInto(key, first, out);
     if (read.ok() && read->read > 0) {
       if (corrupt.load() > 0 && corrupt.fetch_sub(1) > 0) out[read->read / 2] ^= 4;
@@ -50,7 +55,24 @@ class RangedStore : public ForwardingStore {
     return read;
   }
   bool ReadsRanges() const override { return true; }
+  BlobReads blob_reads() const override { return reads; }
+  // The most bytes one read asked for, and the most reads under way at once.
+  void Track(uint64_t bytes) {
+    uint64_t seen = largest.load();
+    while (bytes > seen && !largest.compare_exchange_weak(seen, bytes)) {
+    }
+    const int now = ++running;
+    int most = most_running.load();
+    while (now > most && !most_running.compare_exchange_weak(most, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    --running;
+  }
 
+  BlobReads reads;
+  std::atomic<uint64_t> largest{0};
+  std::atomic<int> running{0};
+  std::atomic<int> most_running{0};
   std::atomic<int> ranges{0};
   std::atomic<int> in_place{0};
   std::atomic<int> whole_blob_reads{0};
@@ -233,6 +255,27 @@ TEST_CASE("blob fetch: a reader pulls through parts; damaged keyframe parts leav
   store.corrupt = 0;
   REQUIRE(reader.Pull(6, 2, &model).ok());
   CHECK(SameBytes(model, run.published[6]));
+}
+
+TEST_CASE("blob fetch: a reader fetches in the store's range size, as many at once as it says") {
+  TestStore d("reader-reads");
+  TestRun run(*d.store, "run", 4, {{"w", {300, 200}}, {"v", {300, 200}}, {"norm", {200}}});
+  run.Start();
+  for (int v = 1; v <= 3; ++v) run.Next();
+  RangedStore store(*d.store);
+  for (const BlobReads reads : {BlobReads{4096, 2}, BlobReads{16384, 5}}) {
+    CAPTURE(reads.part_bytes);
+    store.reads = reads;
+    store.largest = 0;
+    store.most_running = 0;
+    StoreReader reader(store, "run", 2);  // the store's own settings
+    sync::ServedModel model;
+    REQUIRE(reader.Pull(3, std::nullopt, &model).ok());
+    CHECK(SameBytes(model, run.published[3]));
+    CHECK(store.largest.load() <= reads.part_bytes);
+    CHECK(store.largest.load() > reads.part_bytes / 2);
+    CHECK(store.most_running.load() <= reads.parallel);
+  }
 }
 
 TEST_CASE("reader: a copy that must restart from a keyframe is dropped first when asked") {

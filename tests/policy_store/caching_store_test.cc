@@ -50,6 +50,9 @@ TEST_CASE(
   options.mismatch_hold = std::chrono::milliseconds(300);
   auto cache = std::move(CachingStore::Open(upstream.faulty, options)).value();
   REQUIRE(*cache->Get(key) == blob);
+  // (A file's times tick a few milliseconds at a time: a write in the same tick as the check
+  // would leave the file looking unchanged.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   {
     std::fstream file(dir + "/" + key, std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(5000);

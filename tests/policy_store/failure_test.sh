@@ -20,18 +20,11 @@ trap 'for p in "${pids[@]}"; do kill -9 $p 2>/dev/null; done' EXIT
 
 for v in 0 1 2 3 4 5 6; do "$make_model" m$v.safetensors 11 $v big || exit 1; done
 
-# start_server NAME PORT COMMAND...: starts a weft server writing NAME.log, waits for its URL.
+# start_server NAME COMMAND...: starts a weft server writing NAME.log, waits for its URL.
 start_server() {
   local name=$1; shift
   "$@" > $name.log 2>&1 &
-  local pid=$!
-  pids+=($pid)
-  for _ in $(seq 100); do
-    if grep -q 'http://' $name.log; then break; fi
-    sleep 0.05
-  done
-  eval "${name}_pid=$pid"
-  eval "${name}_url=$(grep -o 'on http://127.0.0.1:[0-9]*' $name.log | head -1 | cut -c4-)"
+  server_started $name $!
 }
 # http_get URL PATH: the body of a GET over bash's /dev/tcp (no curl needed).
 http_get() {

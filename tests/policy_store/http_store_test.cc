@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -216,6 +217,32 @@ TEST_CASE("HTTP store: a huge Content-Length reserves nothing of it; a range tak
   Status whole = store.Get("blobs/x").status();
   CHECK(whole.code() == StatusCode::kUnavailable);
   CHECK(whole.message().find("300 bytes had arrived") != std::string::npos);
+}
+
+TEST_CASE("HTTP store: a cancelled client stops at once, not at its deadline") {
+  // A server that takes connections and never answers.
+  uint16_t port = 0;
+  const int listener = weft::testing::ListenOnLoopback(8, &port);
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  HttpStoreOptions options;
+  options.deadline = std::chrono::seconds(60);
+  options.cancel = cancel;
+  HttpStore store("http://127.0.0.1:" + std::to_string(port), "", options);
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    cancel->store(true);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  Status status = store.Get("blobs/x").status();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  canceller.join();
+  CHECK(status.code() == StatusCode::kUnavailable);
+  CHECK(status.message().find("cancelled") != std::string::npos);
+  CHECK(seconds < 5);
+  // And none starts once it is set.
+  CHECK(store.Get("blobs/y").status().message().find("cancelled") != std::string::npos);
+  close(listener);
 }
 
 }  // namespace

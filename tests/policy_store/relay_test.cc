@@ -222,11 +222,12 @@ TEST_CASE(
   options.upstream = UrlOf(upstream->port());
   options.cache_dir = TempRoot("relay_hung");
   options.threads = 2;
-  options.deadline = std::chrono::milliseconds(2000);
+  options.deadline = std::chrono::milliseconds(6000);
   auto relay = std::move(Relay::Start(options)).value();
   const std::string url = UrlOf(relay->port());
   HttpStoreOptions client_options = FastRetries();
   client_options.attempts = 1;
+  client_options.deadline = std::chrono::seconds(30);
   HttpStore reader(url, "", client_options);
   REQUIRE(*reader.Get(cached_key) == cached);
 
@@ -249,13 +250,13 @@ TEST_CASE(
   CHECK(weft::testing::Raw(url + "/metrics", "GET").status == 200);
   CHECK(*reader.Get(cached_key) == cached);  // a hit
   CHECK(*reader.Get(other_key) == other);    // another miss
-  CHECK(SecondsSince(start) < 1.0);
+  CHECK(SecondsSince(start) < 3.0);          // (the hung reads wait 6 s)
   for (std::thread& t : waiting) t.join();
   // The hung reads end with the relay's deadline for the upstream, with an error, not before.
   CHECK(failed.load() == 8);
   for (double seconds : took) {
-    CHECK(seconds > 1.5);
-    CHECK(seconds < 10);
+    CHECK(seconds > 5.0);
+    CHECK(seconds < 20);
   }
   // One upstream open per hung blob, however many readers waited for it.
   for (const std::string& key : hung) CHECK(gated.opens(key) == 1);
