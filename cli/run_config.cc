@@ -228,8 +228,10 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
 
   if (const YAML::Node w = root["worker"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(
-        w, "worker", {"engine", "capacity", "threads", "temperature", "top_p", "heartbeat"}));
+        w, "worker",
+        {"engine", "capacity", "threads", "temperature", "top_p", "heartbeat", "spill_dir"}));
     WEFT_RETURN_IF_ERROR(ReadString(w, "worker", "engine", &c.worker.engine));
+    WEFT_RETURN_IF_ERROR(ReadString(w, "worker", "spill_dir", &c.worker.spill_dir));
     int capacity = static_cast<int>(c.worker.capacity);
     WEFT_RETURN_IF_ERROR(ReadInt(w, "worker", "capacity", &capacity, 1, 256));
     c.worker.capacity = static_cast<uint32_t>(capacity);

@@ -38,6 +38,9 @@ struct WorkerSettings {
   double temperature = 1.0;
   double top_p = 1.0;
   std::chrono::milliseconds heartbeat{1000};
+  // Where a worker keeps the deltas of a catch-up too large to hold beside its copy (empty: the
+  // temporary directory, TMPDIR): a local disk, not a memory file system.
+  std::string spill_dir;
 };
 
 struct RunConfig {

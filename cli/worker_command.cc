@@ -64,6 +64,7 @@ Status RunWorker(const WorkerFlags& flags) {
   options.run_id = config.run_id;
   options.capacity = config.worker.capacity;
   options.heartbeat_interval = config.worker.heartbeat;
+  if (!config.worker.spill_dir.empty()) options.spill_dir = config.worker.spill_dir;
   options.sampling.temperature = static_cast<float>(config.worker.temperature);
   options.sampling.top_p = static_cast<float>(config.worker.top_p);
   options.sampling.max_tokens = limits.max_completion_tokens;

@@ -86,6 +86,9 @@ class StoreReader {
     spill_fraction_ = fraction;
   }
 
+  // The system's temporary directory (TMPDIR, else /tmp), where deltas spill by default.
+  static std::string DefaultSpillDir();
+
   // The version whose manifest digests equal `model`'s, searching back from `latest`; nullopt
   // when none of the last `max_versions` matches.
   Result<std::optional<uint64_t>> IdentifyVersion(const sync::ServedModel& model,
@@ -99,7 +102,6 @@ class StoreReader {
                    sync::ServedModel* model,
                    const std::function<void(size_t, std::span<const uint8_t>)>& release,
                    bool* partly_written);
-  static std::string DefaultSpillDir();
 
   ObjectStore& store_;
   std::string run_id_;

@@ -279,7 +279,7 @@ class PutSink : public weft::http::BodySink {
     if (shared_->backend.Local()) return respond(Store(request));
     // A remote backend's commit uploads: off the I/O thread, the writer moved along.
     auto self = std::make_shared<PutSink>(std::move(*this));
-    Blocking(shared_,
+    Blocking(self->shared_,
              [self, request = RequestHeader(request), respond] { respond(self->Store(request)); });
   }
 

@@ -117,6 +117,7 @@ void RolloutWorker::SyncLoop() {
   // The engine keeps its own weights: a copy that must be rebuilt from a keyframe is dropped
   // first, so that a worker back from an outage needs the memory of one copy, not two.
   reader.DropCopyForKeyframe(true);
+  reader.SpillDeltas(options_.spill_dir);
   do {
     SyncOnce(reader);
   } while (!Sleep(options_.sync_interval));

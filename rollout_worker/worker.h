@@ -54,6 +54,9 @@ struct WorkerOptions {
   std::chrono::milliseconds verify_interval{5000};
   std::chrono::milliseconds lease_wait{2000};  // long poll for leases
   int sync_threads = 1;                        // for applying deltas and recomputing digests
+  // Where the deltas of a catch-up too large to hold beside the copy are kept while applied
+  // (StoreReader::SpillDeltas); the temporary directory by default.
+  std::string spill_dir = policy_store::StoreReader::DefaultSpillDir();
 };
 
 // Sets a group's versions in its submission: the samples' tokens laid end to end, each run of

@@ -9,6 +9,7 @@
 
 #include "policy_store/blob_fetch.h"
 #include "policy_store/directory_store.h"
+#include "policy_store/forwarding_store.h"
 #include "policy_store/http_store.h"
 #include "tests/policy_store/store_contract.h"
 #include "tests/policy_store/store_test_util.h"
@@ -114,6 +115,43 @@ TEST_CASE("HTTP store: the same contract through weft's store server") {
   // What the server wrote landed in its backend.
   CHECK(*served.backend->Exists("things/x"));
   CHECK(*served.backend->Exists("things/pieces"));
+}
+
+// A directory store that says it is remote (as an S3 store is), reading ranges alone: a store
+// server calls it off its I/O threads, and reads it through ranges.
+class RemoteLike : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override {
+    return inner().GetRange(key, first, length);
+  }
+  bool ReadsRanges() const override { return true; }
+  Result<std::unique_ptr<ObjectWriter>> NewImmutableWriter(const std::string& key) override {
+    return inner().NewImmutableWriter(key);
+  }
+};
+
+TEST_CASE("HTTP store: the same contract through a store server over a remote backend") {
+  const std::string root = TempRoot("remote_backend");
+  auto directory = std::move(DirectoryStore::Open(root)).value();
+  RemoteLike backend(*directory);
+  REQUIRE(!backend.Local());
+  StoreServerOptions options;
+  options.writer_token = "secret";
+  auto server = std::move(StoreServer::Start(backend, options)).value();
+  HttpStore store("http://127.0.0.1:" + std::to_string(server->port()), "secret", FastRetries());
+  CheckStoreSemantics(store);
+  CHECK(*directory->Exists("things/x"));
+  CHECK(*directory->Exists("things/pieces"));
+  // An object larger than a piece of an answer, read through ranges of the backend.
+  const std::vector<uint8_t> big = Pattern(700000, 3);
+  const std::string key = BlobKey(Sha256Hex(big));
+  REQUIRE(store.PutImmutable(key, big).ok());
+  CHECK(*store.Get(key) == big);
+  CHECK(store.GetRange(key, 300000, 5)->bytes ==
+        std::vector<uint8_t>(big.begin() + 300000, big.begin() + 300005));
+  server->Stop();
+  std::filesystem::remove_all(root);
 }
 
 TEST_CASE("directory store: racing compare-and-swaps, exactly one winner per step") {
