@@ -105,7 +105,8 @@ WEFT_TARGET_AVX2 Digest SumElementChangesAvx2(uint64_t first, const uint32_t* of
   size_t j = 0;
   for (; j + 4 <= n; j += 4) {
     const __m256i index = _mm256_add_epi64(
-        base, _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + j))));
+        base,
+        _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offsets + j))));
     const __m256i key = PositionKeys4(index);
     const __m256i before =
         _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(old_values + j)));

@@ -135,7 +135,8 @@ WEFT_TARGET_AVX2 inline Digest ReduceLanes4(const DigestLanes4& sum) {
   alignas(32) uint64_t lane0[4], lane1[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lane0), sum.lane0);
   _mm256_store_si256(reinterpret_cast<__m256i*>(lane1), sum.lane1);
-  return Digest{lane0[0] + lane0[1] + lane0[2] + lane0[3], lane1[0] + lane1[1] + lane1[2] + lane1[3]};
+  return Digest{lane0[0] + lane0[1] + lane0[2] + lane0[3],
+                lane1[0] + lane1[1] + lane1[2] + lane1[3]};
 }
 
 }  // namespace weft::sync::digest_detail
