@@ -189,13 +189,14 @@ class Worker : public std::enable_shared_from_this<Worker> {
                              "\",\"version_start\":0,\"version_end\":0,\"segments\":[[0,0]],"
                              "\"tokens\":1024,\"trajectories\":{\"text\":\"" +
                              payload + "\"}}";
-    Send("/v1/submissions", std::move(submission), [self = shared_from_this(), start](const Json&) {
-      if (self->measuring_) {
-        self->latencies_.Add(self->latencies_.submit_ms, start);
-        self->submissions_.fetch_add(1);
-      }
-      self->Lease();
-    });
+    Send("/v1/clusters/" + id_ + "/submissions", std::move(submission),
+         [self = shared_from_this(), start](const Json&) {
+           if (self->measuring_) {
+             self->latencies_.Add(self->latencies_.submit_ms, start);
+             self->submissions_.fetch_add(1);
+           }
+           self->Lease();
+         });
   }
 
   void Send(const std::string& target, std::string body, std::function<void(const Json&)> next) {

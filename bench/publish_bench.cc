@@ -33,7 +33,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: publish_bench STORE_DIR RUN THREADS V0.safetensors [V1 ...]\n");
     return 2;
   }
-  Result<std::unique_ptr<policy_store::ObjectStore>> store = policy_store::OpenStore(argv[1]);
+  policy_store::OpenOptions open;
+  open.create = true;
+  Result<std::unique_ptr<policy_store::ObjectStore>> store = policy_store::OpenStore(argv[1], open);
   if (!store.ok()) return Fail(store.status());
   trainer_adapter::PublisherOptions options;
   options.codec.threads = std::stoi(argv[3]);

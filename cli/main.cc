@@ -1,5 +1,6 @@
 // weft: one binary, one subcommand per job. See `weft --help`.
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 
@@ -25,6 +26,12 @@ void StopSignals::Wait() {
 }  // namespace weft::cli
 
 int main(int argc, char** argv) {
+  // A server holds a descriptor per connection (a thousand long-polling workers): the soft
+  // open-file limit is raised to the hard one, as far as the system lets it.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   CLI::App app{"weft: reinforcement learning across datacenters"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "weft 0.1.0");

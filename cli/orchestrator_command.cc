@@ -16,7 +16,7 @@ Status RunOrchestrator(const std::string& config_path) {
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<DurableCore> core,
                         DurableCore::Open(config.journal, config.core, config.durable));
   if (core->fresh() && !config.dataset.empty()) {
-    WEFT_ASSIGN_OR_RETURN(auto prompts, LoadPrompts(config.dataset));
+    WEFT_ASSIGN_OR_RETURN(auto prompts, LoadPrompts(config.dataset, config.dataset_limits));
     WEFT_RETURN_IF_ERROR(core->AddJobs(WallMicros(), prompts).status());
     std::printf("queued %zu prompts from %s\n", prompts.size(), config.dataset.c_str());
   }

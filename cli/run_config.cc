@@ -9,6 +9,7 @@
 #include "common/yaml_fields.h"
 #include "examples/arithmetic_task.h"
 #include "policy_store/manifest.h"
+#include "policy_store/object_store.h"
 
 namespace weft::cli {
 namespace {
@@ -144,10 +145,14 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     WEFT_RETURN_IF_ERROR(CheckKeys(store, "store", {"listen", "uri"}));
     WEFT_RETURN_IF_ERROR(ReadString(store, "store", "listen", &c.store_listen));
     WEFT_RETURN_IF_ERROR(ReadString(store, "store", "uri", &c.store_uri));
-    if (!c.store_uri.empty() && c.store_uri.rfind("s3://", 0) != 0 &&
-        c.store_uri.rfind("http://", 0) != 0 && c.store_uri.rfind("https://", 0) != 0) {
-      return InvalidArgument("store.uri (line " + std::to_string(store["uri"].Mark().line + 1) +
-                             "): '" + c.store_uri +
+    const std::string line = store["uri"] ? std::to_string(store["uri"].Mark().line + 1) : "";
+    Result<policy_store::StoreLocation> location =
+        c.store_uri.empty() ? Result<policy_store::StoreLocation>(policy_store::StoreLocation{})
+                            : policy_store::ParseStoreUri(c.store_uri);
+    if (!location.ok())
+      return InvalidArgument("store.uri (line " + line + "): " + location.status().message());
+    if (!c.store_uri.empty() && location->kind == policy_store::StoreLocation::Kind::kDirectory) {
+      return InvalidArgument("store.uri (line " + line + "): '" + c.store_uri +
                              "' is not a shared store (s3://BUCKET/PREFIX or http(s)://HOST:PORT);"
                              " leave it out to serve the run's own store");
     }

@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "common/file_util.h"
+#include "common/units.h"
 #include "sim/config.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
@@ -21,6 +22,7 @@ struct SimArgs {
   uint64_t seeds = 0;
   std::string out;
   std::string variant;
+  std::string max_memory = "8GiB";
 };
 
 Status WriteText(const std::filesystem::path& path, const std::string& text) {
@@ -77,6 +79,18 @@ Status RunSim(const SimArgs& args) {
   }
   if (runs.empty())
     return InvalidArgument("no variant named '" + args.variant + "' in " + args.config);
+  // Refused before it starts, rather than found out when memory runs out.
+  WEFT_ASSIGN_OR_RETURN(const uint64_t limit, ParseByteSize(args.max_memory));
+  for (const auto& [name, run] : runs) {
+    const sim::MemoryEstimate estimate = sim::EstimateMemory(run);
+    if (estimate.bytes > static_cast<double>(limit)) {
+      return InvalidArgument(
+          args.config + (runs.size() > 1 ? " (" + name + ")" : "") + ": this run would hold " +
+          estimate.Describe() + ", more than --max-memory " + args.max_memory +
+          ": shorten duration (or trainer.steps), lower trainer.prompts_per_step or steps_ahead, "
+          "or raise --max-memory");
+    }
+  }
   if (args.seeds > 0) {  // many seeds: the invariants only
     const auto start = std::chrono::steady_clock::now();
     uint64_t events = 0, checks = 0;
@@ -131,6 +145,8 @@ void RegisterSim(CLI::App& app, Action* action) {
   sim->add_option("--out", args->out, "Where the reports go (default runs/sim/NAME)");
   sim->add_option("--variant", args->variant,
                   "Run only this variant of the file's `variants` (base: the file as written)");
+  sim->add_option("--max-memory", args->max_memory,
+                  "Refuse a run whose estimated peak memory is above this (default 8GiB)");
   sim->callback([args, action] { *action = [args] { return RunSim(*args); }; });
 }
 

@@ -43,6 +43,7 @@ struct StoreOptions {
   uint64_t keyframe_interval = 50;
   double keyframe_budget = 0.5;
   int threads = 0;
+  uint32_t max_connections = 0;  // serve, relay
   std::vector<uint64_t> pins;
   bool dry_run = false;
   std::string listen = "127.0.0.1:8080";
@@ -56,6 +57,7 @@ struct StoreOptions {
   std::string holder;                     // pull --pin-as, pin --holder
   bool remove = false;                    // pin --remove
   std::string abandoned_uploads = "24h";  // gc: multipart uploads older than this are aborted
+  bool finish = false, discard = false;   // recover
 };
 
 // The OpenOptions the flags describe.
@@ -126,6 +128,7 @@ Result<sync::ServedModel> LoadModel(const std::string& path, int threads) {
 
 Status RunPublish(const StoreOptions& options) {
   WEFT_ASSIGN_OR_RETURN(OpenOptions link, LinkOptions(options));
+  link.create = true;  // a new store starts with its first publication
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store, link));
   WEFT_ASSIGN_OR_RETURN(sync::ServedModel model, LoadModel(options.model, Threads(options)));
   const KeyframePolicy policy{options.keyframe_interval, options.keyframe_budget};
@@ -209,8 +212,15 @@ Status RunList(const StoreOptions& options) {
     StoreReader reader(*store, run, 1);
     Result<uint64_t> latest = reader.Latest();
     WEFT_ASSIGN_OR_RETURN(std::vector<uint64_t> versions, reader.Versions());
-    std::printf("run %s: latest %s, %zu versions\n", run.c_str(),
-                latest.ok() ? std::to_string(*latest).c_str() : "none", versions.size());
+    const size_t unpublished = static_cast<size_t>(std::count_if(
+        versions.begin(), versions.end(), [&](uint64_t v) { return !latest.ok() || v > *latest; }));
+    std::printf("run %s: latest %s, %zu versions%s\n", run.c_str(),
+                latest.ok() ? std::to_string(*latest).c_str() : "none",
+                versions.size() - unpublished,
+                unpublished == 0 ? ""
+                                 : (" and " + std::to_string(unpublished) +
+                                    " never made latest (weft store recover --run " + run + ")")
+                                       .c_str());
     WEFT_ASSIGN_OR_RETURN(auto pins, ListPins(*store, run));
     for (const auto& [holder, version] : pins) {
       std::printf("  pin %s: v%llu\n", holder.c_str(), static_cast<unsigned long long>(version));
@@ -221,9 +231,49 @@ Status RunList(const StoreOptions& options) {
                   static_cast<unsigned long long>(v), m.tensors.size(),
                   m.delta ? std::to_string(m.delta->bytes).c_str() : "-",
                   m.has_keyframe() ? KeyframeText(m).c_str() : "-",
-                  latest.ok() && v > *latest ? "  (not yet visible: latest is behind)" : "");
+                  !latest.ok() || v > *latest ? "  (not yet visible: latest is behind)" : "");
     }
   }
+  return Status::Ok();
+}
+
+// What a publisher killed between a version's manifest and `latest` left: shown, finished (made
+// latest) or discarded.
+Status RunRecover(const StoreOptions& options) {
+  if (options.finish && options.discard)
+    return InvalidArgument("give --finish or --discard, not both");
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenStore(options.store));
+  if (options.finish) {
+    WEFT_ASSIGN_OR_RETURN(uint64_t version, FinishUnpublished(*store, options.run));
+    std::printf("run %s: version %llu is published (latest)\n", options.run.c_str(),
+                static_cast<unsigned long long>(version));
+    return Status::Ok();
+  }
+  if (options.discard) {
+    WEFT_ASSIGN_OR_RETURN(Unpublished gone, DiscardUnpublished(*store, options.run));
+    std::printf(
+        "run %s: discarded %zu objects of versions after latest %llu (%zu manifests); "
+        "their blobs go with the next gc\n",
+        options.run.c_str(), gone.keys.size(), static_cast<unsigned long long>(gone.latest),
+        gone.manifests.size());
+    return Status::Ok();
+  }
+  WEFT_ASSIGN_OR_RETURN(Unpublished found, FindUnpublished(*store, options.run));
+  if (found.keys.empty()) {
+    std::printf("run %s: nothing unpublished (latest %llu)\n", options.run.c_str(),
+                static_cast<unsigned long long>(found.latest));
+    return Status::Ok();
+  }
+  std::printf(
+      "run %s: latest %llu; %zu objects of later versions were written but never made "
+      "latest:\n",
+      options.run.c_str(), static_cast<unsigned long long>(found.latest), found.keys.size());
+  for (const std::string& key : found.keys) std::printf("  %s\n", key.c_str());
+  std::printf(
+      "publish the same weights again to complete them, --finish to make version %llu "
+      "latest as it is, or --discard (with no publisher running) to publish other "
+      "weights\n",
+      static_cast<unsigned long long>(found.latest + 1));
   return Status::Ok();
 }
 
@@ -260,12 +310,15 @@ Status ServeUntilStopped(const std::function<Result<std::unique_ptr<Server>>()>&
 }
 
 Status RunServe(const StoreOptions& options) {
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> backend, OpenStore(options.store));
   StoreServerOptions server;
   WEFT_ASSIGN_OR_RETURN(std::tie(server.address, server.port), ParseListen(options.listen));
   const char* token = std::getenv("WEFT_STORE_TOKEN");
   server.writer_token = token ? token : "";
+  OpenOptions open;
+  open.create = !server.writer_token.empty();  // a read-only server serves what exists
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> backend, OpenStore(options.store, open));
   server.threads = std::max(2, Threads(options));
+  server.max_connections = options.max_connections;
   return ServeUntilStopped<StoreServer>(
       [&] { return StoreServer::Start(*backend, server); },
       [&](const StoreServer&) { return backend->Describe(); }, server.address,
@@ -285,6 +338,7 @@ Status RunRelay(const StoreOptions& options) {
   relay.deadline = link.deadline;
   WEFT_ASSIGN_OR_RETURN(std::tie(relay.address, relay.port), ParseListen(options.listen));
   if (options.threads > 0) relay.threads = options.threads;
+  relay.max_connections = options.max_connections;
   return ServeUntilStopped<Relay>([&] { return Relay::Start(relay); },
                                   [](const Relay& r) { return r.Describe(); }, relay.address,
                                   "read-only");
@@ -323,14 +377,24 @@ Status RunCollect(const StoreOptions& options) {
       static_cast<unsigned long long>(report.versions_deleted),
       static_cast<unsigned long long>(report.blobs_deleted),
       static_cast<unsigned long long>(report.bytes_freed));
-  // On S3, the parts of uploads that publishers killed mid-way left behind.
+  // On S3, what publishers killed mid-way left behind: the parts of their uploads (of this run's
+  // objects, and of blobs and write checks, which belong to no run; never another run's), and
+  // the objects of their write checks.
   if (auto* s3 = dynamic_cast<S3Store*>(store.get()); s3 != nullptr && !options.dry_run) {
-    WEFT_ASSIGN_OR_RETURN(
-        size_t aborted,
-        s3->AbortUploadsBefore(std::chrono::system_clock::now() -
-                               std::chrono::duration_cast<std::chrono::seconds>(abandoned)));
-    std::printf("%s: aborted %zu multipart uploads started more than %s ago\n",
-                store->Describe().c_str(), aborted, options.abandoned_uploads.c_str());
+    const auto cutoff = std::chrono::system_clock::now() -
+                        std::chrono::duration_cast<std::chrono::system_clock::duration>(abandoned);
+    const std::string own = "runs/" + options.run + "/";
+    WEFT_ASSIGN_OR_RETURN(size_t aborted,
+                          s3->AbortUploadsBefore(cutoff, [&](const std::string& key) {
+                            return key.starts_with(own) || key.starts_with("blobs/") ||
+                                   key.starts_with(S3Store::kProbePrefix);
+                          }));
+    WEFT_ASSIGN_OR_RETURN(size_t probes, s3->DeleteProbesBefore(cutoff));
+    std::printf(
+        "%s: aborted %zu multipart uploads (of run %s, blobs and write checks) and deleted %zu "
+        "write-check objects, started more than %s ago\n",
+        store->Describe().c_str(), aborted, options.run.c_str(), probes,
+        options.abandoned_uploads.c_str());
   }
   return Status::Ok();
 }
@@ -411,6 +475,17 @@ void RegisterStore(CLI::App& app, Action* action) {
                 "on S3, abort multipart uploads started longer ago than this (default 24h)");
   c->callback([collect, action] { *action = [collect] { return RunCollect(*collect); }; });
 
+  auto recover = std::make_shared<StoreOptions>();
+  CLI::App* rc = store->add_subcommand(
+      "recover", "Show, finish or discard versions a killed publisher wrote but never made latest");
+  rc->add_option("--store", recover->store, kStoreHelp)->required();
+  rc->add_option("--run", recover->run, "run id")->required();
+  rc->add_flag("--finish", recover->finish,
+               "make the version after latest latest, if its manifest and blobs are complete");
+  rc->add_flag("--discard", recover->discard,
+               "delete the objects of versions after latest (only with no publisher running)");
+  rc->callback([recover, action] { *action = [recover] { return RunRecover(*recover); }; });
+
   auto serve = std::make_shared<StoreOptions>();
   CLI::App* v =
       store->add_subcommand("serve", "Serve a store over HTTP (writes need WEFT_STORE_TOKEN)");
@@ -420,6 +495,10 @@ void RegisterStore(CLI::App& app, Action* action) {
   v->add_option("--listen", serve->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
   v->add_option("--threads", serve->threads, "server threads (default: all cores, at least 2)")
       ->check(CLI::Range(1, 1024));
+  v->add_option("--max-connections", serve->max_connections,
+                "connections open at once; more are answered 503 (default: the open-file limit "
+                "less 64)")
+      ->check(CLI::Range(1u, 1000000u));
   v->callback([serve, action] { *action = [serve] { return RunServe(*serve); }; });
 }
 
@@ -437,6 +516,10 @@ void RegisterRelay(CLI::App& app, Action* action) {
   r->add_option("--threads", relay->threads,
                 "I/O threads (default 4; they never wait on the upstream)")
       ->check(CLI::Range(1, 1024));
+  r->add_option("--max-connections", relay->max_connections,
+                "connections open at once; more are answered 503 (default: the open-file limit "
+                "less 64)")
+      ->check(CLI::Range(1u, 1000000u));
   AddLinkFlags(r, relay.get(), false);
   r->callback([relay, action] { *action = [relay] { return RunRelay(*relay); }; });
 }

@@ -266,3 +266,80 @@ Status WriteTextFileAtomic(const std::string& path, std::string_view text) {
 }
 
 }  // namespace weft
+
+namespace weft {
+
+LineReader::LineReader(int fd, std::string path, const LineLimits& limits, std::string what)
+    : fd_(fd), path_(std::move(path)), what_(std::move(what)), limits_(limits), buffer_(64 << 10) {}
+
+LineReader::LineReader(LineReader&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      path_(std::move(other.path_)),
+      what_(std::move(other.what_)),
+      limits_(other.limits_),
+      buffer_(std::move(other.buffer_)),
+      begin_(other.begin_),
+      end_(other.end_),
+      total_(other.total_),
+      line_(other.line_),
+      eof_(other.eof_) {}
+
+LineReader::~LineReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<LineReader> LineReader::Open(const std::string& path, const LineLimits& limits,
+                                    const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound("cannot read " + what + " " + path + ": " + ErrnoText());
+  struct stat info {};
+  if (::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
+    ::close(fd);
+    return NotFound("cannot read " + what + " " + path + ": a directory");
+  }
+  return LineReader(fd, path, limits, what);
+}
+
+Result<std::optional<std::string>> LineReader::Next() {
+  std::string line;
+  const uint64_t number = line_ + 1;
+  while (true) {
+    if (begin_ < end_) {
+      const char* start = buffer_.data() + begin_;
+      const char* newline = static_cast<const char*>(std::memchr(start, '\n', end_ - begin_));
+      const size_t take = newline ? static_cast<size_t>(newline - start) : end_ - begin_;
+      if (line.size() + take > limits_.max_line_bytes) {
+        return InvalidArgument(path_ + ":" + std::to_string(number) + ": a line longer than " +
+                               std::to_string(limits_.max_line_bytes) + " bytes, the limit for " +
+                               what_);
+      }
+      line.append(start, take);
+      begin_ += take;
+      if (newline) {
+        ++begin_;
+        line_ = number;
+        return std::optional<std::string>(std::move(line));
+      }
+    }
+    if (eof_) {
+      if (line.empty()) return std::optional<std::string>();
+      line_ = number;
+      return std::optional<std::string>(std::move(line));
+    }
+    const ssize_t got = ::read(fd_, buffer_.data(), buffer_.size());
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return Unavailable("reading " + what_ + " " + path_ + " failed: " + ErrnoText());
+    }
+    begin_ = 0;
+    end_ = static_cast<size_t>(got);
+    eof_ = got == 0;
+    total_ += static_cast<uint64_t>(got);
+    if (total_ > limits_.max_total_bytes) {
+      return InvalidArgument(path_ + ": more than " + std::to_string(limits_.max_total_bytes) +
+                             " bytes, the limit for " + what_);
+    }
+  }
+}
+
+}  // namespace weft

@@ -110,6 +110,44 @@ struct OpenedFile {
 };
 Result<OpenedFile> OpenForReading(const std::string& path);
 
+// The bounds of a LineReader: the longest line and the most bytes of the whole file.
+struct LineLimits {
+  uint64_t max_line_bytes = uint64_t{4} << 20;
+  uint64_t max_total_bytes = uint64_t{4} << 30;
+};
+
+// A text file (a regular file, a pipe or a device: anything readable) read a line at a time
+// within LineLimits, holding at most one line and a 64 KiB buffer whatever the file holds: a
+// line longer than max_line_bytes, or a file longer than max_total_bytes, is a kInvalidArgument
+// naming the path, the line and the limit, found having read no more than the limit. Movable,
+// not copyable; the destructor closes the file.
+class LineReader {
+ public:
+  // kNotFound when the file cannot be opened; `what` names the file in errors ("the dataset").
+  static Result<LineReader> Open(const std::string& path, const LineLimits& limits,
+                                 const std::string& what);
+  LineReader(LineReader&& other) noexcept;
+  LineReader& operator=(LineReader&& other) = delete;
+  LineReader(const LineReader&) = delete;
+  ~LineReader();
+
+  // The next line, without its '\n' (a '\r' before it is kept); nullopt at the end.
+  Result<std::optional<std::string>> Next();
+  // The number of the line Next returned last, from 1.
+  uint64_t line() const { return line_; }
+
+ private:
+  LineReader(int fd, std::string path, const LineLimits& limits, std::string what);
+  int fd_ = -1;
+  std::string path_, what_;
+  LineLimits limits_;
+  std::vector<char> buffer_;
+  size_t begin_ = 0, end_ = 0;  // the unread part of buffer_
+  uint64_t total_ = 0;          // bytes read from the file
+  uint64_t line_ = 0;
+  bool eof_ = false;
+};
+
 // The text of errno now (strerror), for messages.
 std::string ErrnoText();
 

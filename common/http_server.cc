@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
+#include <sys/resource.h>
 
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
@@ -13,6 +14,8 @@
 #include <optional>
 #include <thread>
 #include <vector>
+
+#include "common/logging.h"
 
 namespace weft::http {
 namespace {
@@ -48,7 +51,31 @@ struct Liveness {
   std::mutex mutex;
   bool alive = true;
   std::map<const void*, std::shared_ptr<void>> waiting;  // session -> itself, until answered
+  // The connections: open now (sessions alive), the limit, and what the listener refused.
+  std::atomic<uint64_t> open{0};
+  uint64_t limit = 0;
+  std::atomic<uint64_t> refused{0};
+  std::atomic<uint64_t> accept_errors{0};
 };
+
+// The connection limit a server runs with: `configured`, or the open-file limit less 64.
+uint64_t ConnectionLimit(uint32_t configured) {
+  if (configured > 0) return configured;
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY) return 65536;
+  return std::max<uint64_t>(16, files.rlim_cur > 64 ? files.rlim_cur - 64 : 0);
+}
+
+// A warning at most every 10 seconds per `last` (the steady clock's count when last said).
+bool TimeToWarn(std::atomic<int64_t>& last) {
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  int64_t previous = last.load();
+  const int64_t gap =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::seconds(10))
+          .count();
+  if (previous != 0 && now - previous < gap) return false;
+  return last.compare_exchange_strong(previous, now);
+}
 
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
@@ -132,7 +159,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       : stream_(std::move(stream)),
         options_(options),
         hooks_(hooks),
-        liveness_(std::move(liveness)) {}
+        liveness_(std::move(liveness)) {
+    liveness_->open.fetch_add(1);
+  }
+  ~Session() { liveness_->open.fetch_sub(1); }
 
   void Run() {
     asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
@@ -508,6 +538,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
            const Hooks& hooks, std::shared_ptr<Liveness> liveness, asio::ssl::context* tls)
       : context_(context),
         acceptor_(std::move(acceptor)),
+        retry_(context),
         options_(options),
         hooks_(hooks),
         liveness_(std::move(liveness)),
@@ -520,21 +551,50 @@ class Listener : public std::enable_shared_from_this<Listener> {
   void Close() {
     beast::error_code ignored;
     acceptor_.close(ignored);
+    retry_.cancel();
   }
 
  private:
+  static constexpr std::chrono::milliseconds kFirstBackoff{10};
+  static constexpr std::chrono::milliseconds kLastBackoff{1000};
+
   void OnAccept(beast::error_code error, tcp::socket socket) {
     if (error == asio::error::operation_aborted) return;
-    if (!error) {
-      // Answers go out at once: a small answer must not wait for the peer's delayed ACK.
-      beast::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
+    if (error) {
+      liveness_->accept_errors.fetch_add(1);
+      // Out of descriptors or memory: accepting again at once would fail again at once (the
+      // pending connection stays in the backlog), so wait, longer each time.
+      const bool starved = error == asio::error::no_descriptors ||
+                           error == boost::system::errc::too_many_files_open_in_system ||
+                           error == asio::error::no_buffer_space || error == asio::error::no_memory;
+      if (!starved) return Accept();
+      backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, kLastBackoff);
+      if (TimeToWarn(last_warning_)) {
+        WEFT_LOG(kWarning) << "HTTP server on port " << acceptor_.local_endpoint(error).port()
+                           << ": cannot accept a connection (" << error.message() << ") with "
+                           << liveness_->open.load()
+                           << " open; trying again in at most 1 s (raise the open-file limit, "
+                              "ulimit -n, or lower max_connections)";
+      }
+      retry_.expires_after(backoff_);
+      retry_.async_wait([self = shared_from_this()](beast::error_code waited) {
+        if (!waited) self->Accept();
+      });
+      return;
     }
-    if (!error && tls_ != nullptr) {
+    backoff_ = std::chrono::milliseconds(0);
+    if (liveness_->open.load() >= liveness_->limit) {
+      RefuseOverLimit(std::move(socket));
+      return Accept();
+    }
+    // Answers go out at once: a small answer must not wait for the peer's delayed ACK.
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    if (tls_ != nullptr) {
       std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *tls_), options_, hooks_,
                                            liveness_)
           ->Run();
-    } else if (!error) {
+    } else {
       std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), options_,
                                                    hooks_, liveness_)
           ->Run();
@@ -542,8 +602,42 @@ class Listener : public std::enable_shared_from_this<Listener> {
     Accept();
   }
 
+  // A connection past the limit: a 503 written without waiting (plain HTTP; a TLS client gets
+  // the connection closed), then closed.
+  void RefuseOverLimit(tcp::socket socket) {
+    const uint64_t refused = liveness_->refused.fetch_add(1) + 1;
+    if (TimeToWarn(last_warning_)) {
+      WEFT_LOG(kWarning) << "HTTP server on port " << socket.local_endpoint().port() << ": "
+                         << liveness_->open.load() << " connections open, at its limit of "
+                         << liveness_->limit << " (max_connections); new connections are refused "
+                         << "with 503 until some close (" << refused << " refused so far)";
+    }
+    beast::error_code ignored;
+    if (tls_ == nullptr) {
+      static const std::string kAnswer = [] {
+        const std::string body =
+            R"({"error":"too many connections: the server is at its connection limit; retry later"})";
+        return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+               "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n" + body;
+      }();
+      socket.non_blocking(true, ignored);
+      socket.write_some(asio::buffer(kAnswer), ignored);
+      socket.shutdown(tcp::socket::shutdown_send, ignored);
+      // What the client already sent is read and dropped, so that closing does not reset the
+      // connection before it reads the answer.
+      char drain[4096];
+      while (socket.available(ignored) > 0 && !ignored)
+        socket.read_some(asio::buffer(drain), ignored);
+    }
+    socket.close(ignored);
+  }
+
   asio::io_context& context_;
   tcp::acceptor acceptor_;
+  asio::steady_timer retry_;
+  std::chrono::milliseconds backoff_{0};
+  std::atomic<int64_t> last_warning_{0};
   const ServerOptions& options_;
   const Hooks& hooks_;
   std::shared_ptr<Liveness> liveness_;
@@ -615,6 +709,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& optio
     return Unavailable("cannot listen on " + options.address + ":" + std::to_string(options.port) +
                        ": " + error.message());
   impl->port = acceptor.local_endpoint().port();
+  impl->liveness->limit = ConnectionLimit(options.max_connections);
   impl->listener = std::make_shared<Listener>(*impl->context, std::move(acceptor), impl->options,
                                               impl->hooks, impl->liveness, impl->tls.get());
   impl->listener->Accept();
@@ -628,6 +723,28 @@ HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() { Stop(); }
 
 uint16_t HttpServer::port() const { return impl_->port; }
+
+ConnectionStats HttpServer::connection_stats() const {
+  const Liveness& l = *impl_->liveness;
+  return {l.open.load(), l.limit, l.refused.load(), l.accept_errors.load()};
+}
+
+std::string ConnectionMetrics(const std::string& prefix, const ConnectionStats& stats) {
+  std::string text;
+  auto line = [&](const std::string& name, const char* type, const char* help, uint64_t value) {
+    text += "# HELP " + prefix + "_" + name + " " + help + "\n# TYPE " + prefix + "_" + name + " " +
+            type + "\n" + prefix + "_" + name + " " + std::to_string(value) + "\n";
+  };
+  line("connections_open", "gauge", "HTTP connections open now.", stats.open);
+  line("connections_limit", "gauge", "The most HTTP connections open at once (max_connections).",
+       stats.limit);
+  line("connections_refused_total", "counter",
+       "HTTP connections refused (503) for being past the limit.", stats.refused);
+  line("accept_errors_total", "counter",
+       "Failed accepts of HTTP connections (out of descriptors or memory, ...).",
+       stats.accept_errors);
+  return text;
+}
 
 boost::asio::io_context& HttpServer::context() { return *impl_->context; }
 
@@ -708,6 +825,13 @@ Response ErrorResponse(const RequestHeader& request, bhttp::status status,
 
 Response ErrorResponse(const RequestHeader& request, const Status& status) {
   return ErrorResponse(request, HttpStatusFor(status.code()), status.message());
+}
+
+Response MethodNotAllowed(const RequestHeader& request, std::string_view allow,
+                          const std::string& message) {
+  Response response = ErrorResponse(request, bhttp::status::method_not_allowed, message);
+  response.set(bhttp::field::allow, std::string(allow));
+  return response;
 }
 
 std::string_view BearerToken(const RequestHeader& request) {

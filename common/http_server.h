@@ -23,6 +23,11 @@
 // without its body (its Content-Length still the body's). A client that sends
 // `Expect: 100-continue` gets `100 Continue` once the check has let its request through.
 //
+// At most ServerOptions::max_connections connections are open at once: a connection past it is
+// answered 503 (or closed, with TLS) and counted, with a warning in the log at most every 10
+// seconds. When accepting fails for want of descriptors or memory (EMFILE, ENFILE, ENOBUFS,
+// ENOMEM), the listener waits before it tries again (10 ms, doubling to 1 s), rather than spin.
+//
 // Start() returns once the port is bound; Stop() (or the destructor) stops the threads, closes the
 // listening socket and every connection. With a certificate and key it speaks TLS (1.2 or newer)
 // only. Thread-safe, except that Stop() must not race with itself.
@@ -117,6 +122,19 @@ class BodySink {
 };
 using BodyRoute = std::function<std::unique_ptr<BodySink>(const RequestHeader& header)>;
 
+// What a server's listener saw, for its /metrics.
+struct ConnectionStats {
+  uint64_t open = 0;           // connections open now
+  uint64_t limit = 0;          // max_connections, as resolved
+  uint64_t refused = 0;        // refused for being past the limit, since the start
+  uint64_t accept_errors = 0;  // accepts that failed (out of descriptors, ...), since the start
+};
+
+// The Prometheus lines of `stats`, for a server whose metrics are named `prefix` ("weft_relay"):
+// PREFIX_connections_open, PREFIX_connections_limit, PREFIX_connections_refused_total and
+// PREFIX_accept_errors_total, each with its HELP and TYPE.
+std::string ConnectionMetrics(const std::string& prefix, const ConnectionStats& stats);
+
 class HttpServer {
  public:
   static Result<std::unique_ptr<HttpServer>> Start(const ServerOptions& options, Handler handler,
@@ -127,6 +145,7 @@ class HttpServer {
   ~HttpServer();
 
   uint16_t port() const;
+  ConnectionStats connection_stats() const;
   // The server's io_context, for timers that belong with it.
   boost::asio::io_context& context();
   void Stop();
@@ -148,6 +167,9 @@ Response JsonTextResponse(const RequestHeader& request, boost::beast::http::stat
 Response ErrorResponse(const RequestHeader& request, boost::beast::http::status status,
                        const std::string& message);
 Response ErrorResponse(const RequestHeader& request, const Status& status);
+// 405 with the Allow header `allow` ("GET, HEAD") and the JSON error body `message`.
+Response MethodNotAllowed(const RequestHeader& request, std::string_view allow,
+                          const std::string& message);
 boost::beast::http::status HttpStatusFor(StatusCode code);
 
 // The token of the request's "Authorization: Bearer <token>" ("" without one).

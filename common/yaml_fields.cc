@@ -1,6 +1,7 @@
 #include "common/yaml_fields.h"
 
 #include <cmath>
+#include <map>
 
 #include "common/units.h"
 
@@ -22,11 +23,37 @@ Result<std::optional<std::string>> Scalar(const YAML::Node& node, const std::str
   return std::optional<std::string>(value.Scalar());
 }
 
+// A key given twice in any map of the document, as an error naming its path and both lines
+// (YAML says keys are unique; a parser that keeps the first would silently ignore the second).
+Status CheckUniqueKeys(const YAML::Node& node, const std::string& where) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      WEFT_RETURN_IF_ERROR(CheckUniqueKeys(node[i], where + "[" + std::to_string(i) + "]"));
+    }
+  } else if (node.IsMap()) {
+    std::map<std::string, YAML::Mark> seen;
+    for (const auto& entry : node) {
+      const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : "";
+      const std::string path = where.empty() ? key : where + "." + key;
+      const auto [found, fresh] = seen.emplace(key, entry.first.Mark());
+      if (!fresh) {
+        return InvalidArgument(path + " is given twice (lines " +
+                               std::to_string(found->second.line + 1) + " and " +
+                               std::to_string(entry.first.Mark().line + 1) + "): keep one of them");
+      }
+      WEFT_RETURN_IF_ERROR(CheckUniqueKeys(entry.second, path));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<YAML::Node> LoadYamlFile(const std::string& path) {
   try {
-    return YAML::LoadFile(path);
+    YAML::Node root = YAML::LoadFile(path);
+    WEFT_RETURN_IF_ERROR(CheckUniqueKeys(root, "").WithContext(path));
+    return root;
   } catch (const YAML::BadFile&) {
     return NotFound("cannot read the config file " + path);
   } catch (const YAML::Exception& error) {

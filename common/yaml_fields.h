@@ -14,7 +14,8 @@
 
 namespace weft {
 
-// The document in `path`, or an error naming the file and the line of a syntax error.
+// The document in `path`, or an error naming the file and the line of a syntax error, or the path
+// and both lines of a key given twice in a map (anywhere in the document).
 Result<YAML::Node> LoadYamlFile(const std::string& path);
 
 // `node` (at `where`) must be a map whose keys are all in `allowed`.

@@ -197,8 +197,10 @@ Result<TrainerSummary> RunExampleTrainer(
                         GreedyAccuracy(layout, weights, task, eval, options.threads));
 
   // 2. Version 0: the warm-started policy.
+  policy_store::OpenOptions open;
+  open.create = true;  // the run's first version may start the store
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store,
-                        policy_store::OpenStore(options.store));
+                        policy_store::OpenStore(options.store, open));
   WEFT_ASSIGN_OR_RETURN(
       std::unique_ptr<trainer_adapter::Publisher> publisher,
       trainer_adapter::Publisher::Start(*store, options.run_id, layout.Master(weights),

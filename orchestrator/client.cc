@@ -106,8 +106,9 @@ Result<std::vector<Lease>> OrchestratorClient::RequestLeases(const std::string& 
 
 Result<SubmitResult> OrchestratorClient::Submit(const TrajectoryGroup& group) {
   const std::string token = TokenFor(group.cluster);
-  WEFT_ASSIGN_OR_RETURN(std::string answer, Call("POST", "/v1/submissions",
-                                                 wire::EncodeSubmission(group), true, {}, &token));
+  WEFT_ASSIGN_OR_RETURN(std::string answer,
+                        Call("POST", "/v1/clusters/" + group.cluster + "/submissions",
+                             wire::EncodeSubmission(group), true, {}, &token));
   return Answer(wire::DecodeSubmitResult(answer), "submission of job " + std::to_string(group.job));
 }
 

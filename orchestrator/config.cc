@@ -28,9 +28,20 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   const std::string where = "orchestrator";
   auto check = [&](const Status& s) { return s.ok() ? s : s.WithContext(path); };
   WEFT_RETURN_IF_ERROR(check(CheckKeys(o, where, [] {
-    std::set<std::string> keys = {
-        "listen", "journal", "run",      "dataset", "threads",      "max_request_bytes",
-        "tokens", "tick",    "max_wait", "tls",     "compact_after"};
+    std::set<std::string> keys = {"listen",
+                                  "journal",
+                                  "run",
+                                  "dataset",
+                                  "threads",
+                                  "max_request_bytes",
+                                  "tokens",
+                                  "tick",
+                                  "max_wait",
+                                  "tls",
+                                  "compact_after",
+                                  "max_connections",
+                                  "dataset_max_line",
+                                  "dataset_max_bytes"};
     keys.insert(CoreConfigKeys().begin(), CoreConfigKeys().end());
     return keys;
   }())));
@@ -48,6 +59,14 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "journal", &config.journal)));
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "run", &config.service.run_id)));
   WEFT_RETURN_IF_ERROR(check(ReadString(o, where, "dataset", &config.dataset)));
+  WEFT_RETURN_IF_ERROR(
+      check(ReadBytes(o, where, "dataset_max_line", &config.dataset_limits.max_line_bytes)));
+  WEFT_RETURN_IF_ERROR(
+      check(ReadBytes(o, where, "dataset_max_bytes", &config.dataset_limits.max_total_bytes)));
+  if (config.dataset_limits.max_line_bytes < 1024 || config.dataset_limits.max_total_bytes < 1024)
+    return InvalidArgument(file +
+                           "orchestrator.dataset_max_line and dataset_max_bytes must be "
+                           "at least 1KiB");
   WEFT_RETURN_IF_ERROR(ParseCoreConfig(o, where, path, &config.core));
   config.service.max_staleness = config.core.max_staleness;
   std::chrono::microseconds tick(config.service.tick_interval), max_wait(config.service.max_wait);
@@ -66,6 +85,11 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   if (threads < 1 || threads > 1024)
     return InvalidArgument(file + "orchestrator.threads must be 1 to 1024");
   config.service.server.threads = static_cast<int>(threads);
+  uint64_t connections = 0;
+  WEFT_RETURN_IF_ERROR(check(ReadUnsigned(o, where, "max_connections", &connections)));
+  if (connections > 1000000)
+    return InvalidArgument(file + "orchestrator.max_connections must be at most 1000000");
+  config.service.server.max_connections = static_cast<uint32_t>(connections);
   config.service.server.max_body_bytes = kDefaultMaxRequestBytes;
   WEFT_RETURN_IF_ERROR(
       check(ReadBytes(o, where, "max_request_bytes", &config.service.server.max_body_bytes)));
@@ -118,14 +142,15 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
   return config;
 }
 
-Result<std::vector<JobSpec>> LoadPrompts(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("cannot read the dataset " + path);
+Result<std::vector<JobSpec>> LoadPrompts(const std::string& path, const LineLimits& limits) {
+  WEFT_ASSIGN_OR_RETURN(LineReader in, LineReader::Open(path, limits, "the dataset"));
   std::vector<JobSpec> prompts;
-  std::string line;
-  for (size_t number = 1; std::getline(in, line); ++number) {
+  while (true) {
+    WEFT_ASSIGN_OR_RETURN(std::optional<std::string> next, in.Next());
+    if (!next) break;
+    const std::string& line = *next;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(number);
+    const std::string where = path + ":" + std::to_string(in.line());
     nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
     if (row.is_discarded()) return InvalidArgument(where + ": not a JSON object");
     WEFT_RETURN_IF_ERROR(CheckFields(row, where, {"prompt"}, {"samples", "metadata"}));

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/file_util.h"
 #include "orchestrator/core.h"
 #include "orchestrator/durable_core.h"
 #include "orchestrator/service.h"
@@ -22,6 +23,7 @@ struct OrchestratorConfig {
   std::string journal = "orchestrator.journal";
   std::string
       dataset;  // JSONL prompts queued when the journal is new; empty: jobs come from the trainer
+  LineLimits dataset_limits;  // dataset_max_line, dataset_max_bytes
 };
 
 Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path);
@@ -31,7 +33,7 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
 
 // The prompts of a JSONL dataset: one {"prompt": text or [token ids], "samples": n, "metadata":
 // any JSON} per line (samples optional, default 1; metadata optional, as in POST /v1/jobs). Errors
-// name the file and line.
-Result<std::vector<JobSpec>> LoadPrompts(const std::string& path);
+// name the file and line; a line or a file past `limits` is refused having read no further.
+Result<std::vector<JobSpec>> LoadPrompts(const std::string& path, const LineLimits& limits = {});
 
 }  // namespace weft::orchestrator

@@ -72,6 +72,51 @@ Result<std::string> NewClusterToken() {
   return HexEncode(bytes);
 }
 
+// What a request's target names, decided from its header alone, and the methods it takes
+// (`allow`, as an Allow header lists them; null for an unknown cluster action).
+struct Endpoint {
+  enum Kind { kProbe, kStatus, kRegister, kCluster, kSubmissions, kTrainer, kUnknown };
+  Kind kind = kUnknown;
+  std::string cluster;  // kCluster: the cluster in the path
+  std::string action;   // kCluster: "" (the cluster itself), heartbeat, leases, ...
+  const char* allow = nullptr;
+};
+
+Endpoint Classify(std::string_view target) {
+  static constexpr std::string_view kClusters = "/v1/clusters";
+  if (target == "/livez" || target == "/readyz" || target == "/metrics")
+    return {Endpoint::kProbe, "", "", "GET, HEAD"};
+  if (target == "/v1/status") return {Endpoint::kStatus, "", "", "GET, HEAD"};
+  if (target == kClusters) return {Endpoint::kRegister, "", "", "POST"};
+  if (target.starts_with(kClusters) && target.size() > kClusters.size() &&
+      target[kClusters.size()] == '/') {
+    const std::string_view rest = target.substr(kClusters.size() + 1);
+    const size_t slash = rest.find('/');
+    Endpoint e{Endpoint::kCluster, std::string(rest.substr(0, slash)),
+               slash == std::string_view::npos ? "" : std::string(rest.substr(slash + 1)), nullptr};
+    if (e.action.empty()) {
+      e.allow = "DELETE";
+    } else if (e.action == "heartbeat" || e.action == "leases" || e.action == "drain" ||
+               e.action == "release" || e.action == "submissions") {
+      e.allow = "POST";
+    }
+    return e;
+  }
+  if (target == "/v1/submissions") return {Endpoint::kSubmissions, "", "", "POST"};
+  if (target == "/v1/versions" || target == "/v1/jobs" || target == "/v1/batches")
+    return {Endpoint::kTrainer, "", "", "POST"};
+  return {};
+}
+
+// Whether `method` is among `allow` ("GET, HEAD").
+bool Allows(std::string_view allow, bhttp::verb method) {
+  const auto name = bhttp::to_string(method);
+  for (const auto item : bhttp::token_list(boost::beast::string_view(allow.data(), allow.size()))) {
+    if (item == name) return true;
+  }
+  return false;
+}
+
 // The request's body as the text the wire layer decodes.
 std::string_view BodyText(const Request& request) {
   return {reinterpret_cast<const char*>(request.body().data()), request.body().size()};
@@ -103,15 +148,16 @@ struct OrchestratorService::Impl {
   }
 
   void Handle(Request request, Responder respond);
-  // What can be decided from a request's header, before its body is read: the method of the
-  // probes, a token (a role's, or any bearer where a cluster's own token may serve), the body
-  // limit (small but for submissions and jobs).
+  // What is decided from a request's header, before its body is read: the endpoint (404), the
+  // method (405, with Allow), every token (401, 403: a role's, or a cluster's own for calls under
+  // /v1/clusters/<cluster>/), the body limit (small but for submissions and jobs). Route relies on
+  // it having let the request through.
   std::optional<Response> Admit(const http::RequestHeader& header, uint64_t* body_limit) const;
   // Whether the request may act for `cluster` (nullopt) or the refusal: the admin token may, the
   // token the cluster's registration handed out may, and so may the worker token for a cluster
   // registered without one (by an older orchestrator) or not registered at all (the core then
   // answers 404).
-  std::optional<Response> MayActFor(const Request& request, Role role,
+  std::optional<Response> MayActFor(const http::RequestHeader& request, Role role,
                                     const std::string& cluster) const;
   Response Route(const Request& request, Role role, Responder* respond);
   Json StatusJson() const;
@@ -139,6 +185,7 @@ struct OrchestratorService::Impl {
   ServiceOptions options;
   const http::TokenDigest admin_token, worker_token, trainer_token;  // options' tokens, hashed once
   std::unique_ptr<http::HttpServer> server;
+  std::atomic<const http::HttpServer*> started{nullptr};  // `server`, for /metrics once set
   std::mutex mutex;
   std::condition_variable changed;
   bool woken = false;
@@ -239,25 +286,77 @@ void OrchestratorService::Impl::Poll() {
 std::optional<Response> OrchestratorService::Impl::Admit(const http::RequestHeader& header,
                                                          uint64_t* body_limit) const {
   const std::string_view target(header.target().data(), header.target().size());
-  if (target == "/livez" || target == "/readyz" || target == "/metrics") {
-    if (header.method() == bhttp::verb::get || header.method() == bhttp::verb::head)
-      return std::nullopt;
-    Response refused = http::ErrorResponse(header, bhttp::status::method_not_allowed,
-                                           std::string(target) + " takes GET (or HEAD)");
-    refused.set(bhttp::field::allow, "GET, HEAD");
-    return refused;
+  if (target.find_first_of("?%#") != std::string_view::npos) {
+    return http::ErrorResponse(header, bhttp::status::bad_request,
+                               "query strings and escapes are not supported");
   }
-  // A cluster's own token is no role token: it is checked once the call's cluster is known.
-  const bool names_cluster = target.starts_with("/v1/clusters/") || target == "/v1/submissions";
-  if (RoleOf(header) == Role::kNone && !(names_cluster && !http::BearerToken(header).empty())) {
-    return http::ErrorResponse(
-        header, bhttp::status::unauthorized,
-        "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
+  const Endpoint endpoint = Classify(target);
+  if (endpoint.kind == Endpoint::kUnknown) {
+    return http::ErrorResponse(header, bhttp::status::not_found,
+                               "no such endpoint: " + std::string(target));
+  }
+  if (endpoint.kind == Endpoint::kCluster) {
+    if (weft::Status named = CheckName(endpoint.cluster, "the cluster id in the path"); !named.ok())
+      return http::ErrorResponse(header, named);
+    if (endpoint.allow == nullptr) {
+      return http::ErrorResponse(header, bhttp::status::not_found,
+                                 "no such cluster action: " + endpoint.action);
+    }
+  }
+  if (!Allows(endpoint.allow, header.method())) {
+    return http::MethodNotAllowed(header, endpoint.allow,
+                                  std::string(target) + " takes " + std::string(endpoint.allow) +
+                                      ", not " + std::string(header.method_string()));
+  }
+  // Every token is checked here, from the header: no body is read for a request that may not
+  // be made.
+  const Role role = RoleOf(header);
+  auto needs = [&](Role wanted, const char* what) -> std::optional<Response> {
+    if (role == wanted || role == Role::kAdmin) return std::nullopt;
+    if (role == Role::kNone) {
+      return http::ErrorResponse(header, bhttp::status::unauthorized,
+                                 std::string("this endpoint needs the ") + what +
+                                     " or admin token (Authorization: Bearer ...)");
+    }
+    return http::ErrorResponse(header, bhttp::status::forbidden,
+                               std::string("this endpoint needs the ") + what + " or admin token");
+  };
+  switch (endpoint.kind) {
+    case Endpoint::kProbe:
+      return std::nullopt;
+    case Endpoint::kStatus:
+      if (role == Role::kNone) {
+        return http::ErrorResponse(
+            header, bhttp::status::unauthorized,
+            "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
+      }
+      break;
+    case Endpoint::kRegister:
+      if (auto refused = needs(Role::kWorker, "worker")) return refused;
+      break;
+    case Endpoint::kCluster:
+      if (auto refused = MayActFor(header, role, endpoint.cluster)) return refused;
+      break;
+    case Endpoint::kSubmissions:
+      if (role == Role::kNone && !http::BearerToken(header).empty()) {
+        return http::ErrorResponse(
+            header, bhttp::status::unauthorized,
+            "POST /v1/submissions takes the worker or admin token; a cluster submits with its own "
+            "token to /v1/clusters/<cluster>/submissions");
+      }
+      if (auto refused = needs(Role::kWorker, "worker")) return refused;
+      break;
+    case Endpoint::kTrainer:
+      if (auto refused = needs(Role::kTrainer, "trainer")) return refused;
+      break;
+    case Endpoint::kUnknown:
+      break;
   }
   // Only submissions and jobs may be large; the rest are small by nature, and a large body would
   // only cost memory to parse.
-  if (target != "/v1/submissions" && target != "/v1/jobs")
-    *body_limit = std::min(*body_limit, kSmallRequestBytes);
+  const bool large = endpoint.kind == Endpoint::kSubmissions || target == "/v1/jobs" ||
+                     (endpoint.kind == Endpoint::kCluster && endpoint.action == "submissions");
+  if (!large) *body_limit = std::min(*body_limit, kSmallRequestBytes);
   return std::nullopt;
 }
 
@@ -267,7 +366,8 @@ void OrchestratorService::Impl::Handle(Request request, Responder respond) {
   if (respond) respond(std::move(response));  // empty when a long poll took it
 }
 
-std::optional<Response> OrchestratorService::Impl::MayActFor(const Request& request, Role role,
+std::optional<Response> OrchestratorService::Impl::MayActFor(const http::RequestHeader& request,
+                                                             Role role,
                                                              const std::string& cluster) const {
   if (role == Role::kAdmin) return std::nullopt;
   const std::optional<std::string> credential =
@@ -290,11 +390,8 @@ std::optional<Response> OrchestratorService::Impl::MayActFor(const Request& requ
 
 Response OrchestratorService::Impl::Route(const Request& request, Role role, Responder* respond) {
   const std::string target(request.target());
-  const auto method = request.method();
   auto error = [&](const weft::Status& status) { return http::ErrorResponse(request, status); };
   auto ok = [&](const Json& body) { return http::JsonResponse(request, bhttp::status::ok, body); };
-  if (target.find_first_of("?%#") != std::string::npos)
-    return error(InvalidArgument("query strings and escapes are not supported"));
   if (target == "/livez") return ok(Json{{"ok", true}});
   if (target == "/readyz")
     return ok(Json{{"ready", true}, {"events_replayed", core.events_replayed()}});
@@ -306,97 +403,24 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     response.prepare_payload();
     return response;
   }
-  const std::string clusters = "/v1/clusters";
-  auto needs = [&](Role wanted) -> std::optional<Response> {
-    if (role == wanted || role == Role::kAdmin) return std::nullopt;
-    return http::ErrorResponse(request, bhttp::status::forbidden,
-                               std::string("this endpoint needs the ") +
-                                   (wanted == Role::kWorker ? "worker" : "trainer") +
-                                   " or admin token");
-  };
-  if (target == "/v1/status") {
-    if (method != bhttp::verb::get)
-      return http::ErrorResponse(request, bhttp::status::method_not_allowed, "status takes GET");
-    return ok(StatusJson());
-  }
+  if (target == "/v1/status") return ok(StatusJson());
   const Micros now = WallMicros();
   const std::string_view body = BodyText(request);
   auto answer = [&](const std::string& text) {
     return http::JsonTextResponse(request, bhttp::status::ok, text);
   };
-  if (target == clusters && method == bhttp::verb::post) {
-    if (auto refused = needs(Role::kWorker)) return *refused;
-    Result<wire::Registration> r = wire::DecodeRegistration(body);
-    if (!r.ok()) return error(r.status());
-    Result<std::string> token = NewClusterToken();
-    if (!token.ok()) return error(token.status());
-    weft::Status done =
-        core.Register(now, r->cluster, r->region, r->capacity, CredentialOf(*token));
-    if (!done.ok()) return error(done);
-    Wake();
-    return ok(Json{{"cluster", r->cluster}, {"registered", true}, {"cluster_token", *token}});
-  }
-  if (target.rfind(clusters + "/", 0) == 0) {
-    std::string rest = target.substr(clusters.size() + 1);
-    const size_t slash = rest.find('/');
-    const std::string id = rest.substr(0, slash);
-    const std::string action = slash == std::string::npos ? "" : rest.substr(slash + 1);
-    if (weft::Status named = CheckName(id, "the cluster id in the path"); !named.ok())
-      return error(named);
-    if (auto refused = MayActFor(request, role, id)) return *refused;
-    if (action.empty() && method == bhttp::verb::delete_) {
-      weft::Status done = core.Deregister(now, id);
-      if (!done.ok()) return error(done);
-      Wake();
-      return ok(Json{{"cluster", id}, {"deregistered", true}});
-    }
-    if (method != bhttp::verb::post)
-      return http::ErrorResponse(request, bhttp::status::method_not_allowed,
-                                 "cluster actions take POST (or DELETE to leave)");
-    if (action == "heartbeat") {
-      Result<wire::Heartbeat> h = wire::DecodeHeartbeat(body);
-      if (!h.ok()) return error(h.status());
-      weft::Status done = core.Heartbeat(now, id, h->ready_version);
-      if (!done.ok()) return error(done);
-      if (h->sync) {
-        std::lock_guard<std::mutex> lock(sync_mutex);
-        sync_reports[id] = std::move(*h->sync);
-      }
-      Wake();
-      return ok(Json{{"cluster", id}, {"ok", true}});
-    }
-    if (action == "leases") {
-      Result<wire::LeaseRequest> r = wire::DecodeLeaseRequest(body);
-      if (!r.ok()) return error(r.status());
-      Result<std::vector<Lease>> leases = core.RequestLeases(now, id, r->max, r->request);
-      if (!leases.ok()) return error(leases.status());
-      if (!leases->empty() || r->wait.count() == 0) return answer(wire::EncodeLeases(*leases));
-      Park({false, id, r->max, r->request,
-            std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
-            std::move(*respond)});
-      *respond = nullptr;
-      return Response();
-    }
-    if (action == "drain" || action == "release") {
-      Result<std::vector<uint64_t>> jobs = wire::DecodeDrain(body);
-      if (!jobs.ok()) return error(jobs.status());
-      const bool drain = action == "drain";
-      weft::Status done = core.Drain(now, id, *jobs, drain);
-      if (!done.ok()) return error(done);
-      Wake();
-      if (drain) return ok(Json{{"cluster", id}, {"draining", true}});
-      return ok(Json{{"cluster", id}, {"released", true}});
-    }
-    return http::ErrorResponse(request, bhttp::status::not_found,
-                               "no such cluster action: " + action);
-  }
-  if (target == "/v1/submissions") {
-    if (method != bhttp::verb::post)
-      return http::ErrorResponse(request, bhttp::status::method_not_allowed,
-                                 "submissions take POST");
+  // A submission, once the caller may act for its cluster (`path_cluster`: the one the path
+  // named, which the submission must be for).
+  auto submit = [&](const std::optional<std::string>& path_cluster) -> Response {
     Result<TrajectoryGroup> group = wire::DecodeSubmission(body);
     if (!group.ok()) return error(group.status());
-    if (auto refused = MayActFor(request, role, group->cluster)) return *refused;
+    if (path_cluster && group->cluster != *path_cluster) {
+      return error(InvalidArgument("submission.cluster is " + group->cluster +
+                                   ", but the path is " + "for cluster " + *path_cluster));
+    }
+    if (!path_cluster) {
+      if (auto refused = MayActFor(request, role, group->cluster)) return *refused;
+    }
     // Answered from the journal's thread once durable: no server thread waits on the disk.
     // (A job done moves from leased to buffered: no admission room opens, no poll to wake.)
     core.SubmitAsync(
@@ -407,44 +431,100 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
         });
     *respond = nullptr;
     return Response();
-  }
-  if (target == "/v1/versions" || target == "/v1/jobs" || target == "/v1/batches") {
-    if (auto refused = needs(Role::kTrainer)) return *refused;
-    if (method != bhttp::verb::post)
-      return http::ErrorResponse(request, bhttp::status::method_not_allowed,
-                                 target + " takes POST");
-    if (target == "/v1/versions") {
-      Result<uint64_t> version = wire::DecodeAnnouncement(body);
-      if (!version.ok()) return error(version.status());
-      weft::Status done = core.AnnounceVersion(now, *version);
+  };
+  const Endpoint endpoint = Classify(target);
+  switch (endpoint.kind) {
+    case Endpoint::kRegister: {
+      Result<wire::Registration> r = wire::DecodeRegistration(body);
+      if (!r.ok()) return error(r.status());
+      Result<std::string> token = NewClusterToken();
+      if (!token.ok()) return error(token.status());
+      weft::Status done =
+          core.Register(now, r->cluster, r->region, r->capacity, CredentialOf(*token));
       if (!done.ok()) return error(done);
       Wake();
-      return answer(wire::EncodeAnnouncement(*version));
+      return ok(Json{{"cluster", r->cluster}, {"registered", true}, {"cluster_token", *token}});
     }
-    if (target == "/v1/jobs") {
-      Result<std::vector<JobSpec>> jobs = wire::DecodeJobs(body);
+    case Endpoint::kCluster: {
+      const std::string& id = endpoint.cluster;
+      const std::string& action = endpoint.action;
+      if (action.empty()) {
+        weft::Status done = core.Deregister(now, id);
+        if (!done.ok()) return error(done);
+        Wake();
+        return ok(Json{{"cluster", id}, {"deregistered", true}});
+      }
+      if (action == "heartbeat") {
+        Result<wire::Heartbeat> h = wire::DecodeHeartbeat(body);
+        if (!h.ok()) return error(h.status());
+        weft::Status done = core.Heartbeat(now, id, h->ready_version);
+        if (!done.ok()) return error(done);
+        if (h->sync) {
+          std::lock_guard<std::mutex> lock(sync_mutex);
+          sync_reports[id] = std::move(*h->sync);
+        }
+        Wake();
+        return ok(Json{{"cluster", id}, {"ok", true}});
+      }
+      if (action == "leases") {
+        Result<wire::LeaseRequest> r = wire::DecodeLeaseRequest(body);
+        if (!r.ok()) return error(r.status());
+        Result<std::vector<Lease>> leases = core.RequestLeases(now, id, r->max, r->request);
+        if (!leases.ok()) return error(leases.status());
+        if (!leases->empty() || r->wait.count() == 0) return answer(wire::EncodeLeases(*leases));
+        Park({false, id, r->max, r->request,
+              std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
+              std::move(*respond)});
+        *respond = nullptr;
+        return Response();
+      }
+      if (action == "submissions") return submit(id);
+      // drain or release
+      Result<std::vector<uint64_t>> jobs = wire::DecodeDrain(body);
       if (!jobs.ok()) return error(jobs.status());
-      Result<std::vector<uint64_t>> ids = core.AddJobs(now, *jobs);
-      if (!ids.ok()) return error(ids.status());
+      const bool drain = action == "drain";
+      weft::Status done = core.Drain(now, id, *jobs, drain);
+      if (!done.ok()) return error(done);
       Wake();
-      return answer(wire::EncodeJobIds(*ids));
+      if (drain) return ok(Json{{"cluster", id}, {"draining", true}});
+      return ok(Json{{"cluster", id}, {"released", true}});
     }
-    Result<wire::BatchRequest> r = wire::DecodeBatchRequest(body);
-    if (!r.ok()) return error(r.status());
-    // The acknowledgement takes effect even if the poll then waits.
-    Result<Batch> batch = core.TakeBatch(now, r->max, r->ack);
-    if (!batch.ok()) return error(batch.status());
-    if (!batch->items.empty() || r->wait.count() == 0) {
-      Wake();  // admission room freed
-      return answer(wire::Encode(*batch));
-    }
-    Park({true, "", r->max, 0,
-          std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
-          std::move(*respond)});
-    *respond = nullptr;
-    return Response();
+    case Endpoint::kSubmissions:
+      return submit(std::nullopt);
+    case Endpoint::kTrainer:
+      break;
+    default:
+      return http::ErrorResponse(request, bhttp::status::not_found, "no such endpoint: " + target);
   }
-  return http::ErrorResponse(request, bhttp::status::not_found, "no such endpoint: " + target);
+  if (target == "/v1/versions") {
+    Result<uint64_t> version = wire::DecodeAnnouncement(body);
+    if (!version.ok()) return error(version.status());
+    weft::Status done = core.AnnounceVersion(now, *version);
+    if (!done.ok()) return error(done);
+    Wake();
+    return answer(wire::EncodeAnnouncement(*version));
+  }
+  if (target == "/v1/jobs") {
+    Result<std::vector<JobSpec>> jobs = wire::DecodeJobs(body);
+    if (!jobs.ok()) return error(jobs.status());
+    Result<std::vector<uint64_t>> ids = core.AddJobs(now, *jobs);
+    if (!ids.ok()) return error(ids.status());
+    Wake();
+    return answer(wire::EncodeJobIds(*ids));
+  }
+  Result<wire::BatchRequest> r = wire::DecodeBatchRequest(body);
+  if (!r.ok()) return error(r.status());
+  // The acknowledgement takes effect even if the poll then waits.
+  Result<Batch> batch = core.TakeBatch(now, r->max, r->ack);
+  if (!batch.ok()) return error(batch.status());
+  if (!batch->items.empty() || r->wait.count() == 0) {
+    Wake();  // admission room freed
+    return answer(wire::Encode(*batch));
+  }
+  Park({true, "", r->max, 0, std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait),
+        request, std::move(*respond)});
+  *respond = nullptr;
+  return Response();
 }
 
 Json OrchestratorService::Impl::StatusJson() const {
@@ -621,6 +701,8 @@ std::string OrchestratorService::Impl::Metrics() const {
           << report.*field << "\n";
     }
   }
+  if (const http::HttpServer* running = started.load())
+    out << http::ConnectionMetrics("weft_orchestrator", running->connection_stats());
   return out.str();
 }
 
@@ -656,6 +738,7 @@ Result<std::unique_ptr<OrchestratorService>> OrchestratorService::Start(DurableC
                             [raw](const http::RequestHeader& header, uint64_t* body_limit) {
                               return raw->Admit(header, body_limit);
                             }));
+  impl->started = impl->server.get();
   impl->poller = std::thread([raw] { raw->Poll(); });
   return std::unique_ptr<OrchestratorService>(new OrchestratorService(std::move(impl)));
 }

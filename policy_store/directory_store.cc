@@ -115,11 +115,15 @@ class DirectoryWriter : public ObjectWriter {
 
 }  // namespace
 
-Result<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::string& root) {
+Result<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::string& root, bool create) {
   std::error_code error;
-  fs::create_directories(root, error);
-  if (error)
-    return InvalidArgument(root + ": cannot create the store directory: " + error.message());
+  if (create) {
+    fs::create_directories(root, error);
+    if (error)
+      return InvalidArgument(root + ": cannot create the store directory: " + error.message());
+  } else if (!fs::exists(root, error)) {
+    return NotFound("no store at " + root + ": the directory does not exist");
+  }
   if (!fs::is_directory(root)) return InvalidArgument(root + ": not a directory");
   return std::unique_ptr<DirectoryStore>(
       new DirectoryStore(fs::absolute(root).lexically_normal().string()));

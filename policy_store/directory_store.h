@@ -21,8 +21,9 @@ namespace weft::policy_store {
 
 class DirectoryStore : public ObjectStore {
  public:
-  // Creates the directory if needed.
-  static Result<std::unique_ptr<DirectoryStore>> Open(const std::string& root);
+  // With `create`, creates the directory if needed; without, a directory that does not exist is
+  // kNotFound (and nothing is created).
+  static Result<std::unique_ptr<DirectoryStore>> Open(const std::string& root, bool create = true);
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;

@@ -275,6 +275,17 @@ std::string LatestKey(const std::string& run_id) { return "runs/" + run_id + "/l
 
 std::string BlobKey(const std::string& sha256) { return "blobs/" + sha256; }
 
+bool IsMutableKey(std::string_view key) {
+  if (!key.starts_with("runs/")) return false;
+  const std::string_view rest = key.substr(5);
+  const size_t slash = rest.find('/');
+  if (slash == 0 || slash == std::string_view::npos) return false;
+  const std::string_view tail = rest.substr(slash + 1);
+  if (tail == "latest") return true;
+  return tail.starts_with("pins/") && tail.size() > 5 &&
+         tail.find('/', 5) == std::string_view::npos;
+}
+
 std::string Sha256Hex(std::span<const uint8_t> bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;

@@ -120,6 +120,10 @@ std::string PinKey(const std::string& run_id, const std::string& holder);
 std::string CatchupKey(const std::string& run_id, uint64_t target, uint64_t base);
 std::string CatchupPrefix(const std::string& run_id, uint64_t target);
 std::string BlobKey(const std::string& sha256);
+// Whether `key` names one of the objects that change, by compare-and-swap only: a run's `latest`
+// pointer (runs/<run>/latest) and its pins (runs/<run>/pins/<holder>). Every other object is
+// immutable once written.
+bool IsMutableKey(std::string_view key);
 std::string Sha256Hex(std::span<const uint8_t> bytes);
 // A SHA-256 computed a piece at a time (bytes that stream past). Movable, not copyable.
 class Sha256 {

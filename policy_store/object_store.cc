@@ -269,65 +269,137 @@ Status ValidateKey(const std::string& key) {
   return Status::Ok();
 }
 
+namespace {
+
+constexpr const char* kStoreForms =
+    "a store is a directory (an absolute path, or a relative one with no ':' in its first "
+    "segment; ./NAME for one that has), file:///ABSOLUTE/PATH, http(s)://HOST:PORT or "
+    "s3://BUCKET/PREFIX";
+
+Status BadStore(const std::string& uri, const std::string& why) {
+  std::string shown;
+  for (char c : uri) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", static_cast<unsigned char>(c));
+      shown += escaped;
+    } else {
+      shown += c;
+    }
+  }
+  return InvalidArgument("store '" + shown + "': " + why + " (" + kStoreForms + ")");
+}
+
+}  // namespace
+
+Result<StoreLocation> ParseStoreUri(const std::string& uri) {
+  if (uri.empty()) return BadStore(uri, "empty");
+  for (char c : uri) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      return BadStore(uri, "holds a control character");
+  }
+  StoreLocation location;
+  const size_t scheme_end = uri.find("://");
+  const std::string_view first_segment = std::string_view(uri).substr(0, uri.find('/'));
+  if (scheme_end != std::string::npos && scheme_end < first_segment.size()) {
+    const std::string scheme = uri.substr(0, scheme_end);
+    const std::string rest = uri.substr(scheme_end + 3);
+    if (scheme == "http" || scheme == "https") {
+      const std::string base = uri.substr(0, uri.find('?'));
+      const std::string host =
+          base.substr(scheme_end + 3, base.find('/', scheme_end + 3) - (scheme_end + 3));
+      if (host.empty() || host.front() == ':') return BadStore(uri, "no host");
+      location.kind = StoreLocation::Kind::kHttp;
+      location.base = base;
+      if (const size_t question = uri.find('?'); question != std::string::npos) {
+        std::stringstream query(uri.substr(question + 1));
+        for (std::string item; std::getline(query, item, '&');) {
+          if (item.empty()) continue;
+          const size_t equals = item.find('=');
+          const std::string name = item.substr(0, equals);
+          if (name != "range_size" && name != "parallel") {
+            return InvalidArgument("store '" + base + "': unknown option '" + name +
+                                   "' (known: range_size, parallel)");
+          }
+          if (!location.options
+                   .emplace(name, equals == std::string::npos ? "" : item.substr(equals + 1))
+                   .second) {
+            return InvalidArgument("store '" + base + "': option '" + name + "' is given twice");
+          }
+        }
+      }
+      return location;
+    }
+    if (scheme == "s3") {
+      if (rest.empty() || rest.front() == '/' || rest.front() == '?')
+        return BadStore(uri, "no bucket");
+      location.kind = StoreLocation::Kind::kS3;
+      location.base = uri;
+      return location;
+    }
+    if (scheme == "file") {
+      if (rest.empty() || rest.front() != '/')
+        return BadStore(uri, "file:// takes an absolute path (file:///PATH)");
+      location.path = rest;
+      return location;
+    }
+    return BadStore(uri, "unknown scheme '" + scheme + "'");
+  }
+  // A plain path. A ':' in its first segment is a mistyped URI far more often than a directory
+  // name (s3:/bucket, s3:bucket, http:/host, file:relative).
+  if (first_segment.find(':') != std::string_view::npos)
+    return BadStore(uri, "not a URI of a known form, nor a plain path");
+  for (const char* scheme : {"s3", "http", "https", "file"}) {
+    if (uri.starts_with(std::string(scheme) + "//"))
+      return BadStore(uri, "not a URI of a known form ('" + std::string(scheme) + "//...')");
+  }
+  location.path = uri;
+  return location;
+}
+
 Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri, const OpenOptions& options) {
+  WEFT_ASSIGN_OR_RETURN(const StoreLocation location, ParseStoreUri(uri));
   std::unique_ptr<ObjectStore> store;
   const bool shaped = options.shape_bytes_per_second > 0 || options.shape_latency.count() > 0;
-  if (uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0) {
-    const char* environment = std::getenv("WEFT_STORE_TOKEN");
-    const std::string token =
-        options.writer_token ? *options.writer_token : (environment ? environment : "");
-    HttpStoreOptions http;
-    http.deadline = options.deadline;
-    http.cancel = options.cancel;
-    // Options after '?': how blobs are read.
-    std::string base = uri;
-    if (const size_t question = uri.find('?'); question != std::string::npos) {
-      base = uri.substr(0, question);
-      std::map<std::string, std::string> given;
-      std::stringstream query(uri.substr(question + 1));
-      for (std::string item; std::getline(query, item, '&');) {
-        if (item.empty()) continue;
-        const size_t equals = item.find('=');
-        const std::string name = item.substr(0, equals);
-        if (name != "range_size" && name != "parallel") {
-          return InvalidArgument("store '" + base + "': unknown option '" + name +
-                                 "' (known: range_size, parallel)");
-        }
-        given[name] = equals == std::string::npos ? "" : item.substr(equals + 1);
+  switch (location.kind) {
+    case StoreLocation::Kind::kHttp: {
+      const char* environment = std::getenv("WEFT_STORE_TOKEN");
+      const std::string token =
+          options.writer_token ? *options.writer_token : (environment ? environment : "");
+      HttpStoreOptions http;
+      http.deadline = options.deadline;
+      http.cancel = options.cancel;
+      WEFT_RETURN_IF_ERROR(
+          ParseBlobReads(location.options, "store '" + location.base + "'", &http.reads));
+      if (shaped)
+        http.shaper = std::make_shared<LinkShaper>(
+            LinkShape{options.shape_bytes_per_second, options.shape_latency});
+      store = std::make_unique<HttpStore>(location.base, token, http);
+      break;
+    }
+    case StoreLocation::Kind::kS3: {
+      WEFT_ASSIGN_OR_RETURN(s3::Settings settings,
+                            s3::ResolveSettings(location.base, s3::ProcessEnvironment()));
+      S3StoreOptions s3_options;
+      s3_options.deadline = options.deadline;
+      s3_options.cancel = options.cancel;
+      if (shaped)
+        ShapeClient(std::make_shared<LinkShaper>(
+                        LinkShape{options.shape_bytes_per_second, options.shape_latency}),
+                    &s3_options);
+      store = std::make_unique<S3Store>(std::move(settings), s3_options);
+      break;
+    }
+    case StoreLocation::Kind::kDirectory: {
+      if (shaped) {
+        return InvalidArgument(
+            "link shaping applies to http:// and s3:// stores, not to the directory " + uri);
       }
-      WEFT_RETURN_IF_ERROR(ParseBlobReads(given, "store '" + base + "'", &http.reads));
+      WEFT_ASSIGN_OR_RETURN(std::unique_ptr<DirectoryStore> directory,
+                            DirectoryStore::Open(location.path, options.create));
+      store = std::move(directory);
+      break;
     }
-    if (shaped)
-      http.shaper = std::make_shared<LinkShaper>(
-          LinkShape{options.shape_bytes_per_second, options.shape_latency});
-    store = std::make_unique<HttpStore>(base, token, http);
-  } else if (uri.rfind("s3://", 0) == 0) {
-    WEFT_ASSIGN_OR_RETURN(s3::Settings settings,
-                          s3::ResolveSettings(uri, s3::ProcessEnvironment()));
-    S3StoreOptions s3_options;
-    s3_options.deadline = options.deadline;
-    s3_options.cancel = options.cancel;
-    if (shaped)
-      ShapeClient(std::make_shared<LinkShaper>(
-                      LinkShape{options.shape_bytes_per_second, options.shape_latency}),
-                  &s3_options);
-    store = std::make_unique<S3Store>(std::move(settings), s3_options);
-  } else {
-    const size_t scheme = uri.find("://");
-    if (scheme != std::string::npos && uri.compare(0, scheme, "file") != 0) {
-      return InvalidArgument("store '" + uri + "': unknown scheme '" + uri.substr(0, scheme) +
-                             "' (a store is a directory, file://PATH, http(s)://HOST:PORT or "
-                             "s3://BUCKET/PREFIX)");
-    }
-    if (shaped)
-      return InvalidArgument(
-          "link shaping applies to http:// and s3:// stores, not to the "
-          "directory " +
-          uri);
-    std::string path = uri.rfind("file://", 0) == 0 ? uri.substr(7) : uri;
-    if (path.empty()) return InvalidArgument("empty store path");
-    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<DirectoryStore> directory, DirectoryStore::Open(path));
-    store = std::move(directory);
   }
   if (options.cache_dir.empty()) return store;
   WEFT_ASSIGN_OR_RETURN(

@@ -191,6 +191,21 @@ Status ParseBlobReads(const std::map<std::string, std::string>& options, const s
 ObjectRange SliceRange(std::vector<uint8_t> whole, uint64_t first, uint64_t length);
 ObjectRange SliceRange(std::span<const uint8_t> whole, uint64_t first, uint64_t length);
 
+// Where a store URI points: the one reading of a store URI, shared by the CLI, the configs and
+// Python. Accepted forms: a directory path (absolute, or relative with no ':' in its first
+// segment), file:///ABSOLUTE/PATH, http(s)://HOST[:PORT] (options after '?': range_size,
+// parallel) and s3://BUCKET[/PREFIX] (options: s3_config.h). Anything else (an unknown scheme, a
+// mistyped one such as s3:/b, s3:b, s3//b or http:/h, file:relative, an empty string or one
+// holding a NUL or a control character) is refused with a message naming the accepted forms.
+struct StoreLocation {
+  enum class Kind { kDirectory, kHttp, kS3 };
+  Kind kind = Kind::kDirectory;
+  std::string path;                            // kDirectory: the directory
+  std::string base;                            // kHttp: the URL without options; kS3: the URI
+  std::map<std::string, std::string> options;  // kHttp: the options after '?'
+};
+Result<StoreLocation> ParseStoreUri(const std::string& uri);
+
 // How a store is reached. `shape` and `deadline` apply to HTTP and S3 stores (shaping a directory
 // is refused); with a `cache_dir`, blobs are read through a bounded local cache (CachingStore).
 struct OpenOptions {
@@ -203,12 +218,16 @@ struct OpenOptions {
   std::optional<std::string> writer_token;
   // HTTP and S3 stores: once it holds true, their requests stop (HttpClientOptions::cancel).
   std::shared_ptr<const std::atomic<bool>> cancel;
+  // A directory store that does not exist yet is created (for those who write a new store: a
+  // publisher, a server taking uploads); otherwise it is an error, and reading creates nothing.
+  bool create = false;
 };
 
-// Opens a store from a URI: a directory path, file://PATH, http(s)://HOST:PORT (a Store API
+// Opens a store from a URI (ParseStoreUri): a directory, http(s)://HOST:PORT (a Store API
 // server; writes use options.writer_token, or else the environment variable WEFT_STORE_TOKEN), or
-// s3://BUCKET/PREFIX (S3 or a compatible service, configured as s3_config.h says). Another scheme
-// (xyz://...) is refused with kInvalidArgument.
+// s3://BUCKET/PREFIX (S3 or a compatible service, configured as s3_config.h says). A URI that is
+// none of these is refused with kInvalidArgument; a directory that does not exist is kNotFound
+// unless options.create.
 Result<std::unique_ptr<ObjectStore>> OpenStore(const std::string& uri,
                                                const OpenOptions& options = {});
 

@@ -161,7 +161,9 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
       store.PutImmutable(ManifestKey(run_id, manifest.version), AsBytes(manifest.ToJson()));
   if (status.code() == StatusCode::kConflict) {
     return Conflict("run '" + run_id + "' version " + std::to_string(manifest.version) +
-                    " was already published differently (another publisher?)");
+                    " was already published differently: by another publisher, or by one killed "
+                    "before it made the version latest (weft store recover --run " +
+                    run_id + " shows it)");
   }
   WEFT_RETURN_IF_ERROR(status);
   std::optional<std::string> expected;

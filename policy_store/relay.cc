@@ -26,6 +26,7 @@ Result<std::unique_ptr<Relay>> Relay::Start(const RelayOptions& options) {
   server.address = options.address;
   server.port = options.port;
   server.threads = options.threads;
+  server.max_connections = options.max_connections;
   CachingStore* cache = relay->cache_.get();
   server.stats = [cache] { return cache->StatsJson(); };
   server.metrics_prefix = "weft_relay";

@@ -34,8 +34,9 @@ struct RelayOptions {
   LinkShape link;  // the emulated link to the upstream (inactive: the link as it is)
   std::chrono::milliseconds deadline{120000};  // per upstream request, retries included
   std::string address = "127.0.0.1";
-  uint16_t port = 0;  // 0: any free port
-  int threads = 4;    // I/O threads; they never wait on the upstream
+  uint16_t port = 0;             // 0: any free port
+  int threads = 4;               // I/O threads; they never wait on the upstream
+  uint32_t max_connections = 0;  // 0: the open-file limit less 64 (weft::http::ServerOptions)
   // How long a blob whose upstream bytes failed their hash is refused before it is fetched again.
   std::chrono::milliseconds mismatch_hold{std::chrono::seconds(30)};
 };

@@ -1,5 +1,7 @@
 #include "policy_store/retention.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -93,6 +95,69 @@ Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_
   for (const auto& [sha256, bytes] : doomed_blobs)
     WEFT_RETURN_IF_ERROR(store.Delete(BlobKey(sha256)));
   return report;
+}
+
+Result<Unpublished> FindUnpublished(ObjectStore& store, const std::string& run_id) {
+  WEFT_RETURN_IF_ERROR(ValidateRunId(run_id));
+  StoreReader reader(store, run_id, 1);
+  Unpublished found;
+  WEFT_ASSIGN_OR_RETURN(found.latest, reader.Latest());
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint64_t> versions, reader.Versions());
+  for (uint64_t v : versions) {
+    if (v <= found.latest) continue;
+    found.manifests.push_back(v);
+    found.keys.push_back(ManifestKey(run_id, v));
+  }
+  // Parts and catch-up records sit in a folder named by their version, in 20 digits.
+  for (const std::string folder : {"shards", "catchup"}) {
+    const std::string prefix = "runs/" + run_id + "/" + folder + "/";
+    WEFT_ASSIGN_OR_RETURN(std::vector<std::string> keys, store.List(prefix));
+    for (const std::string& key : keys) {
+      if (std::strtoull(key.substr(prefix.size(), 20).c_str(), nullptr, 10) > found.latest)
+        found.keys.push_back(key);
+    }
+  }
+  std::sort(found.keys.begin(), found.keys.end());
+  return found;
+}
+
+Result<uint64_t> FinishUnpublished(ObjectStore& store, const std::string& run_id) {
+  WEFT_ASSIGN_OR_RETURN(Unpublished found, FindUnpublished(store, run_id));
+  const uint64_t next = found.latest + 1;
+  if (found.manifests.empty() || found.manifests.front() != next) {
+    return NotFound("run " + run_id + ": no manifest of version " + std::to_string(next) +
+                    " (the one after latest, " + std::to_string(found.latest) + ") to finish");
+  }
+  StoreReader reader(store, run_id, 1);
+  WEFT_ASSIGN_OR_RETURN(Manifest manifest, reader.GetManifest(next));
+  for (const BlobRef& blob : manifest.Blobs()) {
+    WEFT_ASSIGN_OR_RETURN(bool present, store.Exists(BlobKey(blob.sha256)));
+    if (!present) {
+      return DataLoss("run " + run_id + ": version " + std::to_string(next) +
+                      " cannot be finished: its blob " + blob.sha256 +
+                      " is not in the store (discard it instead)");
+    }
+  }
+  WEFT_RETURN_IF_ERROR(
+      store.CompareAndSwap(LatestKey(run_id), VersionText(found.latest), VersionText(next)));
+  return next;
+}
+
+Result<Unpublished> DiscardUnpublished(ObjectStore& store, const std::string& run_id) {
+  WEFT_ASSIGN_OR_RETURN(Unpublished found, FindUnpublished(store, run_id));
+  // Manifests first: a version without its manifest is no version, whatever parts remain.
+  std::vector<std::string> order = found.keys;
+  std::stable_partition(order.begin(), order.end(),
+                        [&](const std::string& key) { return key.find("/versions/") != key.npos; });
+  for (const std::string& key : order) WEFT_RETURN_IF_ERROR(store.Delete(key));
+  WEFT_ASSIGN_OR_RETURN(uint64_t latest, ReadLatest(store, run_id));
+  if (latest != found.latest) {
+    return Conflict("run " + run_id + ": latest moved from " + std::to_string(found.latest) +
+                    " to " + std::to_string(latest) +
+                    " while unpublished versions were discarded: a publisher is running; check "
+                    "the run with weft store ls");
+  }
+  return found;
 }
 
 }  // namespace weft::policy_store

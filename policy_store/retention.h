@@ -30,4 +30,24 @@ struct CollectReport {
 Result<CollectReport> CollectGarbage(ObjectStore& store, const std::string& run_id,
                                      const std::vector<uint64_t>& pins, bool dry_run);
 
+// What a publisher killed between writing a version's manifest (or a rank's part) and moving
+// `latest` to it leaves: objects of versions after `latest`, which no reader sees. A rerun with the
+// same weights completes them; other weights for that version would conflict with them for ever.
+struct Unpublished {
+  uint64_t latest = 0;
+  std::vector<uint64_t> manifests;  // versions after `latest` with a manifest
+  std::vector<std::string> keys;    // every object of versions after `latest` (manifests, parts
+                                    // of sharded versions, catch-up records), sorted
+};
+Result<Unpublished> FindUnpublished(ObjectStore& store, const std::string& run_id);
+// Makes `latest` name the version after it, whose manifest a publisher wrote but never made
+// latest, once its manifest reads and every blob it references is in the store (compare-and-swap:
+// safe whatever else runs). Returns that version.
+Result<uint64_t> FinishUnpublished(ObjectStore& store, const std::string& run_id);
+// Deletes every object of versions after `latest` (their blobs are left to gc), so that the next
+// version can be published with other weights. Only while no publisher of the run runs: a rerun
+// completing one of these versions meanwhile would be left without its manifest. Refuses if
+// `latest` moves while it works. Returns what it deleted.
+Result<Unpublished> DiscardUnpublished(ObjectStore& store, const std::string& run_id);
+
 }  // namespace weft::policy_store

@@ -30,6 +30,17 @@ Result<IniFile> ReadIni(const std::string& path, bool* found) {
   if (!in) return file;
   std::string line, section, parent;
   bool in_section = false;
+  // Where each section and setting was first given: one given twice is an error naming both
+  // lines (as the AWS CLI refuses it), never a silent choice of one.
+  std::map<std::string, int> section_lines, setting_lines;
+  auto once = [&](std::map<std::string, int>& lines, const std::string& name, int number,
+                  const std::string& what) -> Status {
+    const auto [found, fresh] = lines.emplace(name, number);
+    if (fresh) return Status::Ok();
+    return InvalidArgument(path + ": " + what + " is given twice (lines " +
+                           std::to_string(found->second) + " and " + std::to_string(number) +
+                           "): keep one of them");
+  };
   for (int number = 1; std::getline(in, line); ++number) {
     const bool indented = !line.empty() && (line[0] == ' ' || line[0] == '\t');
     const std::string text = Trim(line);
@@ -38,6 +49,7 @@ Result<IniFile> ReadIni(const std::string& path, bool* found) {
     if (text[0] == '[') {
       if (text.back() != ']') return InvalidArgument(where + ": a section header must end in ']'");
       section = Trim(text.substr(1, text.size() - 2));
+      WEFT_RETURN_IF_ERROR(once(section_lines, section, number, "[" + section + "]"));
       in_section = true;
       parent.clear();
       file[section];
@@ -50,9 +62,13 @@ Result<IniFile> ReadIni(const std::string& path, bool* found) {
     const std::string key = Trim(text.substr(0, equals));
     const std::string value = Trim(text.substr(equals + 1));
     if (indented && !parent.empty()) {
+      WEFT_RETURN_IF_ERROR(once(setting_lines, section + "\n" + parent + "." + key, number,
+                                "[" + section + "] " + parent + "." + key));
       file[section][parent + "." + key] = value;
       continue;
     }
+    WEFT_RETURN_IF_ERROR(
+        once(setting_lines, section + "\n" + key, number, "[" + section + "] " + key));
     file[section][key] = value;
     parent = value.empty() ? key : "";
   }
@@ -139,7 +155,9 @@ Result<Settings> ResolveSettings(const std::string& uri, const Environment& envi
                                "' (known: endpoint, region, profile, addressing, part_size, "
                                "multipart_threshold, range_size, parallel, ca_file)");
       }
-      options[name] = value;
+      if (!options.emplace(name, value).second) {
+        return InvalidArgument("store '" + s.Uri() + "': option '" + name + "' is given twice");
+      }
     }
   }
   const size_t slash = rest.find('/');

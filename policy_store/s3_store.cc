@@ -303,10 +303,19 @@ Result<bool> S3Store::Exists(const std::string& key) {
 }
 
 Result<std::vector<std::string>> S3Store::List(const std::string& prefix) {
+  WEFT_ASSIGN_OR_RETURN(auto listed, ListModified(prefix));
+  std::vector<std::string> keys;
+  keys.reserve(listed.size());
+  for (auto& [key, modified] : listed) keys.push_back(std::move(key));
+  return keys;
+}
+
+Result<std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>>
+S3Store::ListModified(const std::string& prefix) {
   if (prefix.empty() || prefix.back() != '/') return InvalidArgument("list prefix must end in '/'");
   WEFT_RETURN_IF_ERROR(ValidateKey(prefix.substr(0, prefix.size() - 1)));
   const std::string base = settings_.prefix.empty() ? "" : settings_.prefix + "/";
-  std::vector<std::string> keys;
+  std::vector<std::pair<std::string, std::chrono::system_clock::time_point>> keys;
   std::string token;
   for (int page = 0;; ++page) {
     Call call;
@@ -327,7 +336,8 @@ Result<std::vector<std::string>> S3Store::List(const std::string& prefix) {
       std::string relative = key.substr(base.size());
       // Objects other tools put there, under names no store key has, are not the store's.
       if (!ValidateKey(relative).ok()) continue;
-      keys.push_back(std::move(relative));
+      keys.emplace_back(std::move(relative),
+                        ParseIsoTime(child.get<std::string>("LastModified", "")));
     }
     if (result->get<std::string>("IsTruncated", "false") != "true") break;
     token = result->get<std::string>("NextContinuationToken", "");
@@ -446,37 +456,60 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> by
     WEFT_ASSIGN_OR_RETURN(bool exists, Exists(key));
     if (exists) return CompareExisting(key, bytes);
   }
-  WEFT_ASSIGN_OR_RETURN(const std::string upload, StartUpload(key));
-  const uint64_t part_size = settings_.part_size;
-  const uint64_t parts = (bytes.size() + part_size - 1) / part_size;
-  std::vector<std::string> etags(parts);
-  const Status sent = ForEachConcurrently(parts, settings_.parallel, [&](size_t i) -> Status {
-    const uint64_t offset = i * part_size;
-    WEFT_ASSIGN_OR_RETURN(
-        etags[i],
-        UploadPart(key, upload, static_cast<int>(i + 1),
-                   bytes.subspan(offset, std::min<uint64_t>(part_size, bytes.size() - offset))));
-    return Status::Ok();
-  });
-  if (!sent.ok()) {
+  // A completion that raced another write of the key is answered 409 ConditionalRequestConflict
+  // by AWS, which asks for the upload to be started again: so it is, a few times.
+  constexpr int kUploads = 4;
+  std::vector<std::string> etags;
+  Result<HttpReply> done = Unavailable("");
+  std::string code;
+  for (int round = 0;; ++round) {
+    WEFT_ASSIGN_OR_RETURN(const std::string upload, StartUpload(key));
+    const uint64_t part_size = settings_.part_size;
+    const uint64_t parts = (bytes.size() + part_size - 1) / part_size;
+    etags.assign(parts, "");
+    const Status sent = ForEachConcurrently(parts, settings_.parallel, [&](size_t i) -> Status {
+      const uint64_t offset = i * part_size;
+      WEFT_ASSIGN_OR_RETURN(
+          etags[i],
+          UploadPart(key, upload, static_cast<int>(i + 1),
+                     bytes.subspan(offset, std::min<uint64_t>(part_size, bytes.size() - offset))));
+      return Status::Ok();
+    });
+    if (!sent.ok()) {
+      AbortUpload(key, upload);
+      return sent;
+    }
+    done = CompleteUpload(key, upload, etags);
+    if (!done.ok()) {
+      AbortUpload(key, upload);
+      return done.status();
+    }
+    // Completion can fail with 200 and an error in the body.
+    code = ErrorOf(done->body).first;
+    const bool raced = done->status == 409 || code == "ConditionalRequestConflict";
+    if (!raced) {
+      if (done->status == 412 || code == "PreconditionFailed" ||
+          (done->status == 404 && code == "NoSuchUpload") || !code.empty() || done->status != 200) {
+        AbortUpload(key, upload);
+      }
+      break;
+    }
     AbortUpload(key, upload);
-    return sent;
+    ++conflicts_restarted_;
+    if (round + 1 >= kUploads) {
+      return Unavailable(What("POST", key) +
+                         " (completing the upload): " + std::to_string(kUploads) +
+                         " uploads in a row met a concurrent write of the key "
+                         "(ConditionalRequestConflict)");
+    }
+    Backoff(round);
   }
-  Result<HttpReply> done = CompleteUpload(key, upload, etags);
-  if (!done.ok()) {
-    AbortUpload(key, upload);
-    return done.status();
-  }
-  // Completion can fail with 200 and an error in the body.
-  auto [code, message] = ErrorOf(done->body);
   if (done->status == 412 || code == "PreconditionFailed" ||
       (done->status == 404 && code == "NoSuchUpload")) {
     // The key exists (or a repeated completion found its upload already completed): compare.
-    AbortUpload(key, upload);
     return CompareExisting(key, bytes);
   }
   if (!code.empty() || done->status != 200) {
-    AbortUpload(key, upload);
     HttpReply failed = *done;
     if (failed.status == 200) failed.status = 500;
     return StatusOf(failed, What("POST", key) + " (completing the upload)");
@@ -575,7 +608,7 @@ Result<bool> S3Store::CheckConditionalWrites() {
   if (multipart_conditional_) return *multipart_conditional_;
   uint8_t random[8];
   RAND_bytes(random, sizeof(random));
-  const std::string key = ".weft-probe/" + HexEncode(random);
+  const std::string key = kProbePrefix + HexEncode(random);
   const std::string refuse =
       settings_.Describe() + ": the service does not honour conditional writes (";
   const std::string why =
@@ -657,11 +690,12 @@ Status S3Store::ForEachUpload(
   }
 }
 
-Result<size_t> S3Store::AbortUploadsBefore(std::chrono::system_clock::time_point cutoff) {
+Result<size_t> S3Store::AbortUploadsBefore(std::chrono::system_clock::time_point cutoff,
+                                           const std::function<bool(const std::string&)>& which) {
   std::vector<std::pair<std::string, std::string>> stale;
   WEFT_RETURN_IF_ERROR(ForEachUpload([&](const std::string& key, const std::string& id,
                                          std::chrono::system_clock::time_point started) {
-    if (started < cutoff) stale.emplace_back(key, id);
+    if (started < cutoff && (!which || which(key))) stale.emplace_back(key, id);
   }));
   for (const auto& [key, id] : stale) {
     Call call;
@@ -673,6 +707,19 @@ Result<size_t> S3Store::AbortUploadsBefore(std::chrono::system_clock::time_point
       WEFT_RETURN_IF_ERROR(StatusOf(reply, What("DELETE", key) + "?uploadId (abandoned upload)"));
   }
   return stale.size();
+}
+
+Result<size_t> S3Store::DeleteProbesBefore(std::chrono::system_clock::time_point cutoff) {
+  const std::string prefix = kProbePrefix;
+  WEFT_ASSIGN_OR_RETURN(auto probes, ListModified(prefix));
+  size_t deleted = 0;
+  for (const auto& [key, modified] : probes) {
+    // A check under way (a probe lives for a second or two), or a time the listing did not give.
+    if (modified == std::chrono::system_clock::time_point{} || modified >= cutoff) continue;
+    WEFT_RETURN_IF_ERROR(Delete(key));
+    ++deleted;
+  }
+  return deleted;
 }
 
 Result<std::vector<std::string>> S3Store::ListUploads() {

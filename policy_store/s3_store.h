@@ -53,6 +53,9 @@ class S3Store : public ObjectStore {
   BlobReads blob_reads() const override { return {settings_.range_size, settings_.parallel}; }
   Result<bool> Exists(const std::string& key) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
+  // The same, with each key's last modification.
+  Result<std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>> ListModified(
+      const std::string& prefix);
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
   Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                         const std::string& desired) override;
@@ -60,8 +63,16 @@ class S3Store : public ObjectStore {
   std::string Describe() const override { return settings_.Uri(); }
 
   // Multipart uploads under the prefix started before `cutoff` (left behind by publishers that
-  // were killed), aborted; returns how many. `store gc` calls it.
-  Result<size_t> AbortUploadsBefore(std::chrono::system_clock::time_point cutoff);
+  // were killed) whose key `which` takes (all, without it), aborted; returns how many. `store gc`
+  // calls it.
+  Result<size_t> AbortUploadsBefore(std::chrono::system_clock::time_point cutoff,
+                                    const std::function<bool(const std::string&)>& which = {});
+  // The objects of conditional-write checks (.weft-probe/...) written before `cutoff`, which a
+  // publisher killed during its check leaves behind, deleted; returns how many. `store gc` calls
+  // it.
+  Result<size_t> DeleteProbesBefore(std::chrono::system_clock::time_point cutoff);
+  // The key prefix of those objects.
+  static constexpr const char* kProbePrefix = ".weft-probe/";
   // Multipart uploads in progress under the prefix (keys relative to it), for checks.
   Result<std::vector<std::string>> ListUploads();
 
@@ -72,6 +83,8 @@ class S3Store : public ObjectStore {
   const s3::Settings& settings() const { return settings_; }
   uint64_t bytes_received() const { return client_.bytes_received(); }
   uint64_t retries() const { return client_.retries(); }
+  // Multipart uploads started again because their completion met a concurrent write (409).
+  uint64_t uploads_restarted() const { return conflicts_restarted_.load(); }
   uint64_t resumed() const { return client_.resumed(); }
 
   struct Call {
@@ -117,6 +130,7 @@ class S3Store : public ObjectStore {
   std::string base_path_;  // "/BUCKET" (path-style) or ""
   std::mutex probe_mutex_;
   std::optional<bool> multipart_conditional_;  // set by the probe
+  std::atomic<uint64_t> conflicts_restarted_{0};
 };
 
 }  // namespace weft::policy_store

@@ -93,6 +93,8 @@ struct Shared {
   ObjectStore& backend;
   StoreServerOptions options;
   Counters counters;
+  // The HTTP server, once started (its connection counts are in /metrics).
+  std::atomic<const weft::http::HttpServer*> server{nullptr};
   // Backend calls under way off the I/O threads: Stop() waits for them, since they use the
   // backend, which the server's owner destroys after it.
   std::mutex mutex;
@@ -221,16 +223,26 @@ std::optional<Response> CheckHeader(const Shared& shared, const RequestHeader& r
   const Target& target = std::get<Target>(parsed);
   if (!Allowed(target.endpoint, request.method())) {
     const std::string_view allow = AllowedMethods(target.endpoint);
-    Response refused =
-        ErrorResponse(request, http::status::method_not_allowed,
-                      std::string(request.target()) + " takes " + std::string(allow));
-    refused.set(http::field::allow, std::string(allow));
-    return refused;
+    return weft::http::MethodNotAllowed(
+        request, allow, std::string(request.target()) + " takes " + std::string(allow));
   }
   const http::verb method = request.method();
   const bool put = target.endpoint == Endpoint::kObject && method == http::verb::put;
   if (put || method == http::verb::delete_ || method == http::verb::post) {
     if (std::optional<Response> refused = CheckWriter(shared, request)) return refused;
+  }
+  // Immutable objects are written once (PUT) and never replaced; the few that change do so only
+  // by compare-and-swap, never by a PUT that would make them look immutable.
+  if (target.endpoint == Endpoint::kCas && !IsMutableKey(target.key)) {
+    return ErrorResponse(request, http::status::conflict,
+                         target.key +
+                             " is immutable: only runs/<run>/latest and runs/<run>/pins/<holder> "
+                             "change, by compare-and-swap");
+  }
+  if (put && IsMutableKey(target.key)) {
+    return ErrorResponse(request, http::status::conflict,
+                         target.key + " changes only by compare-and-swap (POST /v1/cas/" +
+                             target.key + "), not by PUT");
   }
   if (!put) {
     *body_limit = std::min(*body_limit, kSmallBodyBytes);
@@ -516,6 +528,8 @@ std::string MetricsText(const Shared& shared) {
   text += "# HELP " + prefix + "_object_streams Object bodies being sent now.\n# TYPE " + prefix +
           "_object_streams gauge\n" + prefix + "_object_streams " +
           std::to_string(shared.counters.streams.load()) + "\n";
+  if (const weft::http::HttpServer* server = shared.server.load())
+    text += weft::http::ConnectionMetrics(prefix, server->connection_stats());
   if (shared.options.metrics) text += shared.options.metrics();
   return text;
 }
@@ -602,6 +616,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend,
   server_options.max_body_bytes = options.max_body_bytes;
   server_options.threads = options.threads;
   server_options.read_timeout = options.read_timeout;
+  server_options.max_connections = options.max_connections;
   const SharedPtr shared = impl->shared;
   WEFT_ASSIGN_OR_RETURN(
       impl->server,
@@ -619,6 +634,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(ObjectStore& backend,
             return CheckHeader(*shared, request, body_limit);
           },
           [shared](const RequestHeader& request) { return RouteBody(shared, request); }));
+  shared->server = impl->server.get();
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 

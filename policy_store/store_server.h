@@ -33,6 +33,8 @@ struct StoreServerOptions {
   uint64_t max_body_bytes = uint64_t{4} << 30;  // of a PUT (other bodies: 64 KiB at most)
   int threads = 2;
   std::chrono::seconds read_timeout{30};
+  uint32_t max_connections =
+      0;  // as weft::http::ServerOptions says (0: the open-file limit less 64)
   // When set, GET /v1/stats answers with the JSON object it returns (a relay's cache counters).
   std::function<std::string()> stats;
   // GET /metrics: the server's own counters, named with this prefix, then what `metrics` returns

@@ -194,6 +194,7 @@ class PyPublisher {
     Check(policy_store::ValidateRunId(run));
     policy_store::OpenOptions open;
     open.writer_token = token;
+    open.create = true;
     store_ = Unwrap(policy_store::OpenStore(store, open));
   }
 

@@ -15,6 +15,9 @@ namespace {
 
 using orchestrator::DispatchPolicy;
 
+// The longest span any duration of a simulation may have (the run's own included).
+constexpr std::chrono::microseconds kLongestDuration = std::chrono::hours(24 * 400);
+
 std::string Line(const YAML::Node& node) {
   const YAML::Mark mark = node.Mark();
   return mark.is_null() ? "" : " (line " + std::to_string(mark.line + 1) + ")";
@@ -40,6 +43,8 @@ class Reader {
                   Micros* out) const {
     std::chrono::microseconds value(*out);
     WEFT_RETURN_IF_ERROR(Wrap(ReadDuration(node, where, key, &value)));
+    if (value > kLongestDuration)
+      return Error(where + "." + key, node[key], "must be at most 400 days");
     *out = value.count();
     return Status::Ok();
   }
@@ -336,6 +341,10 @@ Status ParseTrainer(const Reader& r, const YAML::Node& n, TrainerConfig* trainer
   WEFT_RETURN_IF_ERROR(r.Count(n, where, "steps_ahead", &trainer->steps_ahead, 1, 1000));
   WEFT_RETURN_IF_ERROR(r.Bytes(n, where, "upload_bandwidth", &trainer->upload_bandwidth));
   WEFT_RETURN_IF_ERROR(r.Wrap(ReadUnsigned(n, where, "steps", &trainer->steps)));
+  if (trainer->steps > 100'000'000)
+    return r.Error(where + ".steps", n["steps"], "must be at most 100000000");
+  if (trainer->step_time <= 0)
+    return r.Error(where + ".step_time", n["step_time"], "must be positive");
   return Status::Ok();
 }
 
@@ -439,7 +448,7 @@ Result<SimConfig> LoadSimConfig(const std::string& path) {
   WEFT_RETURN_IF_ERROR(r.Wrap(ReadString(root, "(top level)", "name", &config.name)));
   WEFT_RETURN_IF_ERROR(r.Wrap(ReadUnsigned(root, "(top level)", "seed", &config.seed)));
   WEFT_RETURN_IF_ERROR(r.Duration(root, "(top level)", "duration", &config.duration));
-  if (config.duration <= 0 || config.duration > 400LL * 24 * 3600 * 1'000'000)
+  if (config.duration <= 0)
     return r.Error("duration", root["duration"], "must be positive and at most 400 days");
   if (const YAML::Node o = root["orchestrator"]) {
     std::set<std::string> keys(orchestrator::CoreConfigKeys().begin(),
@@ -451,8 +460,8 @@ Result<SimConfig> LoadSimConfig(const std::string& path) {
     if (config.tick < 1000) return r.Error("orchestrator.tick", o["tick"], "must be at least 1ms");
     WEFT_RETURN_IF_ERROR(
         r.Wrap(ReadUnsigned(o, "orchestrator", "checkpoint_every", &config.checkpoint_every)));
-    if (config.checkpoint_every < 1)
-      return r.Error("orchestrator.checkpoint_every", o, "must be at least 1");
+    if (config.checkpoint_every < 1 || config.checkpoint_every > 10'000'000)
+      return r.Error("orchestrator.checkpoint_every", o, "must be from 1 to 10000000");
   }
   WEFT_RETURN_IF_ERROR(ParseTrainer(r, root["trainer"], &config.trainer));
   WEFT_RETURN_IF_ERROR(ParseModel(r, root["model"], &config.model));
@@ -462,6 +471,46 @@ Result<SimConfig> LoadSimConfig(const std::string& path) {
   WEFT_RETURN_IF_ERROR(ParseFaults(r, root["faults"], config, &config.faults));
   WEFT_RETURN_IF_ERROR(ParseVariants(r, root["variants"], &config.variants));
   return config;
+}
+
+MemoryEstimate EstimateMemory(const SimConfig& config) {
+  // Bytes per item, measured on this simulator's data structures (docs/sim.md, "Bounds"), with
+  // room to spare: each version's manifest, plans and records (plus, per region and per cluster,
+  // its publication-to-ready records and the blobs and versions seen); each job in flight (the
+  // core's job and lease, the simulated run, the trajectory group waiting for the trainer); each
+  // job of the run (the invariants' records); each cluster; each journaled call between
+  // checkpoints.
+  constexpr double kBase = 48.0 * (1 << 20);
+  constexpr double kPerVersion = 4096, kPerVersionRegion = 512, kPerVersionCluster = 16;
+  constexpr double kPerJobInFlight = 1024, kPerJob = 8, kPerCluster = 8192, kPerCall = 512;
+  MemoryEstimate e;
+  const TrainerConfig& t = config.trainer;
+  e.versions = std::floor(static_cast<double>(config.duration) /
+                          static_cast<double>(std::max<Micros>(1, t.step_time))) +
+               1;
+  if (t.steps > 0) e.versions = std::min(e.versions, static_cast<double>(t.steps) + 1);
+  for (const RegionConfig& region : config.regions) e.clusters += region.clusters;
+  for (const Fault& fault : config.faults) {
+    if (fault.kind == Fault::Kind::kJoin) e.clusters += fault.count;
+  }
+  const double regions = static_cast<double>(std::max<size_t>(1, config.regions.size()));
+  e.jobs_in_flight = static_cast<double>(t.prompts_per_step) * (t.steps_ahead + 1.0);
+  e.jobs = static_cast<double>(t.prompts_per_step) * e.versions;
+  e.bytes =
+      kBase +
+      e.versions * (kPerVersion + kPerVersionRegion * regions + kPerVersionCluster * e.clusters) +
+      e.jobs_in_flight * kPerJobInFlight + e.jobs * kPerJob + e.clusters * kPerCluster +
+      static_cast<double>(config.checkpoint_every) * kPerCall;
+  return e;
+}
+
+std::string MemoryEstimate::Describe() const {
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                "about %.1f GiB: %.0f versions, %.0f clusters, %.0f jobs in flight, %.0f jobs in "
+                "all",
+                bytes / (1ull << 30), versions, clusters, jobs_in_flight, jobs);
+  return text;
 }
 
 SimConfig WithVariant(const SimConfig& config, const Variant& variant) {

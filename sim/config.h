@@ -128,6 +128,20 @@ struct SimConfig {
 };
 
 Result<SimConfig> LoadSimConfig(const std::string& path);
+
+// The memory a run of `config` will hold at its peak, estimated from its sizes before it starts
+// (docs/sim.md, "Bounds"): what grows with the versions the run publishes (their manifests, plans
+// and publication-to-ready records per region and cluster), with the jobs in flight, with every
+// job of the run, with the clusters, and with the journal model between checkpoints. An upper
+// estimate: runs measured here stay below it.
+struct MemoryEstimate {
+  double bytes = 0;
+  double versions = 0, clusters = 0, jobs_in_flight = 0, jobs = 0;
+  std::string Describe() const;  // "about 3.1 GiB: 576001 versions, 1000 clusters, ..."
+};
+MemoryEstimate EstimateMemory(const SimConfig& config);
+// What `weft sim` refuses to start past unless told otherwise (--max-memory).
+inline constexpr double kDefaultSimMemoryLimit = 8.0 * (1ull << 30);
 // The configuration with a variant's settings applied.
 SimConfig WithVariant(const SimConfig& config, const Variant& variant);
 // The runs a file describes: ("base", the file as written), then each variant by name.

@@ -73,12 +73,15 @@ Result<DatasetPrompt> ParseLine(std::string_view line, const std::string& where)
 
 }  // namespace
 
-Result<std::vector<DatasetPrompt>> ReadPromptDataset(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot read the prompt dataset " + path);
+Result<std::vector<DatasetPrompt>> ReadPromptDataset(const std::string& path,
+                                                     const LineLimits& limits) {
+  WEFT_ASSIGN_OR_RETURN(LineReader in, LineReader::Open(path, limits, "the prompt dataset"));
   std::vector<DatasetPrompt> prompts;
-  std::string line;
-  for (size_t number = 1; std::getline(in, line); ++number) {
+  while (true) {
+    WEFT_ASSIGN_OR_RETURN(std::optional<std::string> next, in.Next());
+    if (!next) break;
+    std::string& line = *next;
+    const uint64_t number = in.line();
     if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF line ends
     std::string_view text = line;
     if (number == 1 && text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
@@ -88,7 +91,6 @@ Result<std::vector<DatasetPrompt>> ReadPromptDataset(const std::string& path) {
     entry.line = number;
     prompts.push_back(std::move(entry));
   }
-  if (in.bad()) return Unavailable("reading the prompt dataset " + path + " failed");
   if (prompts.empty()) return InvalidArgument(path + ": the prompt dataset holds no prompt");
   return prompts;
 }

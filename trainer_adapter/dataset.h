@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file_util.h"
 #include "common/status.h"
 #include "orchestrator/client.h"
 
@@ -32,6 +33,9 @@ struct DatasetPrompt {
 // naming the file and line for a line that is not such an object (not JSON, a key repeated, an
 // unknown key, a prompt that is neither, samples out of range, metadata over 64 KiB as text), and
 // for a file without a prompt.
-Result<std::vector<DatasetPrompt>> ReadPromptDataset(const std::string& path);
+// A line longer than limits.max_line_bytes, or a file longer than limits.max_total_bytes, is a
+// kInvalidArgument found having read no further.
+Result<std::vector<DatasetPrompt>> ReadPromptDataset(const std::string& path,
+                                                     const LineLimits& limits = {});
 
 }  // namespace weft::trainer_adapter

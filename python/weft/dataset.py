@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import json
 from typing import Any, Dict, List, Optional
 
@@ -109,21 +110,56 @@ def _parse_line(text: str, where: str) -> DatasetPrompt:
     return DatasetPrompt(prompt=prompt, samples=samples, metadata=metadata, line=0)
 
 
-def read_dataset(path: str) -> List[DatasetPrompt]:
+MAX_LINE_BYTES = 4 << 20
+MAX_DATASET_BYTES = 4 << 30
+
+
+def _bounded_lines(path: str, max_line_bytes: int, max_bytes: int):
+    """The lines of the file at ``path`` (without their ``\\n``), read a line at a time: a line
+    longer than ``max_line_bytes`` or a file longer than ``max_bytes`` raises
+    :class:`weft.InvalidArgument` having read no further."""
+    try:
+        f = open(path, "rb")
+    except OSError as error:
+        raise NotFound(f"cannot read the prompt dataset {path}: {error.strerror}") from None
+    with f:
+        total = 0
+        number = 0
+        while True:
+            try:
+                raw = f.readline(max_line_bytes + 2)
+            except OSError as error:
+                raise NotFound(f"cannot read the prompt dataset {path}: {error.strerror}") \
+                    from None
+            if not raw:
+                return
+            number += 1
+            total += len(raw)
+            if total > max_bytes:
+                raise InvalidArgument(f"{path}: more than {max_bytes} bytes, the limit for the "
+                                      f"prompt dataset")
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            if len(line) > max_line_bytes:
+                raise InvalidArgument(f"{path}:{number}: a line longer than {max_line_bytes} "
+                                      f"bytes, the limit for the prompt dataset")
+            yield number, line
+
+
+def read_dataset(path: str, max_line_bytes: int = MAX_LINE_BYTES,
+                 max_bytes: int = MAX_DATASET_BYTES) -> List[DatasetPrompt]:
     """The prompts of the JSONL file at ``path``, in order. :class:`weft.NotFound` when it cannot
     be read; :class:`weft.InvalidArgument` naming the file and line for a line that is not such an
     object (not JSON or not UTF-8, a key repeated, an unknown key, a prompt that is neither text
-    nor token ids, samples out of range, metadata over 64 KiB as text), and for a file without a
-    prompt."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as error:
-        raise NotFound(f"cannot read the prompt dataset {path}: {error.strerror}") from None
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
+    nor token ids, samples out of range, metadata over 64 KiB as text), for a file without a
+    prompt, and for a line longer than ``max_line_bytes`` (4 MiB) or a file longer than
+    ``max_bytes`` (4 GiB), found having read no further."""
+    for what, value in (("max_line_bytes", max_line_bytes), ("max_bytes", max_bytes)):
+        if not _is_int(value) or value < 1:
+            raise InvalidArgument(f"{what} must be a positive integer, not {value!r}")
     prompts: List[DatasetPrompt] = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    for number, raw in _bounded_lines(os.fspath(path), max_line_bytes, max_bytes):
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
         raw = raw[:-1] if raw.endswith(b"\r") else raw
         where = f"{path}:{number}"
         try:

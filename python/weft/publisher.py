@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import _weft
@@ -96,8 +97,12 @@ class Publisher:
                             ("keyframe_interval", keyframe_interval), ("threads", threads)):
             if not isinstance(value, int) or value < 0:
                 raise InvalidArgument(f"{what} must be a non-negative integer, not {value!r}")
+        if not isinstance(store, (str, os.PathLike)) or not isinstance(os.fspath(store), str):
+            raise InvalidArgument(
+                f"store must be a directory path or a store URI (str or os.PathLike), not "
+                f"{type(store).__name__}")
         self._native = _weft.Publisher(
-            store=str(store), run=run, serving=serving, block=block, rank=rank, world=world,
+            store=os.fspath(store), run=run, serving=serving, block=block, rank=rank, world=world,
             keyframe_interval=keyframe_interval,
             keyframe_budget=0.0 if keyframe_budget is None else float(keyframe_budget),
             token=token, threads=threads, shard_deadline=float(shard_deadline),

@@ -92,6 +92,16 @@ expect_error "different dtype or shape" "$weft" store publish --store st --run r
 expect_error "gave up after" "$weft" store pull --store http://127.0.0.1:1 --run r1 -o x --deadline 1s
 expect_error "run id" "$weft" store pull --store st --run ../r1 -o x
 expect_error "no published version" "$weft" store pull --store st --run nothing -o x
+# Mistyped store URIs are refused and create nothing; reading a store that is not there is an
+# error, and creates nothing either.
+for typo in s3:/bucket/x s3:bucket s3//bucket http:/127.0.0.1:1 file:relative; do
+  expect_error "s3://BUCKET/PREFIX" "$weft" store ls --store "$typo"
+done
+[ ! -e s3: ] && [ ! -e s3 ] && [ ! -e http: ] && [ ! -e file:relative ] && ok ||
+  fail "a mistyped store URI created a directory"
+expect_error "does not exist" "$weft" store ls --store "file://$PWD/nonexistent/x"
+expect_error "does not exist" "$weft" store pull --store nonexistent --run r1 -o x
+[ ! -e nonexistent ] && ok || fail "reading a store created its directory"
 # A reader that pins what it pulled gets one catch-up delta when it comes back three versions later.
 expect_ok "$weft" store publish --store st --run r2 s0.bf16
 expect_ok "$weft" store pull --store st --run r2 --pin-as worker-7 -o w0.safetensors
@@ -106,6 +116,21 @@ grep -q "pin worker-7: v3" out.txt && ok || fail "the pin did not move: $(cat ou
 expect_error "pin holder" "$weft" store pin --store st --run r2 --holder "a/b" --version 1
 expect_error "has no version 9" "$weft" store pin --store st --run r2 --holder w --version 9
 expect_ok "$weft" store pin --store st --run r2 --holder worker-7 --remove
+# A publisher killed after version 2's manifest, before latest: other weights for version 2
+# conflict until the version is discarded; `store ls` and `store recover` say so.
+for v in 0 1 2; do expect_ok "$weft" store publish --store st --run r3 s$v.bf16; done
+printf '1\n' > st/runs/r3/latest
+expect_ok "$weft" store ls --store st --run r3
+grep -q "latest 1, 2 versions and 1 never made latest (weft store recover --run r3)" out.txt && ok ||
+  fail "store ls of an unpublished version: $(cat out.txt)"
+expect_error "weft store recover --run r3" "$weft" store publish --store st --run r3 s3.bf16
+expect_ok "$weft" store recover --store st --run r3
+grep -q "runs/r3/versions/00000000000000000002.json" out.txt && ok || fail "recover: $(cat out.txt)"
+expect_error "not both" "$weft" store recover --store st --run r3 --finish --discard
+expect_ok "$weft" store recover --store st --run r3 --discard
+expect_ok "$weft" store publish --store st --run r3 s3.bf16
+expect_ok "$weft" store pull --store st --run r3 -o r3.safetensors
+same_data s3.bf16 r3.safetensors
 # Retention: with version 3 pinned (rebuilt from the keyframe at 2), versions 0 and 1 go.
 expect_ok "$weft" store gc --store st --run r1 --pin 3 --dry-run
 grep -q "would delete 2 versions" out.txt && ok || fail "gc dry run: $(cat out.txt)"
@@ -160,6 +185,19 @@ good | sed 's/^  learning_rate: 2e-5 .*/&\n  optimizer: sgd/' > bad4b.yaml
 expect_error "trainer.optimizer: 'sgd' is not an optimizer (known: adamw, muon) (line 54)" "$weft" run bad4b.yaml
 good | sed 's/^  learning_rate: 2e-5 .*/&\n  delta_mode: zstd/' > bad4c.yaml
 expect_error "trainer.delta_mode: 'zstd' is not a delta mode (known: plain, context) (line 54)" "$weft" run bad4c.yaml
+good | sed 's/^  learning_rate: 2e-5 .*/&\n  learning_rate: 1e-3/' > bad4d.yaml
+expect_error "trainer.learning_rate is given twice (lines 53 and 54): keep one of them" "$weft" run bad4d.yaml
+printf 'name: a\nseed: 1\nname: b\n' > twice-sim.yaml
+expect_error "name is given twice (lines 1 and 3)" "$weft" sim twice-sim.yaml
+# Sizes the simulator cannot hold are refused before it starts, with its estimate.
+printf 'extends: %s\ntrainer: {prompts_per_step: 10000000}\n' "$root/configs/sim/small.yaml" > huge-sim.yaml
+expect_error "would hold about .* GiB: .* more than --max-memory 8GiB" "$weft" sim huge-sim.yaml
+printf 'extends: %s\nduration: 9600h\n' "$root/configs/sim/small.yaml" > long-sim.yaml
+expect_error "6912001 versions" "$weft" sim long-sim.yaml
+printf 'extends: %s\nduration: 9601h\n' "$root/configs/sim/small.yaml" > longer-sim.yaml
+expect_error "duration: must be at most 400 days" "$weft" sim longer-sim.yaml
+printf 'extends: %s\ntrainer: {steps: 100000001}\n' "$root/configs/sim/small.yaml" > steps-sim.yaml
+expect_error "trainer.steps: must be at most 100000000" "$weft" sim steps-sim.yaml
 good | sed 's/^  max_staleness: 4 .*/  max_staleness: -1/' > bad5.yaml
 expect_error "orchestrator.max_staleness" "$weft" run bad5.yaml
 good | sed 's/^  dir: runs\/local .*/  dir: not-a-run/' > bad6.yaml

@@ -3,14 +3,19 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -162,6 +167,102 @@ TEST_CASE("HTTP: the plain server answers, and a server that is gone is reported
   auto gone = HttpClient(url, once).Request("GET", "/v1/y", {}, {});
   REQUIRE(!gone.ok());
   CHECK(gone.status().message().find(url + "/v1/y") != std::string::npos);
+}
+
+// Waits (2 s at most) until `done` holds.
+template <typename Done>
+bool Eventually(Done done) {
+  for (int i = 0; i < 200 && !done(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return done();
+}
+
+TEST_CASE("HTTP: past max_connections a connection is answered 503 at once, and counted") {
+  http::ServerOptions options;
+  options.max_connections = 3;
+  auto server = EchoServer(options);
+  CHECK(server->connection_stats().limit == 3);
+  std::vector<std::unique_ptr<RawConnection>> idle;
+  for (int i = 0; i < 3; ++i)
+    idle.push_back(std::make_unique<RawConnection>(server->port(), std::chrono::seconds(2)));
+  REQUIRE(Eventually([&] { return server->connection_stats().open == 3; }));
+  RawConnection extra(server->port(), std::chrono::seconds(2));
+  const std::string refused = extra.ReadAll();
+  CHECK(StatusOf(refused) == 503);
+  CHECK(refused.find("Retry-After: 1") != std::string::npos);
+  CHECK(BodyOf(refused).find("connection limit") != std::string::npos);
+  CHECK(server->connection_stats().refused == 1);
+  const std::string metrics = http::ConnectionMetrics("weft_x", server->connection_stats());
+  CHECK(metrics.find("\nweft_x_connections_refused_total 1\n") != std::string::npos);
+  CHECK(metrics.find("\nweft_x_connections_open 3\n") != std::string::npos);
+  CHECK(metrics.find("# TYPE weft_x_accept_errors_total counter") != std::string::npos);
+  // One leaves; the next is served.
+  idle.pop_back();
+  REQUIRE(Eventually([&] { return server->connection_stats().open == 2; }));
+  RawConnection served(server->port(), std::chrono::seconds(2));
+  served.Send("GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+  CHECK(StatusOf(served.ReadAll()) == 200);
+  // The default: the open-file limit less 64.
+  rlimit files{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
+  auto automatic = EchoServer({});
+  if (files.rlim_cur != RLIM_INFINITY && files.rlim_cur > 80)
+    CHECK(automatic->connection_stats().limit == files.rlim_cur - 64);
+}
+
+// CPU seconds (user and system) that process `pid` has used, from /proc.
+double CpuSeconds(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+TEST_CASE("HTTP: out of descriptors, the listener waits before it accepts again, not spins") {
+  // A server in a child process whose descriptors are all taken; connections queue behind it.
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    rlimit files{256, 256};
+    setrlimit(RLIMIT_NOFILE, &files);
+    http::ServerOptions options;
+    options.max_connections = 10000;
+    options.threads = 1;
+    auto started =
+        http::HttpServer::Start(options, [](http::Request request, http::Responder respond) {
+          respond(http::JsonResponse(request, bhttp::status::ok, {{"ok", true}}));
+        });
+    if (!started.ok()) _exit(2);
+    const uint16_t port = (*started)->port();
+    while (dup(0) >= 0) {
+    }
+    (void)!write(pipe_fds[1], &port, sizeof(port));
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  uint16_t port = 0;
+  REQUIRE(read(pipe_fds[0], &port, sizeof(port)) == sizeof(port));
+  close(pipe_fds[0]);
+  std::vector<std::unique_ptr<RawConnection>> waiting;
+  for (int i = 0; i < 20; ++i)
+    waiting.push_back(std::make_unique<RawConnection>(port, std::chrono::milliseconds(100)));
+  const double before = CpuSeconds(child);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double used = CpuSeconds(child) - before;
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  CAPTURE(used);
+  // Retrying at once burns a core (about 2 s of CPU in these 2 s); waiting costs next to nothing.
+  CHECK(used < 0.3);
 }
 
 TEST_CASE("HTTP: the header check answers before the body is read, and sets the body's limit") {

@@ -16,6 +16,18 @@ std::string WriteYaml(const std::string& name, const std::string& text) {
   return path;
 }
 
+TEST_CASE("YAML files: a key given twice anywhere is an error naming both lines") {
+  const std::string top = WriteYaml("twice", "a: 1\nb: 2\na: 3\n");
+  CHECK(LoadYamlFile(top).status().message() ==
+        top + ": a is given twice (lines 1 and 3): keep one of them");
+  const std::string nested =
+      WriteYaml("nested", "s:\n  list:\n    - {x: 1, y: 2}\n    - {x: 1, x: 2}\n");
+  CHECK(LoadYamlFile(nested).status().message().find(
+            "s.list[1].x is given twice (lines 4 and 4)") != std::string::npos);
+  // The same key in different maps is fine.
+  CHECK(LoadYamlFile(WriteYaml("apart", "a: {x: 1}\nb: {x: 1}\nc: [{x: 1}, {x: 2}]\n")).ok());
+}
+
 TEST_CASE("YAML fields: values read strictly; errors name the key and the line") {
   const std::string path = WriteYaml("fields", R"(section:
   name: weft

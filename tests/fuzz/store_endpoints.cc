@@ -91,7 +91,11 @@ std::vector<Endpoint> StoreEndpoints(int read_server, int write_server) {
        "writer",
        w,
        {R"({"expected": "0", "desired": "1"})", R"({"expected": "1", "desired": "0"})"}},
-      {"POST", "/v1/cas/", "writer", w, {"fuzz/ptr\0\0{\"expected\": null, \"desired\": \"a\"}"s}},
+      {"POST",
+       "/v1/cas/",
+       "writer",
+       w,
+       {"runs/fuzz/latest\0\0{\"expected\": null, \"desired\": \"a\"}"s}},
       {"GET", "/v1/list/", "", r, {"runs/\0\0"s, "blobs/\0\0"s, "\0\0"s, "runs/r/\0\0"s}},
       {"HEAD", "/livez", "", r, {""}},
       {"GET", "/v1/stats", "", r, {""}},
@@ -109,7 +113,7 @@ std::vector<std::string> StoreRawSeeds() {
           BlobPath(SmallBlob()) + " HTTP/1.0\r\n\r\n",
       "PUT /v1/objects/fuzz/raw HTTP/1.1\r\nHost: x\r\n" + auth +
           "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-      "POST /v1/cas/fuzz/raw-ptr HTTP/1.1\r\nHost: x\r\n" + auth +
+      "POST /v1/cas/runs/fuzz/pins/raw HTTP/1.1\r\nHost: x\r\n" + auth +
           "Content-Length: " + std::to_string(cas.size()) + "\r\n\r\n" + cas,
       "GET /v1/list/runs/ HTTP/1.1\r\nHost: x\r\n\r\n",
   };

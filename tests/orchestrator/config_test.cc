@@ -55,6 +55,13 @@ TEST_CASE(
             .find("orchestrator.dispatch: 'random' is not weighted or first_come") !=
         std::string::npos);
   CHECK(error(tokens + "  dispatch: first_come\n") == "ok");
+  // A key given twice: an error naming both lines, so that rotating tokens by appending a block
+  // never leaves the old ones valid.
+  CHECK(error(tokens + "  tick: 1s\n" + "  tokens: {worker: w2, trainer: t2, admin: a2}\n")
+            .find("orchestrator.tokens is given twice (lines 2 and 4)") != std::string::npos);
+  CHECK(error("  tokens:\n    worker: w\n    trainer: t\n    admin: a\n    admin: b\n")
+            .find("orchestrator.tokens.admin is given twice (lines 5 and 6)") != std::string::npos);
+  CHECK(error(tokens + "  max_connections: 100\n") == "ok");
   CHECK(error("  run: x\n").find("tokens are all needed") != std::string::npos);
   CHECK(error(tokens + "  compact_after: 1KiB\n").find("compact_after must be at least 4KiB") !=
         std::string::npos);
@@ -115,6 +122,17 @@ TEST_CASE("orchestrator dataset: JSONL prompts, errors with the line") {
             ":2.prompt must be text or an array of token ids") != std::string::npos);
   std::filesystem::remove(good);
   std::filesystem::remove(bad);
+  // Bounded: /dev/zero is refused at the line limit, not read without end.
+  CHECK(LoadPrompts("/dev/zero", LineLimits{4096, 1 << 20}).status().message() ==
+        "/dev/zero:1: a line longer than 4096 bytes, the limit for the dataset");
+  const std::string config = Write("config_limits",
+                                   "orchestrator:\n  tokens: {worker: w, trainer: t, admin: a}\n"
+                                   "  dataset_max_line: 64KiB\n  dataset_max_bytes: 1GiB\n");
+  auto loaded = LoadOrchestratorConfig(config);
+  REQUIRE(loaded.ok());
+  CHECK(loaded->dataset_limits.max_line_bytes == 64 << 10);
+  CHECK(loaded->dataset_limits.max_total_bytes == uint64_t{1} << 30);
+  std::filesystem::remove(config);
 }
 
 TEST_CASE("orchestrator dataset: a row's metadata is kept as the line has it") {

@@ -91,10 +91,11 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
                      {"cluster", "c1"},     {"version_start", 0},
                      {"version_end", 0},    {"segments", {{0, 0}}},
                      {"tokens", 12},        {"trajectories", {{"text", "4"}, {"reward", 1.0}}}};
-  auto [submit_code, submitted] = o.Post(o.As("c1"), "/v1/submissions", submission);
+  auto [submit_code, submitted] = o.Post(o.As("c1"), "/v1/clusters/c1/submissions", submission);
   REQUIRE(submit_code == 200);
   CHECK(submitted["result"] == "accepted");
-  CHECK(o.Post(o.As("c1"), "/v1/submissions", submission).second["result"] == "duplicate");
+  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/submissions", submission).second["result"] ==
+        "duplicate");
   // Calls naming a cluster need its own token: the shared worker token, or another cluster's
   // token, may not act for it.
   CHECK(o.Post("w-token", "/v1/submissions", submission).first == 403);
@@ -255,6 +256,78 @@ TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests"
         std::optional<uint64_t>(1));
 }
 
+TEST_CASE("orchestrator API: tokens are checked from the header, before any body is read") {
+  Running o;
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "r"}, {"capacity", 1}})
+              .first == 200);
+  REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c2"}, {"region", "r"}, {"capacity", 1}})
+              .first == 200);
+  // A header that announces 15 MiB and sends none of it: a refused token is answered at once
+  // (reading the body first would wait for it until the read deadline).
+  auto answered_at_once = [&](const std::string& method_path, const std::string& token) {
+    testing::RawConnection connection(testing::PortOf(o.url), std::chrono::seconds(3));
+    connection.Send(method_path + " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer " + token +
+                    "\r\nContent-Type: application/json\r\nContent-Length: " +
+                    std::to_string(15 << 20) + "\r\n\r\n{");
+    return testing::StatusOf(connection.ReadSome());
+  };
+  CHECK(answered_at_once("POST /v1/submissions", "junk") == 401);
+  CHECK(answered_at_once("POST /v1/clusters/c1/submissions", "junk") == 401);
+  CHECK(answered_at_once("POST /v1/clusters/c1/submissions", o.As("c2")) == 401);
+  CHECK(answered_at_once("POST /v1/clusters/c1/heartbeat", "junk") == 401);
+  CHECK(answered_at_once("POST /v1/clusters/c1/submissions", "w-token") == 403);
+  CHECK(answered_at_once("POST /v1/jobs", "w-token") == 403);
+  CHECK(answered_at_once("POST /v1/jobs", "") == 401);
+  CHECK(answered_at_once("POST /v1/clusters", "t-token") == 403);
+  // A cluster's own token on the shared endpoint is told where it goes.
+  auto shared = o.Post(o.As("c1"), "/v1/submissions", Json::object());
+  CHECK(shared.first == 401);
+  CHECK(shared.second["error"].get<std::string>().find("/v1/clusters/<cluster>/submissions") !=
+        std::string::npos);
+  // The path's cluster is the submission's.
+  Json submission = {{"job", 1},           {"attempt", 1},           {"cluster", "c2"},
+                     {"version_start", 0}, {"version_end", 0},       {"segments", {{0, 0}}},
+                     {"tokens", 1},        {"trajectories", nullptr}};
+  auto other = o.Post(o.As("c1"), "/v1/clusters/c1/submissions", submission);
+  CHECK(other.first == 400);
+  CHECK(other.second["error"] == "submission.cluster is c2, but the path is for cluster c1");
+  CHECK(o.core->Inspect(
+            [](const OrchestratorCore& c) { return c.counters().submissions_rejected; }) == 0);
+}
+
+TEST_CASE("orchestrator API: a wrong method is 405 with the methods allowed, wherever it is") {
+  Running o;
+  auto answer = [&](const std::string& method_path) {
+    testing::RawConnection connection(testing::PortOf(o.url), std::chrono::seconds(2));
+    connection.Send(method_path +
+                    " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer a-token\r\n"
+                    "Connection: close\r\n\r\n");
+    return connection.ReadAll();
+  };
+  for (const auto& [method_path, allow] : std::vector<std::pair<std::string, std::string>>{
+           {"GET /v1/clusters", "POST"},
+           {"PUT /v1/clusters", "POST"},
+           {"DELETE /v1/clusters", "POST"},
+           {"GET /v1/clusters/c1/heartbeat", "POST"},
+           {"POST /v1/clusters/c1", "DELETE"},
+           {"GET /v1/submissions", "POST"},
+           {"GET /v1/clusters/c1/submissions", "POST"},
+           {"PUT /v1/versions", "POST"},
+           {"GET /v1/batches", "POST"},
+           {"POST /v1/status", "GET, HEAD"},
+           {"POST /metrics", "GET, HEAD"},
+           {"DELETE /livez", "GET, HEAD"},
+       }) {
+    const std::string request = method_path;
+    CAPTURE(request);
+    const std::string text = answer(request);
+    CHECK(testing::StatusOf(text) == 405);
+    CHECK(text.find("\r\nAllow: " + allow + "\r\n") != std::string::npos);
+  }
+  CHECK(testing::StatusOf(answer("POST /v1/clusters/c1/unknown")) == 404);
+  CHECK(testing::StatusOf(answer("GET /v1/nothing")) == 404);
+}
+
 TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to another") {
   CoreConfig config;
   config.lease_duration = 200'000;   // 0.2 s
@@ -301,9 +374,9 @@ TEST_CASE("orchestrator API: a worker that vanishes mid-lease loses it to anothe
                 {"tokens", 5},
                 {"trajectories", {"late"}}};
   };
-  CHECK(o.Post(o.As("gone"), "/v1/submissions", submission("gone", 1)).second["result"] ==
-        "accepted");
-  auto loser = o.Post(o.As("alive"), "/v1/submissions", submission("alive", 2));
+  CHECK(o.Post(o.As("gone"), "/v1/clusters/gone/submissions", submission("gone", 1))
+            .second["result"] == "accepted");
+  auto loser = o.Post(o.As("alive"), "/v1/clusters/alive/submissions", submission("alive", 2));
   CHECK(loser.first == 409);
   CHECK(loser.second["error"].get<std::string>().find("already completed by attempt 1") !=
         std::string::npos);
@@ -369,7 +442,7 @@ TEST_CASE(
                        {"cluster", "c1"},     {"version_start", 0},
                        {"version_end", 0},    {"segments", {{0, 0}}},
                        {"tokens", 1},         {"trajectories", {{"samples", Json::array()}}}};
-    REQUIRE(o.Post(o.As("c1"), "/v1/submissions", submission).first == 200);
+    REQUIRE(o.Post(o.As("c1"), "/v1/clusters/c1/submissions", submission).first == 200);
   }
   CHECK(leased_metadata ==
         std::map<uint64_t, Json>{{(*ids)[0], Json{{"answer", 2}, {"row", "r-17"}}},

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -51,6 +52,9 @@ class FakeS3 {
   std::atomic<bool> honour_conditions{true};
   std::atomic<bool> honour_multipart_conditions{true};
   std::atomic<int> fail_parts{0};  // the next this many part uploads get 500
+  // The next this many upload completions get 409 ConditionalRequestConflict, as AWS answers a
+  // completion that races another write of the key.
+  std::atomic<int> conflict_completions{0};
   // A failed condition answered 500 UnknownError instead of 412, as Ceph RGW answers the loser of
   // a race on the condition.
   std::atomic<bool> condition_failures_as_500{false};
@@ -74,7 +78,8 @@ class FakeS3 {
 
  private:
   struct Object {
-    std::string bytes, etag;  // etag quoted
+    std::string bytes, etag;       // etag quoted
+    std::string modified = Now();  // ISO 8601, as listings give it
   };
   struct Upload {
     std::string key;
@@ -112,6 +117,14 @@ class FakeS3 {
     std::string text = "HTTP/1.1 " + std::to_string(status) + " X\r\nConnection: close\r\n";
     for (const std::string& h : headers) text += h + "\r\n";
     text += "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    return text;
+  }
+  static std::string Now() {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char text[32];
+    std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S.000Z", &tm);
     return text;
   }
   static std::string Error(int status, const std::string& code) {
@@ -273,8 +286,9 @@ class FakeS3 {
           truncated = true;
           break;
         }
-        xml += "<Contents><Key>" + s3::UriEncode(name, true) + "</Key><Size>" +
-               std::to_string(object.bytes.size()) + "</Size></Contents>";
+        xml += "<Contents><Key>" + s3::UriEncode(name, true) + "</Key><LastModified>" +
+               object.modified + "</LastModified><Size>" + std::to_string(object.bytes.size()) +
+               "</Size></Contents>";
         last = name;
         ++count;
       }
@@ -305,6 +319,10 @@ class FakeS3 {
         return Answer(204, "");
       }
       // POST: complete, with the parts in order.
+      if (conflict_completions.load() > 0) {
+        conflict_completions.fetch_sub(1);
+        return Error(409, "ConditionalRequestConflict");
+      }
       if (int failed = conditions(honour_multipart_conditions.load()); failed != 0)
         return Error(failed, failed == 412 ? "PreconditionFailed" : "NoSuchKey");
       // S3's ETag of a completed upload: the MD5 of the parts' binary MD5s, "-", their count.

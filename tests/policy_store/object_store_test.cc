@@ -13,6 +13,7 @@
 #include "policy_store/http_store.h"
 #include "tests/policy_store/store_contract.h"
 #include "tests/policy_store/store_test_util.h"
+#include "tests/temp_path.h"
 
 namespace weft::policy_store {
 namespace {
@@ -33,9 +34,54 @@ TEST_CASE("store URIs: an unknown scheme is refused, not taken for a directory")
   REQUIRE(!store.ok());
   CHECK(store.status().code() == StatusCode::kInvalidArgument);
   CHECK(store.status().message() ==
-        "store 'gs://bucket/prefix': unknown scheme 'gs' (a store is a directory, file://PATH, "
-        "http(s)://HOST:PORT or s3://BUCKET/PREFIX)");
+        "store 'gs://bucket/prefix': unknown scheme 'gs' (a store is a directory (an absolute "
+        "path, or a relative one with no ':' in its first segment; ./NAME for one that has), "
+        "file:///ABSOLUTE/PATH, http(s)://HOST:PORT or s3://BUCKET/PREFIX)");
   CHECK(!std::filesystem::exists("gs:"));
+}
+
+TEST_CASE("store URIs: typos are refused, reading creates nothing, one parser for every form") {
+  const std::string here = weft::testing::TempPath("uris");
+  std::filesystem::create_directories(here);
+  const std::filesystem::path before = std::filesystem::current_path();
+  std::filesystem::current_path(here);
+  OpenOptions creating;
+  creating.create = true;
+  for (const std::string& typo : std::vector<std::string>{
+           "s3:/bucket/x", "s3:bucket", "s3//bucket", "http:/127.0.0.1:1", "https//h",
+           "file:relative", "file://relative", "http://", "http://:80", "s3://", "s3:///x", "",
+           std::string("/tmp/a\0b", 8), "dir\nname", "C:/x"}) {
+    CAPTURE(typo);
+    Result<StoreLocation> parsed = ParseStoreUri(typo);
+    REQUIRE(!parsed.ok());
+    CHECK(parsed.status().code() == StatusCode::kInvalidArgument);
+    CHECK(parsed.status().message().find("http(s)://HOST:PORT or s3://BUCKET/PREFIX") !=
+          std::string::npos);
+    CHECK(OpenStore(typo, creating).status().code() == StatusCode::kInvalidArgument);
+  }
+  CHECK(ParseStoreUri(std::string("/tmp/a\0b", 8)).status().message().find("\\x00") !=
+        std::string::npos);
+  CHECK(std::filesystem::is_empty(here));  // nothing was created for any of them
+  // What is accepted, and what each means.
+  auto parsed = [](const std::string& uri) { return ParseStoreUri(uri).value(); };
+  CHECK(parsed("store").kind == StoreLocation::Kind::kDirectory);
+  CHECK(parsed("store").path == "store");
+  CHECK(parsed("./s3:odd").path == "./s3:odd");
+  CHECK(parsed("/abs/dir").path == "/abs/dir");
+  CHECK(parsed("file:///abs/dir").path == "/abs/dir");
+  CHECK(parsed("s3/bucket").path == "s3/bucket");
+  CHECK(parsed("http://h:1/?parallel=2").kind == StoreLocation::Kind::kHttp);
+  CHECK(parsed("http://h:1/?parallel=2").base == "http://h:1/");
+  CHECK(parsed("http://h:1/?parallel=2").options.at("parallel") == "2");
+  CHECK(parsed("s3://b/p?region=x").kind == StoreLocation::Kind::kS3);
+  // Reading a directory store that is not there is an error, and creates nothing.
+  Result<std::unique_ptr<ObjectStore>> missing = OpenStore(here + "/nonexistent/x");
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK(missing.status().message().find("does not exist") != std::string::npos);
+  CHECK(!std::filesystem::exists(here + "/nonexistent"));
+  REQUIRE(OpenStore("file://" + here + "/made", creating).ok());
+  CHECK(std::filesystem::is_directory(here + "/made"));
+  std::filesystem::current_path(before);
 }
 
 TEST_CASE("store URIs: range_size and parallel set how readers fetch blobs; others are refused") {

@@ -189,6 +189,58 @@ TEST_CASE("S3 store: listings page through continuation tokens; stale uploads ar
   CHECK(fake.Uploads() == 0);
 }
 
+TEST_CASE("S3 store: a completion that races another write (409) starts the upload again") {
+  FakeS3 fake;
+  s3::Settings settings = FakeSettings(fake);
+  settings.part_size = 5 << 20;
+  settings.multipart_threshold = 5 << 20;
+  S3Store store(settings, Quick());
+  const std::vector<uint8_t> big = Large(11 << 20, 5);
+  REQUIRE(store.CheckConditionalWrites().ok());
+  fake.conflict_completions = 2;
+  REQUIRE(store.PutImmutable("blobs/raced", big).ok());
+  CHECK(store.uploads_restarted() == 2);
+  CHECK(*store.Get("blobs/raced") == big);
+  CHECK(fake.Uploads() == 0);
+  // Conflicts that never end: a clear error, nothing left behind.
+  fake.conflict_completions = 100;
+  Status failed = store.PutImmutable("blobs/never", big);
+  CHECK(failed.code() == StatusCode::kUnavailable);
+  CHECK(failed.message().find("ConditionalRequestConflict") != std::string::npos);
+  CHECK(fake.Uploads() == 0);
+  CHECK(!*store.Exists("blobs/never"));
+  fake.conflict_completions = 0;
+}
+
+TEST_CASE("S3 store: gc's leftovers are a run's own uploads, blobs' and write checks'") {
+  FakeS3 fake;
+  S3Store store(FakeSettings(fake), Quick());
+  for (const std::string key :
+       {"runs/r/versions/x", "runs/other/versions/y", "blobs/b", ".weft-probe/0011"}) {
+    S3Store::Call start;
+    start.method = "POST";
+    start.key = key;
+    start.query = {{"uploads", ""}};
+    REQUIRE(store.Send(start)->status == 200);
+  }
+  const auto later = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  CHECK(*store.AbortUploadsBefore(later, [](const std::string& key) {
+    return key.starts_with("runs/r/") || key.starts_with("blobs/") ||
+           key.starts_with(S3Store::kProbePrefix);
+  }) == 3);
+  CHECK(*store.ListUploads() == std::vector<std::string>{"runs/other/versions/y"});
+  // A write check's object, as a publisher killed during its check leaves it.
+  S3Store::Call probe;
+  probe.method = "PUT";
+  probe.key = ".weft-probe/0011";
+  const std::string one = "1";
+  probe.body = {reinterpret_cast<const uint8_t*>(one.data()), one.size()};
+  REQUIRE(store.Send(probe)->status == 200);
+  CHECK(*store.DeleteProbesBefore(std::chrono::system_clock::from_time_t(0)) == 0);  // too young
+  CHECK(*store.DeleteProbesBefore(later) == 1);
+  CHECK(!*store.Exists(".weft-probe/0011"));
+}
+
 TEST_CASE("S3 store: a wrong secret is reported with where the credentials came from, not them") {
   FakeS3 fake;
   s3::Settings settings = FakeSettings(fake);

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "policy_store/http_store.h"
@@ -174,10 +175,13 @@ TEST_CASE("store server: slow readers of a large blob hold a piece each, not the
 TEST_CASE("store server: a compare-and-swap conflict names a large object by size and hash") {
   Served served("secret");
   const std::vector<uint8_t> big = Pattern(size_t{32} << 20, 9);
-  REQUIRE(served.backend->PutImmutable("runs/r/big", big).ok());
+  REQUIRE(served.backend
+              ->CompareAndSwap("runs/r/pins/big", std::nullopt, std::string(big.begin(), big.end()))
+              .ok());
   const uint64_t before = ResidentBytes();
-  auto conflict = Raw(served.url + "/v1/cas/runs/r/big", "POST", {"Authorization: Bearer secret"},
-                      "{\"expected\": \"1\", \"desired\": \"2\"}");
+  auto conflict =
+      Raw(served.url + "/v1/cas/runs/r/pins/big", "POST", {"Authorization: Bearer secret"},
+          "{\"expected\": \"1\", \"desired\": \"2\"}");
   CHECK(conflict.status == 409);
   CHECK(conflict.body.size() < 1024);
   CHECK(conflict.text().find("33554432 bytes with SHA-256 " + Sha256Hex(big)) != std::string::npos);
@@ -188,6 +192,52 @@ TEST_CASE("store server: a compare-and-swap conflict names a large object by siz
                    "{\"expected\": \"6\\n\", \"desired\": \"8\\n\"}");
   CHECK(small.status == 409);
   CHECK(small.text().find("found '7\\n'") != std::string::npos);
+}
+
+TEST_CASE("store server: immutable objects refuse compare-and-swap; pointers refuse PUT") {
+  Served served("secret");
+  const std::vector<std::string> writer = {"Authorization: Bearer secret"};
+  const std::string blob = BlobKey(Sha256Hex(Bytes("weights")));
+  REQUIRE(served.backend->PutImmutable(blob, Bytes("weights")).ok());
+  const std::string manifest = ManifestKey("r", 3);
+  REQUIRE(served.backend->PutImmutable(manifest, Bytes("{}")).ok());
+  for (const auto& [key, held] : std::vector<std::pair<std::string, std::string>>{
+           {blob, "weights"}, {manifest, "{}"}, {"runs/r/shards/x", ""}, {"other", ""}}) {
+    CAPTURE(key);
+    const nlohmann::json body = {
+        {"expected", held.empty() ? nlohmann::json() : nlohmann::json(held)}, {"desired", "evil"}};
+    auto refused = Raw(served.url + "/v1/cas/" + key, "POST", writer, body.dump());
+    CHECK(refused.status == 409);
+    CHECK(refused.text().find(key + " is immutable") != std::string::npos);
+  }
+  auto text = [&](const std::string& key) {
+    const std::vector<uint8_t> bytes = served.backend->Get(key).value();
+    return std::string(bytes.begin(), bytes.end());
+  };
+  CHECK(text(blob) == "weights");
+  CHECK(text(manifest) == "{}");
+  CHECK(!served.backend->Exists("other").value());
+  // The pointers change by compare-and-swap only.
+  auto put = Raw(served.url + "/v1/objects/runs/r/latest", "PUT", writer, "9\n");
+  CHECK(put.status == 409);
+  CHECK(put.text().find("changes only by compare-and-swap") != std::string::npos);
+  CHECK(Raw(served.url + "/v1/objects/runs/r/pins/w1", "PUT", writer, "1").status == 409);
+  CHECK(!served.backend->Exists("runs/r/latest").value());
+  CHECK(Raw(served.url + "/v1/cas/runs/r/latest", "POST", writer,
+            R"({"expected": null, "desired": "0\n"})")
+            .status == 200);
+  CHECK(Raw(served.url + "/v1/cas/runs/r/pins/w1", "POST", writer,
+            R"({"expected": null, "desired": "0"})")
+            .status == 200);
+  // The rule itself.
+  CHECK(IsMutableKey("runs/r/latest"));
+  CHECK(IsMutableKey("runs/r/pins/holder"));
+  CHECK(!IsMutableKey("runs/r/pins/a/b"));
+  CHECK(!IsMutableKey("runs/r/pins/"));
+  CHECK(!IsMutableKey("runs//latest"));
+  CHECK(!IsMutableKey("runs/latest"));
+  CHECK(!IsMutableKey("runs/r/latest/x"));
+  CHECK(!IsMutableKey("blobs/latest"));
 }
 
 TEST_CASE("store server: a PUT streams to a temporary file, stored once it has arrived whole") {

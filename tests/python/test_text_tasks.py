@@ -75,6 +75,22 @@ def test_bytes_that_are_not_utf8_and_files_without_prompts(tmp_path):
         weft.read_dataset(str(tmp_path / "missing.jsonl"))
 
 
+def test_datasets_are_read_within_bounds(tmp_path):
+    # /dev/zero has no line end: refused at the line limit, not read without end.
+    with pytest.raises(weft.InvalidArgument,
+                       match="^/dev/zero:1: a line longer than 4194304 bytes"):
+        weft.read_dataset("/dev/zero")
+    line = '{"prompt": "' + "x" * 2000 + '"}\n'
+    path = write(tmp_path, line * 3)
+    assert len(weft.read_dataset(path)) == 3
+    with pytest.raises(weft.InvalidArgument, match=":1: a line longer than 1500 bytes"):
+        weft.read_dataset(path, max_line_bytes=1500)
+    with pytest.raises(weft.InvalidArgument, match="more than 5000 bytes"):
+        weft.read_dataset(path, max_bytes=5000)
+    with pytest.raises(weft.InvalidArgument, match="max_bytes must be a positive integer"):
+        weft.read_dataset(path, max_bytes=0)
+
+
 # --- rewards left to the trainer -------------------------------------------------------------
 
 def test_samples_without_a_reward_reach_the_trainer(orchestrator, tmp_path):
@@ -93,7 +109,7 @@ def test_samples_without_a_reward_reach_the_trainer(orchestrator, tmp_path):
     assert lease["job"] == job and lease["metadata"] == {"answer": "3"}
     samples = [{"tokens": [3, 12], "logprobs": [-0.5, -0.25], "text": "3"},
                {"tokens": [4, 12], "logprobs": [-1.0, -0.125], "reward": None, "text": "4"}]
-    o.call("POST", "/v1/submissions", {
+    o.call("POST", "/v1/clusters/c1/submissions", {
         "job": job, "attempt": lease["attempt"], "cluster": "c1", "version_start": 0,
         "version_end": 0, "segments": [[0, 0]], "tokens": 4,
         "trajectories": {"prompt": json.loads(lease["prompt"]), "samples": samples}}, token)

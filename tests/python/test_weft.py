@@ -330,7 +330,7 @@ def run_worker(o, versions_by_job, ready: int = 0):
         segments = versions_by_job(lease["job"])
         samples = [{"tokens": [1, 2, 3], "logprobs": [-0.5, -0.25, -1.0], "reward": 1.0},
                    {"tokens": [4, 5], "logprobs": [-2.0, -0.125], "reward": 0.0}]
-        o.call("POST", "/v1/submissions", {
+        o.call("POST", "/v1/clusters/c1/submissions", {
             "job": lease["job"], "attempt": lease["attempt"], "cluster": "c1",
             "version_start": min(v for v, _ in segments),
             "version_end": max(v for v, _ in segments), "segments": segments, "tokens": 5,
@@ -404,7 +404,7 @@ def test_malformed_groups_are_set_aside_with_the_reason(orchestrator, caplog):
     assert sorted(lease["job"] for lease in leases) == [bad_job, good_job]
     for lease in leases:
         logprobs = [-1.0] if lease["job"] == bad_job else [-1.0, -0.5]
-        o.call("POST", "/v1/submissions", {
+        o.call("POST", "/v1/clusters/c1/submissions", {
             "job": lease["job"], "attempt": lease["attempt"], "cluster": "c1",
             "version_start": 0, "version_end": 0, "segments": [[0, 0]], "tokens": 2,
             "trajectories": {"samples": [{"tokens": [1, 2], "logprobs": logprobs,
@@ -433,6 +433,21 @@ def test_errors_are_exceptions_with_weft_messages(orchestrator, tmp_path):
         weft.Publisher(tmp_path, "bad run id!")
     with pytest.raises(ValueError, match="delta_mode must be 'plain' or 'context'"):
         weft.Publisher(tmp_path, "run", delta_mode="zstd")
+    # Mistyped store URIs are refused, and create nothing.
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    present = sorted(os.listdir(tmp_path))
+    try:
+        for typo in ("s3:/b/x", "s3:bucket", "s3//bucket", "http:/127.0.0.1:1", "file:relative",
+                     "/tmp/a\x00b"):
+            with pytest.raises(weft.InvalidArgument, match="s3://BUCKET/PREFIX"):
+                weft.Publisher(typo, "run")
+        for wrong in (None, 3, b"/tmp/x"):
+            with pytest.raises(weft.InvalidArgument, match="store must be a directory path"):
+                weft.Publisher(wrong, "run")
+        assert sorted(os.listdir(tmp_path)) == present
+    finally:
+        os.chdir(cwd)
     publisher = weft.Publisher(tmp_path / "store", "run")
     with pytest.raises(weft.Conflict, match="before start"):
         publisher.publish({"w": torch.zeros(3)})

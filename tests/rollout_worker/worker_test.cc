@@ -112,7 +112,13 @@ TEST_CASE(
   model.max_seq = task.max_length();
   const examples::TinyLmLayout layout(model);
   std::vector<float> weights = layout.Initialize(3);
-  auto store = std::move(policy_store::OpenStore(store_dir)).value();
+  auto store = std::move(policy_store::OpenStore(store_dir,
+                                                 [] {
+                                                   policy_store::OpenOptions o;
+                                                   o.create = true;
+                                                   return o;
+                                                 }()))
+                   .value();
   auto publisher = std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(weights),
                                                                sync::ServingPlan{}, {}))
                        .value();
@@ -270,7 +276,13 @@ TEST_CASE(
   model.d_ff = 32;
   model.max_seq = task.max_length();
   const examples::TinyLmLayout layout(model);
-  auto store = std::move(policy_store::OpenStore(store_dir)).value();
+  auto store = std::move(policy_store::OpenStore(store_dir,
+                                                 [] {
+                                                   policy_store::OpenOptions o;
+                                                   o.create = true;
+                                                   return o;
+                                                 }()))
+                   .value();
   auto publisher =
       std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(layout.Initialize(3)),
                                                   sync::ServingPlan{}, {}))

@@ -98,11 +98,35 @@ TEST_CASE("prompt dataset: a missing or empty file") {
   const std::string missing = testing::TempPath("dataset_missing.jsonl");
   Result<std::vector<DatasetPrompt>> read = ReadPromptDataset(missing);
   CHECK(read.status().code() == StatusCode::kNotFound);
-  CHECK(read.status().message() == "cannot read the prompt dataset " + missing);
+  CHECK(read.status().message() ==
+        "cannot read the prompt dataset " + missing + ": No such file or directory");
   const std::string empty = Write("dataset_empty.jsonl", "\n  \n");
   read = ReadPromptDataset(empty);
   CHECK(read.status().code() == StatusCode::kInvalidArgument);
   CHECK(read.status().message() == empty + ": the prompt dataset holds no prompt");
+}
+
+TEST_CASE("prompt dataset: lines and files are read within bounds, whatever the file is") {
+  // /dev/zero has no line end: refused once a line passes the limit, not read without end.
+  Result<std::vector<DatasetPrompt>> zero =
+      ReadPromptDataset("/dev/zero", LineLimits{1 << 20, uint64_t{1} << 30});
+  CHECK(zero.status().code() == StatusCode::kInvalidArgument);
+  CHECK(zero.status().message() ==
+        "/dev/zero:1: a line longer than 1048576 bytes, the limit for the prompt dataset");
+  const std::string line = "{\"prompt\": \"" + std::string(2000, 'x') + "\"}\n";
+  const std::string path = Write("dataset_bounds.jsonl", line + line + line);
+  CHECK(ReadPromptDataset(path).value().size() == 3);
+  CHECK(ReadPromptDataset(path, LineLimits{1500, 1 << 20}).status().message() ==
+        path + ":1: a line longer than 1500 bytes, the limit for the prompt dataset");
+  CHECK(ReadPromptDataset(path, LineLimits{1 << 20, 5000}).status().message() ==
+        path + ": more than 5000 bytes, the limit for the prompt dataset");
+  // The last line needs no line end; CRLF ends are taken.
+  const std::string crlf =
+      Write("dataset_crlf.jsonl", "{\"prompt\": \"a\"}\r\n{\"prompt\": \"b\"}");
+  const auto prompts = ReadPromptDataset(crlf).value();
+  REQUIRE(prompts.size() == 2);
+  CHECK(prompts[1].prompt == "b");
+  CHECK(prompts[1].line == 2);
 }
 
 }  // namespace
