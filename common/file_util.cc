@@ -342,4 +342,22 @@ Result<std::optional<std::string>> LineReader::Next() {
   }
 }
 
+Result<std::string> ReadTextFile(const std::string& path, uint64_t max_bytes,
+                                 const std::string& what) {
+  WEFT_ASSIGN_OR_RETURN(LineReader reader,
+                        LineReader::Open(path, LineLimits{max_bytes, max_bytes}, what));
+  std::string text;
+  while (true) {
+    Result<std::optional<std::string>> line = reader.Next();
+    if (!line.ok()) {
+      if (line.status().code() != StatusCode::kInvalidArgument) return line.status();
+      return InvalidArgument(path + ": larger than " + std::to_string(max_bytes) +
+                             " bytes, the limit for " + what);
+    }
+    if (!*line) return text;
+    text += **line;
+    text += '\n';
+  }
+}
+
 }  // namespace weft

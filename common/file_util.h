@@ -148,6 +148,12 @@ class LineReader {
   bool eof_ = false;
 };
 
+// The whole of a small text file (a config), read from anything readable: kNotFound when it
+// cannot be opened, kInvalidArgument naming the path and the limit when it holds more than
+// `max_bytes` (found having read no more than that: /dev/zero fails at once).
+Result<std::string> ReadTextFile(const std::string& path, uint64_t max_bytes,
+                                 const std::string& what);
+
 // The text of errno now (strerror), for messages.
 std::string ErrnoText();
 

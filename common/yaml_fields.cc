@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 
+#include "common/file_util.h"
 #include "common/units.h"
 
 namespace weft {
@@ -50,12 +51,18 @@ Status CheckUniqueKeys(const YAML::Node& node, const std::string& where) {
 }  // namespace
 
 Result<YAML::Node> LoadYamlFile(const std::string& path) {
+  // Read within a bound first: a config is small, and a path such as /dev/zero must not be read
+  // without end.
+  Result<std::string> text = ReadTextFile(path, kMaxConfigBytes, "a config file");
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return NotFound("cannot read the config file " + path);
+    return text.status();
+  }
   try {
-    YAML::Node root = YAML::LoadFile(path);
+    YAML::Node root = YAML::Load(*text);
     WEFT_RETURN_IF_ERROR(CheckUniqueKeys(root, "").WithContext(path));
     return root;
-  } catch (const YAML::BadFile&) {
-    return NotFound("cannot read the config file " + path);
   } catch (const YAML::Exception& error) {
     return InvalidArgument(path + ": line " + std::to_string(error.mark.line + 1) + ": " +
                            error.msg);

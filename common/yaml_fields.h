@@ -15,7 +15,9 @@
 namespace weft {
 
 // The document in `path`, or an error naming the file and the line of a syntax error, or the path
-// and both lines of a key given twice in a map (anywhere in the document).
+// and both lines of a key given twice in a map (anywhere in the document). A file larger than
+// kMaxConfigBytes is refused having read no more.
+inline constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
 Result<YAML::Node> LoadYamlFile(const std::string& path);
 
 // `node` (at `where`) must be a map whose keys are all in `allowed`.

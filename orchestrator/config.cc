@@ -148,11 +148,17 @@ Result<std::vector<JobSpec>> LoadPrompts(const std::string& path, const LineLimi
   while (true) {
     WEFT_ASSIGN_OR_RETURN(std::optional<std::string> next, in.Next());
     if (!next) break;
-    const std::string& line = *next;
+    std::string& line = *next;
+    if (in.line() == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);  // a BOM
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(in.line());
+    // As strict as the trainers' reader (trainer_adapter/dataset.h): no repeated keys, well-formed
+    // UTF-8, nesting at most 62 deep (the line goes into a jobs body, bounded at 64).
+    if (const std::string fault = json_text::Validate(line, 62); !fault.empty())
+      return InvalidArgument(where + ": not valid JSON: " + fault);
     nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
-    if (row.is_discarded()) return InvalidArgument(where + ": not a JSON object");
+    if (row.is_discarded() || !row.is_object())
+      return InvalidArgument(where + ": not a JSON object");
     WEFT_RETURN_IF_ERROR(CheckFields(row, where, {"prompt"}, {"samples", "metadata"}));
     const nlohmann::json& prompt = row["prompt"];
     bool tokens = prompt.is_array();
@@ -169,9 +175,7 @@ Result<std::vector<JobSpec>> LoadPrompts(const std::string& path, const LineLimi
     JobSpec job{prompt.dump(), static_cast<uint32_t>(samples)};
     if (row.contains("metadata") && !row["metadata"].is_null()) {
       // Kept as the line has it, as the jobs route keeps what a trainer sends.
-      const std::string_view text = line;
-      std::optional<std::string_view> metadata =
-          json_text::Member(text.substr(text.starts_with("\xEF\xBB\xBF") ? 3 : 0), 0, "metadata");
+      std::optional<std::string_view> metadata = json_text::Member(line, 0, "metadata");
       if (!metadata) return InvalidArgument(where + ".metadata could not be read");
       WEFT_RETURN_IF_ERROR(wire::CheckMetadata(*metadata, where + ".metadata"));
       job.metadata = std::string(*metadata);

@@ -1,9 +1,10 @@
 #include "policy_store/s3_config.h"
 
 #include <cstdlib>
-#include <fstream>
 #include <map>
+#include <sstream>
 
+#include "common/file_util.h"
 #include "common/units.h"
 #include "policy_store/object_store.h"
 
@@ -25,9 +26,11 @@ using IniFile = std::map<std::string, Section>;
 
 Result<IniFile> ReadIni(const std::string& path, bool* found) {
   IniFile file;
-  std::ifstream in(path);
-  *found = static_cast<bool>(in);
-  if (!in) return file;
+  Result<std::string> text = ReadTextFile(path, uint64_t{1} << 20, "an AWS config file");
+  *found = text.ok();
+  if (text.status().code() == StatusCode::kNotFound) return file;
+  WEFT_RETURN_IF_ERROR(text.status());
+  std::istringstream in(*text);
   std::string line, section, parent;
   bool in_section = false;
   // Where each section and setting was first given: one given twice is an error naming both

@@ -7,6 +7,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/file_util.h"
+#include "common/json_fields.h"
 #include "common/yaml_fields.h"
 #include "orchestrator/core_config.h"
 
@@ -248,11 +250,13 @@ Status ParseVariants(const Reader& r, const YAML::Node& list, std::vector<Varian
 // The per-step densities of a `weft run` report (its per_step[].density), as a schedule.
 Status ReadDensities(const Reader& r, const YAML::Node& node, const std::string& file,
                      ModelConfig* model) {
-  std::ifstream in(file);
-  if (!in) return r.Error("model.densities_from", node, "cannot read '" + file + "'");
-  nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
-  if (report.is_discarded() || !report.is_object() || !report.contains("per_step") ||
-      !report["per_step"].is_array()) {
+  // A run report is a few megabytes at most: read within a bound, strictly (no repeated keys).
+  Result<std::string> text = ReadTextFile(file, uint64_t{256} << 20, "a run report");
+  if (!text.ok()) return r.Error("model.densities_from", node, text.status().message());
+  Result<nlohmann::json> parsed = ParseStrict(*text, file);
+  if (!parsed.ok()) return r.Error("model.densities_from", node, parsed.status().message());
+  nlohmann::json& report = *parsed;
+  if (!report.is_object() || !report.contains("per_step") || !report["per_step"].is_array()) {
     return r.Error("model.densities_from", node,
                    "'" + file + "' is not a weft run report (no per_step list)");
   }

@@ -24,6 +24,9 @@ TEST_CASE("YAML files: a key given twice anywhere is an error naming both lines"
       WriteYaml("nested", "s:\n  list:\n    - {x: 1, y: 2}\n    - {x: 1, x: 2}\n");
   CHECK(LoadYamlFile(nested).status().message().find(
             "s.list[1].x is given twice (lines 4 and 4)") != std::string::npos);
+  // A config is read within a bound: /dev/zero fails at once.
+  CHECK(LoadYamlFile("/dev/zero").status().message() ==
+        "/dev/zero: larger than 16777216 bytes, the limit for a config file");
   // The same key in different maps is fine.
   CHECK(LoadYamlFile(WriteYaml("apart", "a: {x: 1}\nb: {x: 1}\nc: [{x: 1}, {x: 2}]\n")).ok());
 }

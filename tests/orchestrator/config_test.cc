@@ -122,6 +122,10 @@ TEST_CASE("orchestrator dataset: JSONL prompts, errors with the line") {
             ":2.prompt must be text or an array of token ids") != std::string::npos);
   std::filesystem::remove(good);
   std::filesystem::remove(bad);
+  // As strict as the trainers' reader: a key given twice is refused.
+  const std::string twice = Write("prompts_twice", "{\"prompt\": \"a\", \"prompt\": \"b\"}\n");
+  CHECK(LoadPrompts(twice).status().message().find(":1: not valid JSON: ") != std::string::npos);
+  std::filesystem::remove(twice);
   // Bounded: /dev/zero is refused at the line limit, not read without end.
   CHECK(LoadPrompts("/dev/zero", LineLimits{4096, 1 << 20}).status().message() ==
         "/dev/zero:1: a line longer than 4096 bytes, the limit for the dataset");

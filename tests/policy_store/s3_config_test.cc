@@ -161,6 +161,15 @@ TEST_CASE("S3 settings: bad URIs, options and files are refused, naming what is 
   std::ofstream(root + "/.aws/config") << "[default]\nregion eu-west-1\n";
   CHECK(error("s3://bucket", Env({{"HOME", root}})) ==
         root + "/.aws/config:2: expected 'key = value' or '[section]'");
+  // A setting or a section given twice: an error naming both lines, never a silent choice.
+  std::ofstream(root + "/.aws/config") << "[default]\nregion = a\nregion = b\n";
+  CHECK(error("s3://bucket", Env({{"HOME", root}})) ==
+        root + "/.aws/config: [default] region is given twice (lines 2 and 3): keep one of them");
+  std::ofstream(root + "/.aws/config") << "[default]\nregion = a\n[default]\n";
+  CHECK(error("s3://bucket", Env({{"HOME", root}})) ==
+        root + "/.aws/config: [default] is given twice (lines 1 and 3): keep one of them");
+  CHECK(error("s3://bucket/x?region=a&region=b").find("option 'region' is given twice") !=
+        std::string::npos);
   std::filesystem::remove_all(root);
 
   // No message carries a secret.

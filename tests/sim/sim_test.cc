@@ -152,7 +152,8 @@ TEST_CASE("sim: configuration errors name the file, the key and the line") {
   e = error_of("regions: []\n");
   CHECK_MESSAGE(e.find("regions: must be a list of at least one region") != std::string::npos, e);
   e = error_of(region + "model: {densities_from: /nonexistent/report.json}\n");
-  CHECK_MESSAGE(e.find("cannot read '/nonexistent/report.json'") != std::string::npos, e);
+  CHECK_MESSAGE(e.find("cannot read a run report /nonexistent/report.json") != std::string::npos,
+                e);
   e = error_of("extends: /nonexistent/base.yaml\n");
   CHECK_MESSAGE(e.find("/nonexistent/base.yaml") != std::string::npos, e);
   e = error_of(region + "variants:\n  - {name: x, relays: maybe}\n");
