@@ -36,6 +36,7 @@
 #include <thread>
 
 #include "orchestrator/journal.h"
+#include "tests/process_stats.h"
 
 namespace {
 
@@ -80,20 +81,7 @@ struct Server {
     return port != 0;
   }
   // CPU seconds (user + system) the process has used so far.
-  double CpuSeconds() const {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), {});
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) return 0;
-    std::istringstream fields(stat.substr(close + 2));
-    std::string field;
-    unsigned long long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && fields >> field; ++i) {
-      if (i == 14) utime = std::stoull(field);
-      if (i == 15) stime = std::stoull(field);
-    }
-    return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
+  double CpuSeconds() const { return testing::CpuSecondsOf(pid); }
   void Stop() {
     if (pid <= 0) return;
     kill(pid, SIGTERM);

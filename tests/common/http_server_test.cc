@@ -23,6 +23,7 @@
 #include "common/http_client.h"
 #include "common/http_server.h"
 #include "tests/http_test_util.h"
+#include "tests/process_stats.h"
 #include "tests/temp_path.h"
 #include "tests/tls_test_util.h"
 
@@ -210,20 +211,6 @@ TEST_CASE("HTTP: past max_connections a connection is answered 503 at once, and 
     CHECK(automatic->connection_stats().limit == files.rlim_cur - 64);
 }
 
-// CPU seconds (user and system) that process `pid` has used, from /proc.
-double CpuSeconds(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));
-  std::string field;
-  unsigned long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 TEST_CASE("HTTP: out of descriptors, the listener waits before it accepts again, not spins") {
   // A server in a child process whose descriptors are all taken; connections queue behind it.
   int pipe_fds[2];
@@ -255,9 +242,9 @@ TEST_CASE("HTTP: out of descriptors, the listener waits before it accepts again,
   std::vector<std::unique_ptr<RawConnection>> waiting;
   for (int i = 0; i < 20; ++i)
     waiting.push_back(std::make_unique<RawConnection>(port, std::chrono::milliseconds(100)));
-  const double before = CpuSeconds(child);
+  const double before = testing::CpuSecondsOf(child);
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  const double used = CpuSeconds(child) - before;
+  const double used = testing::CpuSecondsOf(child) - before;
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   CAPTURE(used);
