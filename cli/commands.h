@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <functional>
 
 #include "common/status.h"
@@ -18,15 +19,24 @@ using Action = std::function<Status()>;
 // A --threads value: the number given, or every hardware thread when it is 0 (the default).
 int ThreadsOrAll(int requested);
 
-// Blocks SIGINT and SIGTERM for every thread started after it (construct it before starting
-// servers); Wait() returns once one of them arrives.
+// SIGINT and SIGTERM, for the whole process. main() calls Install() before anything else runs:
+// the signals are blocked in every thread any command starts, and one thread of their own waits
+// for them. A command that stops gracefully holds a StopSignals while it runs, whatever threads it
+// started before: a signal then wakes Wait() (or WaitFor) instead of ending the process. A signal
+// that comes while no StopSignals is held ends the process as the signal's default action does.
 class StopSignals {
  public:
+  static void Install();
   StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // Returns once a signal came (or Wake was called).
   void Wait();
-
- private:
-  sigset_t signals_;
+  // Waits `timeout` at most; true once a signal came (or Wake was called).
+  bool WaitFor(std::chrono::milliseconds timeout);
+  // Wakes the waiters without a signal (the command ends on its own).
+  void Wake();
 };
 
 void RegisterCast(CLI::App& app, Action* action);

@@ -2,7 +2,11 @@
 #include <pthread.h>
 #include <sys/resource.h>
 
+#include <condition_variable>
+#include <csignal>
 #include <cstdio>
+#include <mutex>
+#include <thread>
 
 #include "cli/commands.h"
 #include "common/parallel.h"
@@ -11,21 +15,87 @@ namespace weft::cli {
 
 int ThreadsOrAll(int requested) { return requested > 0 ? requested : HardwareThreads(); }
 
+namespace {
+
+// The process's stop signals: whether a command holds them, and whether one came.
+struct Stopping {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int holders = 0;
+  bool stopped = false;
+};
+Stopping& Stop() {
+  static Stopping* stopping = new Stopping;  // never destroyed: its thread outlives main()
+  return *stopping;
+}
+
+sigset_t StopSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+}  // namespace
+
+void StopSignals::Install() {
+  const sigset_t set = StopSet();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    while (true) {
+      int received = 0;
+      if (sigwait(&set, &received) != 0) continue;
+      Stopping& s = Stop();
+      std::unique_lock<std::mutex> lock(s.mutex);
+      if (s.holders > 0) {
+        s.stopped = true;
+        s.changed.notify_all();
+        continue;
+      }
+      // Nobody stops gracefully: the signal's default action, as without weft.
+      lock.unlock();
+      std::signal(received, SIG_DFL);
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, received);
+      pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+      raise(received);
+    }
+  }).detach();
+}
+
 StopSignals::StopSignals() {
-  sigemptyset(&signals_);
-  sigaddset(&signals_, SIGINT);
-  sigaddset(&signals_, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+  std::lock_guard<std::mutex> lock(Stop().mutex);
+  ++Stop().holders;
+}
+
+StopSignals::~StopSignals() {
+  std::lock_guard<std::mutex> lock(Stop().mutex);
+  --Stop().holders;
 }
 
 void StopSignals::Wait() {
-  int received = 0;
-  sigwait(&signals_, &received);
+  std::unique_lock<std::mutex> lock(Stop().mutex);
+  Stop().changed.wait(lock, [] { return Stop().stopped; });
+}
+
+bool StopSignals::WaitFor(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(Stop().mutex);
+  return Stop().changed.wait_for(lock, timeout, [] { return Stop().stopped; });
+}
+
+void StopSignals::Wake() {
+  std::lock_guard<std::mutex> lock(Stop().mutex);
+  Stop().stopped = true;
+  Stop().changed.notify_all();
 }
 
 }  // namespace weft::cli
 
 int main(int argc, char** argv) {
+  // Before anything else: no thread of any command may take a stop signal (cli/commands.h).
+  weft::cli::StopSignals::Install();
   // A server holds a descriptor per connection (a thousand long-polling workers): the soft
   // open-file limit is raised to the hard one, as far as the system lets it.
   if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {

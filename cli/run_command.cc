@@ -190,11 +190,7 @@ Status RunRun(const std::string& config_path) {
   for (auto& [name, value] : TrainerChannelEnvironment(config, dir.string(), config_abs))
     children[trainer_index].environment[name] = value;
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  StopSignals stop;
   Supervisor supervisor(self, (dir / "logs").string());
   // The workers (and the trainer) first: they drain, handing back jobs, and deregister. Then the
   // relays, the orchestrator and the store, in the reverse of their start.
@@ -243,8 +239,7 @@ Status RunRun(const std::string& config_path) {
   Json status;
   ProgressReader progress(progress_path);
   while (true) {
-    timespec wait{0, 250'000'000};
-    if (sigtimedwait(&signals, nullptr, &wait) > 0) {
+    if (stop.WaitFor(std::chrono::milliseconds(250))) {
       interrupted = true;
       failure = "interrupted";
       break;

@@ -24,6 +24,9 @@ struct WorkerFlags {
 };
 
 Status RunWorker(const WorkerFlags& flags) {
+  // From the start: a stop signal while the engine and the store are being set up (their
+  // threads started) drains the worker as soon as it runs.
+  StopSignals stop;
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
   if (flags.cluster.empty() || flags.cluster.find_first_of("/ ") != std::string::npos) {
     return InvalidArgument("--cluster: '" + flags.cluster +
@@ -71,7 +74,6 @@ Status RunWorker(const WorkerFlags& flags) {
   options.sampling.stop_token = limits.stop_token;
   rollout_worker::RolloutWorker worker(options, client, *store, *engine, *task);
 
-  StopSignals stop;  // before any thread starts
   std::printf("worker %s (region %s): orchestrator %s, weights from %s\n", flags.cluster.c_str(),
               flags.region.c_str(), orchestrator_url.c_str(), store_uri.c_str());
   std::fflush(stdout);
@@ -81,8 +83,8 @@ Status RunWorker(const WorkerFlags& flags) {
   });
   Status ran = worker.Run();
   if (stopper.joinable()) {
-    // Run() only returns after Stop() (or a failed registration): wake the signal thread if needed.
-    if (!ran.ok()) kill(getpid(), SIGTERM);
+    // Run() only returns after Stop() (or a failed registration): wake the stopper if needed.
+    if (!ran.ok()) stop.Wake();
     stopper.join();
   }
   const rollout_worker::WorkerStats stats = worker.stats();

@@ -10,6 +10,8 @@
 #     version into it;
 #   - measured (printed): the weight-update pause per replica, and the time from a version's
 #     publication (its manifest written) to all replicas of a worker serving it.
+#   - weft run's SIGTERM drains each worker (its summary line printed), and no replica is left
+#     paused;
 # Usage: engines_test.sh WEFT WEFT_FAKE_ENGINE WORKDIR
 set -uo pipefail
 weft=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -123,6 +125,17 @@ YAML
   after=$(grep -c "engine replica ${urls[1]} serves version\|replica ${urls[1]} is back; loaded" "$logs/worker-near-1.log")
   [ "$after" -gt "$before" ] && ok ||
     fail "$api: the restarted replica was not loaded again: $(grep -i "replica ${urls[1]}" "$logs/worker-near-1.log" | tail -3)"
+  # weft run stops its workers with SIGTERM: each drains (hands back what it holds, deregisters,
+  # finishes a load under way) rather than dying, and leaves no replica paused.
+  for w in 1 2; do
+    grep -q "^worker near-$w stopped: " "$logs/worker-near-$w.log" && ok ||
+      fail "$api: worker near-$w did not drain on SIGTERM: $(tail -3 "$logs/worker-near-$w.log")"
+  done
+  for url in "${urls[@]}"; do
+    local paused
+    paused=$(curl -s "$url/_test/state" | jq -r .paused)
+    [ "$paused" = false ] && ok || fail "$api: replica $url left paused ($paused) after the run"
+  done
   # One download per worker and version, loaded into each of its replicas (but the one killed,
   # which misses the versions published while it was down).
   for w in 1 2; do
