@@ -118,6 +118,10 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
       // before anything is loaded, with what it lacks.
       Result<ReplicaInfo> info = r->api->Info();
       if (!info.ok() && info.status().code() == StatusCode::kInvalidArgument) return info.status();
+      if (info.ok()) {
+        WEFT_RETURN_IF_ERROR(
+            CheckPauseMode(options_.api, r->api->url(), *info, options_.pause_mode));
+      }
       if (std::find(paths.begin(), paths.end(), *found) == paths.end()) {
         WEFT_RETURN_IF_ERROR(
             CheckModelDirectory(*found, model).WithContext("replica " + r->api->url()));

@@ -542,6 +542,17 @@ Status CheckEngine(const std::string& api, const std::string& url, const Replica
   return Status::Ok();
 }
 
+Status CheckPauseMode(const std::string& api, const std::string& url, const ReplicaInfo& info,
+                      const std::string& mode) {
+  const std::optional<std::array<int, 3>> release = ParseRelease(info.version);
+  if (api == "sglang" && mode != "abort" && release && *release < std::array<int, 3>{0, 5, 6}) {
+    return InvalidArgument(url + ": SGLang " + info.version + " takes no pause mode (its " +
+                           "/pause_generation always aborts; modes need 0.5.6 or newer): set " +
+                           "engine.pause: abort, not " + mode);
+  }
+  return Status::Ok();
+}
+
 const std::vector<std::string>& PauseModes(const std::string& api) {
   static const std::vector<std::string> sglang = {"abort", "retract", "in_place"};
   static const std::vector<std::string> vllm = {"abort", "wait", "keep"};

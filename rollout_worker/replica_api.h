@@ -88,6 +88,10 @@ class ReplicaApi {
 // Whether an engine of `api` with `info` can serve weft: kInvalidArgument naming the setting or
 // the minimum release otherwise (vLLM before 0.15 cannot reload weights from a path).
 Status CheckEngine(const std::string& api, const std::string& url, const ReplicaInfo& info);
+// Whether pause `mode` works on that engine: SGLang before 0.5.6 takes no mode (its pause always
+// aborts), so any other mode is refused there, naming the release.
+Status CheckPauseMode(const std::string& api, const std::string& url, const ReplicaInfo& info,
+                      const std::string& mode);
 // A release "0.5.6rc1" as (0, 5, 6); nullopt when it does not start with numbers.
 std::optional<std::array<int, 3>> ParseRelease(const std::string& version);
 

@@ -477,6 +477,15 @@ TEST_CASE("http engine: too old a vLLM is refused before anything is loaded, nam
         std::string::npos);
   CHECK(staged.message().find("vLLM 0.15 or newer") != std::string::npos);
   CHECK(f.engines[0]->state().loads == 0);
+  // SGLang before 0.5.6 takes no pause mode: only abort works.
+  fake_engine::FakeEngineOptions sglang_old;
+  sglang_old.engine_version = "0.5.5";
+  Fixture g(Api::kSglang, 1, "http_engine_old_sglang", Config(), sglang_old);
+  g.options.pause_mode = "retract";
+  const Status refused = g.Make().Stage(Served(g.layout, g.layout.Initialize(1)), 1);
+  CHECK(refused.code() == StatusCode::kInvalidArgument);
+  CHECK(refused.message().find("SGLang 0.5.5 takes no pause mode") != std::string::npos);
+  CHECK(g.engines[0]->state().loads == 0);
   CHECK(ParseRelease("0.15.0rc2") == std::array<int, 3>{0, 15, 0});
   CHECK(ParseRelease("1.2") == std::array<int, 3>{1, 2, 0});
   CHECK(!ParseRelease("dev").has_value());
