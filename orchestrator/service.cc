@@ -692,7 +692,10 @@ std::string OrchestratorService::Impl::Metrics() const {
                    &SyncReport::engine_replicas},
         std::tuple{"cluster_ready_replicas",
                    "Engine replicas of each cluster that can serve (as it last reported).",
-                   &SyncReport::ready_replicas}}) {
+                   &SyncReport::ready_replicas},
+        std::tuple{"cluster_loading_replicas",
+                   "Engine replicas of each cluster paused for a weight load now.",
+                   &SyncReport::loading_replicas}}) {
     const bool counter = std::string_view(name).ends_with("_total");
     out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
         << name << (counter ? " counter\n" : " gauge\n");
@@ -700,6 +703,13 @@ std::string OrchestratorService::Impl::Metrics() const {
       out << "weft_orchestrator_" << name << "{cluster=\"" << LabelValue(cluster) << "\"} "
           << report.*field << "\n";
     }
+  }
+  out << "# HELP weft_orchestrator_cluster_paused_seconds_total Time the engine replicas of each "
+         "cluster spent paused for weight loads, summed over its replicas.\n"
+         "# TYPE weft_orchestrator_cluster_paused_seconds_total counter\n";
+  for (const auto& [cluster, report] : sync_reports) {
+    out << "weft_orchestrator_cluster_paused_seconds_total{cluster=\"" << LabelValue(cluster)
+        << "\"} " << report.paused_ms_total / 1000.0 << "\n";
   }
   if (const http::HttpServer* running = started.load())
     out << http::ConnectionMetrics("weft_orchestrator", running->connection_stats());

@@ -101,6 +101,8 @@ struct SyncReport {
   std::string digest;                      // the state digest it serves (docs/api.md), hex
   uint64_t engine_replicas = 0;            // engine replicas the worker drives (0: not reported)
   uint64_t ready_replicas = 0;             // ... of which can serve now
+  uint64_t loading_replicas = 0;           // ... of which are paused for a load now
+  double paused_ms_total = 0;              // time its replicas spent paused for loads, summed
 
   // Adds `other`'s counters and replicas (a region's sum); the pause is the larger of the two.
   void Add(const SyncReport& other);
@@ -114,6 +116,8 @@ inline void SyncReport::Add(const SyncReport& other) {
   commits += other.commits;
   engine_replicas += other.engine_replicas;
   ready_replicas += other.ready_replicas;
+  loading_replicas += other.loading_replicas;
+  paused_ms_total += other.paused_ms_total;
   max_pause_ms = max_pause_ms > other.max_pause_ms ? max_pause_ms : other.max_pause_ms;
 }
 

@@ -186,7 +186,9 @@ Json SyncReportJson(const SyncReport& r) {
               {"commits", r.commits},
               {"engine_replicas", r.engine_replicas},
               {"ready_replicas", r.ready_replicas},
+              {"loading_replicas", r.loading_replicas},
               {"max_pause_ms", r.max_pause_ms},
+              {"paused_ms_total", r.paused_ms_total},
               {"first_version", Optional(r.first_version)},
               {"newest_version", Optional(r.newest_version)},
               {"digest", r.digest}};
@@ -197,8 +199,8 @@ Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) 
   WEFT_RETURN_IF_ERROR(
       CheckFields(json, where, {},
                   {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits",
-                   "engine_replicas", "ready_replicas", "max_pause_ms", "first_version",
-                   "newest_version", "digest"}));
+                   "engine_replicas", "ready_replicas", "loading_replicas", "max_pause_ms",
+                   "paused_ms_total", "first_version", "newest_version", "digest"}));
   if (json.contains("digest")) {
     Result<std::string> digest = GetString(json, "digest", where);
     if (!digest.ok() || digest->size() > 64 || !IsLowerHex(*digest)) {
@@ -217,16 +219,19 @@ Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) 
         std::pair{"keyframe_pulls", &r.keyframe_pulls},
         std::pair{"digest_mismatches", &r.digest_mismatches}, std::pair{"commits", &r.commits},
         std::pair{"engine_replicas", &r.engine_replicas},
-        std::pair{"ready_replicas", &r.ready_replicas}}) {
+        std::pair{"ready_replicas", &r.ready_replicas},
+        std::pair{"loading_replicas", &r.loading_replicas}}) {
     if (json.contains(field)) {
       WEFT_ASSIGN_OR_RETURN(*value, GetUnsigned(json, field, where));
     }
   }
-  if (json.contains("max_pause_ms")) {
-    if (!json["max_pause_ms"].is_number() || json["max_pause_ms"].get<double>() < 0) {
-      return InvalidArgument(where + ".max_pause_ms is not a non-negative number");
+  for (auto [field, value] : {std::pair{"max_pause_ms", &r.max_pause_ms},
+                              std::pair{"paused_ms_total", &r.paused_ms_total}}) {
+    if (!json.contains(field)) continue;
+    if (!json[field].is_number() || !(json[field].get<double>() >= 0)) {
+      return InvalidArgument(where + "." + field + " is not a non-negative number");
     }
-    r.max_pause_ms = json["max_pause_ms"].get<double>();
+    *value = json[field].get<double>();
   }
   return r;
 }

@@ -55,6 +55,10 @@ struct EngineHealth {
   // proportion to `ready_replicas`; none ready: not ready at all.
   int replicas = 1;
   int ready_replicas = 1;
+  // Replicas paused for a load now, and the time every replica spent paused for loads since the
+  // engine started (milliseconds; 0 for an engine that never pauses).
+  int loading_replicas = 0;
+  double paused_ms_total = 0;
 };
 
 class Engine {

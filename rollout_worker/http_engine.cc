@@ -180,6 +180,7 @@ Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
   if (!done.ok()) {
     r.state = Replica::State::kDown;
     ++r.stats.failures;
+    r.stats.failed_pause_ms += Milliseconds(pause);
     changed_.notify_all();
     return done;
   }
@@ -275,7 +276,11 @@ EngineHealth HttpEngine::Health() const {
   EngineHealth health;
   health.replicas = static_cast<int>(replicas_.size());
   health.ready_replicas = 0;
-  for (const auto& r : replicas_) health.ready_replicas += r->state == Replica::State::kReady;
+  for (const auto& r : replicas_) {
+    health.ready_replicas += r->state == Replica::State::kReady;
+    health.loading_replicas += r->state == Replica::State::kPausing;
+    health.paused_ms_total += r->stats.total_pause_ms + r->stats.failed_pause_ms;
+  }
   health.ok = health.ready_replicas > 0;
   health.detail = std::to_string(health.ready_replicas) + " of " + std::to_string(health.replicas) +
                   " " + options_.api + " replicas ready" +

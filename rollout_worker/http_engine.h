@@ -70,6 +70,7 @@ struct ReplicaStats {
   std::optional<uint64_t> version;
   uint64_t loads = 0, failures = 0, requests = 0;
   double last_pause_ms = 0, max_pause_ms = 0, total_pause_ms = 0;
+  double failed_pause_ms = 0;  // paused by loads that failed
 };
 
 struct HttpEngineStats {

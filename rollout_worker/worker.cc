@@ -132,6 +132,8 @@ void RolloutWorker::CheckEngine() {
     ready_replicas_ = ready_replicas;
     report_.engine_replicas = static_cast<uint64_t>(std::max(0, health.replicas));
     report_.ready_replicas = ready_replicas;
+    report_.loading_replicas = static_cast<uint64_t>(std::max(0, health.loading_replicas));
+    report_.paused_ms_total = health.paused_ms_total;
     if (ready_replicas == 0 && ready_) {
       ready_.reset();  // no replica can generate: stop claiming readiness
       lost = true;

@@ -36,8 +36,21 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
                    {{"bytes_downloaded", 1234},
                     {"pulls", 1},
                     {"keyframe_pulls", 1},
-                    {"max_pause_ms", 0.5}}}})
+                    {"max_pause_ms", 0.5},
+                    {"loading_replicas", 1},
+                    {"paused_ms_total", 2500.0}}}})
               .first == 200);
+  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
+               {{"ready_version", 0}, {"sync", {{"paused_ms_total", -1}}}})
+            .second["error"] == "heartbeat.sync.paused_ms_total is not a non-negative number");
+  {
+    // The pause state per cluster in /metrics.
+    const std::string metrics = Raw(o.url + "/metrics", "GET").text();
+    CHECK(metrics.find("weft_orchestrator_cluster_loading_replicas{cluster=\"c1\"} 1\n") !=
+          std::string::npos);
+    CHECK(metrics.find("weft_orchestrator_cluster_paused_seconds_total{cluster=\"c1\"} 2.5\n") !=
+          std::string::npos);
+  }
   CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
                {{"ready_version", 0}, {"sync", {{"pulls", -1}}}})
             .second["error"] == "heartbeat.sync.pulls is not a non-negative integer");
@@ -46,6 +59,9 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
     CHECK(status["regions"]["eu"]["sync"]["bytes_downloaded"] == 1234);
     CHECK(status["regions"]["eu"]["sync"]["digest_mismatches"] == 0);
     CHECK(status["clusters"][0]["sync"]["keyframe_pulls"] == 1);
+    CHECK(status["clusters"][0]["sync"]["loading_replicas"] == 1);
+    CHECK(status["clusters"][0]["sync"]["paused_ms_total"] == 2500.0);
+    CHECK(status["regions"]["eu"]["sync"]["paused_ms_total"] == 2500.0);
   }
   // Two clusters proving the same version with different state digests: an alert names them.
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c2"}, {"region", "us"}, {"capacity", 1}})

@@ -201,8 +201,9 @@ TEST_CASE("store server: immutable objects refuse compare-and-swap; pointers ref
   REQUIRE(served.backend->PutImmutable(blob, Bytes("weights")).ok());
   const std::string manifest = ManifestKey("r", 3);
   REQUIRE(served.backend->PutImmutable(manifest, Bytes("{}")).ok());
-  for (const auto& [key, held] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [object, held] : std::vector<std::pair<std::string, std::string>>{
            {blob, "weights"}, {manifest, "{}"}, {"runs/r/shards/x", ""}, {"other", ""}}) {
+    const std::string key = object;  // (a structured binding cannot be captured)
     CAPTURE(key);
     const nlohmann::json body = {
         {"expected", held.empty() ? nlohmann::json() : nlohmann::json(held)}, {"desired", "evil"}};

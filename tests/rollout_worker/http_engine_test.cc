@@ -466,6 +466,25 @@ TEST_CASE("http engine: seeds the engine reads, within its range; limits within 
   }
 }
 
+TEST_CASE("http engine: the replicas loading now and the time they spent paused, in its health") {
+  Fixture f(Api::kVllm, 2, "http_engine_pause_state");
+  HttpEngine& engine = f.Make();
+  f.Load(1, 1);
+  const double after_first = engine.Health().paused_ms_total;
+  CHECK(engine.Health().loading_replicas == 0);
+  for (const auto& e : f.engines) e->SetLoadDelay(std::chrono::milliseconds(300));
+  std::thread loading([&] { f.Load(2, 2); });
+  int seen = 0;
+  for (int i = 0; i < 400 && seen == 0; ++i) {
+    seen = engine.Health().loading_replicas;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  loading.join();
+  CHECK(seen == 1);  // one replica at a time: the other keeps serving
+  CHECK(engine.Health().loading_replicas == 0);
+  CHECK(engine.Health().paused_ms_total >= after_first + 2 * 300);
+}
+
 TEST_CASE("http engine: too old a vLLM is refused before anything is loaded, naming the release") {
   fake_engine::FakeEngineOptions base;
   base.engine_version = "0.14.1";
