@@ -132,9 +132,15 @@ YAML
       fail "$api: worker near-$w did not drain on SIGTERM: $(tail -3 "$logs/worker-near-$w.log")"
   done
   for url in "${urls[@]}"; do
+    local state=""
+    for _ in $(seq 30); do  # (a replica the test restarted may still be rebinding its port)
+      state=$(curl -s --max-time 2 "$url/_test/state") && [ -n "$state" ] && break
+      sleep 0.2
+    done
     local paused
-    paused=$(curl -s "$url/_test/state" | jq -r .paused)
-    [ "$paused" = false ] && ok || fail "$api: replica $url left paused ($paused) after the run"
+    paused=$(jq -r .paused <<< "$state")
+    [ "$paused" = false ] && ok ||
+      fail "$api: replica $url left paused after the run (state: ${state:-unreachable})"
   done
   # One download per worker and version, loaded into each of its replicas (but the one killed,
   # which misses the versions published while it was down).
