@@ -114,14 +114,6 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
         last = found.status();
         continue;
       }
-      // An engine that cannot work with weft (too old a release, a setting) is refused here,
-      // before anything is loaded, with what it lacks.
-      Result<ReplicaInfo> info = r->api->Info();
-      if (!info.ok() && info.status().code() == StatusCode::kInvalidArgument) return info.status();
-      if (info.ok()) {
-        WEFT_RETURN_IF_ERROR(
-            CheckPauseMode(options_.api, r->api->url(), *info, options_.pause_mode));
-      }
       if (std::find(paths.begin(), paths.end(), *found) == paths.end()) {
         WEFT_RETURN_IF_ERROR(
             CheckModelDirectory(*found, model).WithContext("replica " + r->api->url()));

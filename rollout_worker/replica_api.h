@@ -10,11 +10,9 @@
 // kInvalidArgument when it refuses a request.
 #pragma once
 
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,13 +39,6 @@ struct ReplicaOutput {
   std::string version;
 };
 
-// What a replica says of itself (ReplicaApi::Info), read before its first load.
-struct ReplicaInfo {
-  std::string version;         // the engine's release ("0.5.6"); empty where it gives none
-  bool deterministic = false;  // SGLang --enable-deterministic-inference: sampling_seed is read
-  int64_t context_length = 0;  // the model's context in tokens (max_model_len); 0: unknown
-};
-
 struct ReplicaOptions {
   std::string url;                                    // http://HOST:PORT
   std::string api_key;                                // sent as a bearer token when not empty
@@ -66,11 +57,6 @@ class ReplicaApi {
   virtual Result<std::string> ModelPath() = 0;
   // The weight version the replica reports serving.
   virtual Result<std::string> WeightVersion() = 0;
-  // The engine's release and the settings that shape requests (SGLang: GET /server_info, or
-  // /get_server_info on older builds; vLLM: GET /version; both: max_model_len of /v1/models).
-  // Read once and kept; Generate reads it first if it was not. kInvalidArgument naming the
-  // setting or the minimum release when the engine cannot work with weft (CheckEngine).
-  virtual Result<ReplicaInfo> Info() = 0;
   // Pauses generation in `mode` (SGLang: abort, retract or in_place; vLLM: abort, wait or keep).
   virtual Status Pause(const std::string& mode) = 0;
   // Loads the checkpoint directory `dir` as `version` (while paused).
@@ -78,22 +64,10 @@ class ReplicaApi {
   // `quick`: within the health timeout (the monitor's attempt to unstick a replica).
   virtual Status Resume(bool quick = false) = 0;
   // `n` samples of `prompt` in one request (the engine draws them; with n > 1 the seed is not
-  // sent, as one seed would give SGLang n equal samples). The seed goes only where the engine
-  // reads it (vLLM's seed; SGLang's sampling_seed under deterministic inference, within int32),
-  // and the token limit is cut to what the context leaves after a prompt of token ids.
+  // sent, as one seed would give SGLang n equal samples).
   virtual Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt,
                                                       const Sampling& sampling, int n) = 0;
 };
-
-// Whether an engine of `api` with `info` can serve weft: kInvalidArgument naming the setting or
-// the minimum release otherwise (vLLM before 0.15 cannot reload weights from a path).
-Status CheckEngine(const std::string& api, const std::string& url, const ReplicaInfo& info);
-// Whether pause `mode` works on that engine: SGLang before 0.5.6 takes no mode (its pause always
-// aborts), so any other mode is refused there, naming the release.
-Status CheckPauseMode(const std::string& api, const std::string& url, const ReplicaInfo& info,
-                      const std::string& mode);
-// A release "0.5.6rc1" as (0, 5, 6); nullopt when it does not start with numbers.
-std::optional<std::array<int, 3>> ParseRelease(const std::string& version);
 
 // The pause modes each API offers, first the default.
 const std::vector<std::string>& PauseModes(const std::string& api);

@@ -9,7 +9,6 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "examples/arithmetic_task.h"
@@ -54,8 +53,7 @@ std::vector<float> Widened(const TinyLmLayout& layout, const sync::ServedModel& 
 
 // Replicas of one API over a model directory holding `initial` weights, and an adapter over them.
 struct Fixture {
-  Fixture(Api api, int replicas, const std::string& name, TinyLmConfig engine_config = Config(),
-          fake_engine::FakeEngineOptions base = {})
+  Fixture(Api api, int replicas, const std::string& name, TinyLmConfig engine_config = Config())
       : api(api), layout(Config()), dir(testing::TempPath(name)) {
     std::filesystem::create_directories(dir);
     const TinyLmLayout engine_layout(engine_config);
@@ -63,7 +61,7 @@ struct Fixture {
                                              engine_layout.Initialize(99), sync::DType::kBF16)
                 .ok());
     for (int i = 0; i < replicas; ++i) {
-      fake_engine::FakeEngineOptions o = base;
+      fake_engine::FakeEngineOptions o;
       o.model_path = dir + "/launch";
       auto made = FakeEngine::Create(api, o);
       REQUIRE_MESSAGE(made.ok(), made.status().ToString());
@@ -208,25 +206,17 @@ TEST_CASE("http engine: a weight update mid-generation, in every pause mode, tag
     Api api;
     std::string mode;
     bool spans;
-    std::string reset_answers = "empty";  // vLLM: how a failed prefix-cache reset is answered
   };
-  const std::vector<Case> cases = {{Api::kSglang, "abort", false},
-                                   {Api::kSglang, "retract", true},
-                                   {Api::kSglang, "in_place", true},
-                                   {Api::kSglang, "in_place", false},
-                                   {Api::kVllm, "abort", false},
-                                   {Api::kVllm, "wait", false},
-                                   {Api::kVllm, "keep", false},
-                                   {Api::kVllm, "keep", false, "success"},
-                                   {Api::kVllm, "keep", false, "conflict"}};
+  const std::vector<Case> cases = {
+      {Api::kSglang, "abort", false},   {Api::kSglang, "retract", true},
+      {Api::kSglang, "in_place", true}, {Api::kSglang, "in_place", false},
+      {Api::kVllm, "abort", false},     {Api::kVllm, "wait", false},
+      {Api::kVllm, "keep", false}};
   for (const Case& k : cases) {
     CAPTURE(fake_engine::ApiName(k.api));
     CAPTURE(k.mode);
     CAPTURE(k.spans);
-    CAPTURE(k.reset_answers);
-    fake_engine::FakeEngineOptions base;
-    base.reset_answers = k.reset_answers;
-    Fixture f(k.api, 1, "http_engine_pause", Config(), base);
+    Fixture f(k.api, 1, "http_engine_pause");
     f.options.pause_mode = k.mode;
     HttpEngine& engine = f.Make();
     const std::vector<float> w1 = f.Load(1, 1);
@@ -426,46 +416,6 @@ TEST_CASE("http engine: a pause that fails still resumes the replica; the commit
   }
 }
 
-TEST_CASE("http engine: seeds the engine reads, within its range; limits within the context") {
-  for (const bool deterministic : {true, false}) {
-    CAPTURE(deterministic);
-    fake_engine::FakeEngineOptions base;
-    base.deterministic_inference = deterministic;
-    Fixture f(Api::kSglang, 1, "http_engine_seeds", Config(), base);
-    HttpEngine& engine = f.Make();
-    f.Load(1, 1);
-    Sampling sampling;
-    sampling.max_tokens = 64;  // past the context of 24: cut to what the prompt leaves
-    sampling.seed = (uint64_t{1} << 62) + 7;
-    Result<std::vector<Completion>> out = engine.Generate({Prompt{kPrompt, ""}}, sampling);
-    REQUIRE_MESSAGE(out.ok(), out.status().ToString());
-    CHECK(out->at(0).tokens.size() <= 24 - kPrompt.size() - 1);
-    bool seen = false;
-    for (const auto& call : f.engines[0]->calls()) {
-      if (call.target != "/generate") continue;
-      seen = true;
-      const nlohmann::json params = nlohmann::json::parse(call.body)["sampling_params"];
-      CHECK(params["max_new_tokens"] == 24 - static_cast<int>(kPrompt.size()) - 1);
-      // Sent only where SGLang reads it, and within the int32 it keeps it in.
-      CHECK(params.contains("sampling_seed") == deterministic);
-      if (deterministic) CHECK(params["sampling_seed"].get<uint64_t>() <= 0x7fffffffull);
-    }
-    CHECK(seen);
-  }
-  // vLLM: the limit may reach the context.
-  Fixture f(Api::kVllm, 1, "http_engine_context");
-  HttpEngine& engine = f.Make();
-  f.Load(1, 1);
-  Sampling sampling;
-  sampling.max_tokens = 64;
-  REQUIRE(engine.Generate({Prompt{kPrompt, ""}}, sampling).ok());
-  for (const auto& call : f.engines[0]->calls()) {
-    if (call.target == "/v1/completions")
-      CHECK(nlohmann::json::parse(call.body)["max_tokens"] ==
-            24 - static_cast<int>(kPrompt.size()));
-  }
-}
-
 TEST_CASE("http engine: the replicas loading now and the time they spent paused, in its health") {
   Fixture f(Api::kVllm, 2, "http_engine_pause_state");
   HttpEngine& engine = f.Make();
@@ -483,31 +433,6 @@ TEST_CASE("http engine: the replicas loading now and the time they spent paused,
   CHECK(seen == 1);  // one replica at a time: the other keeps serving
   CHECK(engine.Health().loading_replicas == 0);
   CHECK(engine.Health().paused_ms_total >= after_first + 2 * 300);
-}
-
-TEST_CASE("http engine: too old a vLLM is refused before anything is loaded, naming the release") {
-  fake_engine::FakeEngineOptions base;
-  base.engine_version = "0.14.1";
-  Fixture f(Api::kVllm, 1, "http_engine_old_vllm", Config(), base);
-  HttpEngine& engine = f.Make();
-  const Status staged = engine.Stage(Served(f.layout, f.layout.Initialize(1)), 1);
-  CHECK(staged.code() == StatusCode::kInvalidArgument);
-  CHECK(staged.message().find("vLLM 0.14.1 cannot reload weights from a path") !=
-        std::string::npos);
-  CHECK(staged.message().find("vLLM 0.15 or newer") != std::string::npos);
-  CHECK(f.engines[0]->state().loads == 0);
-  // SGLang before 0.5.6 takes no pause mode: only abort works.
-  fake_engine::FakeEngineOptions sglang_old;
-  sglang_old.engine_version = "0.5.5";
-  Fixture g(Api::kSglang, 1, "http_engine_old_sglang", Config(), sglang_old);
-  g.options.pause_mode = "retract";
-  const Status refused = g.Make().Stage(Served(g.layout, g.layout.Initialize(1)), 1);
-  CHECK(refused.code() == StatusCode::kInvalidArgument);
-  CHECK(refused.message().find("SGLang 0.5.5 takes no pause mode") != std::string::npos);
-  CHECK(g.engines[0]->state().loads == 0);
-  CHECK(ParseRelease("0.15.0rc2") == std::array<int, 3>{0, 15, 0});
-  CHECK(ParseRelease("1.2") == std::array<int, 3>{1, 2, 0});
-  CHECK(!ParseRelease("dev").has_value());
 }
 
 TEST_CASE("served checkpoint: a whole write, then only changed tensors in place") {
