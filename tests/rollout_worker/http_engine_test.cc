@@ -147,7 +147,11 @@ TEST_CASE("http engine: generation, logprobs and text through both APIs, over tw
     sampling.max_tokens = 8;
     sampling.seed = 7;
     std::vector<Prompt> prompts(6, Prompt{kPrompt, ""});
+    // Slow enough that the six requests overlap (on a loaded machine a fast request could end
+    // before the next thread picks a replica, and every request would find the first one idle).
+    for (const auto& e : f.engines) e->SetTokenDelay(std::chrono::milliseconds(25));
     auto out = engine.Generate(prompts, sampling);
+    for (const auto& e : f.engines) e->SetTokenDelay(std::chrono::milliseconds(0));
     REQUIRE_MESSAGE(out.ok(), out.status().ToString());
     REQUIRE(out->size() == 6);
     for (const Completion& c : *out) {
