@@ -399,6 +399,15 @@ Status RunCollect(const StoreOptions& options) {
   return Status::Ok();
 }
 
+// --max-connections of the servers (store serve, relay).
+void AddMaxConnections(CLI::App* command, StoreOptions* options) {
+  command
+      ->add_option("--max-connections", options->max_connections,
+                   "connections open at once; more are answered 503 (default: the open-file "
+                   "limit less 64)")
+      ->check(CLI::Range(1u, 1000000u));
+}
+
 }  // namespace
 
 void RegisterStore(CLI::App& app, Action* action) {
@@ -495,10 +504,7 @@ void RegisterStore(CLI::App& app, Action* action) {
   v->add_option("--listen", serve->listen, "ADDRESS:PORT to listen on (port 0: any free port)");
   v->add_option("--threads", serve->threads, "server threads (default: all cores, at least 2)")
       ->check(CLI::Range(1, 1024));
-  v->add_option("--max-connections", serve->max_connections,
-                "connections open at once; more are answered 503 (default: the open-file limit "
-                "less 64)")
-      ->check(CLI::Range(1u, 1000000u));
+  AddMaxConnections(v, serve.get());
   v->callback([serve, action] { *action = [serve] { return RunServe(*serve); }; });
 }
 
@@ -516,10 +522,7 @@ void RegisterRelay(CLI::App& app, Action* action) {
   r->add_option("--threads", relay->threads,
                 "I/O threads (default 4; they never wait on the upstream)")
       ->check(CLI::Range(1, 1024));
-  r->add_option("--max-connections", relay->max_connections,
-                "connections open at once; more are answered 503 (default: the open-file limit "
-                "less 64)")
-      ->check(CLI::Range(1u, 1000000u));
+  AddMaxConnections(r, relay.get());
   AddLinkFlags(r, relay.get(), false);
   r->callback([relay, action] { *action = [relay] { return RunRelay(*relay); }; });
 }

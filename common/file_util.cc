@@ -265,10 +265,6 @@ Status WriteTextFileAtomic(const std::string& path, std::string_view text) {
   });
 }
 
-}  // namespace weft
-
-namespace weft {
-
 LineReader::LineReader(int fd, std::string path, const LineLimits& limits, std::string what)
     : fd_(fd), path_(std::move(path)), what_(std::move(what)), limits_(limits), buffer_(64 << 10) {}
 

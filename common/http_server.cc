@@ -827,6 +827,14 @@ Response ErrorResponse(const RequestHeader& request, const Status& status) {
   return ErrorResponse(request, HttpStatusFor(status.code()), status.message());
 }
 
+bool MethodAllowed(std::string_view allow, bhttp::verb method) {
+  const auto name = bhttp::to_string(method);
+  for (const auto item : bhttp::token_list(beast::string_view(allow.data(), allow.size()))) {
+    if (item == name) return true;
+  }
+  return false;
+}
+
 Response MethodNotAllowed(const RequestHeader& request, std::string_view allow,
                           const std::string& message) {
   Response response = ErrorResponse(request, bhttp::status::method_not_allowed, message);

@@ -167,6 +167,8 @@ Response JsonTextResponse(const RequestHeader& request, boost::beast::http::stat
 Response ErrorResponse(const RequestHeader& request, boost::beast::http::status status,
                        const std::string& message);
 Response ErrorResponse(const RequestHeader& request, const Status& status);
+// Whether `method` is one of the methods `allow` lists ("GET, HEAD", as an Allow header).
+bool MethodAllowed(std::string_view allow, boost::beast::http::verb method);
 // 405 with the Allow header `allow` ("GET, HEAD") and the JSON error body `message`.
 Response MethodNotAllowed(const RequestHeader& request, std::string_view allow,
                           const std::string& message);

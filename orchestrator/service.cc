@@ -108,15 +108,6 @@ Endpoint Classify(std::string_view target) {
   return {};
 }
 
-// Whether `method` is among `allow` ("GET, HEAD").
-bool Allows(std::string_view allow, bhttp::verb method) {
-  const auto name = bhttp::to_string(method);
-  for (const auto item : bhttp::token_list(boost::beast::string_view(allow.data(), allow.size()))) {
-    if (item == name) return true;
-  }
-  return false;
-}
-
 // The request's body as the text the wire layer decodes.
 std::string_view BodyText(const Request& request) {
   return {reinterpret_cast<const char*>(request.body().data()), request.body().size()};
@@ -303,7 +294,7 @@ std::optional<Response> OrchestratorService::Impl::Admit(const http::RequestHead
                                  "no such cluster action: " + endpoint.action);
     }
   }
-  if (!Allows(endpoint.allow, header.method())) {
+  if (!http::MethodAllowed(endpoint.allow, header.method())) {
     return http::MethodNotAllowed(header, endpoint.allow,
                                   std::string(target) + " takes " + std::string(endpoint.allow) +
                                       ", not " + std::string(header.method_string()));

@@ -144,18 +144,6 @@ std::string_view AllowedMethods(Endpoint endpoint) {
   }
 }
 
-bool Allowed(Endpoint endpoint, http::verb method) {
-  switch (endpoint) {
-    case Endpoint::kObject:
-      return method == http::verb::get || method == http::verb::head || method == http::verb::put ||
-             method == http::verb::delete_;
-    case Endpoint::kCas:
-      return method == http::verb::post;
-    default:
-      return method == http::verb::get || method == http::verb::head;
-  }
-}
-
 // A key as the API accepts it: the object-key rules, and no segment starting with '.', which name
 // the store's own files (the lock of compare-and-swap, temporary files of writes in progress).
 Status ValidateServedKey(const std::string& key) {
@@ -221,8 +209,8 @@ std::optional<Response> CheckHeader(const Shared& shared, const RequestHeader& r
   std::variant<Target, Response> parsed = ParseTarget(shared, request);
   if (Response* refused = std::get_if<Response>(&parsed)) return std::move(*refused);
   const Target& target = std::get<Target>(parsed);
-  if (!Allowed(target.endpoint, request.method())) {
-    const std::string_view allow = AllowedMethods(target.endpoint);
+  const std::string_view allow = AllowedMethods(target.endpoint);
+  if (!weft::http::MethodAllowed(allow, request.method())) {
     return weft::http::MethodNotAllowed(
         request, allow, std::string(request.target()) + " takes " + std::string(allow));
   }
