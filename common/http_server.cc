@@ -8,6 +8,7 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast.hpp>
 #include <boost/beast/ssl.hpp>
+#include <condition_variable>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -46,11 +47,15 @@ struct Hooks {
 // the context. So the server, not the responders, owns the sessions that wait for an answer:
 // responders hold them weakly, and Stop() releases the waiting ones on its own thread before it
 // destroys the context. A responder that outlives the server (parked in a queue, a callback not
-// yet run) then holds nothing of the context.
+// yet run) then holds nothing of the context. A responder that took its session back before
+// Stop() (to post what came to the session's thread) holds it until it has posted: Stop() waits for
+// those before it stops the context, so no session outlives the context on another thread.
 struct Liveness {
   std::mutex mutex;
   bool alive = true;
   std::map<const void*, std::shared_ptr<void>> waiting;  // session -> itself, until answered
+  int delivering = 0;                 // responders that hold a session taken back, posting
+  std::condition_variable delivered;  // delivering fell to 0
   // The connections: open now (sessions alive), the limit, and what the listener refused.
   std::atomic<uint64_t> open{0};
   uint64_t limit = 0;
@@ -293,22 +298,22 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     Hold();
     auto whole = [weak = std::weak_ptr<Session>(Self()), liveness = liveness_,
                   keep_alive](Response response) {
-      std::shared_ptr<Session> self = Release(weak, liveness);
-      if (!self) return;
-      asio::post(self->stream_.get_executor(),
-                 [self, keep_alive, response = std::move(response)]() mutable {
-                   response.keep_alive(keep_alive);
-                   self->Send(std::move(response), !keep_alive, false);
-                 });
+      Deliver(weak, liveness, [&](std::shared_ptr<Session> self) {
+        asio::post(self->stream_.get_executor(),
+                   [self, keep_alive, response = std::move(response)]() mutable {
+                     response.keep_alive(keep_alive);
+                     self->Send(std::move(response), !keep_alive, false);
+                   });
+      });
     };
     auto streamed = [weak = std::weak_ptr<Session>(Self()), liveness = liveness_, keep_alive](
                         Response head, uint64_t length, std::unique_ptr<BodySource> body) {
-      std::shared_ptr<Session> self = Release(weak, liveness);
-      if (!self) return;
-      asio::post(self->stream_.get_executor(), [self, keep_alive, head = std::move(head), length,
-                                                body = std::move(body)]() mutable {
-        head.keep_alive(keep_alive);
-        self->SendStreamed(std::move(head), length, std::move(body), !keep_alive);
+      Deliver(weak, liveness, [&](std::shared_ptr<Session> self) {
+        asio::post(self->stream_.get_executor(), [self, keep_alive, head = std::move(head), length,
+                                                  body = std::move(body)]() mutable {
+          head.keep_alive(keep_alive);
+          self->SendStreamed(std::move(head), length, std::move(body), !keep_alive);
+        });
       });
     };
     return Responder(std::move(whole), std::move(streamed));
@@ -320,15 +325,25 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     std::lock_guard<std::mutex> lock(liveness_->mutex);
     liveness_->waiting.emplace(this, Self());
   }
-  // The session held, taken back to act on what came (null: the server stopped, or the session
-  // is gone).
-  static std::shared_ptr<Session> Release(const std::weak_ptr<Session>& weak,
-                                          const std::shared_ptr<Liveness>& liveness) {
+  // What came for a held session (an answer, a piece of a body), acted on with the session taken
+  // back: `act` gets it and posts to its thread. Nothing is done when the server stopped or the
+  // session is gone. Stop() waits for the acts under way: the session taken back must not be let
+  // go on this thread after the context is destroyed.
+  template <typename Act>
+  static void Deliver(const std::weak_ptr<Session>& weak, const std::shared_ptr<Liveness>& liveness,
+                      Act&& act) {
+    std::shared_ptr<Session> self;
+    {
+      std::lock_guard<std::mutex> lock(liveness->mutex);
+      if (!liveness->alive) return;
+      self = weak.lock();
+      if (!self) return;
+      liveness->waiting.erase(self.get());  // what is posted next holds it now
+      ++liveness->delivering;
+    }
+    act(std::move(self));
     std::lock_guard<std::mutex> lock(liveness->mutex);
-    if (!liveness->alive) return nullptr;
-    std::shared_ptr<Session> self = weak.lock();
-    if (self) liveness->waiting.erase(self.get());  // what is posted next holds it now
-    return self;
+    if (--liveness->delivering == 0) liveness->delivered.notify_all();
   }
 
   // An answer whose body comes from a BodySource: the header, then a piece at a time, each asked
@@ -383,10 +398,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     Hold();
     streamed.source->Read(want, [weak = std::weak_ptr<Session>(Self()), liveness = liveness_,
                                  want](Result<std::span<const uint8_t>> piece) {
-      std::shared_ptr<Session> self = Release(weak, liveness);
-      if (!self) return;
-      asio::post(self->stream_.get_executor(),
-                 [self, want, piece = std::move(piece)] { self->OnPiece(want, piece); });
+      Deliver(weak, liveness, [&](std::shared_ptr<Session> self) {
+        asio::post(self->stream_.get_executor(),
+                   [self, want, piece = std::move(piece)] { self->OnPiece(want, piece); });
+      });
     });
   }
 
@@ -751,8 +766,10 @@ boost::asio::io_context& HttpServer::context() { return *impl_->context; }
 void HttpServer::Stop() {
   if (!impl_ || !impl_->context) return;
   {
-    std::lock_guard<std::mutex> lock(impl_->liveness->mutex);
+    std::unique_lock<std::mutex> lock(impl_->liveness->mutex);
     impl_->liveness->alive = false;  // late answers are dropped from now on
+    // Answers that came just before are being posted; they let their sessions go at once.
+    impl_->liveness->delivered.wait(lock, [&] { return impl_->liveness->delivering == 0; });
   }
   // Stop the threads first; then nothing else touches the listener or the sessions, so the
   // listening socket is closed here (new connections are refused at once) and destroying the

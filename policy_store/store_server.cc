@@ -348,20 +348,22 @@ class ReaderSource : public weft::http::BodySource {
       state->shared->counters.bytes_sent += *got;
       (*finish)(std::span<const uint8_t>(state->buffer.data(), *got));
     };
-    if (state->reader->Remote()) {
+    // A read on the pool is a backend call: Stop() waits for it.
+    auto on_pool = [state](std::function<void()> read) {
       state->shared->CallStarts();
-      return RunBlocking([state, read = std::move(read)] {
+      RunBlocking([state, read = std::move(read)] {
         read();
         state->shared->CallEnds();
       });
-    }
+    };
+    if (state->reader->Remote()) return on_pool(std::move(read));
     // Bytes on disk are read on this thread; bytes still arriving, once they have, on the pool
     // (not on the thread of the transfer that announces them).
     auto calling = std::make_shared<std::atomic<bool>>(true);
-    state->reader->WhenReady(state->at, want, [calling, read, finish](Status ready) {
+    state->reader->WhenReady(state->at, want, [calling, read, finish, on_pool](Status ready) {
       if (!ready.ok()) return (*finish)(ready);  // the transfer failed: the answer is cut off
       if (calling->load()) return read();
-      RunBlocking(read);
+      on_pool(read);
     });
     calling->store(false);
   }

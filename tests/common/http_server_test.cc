@@ -156,6 +156,78 @@ TEST_CASE("HTTP: an answer still held when the server stops is harmless to give 
   client.join();
 }
 
+// A source whose pieces come from another thread: each Read parks its callback for the test.
+class ParkedSource : public http::BodySource {
+ public:
+  explicit ParkedSource(std::function<void(Done)> park) : park_(std::move(park)) {}
+  void Read(size_t, Done done) override { park_(std::move(done)); }
+
+ private:
+  std::function<void(Done)> park_;
+};
+
+TEST_CASE("HTTP: answers and body pieces given from other threads while the server stops") {
+  // Answers (whole, or pieces of streamed bodies) arrive on threads of their own at the moment the
+  // server stops. Whichever wins, each session named must be let go while its context lives: under
+  // AddressSanitizer a session freed after its context is a use after free. Many givers at once,
+  // more than there are cores, so that some are preempted while they hold a session.
+  constexpr int kConnections = 32, kGivers = 16;
+  for (int round = 0; round < 240; ++round) {
+    const bool stream = round % 2 == 1;
+    CAPTURE(round);
+    std::mutex mutex;
+    std::condition_variable parked_cv;
+    std::vector<std::function<void()>> gives;  // what the givers do, one per connection
+    auto server = http::HttpServer::Start({}, [&](http::Request request, http::Responder respond) {
+      if (!stream) {
+        std::lock_guard<std::mutex> lock(mutex);
+        gives.push_back(
+            [respond, request] { respond(http::JsonResponse(request, bhttp::status::ok, {})); });
+        parked_cv.notify_all();
+        return;
+      }
+      http::Response head(bhttp::status::ok, request.version());
+      respond.Stream(std::move(head), 1000, std::make_unique<ParkedSource>([&](auto done) {
+                       std::lock_guard<std::mutex> lock(mutex);
+                       gives.push_back([done] {
+                         static const std::vector<uint8_t> piece(1000, 7);
+                         done(std::span<const uint8_t>(piece));
+                       });
+                       parked_cv.notify_all();
+                     }));
+    });
+    REQUIRE(server.ok());
+    const std::string url = "http://127.0.0.1:" + std::to_string((*server)->port());
+    std::vector<std::thread> clients;
+    for (int c = 0; c < kConnections; ++c) {
+      clients.emplace_back([&] {
+        HttpClientOptions once = Quick();
+        once.attempts = 1;
+        (void)HttpClient(url, once).Request("GET", "/", {}, {});
+      });
+    }
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      REQUIRE(parked_cv.wait_for(lock, std::chrono::seconds(10),
+                                 [&] { return gives.size() == kConnections; }));
+    }
+    std::atomic<bool> go{false};
+    std::vector<std::thread> givers;
+    for (int g = 0; g < kGivers; ++g) {
+      givers.emplace_back([&, g] {
+        while (!go.load()) std::this_thread::yield();
+        for (size_t i = g; i < gives.size(); i += kGivers) gives[i]();
+      });
+    }
+    go = true;
+    std::this_thread::sleep_for(std::chrono::microseconds(10 * (round % 16)));
+    (*server)->Stop();
+    for (std::thread& giver : givers) giver.join();
+    server->reset();
+    for (std::thread& client : clients) client.join();
+  }
+}
+
 TEST_CASE("HTTP: the plain server answers, and a server that is gone is reported with the URL") {
   auto server = EchoServer({});
   const std::string url = "http://127.0.0.1:" + std::to_string(server->port());
