@@ -64,8 +64,9 @@ rollout_worker::Registry MakeBuiltins() {
   }
   // Serving engines behind HTTP (rollout_worker/http_engine.h), configured by the `engine:`
   // section; a worker's replica URLs come from its command line or region.
-  for (const std::string api : {"sglang", "vllm"}) {
+  for (const rollout_worker::EngineApi& kind : rollout_worker::EngineApis()) {
     if (!added.ok()) break;
+    const std::string api = kind.name;
     added = registry.AddEngine(
         api,
         [api](const rollout_worker::ComponentConfig& config,

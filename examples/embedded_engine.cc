@@ -106,11 +106,13 @@ Result<std::vector<rollout_worker::Completion>> EmbeddedEngine::Generate(
 }
 
 rollout_worker::EngineHealth EmbeddedEngine::Health() const {
-  return Current()
-             ? rollout_worker::EngineHealth{true,
-                                            "serving version " + std::to_string(Current()->version),
-                                            1, 1}
-             : rollout_worker::EngineHealth{false, "no weights loaded", 1, 0};
+  const std::shared_ptr<const VersionedWeights> current = Current();
+  rollout_worker::EngineHealth health;
+  health.ok = current != nullptr;
+  health.detail = current ? "serving version " + std::to_string(current->version)
+                          : std::string("no weights loaded");
+  health.ready_replicas = current ? 1 : 0;
+  return health;
 }
 
 }  // namespace weft::examples

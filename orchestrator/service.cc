@@ -624,6 +624,7 @@ Json OrchestratorService::Impl::StatusJson() const {
 
 std::string OrchestratorService::Impl::Metrics() const {
   std::ostringstream out;
+  out.precision(15);  // counters past a million as integers, not 1.23457e+06
   core.Inspect([&](const OrchestratorCore& c) {
     const Counters& n = c.counters();
     auto metric = [&](const char* name, const char* type, const char* help, double value) {
@@ -702,6 +703,34 @@ std::string OrchestratorService::Impl::Metrics() const {
     out << "weft_orchestrator_cluster_paused_seconds_total{cluster=\"" << LabelValue(cluster)
         << "\"} " << report.paused_ms_total / 1000.0 << "\n";
   }
+  // Each replica, as its cluster last reported it.
+  auto replica_metric = [&](const char* name, const char* type, const char* help, auto value) {
+    out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
+        << name << " " << type << "\n";
+    for (const auto& [cluster, report] : sync_reports) {
+      for (const ReplicaReport& r : report.replicas) {
+        out << "weft_orchestrator_" << name << "{cluster=\"" << LabelValue(cluster)
+            << "\",replica=\"" << LabelValue(r.url) << "\"} " << value(r) << "\n";
+      }
+    }
+  };
+  replica_metric("replica_ready", "gauge", "1 when the engine replica can serve, else 0.",
+                 [](const ReplicaReport& r) { return r.state == "ready" ? 1 : 0; });
+  replica_metric("replica_loading", "gauge",
+                 "1 while the engine replica is paused for a weight load, else 0.",
+                 [](const ReplicaReport& r) { return r.state == "loading" ? 1 : 0; });
+  replica_metric("replica_version", "gauge", "The version the engine replica serves (-1: none).",
+                 [](const ReplicaReport& r) {
+                   return r.version ? static_cast<int64_t>(*r.version) : int64_t{-1};
+                 });
+  replica_metric("replica_loads_total", "counter", "Weight loads the engine replica completed.",
+                 [](const ReplicaReport& r) { return r.loads; });
+  replica_metric("replica_failures_total", "counter",
+                 "Failed loads of the engine replica, and times it was found down.",
+                 [](const ReplicaReport& r) { return r.failures; });
+  replica_metric("replica_paused_seconds_total", "counter",
+                 "Time the engine replica spent paused for weight loads, failed ones included.",
+                 [](const ReplicaReport& r) { return r.paused_ms_total / 1000.0; });
   if (const http::HttpServer* running = started.load())
     out << http::ConnectionMetrics("weft_orchestrator", running->connection_stats());
   return out.str();

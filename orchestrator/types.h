@@ -85,6 +85,17 @@ struct Batch {
 
 enum class SubmitResult { kAccepted, kDuplicate };
 
+// One engine replica of a cluster, as its worker last saw it ("sync.replicas" in docs/api.md).
+struct ReplicaReport {
+  std::string url;                  // how the worker reaches it
+  std::string state;                // "ready", "loading" (paused for a weight load) or "down"
+  std::optional<uint64_t> version;  // the version it serves, once loaded
+  uint64_t loads = 0;               // weight loads that succeeded
+  uint64_t failures = 0;            // loads that failed, and times it was found down
+  double last_pause_ms = 0;         // the pause of its last load
+  double paused_ms_total = 0;       // time it spent paused for loads, failed ones included
+};
+
 // What a worker reports of its weight sync with each heartbeat ("sync" in docs/api.md): counters
 // since the worker started. The service keeps the last report of each cluster for /v1/status (per
 // cluster and summed per region) and /metrics.
@@ -103,8 +114,10 @@ struct SyncReport {
   uint64_t ready_replicas = 0;             // ... of which can serve now
   uint64_t loading_replicas = 0;           // ... of which are paused for a load now
   double paused_ms_total = 0;              // time its replicas spent paused for loads, summed
+  std::vector<ReplicaReport> replicas;     // each replica (a cluster's own; not in a region's sum)
 
-  // Adds `other`'s counters and replicas (a region's sum); the pause is the larger of the two.
+  // Adds `other`'s counters and replica counts (a region's sum; the per-replica list is not
+  // carried); the pause is the larger of the two.
   void Add(const SyncReport& other);
 };
 

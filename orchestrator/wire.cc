@@ -1,6 +1,7 @@
 #include "orchestrator/wire.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/hex.h"
 #include "common/json_fields.h"
@@ -179,20 +180,77 @@ Result<Registration> DecodeRegistration(std::string_view body) {
 }
 
 Json SyncReportJson(const SyncReport& r) {
-  return Json{{"bytes_downloaded", r.bytes_downloaded},
-              {"pulls", r.pulls},
-              {"keyframe_pulls", r.keyframe_pulls},
-              {"digest_mismatches", r.digest_mismatches},
-              {"commits", r.commits},
-              {"engine_replicas", r.engine_replicas},
-              {"ready_replicas", r.ready_replicas},
-              {"loading_replicas", r.loading_replicas},
-              {"max_pause_ms", r.max_pause_ms},
-              {"paused_ms_total", r.paused_ms_total},
-              {"first_version", Optional(r.first_version)},
-              {"newest_version", Optional(r.newest_version)},
-              {"digest", r.digest}};
+  Json out{{"bytes_downloaded", r.bytes_downloaded},
+           {"pulls", r.pulls},
+           {"keyframe_pulls", r.keyframe_pulls},
+           {"digest_mismatches", r.digest_mismatches},
+           {"commits", r.commits},
+           {"engine_replicas", r.engine_replicas},
+           {"ready_replicas", r.ready_replicas},
+           {"loading_replicas", r.loading_replicas},
+           {"max_pause_ms", r.max_pause_ms},
+           {"paused_ms_total", r.paused_ms_total},
+           {"first_version", Optional(r.first_version)},
+           {"newest_version", Optional(r.newest_version)},
+           {"digest", r.digest}};
+  if (!r.replicas.empty()) {
+    Json& list = out["replicas"] = Json::array();
+    for (const ReplicaReport& e : r.replicas) {
+      list.push_back(Json{{"url", e.url},
+                          {"state", e.state},
+                          {"version", Optional(e.version)},
+                          {"loads", e.loads},
+                          {"failures", e.failures},
+                          {"last_pause_ms", e.last_pause_ms},
+                          {"paused_ms_total", e.paused_ms_total}});
+    }
+  }
+  return out;
 }
+
+namespace {
+
+// A non-negative number at `field` of `json`, when there.
+Status ReadMilliseconds(const Json& json, const char* field, const std::string& where,
+                        double* out) {
+  if (!json.contains(field)) return Status::Ok();
+  if (!json[field].is_number() || !(json[field].get<double>() >= 0) ||
+      !std::isfinite(json[field].get<double>())) {
+    return InvalidArgument(where + "." + field + " is not a non-negative number");
+  }
+  *out = json[field].get<double>();
+  return Status::Ok();
+}
+
+constexpr size_t kMaxReplicas = 4096;  // per cluster, in a heartbeat
+constexpr size_t kMaxReplicaUrlBytes = 1024;
+
+Result<ReplicaReport> DecodeReplicaReport(const Json& json, const std::string& where) {
+  WEFT_RETURN_IF_ERROR(
+      CheckFields(json, where, {"url", "state"},
+                  {"version", "loads", "failures", "last_pause_ms", "paused_ms_total"}));
+  ReplicaReport r;
+  WEFT_ASSIGN_OR_RETURN(r.url, GetString(json, "url", where));
+  if (r.url.empty() || r.url.size() > kMaxReplicaUrlBytes)
+    return InvalidArgument(where + ".url must be 1 to " + std::to_string(kMaxReplicaUrlBytes) +
+                           " bytes");
+  WEFT_ASSIGN_OR_RETURN(r.state, GetString(json, "state", where));
+  if (r.state != "ready" && r.state != "loading" && r.state != "down")
+    return InvalidArgument(where + ".state is not ready, loading or down");
+  if (json.contains("version")) {
+    WEFT_ASSIGN_OR_RETURN(r.version, GetOptionalVersion(json, "version", where));
+  }
+  for (auto [field, value] : {std::pair{"loads", &r.loads}, std::pair{"failures", &r.failures}}) {
+    if (json.contains(field)) {
+      WEFT_ASSIGN_OR_RETURN(*value, GetUnsigned(json, field, where));
+    }
+  }
+  WEFT_RETURN_IF_ERROR(ReadMilliseconds(json, "last_pause_ms", where, &r.last_pause_ms));
+  WEFT_RETURN_IF_ERROR(ReadMilliseconds(json, "paused_ms_total", where, &r.paused_ms_total));
+  return r;
+}
+
+}  // namespace
 
 Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) {
   SyncReport r;
@@ -200,7 +258,7 @@ Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) 
       CheckFields(json, where, {},
                   {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits",
                    "engine_replicas", "ready_replicas", "loading_replicas", "max_pause_ms",
-                   "paused_ms_total", "first_version", "newest_version", "digest"}));
+                   "paused_ms_total", "first_version", "newest_version", "digest", "replicas"}));
   if (json.contains("digest")) {
     Result<std::string> digest = GetString(json, "digest", where);
     if (!digest.ok() || digest->size() > 64 || !IsLowerHex(*digest)) {
@@ -225,13 +283,20 @@ Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) 
       WEFT_ASSIGN_OR_RETURN(*value, GetUnsigned(json, field, where));
     }
   }
-  for (auto [field, value] : {std::pair{"max_pause_ms", &r.max_pause_ms},
-                              std::pair{"paused_ms_total", &r.paused_ms_total}}) {
-    if (!json.contains(field)) continue;
-    if (!json[field].is_number() || !(json[field].get<double>() >= 0)) {
-      return InvalidArgument(where + "." + field + " is not a non-negative number");
+  WEFT_RETURN_IF_ERROR(ReadMilliseconds(json, "max_pause_ms", where, &r.max_pause_ms));
+  WEFT_RETURN_IF_ERROR(ReadMilliseconds(json, "paused_ms_total", where, &r.paused_ms_total));
+  if (json.contains("replicas")) {
+    const Json& list = json["replicas"];
+    if (!list.is_array() || list.size() > kMaxReplicas) {
+      return InvalidArgument(where + ".replicas is not a list of at most " +
+                             std::to_string(kMaxReplicas) + " replicas");
     }
-    *value = json[field].get<double>();
+    for (size_t i = 0; i < list.size(); ++i) {
+      WEFT_ASSIGN_OR_RETURN(
+          ReplicaReport replica,
+          DecodeReplicaReport(list[i], where + ".replicas[" + std::to_string(i) + "]"));
+      r.replicas.push_back(std::move(replica));
+    }
   }
   return r;
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "orchestrator/types.h"
 #include "sync/served_model.h"
 
 namespace weft::rollout_worker {
@@ -59,6 +60,8 @@ struct EngineHealth {
   // engine started (milliseconds; 0 for an engine that never pauses).
   int loading_replicas = 0;
   double paused_ms_total = 0;
+  // Each replica, for engines that have several (empty otherwise).
+  std::vector<orchestrator::ReplicaReport> each;
 };
 
 class Engine {

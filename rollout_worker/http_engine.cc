@@ -50,24 +50,19 @@ struct HttpEngine::Replica {
   uint64_t epoch = 0;  // counts pauses: a request that sees it change overlapped one
   int in_flight = 0;
   ReplicaStats stats;
+  std::string refused;  // why it answers but is not loaded (an engine weft cannot drive), once said
 };
 
 Result<std::unique_ptr<HttpEngine>> HttpEngine::Create(HttpEngineOptions options) {
-  const std::vector<std::string>& modes = PauseModes(options.api);
-  if (modes.empty())
-    return InvalidArgument("no engine API named '" + options.api + "' (known: sglang, vllm)");
-  if (options.pause_mode.empty()) options.pause_mode = modes.front();
-  if (std::find(modes.begin(), modes.end(), options.pause_mode) == modes.end()) {
-    std::string known;
-    for (const std::string& m : modes) known += (known.empty() ? "" : ", ") + m;
-    return InvalidArgument("pause mode '" + options.pause_mode + "' is not one of " + options.api +
-                           "'s: " + known);
-  }
+  WEFT_ASSIGN_OR_RETURN(const EngineApi* kind, FindEngineApi(options.api));
+  if (options.pause_mode.empty()) options.pause_mode = kind->pause_modes.front();
+  WEFT_RETURN_IF_ERROR(kind->CheckPauseModeName(options.pause_mode, "pause mode"));
   if (options.urls.empty()) return InvalidArgument("no engine URL: a worker needs its replicas");
   if (options.checkpoint_dir.empty())
     return InvalidArgument("no served checkpoint directory for the engine to load from");
   if (options.max_paused < 1) return InvalidArgument("max_paused must be at least 1");
   std::unique_ptr<HttpEngine> engine(new HttpEngine(options));
+  engine->kind_ = kind;
   for (const std::string& url : options.urls) {
     for (const auto& r : engine->replicas_) {
       if (r->api->url() == url) return InvalidArgument("engine URL " + url + " appears twice");
@@ -78,7 +73,8 @@ Result<std::unique_ptr<HttpEngine>> HttpEngine::Create(HttpEngineOptions options
     replica.api_key = options.api_key;
     replica.request_timeout = options.request_timeout;
     replica.control_timeout = options.control_timeout;
-    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ReplicaApi> api, MakeReplicaApi(options.api, replica));
+    replica.load_timeout = options.load_timeout;
+    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ReplicaApi> api, MakeReplicaApi(*kind, replica));
     auto r = std::make_unique<Replica>();
     r->api = std::move(api);
     r->stats.url = url;
@@ -113,6 +109,13 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
       if (!found.ok()) {
         last = found.status();
         continue;
+      }
+      // An engine that cannot work with weft (too old a release, a setting) is refused here,
+      // before anything is loaded, with what it lacks.
+      Result<ReplicaInfo> info = r->api->Info();
+      if (!info.ok() && info.status().code() == StatusCode::kInvalidArgument) return info.status();
+      if (info.ok()) {
+        WEFT_RETURN_IF_ERROR(kind_->check(r->api->url(), *info, options_.pause_mode));
       }
       if (std::find(paths.begin(), paths.end(), *found) == paths.end()) {
         WEFT_RETURN_IF_ERROR(
@@ -153,7 +156,17 @@ Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
   const std::string version_text = std::to_string(version);
   const Clock::time_point start = Clock::now();
   Status done = r.api->Pause(mode);
-  if (done.ok()) done = r.api->Load(checkpoint_.dir(), version_text);
+  if (done.ok()) {
+    const Clock::time_point load_start = Clock::now();
+    done = r.api->Load(checkpoint_.dir(), version_text);
+    // (The client's own clock may give up a little before this one has counted it all.)
+    if (!done.ok() && Clock::now() - load_start >= options_.load_timeout * 9 / 10) {
+      done = Timeout(r.api->url() + ": the load of version " + version_text +
+                     " did not finish within engine.load_timeout (" +
+                     std::to_string(options_.load_timeout.count()) +
+                     " ms): " + std::string(done.message()));
+    }
+  }
   // Always, even after a pause that failed (it may have taken effect): a replica left paused holds
   // every request and fails its health route.
   Status resumed = r.api->Resume();
@@ -272,6 +285,16 @@ EngineHealth HttpEngine::Health() const {
     health.ready_replicas += r->state == Replica::State::kReady;
     health.loading_replicas += r->state == Replica::State::kPausing;
     health.paused_ms_total += r->stats.total_pause_ms + r->stats.failed_pause_ms;
+    orchestrator::ReplicaReport& each = health.each.emplace_back();
+    each.url = r->api->url();
+    each.state = r->state == Replica::State::kReady     ? "ready"
+                 : r->state == Replica::State::kPausing ? "loading"
+                                                        : "down";
+    each.version = r->version;
+    each.loads = r->stats.loads;
+    each.failures = r->stats.failures;
+    each.last_pause_ms = r->stats.last_pause_ms;
+    each.paused_ms_total = r->stats.total_pause_ms + r->stats.failed_pause_ms;
   }
   health.ok = health.ready_replicas > 0;
   health.detail = std::to_string(health.ready_replicas) + " of " + std::to_string(health.replicas) +
@@ -325,6 +348,7 @@ void HttpEngine::Release(Replica& r, bool failed, const Status& status) {
     // healthy again.
     r.state = Replica::State::kDown;
     ++r.stats.failures;
+    r.api->ForgetInfo();  // it may come back as another build
     WEFT_LOG(kWarning) << "engine replica " << r.api->url() << " is down: " << status.message();
   }
   changed_.notify_all();
@@ -536,6 +560,7 @@ void HttpEngine::CheckReplica(Replica& r) {
         changed_.notify_all();
       }
       down = true;
+      r.api->ForgetInfo();  // it may come back as another build
     } else {
       down = r.state == Replica::State::kDown;
     }
@@ -578,6 +603,19 @@ void HttpEngine::CheckReplica(Replica& r) {
     changed_.notify_all();
     return;
   }
+  // It may have come back as another build: one weft cannot drive stays out, said once.
+  Result<ReplicaInfo> info = r.api->Info();
+  Status usable = info.status();
+  if (info.ok()) usable = kind_->check(r.api->url(), *info, options_.pause_mode);
+  if (!usable.ok()) {
+    if (usable.code() == StatusCode::kInvalidArgument && r.refused != usable.message()) {
+      r.refused = usable.message();
+      WEFT_LOG(kError) << "engine replica " << r.api->url()
+                       << " answers but is not loaded: " << usable.message();
+    }
+    return;
+  }
+  r.refused.clear();
   Result<int64_t> pause = Reload(r, *version);
   if (pause.ok()) {
     WEFT_LOG(kInfo) << "engine replica " << r.api->url() << " is back; loaded version " << *version
@@ -616,7 +654,7 @@ Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std
     WEFT_RETURN_IF_ERROR(CheckKeys(
         engine, "engine",
         {"urls", "checkpoint_dir", "pause", "max_paused", "n_per_request", "max_parallel_requests",
-         "api_key_env", "request_timeout", "control_timeout", "health_interval"}));
+         "api_key_env", "request_timeout", "control_timeout", "load_timeout", "health_interval"}));
     if (options.urls.empty() && engine["urls"]) {
       const YAML::Node list = engine["urls"];
       if (!list.IsSequence()) return InvalidArgument("engine.urls must be a list of URLs");
@@ -663,6 +701,7 @@ Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std
     };
     WEFT_RETURN_IF_ERROR(duration("request_timeout", &options.request_timeout));
     WEFT_RETURN_IF_ERROR(duration("control_timeout", &options.control_timeout));
+    WEFT_RETURN_IF_ERROR(duration("load_timeout", &options.load_timeout));
     WEFT_RETURN_IF_ERROR(duration("health_interval", &options.health_interval));
   }
   if (options.urls.empty()) {
@@ -679,14 +718,9 @@ Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std
        at = options.checkpoint_dir.find("{cluster}", at + cluster.size())) {
     options.checkpoint_dir.replace(at, 9, cluster);
   }
-  const std::vector<std::string>& modes = PauseModes(api);
-  if (!options.pause_mode.empty() &&
-      std::find(modes.begin(), modes.end(), options.pause_mode) == modes.end()) {
-    std::string known;
-    for (const std::string& m : modes) known += (known.empty() ? "" : ", ") + m;
-    return InvalidArgument("engine.pause: '" + options.pause_mode + "' is not a pause mode of " +
-                           api + " (" + known + ")");
-  }
+  WEFT_ASSIGN_OR_RETURN(const EngineApi* kind, FindEngineApi(api));
+  if (!options.pause_mode.empty())
+    WEFT_RETURN_IF_ERROR(kind->CheckPauseModeName(options.pause_mode, "engine.pause"));
   return options;
 }
 

@@ -50,16 +50,19 @@
 namespace weft::rollout_worker {
 
 struct HttpEngineOptions {
-  std::string api;                 // "sglang" or "vllm"
+  std::string api;                 // an EngineApis() name: "sglang" or "vllm"
   std::vector<std::string> urls;   // the replicas
   std::string checkpoint_dir;      // the served checkpoint directory (shared with the replicas)
-  std::string pause_mode;          // PauseModes(api); empty: the API's default (abort)
+  std::string pause_mode;          // one of the API's pause_modes; empty: its default (abort)
   int max_paused = 1;              // replicas reloading at once (capped below the count when >1)
   bool n_per_request = false;      // one request with n samples instead of one per sample
   int max_parallel_requests = 64;  // per Generate call
   std::string api_key;
   std::chrono::milliseconds request_timeout{600000};
-  std::chrono::milliseconds control_timeout{600000};
+  std::chrono::milliseconds control_timeout{600000};  // a pause or a resume
+  // A load that has not finished by then failed: the replica is resumed, gets no requests, and
+  // the monitor loads it again once it answers.
+  std::chrono::milliseconds load_timeout{300000};
   std::chrono::milliseconds health_interval{1000};
 };
 
@@ -118,6 +121,7 @@ class HttpEngine : public Engine {
   void CheckReplica(Replica& r);
 
   HttpEngineOptions options_;
+  const EngineApi* kind_ = nullptr;  // options_.api's entry in EngineApis()
   ServedCheckpoint checkpoint_;
   std::vector<std::unique_ptr<Replica>> replicas_;
 
@@ -137,9 +141,9 @@ class HttpEngine : public Engine {
 
 // The `engine:` section of a run's configuration for the engine API `api` (docs/run.md,
 // "Configuration"): urls, checkpoint_dir, pause, max_paused, n_per_request, max_parallel_requests,
-// api_key_env, request_timeout, control_timeout, health_interval. `{cluster}` in checkpoint_dir
-// becomes `cluster`; `urls`, when not empty, replaces engine.urls (a worker's own replicas). Errors
-// name the key.
+// api_key_env, request_timeout, control_timeout, load_timeout, health_interval. `{cluster}` in
+// checkpoint_dir becomes `cluster`; `urls`, when not empty, replaces engine.urls (a worker's own
+// replicas). Errors name the key.
 Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std::string& api,
                                              const std::string& cluster,
                                              const std::vector<std::string>& urls);

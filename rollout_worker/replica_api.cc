@@ -1,5 +1,7 @@
 #include "rollout_worker/replica_api.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -20,11 +22,14 @@ class JsonCalls {
       : options_(options),
         requests_(options.url, ClientOptions(options.request_timeout, 3)),
         control_(options.url, ClientOptions(options.control_timeout, 3)),
+        load_(options.url, ClientOptions(options.load_timeout, 3)),
         health_(options.url, ClientOptions(options.health_timeout, 1)) {}
 
   const std::string& url() const { return options_.url; }
 
-  enum class Channel { kGenerate, kControl, kHealth };
+  // kLoad: the call that loads weights, bounded by the load timeout (a load that hangs, as SGLang's
+  // disk load waiting for requests kept across the pause, fails at it).
+  enum class Channel { kGenerate, kControl, kLoad, kHealth };
 
   // The reply's body as JSON (null for an empty body); non-2xx answers are errors.
   Result<Json> Call(Channel channel, const std::string& method, const std::string& path,
@@ -35,6 +40,7 @@ class JsonCalls {
     if (!options_.api_key.empty()) headers.push_back("Authorization: Bearer " + options_.api_key);
     HttpClient& client = channel == Channel::kGenerate  ? requests_
                          : channel == Channel::kControl ? control_
+                         : channel == Channel::kLoad    ? load_
                                                         : health_;
     const std::string what = options_.url + " " + method + " " + path;
     WEFT_ASSIGN_OR_RETURN(
@@ -62,7 +68,7 @@ class JsonCalls {
   }
 
   ReplicaOptions options_;
-  HttpClient requests_, control_, health_;
+  HttpClient requests_, control_, load_, health_;
 };
 
 using Channel = JsonCalls::Channel;
@@ -100,6 +106,60 @@ Json SamplingFields(const Sampling& sampling, const char* max_tokens_key) {
   return fields;
 }
 
+// The context length /v1/models gives (max_model_len of the base model, the card without a
+// parent); 0 where it gives none.
+Result<int64_t> ContextLength(JsonCalls& calls) {
+  Result<Json> listed = calls.Call(Channel::kControl, "GET", "/v1/models", nullptr);
+  if (listed.status().code() == StatusCode::kNotFound) return 0;
+  WEFT_ASSIGN_OR_RETURN(Json models, std::move(listed));
+  if (!models.is_object() || !models.contains("data") || !models["data"].is_array()) return 0;
+  for (const Json& m : models["data"]) {
+    if (!m.is_object() || (m.contains("parent") && !m["parent"].is_null())) continue;
+    if (m.contains("max_model_len") && m["max_model_len"].is_number_integer())
+      return m["max_model_len"].get<int64_t>();
+  }
+  return 0;
+}
+
+// The token limit a request may ask for: the configured one, cut to what the context leaves after
+// a prompt of token ids (`strict`: the engine refuses prompt + limit equal to the context, as
+// SGLang does; vLLM allows it). An error when the prompt leaves no room.
+Result<int> TokenLimit(const Sampling& sampling, const Prompt& prompt, int64_t context, bool strict,
+                       const std::string& url) {
+  if (context <= 0 || prompt.is_text()) return sampling.max_tokens;
+  const int64_t room = context - static_cast<int64_t>(prompt.tokens.size()) - (strict ? 1 : 0);
+  if (room < 1) {
+    return InvalidArgument(url + ": a prompt of " + std::to_string(prompt.tokens.size()) +
+                           " tokens leaves no room in the model's context of " +
+                           std::to_string(context) + " tokens");
+  }
+  return static_cast<int>(std::min<int64_t>(sampling.max_tokens, room));
+}
+
+// Caches a replica's Info: read once (again after Forget, when the replica came back).
+class InfoCache {
+ public:
+  template <typename Read>
+  Result<ReplicaInfo> Get(Read&& read) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (info_) return *info_;
+    }
+    WEFT_ASSIGN_OR_RETURN(ReplicaInfo info, read());
+    std::lock_guard<std::mutex> lock(mutex_);
+    info_ = info;
+    return info;
+  }
+  void Forget() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    info_.reset();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::optional<ReplicaInfo> info_;
+};
+
 // ------------------------------------------------------------------------------------------------
 // SGLang: the native API of `python -m sglang.launch_server`.
 class SglangReplica : public ReplicaApi {
@@ -121,6 +181,27 @@ class SglangReplica : public ReplicaApi {
     return Member<std::string>(info, "weight_version", url() + " /model_info");
   }
 
+  Result<ReplicaInfo> Info() override {
+    return info_.Get([&]() -> Result<ReplicaInfo> {
+      Result<Json> server = calls_.Call(Channel::kControl, "GET", "/server_info", nullptr);
+      // Builds before /server_info have only /get_server_info.
+      if (server.status().code() == StatusCode::kNotFound)
+        server = calls_.Call(Channel::kControl, "GET", "/get_server_info", nullptr);
+      // A build with neither says nothing of itself: the defaults (no deterministic inference).
+      if (!server.ok() && server.status().code() != StatusCode::kNotFound) return server.status();
+      ReplicaInfo info;
+      if (server.ok() && server->is_object()) {
+        info.version = server->value("version", std::string());
+        const Json flag = server->value("enable_deterministic_inference", Json(false));
+        info.deterministic = flag.is_boolean() && flag.get<bool>();
+      }
+      WEFT_ASSIGN_OR_RETURN(info.context_length, ContextLength(calls_));
+      return info;
+    });
+  }
+
+  void ForgetInfo() override { info_.Forget(); }
+
   Status Pause(const std::string& mode) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -141,8 +222,8 @@ class SglangReplica : public ReplicaApi {
       flush = mode_ != "in_place" && mode_ != "retract";
     }
     const Json body = {{"model_path", dir}, {"weight_version", version}, {"flush_cache", flush}};
-    WEFT_ASSIGN_OR_RETURN(
-        Json answer, calls_.Call(Channel::kControl, "POST", "/update_weights_from_disk", &body));
+    WEFT_ASSIGN_OR_RETURN(Json answer,
+                          calls_.Call(Channel::kLoad, "POST", "/update_weights_from_disk", &body));
     Result<bool> success = Member<bool>(answer, "success", url() + " /update_weights_from_disk");
     if (!success.ok()) return success.status();
     if (!*success) {
@@ -161,11 +242,16 @@ class SglangReplica : public ReplicaApi {
 
   Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt, const Sampling& sampling,
                                               int n) override {
+    WEFT_ASSIGN_OR_RETURN(const ReplicaInfo info, Info());
     Json params = SamplingFields(sampling, "max_new_tokens");
+    WEFT_ASSIGN_OR_RETURN(params["max_new_tokens"],
+                          TokenLimit(sampling, prompt, info.context_length, true, url()));
     if (n > 1) {
       params["n"] = n;
-    } else {
-      params["sampling_seed"] = sampling.seed & 0x7fffffffffffffffull;
+    } else if (info.deterministic) {
+      // SGLang reads sampling_seed only under --enable-deterministic-inference, and has kept it
+      // in an int32 tensor: a seed within that range.
+      params["sampling_seed"] = sampling.seed & 0x7fffffffull;
     }
     Json body = {{"sampling_params", params}, {"return_logprob", true}};
     if (prompt.is_text()) {
@@ -244,6 +330,7 @@ class SglangReplica : public ReplicaApi {
   }
 
   JsonCalls calls_;
+  InfoCache info_;
   std::mutex mutex_;
   std::string mode_ = "abort";  // the pause mode of the last pause
 };
@@ -285,7 +372,26 @@ class VllmReplica : public ReplicaApi {
     return Member<std::string>(info, "weight_version", url() + " /weight_info");
   }
 
+  Result<ReplicaInfo> Info() override {
+    return info_.Get([&]() -> Result<ReplicaInfo> {
+      ReplicaInfo info;
+      Result<Json> version = calls_.Call(Channel::kControl, "GET", "/version", nullptr);
+      if (!version.ok() && version.status().code() != StatusCode::kNotFound)
+        return version.status();
+      if (version.ok() && version->is_object())
+        info.version = version->value("version", std::string());
+      WEFT_ASSIGN_OR_RETURN(info.context_length, ContextLength(calls_));
+      return info;
+    });
+  }
+
+  void ForgetInfo() override { info_.Forget(); }
+
   Status Pause(const std::string& mode) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      mode_ = mode;
+    }
     return calls_.Call(Channel::kControl, "POST", "/pause?mode=" + mode, nullptr).status();
   }
 
@@ -296,19 +402,14 @@ class VllmReplica : public ReplicaApi {
     const Json reload = {{"method", "reload_weights"},
                          {"args", Json::array()},
                          {"kwargs", {{"weights_path", dir}, {"is_checkpoint_format", true}}}};
-    WEFT_RETURN_IF_ERROR(
-        calls_.Call(Channel::kControl, "POST", "/collective_rpc", &reload).status());
-    WEFT_ASSIGN_OR_RETURN(Json reset,
-                          calls_.Call(Channel::kControl, "POST", "/reset_prefix_cache", nullptr));
-    if (reset.is_object() && reset.contains("success") && reset["success"] == false) {
-      // Requests kept across the pause (mode keep) hold cache blocks: they are reset too, and
-      // recompute their keys and values on the new weights.
-      WEFT_ASSIGN_OR_RETURN(
-          reset, calls_.Call(Channel::kControl, "POST",
-                             "/reset_prefix_cache?reset_running_requests=true", nullptr));
-      if (reset.is_object() && reset.contains("success") && reset["success"] == false)
-        return Unavailable(url() + " /reset_prefix_cache: the prefix cache could not be reset");
+    Status reloaded = calls_.Call(Channel::kLoad, "POST", "/collective_rpc", &reload).status();
+    if (!reloaded.ok() && reloaded.message().find("weights_path") != std::string::npos) {
+      return InvalidArgument(
+          url() + ": this vLLM's workers cannot reload weights from a path " +
+          "(reload_weights takes no weights_path before vLLM 0.15): " + reloaded.message());
     }
+    WEFT_RETURN_IF_ERROR(reloaded);
+    WEFT_RETURN_IF_ERROR(ResetPrefixCache());
     const Json body = {{"new_version", version}};
     return calls_.Call(Channel::kControl, "POST", "/update_weight_version", &body).status();
   }
@@ -318,9 +419,39 @@ class VllmReplica : public ReplicaApi {
         .status();
   }
 
+  // The prefix cache of the old weights goes. Requests kept across the pause (mode keep) hold
+  // cache blocks, so they are reset too (they recompute their keys and values on the new
+  // weights). vLLM builds answer a reset three ways: 200 with an empty body, whether or not it
+  // happened (current builds, which is why keep asks for the running requests' reset at once);
+  // 200 {"success": false}; or 409 when it could not. The last two are tried again with the
+  // running requests reset, and fail the load if that fails too.
+  Status ResetPrefixCache() {
+    bool keep;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      keep = mode_ == "keep";
+    }
+    const std::string all = "/reset_prefix_cache?reset_running_requests=true";
+    auto failed = [](const Result<Json>& answer) {
+      if (!answer.ok()) return answer.status().code() == StatusCode::kConflict;
+      return answer->is_object() && answer->contains("success") && (*answer)["success"] == false;
+    };
+    Result<Json> reset =
+        calls_.Call(Channel::kControl, "POST", keep ? all : "/reset_prefix_cache", nullptr);
+    if (failed(reset) && !keep) reset = calls_.Call(Channel::kControl, "POST", all, nullptr);
+    if (failed(reset)) {
+      return Unavailable(url() + " /reset_prefix_cache: the prefix cache could not be reset" +
+                         (reset.ok() ? std::string() : ": " + reset.status().message()));
+    }
+    return reset.status();
+  }
+
   Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt, const Sampling& sampling,
                                               int n) override {
+    WEFT_ASSIGN_OR_RETURN(const ReplicaInfo info, Info());
     Json body = SamplingFields(sampling, "max_tokens");
+    WEFT_ASSIGN_OR_RETURN(body["max_tokens"],
+                          TokenLimit(sampling, prompt, info.context_length, false, url()));
     body.update(Json{{"n", n},
                      {"logprobs", 0},
                      {"return_tokens_as_token_ids", true},
@@ -384,26 +515,95 @@ class VllmReplica : public ReplicaApi {
   }
 
   JsonCalls calls_;
+  InfoCache info_;
   std::mutex mutex_;
-  std::string model_id_;  // the served model's name, once ModelPath has read it
+  std::string model_id_;        // the served model's name, once ModelPath has read it
+  std::string mode_ = "abort";  // the pause mode of the last pause
 };
 
 }  // namespace
 
-const std::vector<std::string>& PauseModes(const std::string& api) {
-  static const std::vector<std::string> sglang = {"abort", "retract", "in_place"};
-  static const std::vector<std::string> vllm = {"abort", "wait", "keep"};
-  static const std::vector<std::string> none;
-  return api == "sglang" ? sglang : api == "vllm" ? vllm : none;
+std::optional<std::array<int, 3>> ParseRelease(const std::string& version) {
+  std::array<int, 3> parts{0, 0, 0};
+  size_t at = 0;
+  int count = 0;
+  while (count < 3) {
+    size_t end = at;
+    while (end < version.size() && end - at < 6 &&
+           std::isdigit(static_cast<unsigned char>(version[end])))
+      ++end;
+    if (end == at) break;
+    parts[count++] = std::stoi(version.substr(at, end - at));
+    if (end >= version.size() || version[end] != '.') break;
+    at = end + 1;
+  }
+  if (count < 2) return std::nullopt;  // at least MAJOR.MINOR
+  return parts;
 }
 
-Result<std::unique_ptr<ReplicaApi>> MakeReplicaApi(const std::string& api,
+namespace {
+
+// SGLang before 0.5.6 takes no pause mode: its /pause_generation always aborts.
+Status CheckSglang(const std::string& url, const ReplicaInfo& info, const std::string& mode) {
+  const std::optional<std::array<int, 3>> release = ParseRelease(info.version);
+  if (mode != "abort" && release && *release < std::array<int, 3>{0, 5, 6}) {
+    return InvalidArgument(url + ": SGLang " + info.version + " takes no pause mode (its " +
+                           "/pause_generation always aborts; modes need 0.5.6 or newer): set " +
+                           "engine.pause: abort, not " + mode);
+  }
+  return Status::Ok();
+}
+
+// vLLM before 0.15 cannot reload weights from a path.
+Status CheckVllm(const std::string& url, const ReplicaInfo& info, const std::string&) {
+  const std::optional<std::array<int, 3>> release = ParseRelease(info.version);
+  if (release && *release < std::array<int, 3>{0, 15, 0}) {
+    return InvalidArgument(url + ": vLLM " + info.version +
+                           " cannot reload weights from a path (its workers define "
+                           "reload_weights(self), without weights_path): weft needs vLLM 0.15 or "
+                           "newer (docs/engines.md, \"Compatibility\")");
+  }
+  return Status::Ok();
+}
+
+template <typename Replica>
+std::unique_ptr<ReplicaApi> Make(const ReplicaOptions& options) {
+  return std::make_unique<Replica>(options);
+}
+
+}  // namespace
+
+const std::vector<EngineApi>& EngineApis() {
+  static const std::vector<EngineApi> apis = {
+      {"sglang", {"abort", "retract", "in_place"}, &Make<SglangReplica>, &CheckSglang},
+      {"vllm", {"abort", "wait", "keep"}, &Make<VllmReplica>, &CheckVllm},
+  };
+  return apis;
+}
+
+Status EngineApi::CheckPauseModeName(const std::string& mode, const std::string& key) const {
+  if (std::find(pause_modes.begin(), pause_modes.end(), mode) != pause_modes.end())
+    return Status::Ok();
+  std::string known;
+  for (const std::string& m : pause_modes) known += (known.empty() ? "" : ", ") + m;
+  return InvalidArgument(key + ": '" + mode + "' is not a pause mode of " + name + " (" + known +
+                         ")");
+}
+
+Result<const EngineApi*> FindEngineApi(const std::string& name) {
+  std::string known;
+  for (const EngineApi& api : EngineApis()) {
+    if (api.name == name) return &api;
+    known += (known.empty() ? "" : ", ") + api.name;
+  }
+  return InvalidArgument("no engine API named '" + name + "' (known: " + known + ")");
+}
+
+Result<std::unique_ptr<ReplicaApi>> MakeReplicaApi(const EngineApi& api,
                                                    const ReplicaOptions& options) {
   if (options.url.rfind("http://", 0) != 0 && options.url.rfind("https://", 0) != 0)
     return InvalidArgument("engine URL '" + options.url + "' must start with http:// or https://");
-  if (api == "sglang") return std::unique_ptr<ReplicaApi>(new SglangReplica(options));
-  if (api == "vllm") return std::unique_ptr<ReplicaApi>(new VllmReplica(options));
-  return InvalidArgument("no engine API named '" + api + "' (known: sglang, vllm)");
+  return api.make(options);
 }
 
 }  // namespace weft::rollout_worker

@@ -10,9 +10,12 @@
 // kInvalidArgument when it refuses a request.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,11 +42,19 @@ struct ReplicaOutput {
   std::string version;
 };
 
+// What a replica says of itself (ReplicaApi::Info), read before its first load.
+struct ReplicaInfo {
+  std::string version;         // the engine's release ("0.5.6"); empty where it gives none
+  bool deterministic = false;  // SGLang --enable-deterministic-inference: sampling_seed is read
+  int64_t context_length = 0;  // the model's context in tokens (max_model_len); 0: unknown
+};
+
 struct ReplicaOptions {
   std::string url;                                    // http://HOST:PORT
   std::string api_key;                                // sent as a bearer token when not empty
   std::chrono::milliseconds request_timeout{600000};  // a generation
-  std::chrono::milliseconds control_timeout{600000};  // a pause, load or resume
+  std::chrono::milliseconds control_timeout{600000};  // a pause or resume
+  std::chrono::milliseconds load_timeout{300000};     // the load of a checkpoint directory
   std::chrono::milliseconds health_timeout{5000};
 };
 
@@ -57,6 +68,13 @@ class ReplicaApi {
   virtual Result<std::string> ModelPath() = 0;
   // The weight version the replica reports serving.
   virtual Result<std::string> WeightVersion() = 0;
+  // The engine's release and the settings that shape requests (SGLang: GET /server_info, or
+  // /get_server_info on older builds; vLLM: GET /version; both: max_model_len of /v1/models).
+  // Read once and kept (until ForgetInfo); Generate reads it first if it was not. Whether the
+  // engine can work with weft is EngineApi::check's to say.
+  virtual Result<ReplicaInfo> Info() = 0;
+  // Forgets what Info read: the replica went away, and what answers next may be another build.
+  virtual void ForgetInfo() = 0;
   // Pauses generation in `mode` (SGLang: abort, retract or in_place; vLLM: abort, wait or keep).
   virtual Status Pause(const std::string& mode) = 0;
   // Loads the checkpoint directory `dir` as `version` (while paused).
@@ -64,16 +82,40 @@ class ReplicaApi {
   // `quick`: within the health timeout (the monitor's attempt to unstick a replica).
   virtual Status Resume(bool quick = false) = 0;
   // `n` samples of `prompt` in one request (the engine draws them; with n > 1 the seed is not
-  // sent, as one seed would give SGLang n equal samples).
+  // sent, as one seed would give SGLang n equal samples). The seed goes only where the engine
+  // reads it (vLLM's seed; SGLang's sampling_seed under deterministic inference, within int32),
+  // and the token limit is cut to what the context leaves after a prompt of token ids.
   virtual Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt,
                                                       const Sampling& sampling, int n) = 0;
 };
 
-// The pause modes each API offers, first the default.
-const std::vector<std::string>& PauseModes(const std::string& api);
+// One HTTP engine API, declared once: its name, its pause modes, how to reach a replica of it, and
+// what it needs of a replica's release and settings. Adding an engine is one ReplicaApi class and
+// one entry in EngineApis() (replica_api.cc); the worker's engine names, the configuration's pause
+// modes and the checks before a load all come from here.
+struct EngineApi {
+  std::string name;                      // the run's `worker.engine`
+  std::vector<std::string> pause_modes;  // engine.pause; the first is the default
+  std::function<std::unique_ptr<ReplicaApi>(const ReplicaOptions&)> make;
+  // Ok when a replica that says `info` of itself can serve weft with pause `mode`; else
+  // kInvalidArgument naming the release or the setting it lacks.
+  std::function<Status(const std::string& url, const ReplicaInfo& info, const std::string& mode)>
+      check;
 
-// `api` is "sglang" or "vllm".
-Result<std::unique_ptr<ReplicaApi>> MakeReplicaApi(const std::string& api,
+  // Ok when `mode` is one of pause_modes; else kInvalidArgument "<key>: 'x' is not a pause mode of
+  // <name> (<modes>)".
+  Status CheckPauseModeName(const std::string& mode, const std::string& key) const;
+};
+
+// Every HTTP engine API (sglang, vllm).
+const std::vector<EngineApi>& EngineApis();
+// The API named `name`: kInvalidArgument naming the known ones when there is none.
+Result<const EngineApi*> FindEngineApi(const std::string& name);
+// A replica of `api` at options.url (which must be http:// or https://).
+Result<std::unique_ptr<ReplicaApi>> MakeReplicaApi(const EngineApi& api,
                                                    const ReplicaOptions& options);
+
+// A release "0.5.6rc1" as (0, 5, 6); nullopt when it does not start with numbers.
+std::optional<std::array<int, 3>> ParseRelease(const std::string& version);
 
 }  // namespace weft::rollout_worker

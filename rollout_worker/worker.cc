@@ -134,6 +134,7 @@ void RolloutWorker::CheckEngine() {
     report_.ready_replicas = ready_replicas;
     report_.loading_replicas = static_cast<uint64_t>(std::max(0, health.loading_replicas));
     report_.paused_ms_total = health.paused_ms_total;
+    report_.replicas = health.each;
     if (ready_replicas == 0 && ready_) {
       ready_.reset();  // no replica can generate: stop claiming readiness
       lost = true;

@@ -25,6 +25,7 @@
 #include "common/json_fields.h"
 #include "common/logging.h"
 #include "examples/arithmetic_task.h"
+#include "rollout_worker/replica_api.h"
 #include "sync/convert.h"
 #include "sync/safetensors.h"
 
@@ -982,6 +983,8 @@ struct FakeEngine::Impl {
     if (p == "/flush_cache") return On(c, {"GET", "POST"}, [&] { SglangFlush(c); });
     if (p == "/model_info" || p == "/get_model_info")
       return On(c, {"GET"}, [&] { SglangModelInfo(c); });
+    if (p == "/server_info" || p == "/get_server_info")
+      return On(c, {"GET"}, [&] { SglangServerInfo(c); });
     if (p == "/health") return On(c, {"GET"}, [&] { Health(c, false); });
     if (p == "/health_generate") return On(c, {"GET"}, [&] { Health(c, true); });
     if (p == "/v1/models") return On(c, {"GET"}, [&] { Models(c); });
@@ -1068,8 +1071,11 @@ struct FakeEngine::Impl {
       WEFT_ASSIGN_OR_RETURN(s->stop_ids,
                             GetIds(p["stop_token_ids"], "sampling_params.stop_token_ids"));
     }
-    if (Has(p, "sampling_seed")) {
+    // SGLang reads the seed only under deterministic inference, and keeps it in an int32 tensor.
+    if (Has(p, "sampling_seed") && options.deterministic_inference) {
       WEFT_ASSIGN_OR_RETURN(s->seed, GetSeed(p, "sampling_seed", where));
+      if (s->seed > 0x7fffffffull)
+        return Internal("value cannot be converted to type int32_t without overflow");
     } else {
       s->seed = RandomSeed();
     }
@@ -1289,6 +1295,7 @@ struct FakeEngine::Impl {
                             PerItem(body, "sampling_params", items, i, json::object()));
       if (params.is_null()) params = json::object();
       WEFT_RETURN_IF_ERROR(ParseSglangSampling(params, &base, &n, &item.no_stop_trim));
+      WEFT_RETURN_IF_ERROR(CheckContext(base.prompt, base.max_tokens));
       if (n_all != -1 && n != n_all)
         return InvalidArgument("The n parameter must be the same for all requests in a batch");
       n_all = n;
@@ -1476,6 +1483,13 @@ struct FakeEngine::Impl {
         ++updating;
         gated = true;
         changed.wait(lock, [&] { return jobs.empty() || shutting_down; });
+      } else if (!options.pause_aware_disk_load && !jobs.empty()) {
+        // As released SGLang: the requests kept across the pause hold the model-update lock the
+        // disk load takes, so it waits for them to end, which they do only after a resume.
+        paused_requests = static_cast<int>(jobs.size());
+        ++updating;
+        gated = true;
+        changed.wait(lock, [&] { return jobs.empty() || shutting_down; });
       } else {
         paused_requests = static_cast<int>(jobs.size());
       }
@@ -1606,6 +1620,48 @@ struct FakeEngine::Impl {
     }
   }
 
+  // The release this engine says it is.
+  std::string EngineVersion() const {
+    if (!options.engine_version.empty()) return options.engine_version;
+    return api == Api::kSglang ? "0.5.6" : "0.16.0";
+  }
+
+  // The server's arguments and version, as SGLang's /server_info gives them (the fields weft
+  // reads, and a few besides).
+  void SglangServerInfo(Call& c) {
+    Reply(c, bhttp::status::ok,
+          {{"model_path", options.model_path},
+           {"enable_deterministic_inference", options.deterministic_inference},
+           {"random_seed", 42},
+           {"context_length", nullptr},
+           {"version", EngineVersion()}});
+  }
+
+  // The request fits the context: SGLang refuses prompt + limit reaching it, vLLM passing it.
+  Status CheckContext(const std::vector<int>& prompt, const std::optional<int>& max_tokens) const {
+    if (!options.refuse_past_context || !max_tokens) return Status::Ok();
+    const int64_t context = layout.config().max_seq;
+    const int64_t total = static_cast<int64_t>(prompt.size()) + *max_tokens;
+    if (api == Api::kSglang && total >= context) {
+      return InvalidArgument(
+          "Requested token count exceeds the model's maximum context length of " +
+          std::to_string(context) + " tokens. You requested a total of " + std::to_string(total) +
+          " tokens: " + std::to_string(prompt.size()) + " tokens from the input messages and " +
+          std::to_string(*max_tokens) +
+          " tokens for the completion. Please reduce the number of tokens in "
+          "the input messages or the completion to fit within the limit.");
+    }
+    if (api == Api::kVllm && total > context) {
+      return InvalidArgument(
+          "'max_tokens' or 'max_completion_tokens' is too large: " + std::to_string(*max_tokens) +
+          ". This model's maximum context length is " + std::to_string(context) +
+          " tokens and your request has " + std::to_string(prompt.size()) + " input tokens (" +
+          std::to_string(*max_tokens) + " > " + std::to_string(context) + " - " +
+          std::to_string(prompt.size()) + ").");
+    }
+    return Status::Ok();
+  }
+
   void SglangModelInfo(Call& c) {
     std::lock_guard<std::mutex> lock(mutex);
     Reply(c, bhttp::status::ok,
@@ -1668,6 +1724,9 @@ struct FakeEngine::Impl {
     if (p == "/v1/completions") return On(c, {"POST"}, [&] { VllmCompletions(c); });
     if (p == "/health") return On(c, {"GET"}, [&] { Health(c, false); });
     if (p == "/v1/models") return On(c, {"GET"}, [&] { Models(c); });
+    if (p == "/version") {
+      return On(c, {"GET"}, [&] { Reply(c, bhttp::status::ok, {{"version", EngineVersion()}}); });
+    }
     bool dev;
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -1760,6 +1819,13 @@ struct FakeEngine::Impl {
     if (checked.ok() && Has(kwargs, "is_checkpoint_format"))
       checked = GetBool(kwargs, "is_checkpoint_format", "kwargs").status();
     if (!checked.ok()) return ApiError(c, bhttp::status::bad_request, checked.message());
+    // Workers before vLLM 0.15 define reload_weights(self): a keyword is a TypeError.
+    const std::optional<std::array<int, 3>> release = rollout_worker::ParseRelease(EngineVersion());
+    if (release && *release < std::array<int, 3>{0, 15, 0} && !kwargs.empty()) {
+      return ApiError(c, bhttp::status::internal_server_error,
+                      "TypeError: Worker.reload_weights() got an unexpected keyword argument '" +
+                          kwargs.begin().key() + "'");
+    }
     std::string path;
     uint64_t life;
     {
@@ -1794,8 +1860,14 @@ struct FakeEngine::Impl {
       busy = !jobs.empty();
     }
     // Requests in flight (frozen ones too) hold cache blocks: the reset fails unless told to
-    // reset them as well.
-    Reply(c, bhttp::status::ok, {{"success", !busy || reset_running}});
+    // reset them as well, answered as the build family answers (FakeEngineOptions).
+    const bool reset = !busy || reset_running;
+    if (options.reset_answers == "success")
+      return Reply(c, bhttp::status::ok, {{"success", reset}});
+    if (options.reset_answers == "conflict" && !reset) {
+      return ApiError(c, bhttp::status::conflict, "Failed to reset prefix cache");
+    }
+    ReplyEmpty(c, bhttp::status::ok);
   }
 
   void VllmSetVersion(Call& c) {
@@ -1994,6 +2066,8 @@ struct FakeEngine::Impl {
         base.max_tokens = static_cast<int>(v);
       }
     }
+    for (const std::vector<int>& p : prompts)
+      WEFT_RETURN_IF_ERROR(CheckContext(p, base.max_tokens));
     int n = 1;
     if (Has(body, "n")) {
       WEFT_ASSIGN_OR_RETURN(int64_t v, GetInt(body, "n", where, 1, 1024));

@@ -94,6 +94,25 @@ struct FakeEngineOptions {
   bool report_weight_versions = false;     // SGLang: meta_info.weight_versions
   bool dev_mode = true;                    // vLLM: the dev-mode routes exist
   std::chrono::milliseconds token_delay{0};
+  // The release the engine reports (SGLang /server_info, vLLM /version); "": the default, a
+  // release with every route weft uses (SGLang 0.5.6, vLLM 0.16.0). vLLM before 0.15 refuses
+  // reload_weights' weights_path (a TypeError, 500), as its workers do.
+  std::string engine_version;
+  // SGLang --enable-deterministic-inference: sampling_seed is read (and must fit the int32 it is
+  // kept in); without it the seed is ignored, as SGLang ignores it.
+  bool deterministic_inference = false;
+  // A request whose prompt and token limit do not fit the context is refused (400), as the
+  // engines refuse it (SGLang when they reach it, vLLM when they pass it); off: generation stops
+  // at the context.
+  bool refuse_past_context = true;
+  // How vLLM's /reset_prefix_cache answers when requests in flight hold cache blocks and
+  // reset_running_requests is not set: "empty" (200 with an empty body and nothing reset, as
+  // current vLLM), "success" (200 {"success": false}) or "conflict" (409).
+  std::string reset_answers = "empty";
+  // SGLang: false makes /update_weights_from_disk under a pause that kept requests (in_place,
+  // retract) wait for those requests to end, as released SGLang's disk load does (it takes the
+  // model-update lock they hold), so the load finishes only after a resume lets them end.
+  bool pause_aware_disk_load = true;
 };
 
 // One request as it arrived (the /_test/ routes are not recorded).

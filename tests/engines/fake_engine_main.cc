@@ -77,12 +77,30 @@ int main(int argc, char** argv) {
   serve->add_flag("--no-dev-mode", no_dev_mode, "vLLM: leave out the dev-mode routes");
   serve->add_option("--token-delay-ms", token_delay_ms, "Delay per generated token")
       ->check(CLI::Range(0, 600000));
+  serve->add_option("--engine-version", options.engine_version,
+                    "The release to report (default: SGLang 0.5.6, vLLM 0.16.0)");
+  serve->add_flag("--deterministic-inference", options.deterministic_inference,
+                  "SGLang: read sampling_seed (an int32), as --enable-deterministic-inference");
+  bool disk_load_waits = false;
+  serve->add_flag("--disk-load-waits", disk_load_waits,
+                  "SGLang: a disk load under in_place or retract waits for the requests the pause "
+                  "kept, as released SGLang does");
+  bool past_context = false;
+  serve->add_flag("--allow-past-context", past_context,
+                  "Stop at the context instead of refusing a request that does not fit it");
+  serve
+      ->add_option("--reset-answers", options.reset_answers,
+                   "vLLM: how /reset_prefix_cache answers a failed reset (empty, success, "
+                   "conflict)")
+      ->check(CLI::IsMember({"empty", "success", "conflict"}));
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   }
+  options.refuse_past_context = !past_context;
+  options.pause_aware_disk_load = !disk_load_waits;
 
   if (init->parsed()) {
     if (config.d_model % config.heads != 0)

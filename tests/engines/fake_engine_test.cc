@@ -211,7 +211,9 @@ TEST_CASE("model directories: written, read back, and checked tensor by tensor")
 
 TEST_CASE("sglang /generate: greedy and sampled tokens with the model's own logprobs") {
   const std::string model = Model("sg_generate", 1);
-  auto engine = Launch(Api::kSglang, model);
+  FakeEngineOptions deterministic;
+  deterministic.deterministic_inference = true;  // sampling_seed is read
+  auto engine = Launch(Api::kSglang, model, deterministic);
   const std::vector<float> w = *engine->weights();
   const std::vector<int> prompt = Prompt("12+34=");
 
@@ -256,6 +258,13 @@ TEST_CASE("sglang /generate: greedy and sampled tokens with the model's own logp
   CHECK(sampled.body["meta_info"]["output_token_logprobs"][0][2] ==
         examples::ArithmeticTask::Decode({sampled_tokens[0]}));
   CHECK(Ids(Post(*engine, "/generate", sampled_request).body["output_ids"]) == sampled_tokens);
+  // The seed lives in an int32 tensor: a larger one fails the request.
+  json too_large = sampled_request;
+  too_large.erase("rid");
+  too_large["sampling_params"]["sampling_seed"] = 1ull << 40;
+  Answer overflow = Post(*engine, "/generate", too_large);
+  CHECK(overflow.status == 400);
+  CHECK(overflow.text.find("int32_t without overflow") != std::string::npos);
 
   // A stop token ends the output (kept in output_ids, trimmed from the text).
   const int stop = tokens[2];
@@ -665,6 +674,76 @@ TEST_CASE("sglang: a load without a pause waits for in-flight requests and holds
   CHECK(Get(*engine, "/model_info").body["weight_version"] == "v9");
 }
 
+TEST_CASE("engine facts: versions, deterministic inference, the context, old reload_weights") {
+  const std::string model = Model("facts", 21);
+  auto sglang = Launch(Api::kSglang, model);
+  CHECK(Get(*sglang, "/server_info").body["version"] == "0.5.6");
+  CHECK(Get(*sglang, "/get_server_info").body["enable_deterministic_inference"] == false);
+  CHECK(Get(*sglang, "/v1/models").body["data"][0]["max_model_len"] == Config().max_seq);
+  // Without deterministic inference a seed changes nothing, and so cannot overflow either.
+  const std::vector<int> prompt = Prompt("1+2=");
+  const int room = Config().max_seq - static_cast<int>(prompt.size());
+  CHECK(Post(*sglang, "/generate",
+             {{"input_ids", prompt},
+              {"sampling_params", {{"max_new_tokens", 1}, {"sampling_seed", 1ull << 40}}}})
+            .status == 200);
+  // SGLang refuses a request that reaches the context; vLLM one that passes it.
+  Answer reaching = Post(*sglang, "/generate",
+                         {{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", room}}}});
+  CHECK(reaching.status == 400);
+  CHECK(reaching.text.find("exceeds the model's maximum context length") != std::string::npos);
+  CHECK(Post(*sglang, "/generate",
+             {{"input_ids", prompt}, {"sampling_params", {{"max_new_tokens", room - 1}}}})
+            .status == 200);
+  auto vllm = Launch(Api::kVllm, model);
+  CHECK(Get(*vllm, "/version").body == json({{"version", "0.16.0"}}));
+  CHECK(Post(*vllm, "/v1/completions", {{"prompt", prompt}, {"max_tokens", room}}).status == 200);
+  Answer passing = Post(*vllm, "/v1/completions", {{"prompt", prompt}, {"max_tokens", room + 1}});
+  CHECK(passing.status == 400);
+  CHECK(passing.text.find("'max_tokens' or 'max_completion_tokens' is too large") !=
+        std::string::npos);
+  // vLLM before 0.15: reload_weights takes no weights_path.
+  FakeEngineOptions old;
+  old.engine_version = "0.14.1";
+  auto older = Launch(Api::kVllm, model, old);
+  Answer refused = Post(*older, "/collective_rpc",
+                        {{"method", "reload_weights"}, {"kwargs", {{"weights_path", model}}}});
+  CHECK(refused.status == 500);
+  CHECK((refused.text + refused.error).find("unexpected keyword argument 'weights_path'") !=
+        std::string::npos);
+}
+
+TEST_CASE("vllm /reset_prefix_cache: each build family's answer to a reset that failed") {
+  const std::string model = Model("vl_reset", 22);
+  for (const std::string family : {"empty", "success", "conflict"}) {
+    CAPTURE(family);
+    FakeEngineOptions options;
+    options.token_delay = milliseconds(20);
+    options.reset_answers = family;
+    auto engine = Launch(Api::kVllm, model, options);
+    const json request = {{"prompt", Prompt("9+9=")}, {"max_tokens", 3}, {"logprobs", 0}};
+    auto running =
+        std::async(std::launch::async, [&] { return Post(*engine, "/v1/completions", request); });
+    WaitUntil([&] { return engine->state().tokens >= 1; }, "tokens");
+    REQUIRE(Post(*engine, "/pause?mode=keep", json(nullptr)).status == 200);
+    Answer failed = Post(*engine, "/reset_prefix_cache", json(nullptr));
+    Answer all = Post(*engine, "/reset_prefix_cache?reset_running_requests=true", json(nullptr));
+    if (family == "empty") {
+      CHECK(failed.status == 200);
+      CHECK(failed.text.empty());
+      CHECK(all.text.empty());
+    } else if (family == "success") {
+      CHECK(failed.body == json({{"success", false}}));
+      CHECK(all.body == json({{"success", true}}));
+    } else {
+      CHECK(failed.status == 409);
+      CHECK(all.status == 200);
+    }
+    REQUIRE(Post(*engine, "/resume", json(nullptr)).status == 200);
+    CHECK(running.get().status == 200);
+  }
+}
+
 TEST_CASE("vllm: keep pause, reload and resume: the request goes on at the new weights") {
   const std::string a = Model("vl_keep_a", 13), b = Model("vl_keep_b", 14);
   FakeEngineOptions options;
@@ -684,9 +763,8 @@ TEST_CASE("vllm: keep pause, reload and resume: the request goes on at the new w
                          {{"method", "reload_weights"}, {"kwargs", {{"weights_path", b}}}});
   CHECK(reloaded.body == json({{"results", {nullptr}}}));
   const std::vector<float> wb = *engine->weights();
-  CHECK(Post(*engine, "/reset_prefix_cache", json(nullptr)).body == json({{"success", false}}));
-  CHECK(Post(*engine, "/reset_prefix_cache?reset_running_requests=true", json(nullptr)).body ==
-        json({{"success", true}}));
+  CHECK(Post(*engine, "/reset_prefix_cache?reset_running_requests=true", json(nullptr)).status ==
+        200);
   CHECK(Post(*engine, "/update_weight_version", {{"new_version", "v2"}}).body ==
         json({{"success", true}, {"new_version", "v2"}}));
   CHECK(Get(*engine, "/weight_info").body == json({{"weight_version", "v2"}}));

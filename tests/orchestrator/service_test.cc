@@ -33,13 +33,43 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   REQUIRE(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
                  {{"ready_version", 0},
                   {"sync",
-                   {{"bytes_downloaded", 1234},
+                   {{"bytes_downloaded", 123456789012},
                     {"pulls", 1},
                     {"keyframe_pulls", 1},
                     {"max_pause_ms", 0.5},
                     {"loading_replicas", 1},
-                    {"paused_ms_total", 2500.0}}}})
+                    {"paused_ms_total", 2500.0},
+                    {"replicas",
+                     {{{"url", "http://10.0.0.1:30000"},
+                       {"state", "loading"},
+                       {"version", 0},
+                       {"loads", 3},
+                       {"failures", 1},
+                       {"last_pause_ms", 12.5},
+                       {"paused_ms_total", 2000.0}},
+                      {{"url", "http://10.0.0.2:30000"},
+                       {"state", "ready"},
+                       {"version", 0},
+                       {"loads", 4},
+                       {"paused_ms_total", 500.0}}}}}}})
               .first == 200);
+  // A replica's report that is wrong is refused, naming the field.
+  const Json bad_replica = {{"ready_version", 0},
+                            {"sync", {{"replicas", {{{"url", "http://a:1"}, {"state", "lost"}}}}}}};
+  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat", bad_replica).second["error"] ==
+        "heartbeat.sync.replicas[0].state is not ready, loading or down");
+  const Json no_url = {{"ready_version", 0},
+                       {"sync", {{"replicas", {{{"url", ""}, {"state", "down"}}}}}}};
+  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat", no_url)
+            .second["error"]
+            .get<std::string>()
+            .find("heartbeat.sync.replicas[0].url must be 1 to 1024 bytes") != std::string::npos);
+  const Json negative = {
+      {"ready_version", 0},
+      {"sync",
+       {{"replicas", {{{"url", "http://a:1"}, {"state", "down"}, {"last_pause_ms", -2}}}}}}};
+  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat", negative).second["error"] ==
+        "heartbeat.sync.replicas[0].last_pause_ms is not a non-negative number");
   CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
                {{"ready_version", 0}, {"sync", {{"paused_ms_total", -1}}}})
             .second["error"] == "heartbeat.sync.paused_ms_total is not a non-negative number");
@@ -50,18 +80,46 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
           std::string::npos);
     CHECK(metrics.find("weft_orchestrator_cluster_paused_seconds_total{cluster=\"c1\"} 2.5\n") !=
           std::string::npos);
+    // Large counters as integers.
+    CHECK(
+        metrics.find("weft_orchestrator_cluster_sync_bytes_total{cluster=\"c1\"} 123456789012\n") !=
+        std::string::npos);
+    // And per replica.
+    const std::string first = "{cluster=\"c1\",replica=\"http://10.0.0.1:30000\"} ";
+    const std::string second = "{cluster=\"c1\",replica=\"http://10.0.0.2:30000\"} ";
+    for (const std::string& line :
+         {"weft_orchestrator_replica_loading" + first + "1\n",
+          "weft_orchestrator_replica_ready" + first + "0\n",
+          "weft_orchestrator_replica_ready" + second + "1\n",
+          "weft_orchestrator_replica_version" + second + "0\n",
+          "weft_orchestrator_replica_loads_total" + first + "3\n",
+          "weft_orchestrator_replica_failures_total" + first + "1\n",
+          "weft_orchestrator_replica_paused_seconds_total" + first + "2\n",
+          "weft_orchestrator_replica_paused_seconds_total" + second + "0.5\n"}) {
+      CAPTURE(line);
+      CHECK(metrics.find(line) != std::string::npos);
+    }
   }
   CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat",
                {{"ready_version", 0}, {"sync", {{"pulls", -1}}}})
             .second["error"] == "heartbeat.sync.pulls is not a non-negative integer");
   {
     const Json status = o.Post("a-token", "/v1/status", {}, "GET").second;
-    CHECK(status["regions"]["eu"]["sync"]["bytes_downloaded"] == 1234);
+    CHECK(status["regions"]["eu"]["sync"]["bytes_downloaded"] == 123456789012);
     CHECK(status["regions"]["eu"]["sync"]["digest_mismatches"] == 0);
     CHECK(status["clusters"][0]["sync"]["keyframe_pulls"] == 1);
     CHECK(status["clusters"][0]["sync"]["loading_replicas"] == 1);
     CHECK(status["clusters"][0]["sync"]["paused_ms_total"] == 2500.0);
     CHECK(status["regions"]["eu"]["sync"]["paused_ms_total"] == 2500.0);
+    const Json& replicas = status["clusters"][0]["sync"]["replicas"];
+    REQUIRE(replicas.size() == 2);
+    CHECK(replicas[0]["url"] == "http://10.0.0.1:30000");
+    CHECK(replicas[0]["state"] == "loading");
+    CHECK(replicas[0]["version"] == 0);
+    CHECK(replicas[0]["last_pause_ms"] == 12.5);
+    CHECK(replicas[1]["state"] == "ready");
+    CHECK(replicas[1]["failures"] == 0);
+    CHECK(!status["regions"]["eu"]["sync"].contains("replicas"));  // a region sums, not lists
   }
   // Two clusters proving the same version with different state digests: an alert names them.
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c2"}, {"region", "us"}, {"capacity", 1}})

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "examples/arithmetic_task.h"
@@ -53,7 +54,8 @@ std::vector<float> Widened(const TinyLmLayout& layout, const sync::ServedModel& 
 
 // Replicas of one API over a model directory holding `initial` weights, and an adapter over them.
 struct Fixture {
-  Fixture(Api api, int replicas, const std::string& name, TinyLmConfig engine_config = Config())
+  Fixture(Api api, int replicas, const std::string& name, TinyLmConfig engine_config = Config(),
+          fake_engine::FakeEngineOptions base = {})
       : api(api), layout(Config()), dir(testing::TempPath(name)) {
     std::filesystem::create_directories(dir);
     const TinyLmLayout engine_layout(engine_config);
@@ -61,7 +63,7 @@ struct Fixture {
                                              engine_layout.Initialize(99), sync::DType::kBF16)
                 .ok());
     for (int i = 0; i < replicas; ++i) {
-      fake_engine::FakeEngineOptions o;
+      fake_engine::FakeEngineOptions o = base;
       o.model_path = dir + "/launch";
       auto made = FakeEngine::Create(api, o);
       REQUIRE_MESSAGE(made.ok(), made.status().ToString());
@@ -210,17 +212,25 @@ TEST_CASE("http engine: a weight update mid-generation, in every pause mode, tag
     Api api;
     std::string mode;
     bool spans;
+    std::string reset_answers = "empty";  // vLLM: how a failed prefix-cache reset is answered
   };
-  const std::vector<Case> cases = {
-      {Api::kSglang, "abort", false},   {Api::kSglang, "retract", true},
-      {Api::kSglang, "in_place", true}, {Api::kSglang, "in_place", false},
-      {Api::kVllm, "abort", false},     {Api::kVllm, "wait", false},
-      {Api::kVllm, "keep", false}};
+  const std::vector<Case> cases = {{Api::kSglang, "abort", false},
+                                   {Api::kSglang, "retract", true},
+                                   {Api::kSglang, "in_place", true},
+                                   {Api::kSglang, "in_place", false},
+                                   {Api::kVllm, "abort", false},
+                                   {Api::kVllm, "wait", false},
+                                   {Api::kVllm, "keep", false},
+                                   {Api::kVllm, "keep", false, "success"},
+                                   {Api::kVllm, "keep", false, "conflict"}};
   for (const Case& k : cases) {
     CAPTURE(fake_engine::ApiName(k.api));
     CAPTURE(k.mode);
     CAPTURE(k.spans);
-    Fixture f(k.api, 1, "http_engine_pause");
+    CAPTURE(k.reset_answers);
+    fake_engine::FakeEngineOptions base;
+    base.reset_answers = k.reset_answers;
+    Fixture f(k.api, 1, "http_engine_pause", Config(), base);
     f.options.pause_mode = k.mode;
     HttpEngine& engine = f.Make();
     const std::vector<float> w1 = f.Load(1, 1);
@@ -420,6 +430,219 @@ TEST_CASE("http engine: a pause that fails still resumes the replica; the commit
   }
 }
 
+TEST_CASE("http engine: a load past load_timeout fails; the replica is resumed and loaded later") {
+  for (Api api : {Api::kSglang, Api::kVllm}) {
+    CAPTURE(fake_engine::ApiName(api));
+    Fixture f(api, 2, "http_engine_load_timeout");
+    f.options.load_timeout = std::chrono::milliseconds(400);
+    HttpEngine& engine = f.Make();
+    f.Load(1, 1);
+    // Replica 0's load hangs (as SGLang's disk load behind requests kept across the pause).
+    f.engines[0]->SetLoadDelay(std::chrono::milliseconds(4000));
+    const auto start = std::chrono::steady_clock::now();
+    f.Load(2, 2);  // replica 1 serves it
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(3500));
+    HttpEngineStats stats = engine.stats();
+    CHECK(stats.replicas[0].failures == 1);
+    CHECK(!stats.replicas[0].ready);
+    CHECK(!f.engines[0]->state().paused);  // resumed, though its load still runs
+    CHECK(f.engines[1]->state().weight_version == "2");
+    // Its loads quick again: the monitor loads it and it serves the version.
+    f.engines[0]->SetLoadDelay(std::chrono::milliseconds(0));
+    for (int i = 0; i < 400 && engine.Health().ready_replicas != 2; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(engine.Health().ready_replicas == 2);
+    CHECK(engine.stats().replicas[0].version == 2u);
+    // With one replica, the commit fails naming the timeout.
+    Fixture one(api, 1, "http_engine_load_timeout_one");
+    one.options.load_timeout = std::chrono::milliseconds(400);
+    HttpEngine& alone = one.Make();
+    one.Load(1, 1);
+    one.engines[0]->SetLoadDelay(std::chrono::milliseconds(3000));
+    REQUIRE(alone.Stage(Served(one.layout, one.layout.Initialize(2)), 2).ok());
+    const Result<int64_t> failed = alone.Commit();
+    CHECK(failed.status().code() == StatusCode::kUnavailable);
+    CHECK(failed.status().message().find("did not finish within engine.load_timeout (400 ms)") !=
+          std::string::npos);
+    CHECK(!one.engines[0]->state().paused);
+    CHECK(alone.version() == 1u);
+  }
+}
+
+TEST_CASE("http engine: SGLang's disk load behind requests kept in place ends at load_timeout") {
+  // Replica 0 is as released SGLang: its disk load waits for the requests an in_place pause kept,
+  // which end only after a resume. The load fails at load_timeout instead of hanging; the replica
+  // is resumed, its requests end, its load lands, and it serves again; every token is tagged right.
+  fake_engine::FakeEngineOptions base;
+  base.token_delay = std::chrono::milliseconds(20);
+  Fixture f(Api::kSglang, 2, "http_engine_kept", Config(), base);
+  fake_engine::FakeEngineOptions waits = base;
+  waits.model_path = f.dir + "/launch";
+  waits.pause_aware_disk_load = false;
+  auto made = FakeEngine::Create(Api::kSglang, waits);
+  REQUIRE(made.ok());
+  f.engines[0] = std::move(*made);
+  f.options.urls[0] = f.engines[0]->url();
+  f.options.pause_mode = "in_place";
+  f.options.load_timeout = std::chrono::milliseconds(500);
+  HttpEngine& engine = f.Make();
+  std::map<uint64_t, std::vector<float>> weights;
+  weights[1] = f.Load(1, 1);
+  const sync::ServedModel served = Served(f.layout, f.layout.Initialize(2));
+  weights[2] = Widened(f.layout, served);
+  REQUIRE(engine.Stage(served, 2).ok());
+  Sampling sampling;
+  sampling.max_tokens = 16;
+  Result<std::vector<Completion>> out = Unavailable("not run");
+  std::thread generating([&] {
+    out = engine.Generate(std::vector<Prompt>(8, Prompt{kPrompt, ""}), sampling);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  const auto start = std::chrono::steady_clock::now();
+  const Result<int64_t> committed = engine.Commit();
+  const auto took = std::chrono::steady_clock::now() - start;
+  generating.join();
+  CHECK_MESSAGE(committed.ok(), committed.status().ToString());  // replica 1 loaded it
+  CHECK(took < std::chrono::milliseconds(4000));
+  CHECK(engine.stats().replicas[0].failures >= 1);
+  CHECK(f.engines[1]->state().weight_version == "2");
+  REQUIRE_MESSAGE(out.ok(), out.status().ToString());
+  for (const Completion& c : *out) CheckAgainstVersions(f.layout, kPrompt, c, weights);
+  CHECK(engine.stats().regenerated > 0);  // the kept requests overlapped the pause
+  for (int i = 0; i < 250 && engine.Health().ready_replicas != 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(engine.Health().ready_replicas == 2);
+  CHECK(f.engines[0]->state().weight_version == "2");
+  CHECK(!f.engines[0]->state().paused);
+}
+
+// Polls `done` every 20 ms for up to `seconds`.
+template <typename Done>
+bool WaitFor(Done&& done, double seconds = 5) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+TEST_CASE("http engine: a replica killed mid-generation, or paused mid-load, comes back current") {
+  for (Api api : {Api::kSglang, Api::kVllm}) {
+    for (const std::string mode : {"abort", api == Api::kSglang ? "in_place" : "keep"}) {
+      CAPTURE(fake_engine::ApiName(api));
+      CAPTURE(mode);
+      fake_engine::FakeEngineOptions base;
+      base.token_delay = std::chrono::milliseconds(15);
+      Fixture f(api, 2, "http_engine_crash", Config(), base);
+      f.options.pause_mode = mode;
+      HttpEngine& engine = f.Make();
+      std::map<uint64_t, std::vector<float>> weights;
+      weights[1] = f.Load(1, 1);
+      Sampling sampling;
+      sampling.max_tokens = 12;
+      const std::vector<Prompt> prompts(8, Prompt{kPrompt, ""});
+
+      // Killed mid-generation and restarted on the same port: its requests are sent again to the
+      // other replica, and it comes back loaded with the current version (it restarts serving its
+      // launch weights).
+      Status restarted = Status::Ok();
+      std::thread killer([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(60));
+        f.engines[0]->Stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        restarted = f.engines[0]->Start();
+      });
+      auto out = engine.Generate(prompts, sampling);
+      killer.join();
+      REQUIRE(restarted.ok());
+      REQUIRE_MESSAGE(out.ok(), out.status().ToString());
+      for (const Completion& c : *out) CheckAgainstVersions(f.layout, kPrompt, c, weights);
+      CHECK(WaitFor([&] { return engine.Health().ready_replicas == 2; }));
+      CHECK(f.engines[0]->state().weight_version == "1");
+
+      // Killed while paused for a load that hangs, with requests in flight (held by in_place and
+      // keep, ended by abort): the commit goes on with the other replica, the samples are tagged
+      // right, and the restarted replica is loaded with the new version and not left paused.
+      f.engines[0]->SetLoadDelay(std::chrono::milliseconds(3000));
+      const sync::ServedModel served = Served(f.layout, f.layout.Initialize(2));
+      weights[2] = Widened(f.layout, served);
+      REQUIRE(engine.Stage(served, 2).ok());
+      Result<std::vector<Completion>> during = Unavailable("not run");
+      std::thread generating([&] { during = engine.Generate(prompts, sampling); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      bool paused = false;
+      std::thread killer2([&] {
+        paused = WaitFor([&] { return f.engines[0]->state().paused; });
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        f.engines[0]->Stop();
+        f.engines[0]->SetLoadDelay(std::chrono::milliseconds(0));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        restarted = f.engines[0]->Start();
+      });
+      const Result<int64_t> committed = engine.Commit();
+      killer2.join();
+      generating.join();
+      CHECK(paused);
+      REQUIRE(restarted.ok());
+      CHECK_MESSAGE(committed.ok(), committed.status().ToString());
+      CHECK(f.engines[1]->state().weight_version == "2");
+      REQUIRE_MESSAGE(during.ok(), during.status().ToString());
+      for (const Completion& c : *during) CheckAgainstVersions(f.layout, kPrompt, c, weights);
+      CHECK(WaitFor([&] { return engine.Health().ready_replicas == 2; }));
+      CHECK(f.engines[0]->state().weight_version == "2");
+      CHECK(!f.engines[0]->state().paused);
+      // (The load in flight either failed, and the monitor loaded the replica once it was back, or
+      // was sent again to the restarted replica.)
+      CHECK(engine.stats().replicas[0].failures >= 1);
+      auto after = engine.Generate(prompts, sampling);
+      REQUIRE(after.ok());
+      for (const Completion& c : *after)
+        CheckAgainstVersions(f.layout, kPrompt, c, {{2, weights[2]}});
+    }
+  }
+}
+
+TEST_CASE("http engine: seeds the engine reads, within its range; limits within the context") {
+  for (const bool deterministic : {true, false}) {
+    CAPTURE(deterministic);
+    fake_engine::FakeEngineOptions base;
+    base.deterministic_inference = deterministic;
+    Fixture f(Api::kSglang, 1, "http_engine_seeds", Config(), base);
+    HttpEngine& engine = f.Make();
+    f.Load(1, 1);
+    Sampling sampling;
+    sampling.max_tokens = 64;  // past the context of 24: cut to what the prompt leaves
+    sampling.seed = (uint64_t{1} << 62) + 7;
+    Result<std::vector<Completion>> out = engine.Generate({Prompt{kPrompt, ""}}, sampling);
+    REQUIRE_MESSAGE(out.ok(), out.status().ToString());
+    CHECK(out->at(0).tokens.size() <= 24 - kPrompt.size() - 1);
+    bool seen = false;
+    for (const auto& call : f.engines[0]->calls()) {
+      if (call.target != "/generate") continue;
+      seen = true;
+      const nlohmann::json params = nlohmann::json::parse(call.body)["sampling_params"];
+      CHECK(params["max_new_tokens"] == 24 - static_cast<int>(kPrompt.size()) - 1);
+      // Sent only where SGLang reads it, and within the int32 it keeps it in.
+      CHECK(params.contains("sampling_seed") == deterministic);
+      if (deterministic) CHECK(params["sampling_seed"].get<uint64_t>() <= 0x7fffffffull);
+    }
+    CHECK(seen);
+  }
+  // vLLM: the limit may reach the context.
+  Fixture f(Api::kVllm, 1, "http_engine_context");
+  HttpEngine& engine = f.Make();
+  f.Load(1, 1);
+  Sampling sampling;
+  sampling.max_tokens = 64;
+  REQUIRE(engine.Generate({Prompt{kPrompt, ""}}, sampling).ok());
+  for (const auto& call : f.engines[0]->calls()) {
+    if (call.target == "/v1/completions")
+      CHECK(nlohmann::json::parse(call.body)["max_tokens"] ==
+            24 - static_cast<int>(kPrompt.size()));
+  }
+}
+
 TEST_CASE("http engine: the replicas loading now and the time they spent paused, in its health") {
   Fixture f(Api::kVllm, 2, "http_engine_pause_state");
   HttpEngine& engine = f.Make();
@@ -429,14 +652,60 @@ TEST_CASE("http engine: the replicas loading now and the time they spent paused,
   for (const auto& e : f.engines) e->SetLoadDelay(std::chrono::milliseconds(300));
   std::thread loading([&] { f.Load(2, 2); });
   int seen = 0;
+  std::vector<orchestrator::ReplicaReport> during;
   for (int i = 0; i < 400 && seen == 0; ++i) {
-    seen = engine.Health().loading_replicas;
+    const EngineHealth health = engine.Health();
+    seen = health.loading_replicas;
+    during = health.each;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   loading.join();
   CHECK(seen == 1);  // one replica at a time: the other keeps serving
-  CHECK(engine.Health().loading_replicas == 0);
-  CHECK(engine.Health().paused_ms_total >= after_first + 2 * 300);
+  // Each replica's own state: the one loading, the other serving version 1.
+  REQUIRE(during.size() == 2);
+  CHECK(during[0].url == f.engines[0]->url());
+  CHECK(during[0].state == "loading");
+  CHECK(during[1].state == "ready");
+  CHECK(during[1].version == 1u);
+  const EngineHealth after = engine.Health();
+  CHECK(after.loading_replicas == 0);
+  CHECK(after.paused_ms_total >= after_first + 2 * 300);
+  REQUIRE(after.each.size() == 2);
+  for (const orchestrator::ReplicaReport& r : after.each) {
+    CAPTURE(r.url);
+    CHECK(r.state == "ready");
+    CHECK(r.version == 2u);
+    CHECK(r.loads == 2);
+    CHECK(r.last_pause_ms >= 300);
+    CHECK(r.paused_ms_total >= r.last_pause_ms);
+  }
+  CHECK(after.each[0].paused_ms_total + after.each[1].paused_ms_total ==
+        doctest::Approx(after.paused_ms_total));
+}
+
+TEST_CASE("http engine: too old a vLLM is refused before anything is loaded, naming the release") {
+  fake_engine::FakeEngineOptions base;
+  base.engine_version = "0.14.1";
+  Fixture f(Api::kVllm, 1, "http_engine_old_vllm", Config(), base);
+  HttpEngine& engine = f.Make();
+  const Status staged = engine.Stage(Served(f.layout, f.layout.Initialize(1)), 1);
+  CHECK(staged.code() == StatusCode::kInvalidArgument);
+  CHECK(staged.message().find("vLLM 0.14.1 cannot reload weights from a path") !=
+        std::string::npos);
+  CHECK(staged.message().find("vLLM 0.15 or newer") != std::string::npos);
+  CHECK(f.engines[0]->state().loads == 0);
+  // SGLang before 0.5.6 takes no pause mode: only abort works.
+  fake_engine::FakeEngineOptions sglang_old;
+  sglang_old.engine_version = "0.5.5";
+  Fixture g(Api::kSglang, 1, "http_engine_old_sglang", Config(), sglang_old);
+  g.options.pause_mode = "retract";
+  const Status refused = g.Make().Stage(Served(g.layout, g.layout.Initialize(1)), 1);
+  CHECK(refused.code() == StatusCode::kInvalidArgument);
+  CHECK(refused.message().find("SGLang 0.5.5 takes no pause mode") != std::string::npos);
+  CHECK(g.engines[0]->state().loads == 0);
+  CHECK(ParseRelease("0.15.0rc2") == std::array<int, 3>{0, 15, 0});
+  CHECK(ParseRelease("1.2") == std::array<int, 3>{1, 2, 0});
+  CHECK(!ParseRelease("dev").has_value());
 }
 
 TEST_CASE("served checkpoint: a whole write, then only changed tensors in place") {
@@ -492,13 +761,20 @@ TEST_CASE("engine section: keys, defaults and errors that name the key") {
   };
   auto ok = parse(
       "engine: {urls: [http://a:1, http://b:2], checkpoint_dir: \"/x/{cluster}/ckpt\", pause: "
-      "in_place, max_paused: 2, request_timeout: 30s}");
+      "in_place, max_paused: 2, request_timeout: 30s, load_timeout: 90s}");
   REQUIRE_MESSAGE(ok.ok(), ok.status().ToString());
   CHECK(ok->urls == std::vector<std::string>{"http://a:1", "http://b:2"});
   CHECK(ok->checkpoint_dir == "/x/us-1/ckpt");
   CHECK(ok->pause_mode == "in_place");
   CHECK(ok->max_paused == 2);
   CHECK(ok->request_timeout == std::chrono::seconds(30));
+  CHECK(ok->load_timeout == std::chrono::seconds(90));
+  CHECK(parse("engine: {urls: [http://a:1], checkpoint_dir: /x}")->load_timeout ==
+        std::chrono::minutes(5));
+  CHECK(parse("engine: {urls: [http://a:1], checkpoint_dir: /x, load_timeout: 0s}")
+            .status()
+            .message()
+            .find("engine.load_timeout must be positive") != std::string::npos);
   // A worker's own URLs replace engine.urls.
   CHECK(parse("engine: {urls: [http://a:1], checkpoint_dir: /x}", {"http://c:3"})->urls ==
         std::vector<std::string>{"http://c:3"});

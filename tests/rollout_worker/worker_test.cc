@@ -251,7 +251,14 @@ class SwitchableEngine : public Engine {
     if (failing) return Unavailable("no replica answers");
     return inner_.Generate(prompts, sampling);
   }
-  EngineHealth Health() const override { return {ready > 0, "pretend replicas", 2, ready}; }
+  EngineHealth Health() const override {
+    EngineHealth health;
+    health.ok = ready > 0;
+    health.detail = "pretend replicas";
+    health.replicas = 2;
+    health.ready_replicas = ready;
+    return health;
+  }
 
   std::atomic<int> ready{2};
   std::atomic<bool> failing{false};
