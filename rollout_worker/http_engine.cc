@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/yaml_fields.h"
 
@@ -50,6 +51,7 @@ struct HttpEngine::Replica {
   uint64_t epoch = 0;  // counts pauses: a request that sees it change overlapped one
   int in_flight = 0;
   ReplicaStats stats;
+  bool retired = false;  // gone from urls_file: no requests, no loads, not counted
   std::string refused;  // why it answers but is not loaded (an engine weft cannot drive), once said
 };
 
@@ -57,6 +59,11 @@ Result<std::unique_ptr<HttpEngine>> HttpEngine::Create(HttpEngineOptions options
   WEFT_ASSIGN_OR_RETURN(const EngineApi* kind, FindEngineApi(options.api));
   if (options.pause_mode.empty()) options.pause_mode = kind->pause_modes.front();
   WEFT_RETURN_IF_ERROR(kind->CheckPauseModeName(options.pause_mode, "pause mode"));
+  if (options.urls.empty() && !options.urls_file.empty()) {
+    WEFT_ASSIGN_OR_RETURN(options.urls, ReadReplicaUrls(options.urls_file));
+    if (options.urls.empty())
+      return InvalidArgument(options.urls_file + " lists no engine URL: a worker needs replicas");
+  }
   if (options.urls.empty()) return InvalidArgument("no engine URL: a worker needs its replicas");
   if (options.checkpoint_dir.empty())
     return InvalidArgument("no served checkpoint directory for the engine to load from");
@@ -64,24 +71,110 @@ Result<std::unique_ptr<HttpEngine>> HttpEngine::Create(HttpEngineOptions options
   std::unique_ptr<HttpEngine> engine(new HttpEngine(options));
   engine->kind_ = kind;
   for (const std::string& url : options.urls) {
-    for (const auto& r : engine->replicas_) {
-      if (r->api->url() == url) return InvalidArgument("engine URL " + url + " appears twice");
+    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<Replica> r, engine->MakeReplica(url));
+    for (const auto& other : engine->replicas_) {
+      if (other->api->url() == r->api->url())
+        return InvalidArgument("engine URL " + url + " appears twice");
     }
-    ReplicaOptions replica;
-    replica.url = url;
-    while (!replica.url.empty() && replica.url.back() == '/') replica.url.pop_back();
-    replica.api_key = options.api_key;
-    replica.request_timeout = options.request_timeout;
-    replica.control_timeout = options.control_timeout;
-    replica.load_timeout = options.load_timeout;
-    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ReplicaApi> api, MakeReplicaApi(*kind, replica));
-    auto r = std::make_unique<Replica>();
-    r->api = std::move(api);
-    r->stats.url = url;
     engine->replicas_.push_back(std::move(r));
   }
   engine->monitor_ = std::thread([e = engine.get()] { e->MonitorLoop(); });
   return engine;
+}
+
+Result<std::unique_ptr<HttpEngine::Replica>> HttpEngine::MakeReplica(const std::string& url) const {
+  ReplicaOptions replica;
+  replica.url = url;
+  while (!replica.url.empty() && replica.url.back() == '/') replica.url.pop_back();
+  replica.api_key = options_.api_key;
+  replica.request_timeout = options_.request_timeout;
+  replica.control_timeout = options_.control_timeout;
+  replica.load_timeout = options_.load_timeout;
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ReplicaApi> api, MakeReplicaApi(*kind_, replica));
+  auto r = std::make_unique<Replica>();
+  r->api = std::move(api);
+  r->stats.url = r->api->url();
+  return r;
+}
+
+std::vector<HttpEngine::Replica*> HttpEngine::Serving() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Replica*> serving;
+  for (const auto& r : replicas_) {
+    if (!r->retired) serving.push_back(r.get());
+  }
+  return serving;
+}
+
+Result<std::vector<std::string>> ReadReplicaUrls(const std::string& path) {
+  WEFT_ASSIGN_OR_RETURN(std::string text,
+                        ReadTextFile(path, 1 << 20, "the engine's replica URL file"));
+  std::vector<std::string> urls;
+  size_t line_number = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    at = end + 1;
+    ++line_number;
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#') continue;
+    line = line.substr(first, line.find_last_not_of(" \t\r") + 1 - first);
+    while (!line.empty() && line.back() == '/') line.pop_back();
+    const std::string where = path + ":" + std::to_string(line_number);
+    if (line.rfind("http://", 0) != 0 && line.rfind("https://", 0) != 0)
+      return InvalidArgument(where + ": '" + line + "' is not an http:// or https:// URL");
+    if (std::find(urls.begin(), urls.end(), line) != urls.end())
+      return InvalidArgument(where + ": " + line + " appears twice");
+    urls.push_back(line);
+  }
+  return urls;
+}
+
+void HttpEngine::ReadUrlsFile() {
+  Result<std::vector<std::string>> listed = ReadReplicaUrls(options_.urls_file);
+  if (!listed.ok()) {
+    // The set stays as it was (a launcher may be rewriting the file); said once per error.
+    if (urls_file_error_ != listed.status().message()) {
+      urls_file_error_ = listed.status().message();
+      WEFT_LOG(kWarning) << "engine replicas unchanged: " << urls_file_error_;
+    }
+    return;
+  }
+  urls_file_error_.clear();
+  std::vector<std::unique_ptr<Replica>> added;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& r : replicas_) {
+      const bool listed_now =
+          std::find(listed->begin(), listed->end(), r->api->url()) != listed->end();
+      if (!r->retired && !listed_now) {
+        r->retired = true;
+        r->state = Replica::State::kDown;
+        WEFT_LOG(kInfo) << "engine replica " << r->api->url() << " is no longer listed in "
+                        << options_.urls_file << ": it gets no more requests";
+      }
+    }
+  }
+  for (const std::string& url : *listed) {
+    bool known = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& r : replicas_) known = known || (!r->retired && r->api->url() == url);
+    }
+    if (known) continue;
+    Result<std::unique_ptr<Replica>> made = MakeReplica(url);
+    if (!made.ok()) {
+      WEFT_LOG(kWarning) << "engine replica " << url << ": " << made.status().message();
+      continue;
+    }
+    WEFT_LOG(kInfo) << "engine replica " << url << " is listed in " << options_.urls_file
+                    << ": it is loaded with the current version before it gets requests";
+    added.push_back(std::move(*made));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& r : added) replicas_.push_back(std::move(r));
+  changed_.notify_all();
 }
 
 HttpEngine::HttpEngine(HttpEngineOptions options)
@@ -103,7 +196,7 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
     // dtypes), read from the directory it was started from.
     Status last = Unavailable("no replica answers");
     std::vector<std::string> paths;
-    for (const auto& r : replicas_) {
+    for (Replica* r : Serving()) {
       Status healthy = r->api->Health();
       Result<std::string> found = healthy.ok() ? r->api->ModelPath() : Result<std::string>(healthy);
       if (!found.ok()) {
@@ -208,16 +301,16 @@ Result<int64_t> HttpEngine::Commit() {
   // Every replica that is up, those not serving first (they lose nothing by pausing); a down one
   // is loaded by the monitor once it answers again.
   std::vector<Replica*> targets, serving;
-  for (const auto& r : replicas_) {
+  for (Replica* r : Serving()) {
     bool down;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       down = r->state == Replica::State::kDown;
     }
     if (!down) {
-      serving.push_back(r.get());
+      serving.push_back(r);
     } else if (r->api->Health().ok()) {
-      targets.push_back(r.get());
+      targets.push_back(r);
     }
   }
   targets.insert(targets.end(), serving.begin(), serving.end());
@@ -279,9 +372,11 @@ std::optional<uint64_t> HttpEngine::version() const {
 EngineHealth HttpEngine::Health() const {
   std::lock_guard<std::mutex> lock(mutex_);
   EngineHealth health;
-  health.replicas = static_cast<int>(replicas_.size());
+  health.replicas = 0;
   health.ready_replicas = 0;
   for (const auto& r : replicas_) {
+    if (r->retired) continue;
+    ++health.replicas;
     health.ready_replicas += r->state == Replica::State::kReady;
     health.loading_replicas += r->state == Replica::State::kPausing;
     health.paused_ms_total += r->stats.total_pause_ms + r->stats.failed_pause_ms;
@@ -308,7 +403,8 @@ HttpEngineStats HttpEngine::stats() const {
   HttpEngineStats stats = stats_;
   for (const auto& r : replicas_) {
     ReplicaStats s = r->stats;
-    s.ready = r->state == Replica::State::kReady;
+    s.ready = r->state == Replica::State::kReady && !r->retired;
+    s.retired = r->retired;
     s.version = r->version;
     stats.replicas.push_back(s);
   }
@@ -324,6 +420,7 @@ HttpEngine::Replica* HttpEngine::Acquire(Clock::time_point deadline, uint64_t* e
     if (stopping_) return true;
     all_down = true;
     for (const auto& r : replicas_) {
+      if (r->retired) continue;
       all_down = all_down && r->state == Replica::State::kDown;
       if (r->state != Replica::State::kReady || !r->version) continue;
       if (chosen == nullptr || r->in_flight < chosen->in_flight) chosen = r.get();
@@ -633,7 +730,8 @@ void HttpEngine::MonitorLoop() {
       changed_.wait_for(lock, options_.health_interval, [&] { return stopping_; });
       if (stopping_) return;
     }
-    for (const auto& r : replicas_) {
+    if (!options_.urls_file.empty()) ReadUrlsFile();
+    for (Replica* r : Serving()) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (stopping_) return;
@@ -651,10 +749,11 @@ Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std
   options.urls = urls;
   if (engine && !engine.IsMap()) return InvalidArgument("engine: must be a map of settings");
   if (engine) {
-    WEFT_RETURN_IF_ERROR(CheckKeys(
-        engine, "engine",
-        {"urls", "checkpoint_dir", "pause", "max_paused", "n_per_request", "max_parallel_requests",
-         "api_key_env", "request_timeout", "control_timeout", "load_timeout", "health_interval"}));
+    WEFT_RETURN_IF_ERROR(
+        CheckKeys(engine, "engine",
+                  {"urls", "urls_file", "checkpoint_dir", "pause", "max_paused", "n_per_request",
+                   "max_parallel_requests", "api_key_env", "request_timeout", "control_timeout",
+                   "load_timeout", "health_interval"}));
     if (options.urls.empty() && engine["urls"]) {
       const YAML::Node list = engine["urls"];
       if (!list.IsSequence()) return InvalidArgument("engine.urls must be a list of URLs");
@@ -665,6 +764,13 @@ Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std
       }
     }
     WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "checkpoint_dir", &options.checkpoint_dir));
+    if (engine["urls"] && engine["urls_file"]) {
+      return InvalidArgument(
+          "engine.urls and engine.urls_file are both given: the replicas come from one of them");
+    }
+    // A worker's own URLs replace the file as they replace engine.urls.
+    if (urls.empty())
+      WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "urls_file", &options.urls_file));
     WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "pause", &options.pause_mode));
     uint64_t max_paused = static_cast<uint64_t>(options.max_paused);
     WEFT_RETURN_IF_ERROR(ReadUnsigned(engine, "engine", "max_paused", &max_paused));
@@ -704,19 +810,21 @@ Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std
     WEFT_RETURN_IF_ERROR(duration("load_timeout", &options.load_timeout));
     WEFT_RETURN_IF_ERROR(duration("health_interval", &options.health_interval));
   }
-  if (options.urls.empty()) {
+  if (options.urls.empty() && options.urls_file.empty()) {
     return InvalidArgument("the " + api +
-                           " engine needs its replicas' URLs: engine.urls, the region's "
-                           "worker_engines, or weft worker --engine-url");
+                           " engine needs its replicas' URLs: engine.urls, engine.urls_file, the "
+                           "region's worker_engines, or weft worker --engine-url");
   }
   if (options.checkpoint_dir.empty()) {
     return InvalidArgument(
         "engine.checkpoint_dir is needed: the directory the worker writes each version into and "
         "the engine loads from");
   }
-  for (size_t at = options.checkpoint_dir.find("{cluster}"); at != std::string::npos;
-       at = options.checkpoint_dir.find("{cluster}", at + cluster.size())) {
-    options.checkpoint_dir.replace(at, 9, cluster);
+  for (std::string* path : {&options.checkpoint_dir, &options.urls_file}) {
+    for (size_t at = path->find("{cluster}"); at != std::string::npos;
+         at = path->find("{cluster}", at + cluster.size())) {
+      path->replace(at, 9, cluster);
+    }
   }
   WEFT_ASSIGN_OR_RETURN(const EngineApi* kind, FindEngineApi(api));
   if (!options.pause_mode.empty())

@@ -50,8 +50,13 @@
 namespace weft::rollout_worker {
 
 struct HttpEngineOptions {
-  std::string api;                 // an EngineApis() name: "sglang" or "vllm"
-  std::vector<std::string> urls;   // the replicas
+  std::string api;                // an EngineApis() name: "sglang" or "vllm"
+  std::vector<std::string> urls;  // the replicas
+  // When set, the replicas are the URLs this file lists (one per line; blank lines and lines
+  // starting with '#' ignored), read again every health_interval: a replica that appears is loaded
+  // with the current version before it gets requests, one that disappears gets no more. For a
+  // launcher that restarts engines on new ports. `urls` is then what the file listed at start.
+  std::string urls_file;
   std::string checkpoint_dir;      // the served checkpoint directory (shared with the replicas)
   std::string pause_mode;          // one of the API's pause_modes; empty: its default (abort)
   int max_paused = 1;              // replicas reloading at once (capped below the count when >1)
@@ -70,6 +75,7 @@ struct HttpEngineOptions {
 struct ReplicaStats {
   std::string url;
   bool ready = false;
+  bool retired = false;  // no longer listed in urls_file
   std::optional<uint64_t> version;
   uint64_t loads = 0, failures = 0, requests = 0;
   double last_pause_ms = 0, max_pause_ms = 0, total_pause_ms = 0;
@@ -119,6 +125,12 @@ class HttpEngine : public Engine {
   void Release(Replica& r, bool connection_failed, const Status& status);
   void MonitorLoop();
   void CheckReplica(Replica& r);
+  // A replica at `url` (down until it is loaded).
+  Result<std::unique_ptr<Replica>> MakeReplica(const std::string& url) const;
+  // The replicas in service now (not retired); they live as long as the engine.
+  std::vector<Replica*> Serving() const;
+  // Brings the replicas in line with urls_file: new URLs added, missing ones retired.
+  void ReadUrlsFile();
 
   HttpEngineOptions options_;
   const EngineApi* kind_ = nullptr;  // options_.api's entry in EngineApis()
@@ -136,14 +148,19 @@ class HttpEngine : public Engine {
   std::optional<uint64_t> committed_;
   HttpEngineStats stats_;
   bool stopping_ = false;
+  std::string urls_file_error_;  // the last error reading urls_file, said once (monitor thread)
   std::thread monitor_;
 };
 
+// The replica URLs a file lists (HttpEngineOptions::urls_file): one per line, trailing '/' dropped;
+// blank lines and lines starting with '#' ignored. Errors name the file and the line.
+Result<std::vector<std::string>> ReadReplicaUrls(const std::string& path);
+
 // The `engine:` section of a run's configuration for the engine API `api` (docs/run.md,
-// "Configuration"): urls, checkpoint_dir, pause, max_paused, n_per_request, max_parallel_requests,
-// api_key_env, request_timeout, control_timeout, load_timeout, health_interval. `{cluster}` in
-// checkpoint_dir becomes `cluster`; `urls`, when not empty, replaces engine.urls (a worker's own
-// replicas). Errors name the key.
+// "Configuration"): urls, urls_file, checkpoint_dir, pause, max_paused, n_per_request,
+// max_parallel_requests, api_key_env, request_timeout, control_timeout, load_timeout,
+// health_interval. `{cluster}` in checkpoint_dir becomes `cluster`; `urls`, when not empty,
+// replaces engine.urls (a worker's own replicas). Errors name the key.
 Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std::string& api,
                                              const std::string& cluster,
                                              const std::vector<std::string>& urls);

@@ -380,6 +380,11 @@ class VllmReplica : public ReplicaApi {
         return version.status();
       if (version.ok() && version->is_object())
         info.version = version->value("version", std::string());
+      // The routes weft pauses, loads and reads versions by exist only with
+      // VLLM_SERVER_DEV_MODE=1: /is_paused is one of them, and harmless to ask.
+      Result<Json> paused = calls_.Call(Channel::kControl, "GET", "/is_paused", nullptr);
+      if (!paused.ok() && paused.status().code() != StatusCode::kNotFound) return paused.status();
+      info.control_routes = paused.ok();
       WEFT_ASSIGN_OR_RETURN(info.context_length, ContextLength(calls_));
       return info;
     });
@@ -554,8 +559,13 @@ Status CheckSglang(const std::string& url, const ReplicaInfo& info, const std::s
   return Status::Ok();
 }
 
-// vLLM before 0.15 cannot reload weights from a path.
+// vLLM before 0.15 cannot reload weights from a path; without dev mode it has no route to.
 Status CheckVllm(const std::string& url, const ReplicaInfo& info, const std::string&) {
+  if (!info.control_routes) {
+    return InvalidArgument(url + ": this vLLM runs without VLLM_SERVER_DEV_MODE=1, so the routes " +
+                           "weft pauses, loads and reads versions by (/pause, /collective_rpc, " +
+                           "/weight_info, ...) do not exist: start it with VLLM_SERVER_DEV_MODE=1");
+  }
   const std::optional<std::array<int, 3>> release = ParseRelease(info.version);
   if (release && *release < std::array<int, 3>{0, 15, 0}) {
     return InvalidArgument(url + ": vLLM " + info.version +

@@ -47,6 +47,7 @@ struct ReplicaInfo {
   std::string version;         // the engine's release ("0.5.6"); empty where it gives none
   bool deterministic = false;  // SGLang --enable-deterministic-inference: sampling_seed is read
   int64_t context_length = 0;  // the model's context in tokens (max_model_len); 0: unknown
+  bool control_routes = true;  // vLLM: the dev-mode routes weft drives it by exist
 };
 
 struct ReplicaOptions {

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -603,6 +604,75 @@ TEST_CASE("http engine: a replica killed mid-generation, or paused mid-load, com
   }
 }
 
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path + ".tmp") << text;
+  std::filesystem::rename(path + ".tmp", path);
+}
+
+TEST_CASE("http engine: replicas from a URL file; one restarted on a new port is taken up") {
+  for (Api api : {Api::kSglang, Api::kVllm}) {
+    CAPTURE(fake_engine::ApiName(api));
+    Fixture f(api, 2, "http_engine_urls_file");
+    const std::string file = f.dir + "/replicas.txt";
+    WriteText(file,
+              "# the replicas\n" + f.engines[0]->url() + "/\n\n  " + f.engines[1]->url() + "  \n");
+    f.options.urls.clear();
+    f.options.urls_file = file;
+    HttpEngine& engine = f.Make();
+    f.Load(1, 1);
+    CHECK(engine.Health().replicas == 2);
+    CHECK(engine.Health().ready_replicas == 2);
+    // Replica 1 dies; a version is published; it comes back on another port, and the launcher
+    // rewrites the file.
+    f.engines[1]->Stop();
+    const std::vector<float> w2 = f.Load(2, 2);
+    fake_engine::FakeEngineOptions o;
+    o.model_path = f.dir + "/launch";
+    auto moved = FakeEngine::Create(api, o);
+    REQUIRE(moved.ok());
+    REQUIRE((*moved)->url() != f.engines[1]->url());
+    f.engines.push_back(std::move(*moved));
+    WriteText(file, f.engines[0]->url() + "\n" + f.engines[2]->url() + "\n");
+    CHECK(WaitFor([&] { return engine.Health().ready_replicas == 2; }));
+    CHECK(f.engines[2]->state().weight_version == "2");
+    const EngineHealth health = engine.Health();
+    CHECK(health.replicas == 2);  // the old one is gone, not down
+    REQUIRE(health.each.size() == 2);
+    CHECK(health.each[1].url == f.engines[2]->url());
+    const HttpEngineStats stats = engine.stats();
+    REQUIRE(stats.replicas.size() == 3);
+    CHECK(stats.replicas[1].retired);
+    Sampling sampling;
+    sampling.max_tokens = 4;
+    auto out = engine.Generate(std::vector<Prompt>(6, Prompt{kPrompt, ""}), sampling);
+    REQUIRE(out.ok());
+    for (const Completion& c : *out) CheckAgainstVersions(f.layout, kPrompt, c, {{2, w2}});
+    CHECK(f.engines[2]->state().tokens > 0);
+    // A file that cannot be read, or is wrong, leaves the replicas as they are.
+    WriteText(file, "not a url\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(engine.Health().replicas == 2);
+    CHECK(engine.Health().ready_replicas == 2);
+  }
+}
+
+TEST_CASE("replica URL files: comments, blanks, trailing slashes; errors name the line") {
+  const std::string dir = testing::TempPath("urls_file");
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/urls";
+  WriteText(file, "# comment\n\nhttp://a:1/\n\thttps://b:2 \n");
+  auto urls = ReadReplicaUrls(file);
+  REQUIRE(urls.ok());
+  CHECK(*urls == std::vector<std::string>{"http://a:1", "https://b:2"});
+  WriteText(file, "http://a:1\nftp://c:3\n");
+  CHECK(ReadReplicaUrls(file).status().message() ==
+        file + ":2: 'ftp://c:3' is not an http:// or https:// URL");
+  WriteText(file, "http://a:1\nhttp://a:1/\n");
+  CHECK(ReadReplicaUrls(file).status().message() == file + ":2: http://a:1 appears twice");
+  CHECK(ReadReplicaUrls(dir + "/missing").status().code() == StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("http engine: seeds the engine reads, within its range; limits within the context") {
   for (const bool deterministic : {true, false}) {
     CAPTURE(deterministic);
@@ -694,6 +764,14 @@ TEST_CASE("http engine: too old a vLLM is refused before anything is loaded, nam
         std::string::npos);
   CHECK(staged.message().find("vLLM 0.15 or newer") != std::string::npos);
   CHECK(f.engines[0]->state().loads == 0);
+  // Without dev mode, vLLM has none of the routes weft drives it by.
+  fake_engine::FakeEngineOptions no_dev;
+  no_dev.dev_mode = false;
+  Fixture d(Api::kVllm, 1, "http_engine_vllm_no_dev", Config(), no_dev);
+  const Status no_routes = d.Make().Stage(Served(d.layout, d.layout.Initialize(1)), 1);
+  CHECK(no_routes.code() == StatusCode::kInvalidArgument);
+  CHECK(no_routes.message().find("without VLLM_SERVER_DEV_MODE=1") != std::string::npos);
+  CHECK(d.engines[0]->state().loads == 0);
   // SGLang before 0.5.6 takes no pause mode: only abort works.
   fake_engine::FakeEngineOptions sglang_old;
   sglang_old.engine_version = "0.5.5";
@@ -778,6 +856,16 @@ TEST_CASE("engine section: keys, defaults and errors that name the key") {
   // A worker's own URLs replace engine.urls.
   CHECK(parse("engine: {urls: [http://a:1], checkpoint_dir: /x}", {"http://c:3"})->urls ==
         std::vector<std::string>{"http://c:3"});
+  // The replicas from a file, per cluster; not with engine.urls; a worker's own URLs win.
+  auto from_file = parse("engine: {urls_file: \"/run/{cluster}/replicas\", checkpoint_dir: /x}");
+  REQUIRE_MESSAGE(from_file.ok(), from_file.status().ToString());
+  CHECK(from_file->urls_file == "/run/us-1/replicas");
+  CHECK(from_file->urls.empty());
+  CHECK(parse("engine: {urls_file: /f, checkpoint_dir: /x}", {"http://c:3"})->urls_file.empty());
+  CHECK(parse("engine: {urls: [http://a:1], urls_file: /f, checkpoint_dir: /x}")
+            .status()
+            .message()
+            .find("engine.urls and engine.urls_file are both given") != std::string::npos);
   CHECK(parse("engine: {checkpoint_dir: /x}").status().message().find("replicas' URLs") !=
         std::string::npos);
   CHECK(parse("engine: {urls: [http://a:1]}").status().message().find("engine.checkpoint_dir") !=
