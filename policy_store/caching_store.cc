@@ -623,16 +623,24 @@ bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
 
 void CachingStore::RunFlight(const std::shared_ptr<Flight>& flight) {
   if (!flight->check || !CheckCached(flight)) Fetch(flight);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    flights_.erase(flight->sha256);
-  }
+  EndFlight(flight);
   FlightEnds();
+}
+
+void CachingStore::EndFlight(const std::shared_ptr<Flight>& flight) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // (A flight that failed left already, and another for the same blob may have started since.)
+  if (auto found = flights_.find(flight->sha256);
+      found != flights_.end() && found->second == flight)
+    flights_.erase(found);
 }
 
 void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
   const std::string key = BlobKey(flight->sha256);
   auto fail = [&](Status status) {
+    // Out of the map before its readers hear of it: a reader that comes after them starts a
+    // fetch of its own rather than take this failure.
+    EndFlight(flight);
     std::unique_lock<std::mutex> lock(flight->mutex);
     flight->state = Flight::State::kFailed;
     flight->failure = status;

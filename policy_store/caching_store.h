@@ -123,6 +123,8 @@ class CachingStore : public ObjectStore {
   // A flight's work, on the blocking pool: check the cached file, or fetch the blob.
   void RunFlight(const std::shared_ptr<Flight>& flight);
   void Fetch(const std::shared_ptr<Flight>& flight);
+  // Takes `flight` out of flights_ (if it is still there): new readers start another.
+  void EndFlight(const std::shared_ptr<Flight>& flight);
   // Whether the cached file of a flight's blob holds its bytes (checked in a pass over it).
   bool CheckCached(const std::shared_ptr<Flight>& flight);
   void RunManifestFlight(const std::string& key, const std::shared_ptr<ManifestFlight>& flight);
