@@ -352,10 +352,16 @@ std::chrono::milliseconds RolloutWorker::BackOffLeasing() {
 void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   const std::string what =
       "job " + std::to_string(lease.job) + " attempt " + std::to_string(lease.attempt);
+  // A job this worker cannot finish goes back to the queue for another attempt (the orchestrator
+  // gives it up after its last): held, its lease would be renewed by every heartbeat and the job
+  // would never come back.
+  auto give_back = [&]() { return orchestrator_.Release(options_.cluster, {lease.job}); };
   auto fail = [&](const Status& status) {
     WEFT_LOG(kError) << "cluster " << options_.cluster << ": " << what << ": " << status.message();
+    const Status released = give_back();
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.generation_errors;
+    if (released.ok()) ++stats_.handed_back;
   };
   // What cannot be done now (the engine or the reward service is down, unreachable, reloading)
   // goes back to the queue at once rather than when its lease expires, and the worker takes no
@@ -366,7 +372,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what << ": " << why << " ("
                        << status.message() << "); handing the job back, no leases for "
                        << backoff.count() << " ms";
-    Status released = orchestrator_.Release(options_.cluster, {lease.job});
+    const Status released = give_back();
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.generation_errors;
     if (released.ok()) ++stats_.handed_back;
@@ -430,13 +436,19 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   }
   group.trajectories = Json{{"prompt", prompt}, {"samples", std::move(samples)}}.dump();
   Result<orchestrator::SubmitResult> submitted = orchestrator_.Submit(group);
-  std::lock_guard<std::mutex> lock(mutex_);
   if (!submitted.ok()) {
+    // Refused (tokens of a version the orchestrator has not seen this cluster prove, after it
+    // restarted, say): the job goes back for another attempt.
+    const Status released = give_back();
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what
-                       << " was not accepted: " << submitted.status().message();
+                       << " was not accepted: " << submitted.status().message()
+                       << (released.ok() ? "; the job goes back to the queue" : "");
+    std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.submissions_rejected;
+    if (released.ok()) ++stats_.handed_back;
     return;
   }
+  std::lock_guard<std::mutex> lock(mutex_);
   generation_backoff_ = std::chrono::milliseconds(0);  // the engine and the rewards work again
   ++stats_.jobs;
   stats_.samples += completions->size();
