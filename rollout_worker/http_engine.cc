@@ -53,7 +53,22 @@ struct HttpEngine::Replica {
   ReplicaStats stats;
   bool retired = false;  // gone from urls_file: no requests, no loads, not counted
   std::string refused;  // why it answers but is not loaded (an engine weft cannot drive), once said
+  std::string unprobed;  // why its logprobs could not be probed, once said
 };
+
+Status HttpEngine::Usable(Replica& r, const ReplicaInfo& info) {
+  if (info.logprobs == LogprobsKind::kUnknown) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (r.unprobed != info.logprobs_probe) {
+      r.unprobed = info.logprobs_probe;
+      WEFT_LOG(kWarning) << "engine replica " << r.api->url()
+                         << ": could not tell whether its logprobs are at temperature 1, as the "
+                            "trainer needs them ("
+                         << info.logprobs_probe << ")";
+    }
+  }
+  return kind_->check(r.api->url(), info, options_.pause_mode);
+}
 
 Result<std::unique_ptr<HttpEngine>> HttpEngine::Create(HttpEngineOptions options) {
   WEFT_ASSIGN_OR_RETURN(const EngineApi* kind, FindEngineApi(options.api));
@@ -207,9 +222,7 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
       // before anything is loaded, with what it lacks.
       Result<ReplicaInfo> info = r->api->Info();
       if (!info.ok() && info.status().code() == StatusCode::kInvalidArgument) return info.status();
-      if (info.ok()) {
-        WEFT_RETURN_IF_ERROR(kind_->check(r->api->url(), *info, options_.pause_mode));
-      }
+      if (info.ok()) WEFT_RETURN_IF_ERROR(Usable(*r, *info));
       if (std::find(paths.begin(), paths.end(), *found) == paths.end()) {
         WEFT_RETURN_IF_ERROR(
             CheckModelDirectory(*found, model).WithContext("replica " + r->api->url()));
@@ -703,7 +716,7 @@ void HttpEngine::CheckReplica(Replica& r) {
   // It may have come back as another build: one weft cannot drive stays out, said once.
   Result<ReplicaInfo> info = r.api->Info();
   Status usable = info.status();
-  if (info.ok()) usable = kind_->check(r.api->url(), *info, options_.pause_mode);
+  if (info.ok()) usable = Usable(r, *info);
   if (!usable.ok()) {
     if (usable.code() == StatusCode::kInvalidArgument && r.refused != usable.message()) {
       r.refused = usable.message();

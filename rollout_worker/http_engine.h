@@ -125,6 +125,9 @@ class HttpEngine : public Engine {
   void Release(Replica& r, bool connection_failed, const Status& status);
   void MonitorLoop();
   void CheckReplica(Replica& r);
+  // Whether `r`, saying `info` of itself, can serve weft (EngineApi::check); a logprobs probe that
+  // could not tell is said once.
+  Status Usable(Replica& r, const ReplicaInfo& info);
   // A replica at `url` (down until it is loaded).
   Result<std::unique_ptr<Replica>> MakeReplica(const std::string& url) const;
   // The replicas in service now (not retired); they live as long as the engine.

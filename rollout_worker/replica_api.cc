@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -136,6 +137,33 @@ Result<int> TokenLimit(const Sampling& sampling, const Prompt& prompt, int64_t c
   return static_cast<int>(std::min<int64_t>(sampling.max_tokens, room));
 }
 
+// The logprobs probe (ReplicaApi::Info): the first token after three ordinary token ids, with the
+// best few alternatives' logprobs, at temperature 1 and 1/2 (top-p 1).
+const std::vector<int> kProbePrompt = {1, 2, 3};
+constexpr int kProbeAlternatives = 5;
+
+Sampling ProbeSampling(float temperature) {
+  Sampling sampling;
+  sampling.temperature = temperature;
+  sampling.max_tokens = 1;
+  return sampling;
+}
+
+// Fills info.logprobs from `top` (the best alternatives' logprobs at a temperature). A probe that
+// fails leaves kUnknown and says why: a replica is not refused for what could not be told.
+template <typename Top>
+void ProbeLogprobs(Top&& top, ReplicaInfo& info) {
+  Result<std::vector<float>> one = top(1.0f);
+  Result<std::vector<float>> half = one.ok() ? top(0.5f) : one;
+  if (!half.ok()) {
+    info.logprobs_probe = std::string(half.status().message());
+    return;
+  }
+  info.logprobs = ClassifyLogprobs(std::move(*one), std::move(*half));
+  if (info.logprobs == LogprobsKind::kUnknown)
+    info.logprobs_probe = "the alternatives it gave were too close to tell";
+}
+
 // Caches a replica's Info: read once (again after Forget, when the replica came back).
 class InfoCache {
  public:
@@ -196,6 +224,8 @@ class SglangReplica : public ReplicaApi {
         info.deterministic = flag.is_boolean() && flag.get<bool>();
       }
       WEFT_ASSIGN_OR_RETURN(info.context_length, ContextLength(calls_));
+      (void)Resume(true);
+      ProbeLogprobs([&](float t) { return TopLogprobs(t); }, info);
       return info;
     });
   }
@@ -281,6 +311,32 @@ class SglangReplica : public ReplicaApi {
   }
 
  private:
+  // The best alternatives' logprobs for the first token after the probe prompt at `temperature`.
+  Result<std::vector<float>> TopLogprobs(float temperature) {
+    const Json body = {
+        {"input_ids", kProbePrompt},
+        {"sampling_params", SamplingFields(ProbeSampling(temperature), "max_new_tokens")},
+        {"return_logprob", true},
+        {"top_logprobs_num", kProbeAlternatives}};
+    WEFT_ASSIGN_OR_RETURN(Json answer, calls_.Call(Channel::kControl, "POST", "/generate", &body));
+    if (answer.is_array() && answer.size() == 1) answer = answer[0];
+    const Json* top = nullptr;
+    if (answer.is_object() && answer.contains("meta_info") && answer["meta_info"].is_object() &&
+        answer["meta_info"].contains("output_top_logprobs")) {
+      top = &answer["meta_info"]["output_top_logprobs"];
+    }
+    if (top == nullptr || !top->is_array() || top->empty() || !(*top)[0].is_array())
+      return Malformed(url(), "/generate", "no meta_info.output_top_logprobs for the first token");
+    std::vector<float> values;
+    for (const Json& entry : (*top)[0]) {
+      // [logprob, token id, text or null]
+      if (!entry.is_array() || entry.empty() || !entry[0].is_number())
+        return Malformed(url(), "/generate", "an output_top_logprobs entry is not [logprob, id]");
+      values.push_back(entry[0].get<float>());
+    }
+    return values;
+  }
+
   Result<Json> ModelInfo() {
     Result<Json> info = calls_.Call(Channel::kControl, "GET", "/model_info", nullptr);
     // Builds before /model_info have only /get_model_info.
@@ -386,6 +442,8 @@ class VllmReplica : public ReplicaApi {
       if (!paused.ok() && paused.status().code() != StatusCode::kNotFound) return paused.status();
       info.control_routes = paused.ok();
       WEFT_ASSIGN_OR_RETURN(info.context_length, ContextLength(calls_));
+      if (info.control_routes) (void)Resume(true);
+      ProbeLogprobs([&](float t) { return TopLogprobs(t); }, info);
       return info;
     });
   }
@@ -462,16 +520,7 @@ class VllmReplica : public ReplicaApi {
                      {"return_tokens_as_token_ids", true},
                      {"return_token_ids", true},
                      {"seed", sampling.seed & 0x7fffffffffffffffull}});
-    bool known;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      known = !model_id_.empty();
-    }
-    if (!known) (void)ModelPath();  // learns the served model's name (older builds require it)
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!model_id_.empty()) body["model"] = model_id_;
-    }
+    NameModel(body);
     if (prompt.is_text()) {
       body["prompt"] = prompt.text;
     } else {
@@ -492,6 +541,51 @@ class VllmReplica : public ReplicaApi {
   }
 
  private:
+  // Sets body["model"] to the served model's name (older builds require it), learnt once from
+  // /v1/models.
+  void NameModel(Json& body) {
+    bool known;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      known = !model_id_.empty();
+    }
+    if (!known) (void)ModelPath();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!model_id_.empty()) body["model"] = model_id_;
+  }
+
+  // The best alternatives' logprobs for the first token after the probe prompt at `temperature`
+  // (vLLM lists the sampled token among them even when it is not one of the best).
+  Result<std::vector<float>> TopLogprobs(float temperature) {
+    Json body = SamplingFields(ProbeSampling(temperature), "max_tokens");
+    body.update(Json{{"prompt", kProbePrompt},
+                     {"logprobs", kProbeAlternatives},
+                     {"return_tokens_as_token_ids", true}});
+    NameModel(body);
+    WEFT_ASSIGN_OR_RETURN(Json answer,
+                          calls_.Call(Channel::kControl, "POST", "/v1/completions", &body));
+    const Json* top = nullptr;
+    if (answer.is_object() && answer.contains("choices") && answer["choices"].is_array() &&
+        answer["choices"].size() == 1 && answer["choices"][0].is_object()) {
+      const Json& choice = answer["choices"][0];
+      if (choice.contains("logprobs") && choice["logprobs"].is_object() &&
+          choice["logprobs"].contains("top_logprobs"))
+        top = &choice["logprobs"]["top_logprobs"];
+    }
+    if (top == nullptr || !top->is_array() || top->empty() || !(*top)[0].is_object())
+      return Malformed(url(), "/v1/completions", "no logprobs.top_logprobs for the first token");
+    std::vector<float> values;
+    for (const auto& [token, value] : (*top)[0].items()) {
+      if (!value.is_number())
+        return Malformed(url(), "/v1/completions", "a top_logprobs value that is not a number");
+      values.push_back(value.get<float>());
+    }
+    // The sampled token may be listed past the best: only the best few are compared.
+    std::sort(values.begin(), values.end(), std::greater<float>());
+    if (values.size() > static_cast<size_t>(kProbeAlternatives)) values.resize(kProbeAlternatives);
+    return values;
+  }
+
   Result<ReplicaOutput> ParseChoice(const Json& choice) const {
     ReplicaOutput out;
     if (!choice.is_object() || !choice.contains("token_ids") || !choice["token_ids"].is_array())
@@ -528,6 +622,45 @@ class VllmReplica : public ReplicaApi {
 
 }  // namespace
 
+const char* LogprobsKindName(LogprobsKind kind) {
+  switch (kind) {
+    case LogprobsKind::kTemperatureOne:
+      return "at temperature 1";
+    case LogprobsKind::kAfterTemperature:
+      return "after temperature";
+    case LogprobsKind::kNotLogprobs:
+      return "not log-probabilities";
+    case LogprobsKind::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
+LogprobsKind ClassifyLogprobs(std::vector<float> at_one, std::vector<float> at_half) {
+  std::sort(at_one.begin(), at_one.end(), std::greater<float>());
+  std::sort(at_half.begin(), at_half.end(), std::greater<float>());
+  const size_t k = std::min(at_one.size(), at_half.size());
+  if (k < 2) return LogprobsKind::kUnknown;
+  for (const std::vector<float>* values : {&at_one, &at_half}) {
+    double probability = 0.0;
+    for (size_t i = 0; i < k; ++i) {
+      if (!std::isfinite((*values)[i]) && (*values)[i] > 0) return LogprobsKind::kNotLogprobs;
+      probability += std::exp(static_cast<double>((*values)[i]));
+    }
+    if (probability > 1.01) return LogprobsKind::kNotLogprobs;
+  }
+  // The widest gap among the best k: from the best to the k-th (the order is the same at any
+  // temperature). Too narrow a gap, and noise between two requests decides.
+  const double gap_one = static_cast<double>(at_one[0]) - at_one[k - 1];
+  const double gap_half = static_cast<double>(at_half[0]) - at_half[k - 1];
+  if (!std::isfinite(gap_one) || !std::isfinite(gap_half) || gap_one < 0.05)
+    return LogprobsKind::kUnknown;
+  const double ratio = gap_half / gap_one;
+  if (ratio > 0.8 && ratio < 1.25) return LogprobsKind::kTemperatureOne;
+  if (ratio > 1.6 && ratio < 2.5) return LogprobsKind::kAfterTemperature;
+  return LogprobsKind::kUnknown;
+}
+
 std::optional<std::array<int, 3>> ParseRelease(const std::string& version) {
   std::array<int, 3> parts{0, 0, 0};
   size_t at = 0;
@@ -548,8 +681,26 @@ std::optional<std::array<int, 3>> ParseRelease(const std::string& version) {
 
 namespace {
 
-// SGLang before 0.5.6 takes no pause mode: its /pause_generation always aborts.
+// Logprobs the trainer cannot use are refused, naming `fix` (the engine's setting for
+// log-probabilities at temperature 1).
+Status CheckLogprobs(const std::string& url, const ReplicaInfo& info, const std::string& fix) {
+  if (info.logprobs == LogprobsKind::kAfterTemperature) {
+    return InvalidArgument(url + ": its logprobs are taken after temperature, not at temperature " +
+                           "1 as the trainer computes them (a probe at temperatures 1 and 0.5 " +
+                           "gave gaps twice as wide at 0.5): " + fix);
+  }
+  if (info.logprobs == LogprobsKind::kNotLogprobs) {
+    return InvalidArgument(url + ": what it returns as logprobs are not log-probabilities (the " +
+                           "best alternatives add up to more than 1; logits?): " + fix);
+  }
+  return Status::Ok();
+}
+
+// SGLang before 0.5.6 takes no pause mode: its /pause_generation always aborts. By default it
+// returns logprobs after temperature.
 Status CheckSglang(const std::string& url, const ReplicaInfo& info, const std::string& mode) {
+  WEFT_RETURN_IF_ERROR(CheckLogprobs(
+      url, info, "start it with SGLANG_RETURN_ORIGINAL_LOGPROB=1 in its environment"));
   const std::optional<std::array<int, 3>> release = ParseRelease(info.version);
   if (mode != "abort" && release && *release < std::array<int, 3>{0, 5, 6}) {
     return InvalidArgument(url + ": SGLang " + info.version + " takes no pause mode (its " +
@@ -559,8 +710,12 @@ Status CheckSglang(const std::string& url, const ReplicaInfo& info, const std::s
   return Status::Ok();
 }
 
-// vLLM before 0.15 cannot reload weights from a path; without dev mode it has no route to.
+// vLLM before 0.15 cannot reload weights from a path; without dev mode it has no route to. Its
+// --logprobs-mode can make logprobs processed ones or logits.
 Status CheckVllm(const std::string& url, const ReplicaInfo& info, const std::string&) {
+  WEFT_RETURN_IF_ERROR(CheckLogprobs(
+      url, info,
+      "start it with --logprobs-mode raw_logprobs (the default), not processed_*, *_logits"));
   if (!info.control_routes) {
     return InvalidArgument(url + ": this vLLM runs without VLLM_SERVER_DEV_MODE=1, so the routes " +
                            "weft pauses, loads and reads versions by (/pause, /collective_rpc, " +

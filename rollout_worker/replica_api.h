@@ -43,11 +43,31 @@ struct ReplicaOutput {
 };
 
 // What a replica says of itself (ReplicaApi::Info), read before its first load.
+// What the logprobs a replica returns are. The trainer needs each token's log-probability at
+// temperature 1 (SGLang with SGLANG_RETURN_ORIGINAL_LOGPROB=1, vLLM's raw_logprobs); by default
+// SGLang returns them after temperature, and vLLM can be set to return logits.
+enum class LogprobsKind {
+  kUnknown,           // the probe could not tell (it was refused, or the distribution is too flat)
+  kTemperatureOne,    // as the trainer computes them
+  kAfterTemperature,  // the sampling distribution's at the request's temperature
+  kNotLogprobs,       // not log-probabilities at all (logits)
+};
+const char* LogprobsKindName(LogprobsKind kind);
+
+// Tells what the engine's logprobs are from the best few alternatives it gave for the first token
+// after one prompt, asked at temperature 1 (`at_one`) and at temperature 1/2 (`at_half`). Gaps
+// between log-probabilities are the same at any temperature when they are taken at temperature 1,
+// and twice as wide at 1/2 when taken after it; log-probabilities of alternatives add up to at
+// most 1 in probability, logits need not.
+LogprobsKind ClassifyLogprobs(std::vector<float> at_one, std::vector<float> at_half);
+
 struct ReplicaInfo {
   std::string version;         // the engine's release ("0.5.6"); empty where it gives none
   bool deterministic = false;  // SGLang --enable-deterministic-inference: sampling_seed is read
   int64_t context_length = 0;  // the model's context in tokens (max_model_len); 0: unknown
   bool control_routes = true;  // vLLM: the dev-mode routes weft drives it by exist
+  LogprobsKind logprobs = LogprobsKind::kUnknown;
+  std::string logprobs_probe;  // why logprobs is kUnknown, when the probe was refused
 };
 
 struct ReplicaOptions {
@@ -70,7 +90,9 @@ class ReplicaApi {
   // The weight version the replica reports serving.
   virtual Result<std::string> WeightVersion() = 0;
   // The engine's release and the settings that shape requests (SGLang: GET /server_info, or
-  // /get_server_info on older builds; vLLM: GET /version; both: max_model_len of /v1/models).
+  // /get_server_info on older builds; vLLM: GET /version; both: max_model_len of /v1/models),
+  // and what its logprobs are, probed by two one-token generations (after a resume: a replica is
+  // read only while it serves no request of weft's, and one left paused would hold the probe).
   // Read once and kept (until ForgetInfo); Generate reads it first if it was not. Whether the
   // engine can work with weft is EngineApi::check's to say.
   virtual Result<ReplicaInfo> Info() = 0;

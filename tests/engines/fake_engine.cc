@@ -660,6 +660,22 @@ struct FakeEngine::Impl {
     return all;
   }
 
+  // Turns every token's log-probability at temperature 1 (`all`) into what the engine reports
+  // under options.logprobs_mode at `temperature` (0: greedy, where no temperature applies).
+  void Report(std::vector<std::pair<int, float>>& all, float temperature) const {
+    if (options.logprobs_mode == "raw_logits") {
+      for (auto& entry : all) entry.second += 3.0f;
+      return;
+    }
+    const double t = temperature > 0.0f ? temperature : 1.0;
+    double top = -INFINITY;
+    for (const auto& entry : all) top = std::max(top, entry.second / t);
+    double sum = 0.0;
+    for (const auto& entry : all) sum += std::exp(entry.second / t - top);
+    const double normaliser = top + std::log(sum);
+    for (auto& entry : all) entry.second = static_cast<float>(entry.second / t - normaliser);
+  }
+
   // One token of `s` at weights `w`.
   void Step(Sample& s, const std::vector<float>& w, const std::string& version) const {
     std::vector<int> prefix = s.prompt;
@@ -678,10 +694,17 @@ struct FakeEngine::Impl {
     }
     const int token = out->front().tokens[0];
     s.tokens.push_back(token);
-    s.logprobs.push_back(out->front().logprobs[0]);
     s.versions.push_back(version);
-    if (s.top_n > 0) {
+    const bool raw = options.logprobs_mode == "raw_logprobs";
+    if (raw) s.logprobs.push_back(out->front().logprobs[0]);
+    if (s.top_n > 0 || !raw) {
       std::vector<std::pair<int, float>> all = Alternatives(w, prefix);
+      if (!raw) {
+        Report(all, s.temperature);
+        for (const auto& [id, value] : all) {
+          if (id == token) s.logprobs.push_back(value);
+        }
+      }
       all.resize(std::min<size_t>(all.size(), s.top_n));
       s.top.push_back(std::move(all));
     }
@@ -2365,6 +2388,11 @@ struct FakeEngine::Impl {
 
 Result<std::unique_ptr<FakeEngine>> FakeEngine::Create(Api api, FakeEngineOptions options) {
   WEFT_ASSIGN_OR_RETURN(examples::TinyLmConfig config, ReadModelConfig(options.model_path));
+  const std::string& mode = options.logprobs_mode;
+  if (mode != "raw_logprobs" && mode != "processed_logprobs" && mode != "raw_logits") {
+    return InvalidArgument("logprobs_mode '" + mode +
+                           "' is none of raw_logprobs, processed_logprobs, raw_logits");
+  }
   auto impl = std::make_unique<Impl>(api, std::move(options), config);
   WEFT_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<FakeEngine>(new FakeEngine(std::move(impl)));

@@ -17,7 +17,8 @@
 // Generation is token by token over the whole sequence (prompt and tokens so far) with the weights
 // current at that token, so that a pause, an abort or a weight update lands between two tokens.
 // The logprob of a token is the model's log-probability at temperature 1 before top-p, which is
-// SGLang's with SGLANG_RETURN_ORIGINAL_LOGPROB=1 and vLLM's default raw_logprobs. Sampling is
+// SGLang's with SGLANG_RETURN_ORIGINAL_LOGPROB=1 and vLLM's default raw_logprobs (the other modes
+// are FakeEngineOptions::logprobs_mode's). Sampling is
 // deterministic for a given seed (SGLang's sampling_seed, vLLM's seed): each step draws from the
 // seed and the position, as SGLang's seeded sampler does, so n seeded SGLang samples of one prompt
 // are the same, while vLLM gives sample k the seed + k. The tokenizer is the example task's
@@ -113,6 +114,12 @@ struct FakeEngineOptions {
   // retract) wait for those requests to end, as released SGLang's disk load does (it takes the
   // model-update lock they hold), so the load finishes only after a resume lets them end.
   bool pause_aware_disk_load = true;
+  // What a token's logprob (and its alternatives') is, in vLLM's --logprobs-mode names:
+  // "raw_logprobs" (at temperature 1 before top-p: vLLM's default, SGLang with
+  // SGLANG_RETURN_ORIGINAL_LOGPROB=1), "processed_logprobs" (after temperature: SGLang's default)
+  // or "raw_logits" (the model's logits, here the logprobs shifted by a constant, as logits are
+  // defined up to one).
+  std::string logprobs_mode = "raw_logprobs";
 };
 
 // One request as it arrived (the /_test/ routes are not recorded).

@@ -93,6 +93,11 @@ int main(int argc, char** argv) {
                    "vLLM: how /reset_prefix_cache answers a failed reset (empty, success, "
                    "conflict)")
       ->check(CLI::IsMember({"empty", "success", "conflict"}));
+  serve
+      ->add_option("--logprobs-mode", options.logprobs_mode,
+                   "What logprobs are: raw_logprobs (temperature 1), processed_logprobs (after "
+                   "temperature, SGLang's default) or raw_logits")
+      ->check(CLI::IsMember({"raw_logprobs", "processed_logprobs", "raw_logits"}));
 
   try {
     app.parse(argc, argv);

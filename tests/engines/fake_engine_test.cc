@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -314,6 +315,56 @@ TEST_CASE("sglang /generate: greedy and sampled tokens with the model's own logp
   CHECK(too_long.status == 400);
   CHECK(too_long.body["error"]["message"].get<std::string>().find("context length") !=
         std::string::npos);
+}
+
+TEST_CASE("logprobs modes: after temperature (SGLang's default, vLLM processed) and logits") {
+  const std::string model = Model("logprobs_modes", 1);
+  const std::vector<int> prompt = Prompt("12+34=");
+  const json request = {
+      {"input_ids", prompt},
+      {"sampling_params", {{"temperature", 0.5}, {"max_new_tokens", 3}, {"sampling_seed", 5}}},
+      {"return_logprob", true}};
+  FakeEngineOptions seeded;
+  seeded.deterministic_inference = true;  // sampling_seed is read
+  auto raw = Launch(Api::kSglang, model, seeded);
+  const Answer at_one = Post(*raw, "/generate", request);
+  REQUIRE(at_one.status == 200);
+  const std::vector<int> tokens = Ids(at_one.body["output_ids"]);
+  const std::vector<float> scores = Scores(*raw, *raw->weights(), prompt, tokens);
+  CHECK(SglangLogprobs(at_one.body) == scores);
+  FakeEngineOptions processed = seeded;
+  processed.logprobs_mode = "processed_logprobs";
+  auto after = Launch(Api::kSglang, model, processed);
+  const Answer at_half = Post(*after, "/generate", request);
+  REQUIRE(at_half.status == 200);
+  CHECK(Ids(at_half.body["output_ids"]) == tokens);  // the same draw, other logprobs
+  // The first token's: log softmax(logits / 0.5), from the logprobs at temperature 1 of every
+  // token after the prompt.
+  double normaliser = 0.0;
+  for (int v = 0; v < Config().vocab; ++v) {
+    std::vector<int> next = {v};
+    normaliser += std::exp(2.0 * Scores(*raw, *raw->weights(), prompt, next)[0]);
+  }
+  CHECK(SglangLogprobs(at_half.body)[0] ==
+        doctest::Approx(2.0 * scores[0] - std::log(normaliser)).epsilon(1e-4));
+  FakeEngineOptions logits;
+  logits.logprobs_mode = "raw_logits";
+  auto shifted = Launch(Api::kVllm, model, logits);
+  const Answer vllm = Post(*shifted, "/v1/completions",
+                           {{"prompt", prompt},
+                            {"max_tokens", 1},
+                            {"temperature", 0.5},
+                            {"seed", 5},
+                            {"logprobs", 0},
+                            {"return_token_ids", true}});
+  REQUIRE(vllm.status == 200);
+  const json& choice = vllm.body["choices"][0];
+  const std::vector<float> score = Scores(*raw, *raw->weights(), prompt, Ids(choice["token_ids"]));
+  CHECK(choice["logprobs"]["token_logprobs"][0].get<double>() ==
+        doctest::Approx(score[0] + 3.0).epsilon(1e-5));
+  processed.logprobs_mode = "logits";
+  processed.model_path = model;
+  CHECK(FakeEngine::Create(Api::kVllm, processed).status().code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("sglang /generate: text prompts, batches, and n > 1 prompt-major") {

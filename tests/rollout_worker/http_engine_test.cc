@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -55,14 +56,18 @@ std::vector<float> Widened(const TinyLmLayout& layout, const sync::ServedModel& 
 
 // Replicas of one API over a model directory holding `initial` weights, and an adapter over them.
 struct Fixture {
+  // `launch_scale` multiplies the launch model's weights: the initial ones give next tokens
+  // nearly equal probabilities, larger ones a distribution with a shape.
   Fixture(Api api, int replicas, const std::string& name, TinyLmConfig engine_config = Config(),
-          fake_engine::FakeEngineOptions base = {})
+          fake_engine::FakeEngineOptions base = {}, float launch_scale = 1.0f)
       : api(api), layout(Config()), dir(testing::TempPath(name)) {
     std::filesystem::create_directories(dir);
     const TinyLmLayout engine_layout(engine_config);
-    REQUIRE(fake_engine::WriteModelDirectory(dir + "/launch", engine_config,
-                                             engine_layout.Initialize(99), sync::DType::kBF16)
-                .ok());
+    std::vector<float> launch = engine_layout.Initialize(99);
+    for (float& w : launch) w *= launch_scale;
+    REQUIRE(
+        fake_engine::WriteModelDirectory(dir + "/launch", engine_config, launch, sync::DType::kBF16)
+            .ok());
     for (int i = 0; i < replicas; ++i) {
       fake_engine::FakeEngineOptions o = base;
       o.model_path = dir + "/launch";
@@ -681,6 +686,7 @@ TEST_CASE("http engine: seeds the engine reads, within its range; limits within 
     Fixture f(Api::kSglang, 1, "http_engine_seeds", Config(), base);
     HttpEngine& engine = f.Make();
     f.Load(1, 1);
+    f.engines[0]->ClearCalls();  // the load's logprobs probe
     Sampling sampling;
     sampling.max_tokens = 64;  // past the context of 24: cut to what the prompt leaves
     sampling.seed = (uint64_t{1} << 62) + 7;
@@ -703,6 +709,7 @@ TEST_CASE("http engine: seeds the engine reads, within its range; limits within 
   Fixture f(Api::kVllm, 1, "http_engine_context");
   HttpEngine& engine = f.Make();
   f.Load(1, 1);
+  f.engines[0]->ClearCalls();
   Sampling sampling;
   sampling.max_tokens = 64;
   REQUIRE(engine.Generate({Prompt{kPrompt, ""}}, sampling).ok());
@@ -784,6 +791,75 @@ TEST_CASE("http engine: too old a vLLM is refused before anything is loaded, nam
   CHECK(ParseRelease("0.15.0rc2") == std::array<int, 3>{0, 15, 0});
   CHECK(ParseRelease("1.2") == std::array<int, 3>{1, 2, 0});
   CHECK(!ParseRelease("dev").has_value());
+}
+
+TEST_CASE("logprobs after temperature, or logits, are refused before a load, naming the setting") {
+  struct Case {
+    Api api;
+    std::string mode;
+    LogprobsKind kind;
+    std::string fix;  // in the refusal; "" for none
+    float scale = 8.0f;
+  };
+  const std::vector<Case> cases = {
+      // The launch model's next tokens nearly equally likely: the probe cannot tell, and the
+      // replica is not refused for it.
+      {Api::kSglang, "processed_logprobs", LogprobsKind::kUnknown, "", 1.0f},
+      {Api::kSglang, "raw_logprobs", LogprobsKind::kTemperatureOne, ""},
+      {Api::kSglang, "processed_logprobs", LogprobsKind::kAfterTemperature,
+       "SGLANG_RETURN_ORIGINAL_LOGPROB=1"},
+      {Api::kVllm, "raw_logprobs", LogprobsKind::kTemperatureOne, ""},
+      {Api::kVllm, "processed_logprobs", LogprobsKind::kAfterTemperature,
+       "--logprobs-mode raw_logprobs"},
+      {Api::kVllm, "raw_logits", LogprobsKind::kNotLogprobs, "--logprobs-mode raw_logprobs"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(fake_engine::ApiName(c.api));
+    CAPTURE(c.mode);
+    fake_engine::FakeEngineOptions base;
+    base.logprobs_mode = c.mode;
+    Fixture f(c.api, 1, "http_engine_logprobs_mode", Config(), base, c.scale);
+    ReplicaOptions options;
+    options.url = f.engines[0]->url();
+    auto replica =
+        MakeReplicaApi(**FindEngineApi(std::string(fake_engine::ApiName(c.api))), options);
+    REQUIRE(replica.ok());
+    Result<ReplicaInfo> info = (*replica)->Info();
+    REQUIRE_MESSAGE(info.ok(), info.status().ToString());
+    CAPTURE(info->logprobs_probe);
+    CHECK(LogprobsKindName(info->logprobs) == std::string(LogprobsKindName(c.kind)));
+    const Status staged = f.Make().Stage(Served(f.layout, f.layout.Initialize(1)), 1);
+    if (c.fix.empty()) {
+      CHECK_MESSAGE(staged.ok(), staged.ToString());
+      continue;
+    }
+    CHECK(staged.code() == StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(staged.message().find(c.fix) != std::string::npos, staged.message());
+    CHECK(staged.message().find(f.engines[0]->url()) != std::string::npos);
+    CHECK(f.engines[0]->state().loads == 0);
+  }
+}
+
+TEST_CASE("logprobs probe: gaps that keep their width at temperature 1/2, or double, or logits") {
+  const std::vector<float> one = {-0.7f, -1.5f, -2.0f, -3.0f, -4.0f};
+  std::vector<float> half;  // the same distribution at temperature 1/2, normalised
+  double sum = 0.0;
+  for (float v : one) sum += std::exp(2.0 * v);
+  for (float v : one) half.push_back(static_cast<float>(2.0 * v - std::log(sum)));
+  CHECK(ClassifyLogprobs(one, one) == LogprobsKind::kTemperatureOne);
+  CHECK(ClassifyLogprobs(one, {-0.71f, -1.49f, -2.01f, -3.0f, -4.02f}) ==
+        LogprobsKind::kTemperatureOne);  // two requests' noise
+  CHECK(ClassifyLogprobs(one, half) == LogprobsKind::kAfterTemperature);
+  // Any order: vLLM lists the sampled token first.
+  CHECK(ClassifyLogprobs({-2.0f, -0.7f, -4.0f, -1.5f, -3.0f}, half) ==
+        LogprobsKind::kAfterTemperature);
+  // Logits: the best add up to more than probability 1.
+  CHECK(ClassifyLogprobs({12.0f, 11.0f, 9.5f}, {12.0f, 11.0f, 9.5f}) == LogprobsKind::kNotLogprobs);
+  // A flat distribution, one alternative, or a ratio neither 1 nor 2: cannot tell.
+  CHECK(ClassifyLogprobs({-2.30f, -2.31f, -2.32f}, {-2.30f, -2.31f, -2.32f}) ==
+        LogprobsKind::kUnknown);
+  CHECK(ClassifyLogprobs({-0.1f}, {-0.01f}) == LogprobsKind::kUnknown);
+  CHECK(ClassifyLogprobs(one, {-0.7f, -5.0f, -6.0f, -8.0f, -12.0f}) == LogprobsKind::kUnknown);
 }
 
 TEST_CASE("served checkpoint: a whole write, then only changed tensors in place") {

@@ -352,6 +352,15 @@ TEST_CASE(
     return !groups.empty();
   }));
   CHECK(Json::parse(groups[0].group.trajectories)["samples"].size() == 2);
+
+  // A job it cannot generate at all (a prompt the task refuses) goes back at once, each attempt,
+  // and is given up after the last; held, its lease would be renewed by every heartbeat and the
+  // job would never end.
+  const uint64_t before = worker.stats().handed_back;
+  REQUIRE(trainer.AddJobs({{Json(42), 1}}).ok());
+  CHECK(WaitFor([&] { return trainer.GetStatus().value()["jobs"]["given_up"] == 1; }));
+  CHECK(worker.stats().handed_back == before + 5);  // max_attempts
+  CHECK(trainer.GetStatus().value()["jobs"]["leased"] == 0);
   worker.Stop();
   running.join();
   CHECK(ran.ok());
