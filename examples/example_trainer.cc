@@ -10,6 +10,7 @@
 #include "policy_store/object_store.h"
 #include "trainer_adapter/batch_client.h"
 #include "trainer_adapter/dataset.h"
+#include "trainer_adapter/received_group.h"
 
 namespace weft::examples {
 namespace {
@@ -19,21 +20,17 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kTokenLimit = int64_t{1} << 31;  // token ids are ints
 
-// A group as the worker submitted it (docs/api.md, "Trajectories"), checked: errors name the job.
-// Its prompt is text (tokenised as the embedded engine tokenises it) or token ids (as the engine
-// got them). A sample without a reward (the workers' task leaves rewards to the trainer) is scored
-// here with `task`, on the prompt's text; `*computed` says how many were.
-Result<Group> ParseGroup(const orchestrator::TrajectoryGroup& received, const ArithmeticTask& task,
-                         size_t* computed) {
+// A group as the worker submitted it, for the policy gradient: its trajectories parsed and checked
+// by the trainer adapter (errors name the job and the sample). Its prompt is text (tokenised as the
+// embedded engine tokenises it) or token ids (as the engine got them). A sample without a reward
+// (the workers' task leaves rewards to the trainer) is scored here with `task`, on the prompt's
+// text; `*computed` says how many were.
+Result<Group> ToGroup(const trainer_adapter::ReceivedGroup& received, const ArithmeticTask& task,
+                      size_t* computed) {
   const std::string what = "job " + std::to_string(received.job);
-  const Json t = Json::parse(received.trajectories, nullptr, false);
-  if (!t.is_object() || !t.contains("prompt") || !t.contains("samples") ||
-      !t["samples"].is_array()) {
-    return InvalidArgument(what + ": trajectories need a \"prompt\" and a \"samples\" array");
-  }
   Group group;
   std::string problem;  // the prompt's text
-  const Json& prompt = t["prompt"];
+  const Json& prompt = received.prompt;
   if (prompt.is_string()) {
     problem = prompt.get<std::string>();
     Result<std::vector<int>> tokens = EmbeddedEngine::Tokenize(problem);
@@ -52,27 +49,12 @@ Result<Group> ParseGroup(const orchestrator::TrajectoryGroup& received, const Ar
     return InvalidArgument(what + ": the prompt must be text or token ids, not " + prompt.dump());
   }
   size_t scored = 0;
-  for (size_t i = 0; i < t["samples"].size(); ++i) {
-    const Json& s = t["samples"][i];
-    const std::string where = what + " sample " + std::to_string(i);
-    const bool has_reward = s.is_object() && s.contains("reward") && !s["reward"].is_null();
-    if (!s.is_object() || !s.contains("tokens") || !s.contains("logprobs") ||
-        (has_reward && !s["reward"].is_number())) {
-      return InvalidArgument(where + ": needs tokens, logprobs and a numeric reward or none");
-    }
+  for (const trainer_adapter::ReceivedSample& s : received.samples) {
     Sample sample;
-    try {
-      sample.tokens = s["tokens"].get<std::vector<int>>();
-      sample.logprobs = s["logprobs"].get<std::vector<float>>();
-    } catch (const Json::exception&) {
-      return InvalidArgument(where + ": tokens must be integers and logprobs numbers");
-    }
-    if (sample.tokens.empty() || sample.tokens.size() != sample.logprobs.size()) {
-      return InvalidArgument(where + ": " + std::to_string(sample.tokens.size()) + " tokens but " +
-                             std::to_string(sample.logprobs.size()) + " logprobs");
-    }
-    if (has_reward) {
-      sample.reward = s["reward"].get<double>();
+    sample.tokens = s.tokens;
+    sample.logprobs = s.logprobs;
+    if (s.reward) {
+      sample.reward = *s.reward;
     } else {
       sample.reward = task.Reward(problem, sample.tokens);  // 0 for a prompt that is no problem
       ++scored;
@@ -279,7 +261,9 @@ Result<TrainerSummary> RunExampleTrainer(
       }
       for (const orchestrator::Delivered& d : batch) {
         size_t computed = 0;
-        Result<Group> group = ParseGroup(d.group, task, &computed);
+        Result<trainer_adapter::ReceivedGroup> received = trainer_adapter::ParseGroup(d, version);
+        Result<Group> group =
+            received.ok() ? ToGroup(*received, task, &computed) : Result<Group>(received.status());
         if (!group.ok()) {
           WEFT_LOG(kError) << "trainer: skipping a malformed trajectory group: "
                            << group.status().message();

@@ -611,4 +611,97 @@ Result<Batch> DecodeBatch(std::string_view answer) {
   return batch;
 }
 
+std::string Encode(const Trajectories& trajectories) {
+  Json samples = Json::array();
+  for (const TrajectorySample& s : trajectories.samples) {
+    Json sample = s.extra.is_object() ? s.extra : Json::object();
+    sample["tokens"] = s.tokens;
+    sample["logprobs"] = s.logprobs;
+    if (s.reward) sample["reward"] = *s.reward;
+    if (s.text) sample["text"] = *s.text;
+    if (!s.segments.empty()) sample["segments"] = s.segments;
+    samples.push_back(std::move(sample));
+  }
+  return Json{{"prompt", trajectories.prompt}, {"samples", std::move(samples)}}.dump();
+}
+
+namespace {
+
+constexpr int64_t kMaxTokenId = (int64_t{1} << 31) - 1;
+
+Result<TrajectorySample> DecodeTrajectorySample(const Json& s, const std::string& at) {
+  if (!s.is_object()) return InvalidArgument(at + ": not an object");
+  TrajectorySample sample;
+  const Json* tokens = s.contains("tokens") ? &s["tokens"] : nullptr;
+  if (tokens == nullptr || !tokens->is_array() || tokens->empty())
+    return InvalidArgument(at + ": tokens must be an array of at least one token id");
+  for (const Json& t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > kMaxTokenId)
+      return InvalidArgument(at + ": tokens must be integers from 0 to 2^31-1, not " + t.dump());
+    sample.tokens.push_back(static_cast<int>(t.get<int64_t>()));
+  }
+  const Json* logprobs = s.contains("logprobs") ? &s["logprobs"] : nullptr;
+  if (logprobs == nullptr || !logprobs->is_array() || logprobs->size() != tokens->size() ||
+      !std::all_of(logprobs->begin(), logprobs->end(),
+                   [](const Json& p) { return p.is_number(); })) {
+    return InvalidArgument(at + ": " + std::to_string(tokens->size()) +
+                           " tokens need as many numeric logprobs");
+  }
+  for (const Json& p : *logprobs) sample.logprobs.push_back(p.get<float>());
+  if (s.contains("reward") && !s["reward"].is_null()) {
+    if (!s["reward"].is_number() || !std::isfinite(s["reward"].get<double>()))
+      return InvalidArgument(at +
+                             ": reward must be a finite number, or absent (the trainer "
+                             "computes it)");
+    sample.reward = s["reward"].get<double>();
+  }
+  if (s.contains("text") && !s["text"].is_null()) {
+    if (!s["text"].is_string()) return InvalidArgument(at + ": text must be a string");
+    sample.text = s["text"].get<std::string>();
+  }
+  if (s.contains("segments") && !s["segments"].is_null()) {
+    const Json& segments = s["segments"];
+    const std::string bad = at + ": segments must be [version, first token] pairs within its " +
+                            std::to_string(tokens->size()) + " tokens, the first at 0, in order";
+    if (!segments.is_array()) return InvalidArgument(bad);
+    for (const Json& pair : segments) {
+      if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_unsigned() ||
+          !pair[1].is_number_unsigned())
+        return InvalidArgument(bad);
+      const uint64_t first = pair[1].get<uint64_t>();
+      if ((sample.segments.empty() ? first != 0 : first < sample.segments.back().second) ||
+          first >= tokens->size())
+        return InvalidArgument(bad);
+      sample.segments.emplace_back(pair[0].get<uint64_t>(), first);
+    }
+  }
+  for (const auto& [key, value] : s.items()) {
+    if (key != "tokens" && key != "logprobs" && key != "reward" && key != "text" &&
+        key != "segments")
+      sample.extra[key] = value;
+  }
+  return sample;
+}
+
+}  // namespace
+
+Result<Trajectories> DecodeTrajectories(std::string_view text, const std::string& where) {
+  Result<Json> parsed = ParseStrict(text, where + ": the trajectories text");
+  if (!parsed.ok()) return parsed.status();
+  const Json& body = *parsed;
+  if (!body.is_object() || !body.contains("prompt") || !body.contains("samples") ||
+      !body["samples"].is_array()) {
+    return InvalidArgument(where + ": the trajectories need a \"prompt\" and a \"samples\" array");
+  }
+  Trajectories out;
+  out.prompt = body["prompt"];
+  for (size_t i = 0; i < body["samples"].size(); ++i) {
+    WEFT_ASSIGN_OR_RETURN(
+        TrajectorySample sample,
+        DecodeTrajectorySample(body["samples"][i], where + " sample " + std::to_string(i)));
+    out.samples.push_back(std::move(sample));
+  }
+  return out;
+}
+
 }  // namespace weft::orchestrator::wire

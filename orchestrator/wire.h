@@ -104,4 +104,27 @@ Result<BatchRequest> DecodeBatchRequest(std::string_view body);
 std::string Encode(const Batch& batch);
 Result<Batch> DecodeBatch(std::string_view answer);
 
+// A group's trajectories (docs/api.md, "Trajectories"): the text a worker submits as
+// TrajectoryGroup::trajectories and a trainer reads; the orchestrator never does.
+struct TrajectorySample {
+  std::vector<int> tokens;       // the generated token ids, the prompt not included (one at least)
+  std::vector<float> logprobs;   // the behaviour log-probability of each
+  std::optional<double> reward;  // none: the trainer computes it
+  std::optional<std::string> text;
+  // The sample's own (version, first token), counted within the sample; may be empty.
+  std::vector<std::pair<uint64_t, uint64_t>> segments;
+  nlohmann::json extra = nlohmann::json::object();  // members this format does not name, kept
+};
+struct Trajectories {
+  nlohmann::json prompt;  // the job's prompt as the trainer queued it
+  std::vector<TrajectorySample> samples;
+};
+std::string Encode(const Trajectories& trajectories);
+// Checked: the body an object with `prompt` and a `samples` array; each sample an object with at
+// least one token id (0 to 2^31-1), a number per token in `logprobs`, and `reward` (a finite number
+// or null), `text` (a string or null) and `segments` (pairs of integers within the sample, the
+// first at 0, in order) where present. Errors start with `where` ("job 12") and name the sample
+// and the member; members not named here are kept in `extra`, as trainers ignore them.
+Result<Trajectories> DecodeTrajectories(std::string_view text, const std::string& where);
+
 }  // namespace weft::orchestrator::wire

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "orchestrator/wire.h"
 #include "policy_store/manifest.h"
 #include "policy_store/reader.h"
 #include "sync/digest.h"
@@ -410,7 +411,8 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   group.cluster = options_.cluster;
   SetGroupVersions(*completions, &group);
   if (group.segments.empty()) return fail(Internal("the engine returned no completion"));
-  Json samples = Json::array();
+  orchestrator::wire::Trajectories trajectories;
+  trajectories.prompt = prompt;
   double rewards = 0;
   for (const Completion& c : *completions) {
     Result<std::optional<double>> reward = task_.Reward(prompt, metadata, c);
@@ -418,13 +420,14 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     if (!reward.ok() && reward.status().code() == StatusCode::kUnavailable)
       return hand_back("the reward is unavailable", reward.status());
     if (!reward.ok()) return fail(reward.status());
-    Json sample = {{"tokens", c.tokens}, {"logprobs", c.logprobs}, {"segments", c.segments}};
-    if (!c.text.empty()) sample["text"] = c.text;
-    if (*reward) {  // else the trainer scores it
-      sample["reward"] = **reward;
-      rewards += **reward;
-    }
-    samples.push_back(std::move(sample));
+    orchestrator::wire::TrajectorySample sample;
+    sample.tokens = c.tokens;
+    sample.logprobs = c.logprobs;
+    sample.segments = c.segments;
+    if (!c.text.empty()) sample.text = c.text;
+    sample.reward = *reward;  // none: the trainer scores it
+    if (*reward) rewards += **reward;
+    trajectories.samples.push_back(std::move(sample));
   }
   // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
   // for the heartbeat that follows a commit landing mid-generation (a rolling load of many
@@ -434,7 +437,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     changed_.wait_for(lock, std::chrono::minutes(10),
                       [&] { return (reported_ && *reported_ >= group.version_end) || stop_; });
   }
-  group.trajectories = Json{{"prompt", prompt}, {"samples", std::move(samples)}}.dump();
+  group.trajectories = orchestrator::wire::Encode(trajectories);
   Result<orchestrator::SubmitResult> submitted = orchestrator_.Submit(group);
   if (!submitted.ok()) {
     // Refused (tokens of a version the orchestrator has not seen this cluster prove, after it

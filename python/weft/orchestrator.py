@@ -127,54 +127,99 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _strict_object(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("a key appears twice in an object")
+    return dict(pairs)
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+_MAX_TOKEN_ID = 2**31 - 1
+
+
+def _parse_sample(s: Any, at: str) -> Sample:
+    """One sample of the trajectories (docs/api.md, "Trajectories"), as the C++ decoder
+    (orchestrator/wire.h, DecodeTrajectories) checks it, with the same messages."""
+    if not isinstance(s, dict):
+        raise InvalidArgument(f"{at}: not an object")
+    tokens = s.get("tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise InvalidArgument(f"{at}: tokens must be an array of at least one token id")
+    for t in tokens:
+        if not _is_integer(t) or t < 0 or t > _MAX_TOKEN_ID:
+            raise InvalidArgument(
+                f"{at}: tokens must be integers from 0 to 2^31-1, not {json.dumps(t)}")
+    logprobs = s.get("logprobs")
+    if not isinstance(logprobs, list) or len(logprobs) != len(tokens) or not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) for p in logprobs):
+        raise InvalidArgument(f"{at}: {len(tokens)} tokens need as many numeric logprobs")
+    reward = s.get("reward")
+    if reward is not None and not _is_number(reward):
+        raise InvalidArgument(f"{at}: reward must be a finite number, or absent (the trainer "
+                              "computes it)")
+    text = s.get("text")
+    if text is not None and not isinstance(text, str):
+        raise InvalidArgument(f"{at}: text must be a string")
+    own = s.get("segments")
+    if own is not None:
+        bad = (f"{at}: segments must be [version, first token] pairs within its {len(tokens)} "
+               "tokens, the first at 0, in order")
+        if not isinstance(own, list):
+            raise InvalidArgument(bad)
+        previous = None
+        for pair in own:
+            if (not isinstance(pair, list) or len(pair) != 2 or not all(
+                    _is_integer(x) and x >= 0 for x in pair)):
+                raise InvalidArgument(bad)
+            first = pair[1]
+            if (first != 0 if previous is None else first < previous) or first >= len(tokens):
+                raise InvalidArgument(bad)
+            previous = first
+    return Sample(tokens=tokens, logprobs=[float(p) for p in logprobs],
+                  reward=None if reward is None else float(reward), versions=[],
+                  extra={k: v for k, v in s.items()
+                         if k not in ("tokens", "logprobs", "reward", "text")},
+                  text=text)
+
+
 def _parse_group(raw: Dict[str, Any], trainer_version: int) -> Group:
-    """A delivered group checked against docs/api.md ("Trajectories"); InvalidArgument says what
-    is wrong and where."""
+    """A delivered group checked against docs/api.md ("Trajectories") as the C++ trainer adapter
+    (trainer_adapter/received_group.h) checks it, with the same messages; InvalidArgument says
+    what is wrong and where."""
     where = f"job {raw['job']}"
     try:
-        body = json.loads(raw["trajectories"])
+        body = json.loads(raw["trajectories"], object_pairs_hook=_strict_object,
+                          parse_constant=_not_json)
     except ValueError as error:
-        raise InvalidArgument(f"{where}: the trajectories are not JSON: {error}") from None
-    if not isinstance(body, dict) or not isinstance(body.get("samples"), list):
-        raise InvalidArgument(f'{where}: the trajectories need a "samples" array')
+        raise InvalidArgument(
+            f"{where}: the trajectories text is not valid JSON: {error}") from None
+    if not isinstance(body, dict) or "prompt" not in body or not isinstance(
+            body.get("samples"), list):
+        raise InvalidArgument(f'{where}: the trajectories need a "prompt" and a "samples" array')
+    samples = [_parse_sample(s, f"{where} sample {i}") for i, s in enumerate(body["samples"])]
     segments = [(int(v), int(f)) for v, f in raw["segments"]]
     total = raw["tokens"]
     if not segments or segments[0][1] != 0 or any(
             a[1] > b[1] for a, b in zip(segments, segments[1:])) or segments[-1][1] > total:
-        raise InvalidArgument(f"{where}: segments {segments} do not cover {total} tokens")
+        raise InvalidArgument(f"{where}: the group's segments do not cover its {total} tokens")
     versions = _token_versions(segments, total)
-    samples: List[Sample] = []
     offset = 0
-    for i, s in enumerate(body["samples"]):
-        at = f"{where} sample {i}"
-        if not isinstance(s, dict):
-            raise InvalidArgument(f"{at}: not an object")
-        tokens, logprobs, reward = s.get("tokens"), s.get("logprobs"), s.get("reward")
-        if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise InvalidArgument(f"{at}: tokens must be an array of integers")
-        if not isinstance(logprobs, list) or len(logprobs) != len(tokens) or not all(
-                isinstance(p, (int, float)) and not isinstance(p, bool) for p in logprobs):
-            raise InvalidArgument(
-                f"{at}: {len(tokens)} tokens need as many numeric logprobs")
-        if reward is not None and not _is_number(reward):
-            raise InvalidArgument(f"{at}: reward must be a finite number, or absent (the trainer "
-                                  "computes it)")
-        text = s.get("text")
-        if text is not None and not isinstance(text, str):
-            raise InvalidArgument(f"{at}: text must be a string")
-        samples.append(Sample(tokens=tokens, logprobs=[float(p) for p in logprobs],
-                              reward=None if reward is None else float(reward),
-                              versions=versions[offset:offset + len(tokens)],
-                              extra={k: v for k, v in s.items()
-                                     if k not in ("tokens", "logprobs", "reward", "text")},
-                              text=text))
-        offset += len(tokens)
+    for sample in samples:
+        sample.versions = versions[offset:offset + len(sample.tokens)]
+        offset += len(sample.tokens)
     if offset != total:
         raise InvalidArgument(f"{where}: the samples hold {offset} tokens, the group says {total}")
     metadata = None if raw["metadata"] is None else json.loads(raw["metadata"])
     return Group(job=raw["job"], attempt=raw["attempt"], cluster=raw["cluster"],
-                 prompt=body.get("prompt"), metadata=metadata,
+                 prompt=body["prompt"], metadata=metadata,
                  version_start=raw["version_start"], version_end=raw["version_end"],
                  segments=segments, stale=raw["stale"],
                  lag=max(0, trainer_version - raw["version_start"]), samples=samples)

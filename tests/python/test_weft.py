@@ -407,7 +407,8 @@ def test_malformed_groups_are_set_aside_with_the_reason(orchestrator, caplog):
         o.call("POST", "/v1/clusters/c1/submissions", {
             "job": lease["job"], "attempt": lease["attempt"], "cluster": "c1",
             "version_start": 0, "version_end": 0, "segments": [[0, 0]], "tokens": 2,
-            "trajectories": {"samples": [{"tokens": [1, 2], "logprobs": logprobs,
+            "trajectories": {"prompt": json.loads(lease["prompt"]),
+                             "samples": [{"tokens": [1, 2], "logprobs": logprobs,
                                           "reward": 1}]}}, token)
     batches = weft.BatchClient(o.url, o.TOKENS["trainer"], max_staleness=1, deadline=10)
     groups = []
