@@ -4,12 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <variant>
 
 #include "common/byte_io.h"
-#include "common/file_util.h"
 #include "common/json_fields.h"
 #include "common/logging.h"
 #include "orchestrator/wire.h"
@@ -272,16 +270,22 @@ namespace {
 constexpr char kSnapshotMagic[8] = {'W', 'E', 'F', 'T', 'S', 'N', 'P', '2'};
 constexpr size_t kSnapshotHeader = 8 + 8 + 8 + 8;  // magic, generation, length, XXH64
 
-// Generation numbers of the files named `prefix` followed by a number in `prefix`'s directory.
-std::vector<uint64_t> Generations(const std::string& prefix) {
+}  // namespace
+
+std::string DurableCore::JournalPath(uint64_t generation) const {
+  return generation == 0 ? base_ : base_ + "." + std::to_string(generation);
+}
+
+std::string DurableCore::SnapshotPath(uint64_t generation) const {
+  return base_ + ".snapshot." + std::to_string(generation);
+}
+
+std::vector<uint64_t> DurableCore::Generations(const std::string& prefix) const {
   std::vector<uint64_t> found;
-  const std::filesystem::path base(prefix);
-  const std::filesystem::path dir =
-      base.has_parent_path() ? base.parent_path() : std::filesystem::path(".");
-  const std::string name = base.filename().string();
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    const std::string file = entry.path().filename().string();
+  const size_t slash = prefix.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : prefix.substr(0, slash);
+  const std::string name = slash == std::string::npos ? prefix : prefix.substr(slash + 1);
+  for (const std::string& file : env_.List(dir)) {
     if (file.size() <= name.size() || file.compare(0, name.size(), name) != 0) continue;
     const std::string digits = file.substr(name.size());
     if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
@@ -291,11 +295,10 @@ std::vector<uint64_t> Generations(const std::string& prefix) {
   return found;
 }
 
-// The state stored in a snapshot file, or an error when the file is not a complete snapshot of
-// `generation` (a crash can leave only a temporary file, never a partial one, but a damaged disk
-// can).
-Result<std::string> ReadSnapshot(const std::string& path, uint64_t generation) {
-  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
+// A crash can leave only a temporary file, never a partial snapshot, but a damaged disk can.
+Result<std::string> DurableCore::ReadSnapshot(uint64_t generation) const {
+  const std::string path = SnapshotPath(generation);
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, env_.ReadFile(path));
   ByteReader reader(bytes);
   std::span<const uint8_t> magic;
   uint64_t stored_generation = 0, length = 0, hash = 0;
@@ -312,16 +315,6 @@ Result<std::string> ReadSnapshot(const std::string& path, uint64_t generation) {
   return std::string(bytes.begin() + kSnapshotHeader, bytes.end());
 }
 
-}  // namespace
-
-std::string DurableCore::JournalPath(uint64_t generation) const {
-  return generation == 0 ? base_ : base_ + "." + std::to_string(generation);
-}
-
-std::string DurableCore::SnapshotPath(uint64_t generation) const {
-  return base_ + ".snapshot." + std::to_string(generation);
-}
-
 Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journal_path,
                                                        const CoreConfig& config) {
   return Open(journal_path, config, Options{});
@@ -333,9 +326,9 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
   // The newest intact snapshot; an older one serves when a crash came before the newest was
   // complete (its journals are still there: they go only once a newer snapshot is durable).
   uint64_t start = 0;
-  std::vector<uint64_t> snapshots = Generations(journal_path + ".snapshot.");
+  std::vector<uint64_t> snapshots = durable->Generations(journal_path + ".snapshot.");
   for (auto g = snapshots.rbegin(); g != snapshots.rend(); ++g) {
-    Result<std::string> state = ReadSnapshot(durable->SnapshotPath(*g), *g);
+    Result<std::string> state = durable->ReadSnapshot(*g);
     if (!state.ok()) {
       WEFT_LOG(kWarning) << state.status().message() << "; trying an older snapshot";
       continue;
@@ -347,7 +340,8 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     start = *g;
     break;
   }
-  if (start == 0 && !snapshots.empty() && !std::filesystem::exists(journal_path)) {
+  Env& env = durable->env_;
+  if (start == 0 && !snapshots.empty() && !env.Exists(journal_path)) {
     return DataLoss("no intact snapshot of " + journal_path +
                     " and its first journal is gone: the state cannot be rebuilt");
   }
@@ -355,10 +349,10 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
   // must be there: a journal is created (and synced) before its generation's snapshot is written
   // and before any later journal, so a missing one means acknowledged events are gone.
   uint64_t last = start;
-  for (uint64_t g : Generations(journal_path + ".")) last = std::max(last, g);
-  const bool anything = !snapshots.empty() || last > 0 || std::filesystem::exists(journal_path);
+  for (uint64_t g : durable->Generations(journal_path + ".")) last = std::max(last, g);
+  const bool anything = !snapshots.empty() || last > 0 || env.Exists(journal_path);
   for (uint64_t g = start; anything && g <= last; ++g) {
-    if (!std::filesystem::exists(durable->JournalPath(g))) {
+    if (!env.Exists(durable->JournalPath(g))) {
       return DataLoss("the journal " + durable->JournalPath(g) + " of generation " +
                       std::to_string(g) + " is missing, yet " +
                       (g < last ? "the journal of generation " + std::to_string(last)
@@ -376,8 +370,8 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     return durable->Apply(std::move(event), &ignored);
   };
   for (uint64_t g = start; g < last; ++g)
-    WEFT_RETURN_IF_ERROR(Journal::Replay(durable->JournalPath(g), replay));
-  WEFT_ASSIGN_OR_RETURN(durable->journal_, Journal::Open(durable->JournalPath(last), replay));
+    WEFT_RETURN_IF_ERROR(Journal::Replay(durable->JournalPath(g), replay, env));
+  WEFT_ASSIGN_OR_RETURN(durable->journal_, Journal::Open(durable->JournalPath(last), replay, env));
   durable->generation_ = last;
   if (durable->replayed_ > 0) durable->fresh_ = false;
   durable->DeleteBefore(start);
@@ -385,14 +379,14 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
 }
 
 void DurableCore::DeleteBefore(uint64_t generation) const {
-  std::error_code ignored;
+  // (A file left behind is deleted by the next compaction or restart.)
   for (uint64_t g : Generations(base_ + ".snapshot.")) {
-    if (g < generation) std::filesystem::remove(SnapshotPath(g), ignored);
+    if (g < generation) (void)env_.Remove(SnapshotPath(g));
   }
   for (uint64_t g : Generations(base_ + ".")) {
-    if (g < generation) std::filesystem::remove(JournalPath(g), ignored);
+    if (g < generation) (void)env_.Remove(JournalPath(g));
   }
-  if (generation > 0) std::filesystem::remove(JournalPath(0), ignored);
+  if (generation > 0) (void)env_.Remove(JournalPath(0));
 }
 
 Status DurableCore::Compact() {
@@ -413,11 +407,9 @@ Status DurableCore::Compact() {
   writer.U64(generation);
   writer.U64(state.size());
   writer.U64(XXH64(state.data(), state.size(), 0));
-  const std::string path = SnapshotPath(generation);
-  WEFT_RETURN_IF_ERROR(WriteFileAtomic(path, [&](int fd) {
-    WEFT_RETURN_IF_ERROR(WriteAll(fd, header, path));
-    return WriteAll(fd, {reinterpret_cast<const uint8_t*>(state.data()), state.size()}, path);
-  }));
+  const std::span<const uint8_t> parts[] = {
+      header, {reinterpret_cast<const uint8_t*>(state.data()), state.size()}};
+  WEFT_RETURN_IF_ERROR(env_.WriteAtomic(SnapshotPath(generation), parts));
   DeleteBefore(generation);
   ++compactions_;
   return Status::Ok();

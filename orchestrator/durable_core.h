@@ -36,6 +36,7 @@ class DurableCore {
  public:
   struct Options {
     uint64_t compact_after_bytes = uint64_t{64} << 20;  // journal bytes since the last snapshot
+    Env* env = nullptr;  // the files' (common/env.h); null: Env::Default()
   };
   static Result<std::unique_ptr<DurableCore>> Open(const std::string& journal_path,
                                                    const CoreConfig& config);
@@ -81,7 +82,14 @@ class DurableCore {
 
  private:
   DurableCore(std::string base, const CoreConfig& config, Options options)
-      : base_(std::move(base)), options_(options), core_(config) {}
+      : base_(std::move(base)),
+        options_(options),
+        env_(options.env ? *options.env : Env::Default()),
+        core_(config) {}
+  // Generation numbers of the files named `prefix` followed by a number, in `prefix`'s directory.
+  std::vector<uint64_t> Generations(const std::string& prefix) const;
+  // The state in the snapshot of `generation`, or why it is not a complete one.
+  Result<std::string> ReadSnapshot(uint64_t generation) const;
   std::string JournalPath(uint64_t generation) const;
   std::string SnapshotPath(uint64_t generation) const;
   // Deletes the journals and snapshots of generations before `generation`.
@@ -99,6 +107,7 @@ class DurableCore {
 
   const std::string base_;
   const Options options_;
+  Env& env_;
   mutable std::mutex mutex_;
   std::atomic<uint64_t> generation_{0};  // the journal's (changed under mutex_)
   std::atomic<uint64_t> compactions_{0};

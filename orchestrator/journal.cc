@@ -1,16 +1,10 @@
 #include "orchestrator/journal.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <utility>
 
-#include "common/file_util.h"
 #include "common/logging.h"
 
 namespace weft::orchestrator {
@@ -99,25 +93,19 @@ Status Scan(const std::vector<uint8_t>& bytes, const std::string& path,
 }
 
 // Creates an empty journal file (just the magic), durably.
-Result<int> CreateFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Unavailable("cannot create the journal " + path + ": " + std::strerror(errno));
-  Status written = WriteAll(fd, {reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic)}, path);
-  if (written.ok() && ::fdatasync(fd) != 0)
-    written = Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
-  if (!written.ok()) {
-    ::close(fd);
-    return written;
-  }
-  SyncParentDirectory(path);
-  return fd;
+Result<std::unique_ptr<WritableFile>> CreateFile(Env& env, const std::string& path) {
+  Result<std::unique_ptr<WritableFile>> file = env.OpenWritable(path, true);
+  if (!file.ok()) return file.status().WithContext("creating the journal");
+  WEFT_RETURN_IF_ERROR((*file)->Append({reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic)}));
+  WEFT_RETURN_IF_ERROR((*file)->Sync());
+  return file;
 }
 
 }  // namespace
 
 Status Journal::Replay(const std::string& path,
-                       const std::function<Status(std::string_view)>& replay) {
-  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
+                       const std::function<Status(std::string_view)>& replay, Env& env) {
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, env.ReadFile(path));
   size_t valid = 0;
   bool torn = false;
   WEFT_RETURN_IF_ERROR(Scan(bytes, path, replay, &valid, &torn));
@@ -128,30 +116,25 @@ Status Journal::Replay(const std::string& path,
 }
 
 Result<std::unique_ptr<Journal>> Journal::Open(
-    const std::string& path, const std::function<Status(std::string_view)>& replay) {
-  if (!std::filesystem::exists(path)) {
-    WEFT_ASSIGN_OR_RETURN(const int fd, CreateFile(path));
-    std::unique_ptr<Journal> journal(new Journal(path, fd));
+    const std::string& path, const std::function<Status(std::string_view)>& replay, Env& env) {
+  if (!env.Exists(path)) {
+    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, CreateFile(env, path));
+    std::unique_ptr<Journal> journal(new Journal(env, path, std::move(file)));
     journal->size_ = sizeof(kMagic);
     journal->Start();
     return journal;
   }
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return Unavailable("cannot open the journal " + path + ": " + std::strerror(errno));
-  std::unique_ptr<Journal> journal(new Journal(path, fd));
-  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env.OpenWritable(path, false));
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, env.ReadFile(path));
   size_t valid = 0;
   bool torn = false;
   WEFT_RETURN_IF_ERROR(Scan(bytes, path, replay, &valid, &torn));
   if (torn) {
     WEFT_LOG(kWarning) << path << ": cutting off " << bytes.size() - valid
                        << " bytes of a torn last record at byte " << valid;
-    if (::ftruncate(fd, static_cast<off_t>(valid)) != 0 || ::fdatasync(fd) != 0) {
-      return Unavailable("cannot cut off the torn tail of " + path + ": " + std::strerror(errno));
-    }
+    WEFT_RETURN_IF_ERROR(file->Truncate(valid).WithContext("cutting off the torn tail"));
   }
-  if (::lseek(fd, static_cast<off_t>(valid), SEEK_SET) < 0)
-    return Unavailable("cannot seek in " + path);
+  std::unique_ptr<Journal> journal(new Journal(env, path, std::move(file)));
   journal->size_ = valid;
   journal->Start();
   return journal;
@@ -168,7 +151,6 @@ Journal::~Journal() {
   }
   queued_cv_.notify_all();
   if (writer_.joinable()) writer_.join();
-  if (fd_ >= 0) ::close(fd_);
 }
 
 uint64_t Journal::records() const {
@@ -260,7 +242,6 @@ void Journal::WriteLoop() {
     batch.swap(pending_);
     const uint64_t last = queued_;
     std::string path = path_;
-    int fd = fd_;
     uint64_t size = size_;
     lock.unlock();
     // The batch's records, in order, with one sync per file (a rotation syncs the file it leaves
@@ -269,9 +250,8 @@ void Journal::WriteLoop() {
     Status status;
     auto flush = [&] {
       if (!status.ok()) return;
-      status = WriteAll(fd, bytes, path);
-      if (status.ok() && ::fdatasync(fd) != 0)
-        status = Unavailable("cannot sync the journal " + path + ": " + std::strerror(errno));
+      status = file_->Append(bytes);
+      if (status.ok()) status = file_->Sync();
       if (status.ok()) size += bytes.size();
       bytes.clear();
     };
@@ -279,13 +259,12 @@ void Journal::WriteLoop() {
       if (entry.rotate) {
         flush();
         if (!status.ok()) break;
-        Result<int> next = CreateFile(entry.text);
+        Result<std::unique_ptr<WritableFile>> next = CreateFile(env_, entry.text);
         if (!next.ok()) {
           status = next.status();
           break;
         }
-        ::close(fd);
-        fd = *next;
+        file_ = std::move(*next);
         path = entry.text;
         size = sizeof(kMagic);
         continue;
@@ -300,7 +279,6 @@ void Journal::WriteLoop() {
     flush();
     lock.lock();
     ++syncs_;
-    fd_ = fd;
     path_ = path;
     size_ = size;
     if (status.ok()) {

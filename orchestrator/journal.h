@@ -10,7 +10,7 @@
 // commit): the more records arrive while a sync runs, the more the next one carries. Append()
 // returns once its record is on disk; EnqueueThen() returns at once and calls back when it is.
 // Rotate() moves on to a new file: records queued before it go to the old file, later ones to the
-// new one. Thread-safe.
+// new one. Files are the Env's (common/env.h): the machine's by default. Thread-safe.
 #pragma once
 
 #include <condition_variable>
@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/env.h"
 #include "common/status.h"
 
 namespace weft::orchestrator {
@@ -33,11 +34,13 @@ class Journal {
 
   // Opens (creating) the journal at `path`, calling `replay` on every record already in it.
   static Result<std::unique_ptr<Journal>> Open(
-      const std::string& path, const std::function<Status(std::string_view)>& replay);
+      const std::string& path, const std::function<Status(std::string_view)>& replay,
+      Env& env = Env::Default());
   // Replays a journal file that is not the last one (rotated away from): it must be intact to its
   // end, as its last records were synced before the next file began.
   static Status Replay(const std::string& path,
-                       const std::function<Status(std::string_view)>& replay);
+                       const std::function<Status(std::string_view)>& replay,
+                       Env& env = Env::Default());
   ~Journal();
 
   // Whether a record of `bytes` would be taken: kInvalidArgument when it is too large, the write
@@ -64,7 +67,8 @@ class Journal {
   uint64_t size() const;     // bytes in it, as far as written
 
  private:
-  Journal(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  Journal(Env& env, std::string path, std::unique_ptr<WritableFile> file)
+      : env_(env), path_(std::move(path)), file_(std::move(file)) {}
   // Queues `record` (with `durable` to call once it is on disk, if given); its sequence number.
   Result<uint64_t> Queue(std::string record, std::function<void(Status)> durable);
   void Start();
@@ -74,8 +78,9 @@ class Journal {
     bool rotate = false;
   };
 
+  Env& env_;
   std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<WritableFile> file_;  // the file written now (by the writer thread only)
   mutable std::mutex mutex_;
   std::condition_variable synced_;     // durable_ moved
   std::condition_variable queued_cv_;  // something to write, or stopping

@@ -115,11 +115,7 @@ std::string_view BodyText(const Request& request) {
 
 }  // namespace
 
-Micros WallMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+Micros WallMicros() { return Env::Default().WallMicros(); }
 
 struct OrchestratorService::Impl {
   Impl(DurableCore& core, ServiceOptions options)
@@ -127,7 +123,10 @@ struct OrchestratorService::Impl {
         options(std::move(options)),
         admin_token(this->options.admin_token),
         worker_token(this->options.worker_token),
-        trainer_token(this->options.trainer_token) {}
+        trainer_token(this->options.trainer_token),
+        env(this->options.env ? *this->options.env : Env::Default()) {}
+  // The core's time: the Env's wall clock.
+  Micros Now() const { return env.WallMicros(); }
 
   // The role of the request's bearer token (one SHA-256 of it, compared with each role's).
   Role RoleOf(const http::RequestHeader& request) const {
@@ -175,6 +174,7 @@ struct OrchestratorService::Impl {
   DurableCore& core;
   ServiceOptions options;
   const http::TokenDigest admin_token, worker_token, trainer_token;  // options' tokens, hashed once
+  Env& env;
   std::unique_ptr<http::HttpServer> server;
   std::atomic<const http::HttpServer*> started{nullptr};  // `server`, for /metrics once set
   std::mutex mutex;
@@ -193,7 +193,7 @@ struct OrchestratorService::Impl {
 };
 
 bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
-  const Micros now = WallMicros();
+  const Micros now = Now();
   if (waiter.batch) {
     Result<Batch> batch = core.TakeBatch(now, waiter.max);
     if (!batch.ok()) {
@@ -229,7 +229,7 @@ void OrchestratorService::Impl::Poll() {
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_tick) {
-      weft::Status ticked = core.Tick(WallMicros());
+      weft::Status ticked = core.Tick(Now());
       if (!ticked.ok()) {
         WEFT_LOG(kError) << "orchestrator tick failed: " << ticked.message();
       }
@@ -395,7 +395,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     return response;
   }
   if (target == "/v1/status") return ok(StatusJson());
-  const Micros now = WallMicros();
+  const Micros now = Now();
   const std::string_view body = BodyText(request);
   auto answer = [&](const std::string& text) {
     return http::JsonTextResponse(request, bhttp::status::ok, text);
@@ -519,7 +519,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
 }
 
 Json OrchestratorService::Impl::StatusJson() const {
-  const Micros now = WallMicros();
+  const Micros now = Now();
   std::map<std::string, SyncReport> reports;
   {
     std::lock_guard<std::mutex> lock(sync_mutex);

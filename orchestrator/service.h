@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/env.h"
 #include "common/http_server_options.h"
 #include "orchestrator/durable_core.h"
 #include "orchestrator/types.h"
@@ -43,6 +44,7 @@ struct ServiceOptions {
   std::chrono::milliseconds tick_interval{100};
   std::chrono::milliseconds max_wait{30000};  // the longest a long poll may wait
   uint64_t max_staleness = 0;                 // for the status page (the core enforces it)
+  Env* env = nullptr;  // whose wall clock times the core's events; null: Env::Default()
 };
 
 // Ok when the three role tokens are all set and all different (a worker token that is also the
@@ -67,8 +69,8 @@ class OrchestratorService {
   std::unique_ptr<Impl> impl_;
 };
 
-// The wall clock in microseconds since the epoch: the core's time in the service (it keeps
-// counting across restarts, so replayed deadlines stay meaningful).
+// The machine's wall clock in microseconds since the epoch: the core's time (it keeps counting
+// across restarts, so replayed deadlines stay meaningful).
 Micros WallMicros();
 
 }  // namespace weft::orchestrator

@@ -1,0 +1,73 @@
+// MemEnv: an Env (common/env.h) whose files live in memory and whose clocks move only when told,
+// with the faults of real disks and clocks on demand, in the manner of LevelDB's fault-injection
+// tests: what runs on it can be crashed at any point and restarted on what a disk would have kept.
+//
+//   - Crash(keep): every file goes back to what was synced, plus the first `keep` bytes of what was
+//     appended after (a torn write leaves a prefix); DiskAfterCrash(keep) gives that disk as a
+//     copy. Creations, truncations, removals and WriteAtomic are durable when they return, as the
+//     interface says.
+//   - FailSyncs(n): the next n syncs (and durable operations) fail, keeping nothing more durable.
+//   - SetCapacity(bytes): appends and writes that would take the files past `bytes` in all fail
+//     with "no space left", writing nothing.
+//   - Advance(d) moves both clocks; JumpWall(d) moves only the wall clock, either way. SleepFor
+//     advances them instead of sleeping.
+//
+// Paths are plain strings: a directory is every path with its name and a '/' as a prefix, and
+// List() names the entries one level below it. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/env.h"
+
+namespace weft {
+
+class MemEnv : public Env {
+ public:
+  explicit MemEnv(int64_t wall_start_micros = int64_t{1767225600} * 1000000);  // 2026-01-01
+
+  Result<std::unique_ptr<WritableFile>> OpenWritable(const std::string& path, bool create) override;
+  Result<std::vector<uint8_t>> ReadFile(const std::string& path) override;
+  bool Exists(const std::string& path) override;
+  std::vector<std::string> List(const std::string& dir) override;
+  Status Remove(const std::string& path) override;
+  Status WriteAtomic(const std::string& path,
+                     std::span<const std::span<const uint8_t>> parts) override;
+  int64_t WallMicros() override;
+  int64_t MonotonicMicros() override;
+  void SleepFor(std::chrono::microseconds duration) override;
+
+  void Crash(uint64_t keep = 0);
+  // The disk a crash now would leave (as Crash(keep) would make this one), as a new MemEnv with
+  // the same clocks; this one goes on as if nothing happened. For crashing a process whose threads
+  // are still running: they write on here, the restart reads the copy.
+  std::unique_ptr<MemEnv> DiskAfterCrash(uint64_t keep = 0) const;
+  void FailSyncs(int count);
+  void SetCapacity(uint64_t bytes);
+  void Advance(std::chrono::microseconds duration);
+  void JumpWall(std::chrono::microseconds duration);
+
+  uint64_t syncs() const;       // syncs that succeeded
+  uint64_t used_bytes() const;  // in all files
+
+  struct File;  // (for the files it hands out)
+
+ private:
+  Status TakeSync(const std::string& path);  // fails when a failure was asked for
+  uint64_t UsedLocked() const;
+
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<File>> files_;
+  int failing_syncs_ = 0;
+  uint64_t capacity_ = UINT64_MAX;
+  uint64_t syncs_ = 0;
+  int64_t wall_, monotonic_ = 0;
+
+  friend class MemWritableFile;
+};
+
+}  // namespace weft
