@@ -37,7 +37,30 @@ struct NewJob {
   nlohmann::json metadata = nullptr;
 };
 
-class OrchestratorClient {
+// What a rollout cluster asks of the orchestrator (docs/api.md, the cluster routes): the interface
+// the rollout worker talks through. OrchestratorClient speaks it over HTTP;
+// orchestrator/local_cluster_api.h answers it in process from a DurableCore (tests, simulations).
+class ClusterApi {
+ public:
+  virtual ~ClusterApi() = default;
+  virtual Status Register(const std::string& cluster, const std::string& region,
+                          uint32_t capacity) = 0;
+  // `sync`: the worker's weight-sync counters, shown in /v1/status.
+  virtual Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
+                           const SyncReport* sync = nullptr) = 0;
+  // Waits up to `wait` for at least one lease (zero: answer at once).
+  virtual Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max,
+                                                   std::chrono::milliseconds wait) = 0;
+  // `group.trajectories` is the samples' JSON text (docs/api.md, "Trajectories").
+  virtual Result<SubmitResult> Submit(const TrajectoryGroup& group) = 0;
+  // Hands the listed leases back (all when empty) and takes no more.
+  virtual Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs = {}) = 0;
+  // Hands the listed leases back (all when empty) without draining: the cluster goes on leasing.
+  virtual Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs = {}) = 0;
+  virtual Status Deregister(const std::string& cluster) = 0;
+};
+
+class OrchestratorClient : public ClusterApi {
  public:
   // `url` like "http://127.0.0.1:8090"; `token` the role's bearer token.
   // `options.deadline` bounds each call, retries included; long polls add their wait to it.
@@ -45,19 +68,16 @@ class OrchestratorClient {
 
   // Workers. Registration (with the worker token) returns a token for the cluster, which this
   // client then sends with every call naming that cluster.
-  Status Register(const std::string& cluster, const std::string& region, uint32_t capacity);
-  // `sync`: the worker's weight-sync counters, shown in /v1/status.
+  Status Register(const std::string& cluster, const std::string& region,
+                  uint32_t capacity) override;
   Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
-                   const SyncReport* sync = nullptr);
-  // Waits up to `wait` for at least one lease (zero: answer at once).
+                   const SyncReport* sync = nullptr) override;
   Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max,
-                                           std::chrono::milliseconds wait);
-  // `group.trajectories` is the samples' JSON text (docs/api.md, "Trajectories").
-  Result<SubmitResult> Submit(const TrajectoryGroup& group);
-  Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs = {});
-  // Hands the listed leases back (all when empty) without draining: the cluster goes on leasing.
-  Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs = {});
-  Status Deregister(const std::string& cluster);
+                                           std::chrono::milliseconds wait) override;
+  Result<SubmitResult> Submit(const TrajectoryGroup& group) override;
+  Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs = {}) override;
+  Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs = {}) override;
+  Status Deregister(const std::string& cluster) override;
 
   // Trainers.
   Status AnnounceVersion(uint64_t version);

@@ -76,7 +76,7 @@ struct WorkerStats {
 class RolloutWorker {
  public:
   // Everything passed must outlive the worker.
-  RolloutWorker(WorkerOptions options, orchestrator::OrchestratorClient& orchestrator,
+  RolloutWorker(WorkerOptions options, orchestrator::ClusterApi& orchestrator,
                 policy_store::ObjectStore& store, Engine& engine, const Task& task)
       : options_(std::move(options)),
         orchestrator_(orchestrator),
@@ -120,7 +120,7 @@ class RolloutWorker {
   bool Sleep(std::chrono::milliseconds period);
 
   WorkerOptions options_;
-  orchestrator::OrchestratorClient& orchestrator_;
+  orchestrator::ClusterApi& orchestrator_;
   policy_store::ObjectStore& store_;
   Engine& engine_;
   const Task& task_;

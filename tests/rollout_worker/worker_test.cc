@@ -10,8 +10,10 @@
 #include <set>
 #include <thread>
 
+#include "common/mem_env.h"
 #include "examples/arithmetic_task.h"
 #include "examples/embedded_engine.h"
+#include "orchestrator/local_cluster_api.h"
 #include "orchestrator/service.h"
 #include "policy_store/forwarding_store.h"
 #include "policy_store/manifest.h"
@@ -19,6 +21,7 @@
 #include "tests/orchestrator_test_util.h"
 #include "trainer_adapter/batch_client.h"
 #include "trainer_adapter/publisher.h"
+#include "trainer_adapter/received_group.h"
 
 namespace weft::rollout_worker {
 namespace {
@@ -364,6 +367,76 @@ TEST_CASE(
   worker.Stop();
   running.join();
   CHECK(ran.ok());
+  std::filesystem::remove_all(store_dir);
+}
+
+TEST_CASE("rollout worker in process: the real worker against a core on an in-memory disk") {
+  // No HTTP and no journal file: the worker talks to the core through LocalClusterApi, the core
+  // journals to a MemEnv; the clock is the machine's.
+  MemEnv disk;
+  DurableCore::Options durable_options;
+  durable_options.env = &disk;
+  auto core = std::move(DurableCore::Open("/o/journal", CoreConfig{}, durable_options)).value();
+  LocalClusterApi api(*core, Env::Default());
+  const std::string store_dir = testing::TempPath("worker_in_process_store");
+  const examples::ArithmeticTask task(1);
+  examples::TinyLmConfig model;
+  model.d_model = 16;
+  model.layers = 1;
+  model.heads = 2;
+  model.d_ff = 32;
+  model.max_seq = task.max_length();
+  const examples::TinyLmLayout layout(model);
+  policy_store::OpenOptions create;
+  create.create = true;
+  auto store = std::move(policy_store::OpenStore(store_dir, create)).value();
+  auto publisher =
+      std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(layout.Initialize(3)),
+                                                  sync::ServingPlan{}, {}))
+          .value();
+  REQUIRE(core->AnnounceVersion(WallMicros(), 0).ok());
+  examples::EmbeddedEngine engine(model, 1);
+  const examples::ArithmeticVerifier verifier(task);
+  WorkerOptions options;
+  options.cluster = "c1";
+  options.region = "eu";
+  options.run_id = "r";
+  options.capacity = 2;
+  options.heartbeat_interval = std::chrono::milliseconds(50);
+  options.sync_interval = std::chrono::milliseconds(20);
+  options.lease_wait = std::chrono::milliseconds(100);
+  options.sampling.max_tokens = 3;
+  options.sampling.stop_token = examples::ArithmeticTask::kEnd;
+  RolloutWorker worker(options, api, *store, engine, verifier);
+  Status ran = Internal("not finished");
+  std::thread running([&] { ran = worker.Run(); });
+  REQUIRE(core->AddJobs(WallMicros(), {{"\"1+2=\"", 2}, {"\"3+4=\"", 2}}).ok());
+  std::vector<Delivered> delivered;
+  REQUIRE(WaitFor([&] {
+    Result<Batch> batch = core->TakeBatch(WallMicros(), 10);
+    REQUIRE(batch.ok());
+    for (Delivered& d : batch->items) delivered.push_back(std::move(d));
+    return delivered.size() == 2;
+  }));
+  for (const Delivered& d : delivered) {
+    Result<trainer_adapter::ReceivedGroup> group = trainer_adapter::ParseGroup(d, 0);
+    REQUIRE_MESSAGE(group.ok(), group.status().ToString());
+    CHECK(group->samples.size() == 2);
+    for (const auto& sample : group->samples) {
+      CHECK(sample.versions == std::vector<uint64_t>(sample.tokens.size(), 0));
+      CHECK(sample.reward.has_value());
+    }
+  }
+  CHECK(api.sync_report("c1").has_value());
+  worker.Stop();
+  running.join();
+  CHECK(ran.ok());
+  // Drained and gone from the core.
+  CHECK(core->Inspect([](const OrchestratorCore& c) {
+    for (const ClusterView& view : c.clusters())
+      if (view.id == "c1") return view.gone;
+    return false;
+  }));
   std::filesystem::remove_all(store_dir);
 }
 
