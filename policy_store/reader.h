@@ -4,13 +4,14 @@
 // Every blob's SHA-256 is checked against its manifest, every delta's digests as it is applied,
 // and the result's digests against the target's manifest; nothing that fails a check reaches the
 // caller. A reader one or more versions behind applies the deltas of its path in place, in
-// O(changed elements): the path is squashed into one delta without the weights, checked to land
-// on the target's digests, and applied all tensors at once (sync::ServedModel::Apply), so on any
-// error the copy is exactly as it was. A reader with nothing (or whose version retention removed)
-// loads a keyframe into a new model, swapped in once it matches the target. Manifests are fetched
-// concurrently, blobs in parts (blob_fetch.h): each part of a keyframe is copied into its tensor
-// and added to its digest as it arrives, and hashed into the blob's SHA-256, so verification runs
-// with the download instead of after it. Not thread-safe; one per caller.
+// O(changed elements) and bounded memory (sync::ServedModel::Apply for one small delta, ApplyChain
+// for a catch-up; deltas larger than a fraction of the model are spilled to unnamed files in
+// `spill_dir`). On error the copy is as it was, except where a spilled delta read back differs
+// from its first reading after part of the copy was written: then the copy is emptied (it is no
+// version), and the next pull starts from a keyframe. A reader with nothing (or whose version
+// retention removed) loads a keyframe into a new model, swapped in once it matches the target.
+// Blobs are fetched in parts (blob_fetch.h) and verified as they arrive. Not thread-safe; one per
+// caller.
 #pragma once
 
 #include <cstdint>

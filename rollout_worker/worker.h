@@ -4,11 +4,11 @@
 //   - sync: checks the store's latest version, brings its own copy of the served tensors there in
 //     place along the cheapest path (policy_store::StoreReader: plan, fetch through the region's
 //     relay, verify every blob, apply in O(changed elements) with every digest checked against
-//     the manifest; the copy is untouched on error), stages it in the engine while generation
-//     goes on, commits it (the short pause), and reports the version in a heartbeat at once. Every
-//     `verify_interval` it also recomputes every digest of its copy from the bytes themselves;
-//     should they ever disagree with the manifest, it counts a digest mismatch, stops claiming the
-//     version and re-syncs from a keyframe.
+//     the manifest; on error the copy is as it was, or empty), stages it in the engine while
+//     generation goes on, commits it (the short pause), and reports the version in a heartbeat at
+//     once. Every `verify_interval` it also recomputes every digest of its copy from the bytes
+//     themselves; should they ever disagree with the manifest, it counts a digest mismatch, stops
+//     claiming the version and re-syncs from a keyframe.
 //   - heartbeats: proof of life with the version proved ready and the sync counters, every
 //     `heartbeat_interval`.
 //   - jobs (`capacity` per engine replica that is ready): lease one job (long poll), generate its
