@@ -16,7 +16,7 @@ class MemWritableFile : public WritableFile {
       : env_(env), path_(std::move(path)), file_(std::move(file)) {}
 
   Status Append(std::span<const uint8_t> bytes) override {
-    std::lock_guard<std::mutex> lock(env_.mutex_);
+    MutexLock lock(env_.mutex_);
     if (file_->removed) return Status::Ok();  // as into an unlinked file: nobody reads it again
     if (env_.UsedLocked() + bytes.size() > env_.capacity_)
       return Unavailable("cannot write " + path_ + ": No space left on device");
@@ -25,7 +25,7 @@ class MemWritableFile : public WritableFile {
   }
 
   Status Sync() override {
-    std::lock_guard<std::mutex> lock(env_.mutex_);
+    MutexLock lock(env_.mutex_);
     if (file_->removed) return Status::Ok();
     WEFT_RETURN_IF_ERROR(env_.TakeSync(path_));
     file_->synced = file_->data.size();
@@ -33,7 +33,7 @@ class MemWritableFile : public WritableFile {
   }
 
   Status Truncate(uint64_t size) override {
-    std::lock_guard<std::mutex> lock(env_.mutex_);
+    MutexLock lock(env_.mutex_);
     WEFT_RETURN_IF_ERROR(env_.TakeSync(path_));
     file_->data.resize(std::min<uint64_t>(size, file_->data.size()));
     file_->synced = file_->data.size();
@@ -64,7 +64,7 @@ uint64_t MemEnv::UsedLocked() const {
 }
 
 Result<std::unique_ptr<WritableFile>> MemEnv::OpenWritable(const std::string& path, bool create) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto found = files_.find(path);
   if (!create) {
     if (found == files_.end()) return NotFound(path + " does not exist");
@@ -78,19 +78,19 @@ Result<std::unique_ptr<WritableFile>> MemEnv::OpenWritable(const std::string& pa
 }
 
 Result<std::vector<uint8_t>> MemEnv::ReadFile(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto found = files_.find(path);
   if (found == files_.end()) return NotFound(path + " does not exist");
   return found->second->data;
 }
 
 bool MemEnv::Exists(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return files_.count(path) != 0;
 }
 
 std::vector<std::string> MemEnv::List(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   const std::string prefix = dir.empty() || dir.back() == '/' ? dir : dir + "/";
   std::vector<std::string> names;
   for (const auto& [path, file] : files_) {
@@ -103,7 +103,7 @@ std::vector<std::string> MemEnv::List(const std::string& dir) {
 }
 
 Status MemEnv::Remove(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto found = files_.find(path);
   if (found == files_.end()) return Status::Ok();
   WEFT_RETURN_IF_ERROR(TakeSync(path));
@@ -114,7 +114,7 @@ Status MemEnv::Remove(const std::string& path) {
 
 Status MemEnv::WriteAtomic(const std::string& path,
                            std::span<const std::span<const uint8_t>> parts) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto file = std::make_shared<File>();
   for (std::span<const uint8_t> part : parts)
     file->data.insert(file->data.end(), part.begin(), part.end());
@@ -130,19 +130,19 @@ Status MemEnv::WriteAtomic(const std::string& path,
 }
 
 int64_t MemEnv::WallMicros() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return wall_;
 }
 
 int64_t MemEnv::MonotonicMicros() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return monotonic_;
 }
 
 void MemEnv::SleepFor(std::chrono::microseconds duration) { Advance(duration); }
 
 void MemEnv::Crash(uint64_t keep) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto& [path, file] : files_) {
     const uint64_t tail = file->data.size() - file->synced;
     file->data.resize(file->synced + std::min(keep, tail));
@@ -157,7 +157,8 @@ void MemEnv::Crash(uint64_t keep) {
 
 std::unique_ptr<MemEnv> MemEnv::DiskAfterCrash(uint64_t keep) const {
   auto copy = std::make_unique<MemEnv>();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
+  MutexLock copy_lock(copy->mutex_);
   copy->wall_ = wall_;
   copy->monotonic_ = monotonic_;
   for (const auto& [path, file] : files_) {
@@ -171,17 +172,17 @@ std::unique_ptr<MemEnv> MemEnv::DiskAfterCrash(uint64_t keep) const {
 }
 
 void MemEnv::FailSyncs(int count) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   failing_syncs_ = count;
 }
 
 void MemEnv::SetCapacity(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   capacity_ = bytes;
 }
 
 void MemEnv::Advance(std::chrono::microseconds duration) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (duration.count() > 0) {
     wall_ += duration.count();
     monotonic_ += duration.count();
@@ -189,17 +190,17 @@ void MemEnv::Advance(std::chrono::microseconds duration) {
 }
 
 void MemEnv::JumpWall(std::chrono::microseconds duration) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   wall_ += duration.count();
 }
 
 uint64_t MemEnv::syncs() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return syncs_;
 }
 
 uint64_t MemEnv::used_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return UsedLocked();
 }
 

@@ -19,10 +19,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "common/env.h"
+#include "common/mutex.h"
 
 namespace weft {
 
@@ -57,15 +57,16 @@ class MemEnv : public Env {
   struct File;  // (for the files it hands out)
 
  private:
-  Status TakeSync(const std::string& path);  // fails when a failure was asked for
-  uint64_t UsedLocked() const;
+  Status TakeSync(const std::string& path) REQUIRES(mutex_);  // fails when a failure was asked for
+  uint64_t UsedLocked() const REQUIRES(mutex_);
 
-  mutable std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<File>> files_;
-  int failing_syncs_ = 0;
-  uint64_t capacity_ = UINT64_MAX;
-  uint64_t syncs_ = 0;
-  int64_t wall_, monotonic_ = 0;
+  mutable Mutex mutex_;  // also guards the Files' contents
+  std::map<std::string, std::shared_ptr<File>> files_ GUARDED_BY(mutex_);
+  int failing_syncs_ GUARDED_BY(mutex_) = 0;
+  uint64_t capacity_ GUARDED_BY(mutex_) = UINT64_MAX;
+  uint64_t syncs_ GUARDED_BY(mutex_) = 0;
+  int64_t wall_ GUARDED_BY(mutex_);
+  int64_t monotonic_ GUARDED_BY(mutex_) = 0;
 
   friend class MemWritableFile;
 };

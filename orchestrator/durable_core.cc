@@ -223,41 +223,42 @@ Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
 
 Status DurableCore::Apply(Event event, Outcome* out) {
   const Micros now = event.now;
+  OrchestratorCore* core = &core_;  // (held here; the lambdas below are not told so)
   return std::visit(
       Overloaded{
           [&](events::Register& r) {
-            return core_.Register(now, r.cluster, r.region, r.capacity, r.credential);
+            return core->Register(now, r.cluster, r.region, r.capacity, r.credential);
           },
-          [&](events::Heartbeat& h) { return core_.Heartbeat(now, h.cluster, h.ready); },
-          [&](events::Drain& d) { return core_.Drain(now, d.cluster, d.jobs, d.stop_leasing); },
-          [&](events::Deregister& d) { return core_.Deregister(now, d.cluster); },
+          [&](events::Heartbeat& h) { return core->Heartbeat(now, h.cluster, h.ready); },
+          [&](events::Drain& d) { return core->Drain(now, d.cluster, d.jobs, d.stop_leasing); },
+          [&](events::Deregister& d) { return core->Deregister(now, d.cluster); },
           [&](events::Leases& l) -> Status {
             WEFT_ASSIGN_OR_RETURN(out->leases,
-                                  core_.RequestLeases(now, l.cluster, l.max, l.request));
+                                  core->RequestLeases(now, l.cluster, l.max, l.request));
             out->changed = !out->leases.empty();
             return Status::Ok();
           },
           [&](events::Submit& s) -> Status {
-            WEFT_ASSIGN_OR_RETURN(out->submit, core_.Submit(now, std::move(s.group)));
+            WEFT_ASSIGN_OR_RETURN(out->submit, core->Submit(now, std::move(s.group)));
             out->changed = out->submit == SubmitResult::kAccepted;  // a duplicate changes nothing
             return Status::Ok();
           },
-          [&](events::Announce& a) { return core_.AnnounceVersion(now, a.version); },
+          [&](events::Announce& a) { return core->AnnounceVersion(now, a.version); },
           [&](events::Jobs& j) {
-            out->jobs = core_.AddJobs(now, j.jobs);
+            out->jobs = core->AddJobs(now, j.jobs);
             return Status::Ok();
           },
           [&](events::TakeBatch& b) {
-            const size_t buffered = core_.buffered();
-            out->batch = core_.TakeBatch(now, b.max, b.ack);
+            const size_t buffered = core->buffered();
+            out->batch = core->TakeBatch(now, b.max, b.ack);
             // Journaled when it acknowledged, handed out a batch (a redelivery re-judges
             // staleness, and is rare) or dropped stale trajectories.
             out->changed =
-                out->batch.acknowledged > 0 || out->batch.id != 0 || core_.buffered() != buffered;
+                out->batch.acknowledged > 0 || out->batch.id != 0 || core->buffered() != buffered;
             return Status::Ok();
           },
           [&](events::Tick&) {
-            out->changed = core_.Tick(now);
+            out->changed = core->Tick(now);
             return Status::Ok();
           },
       },
@@ -335,6 +336,7 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     }
     Result<OrchestratorCore> restored = OrchestratorCore::Restore(config, *state);
     if (!restored.ok()) return restored.status().WithContext(durable->SnapshotPath(*g));
+    MutexLock lock(durable->mutex_);
     durable->core_ = std::move(restored).value();
     durable->fresh_ = false;
     start = *g;
@@ -367,6 +369,7 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     // Only accepted events were journaled: one the core refuses now means the journal and this
     // build disagree, and continuing would diverge from what was acknowledged.
     WEFT_ASSIGN_OR_RETURN(Event event, ParseEvent(record));
+    MutexLock lock(durable->mutex_);
     return durable->Apply(std::move(event), &ignored);
   };
   for (uint64_t g = start; g < last; ++g)
@@ -393,7 +396,7 @@ Status DurableCore::Compact() {
   std::string state;
   uint64_t generation = 0, rotation = 0;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     state = core_.Snapshot();
     generation = generation_ + 1;
     // Events from here on go to the new generation's journal: the snapshot holds all before.
@@ -418,7 +421,7 @@ Status DurableCore::Compact() {
 Status DurableCore::Record(Event event, Outcome* outcome, bool wait) {
   uint64_t sequence = 0;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     std::string text = EventText(event);
     // A refused request changes nothing: what the journal would not take is refused first.
     WEFT_RETURN_IF_ERROR(journal_->Admits(text.size()));
@@ -439,7 +442,7 @@ void DurableCore::SubmitAsync(Micros now, TrajectoryGroup group,
   Outcome out;
   Status status;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     std::string text = EventText(event);
     status = journal_->Admits(text.size());
     if (status.ok()) status = Apply(std::move(event), &out);

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/mutex.h"
 #include "orchestrator/core.h"
 #include "orchestrator/journal.h"
 
@@ -63,8 +64,8 @@ class DurableCore {
 
   // Runs `read` on the core under the lock (status pages, metrics, tests).
   template <typename Read>
-  auto Inspect(Read read) const {
-    std::lock_guard<std::mutex> lock(mutex_);
+  auto Inspect(Read read) const EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     return read(static_cast<const OrchestratorCore&>(core_));
   }
   uint64_t events_replayed() const { return replayed_; }
@@ -101,17 +102,17 @@ class DurableCore {
   static std::string EventText(const Event& event);
   static Result<Event> ParseEvent(std::string_view text);
   // Applies the event to the core (replay and live events alike), filling in its results.
-  Status Apply(Event event, Outcome* outcome);
+  Status Apply(Event event, Outcome* outcome) REQUIRES(mutex_);
   // Applies, and when the core accepted it, journals it and (when `wait`) waits for the disk.
   Status Record(Event event, Outcome* outcome, bool wait = true);
 
   const std::string base_;
   const Options options_;
   Env& env_;
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   std::atomic<uint64_t> generation_{0};  // the journal's (changed under mutex_)
   std::atomic<uint64_t> compactions_{0};
-  OrchestratorCore core_;
+  OrchestratorCore core_ GUARDED_BY(mutex_);
   std::unique_ptr<Journal> journal_;
   uint64_t replayed_ = 0;
   bool fresh_ = true;

@@ -119,8 +119,7 @@ Result<std::unique_ptr<Journal>> Journal::Open(
     const std::string& path, const std::function<Status(std::string_view)>& replay, Env& env) {
   if (!env.Exists(path)) {
     WEFT_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, CreateFile(env, path));
-    std::unique_ptr<Journal> journal(new Journal(env, path, std::move(file)));
-    journal->size_ = sizeof(kMagic);
+    std::unique_ptr<Journal> journal(new Journal(env, path, std::move(file), sizeof(kMagic)));
     journal->Start();
     return journal;
   }
@@ -134,8 +133,7 @@ Result<std::unique_ptr<Journal>> Journal::Open(
                        << " bytes of a torn last record at byte " << valid;
     WEFT_RETURN_IF_ERROR(file->Truncate(valid).WithContext("cutting off the torn tail"));
   }
-  std::unique_ptr<Journal> journal(new Journal(env, path, std::move(file)));
-  journal->size_ = valid;
+  std::unique_ptr<Journal> journal(new Journal(env, path, std::move(file), valid));
   journal->Start();
   return journal;
 }
@@ -146,7 +144,7 @@ void Journal::Start() {
 
 Journal::~Journal() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
   queued_cv_.notify_all();
@@ -154,12 +152,12 @@ Journal::~Journal() {
 }
 
 uint64_t Journal::records() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return queued_;
 }
 
 uint64_t Journal::syncs() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return syncs_;
 }
 
@@ -174,7 +172,7 @@ Status Journal::Admits(uint64_t bytes) const {
   if (bytes > kMaxRecord)
     return InvalidArgument("the event's journal record would be " + std::to_string(bytes) +
                            " bytes, more than the limit of " + std::to_string(kMaxRecord));
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return failure_;
 }
 
@@ -184,7 +182,7 @@ Result<uint64_t> Journal::Queue(std::string record, std::function<void(Status)> 
                            std::to_string(kMaxRecord) + " bytes (this one has " +
                            std::to_string(record.size()) + ")");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (!failure_.ok()) return failure_;
   pending_.push_back({std::move(record), false});
   ++queued_;
@@ -194,7 +192,7 @@ Result<uint64_t> Journal::Queue(std::string record, std::function<void(Status)> 
 }
 
 Result<uint64_t> Journal::Rotate(std::string path) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (!failure_.ok()) return failure_;
   pending_.push_back({std::move(path), true});
   queued_cv_.notify_one();
@@ -202,12 +200,12 @@ Result<uint64_t> Journal::Rotate(std::string path) {
 }
 
 std::string Journal::path() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return path_;
 }
 
 uint64_t Journal::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return size_;
 }
 
@@ -216,16 +214,17 @@ Status Journal::EnqueueThen(std::string record, std::function<void(Status)> dura
 }
 
 Status Journal::Wait(uint64_t sequence) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  synced_.wait(lock, [&] { return durable_ >= sequence || !failure_.ok(); });
+  MutexLock lock(mutex_);
+  synced_.wait(lock.native(),
+               [&]() REQUIRES(mutex_) { return durable_ >= sequence || !failure_.ok(); });
   return durable_ >= sequence ? Status::Ok() : failure_;
 }
 
 Status Journal::WhenDurable(std::function<void(Status)> durable) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (!failure_.ok()) return failure_;
   if (durable_ >= queued_) {
-    lock.unlock();
+    lock.Unlock();
     durable(Status::Ok());
     return Status::Ok();
   }
@@ -234,16 +233,17 @@ Status Journal::WhenDurable(std::function<void(Status)> durable) {
 }
 
 void Journal::WriteLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   while (true) {
-    queued_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    queued_cv_.wait(lock.native(),
+                    [&]() REQUIRES(mutex_) { return stopping_ || !pending_.empty(); });
     if (pending_.empty()) break;  // stopping, with everything written
     std::vector<Pending> batch;
     batch.swap(pending_);
     const uint64_t last = queued_;
     std::string path = path_;
     uint64_t size = size_;
-    lock.unlock();
+    lock.Unlock();
     // The batch's records, in order, with one sync per file (a rotation syncs the file it leaves
     // and starts the next one durably before anything is written there).
     std::vector<uint8_t> bytes;
@@ -277,7 +277,7 @@ void Journal::WriteLoop() {
       bytes.insert(bytes.end(), r.begin(), r.end());
     }
     flush();
-    lock.lock();
+    lock.Lock();
     ++syncs_;
     path_ = path;
     size_ = size;
@@ -301,9 +301,9 @@ void Journal::WriteLoop() {
     callbacks_.erase(keep, callbacks_.end());
     const Status outcome = failure_.ok() ? Status::Ok() : failure_;
     synced_.notify_all();
-    lock.unlock();
+    lock.Unlock();
     for (auto& durable : ready) durable(outcome);
-    lock.lock();
+    lock.Lock();
   }
 }
 

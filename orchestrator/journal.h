@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace weft::orchestrator {
@@ -67,10 +68,10 @@ class Journal {
   uint64_t size() const;     // bytes in it, as far as written
 
  private:
-  Journal(Env& env, std::string path, std::unique_ptr<WritableFile> file)
-      : env_(env), path_(std::move(path)), file_(std::move(file)) {}
+  Journal(Env& env, std::string path, std::unique_ptr<WritableFile> file, uint64_t size)
+      : env_(env), file_(std::move(file)), path_(std::move(path)), size_(size) {}
   // Queues `record` (with `durable` to call once it is on disk, if given); its sequence number.
-  Result<uint64_t> Queue(std::string record, std::function<void(Status)> durable);
+  Result<uint64_t> Queue(std::string record, std::function<void(Status)> durable) EXCLUDES(mutex_);
   void Start();
   void WriteLoop();
   struct Pending {
@@ -79,19 +80,20 @@ class Journal {
   };
 
   Env& env_;
-  std::string path_;
   std::unique_ptr<WritableFile> file_;  // the file written now (by the writer thread only)
-  mutable std::mutex mutex_;
-  std::condition_variable synced_;     // durable_ moved
-  std::condition_variable queued_cv_;  // something to write, or stopping
-  std::vector<Pending> pending_;       // queued, not yet written
-  uint64_t size_ = 0;
-  std::vector<std::pair<uint64_t, std::function<void(Status)>>> callbacks_;  // by sequence
-  uint64_t queued_ = 0;   // sequence number of the last queued record
-  uint64_t durable_ = 0;  // ... of the last record on disk
-  bool stopping_ = false;
-  Status failure_;  // once a write fails, every later append fails
-  uint64_t syncs_ = 0;
+  mutable Mutex mutex_;
+  std::string path_ GUARDED_BY(mutex_);
+  std::condition_variable synced_;                   // durable_ moved
+  std::condition_variable queued_cv_;                // something to write, or stopping
+  std::vector<Pending> pending_ GUARDED_BY(mutex_);  // queued, not yet written
+  uint64_t size_ GUARDED_BY(mutex_) = 0;
+  // By sequence number.
+  std::vector<std::pair<uint64_t, std::function<void(Status)>>> callbacks_ GUARDED_BY(mutex_);
+  uint64_t queued_ GUARDED_BY(mutex_) = 0;   // sequence number of the last queued record
+  uint64_t durable_ GUARDED_BY(mutex_) = 0;  // ... of the last record on disk
+  bool stopping_ GUARDED_BY(mutex_) = false;
+  Status failure_ GUARDED_BY(mutex_);  // once a write fails, every later append fails
+  uint64_t syncs_ GUARDED_BY(mutex_) = 0;
   std::thread writer_;
 };
 

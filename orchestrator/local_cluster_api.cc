@@ -11,7 +11,7 @@ Status LocalClusterApi::Heartbeat(const std::string& cluster, std::optional<uint
                                   const SyncReport* sync) {
   WEFT_RETURN_IF_ERROR(core_.Heartbeat(env_.WallMicros(), cluster, ready_version));
   if (sync != nullptr) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     reports_[cluster] = *sync;
   }
   return Status::Ok();
@@ -45,7 +45,7 @@ Status LocalClusterApi::Deregister(const std::string& cluster) {
 }
 
 std::optional<SyncReport> LocalClusterApi::sync_report(const std::string& cluster) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto found = reports_.find(cluster);
   if (found == reports_.end()) return std::nullopt;
   return found->second;

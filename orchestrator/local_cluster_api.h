@@ -7,11 +7,11 @@
 
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "common/env.h"
+#include "common/mutex.h"
 #include "orchestrator/client.h"
 #include "orchestrator/durable_core.h"
 
@@ -42,8 +42,8 @@ class LocalClusterApi : public ClusterApi {
   DurableCore& core_;
   Env& env_;
   const std::chrono::microseconds poll_;
-  mutable std::mutex mutex_;
-  std::map<std::string, SyncReport> reports_;
+  mutable Mutex mutex_;
+  std::map<std::string, SyncReport> reports_ GUARDED_BY(mutex_);
 };
 
 }  // namespace weft::orchestrator
