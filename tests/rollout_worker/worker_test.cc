@@ -85,6 +85,47 @@ TEST_CASE("group versions: samples end to end, runs tagged, range from the oldes
   CHECK(none.segments.empty());
 }
 
+// The example policy at its smallest, for `task`.
+examples::TinyLmConfig SmallModel(const examples::ArithmeticTask& task) {
+  examples::TinyLmConfig model;
+  model.d_model = 16;
+  model.layers = 1;
+  model.heads = 2;
+  model.d_ff = 32;
+  model.max_seq = task.max_length();
+  return model;
+}
+
+std::unique_ptr<policy_store::ObjectStore> NewStore(const std::string& dir) {
+  policy_store::OpenOptions create;
+  create.create = true;
+  return std::move(policy_store::OpenStore(dir, create)).value();
+}
+
+// Run r's publisher, with the policy's weights from seed 3 published as version 0.
+std::unique_ptr<trainer_adapter::Publisher> PublishPolicy(policy_store::ObjectStore& store,
+                                                          const examples::TinyLmLayout& layout) {
+  return std::move(trainer_adapter::Publisher::Start(
+                       store, "r", layout.Master(layout.Initialize(3)), sync::ServingPlan{}, {}))
+      .value();
+}
+
+// Cluster c1 in region eu of run r, quick intervals, samples of up to 3 tokens.
+WorkerOptions SmallWorker(uint32_t capacity, std::chrono::milliseconds heartbeat,
+                          std::chrono::milliseconds lease_wait) {
+  WorkerOptions options;
+  options.cluster = "c1";
+  options.region = "eu";
+  options.run_id = "r";
+  options.capacity = capacity;
+  options.heartbeat_interval = heartbeat;
+  options.sync_interval = std::chrono::milliseconds(20);
+  options.lease_wait = lease_wait;
+  options.sampling.max_tokens = 3;
+  options.sampling.stop_token = examples::ArithmeticTask::kEnd;
+  return options;
+}
+
 bool WaitFor(const std::function<bool()>& condition,
              std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -107,39 +148,18 @@ TEST_CASE(
 
   // The policy, published as version 0.
   const examples::ArithmeticTask task(1);
-  examples::TinyLmConfig model;
-  model.d_model = 16;
-  model.layers = 1;
-  model.heads = 2;
-  model.d_ff = 32;
-  model.max_seq = task.max_length();
+  const examples::TinyLmConfig model = SmallModel(task);
   const examples::TinyLmLayout layout(model);
   std::vector<float> weights = layout.Initialize(3);
-  auto store = std::move(policy_store::OpenStore(store_dir,
-                                                 [] {
-                                                   policy_store::OpenOptions o;
-                                                   o.create = true;
-                                                   return o;
-                                                 }()))
-                   .value();
-  auto publisher = std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(weights),
-                                                               sync::ServingPlan{}, {}))
-                       .value();
+  auto store = NewStore(store_dir);
+  auto publisher = PublishPolicy(*store, layout);
   REQUIRE(trainer.AnnounceVersion(0).ok());
 
   examples::EmbeddedEngine engine(model, 1);
   const examples::ArithmeticVerifier verifier(task);
-  WorkerOptions options;
-  options.cluster = "c1";
-  options.region = "eu";
-  options.run_id = "r";
-  options.capacity = 2;
-  options.heartbeat_interval = std::chrono::milliseconds(100);
-  options.sync_interval = std::chrono::milliseconds(20);
+  WorkerOptions options =
+      SmallWorker(2, std::chrono::milliseconds(100), std::chrono::milliseconds(200));
   options.verify_interval = std::chrono::milliseconds(50);
-  options.lease_wait = std::chrono::milliseconds(200);
-  options.sampling.max_tokens = 3;
-  options.sampling.stop_token = examples::ArithmeticTask::kEnd;
   GatedStore view(*store);
   RolloutWorker worker(options, worker_client, view, engine, verifier);
   Status ran = Internal("not finished");
@@ -279,38 +299,16 @@ TEST_CASE(
   quick.deadline = std::chrono::milliseconds(10000);
   OrchestratorClient trainer(o.url, "t-token", quick), worker_client(o.url, "w-token", quick);
   const examples::ArithmeticTask task(1);
-  examples::TinyLmConfig model;
-  model.d_model = 16;
-  model.layers = 1;
-  model.heads = 2;
-  model.d_ff = 32;
-  model.max_seq = task.max_length();
+  const examples::TinyLmConfig model = SmallModel(task);
   const examples::TinyLmLayout layout(model);
-  auto store = std::move(policy_store::OpenStore(store_dir,
-                                                 [] {
-                                                   policy_store::OpenOptions o;
-                                                   o.create = true;
-                                                   return o;
-                                                 }()))
-                   .value();
-  auto publisher =
-      std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(layout.Initialize(3)),
-                                                  sync::ServingPlan{}, {}))
-          .value();
+  auto store = NewStore(store_dir);
+  auto publisher = PublishPolicy(*store, layout);
   REQUIRE(trainer.AnnounceVersion(0).ok());
   examples::EmbeddedEngine embedded(model, 1);
   SwitchableEngine engine(embedded);
   const examples::ArithmeticVerifier verifier(task);
-  WorkerOptions options;
-  options.cluster = "c1";
-  options.region = "eu";
-  options.run_id = "r";
-  options.capacity = 3;
-  options.heartbeat_interval = std::chrono::milliseconds(100);
-  options.sync_interval = std::chrono::milliseconds(20);
-  options.lease_wait = std::chrono::milliseconds(200);
-  options.sampling.max_tokens = 3;
-  options.sampling.stop_token = examples::ArithmeticTask::kEnd;
+  const WorkerOptions options =
+      SmallWorker(3, std::chrono::milliseconds(100), std::chrono::milliseconds(200));
   RolloutWorker worker(options, worker_client, *store, engine, verifier);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
@@ -380,33 +378,15 @@ TEST_CASE("rollout worker in process: the real worker against a core on an in-me
   LocalClusterApi api(*core, Env::Default());
   const std::string store_dir = testing::TempPath("worker_in_process_store");
   const examples::ArithmeticTask task(1);
-  examples::TinyLmConfig model;
-  model.d_model = 16;
-  model.layers = 1;
-  model.heads = 2;
-  model.d_ff = 32;
-  model.max_seq = task.max_length();
+  const examples::TinyLmConfig model = SmallModel(task);
   const examples::TinyLmLayout layout(model);
-  policy_store::OpenOptions create;
-  create.create = true;
-  auto store = std::move(policy_store::OpenStore(store_dir, create)).value();
-  auto publisher =
-      std::move(trainer_adapter::Publisher::Start(*store, "r", layout.Master(layout.Initialize(3)),
-                                                  sync::ServingPlan{}, {}))
-          .value();
+  auto store = NewStore(store_dir);
+  auto publisher = PublishPolicy(*store, layout);
   REQUIRE(core->AnnounceVersion(WallMicros(), 0).ok());
   examples::EmbeddedEngine engine(model, 1);
   const examples::ArithmeticVerifier verifier(task);
-  WorkerOptions options;
-  options.cluster = "c1";
-  options.region = "eu";
-  options.run_id = "r";
-  options.capacity = 2;
-  options.heartbeat_interval = std::chrono::milliseconds(50);
-  options.sync_interval = std::chrono::milliseconds(20);
-  options.lease_wait = std::chrono::milliseconds(100);
-  options.sampling.max_tokens = 3;
-  options.sampling.stop_token = examples::ArithmeticTask::kEnd;
+  const WorkerOptions options =
+      SmallWorker(2, std::chrono::milliseconds(50), std::chrono::milliseconds(100));
   RolloutWorker worker(options, api, *store, engine, verifier);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
