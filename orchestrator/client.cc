@@ -24,6 +24,13 @@ Status Acknowledged(const Result<std::string>& answer, const std::string& what) 
   return Status::Ok();
 }
 
+// A cluster route's answer, checked to be the `event` asked for (kDataLoss otherwise).
+Result<wire::ClusterAnswer> ClusterAnswered(const Result<std::string>& answer,
+                                            wire::ClusterEvent event, const std::string& what) {
+  if (!answer.ok()) return answer.status();
+  return Answer(wire::DecodeClusterAnswer(*answer, event), what);
+}
+
 }  // namespace
 
 OrchestratorClient::OrchestratorClient(std::string url, std::string token,
@@ -70,13 +77,12 @@ Status OrchestratorClient::Register(const std::string& cluster, const std::strin
   std::lock_guard<std::mutex> registering(register_mutex_);
   Result<std::string> answer = Call(
       "POST", "/v1/clusters", wire::Encode(wire::Registration{cluster, region, capacity}), true);
-  WEFT_RETURN_IF_ERROR(Acknowledged(answer, "registering " + cluster));
-  const Json json = Json::parse(*answer, nullptr, false);
-  if (json.contains("cluster_token")) {
-    if (!json["cluster_token"].is_string())
-      return DataLoss("registering " + cluster + ": cluster_token is not a string");
+  WEFT_ASSIGN_OR_RETURN(
+      wire::ClusterAnswer registered,
+      ClusterAnswered(answer, wire::ClusterEvent::kRegistered, "registering " + cluster));
+  if (!registered.cluster_token.empty()) {
     std::lock_guard<std::mutex> lock(tokens_mutex_);
-    cluster_tokens_[cluster] = json["cluster_token"].get<std::string>();
+    cluster_tokens_[cluster] = std::move(registered.cluster_token);
   }
   return Status::Ok();
 }
@@ -87,9 +93,10 @@ Status OrchestratorClient::Heartbeat(const std::string& cluster,
   wire::Heartbeat heartbeat{ready_version, std::nullopt};
   if (sync != nullptr) heartbeat.sync = *sync;
   const std::string token = TokenFor(cluster);
-  return Acknowledged(Call("POST", "/v1/clusters/" + cluster + "/heartbeat",
-                           wire::Encode(heartbeat), true, {}, &token),
-                      "heartbeat of " + cluster);
+  return ClusterAnswered(Call("POST", "/v1/clusters/" + cluster + "/heartbeat",
+                              wire::Encode(heartbeat), true, {}, &token),
+                         wire::ClusterEvent::kHeartbeat, "heartbeat of " + cluster)
+      .status();
 }
 
 Result<std::vector<Lease>> OrchestratorClient::RequestLeases(const std::string& cluster,
@@ -114,22 +121,25 @@ Result<SubmitResult> OrchestratorClient::Submit(const TrajectoryGroup& group) {
 
 Status OrchestratorClient::Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) {
   const std::string token = TokenFor(cluster);
-  return Acknowledged(
-      Call("POST", "/v1/clusters/" + cluster + "/drain", wire::EncodeDrain(jobs), true, {}, &token),
-      "draining " + cluster);
+  return ClusterAnswered(Call("POST", "/v1/clusters/" + cluster + "/drain", wire::EncodeDrain(jobs),
+                              true, {}, &token),
+                         wire::ClusterEvent::kDraining, "draining " + cluster)
+      .status();
 }
 
 Status OrchestratorClient::Release(const std::string& cluster, const std::vector<uint64_t>& jobs) {
   const std::string token = TokenFor(cluster);
-  return Acknowledged(Call("POST", "/v1/clusters/" + cluster + "/release", wire::EncodeDrain(jobs),
-                           true, {}, &token),
-                      "handing back leases of " + cluster);
+  return ClusterAnswered(Call("POST", "/v1/clusters/" + cluster + "/release",
+                              wire::EncodeDrain(jobs), true, {}, &token),
+                         wire::ClusterEvent::kReleased, "handing back leases of " + cluster)
+      .status();
 }
 
 Status OrchestratorClient::Deregister(const std::string& cluster) {
   const std::string token = TokenFor(cluster);
-  return Acknowledged(Call("DELETE", "/v1/clusters/" + cluster, "", true, {}, &token),
-                      "deregistering " + cluster);
+  return ClusterAnswered(Call("DELETE", "/v1/clusters/" + cluster, "", true, {}, &token),
+                         wire::ClusterEvent::kDeregistered, "deregistering " + cluster)
+      .status();
 }
 
 Status OrchestratorClient::AnnounceVersion(uint64_t version) {

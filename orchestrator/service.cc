@@ -434,7 +434,8 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
           core.Register(now, r->cluster, r->region, r->capacity, CredentialOf(*token));
       if (!done.ok()) return error(done);
       Wake();
-      return ok(Json{{"cluster", r->cluster}, {"registered", true}, {"cluster_token", *token}});
+      return answer(
+          wire::Encode(wire::ClusterAnswer{r->cluster, wire::ClusterEvent::kRegistered, *token}));
     }
     case Endpoint::kCluster: {
       const std::string& id = endpoint.cluster;
@@ -443,7 +444,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
         weft::Status done = core.Deregister(now, id);
         if (!done.ok()) return error(done);
         Wake();
-        return ok(Json{{"cluster", id}, {"deregistered", true}});
+        return answer(wire::Encode(wire::ClusterAnswer{id, wire::ClusterEvent::kDeregistered, ""}));
       }
       if (action == "heartbeat") {
         Result<wire::Heartbeat> h = wire::DecodeHeartbeat(body);
@@ -455,7 +456,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
           sync_reports[id] = std::move(*h->sync);
         }
         Wake();
-        return ok(Json{{"cluster", id}, {"ok", true}});
+        return answer(wire::Encode(wire::ClusterAnswer{id, wire::ClusterEvent::kHeartbeat, ""}));
       }
       if (action == "leases") {
         Result<wire::LeaseRequest> r = wire::DecodeLeaseRequest(body);
@@ -477,8 +478,8 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       weft::Status done = core.Drain(now, id, *jobs, drain);
       if (!done.ok()) return error(done);
       Wake();
-      if (drain) return ok(Json{{"cluster", id}, {"draining", true}});
-      return ok(Json{{"cluster", id}, {"released", true}});
+      return answer(wire::Encode(wire::ClusterAnswer{
+          id, drain ? wire::ClusterEvent::kDraining : wire::ClusterEvent::kReleased, ""}));
     }
     case Endpoint::kSubmissions:
       return submit(std::nullopt);

@@ -611,6 +611,50 @@ Result<Batch> DecodeBatch(std::string_view answer) {
   return batch;
 }
 
+namespace {
+
+const char* EventKey(ClusterEvent event) {
+  switch (event) {
+    case ClusterEvent::kRegistered:
+      return "registered";
+    case ClusterEvent::kDraining:
+      return "draining";
+    case ClusterEvent::kReleased:
+      return "released";
+    case ClusterEvent::kDeregistered:
+      return "deregistered";
+    case ClusterEvent::kHeartbeat:
+      break;
+  }
+  return "ok";
+}
+
+}  // namespace
+
+std::string Encode(const ClusterAnswer& answer) {
+  Json json = {{"cluster", answer.cluster}, {EventKey(answer.event), true}};
+  if (answer.event == ClusterEvent::kRegistered) json["cluster_token"] = answer.cluster_token;
+  return json.dump();
+}
+
+Result<ClusterAnswer> DecodeClusterAnswer(std::string_view answer, ClusterEvent event) {
+  WEFT_ASSIGN_OR_RETURN(Json json, ParseAnswer(answer));
+  ClusterAnswer out;
+  out.event = event;
+  WEFT_ASSIGN_OR_RETURN(const Json* cluster, Field(json, "cluster"));
+  if (!cluster->is_string()) return InvalidArgument("the answer's 'cluster' is not a string");
+  out.cluster = cluster->get<std::string>();
+  WEFT_ASSIGN_OR_RETURN(const Json* flag, Field(json, EventKey(event)));
+  if (*flag != true)
+    return InvalidArgument(std::string("the answer's '") + EventKey(event) + "' is not true");
+  if (event == ClusterEvent::kRegistered && json.contains("cluster_token")) {
+    if (!json["cluster_token"].is_string())
+      return InvalidArgument("the answer's 'cluster_token' is not a string");
+    out.cluster_token = json["cluster_token"].get<std::string>();
+  }
+  return out;
+}
+
 std::string Encode(const Trajectories& trajectories) {
   Json samples = Json::array();
   for (const TrajectorySample& s : trajectories.samples) {

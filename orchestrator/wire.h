@@ -28,6 +28,19 @@
 
 namespace weft::orchestrator::wire {
 
+// The answer of a cluster route (POST /v1/clusters, DELETE /v1/clusters/<id>, POST .../heartbeat,
+// .../drain, .../release): {"cluster": id, "<event>": true}, and a registration's cluster token.
+enum class ClusterEvent { kRegistered, kHeartbeat, kDraining, kReleased, kDeregistered };
+struct ClusterAnswer {
+  std::string cluster;
+  ClusterEvent event = ClusterEvent::kHeartbeat;
+  std::string cluster_token;  // a registration's (the token for the cluster's later calls)
+};
+std::string Encode(const ClusterAnswer& answer);
+// The answer to a call that expected `event`: kInvalidArgument naming what is missing or mistyped
+// (the cluster, the event's flag, a cluster token that is not a string).
+Result<ClusterAnswer> DecodeClusterAnswer(std::string_view answer, ClusterEvent event);
+
 // POST /v1/clusters
 struct Registration {
   std::string cluster;

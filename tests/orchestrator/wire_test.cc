@@ -339,5 +339,35 @@ TEST_CASE("wire: the journal's group fields ignore other members and name what i
   CHECK(ReadGroupFields(fields, "event", &g).message() == "event lacks the field 'tokens'");
 }
 
+TEST_CASE("wire: the cluster routes' answers, one type, checked for the event asked") {
+  for (ClusterEvent event :
+       {ClusterEvent::kRegistered, ClusterEvent::kHeartbeat, ClusterEvent::kDraining,
+        ClusterEvent::kReleased, ClusterEvent::kDeregistered}) {
+    const std::string text = Encode(ClusterAnswer{"c1", event, "tok"});
+    Result<ClusterAnswer> back = DecodeClusterAnswer(text, event);
+    REQUIRE_MESSAGE(back.ok(), back.status().ToString());
+    CHECK(back->cluster == "c1");
+    CHECK(back->cluster_token == (event == ClusterEvent::kRegistered ? "tok" : ""));
+  }
+  CHECK(Encode(ClusterAnswer{"c1", ClusterEvent::kRegistered, "tok"}) ==
+        R"({"cluster":"c1","cluster_token":"tok","registered":true})");
+  CHECK(Encode(ClusterAnswer{"c1", ClusterEvent::kHeartbeat, ""}) ==
+        R"({"cluster":"c1","ok":true})");
+  // The answer to another call, or a malformed one, is refused naming what is wrong.
+  CHECK(DecodeClusterAnswer(R"({"cluster":"c1","ok":true})", ClusterEvent::kDraining)
+            .status()
+            .message() == "the answer lacks 'draining'");
+  CHECK(DecodeClusterAnswer(R"({"ok":true})", ClusterEvent::kHeartbeat).status().message() ==
+        "the answer lacks 'cluster'");
+  CHECK(DecodeClusterAnswer(R"({"cluster":"c1","registered":true,"cluster_token":7})",
+                            ClusterEvent::kRegistered)
+            .status()
+            .message() == "the answer's 'cluster_token' is not a string");
+  CHECK(!DecodeClusterAnswer("[1]", ClusterEvent::kHeartbeat).ok());
+  // Fields a newer orchestrator adds are ignored.
+  CHECK(
+      DecodeClusterAnswer(R"({"cluster":"c1","ok":true,"next":1})", ClusterEvent::kHeartbeat).ok());
+}
+
 }  // namespace
 }  // namespace weft::orchestrator::wire
