@@ -30,6 +30,7 @@
 #define EXCLUDES(...) WEFT_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define ACQUIRE(...) WEFT_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) WEFT_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define TRY_ACQUIRE(...) WEFT_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
 #define RETURN_CAPABILITY(x) WEFT_THREAD_ANNOTATION(lock_returned(x))
 #define NO_THREAD_SAFETY_ANALYSIS WEFT_THREAD_ANNOTATION(no_thread_safety_analysis)
 
@@ -39,6 +40,8 @@ class CAPABILITY("mutex") Mutex {
  public:
   void Lock() ACQUIRE() { mutex_.lock(); }
   void Unlock() RELEASE() { mutex_.unlock(); }
+  // Takes the mutex only if it is free: true when it did.
+  bool TryLock() TRY_ACQUIRE(true) { return mutex_.try_lock(); }
   std::mutex& native() RETURN_CAPABILITY(this) { return mutex_; }
 
  private:
@@ -49,6 +52,9 @@ class CAPABILITY("mutex") Mutex {
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mutex) ACQUIRE(mutex) : lock_(mutex.native()) {}
+  // Takes over `mutex`, held already (after a TryLock that succeeded).
+  MutexLock(Mutex& mutex, std::adopt_lock_t) REQUIRES(mutex)
+      : lock_(mutex.native(), std::adopt_lock) {}
   ~MutexLock() RELEASE() {}
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;

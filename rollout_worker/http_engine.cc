@@ -58,7 +58,7 @@ struct HttpEngine::Replica {
 
 Status HttpEngine::Usable(Replica& r, const ReplicaInfo& info) {
   if (info.logprobs == LogprobsKind::kUnknown) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (r.unprobed != info.logprobs_probe) {
       r.unprobed = info.logprobs_probe;
       WEFT_LOG(kWarning) << "engine replica " << r.api->url()
@@ -113,7 +113,7 @@ Result<std::unique_ptr<HttpEngine::Replica>> HttpEngine::MakeReplica(const std::
 }
 
 std::vector<HttpEngine::Replica*> HttpEngine::Serving() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<Replica*> serving;
   for (const auto& r : replicas_) {
     if (!r->retired) serving.push_back(r.get());
@@ -159,7 +159,7 @@ void HttpEngine::ReadUrlsFile() {
   urls_file_error_.clear();
   std::vector<std::unique_ptr<Replica>> added;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     for (const auto& r : replicas_) {
       const bool listed_now =
           std::find(listed->begin(), listed->end(), r->api->url()) != listed->end();
@@ -174,7 +174,7 @@ void HttpEngine::ReadUrlsFile() {
   for (const std::string& url : *listed) {
     bool known = false;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       for (const auto& r : replicas_) known = known || (!r->retired && r->api->url() == url);
     }
     if (known) continue;
@@ -187,7 +187,7 @@ void HttpEngine::ReadUrlsFile() {
                     << ": it is loaded with the current version before it gets requests";
     added.push_back(std::move(*made));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto& r : added) replicas_.push_back(std::move(r));
   changed_.notify_all();
 }
@@ -197,7 +197,7 @@ HttpEngine::HttpEngine(HttpEngineOptions options)
 
 HttpEngine::~HttpEngine() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
   changed_.notify_all();
@@ -205,7 +205,7 @@ HttpEngine::~HttpEngine() {
 }
 
 Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
-  std::lock_guard<std::mutex> load(load_mutex_);
+  MutexLock load(load_mutex_);
   if (!model_checked_) {
     // Before anything is loaded: every replica that answers must serve this model (names, shapes,
     // dtypes), read from the directory it was started from.
@@ -242,7 +242,7 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
                                         " into the served checkpoint directory"));
   dir_version_ = version;
   staged_ = version;
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   stats_.last_bytes_written = checkpoint_.last_bytes_written();
   return Status::Ok();
 }
@@ -250,12 +250,12 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
 Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
   const std::string& mode = options_.pause_mode;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     r.state = Replica::State::kPausing;  // no new requests from here on
     if (mode == "wait") {
       // Let this replica's requests finish first, so that none overlaps the pause.
-      changed_.wait_for(lock, options_.control_timeout,
-                        [&] { return r.in_flight == 0 || stopping_; });
+      changed_.wait_for(lock.native(), options_.control_timeout,
+                        [&]() REQUIRES(mutex_) { return r.in_flight == 0 || stopping_; });
     }
     ++r.epoch;
   }
@@ -287,7 +287,7 @@ Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
                       version_text);
     }
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (!done.ok()) {
     r.state = Replica::State::kDown;
     ++r.stats.failures;
@@ -306,7 +306,7 @@ Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
 }
 
 Result<int64_t> HttpEngine::Commit() {
-  std::lock_guard<std::mutex> load(load_mutex_);
+  MutexLock load(load_mutex_);
   if (!staged_ || dir_version_ != staged_) return InvalidArgument("nothing staged to commit");
   const uint64_t version = *staged_;
   const Clock::time_point start = Clock::now();
@@ -317,7 +317,7 @@ Result<int64_t> HttpEngine::Commit() {
   for (Replica* r : Serving()) {
     bool down;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       down = r->state == Replica::State::kDown;
     }
     if (!down) {
@@ -368,7 +368,7 @@ Result<int64_t> HttpEngine::Commit() {
                        std::string(first_error.message()));
   }
   staged_.reset();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   committed_ = version;
   ++stats_.commits;
   stats_.last_commit_ms = Milliseconds(Clock::now() - start);
@@ -378,12 +378,12 @@ Result<int64_t> HttpEngine::Commit() {
 }
 
 std::optional<uint64_t> HttpEngine::version() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return committed_;
 }
 
 EngineHealth HttpEngine::Health() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   EngineHealth health;
   health.replicas = 0;
   health.ready_replicas = 0;
@@ -412,7 +412,7 @@ EngineHealth HttpEngine::Health() const {
 }
 
 HttpEngineStats HttpEngine::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   HttpEngineStats stats = stats_;
   for (const auto& r : replicas_) {
     ReplicaStats s = r->stats;
@@ -426,10 +426,10 @@ HttpEngineStats HttpEngine::stats() const {
 
 HttpEngine::Replica* HttpEngine::Acquire(Clock::time_point deadline, uint64_t* epoch,
                                          uint64_t* version) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   Replica* chosen = nullptr;
   bool all_down = false;
-  changed_.wait_until(lock, deadline, [&] {
+  changed_.wait_until(lock.native(), deadline, [&]() REQUIRES(mutex_) {
     if (stopping_) return true;
     all_down = true;
     for (const auto& r : replicas_) {
@@ -451,7 +451,7 @@ HttpEngine::Replica* HttpEngine::Acquire(Clock::time_point deadline, uint64_t* e
 }
 
 void HttpEngine::Release(Replica& r, bool failed, const Status& status) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   --r.in_flight;
   if (failed && r.state == Replica::State::kReady) {
     // It could not be reached (or answered 5xx): no more requests until the monitor finds it
@@ -503,7 +503,7 @@ Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling&
     Result<std::vector<ReplicaOutput>> out = r->api->Generate(current, s, 1);
     uint64_t pauses;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       pauses = r->epoch - epoch;
     }
     const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
@@ -537,7 +537,7 @@ Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling&
     } else {
       // It ran across a weight switch, and where is unknown: the same request again (what was
       // appended before it stays).
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       ++stats_.regenerated;
       continue;
     }
@@ -554,7 +554,7 @@ Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling&
       return c;
     }
     // Aborted at a pause: go on from the tokens so far, on the new weights.
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (prompt_ids.empty()) {
       // A text prompt whose token ids the engine did not return: start the sample over.
       c = Completion();
@@ -586,7 +586,7 @@ Result<std::vector<Completion>> HttpEngine::GenerateMany(const Prompt& prompt,
   Result<std::vector<ReplicaOutput>> out = r->api->Generate(prompt, sampling, n);
   bool crossed;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     crossed = r->epoch != epoch;
   }
   const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
@@ -653,13 +653,13 @@ Result<std::vector<Completion>> HttpEngine::Generate(const std::vector<Prompt>& 
 
 void HttpEngine::CheckReplica(Replica& r) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (r.state == Replica::State::kPausing) return;  // a reload is under way
   }
   const Status healthy = r.api->Health();
   bool down;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (r.state == Replica::State::kPausing) return;
     if (!healthy.ok()) {
       if (r.state == Replica::State::kReady) {
@@ -679,10 +679,11 @@ void HttpEngine::CheckReplica(Replica& r) {
     // A replica left paused (a pause whose answer was lost) fails its health route while it holds
     // requests: resuming it (harmless otherwise, and quick: a hung replica does not hold up the
     // monitor) lets it answer again. Never while a stage or commit may be pausing it.
-    std::unique_lock<std::mutex> load(load_mutex_, std::try_to_lock);
+    if (!load_mutex_.TryLock()) return;
+    MutexLock load(load_mutex_, std::adopt_lock);  // held through the resume
     bool still_down = false;
-    if (load.owns_lock()) {
-      std::lock_guard<std::mutex> lock(mutex_);
+    {
+      MutexLock lock(mutex_);
       still_down = r.state == Replica::State::kDown;
     }
     if (still_down) (void)r.api->Resume(/*quick=*/true);
@@ -691,11 +692,11 @@ void HttpEngine::CheckReplica(Replica& r) {
   if (!down) return;
   // Back (or up for the first time since a commit): load what the directory holds unless it
   // serves that already. A stage or commit in progress will see to it instead.
-  std::unique_lock<std::mutex> load(load_mutex_, std::try_to_lock);
-  if (!load.owns_lock()) return;
+  if (!load_mutex_.TryLock()) return;
+  MutexLock load(load_mutex_, std::adopt_lock);
   std::optional<uint64_t> version;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     version = committed_;
   }
   // Nothing committed yet, or the directory does not hold the committed version (it is ahead of
@@ -705,7 +706,7 @@ void HttpEngine::CheckReplica(Replica& r) {
   // Serving the version already (it was taken out by a failed request or resume): resumed, in case
   // a load left it paused, it takes requests again.
   if (serving.ok() && *serving == std::to_string(*version) && r.api->Resume().ok()) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     r.state = Replica::State::kReady;
     r.version = version;
     WEFT_LOG(kInfo) << "engine replica " << r.api->url() << " is back, serving version "
@@ -739,14 +740,15 @@ void HttpEngine::CheckReplica(Replica& r) {
 void HttpEngine::MonitorLoop() {
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait_for(lock, options_.health_interval, [&] { return stopping_; });
+      MutexLock lock(mutex_);
+      changed_.wait_for(lock.native(), options_.health_interval,
+                        [&]() REQUIRES(mutex_) { return stopping_; });
       if (stopping_) return;
     }
     if (!options_.urls_file.empty()) ReadUrlsFile();
     for (Replica* r : Serving()) {
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         if (stopping_) return;
       }
       CheckReplica(*r);

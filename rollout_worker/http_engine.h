@@ -43,6 +43,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "common/mutex.h"
 #include "rollout_worker/engine.h"
 #include "rollout_worker/replica_api.h"
 #include "rollout_worker/served_checkpoint.h"
@@ -140,17 +141,19 @@ class HttpEngine : public Engine {
   ServedCheckpoint checkpoint_;
   std::vector<std::unique_ptr<Replica>> replicas_;
 
-  std::mutex load_mutex_;  // one stage or reload at a time (they read and write the directory)
-  std::optional<uint64_t> staged_;
-  std::optional<uint64_t> dir_version_;  // what the checkpoint directory holds, when whole
-  bool model_checked_ = false;
-  std::string template_dir_;  // the engine's own model directory
+  Mutex load_mutex_;  // one stage or reload at a time (they read and write the directory)
+  std::optional<uint64_t> staged_ GUARDED_BY(load_mutex_);
+  // What the checkpoint directory holds, when whole.
+  std::optional<uint64_t> dir_version_ GUARDED_BY(load_mutex_);
+  bool model_checked_ GUARDED_BY(load_mutex_) = false;
+  std::string template_dir_ GUARDED_BY(load_mutex_);  // the engine's own model directory
 
-  mutable std::mutex mutex_;  // replicas' states, versions and counters
+  // The replicas' states, versions and counters (Replica's fields but its api), and:
+  mutable Mutex mutex_;
   std::condition_variable changed_;
-  std::optional<uint64_t> committed_;
-  HttpEngineStats stats_;
-  bool stopping_ = false;
+  std::optional<uint64_t> committed_ GUARDED_BY(mutex_);
+  HttpEngineStats stats_ GUARDED_BY(mutex_);
+  bool stopping_ GUARDED_BY(mutex_) = false;
   std::string urls_file_error_;  // the last error reading urls_file, said once (monitor thread)
   std::thread monitor_;
 };

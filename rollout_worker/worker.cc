@@ -65,14 +65,14 @@ Status RolloutWorker::Run() {
   // Drained: every running job was submitted; hand back what arrived after the stop, then leave.
   std::vector<uint64_t> hand_back;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     hand_back.swap(to_hand_back_);
   }
   Status left = Status::Ok();
   if (!hand_back.empty()) {
     left = orchestrator_.Drain(options_.cluster, hand_back);
     if (left.ok()) {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       stats_.handed_back += hand_back.size();
     }
   }
@@ -84,30 +84,30 @@ Status RolloutWorker::Run() {
 
 void RolloutWorker::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stop_ = true;
   }
   changed_.notify_all();
 }
 
 bool RolloutWorker::Sleep(std::chrono::milliseconds period) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait_for(lock, period, [this] { return stop_; });
+  MutexLock lock(mutex_);
+  changed_.wait_for(lock.native(), period, [this]() REQUIRES(mutex_) { return stop_; });
   return stop_;
 }
 
 orchestrator::SyncReport RolloutWorker::sync_report() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return report_;
 }
 
 WorkerStats RolloutWorker::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return stats_;
 }
 
 std::optional<uint64_t> RolloutWorker::ready_version() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return ready_;
 }
 
@@ -129,7 +129,7 @@ void RolloutWorker::CheckEngine() {
   const uint32_t ready_replicas = health.ok ? static_cast<uint32_t>(health.ready_replicas) : 0;
   bool lost = false, regained = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ready_replicas_ = ready_replicas;
     report_.engine_replicas = static_cast<uint64_t>(std::max(0, health.replicas));
     report_.ready_replicas = ready_replicas;
@@ -181,7 +181,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
       WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version "
                        << held_->version << " disagrees with its manifest: " << same.message()
                        << "; re-syncing from a keyframe";
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       ++report_.digest_mismatches;
       ready_.reset();
       held_.reset();
@@ -210,7 +210,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
       if (held_ && served_.tensors().empty()) {
         // The copy was dropped for a keyframe that did not arrive: the next round starts from
         // nothing (the engine goes on serving what it has).
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         held_.reset();
         return;
       }
@@ -224,7 +224,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     WEFT_LOG(kInfo) << "cluster " << options_.cluster << " pulled version " << *latest << " ("
                     << pulled->bytes_downloaded << " bytes: " << pulled->path
                     << ", digests verified)";
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     held_ = std::move(pulled->manifest);
     engine_current_ = false;
     report_.bytes_downloaded += pulled->bytes_downloaded;
@@ -249,7 +249,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   if (!pause.ok()) return failed("committing", pause.status());
   engine_backoff_ = std::chrono::milliseconds(0);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     engine_current_ = true;
     ready_ = version;
     ++report_.commits;
@@ -267,7 +267,7 @@ void RolloutWorker::SendHeartbeat() {
   std::optional<uint64_t> ready;
   orchestrator::SyncReport report;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ready = ready_;
     report = report_;
   }
@@ -292,7 +292,7 @@ void RolloutWorker::SendHeartbeat() {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (ready && (!reported_ || *reported_ < *ready)) reported_ = ready;
   }
   changed_.notify_all();
@@ -310,7 +310,7 @@ void RolloutWorker::JobLoop(uint32_t slot) {
   while (true) {
     bool idle = false;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (stop_) return;
       // Not ready (no version yet, a re-sync in progress, the engine down): the orchestrator would
       // not lease. Slots beyond what the ready replicas can serve wait.
@@ -331,7 +331,7 @@ void RolloutWorker::JobLoop(uint32_t slot) {
     }
     for (const orchestrator::Lease& lease : *leases) {
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         if (stop_) {
           to_hand_back_.push_back(lease.job);
           continue;
@@ -343,7 +343,7 @@ void RolloutWorker::JobLoop(uint32_t slot) {
 }
 
 std::chrono::milliseconds RolloutWorker::BackOffLeasing() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   generation_backoff_ = std::min(std::max(generation_backoff_ * 2, std::chrono::milliseconds(500)),
                                  std::chrono::milliseconds(10000));
   leasing_paused_until_ = std::chrono::steady_clock::now() + generation_backoff_;
@@ -360,7 +360,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   auto fail = [&](const Status& status) {
     WEFT_LOG(kError) << "cluster " << options_.cluster << ": " << what << ": " << status.message();
     const Status released = give_back();
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++stats_.generation_errors;
     if (released.ok()) ++stats_.handed_back;
   };
@@ -374,7 +374,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
                        << status.message() << "); handing the job back, no leases for "
                        << backoff.count() << " ms";
     const Status released = give_back();
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++stats_.generation_errors;
     if (released.ok()) ++stats_.handed_back;
   };
@@ -391,8 +391,9 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   // backoff before trying (its lease stays alive with the heartbeats), rather than coming straight
   // back and using up the job's attempts.
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait_until(lock, leasing_paused_until_, [this] { return stop_; });
+    MutexLock lock(mutex_);
+    changed_.wait_until(lock.native(), leasing_paused_until_,
+                        [this]() REQUIRES(mutex_) { return stop_; });
   }
   Result<std::vector<Completion>> completions =
       engine_.Generate(std::vector<Prompt>(lease.samples, *encoded), sampling);
@@ -433,9 +434,10 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   // for the heartbeat that follows a commit landing mid-generation (a rolling load of many
   // replicas takes a while; a stop does not wait).
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait_for(lock, std::chrono::minutes(10),
-                      [&] { return (reported_ && *reported_ >= group.version_end) || stop_; });
+    MutexLock lock(mutex_);
+    changed_.wait_for(lock.native(), std::chrono::minutes(10), [&]() REQUIRES(mutex_) {
+      return (reported_ && *reported_ >= group.version_end) || stop_;
+    });
   }
   group.trajectories = orchestrator::wire::Encode(trajectories);
   Result<orchestrator::SubmitResult> submitted = orchestrator_.Submit(group);
@@ -446,12 +448,12 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": " << what
                        << " was not accepted: " << submitted.status().message()
                        << (released.ok() ? "; the job goes back to the queue" : "");
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++stats_.submissions_rejected;
     if (released.ok()) ++stats_.handed_back;
     return;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   generation_backoff_ = std::chrono::milliseconds(0);  // the engine and the rewards work again
   ++stats_.jobs;
   stats_.samples += completions->size();

@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 
+#include "common/mutex.h"
 #include "orchestrator/client.h"
 #include "policy_store/manifest.h"
 #include "policy_store/object_store.h"
@@ -125,24 +126,28 @@ class RolloutWorker {
   Engine& engine_;
   const Task& task_;
 
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   std::condition_variable changed_;
-  bool stop_ = false;
-  sync::ServedModel served_;                    // the sync loop's own
+  bool stop_ GUARDED_BY(mutex_) = false;
+  // The sync loop's own:
+  sync::ServedModel served_;
   std::optional<policy_store::Manifest> held_;  // the manifest of the version served_ holds
   bool engine_current_ = false;  // whether the engine was last given served_ as it is now
   std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
-  std::optional<uint64_t> ready_;                   // proved and committed: what heartbeats report
-  uint32_t ready_replicas_ = 0;                     // engine replicas able to serve now
-  // After a generation the engine could not serve: no leases until then (backing off).
-  std::chrono::steady_clock::time_point leasing_paused_until_;
-  std::chrono::milliseconds generation_backoff_{0};
-  std::chrono::milliseconds engine_backoff_{0};  // after failed stages or commits
+  std::chrono::milliseconds engine_backoff_{0};     // after failed stages or commits
   std::chrono::steady_clock::time_point engine_retry_at_;
-  std::optional<uint64_t> reported_;  // the newest ready version the orchestrator acknowledged
-  orchestrator::SyncReport report_;
-  WorkerStats stats_;
-  std::vector<uint64_t> to_hand_back_;
+  // Shared:
+  std::optional<uint64_t> ready_
+      GUARDED_BY(mutex_);                           // proved and committed: what heartbeats report
+  uint32_t ready_replicas_ GUARDED_BY(mutex_) = 0;  // engine replicas able to serve now
+  // After a generation the engine could not serve: no leases until then (backing off).
+  std::chrono::steady_clock::time_point leasing_paused_until_ GUARDED_BY(mutex_);
+  std::chrono::milliseconds generation_backoff_ GUARDED_BY(mutex_){0};
+  // The newest ready version the orchestrator acknowledged.
+  std::optional<uint64_t> reported_ GUARDED_BY(mutex_);
+  orchestrator::SyncReport report_ GUARDED_BY(mutex_);
+  WorkerStats stats_ GUARDED_BY(mutex_);
+  std::vector<uint64_t> to_hand_back_ GUARDED_BY(mutex_);
   std::atomic<bool> corrupt_for_test_{false};
 };
 
