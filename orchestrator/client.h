@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/http_client.h"
+#include "orchestrator/cluster_api.h"
 #include "orchestrator/types.h"
 
 namespace weft::orchestrator {
@@ -35,29 +36,6 @@ struct NewJob {
   // orchestrator with the job and handed back with its trajectory group (Delivered::metadata,
   // as the text this client sent); each lease of the job carries it to the worker. Null: none.
   nlohmann::json metadata = nullptr;
-};
-
-// What a rollout cluster asks of the orchestrator (docs/api.md, the cluster routes): the interface
-// the rollout worker talks through. OrchestratorClient speaks it over HTTP;
-// orchestrator/local_cluster_api.h answers it in process from a DurableCore (tests, simulations).
-class ClusterApi {
- public:
-  virtual ~ClusterApi() = default;
-  virtual Status Register(const std::string& cluster, const std::string& region,
-                          uint32_t capacity) = 0;
-  // `sync`: the worker's weight-sync counters, shown in /v1/status.
-  virtual Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
-                           const SyncReport* sync = nullptr) = 0;
-  // Waits up to `wait` for at least one lease (zero: answer at once).
-  virtual Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max,
-                                                   std::chrono::milliseconds wait) = 0;
-  // `group.trajectories` is the samples' JSON text (docs/api.md, "Trajectories").
-  virtual Result<SubmitResult> Submit(const TrajectoryGroup& group) = 0;
-  // Hands the listed leases back (all when empty) and takes no more.
-  virtual Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs = {}) = 0;
-  // Hands the listed leases back (all when empty) without draining: the cluster goes on leasing.
-  virtual Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs = {}) = 0;
-  virtual Status Deregister(const std::string& cluster) = 0;
 };
 
 class OrchestratorClient : public ClusterApi {

@@ -1,4 +1,4 @@
-// LocalClusterApi: the cluster routes of the orchestrator (ClusterApi, orchestrator/client.h)
+// LocalClusterApi: the cluster routes of the orchestrator (ClusterApi, orchestrator/cluster_api.h)
 // answered in process from a DurableCore, without HTTP, on an Env's clock: for tests and
 // simulations that run a real rollout worker against a real core. A lease request waits for
 // leases by asking the core again every `poll` of the Env's clock (the service parks it instead).
@@ -12,7 +12,7 @@
 
 #include "common/env.h"
 #include "common/mutex.h"
-#include "orchestrator/client.h"
+#include "orchestrator/cluster_api.h"
 #include "orchestrator/durable_core.h"
 
 namespace weft::orchestrator {

@@ -15,6 +15,16 @@ namespace {
 
 using Json = nlohmann::json;
 
+// The worker core's time: microseconds of the steady clock.
+WorkerCore::Micros Now() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+std::chrono::steady_clock::time_point ToTimePoint(WorkerCore::Micros micros) {
+  return std::chrono::steady_clock::time_point(std::chrono::microseconds(micros));
+}
+
 // The state digest of the whole model: SHA-256 over each tensor's name and digest, in name order
 // (docs/api.md, heartbeats), first 32 hex digits.
 std::string StateDigest(const sync::ServedModel& model) {
@@ -34,17 +44,7 @@ void SetGroupVersions(const std::vector<Completion>& completions,
                       orchestrator::TrajectoryGroup* group) {
   group->segments.clear();
   group->tokens = 0;
-  for (const Completion& c : completions) {
-    for (const auto& [version, first] : c.segments) {
-      if (!group->segments.empty() && group->segments.back().first == version) continue;
-      group->segments.emplace_back(version, group->tokens + first);
-    }
-    group->tokens += c.tokens.size();
-  }
-  if (group->segments.empty()) return;
-  const auto [oldest, newest] = std::minmax_element(group->segments.begin(), group->segments.end());
-  group->version_start = oldest->first;
-  group->version_end = newest->first;
+  for (const Completion& c : completions) AddSampleVersions(c.segments, c.tokens.size(), group);
 }
 
 uint32_t RolloutWorker::total_capacity() const {
@@ -108,7 +108,7 @@ WorkerStats RolloutWorker::stats() const {
 
 std::optional<uint64_t> RolloutWorker::ready_version() const {
   MutexLock lock(mutex_);
-  return ready_;
+  return core_.ready();
 }
 
 void RolloutWorker::CorruptServedCopyForTest() { corrupt_for_test_ = true; }
@@ -127,30 +127,22 @@ void RolloutWorker::SyncLoop() {
 void RolloutWorker::CheckEngine() {
   const EngineHealth health = engine_.Health();
   const uint32_t ready_replicas = health.ok ? static_cast<uint32_t>(health.ready_replicas) : 0;
-  bool lost = false, regained = false;
+  WorkerCore::Change change;
   {
     MutexLock lock(mutex_);
-    ready_replicas_ = ready_replicas;
+    change = core_.EngineHealth(ready_replicas, engine_.version());
     report_.engine_replicas = static_cast<uint64_t>(std::max(0, health.replicas));
     report_.ready_replicas = ready_replicas;
     report_.loading_replicas = static_cast<uint64_t>(std::max(0, health.loading_replicas));
     report_.paused_ms_total = health.paused_ms_total;
     report_.replicas = health.each;
-    if (ready_replicas == 0 && ready_) {
-      ready_.reset();  // no replica can generate: stop claiming readiness
-      lost = true;
-    } else if (ready_replicas > 0 && !ready_ && engine_current_ && held_ &&
-               engine_.version() == held_->version) {
-      ready_ = held_->version;  // the engine came back serving what we hold
-      regained = true;
-    }
   }
-  if (lost) {
+  if (change == WorkerCore::Change::kLost) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": the engine cannot serve ("
                        << health.detail << "); not ready until it can";
     SendHeartbeat();
   }
-  if (regained) {
+  if (change == WorkerCore::Change::kRegained) {
     WEFT_LOG(kInfo) << "cluster " << options_.cluster << ": the engine serves again ("
                     << health.detail << ")";
     SendHeartbeat();
@@ -183,9 +175,8 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
                        << "; re-syncing from a keyframe";
       MutexLock lock(mutex_);
       ++report_.digest_mismatches;
-      ready_.reset();
+      core_.CopyCorrupted();
       held_.reset();
-      engine_current_ = false;
       served_ = sync::ServedModel();
     }
   }
@@ -197,7 +188,12 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     }
     return;
   }
-  if (!held_ || held_->version < *latest) {
+  std::optional<uint64_t> target;
+  {
+    MutexLock lock(mutex_);
+    target = core_.PullTarget(*latest);
+  }
+  if (target) {
     // In place, in O(changed elements): the pull checks every blob and digest and leaves the copy
     // as it was on any error.
     const std::optional<uint64_t> have =
@@ -211,6 +207,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
         // The copy was dropped for a keyframe that did not arrive: the next round starts from
         // nothing (the engine goes on serving what it has).
         MutexLock lock(mutex_);
+        core_.CopyDropped();
         held_.reset();
         return;
       }
@@ -226,32 +223,35 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
                     << ", digests verified)";
     MutexLock lock(mutex_);
     held_ = std::move(pulled->manifest);
-    engine_current_ = false;
+    core_.Pulled(held_->version);
     report_.bytes_downloaded += pulled->bytes_downloaded;
     ++report_.pulls;
     if (!pulled->from) ++report_.keyframe_pulls;
   }
   // The engine serves the copy held from its next commit on (it stages while generating). After a
   // failure, retries back off (an engine that is down is not asked ten times a second).
-  if (engine_current_ || std::chrono::steady_clock::now() < engine_retry_at_) return;
+  {
+    MutexLock lock(mutex_);
+    if (!core_.ShouldLoad(Now())) return;
+  }
   const uint64_t version = held_->version;
   auto failed = [&](const std::string& what, const Status& status) {
-    engine_backoff_ = std::min(std::max(engine_backoff_ * 2, std::chrono::milliseconds(250)),
-                               std::chrono::milliseconds(10000));
-    engine_retry_at_ = std::chrono::steady_clock::now() + engine_backoff_;
+    WorkerCore::Micros backoff;
+    {
+      MutexLock lock(mutex_);
+      backoff = core_.LoadFailed(Now());
+    }
     WEFT_LOG(kError) << "cluster " << options_.cluster << ": " << what << " version " << version
-                     << " failed: " << status.message() << " (again in " << engine_backoff_.count()
+                     << " failed: " << status.message() << " (again in " << backoff / 1000
                      << " ms)";
   };
   Status staged = engine_.Stage(served_, version);
   if (!staged.ok()) return failed("staging", staged);
   Result<int64_t> pause = engine_.Commit();
   if (!pause.ok()) return failed("committing", pause.status());
-  engine_backoff_ = std::chrono::milliseconds(0);
   {
     MutexLock lock(mutex_);
-    engine_current_ = true;
-    ready_ = version;
+    core_.Loaded();
     ++report_.commits;
     if (!report_.first_version) report_.first_version = version;
     report_.newest_version = version;
@@ -268,32 +268,29 @@ void RolloutWorker::SendHeartbeat() {
   orchestrator::SyncReport report;
   {
     MutexLock lock(mutex_);
-    ready = ready_;
+    ready = core_.ready();
     report = report_;
   }
-  Status sent = orchestrator_.Heartbeat(options_.cluster, ready, &report);
-  if (sent.code() == StatusCode::kNotFound) {
-    // The orchestrator does not know this cluster (it was lost after a long silence): join again.
+  const HeartbeatOutcome outcome = rollout_worker::SendHeartbeat(
+      orchestrator_, options_.cluster, options_.region, total_capacity(), ready, &report);
+  if (outcome.registered_again) {
+    // The orchestrator did not know this cluster (it was lost after a long silence): it joined
+    // again.
     WEFT_LOG(kWarning) << "cluster " << options_.cluster
-                       << " is unknown to the orchestrator; registering again";
-    sent = orchestrator_.Register(options_.cluster, options_.region, total_capacity());
-    if (sent.ok()) sent = orchestrator_.Heartbeat(options_.cluster, ready, &report);
+                       << " was unknown to the orchestrator; registered again";
   }
-  if (sent.code() == StatusCode::kConflict && ready) {
-    // The version it serves is published but not announced yet: alive, not ready, until it is.
+  if (outcome.unannounced) {
     WEFT_LOG(kInfo) << "cluster " << options_.cluster << ": version " << *ready
                     << " is not announced yet; heartbeat without it";
-    sent = orchestrator_.Heartbeat(options_.cluster, std::nullopt, &report);
-    ready.reset();
   }
-  if (!sent.ok()) {
+  if (!outcome.status.ok()) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster
-                       << ": heartbeat failed: " << sent.message();
+                       << ": heartbeat failed: " << outcome.status.message();
     return;
   }
   {
     MutexLock lock(mutex_);
-    if (ready && (!reported_ || *reported_ < *ready)) reported_ = ready;
+    core_.Acknowledged(outcome.acknowledged);
   }
   changed_.notify_all();
 }
@@ -314,8 +311,7 @@ void RolloutWorker::JobLoop(uint32_t slot) {
       if (stop_) return;
       // Not ready (no version yet, a re-sync in progress, the engine down): the orchestrator would
       // not lease. Slots beyond what the ready replicas can serve wait.
-      idle = !ready_ || slot >= options_.capacity * ready_replicas_ ||
-             std::chrono::steady_clock::now() < leasing_paused_until_;
+      idle = !core_.MayLease(slot, Now());
     }
     if (idle) {
       if (Sleep(std::chrono::milliseconds(100))) return;
@@ -344,10 +340,8 @@ void RolloutWorker::JobLoop(uint32_t slot) {
 
 std::chrono::milliseconds RolloutWorker::BackOffLeasing() {
   MutexLock lock(mutex_);
-  generation_backoff_ = std::min(std::max(generation_backoff_ * 2, std::chrono::milliseconds(500)),
-                                 std::chrono::milliseconds(10000));
-  leasing_paused_until_ = std::chrono::steady_clock::now() + generation_backoff_;
-  return generation_backoff_;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::microseconds(core_.BackOffLeasing(Now())));
 }
 
 void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
@@ -392,7 +386,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   // back and using up the job's attempts.
   {
     MutexLock lock(mutex_);
-    changed_.wait_until(lock.native(), leasing_paused_until_,
+    changed_.wait_until(lock.native(), ToTimePoint(core_.leasing_paused_until()),
                         [this]() REQUIRES(mutex_) { return stop_; });
   }
   Result<std::vector<Completion>> completions =
@@ -436,7 +430,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   {
     MutexLock lock(mutex_);
     changed_.wait_for(lock.native(), std::chrono::minutes(10), [&]() REQUIRES(mutex_) {
-      return (reported_ && *reported_ >= group.version_end) || stop_;
+      return core_.MaySubmit(group.version_end) || stop_;
     });
   }
   group.trajectories = orchestrator::wire::Encode(trajectories);
@@ -454,7 +448,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
     return;
   }
   MutexLock lock(mutex_);
-  generation_backoff_ = std::chrono::milliseconds(0);  // the engine and the rewards work again
+  core_.Submitted();  // the engine and the rewards work again
   ++stats_.jobs;
   stats_.samples += completions->size();
   stats_.tokens += group.tokens;

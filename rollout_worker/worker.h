@@ -39,6 +39,7 @@
 #include "policy_store/reader.h"
 #include "rollout_worker/engine.h"
 #include "rollout_worker/task.h"
+#include "rollout_worker/worker_core.h"
 
 namespace weft::rollout_worker {
 
@@ -60,10 +61,8 @@ struct WorkerOptions {
   std::string spill_dir = policy_store::StoreReader::DefaultSpillDir();
 };
 
-// Sets a group's versions in its submission: the samples' tokens laid end to end, each run of
-// tokens tagged with the version that generated it (docs/api.md, submissions); version_start and
-// version_end are the oldest and newest versions used, tokens the total. No completions: no
-// segments.
+// Sets a group's versions in its submission from its completions' segments (AddSampleVersions,
+// rollout_worker/worker_core.h). No completions: no segments.
 void SetGroupVersions(const std::vector<Completion>& completions,
                       orchestrator::TrajectoryGroup* group);
 
@@ -83,7 +82,8 @@ class RolloutWorker {
         orchestrator_(orchestrator),
         store_(store),
         engine_(engine),
-        task_(task) {}
+        task_(task),
+        core_(options_.capacity) {}
 
   // Registers, then runs the loops until Stop(); returns once drained and deregistered. Fails
   // only when the cluster cannot register or leave.
@@ -109,8 +109,8 @@ class RolloutWorker {
   // Readiness follows the engine: none of its replicas able to serve, not ready (and ready again
   // once it serves the version held).
   void CheckEngine();
-  // After a job the engine or the reward service could not serve: no new leases for a while,
-  // doubling from 0.5 to 10 s while it goes on (reset by a submission). Returns the wait.
+  // After a job the engine or the reward service could not serve: no new leases for a while
+  // (WorkerCore::BackOffLeasing). Returns the wait.
   std::chrono::milliseconds BackOffLeasing();
   // One round of the sync loop.
   void SyncOnce(policy_store::StoreReader& reader);
@@ -129,22 +129,14 @@ class RolloutWorker {
   mutable Mutex mutex_;
   std::condition_variable changed_;
   bool stop_ GUARDED_BY(mutex_) = false;
+  // The decisions: what is held and ready, engine loads, lease slots and backoffs, what the
+  // orchestrator acknowledged.
+  WorkerCore core_ GUARDED_BY(mutex_);
   // The sync loop's own:
   sync::ServedModel served_;
-  std::optional<policy_store::Manifest> held_;  // the manifest of the version served_ holds
-  bool engine_current_ = false;  // whether the engine was last given served_ as it is now
+  std::optional<policy_store::Manifest> held_;      // the manifest of the version served_ holds
   std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
-  std::chrono::milliseconds engine_backoff_{0};     // after failed stages or commits
-  std::chrono::steady_clock::time_point engine_retry_at_;
   // Shared:
-  std::optional<uint64_t> ready_
-      GUARDED_BY(mutex_);                           // proved and committed: what heartbeats report
-  uint32_t ready_replicas_ GUARDED_BY(mutex_) = 0;  // engine replicas able to serve now
-  // After a generation the engine could not serve: no leases until then (backing off).
-  std::chrono::steady_clock::time_point leasing_paused_until_ GUARDED_BY(mutex_);
-  std::chrono::milliseconds generation_backoff_ GUARDED_BY(mutex_){0};
-  // The newest ready version the orchestrator acknowledged.
-  std::optional<uint64_t> reported_ GUARDED_BY(mutex_);
   orchestrator::SyncReport report_ GUARDED_BY(mutex_);
   WorkerStats stats_ GUARDED_BY(mutex_);
   std::vector<uint64_t> to_hand_back_ GUARDED_BY(mutex_);

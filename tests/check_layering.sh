@@ -4,7 +4,8 @@
 # reaches (directly or through other headers) must belong to the layers that folder may use; the
 # orchestrator's client side (types, wire, client) and its users (the rollout worker, the trainer
 # adapter, the Python binding) never reach the core, the service or the HTTP server (Beast); the
-# simulator reaches of the policy store only the manifests and the pull planner; bench/ never
+# simulator reaches of the policy store only the manifests and the pull planner, and of the rollout
+# worker only its decisions (worker_core.h); bench/ never
 # reaches cli/; nothing outside examples/, cli/, tests/ and bench/ reaches examples/; only the HTTP
 # plumbing and the servers use Beast.
 # Links: for every target of every CMakeLists.txt (add_library, add_executable, pybind11_add_module
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 broken=0
 
 # ---- Includes ----------------------------------------------------------------------------------
-client='orchestrator/(types|wire|client)[.]h'
+client='orchestrator/(types|wire|cluster_api|client)[.]h'
 core='orchestrator/(types|wire|core|journal|durable_core)[.]h'
 plain='common/(status|logging|byte_io|concurrent|env|file_util|hex|json_fields|json_text|mem_env|mutex|names|parallel|units|yaml_fields)[.]h'
 libraries='common|sync|policy_store|orchestrator|rollout_worker|trainer_adapter|examples|sim'
@@ -28,14 +29,15 @@ rules="^common/http_	^common/
 ^common/	^$plain\$
 ^sync/	^(common|sync)/
 ^policy_store/	^(common|sync|policy_store)/
-^orchestrator/(types|wire|client)[.]	^(common/(status|logging|byte_io|hex|json_fields|json_text|names|http_client)[.]h|$client)\$
+^orchestrator/(types|wire|cluster_api|client)[.]	^(common/(status|logging|byte_io|hex|json_fields|json_text|names|http_client)[.]h|$client)\$
 ^orchestrator/(core|snapshot|journal|durable_core)[.]	^(common/(status|logging|byte_io|env|file_util|json_fields|json_text|mutex|names)[.]h|$core)\$
 ^orchestrator/	^(common|orchestrator)/
+^rollout_worker/worker_core[.]	^($plain|orchestrator/(types|wire|cluster_api)[.]h|rollout_worker/worker_core[.]h)\$
 ^rollout_worker/	^((common|sync|policy_store|rollout_worker)/|$client\$)
 ^trainer_adapter/	^((common|sync|policy_store|trainer_adapter)/|$client\$)
 ^python/	^((common|sync|policy_store|trainer_adapter|python)/|$client\$)
 ^examples/	^(common|sync|policy_store|orchestrator|rollout_worker|trainer_adapter|examples)/
-^sim/	^((common|sync|sim)/|orchestrator/(types|wire|core|core_config)[.]h\$|policy_store/(manifest|planner|object_store)[.]h\$)
+^sim/	^((common|sync|sim)/|orchestrator/(types|wire|cluster_api|core|core_config)[.]h\$|policy_store/(manifest|planner|object_store)[.]h\$|rollout_worker/worker_core[.]h\$)
 ^cli/	^($libraries|cli)/
 ^bench/	^(($libraries|bench)/|tests/process_stats[.]h\$)"
 
@@ -98,11 +100,12 @@ orchestrator/weft_orchestrator_client	$wire weft_common_http
 orchestrator/weft_orchestrator_core	$wire
 orchestrator/weft_orchestrator_core_config	$wire weft_orchestrator_core
 orchestrator/weft_orchestrator_service	$core weft_common_http
-rollout_worker/weft_rollout_worker	$store $client
+rollout_worker/weft_worker_core	$wire
+rollout_worker/weft_rollout_worker	$store $client weft_worker_core
 trainer_adapter/weft_trainer_adapter	$store $client
 python/weft_python	$store $client weft_trainer_adapter
-examples/weft_examples	$store $client weft_rollout_worker weft_trainer_adapter
-sim/weft_sim	$store $core
+examples/weft_examples	$store $client weft_worker_core weft_rollout_worker weft_trainer_adapter
+sim/weft_sim	$store $core weft_worker_core
 cli/*	$library_folders
 bench/*	$library_folders
 tests/*	*"
