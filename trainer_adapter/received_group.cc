@@ -2,6 +2,7 @@
 
 #include "common/json_fields.h"
 #include "orchestrator/wire.h"
+#include "trainer_adapter/batch_client.h"
 
 namespace weft::trainer_adapter {
 
@@ -23,7 +24,7 @@ Result<ReceivedGroup> ParseGroup(const orchestrator::Delivered& delivered,
   out.version_end = g.version_end;
   out.segments = g.segments;
   out.stale = delivered.stale;
-  out.lag = trainer_version > g.version_start ? trainer_version - g.version_start : 0;
+  out.lag = LagOf(g, trainer_version);
   // The group's segments count the samples' tokens end to end.
   bool ordered =
       !g.segments.empty() && g.segments.front().second == 0 && g.segments.back().second <= g.tokens;
