@@ -10,8 +10,8 @@
 #      weft_fault_proxy, the S3 backend against a Ceph RADOS Gateway started for it), and the sync
 #      suite again with the AVX-512 paths off
 #      and with every SIMD path off (WEFT_CPU=avx2, scalar);
-#   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer (the corruption
-#      sweep on one byte in every 32), and the suites with threads of their own under
+#   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
+#      with threads of their own under
 #      ThreadSanitizer (the thread pool and HTTP plumbing, the store server, the orchestrator
 #      service, the rollout worker); both trees are unity builds (each library's and suite's
 #      sources compiled a few to a file), which builds them in about two thirds of the time, and
@@ -117,7 +117,7 @@ build-asan/tests/weft_common_tests
 build-asan/tests/weft_sync_tests -tce='*over 2^32 elements*'
 build-asan/tests/weft_policy_store_tests
 build-asan/tests/weft_trainer_adapter_tests
-WEFT_SWEEP_STRIDE=32 build-asan/tests/weft_orchestrator_tests  # the release run flipped every byte
+build-asan/tests/weft_orchestrator_tests
 build-asan/tests/weft_examples_tests
 build-asan/tests/weft_rollout_worker_tests
 build-asan/tests/weft_engine_adapter_tests

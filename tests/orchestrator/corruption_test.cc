@@ -4,12 +4,12 @@
 // events too large for the journal.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
 
+#include "common/mem_env.h"
 #include "orchestrator/durable_core.h"
 #include "tests/orchestrator/snapshot_of.h"
 #include "tests/temp_path.h"
@@ -19,11 +19,6 @@ namespace {
 
 using testing::TempPath;
 
-std::vector<uint8_t> Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
 void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()),
@@ -32,25 +27,37 @@ void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
 
 using testing::SnapshotOf;
 
-// Every file of the journal at `path` (all generations) by name.
-std::map<std::string, std::vector<uint8_t>> Files(const std::string& path) {
-  std::map<std::string, std::vector<uint8_t>> files;
+// The paths of every file of the journal at `path` (all generations).
+std::vector<std::string> JournalFiles(Env& env, const std::string& path) {
   const std::filesystem::path base(path);
-  for (const auto& entry : std::filesystem::directory_iterator(base.parent_path())) {
-    if (entry.path().filename().string().rfind(base.filename().string(), 0) == 0)
-      files[entry.path().string()] = Read(entry.path().string());
+  std::vector<std::string> paths;
+  for (const std::string& name : env.List(base.parent_path().string())) {
+    if (name.rfind(base.filename().string(), 0) == 0)
+      paths.push_back((base.parent_path() / name).string());
   }
+  return paths;
+}
+
+// Every file of the journal at `path` by path, with its bytes.
+std::map<std::string, std::vector<uint8_t>> Files(const std::string& path,
+                                                  Env& env = Env::Default()) {
+  std::map<std::string, std::vector<uint8_t>> files;
+  for (const std::string& file : JournalFiles(env, path)) files[file] = env.ReadFile(file).value();
   return files;
 }
 
-void Restore(const std::string& path, const std::map<std::string, std::vector<uint8_t>>& files) {
-  const std::filesystem::path base(path);
-  for (const auto& entry : std::filesystem::directory_iterator(base.parent_path())) {
-    if (entry.path().filename().string().rfind(base.filename().string(), 0) == 0 &&
-        !files.count(entry.path().string()))
-      std::filesystem::remove(entry.path());
+void Write(Env& env, const std::string& path, const std::vector<uint8_t>& bytes) {
+  const std::span<const uint8_t> part(bytes);
+  REQUIRE(env.WriteAtomic(path, std::span<const std::span<const uint8_t>>(&part, 1)).ok());
+}
+
+// The journal's files exactly as in `files`.
+void Restore(const std::string& path, const std::map<std::string, std::vector<uint8_t>>& files,
+             Env& env = Env::Default()) {
+  for (const std::string& file : JournalFiles(env, path)) {
+    if (!files.count(file)) REQUIRE(env.Remove(file).ok());
   }
-  for (const auto& [name, bytes] : files) Write(name, bytes);
+  for (const auto& [name, bytes] : files) Write(env, name, bytes);
 }
 
 void Remove(const std::string& path) { Restore(path, {}); }
@@ -96,38 +103,21 @@ struct Sweep {
   int tried = 0, refused = 0, recovered = 0, lost = 0;
 };
 
-// Every byte by default. WEFT_SWEEP_STRIDE=N flips one byte in each run of N, at an offset that
-// moves from run to run so that every field is still reached (for the sanitizer builds, where a
-// full sweep takes minutes and the release build has already flipped every byte).
-size_t SweepStride() {
-  const char* text = std::getenv("WEFT_SWEEP_STRIDE");
-  const long stride = text == nullptr ? 1 : std::strtol(text, nullptr, 10);
-  return stride > 1 ? static_cast<size_t>(stride) : 1;
-}
-
-bool Flipped(size_t at, size_t stride) { return at % stride == (at / stride) % stride; }
-
-// How many bytes of `size` a sweep flips.
-int SweepCount(size_t size) {
-  int count = 0;
-  for (size_t at = 0; at < size; ++at) count += Flipped(at, SweepStride()) ? 1 : 0;
-  return count;
-}
-
 // Flips each byte of `file` in turn (the other files as they are) and opens the orchestrator.
-void FlipEach(const std::string& path, const std::string& file,
+// The files are in memory (MemEnv): what replay reads is the same, without a disk's syncs.
+void FlipEach(MemEnv& env, const std::string& path, const std::string& file,
               const std::map<std::string, std::vector<uint8_t>>& files, const std::string& expected,
               bool names_offset, Sweep* sweep) {
   const std::vector<uint8_t>& original = files.at(file);
-  const size_t stride = SweepStride();
+  DurableCore::Options options;
+  options.env = &env;
   for (size_t at = 0; at < original.size(); ++at) {
-    if (!Flipped(at, stride)) continue;
-    Restore(path, files);
+    Restore(path, files, env);
     std::vector<uint8_t> bytes = original;
     bytes[at] ^= 0xFF;
-    Write(file, bytes);
+    Write(env, file, bytes);
     ++sweep->tried;
-    auto opened = DurableCore::Open(path, CoreConfig{});
+    auto opened = DurableCore::Open(path, CoreConfig{}, options);
     if (!opened.ok()) {
       ++sweep->refused;
       CHECK(opened.status().code() == StatusCode::kDataLoss);
@@ -145,49 +135,52 @@ void FlipEach(const std::string& path, const std::string& file,
                                   << " opened with a different state, silently");
     }
   }
-  Restore(path, files);
+  Restore(path, files, env);
 }
 
 TEST_CASE("corruption sweep: every flipped byte of the journal is refused or loses nothing") {
-  const std::string path = TempPath("sweep_journal");
-  Remove(path);
+  MemEnv env;
+  DurableCore::Options options;
+  options.env = &env;
+  const std::string path = "/orchestrator/sweep_journal";
   std::string expected;
   {
-    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{}, options)).value();
     expected = Load(*durable, 0);
   }
-  const auto files = Files(path);
+  const auto files = Files(path, env);
   REQUIRE(files.size() == 1);
   Sweep sweep;
-  FlipEach(path, path, files, expected, true, &sweep);
+  FlipEach(env, path, path, files, expected, true, &sweep);
   MESSAGE("journal of " << files.at(path).size() << " bytes: " << sweep.tried << " flips tried, "
                         << sweep.refused << " refused, " << sweep.recovered << " recovered, "
                         << sweep.lost << " lost");
-  CHECK(sweep.tried == SweepCount(files.at(path).size()));
+  CHECK(sweep.tried == static_cast<int>(files.at(path).size()));
   CHECK(sweep.lost == 0);
   CHECK(sweep.refused + sweep.recovered == sweep.tried);
-  Remove(path);
 }
 
 TEST_CASE("corruption sweep: every flipped byte of a snapshot is refused or loses nothing") {
-  const std::string path = TempPath("sweep_snapshot");
-  Remove(path);
+  MemEnv env;
+  DurableCore::Options options;
+  options.env = &env;
+  const std::string path = "/orchestrator/sweep_snapshot";
   std::string expected;
   std::vector<uint8_t> first_journal;
   {
-    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{}, options)).value();
     Load(*durable, 0);
-    first_journal = Read(path);
+    first_journal = env.ReadFile(path).value();
     REQUIRE(durable->Compact().ok());  // the snapshot holds all of it; the new journal nothing
     expected = SnapshotOf(*durable);
   }
-  auto files = Files(path);
+  auto files = Files(path, env);
   const std::string snapshot = path + ".snapshot.1";
   REQUIRE(files.count(snapshot));
   REQUIRE(files.count(path + ".1"));
   REQUIRE(!files.count(path));  // generation 0's journal went once the snapshot was durable
   Sweep sweep;
-  FlipEach(path, snapshot, files, expected, false, &sweep);
+  FlipEach(env, path, snapshot, files, expected, false, &sweep);
   MESSAGE("snapshot of " << files.at(snapshot).size() << " bytes: " << sweep.tried
                          << " flips tried, " << sweep.refused << " refused, " << sweep.recovered
                          << " recovered, " << sweep.lost << " lost");
@@ -197,13 +190,12 @@ TEST_CASE("corruption sweep: every flipped byte of a snapshot is refused or lose
   // is passed over and the journals rebuild everything.
   files[path] = first_journal;
   Sweep fallback;
-  FlipEach(path, snapshot, files, expected, false, &fallback);
+  FlipEach(env, path, snapshot, files, expected, false, &fallback);
   MESSAGE("snapshot with the previous generation kept: "
           << fallback.tried << " flips tried, " << fallback.refused << " refused, "
           << fallback.recovered << " recovered, " << fallback.lost << " lost");
   CHECK(fallback.lost == 0);
   CHECK(fallback.recovered == fallback.tried);
-  Remove(path);
 }
 
 TEST_CASE("durable core: a journal generation that should exist and does not is refused") {
