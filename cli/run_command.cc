@@ -236,7 +236,7 @@ Status RunRun(const std::string& config_path) {
   auto last_line = Clock::now() - std::chrono::hours(1);
   std::string failure;
   bool interrupted = false;
-  Json status;
+  std::optional<orchestrator::wire::StatusPage> status;  // the last the orchestrator gave
   ProgressReader progress(progress_path);
   while (true) {
     if (stop.WaitFor(std::chrono::milliseconds(250))) {
@@ -274,10 +274,10 @@ Status RunRun(const std::string& config_path) {
     }
     if (Clock::now() - last_line >= std::chrono::seconds(tty ? 1 : 5)) {
       last_line = Clock::now();
-      Result<Json> s = status_client.GetStatus();
-      if (s.ok()) status = *s;
+      Result<orchestrator::wire::StatusPage> s = status_client.GetStatus();
+      if (s.ok()) status = std::move(*s);
       progress.Read();
-      std::string line = ProgressLine(progress.last(), s.ok() ? status : Json(), config);
+      std::string line = ProgressLine(progress.last(), s.ok() ? &*status : nullptr, config);
       if (!progress.problem().empty()) line += " | " + progress.problem();
       const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
       if (tty) {
@@ -296,7 +296,8 @@ Status RunRun(const std::string& config_path) {
   patient.deadline = std::chrono::milliseconds(10000);
   orchestrator::OrchestratorClient final_client(config.orchestrator_url(),
                                                 config.orchestrator.service.admin_token, patient);
-  if (Result<Json> s = final_client.GetStatus(); s.ok()) status = *s;
+  if (Result<orchestrator::wire::StatusPage> s = final_client.GetStatus(); s.ok())
+    status = std::move(*s);
   Json relays = Json::object();
   for (const RegionConfig& r : config.regions) {
     HttpClient relay("http://" + r.relay_listen, quick);

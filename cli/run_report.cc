@@ -31,22 +31,20 @@ struct SyncTotals {
   double max_pause_ms = 0;
 };
 
-SyncTotals Totals(const Json& status) {
+SyncTotals Totals(const orchestrator::wire::StatusPage* status) {
   SyncTotals t;
-  if (!status.is_object() || !status.contains("clusters")) return t;
-  for (const Json& c : status["clusters"]) {
-    if (!c.contains("sync")) continue;
-    const Json& s = c["sync"];
+  if (status == nullptr) return t;
+  for (const orchestrator::wire::StatusPage::Cluster& c : status->clusters) {
+    if (!c.sync) continue;
+    const orchestrator::SyncReport& s = *c.sync;
     ++t.clusters;
-    t.bytes_sent += s["bytes_downloaded"].get<uint64_t>();
-    t.digest_mismatches += s["digest_mismatches"].get<uint64_t>();
-    t.pulls += s["pulls"].get<uint64_t>();
-    t.keyframe_pulls += s["keyframe_pulls"].get<uint64_t>();
-    t.max_pause_ms = std::max(t.max_pause_ms, s["max_pause_ms"].get<double>());
-    if (!s["first_version"].is_null() && !s["newest_version"].is_null()) {
-      t.full_versions += static_cast<double>(s["newest_version"].get<uint64_t>() -
-                                             s["first_version"].get<uint64_t>() + 1);
-    }
+    t.bytes_sent += s.bytes_downloaded;
+    t.digest_mismatches += s.digest_mismatches;
+    t.pulls += s.pulls;
+    t.keyframe_pulls += s.keyframe_pulls;
+    t.max_pause_ms = std::max(t.max_pause_ms, s.max_pause_ms);
+    if (s.first_version && s.newest_version)
+      t.full_versions += static_cast<double>(*s.newest_version - *s.first_version + 1);
   }
   return t;
 }
@@ -85,7 +83,8 @@ std::string Figure(const Json& value, const char* format, double scale = 1.0) {
 
 }  // namespace
 
-std::string ProgressLine(const Json& trainer, const Json& status, const RunConfig& config) {
+std::string ProgressLine(const Json& trainer, const orchestrator::wire::StatusPage* status,
+                         const RunConfig& config) {
   std::ostringstream line;
   char buffer[256];
   const std::string phase = trainer.is_object() ? trainer.value("phase", "starting") : "starting";
@@ -111,16 +110,17 @@ std::string ProgressLine(const Json& trainer, const Json& status, const RunConfi
   } else {
     line << phase;
   }
-  if (status.is_object() && status.contains("regions")) {
+  if (status != nullptr) {
     line << " | ready";
     for (const RegionConfig& r : config.regions) {
-      const Json region = status["regions"].contains(r.name) ? status["regions"][r.name] : Json();
-      line << " " << r.name << " " << (region.is_object() ? region.value("ready", 0) : 0) << "/"
-           << (region.is_object() ? region.value("clusters", 0) : 0);
+      const auto region = status->regions.find(r.name);
+      const bool known = region != status->regions.end();
+      line << " " << r.name << " " << (known ? region->second.ready : 0) << "/"
+           << (known ? region->second.clusters : 0);
     }
     const SyncTotals totals = Totals(status);
     line << " | synced " << Megabytes(static_cast<double>(totals.bytes_sent));
-    line << " | dropped " << status["trajectories"].value("dropped_stale", uint64_t{0});
+    line << " | dropped " << status->trajectories.dropped_stale;
   } else {
     line << " | orchestrator not answering";
   }
@@ -210,9 +210,18 @@ std::string ReportSvg(const Json& report) {
 
 Json BuildReport(const RunConfig& config, const RunOutcome& outcome) {
   const Json& trainer = outcome.trainer;
-  const Json& status = outcome.status;
+  const orchestrator::wire::StatusPage* status = outcome.status ? &*outcome.status : nullptr;
   const bool trained = trainer.is_object() && trainer.value("phase", "") == "done";
   const SyncTotals totals = Totals(status);
+  // The orchestrator's section: parts of its status page, as /v1/status gives them.
+  Json orchestrator;
+  if (status != nullptr) {
+    const Json page = Json::parse(orchestrator::wire::Encode(*status));
+    orchestrator = Json::object();
+    for (const char* key :
+         {"jobs", "leases", "clusters_lost", "trajectories", "journal", "regions", "clusters"})
+      orchestrator[key] = page[key];
+  }
   // One full checkpoint in the serving format, if the trainer said.
   const Json full = Reported(trainer, "served_bytes");
   const double full_versions_bytes =
@@ -264,10 +273,9 @@ Json BuildReport(const RunConfig& config, const RunOutcome& outcome) {
       {"digest_mismatches", totals.digest_mismatches},
       {"staleness_violations", Reported(trainer, "staleness_violations")},
       {"max_staleness", config.orchestrator.core.max_staleness},
-      {"trajectories_dropped_stale",
-       status.is_object() ? status["trajectories"].value("dropped_stale", uint64_t{0}) : 0},
+      {"trajectories_dropped_stale", status != nullptr ? status->trajectories.dropped_stale : 0},
       {"trajectories_delivered_stale",
-       status.is_object() ? status["trajectories"].value("delivered_stale", uint64_t{0}) : 0},
+       status != nullptr ? status->trajectories.delivered_stale : 0},
       {"bytes_sent", totals.bytes_sent},
       {"bytes_full_equivalent", full.is_null() ? Json() : Json(full_versions_bytes)},
       {"bytes_sent_fraction",
@@ -285,14 +293,7 @@ Json BuildReport(const RunConfig& config, const RunOutcome& outcome) {
       {"max_commit_pause_ms", totals.max_pause_ms},
       {"relays", outcome.relays},
       {"relay_corrupted_blobs_refetched", corrupted},
-      {"orchestrator", status.is_object() ? Json{{"jobs", status["jobs"]},
-                                                 {"leases", status["leases"]},
-                                                 {"clusters_lost", status["clusters_lost"]},
-                                                 {"trajectories", status["trajectories"]},
-                                                 {"journal", status["journal"]},
-                                                 {"regions", status["regions"]},
-                                                 {"clusters", status["clusters"]}}
-                                          : Json()},
+      {"orchestrator", orchestrator},
       {"restarts", Json::object()},
       {"per_step", per_step}};
   for (const auto& [name, restarts] : outcome.restarts) report["restarts"][name] = restarts;

@@ -8,26 +8,29 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "cli/run_config.h"
+#include "orchestrator/wire.h"
 
 namespace weft::cli {
 
 // "step 37/150 v37 reward 0.712 lag 1.2 (max 3) | ready us-east 2/2 ... | synced 4.1 MB | dropped
-// 0", from the trainer's checked progress file and /v1/status (either may be null).
-std::string ProgressLine(const nlohmann::json& trainer, const nlohmann::json& status,
-                         const RunConfig& config);
+// 0", from the trainer's checked progress file (null if none) and /v1/status (null: the
+// orchestrator did not answer).
+std::string ProgressLine(const nlohmann::json& trainer,
+                         const orchestrator::wire::StatusPage* status, const RunConfig& config);
 
 // How a run ended, as the report records it.
 struct RunOutcome {
   std::string config_path;  // absolute
   std::string failure;      // empty: completed
   double seconds = 0;
-  nlohmann::json trainer;               // its last usable progress file, checked (null if none)
-  std::string progress_problem;         // what was wrong with the newest one, if anything
-  nlohmann::json status;                // the orchestrator's last /v1/status (null if none)
-  nlohmann::json relays;                // region -> the relay's /v1/stats
+  nlohmann::json trainer;        // its last usable progress file, checked (null if none)
+  std::string progress_problem;  // what was wrong with the newest one, if anything
+  std::optional<orchestrator::wire::StatusPage> status;  // the orchestrator's last /v1/status
+  nlohmann::json relays;                                 // region -> the relay's /v1/stats
   std::map<std::string, int> restarts;  // process name -> restarts, for those restarted
 };
 

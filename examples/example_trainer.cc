@@ -205,10 +205,8 @@ Result<TrainerSummary> RunExampleTrainer(
   const size_t per_step = static_cast<size_t>(options.prompts_per_step);
   // Queues prompts until `want` jobs are queued, leased or buffered at the orchestrator.
   auto top_up = [&](size_t want) -> Status {
-    WEFT_ASSIGN_OR_RETURN(Json status, client.GetStatus());
-    const size_t pending = status["jobs"]["queued"].get<size_t>() +
-                           status["jobs"]["leased"].get<size_t>() +
-                           status["trajectories"]["buffered"].get<size_t>();
+    WEFT_ASSIGN_OR_RETURN(orchestrator::wire::StatusPage status, client.GetStatus());
+    const size_t pending = status.jobs.queued + status.jobs.leased + status.trajectories.buffered;
     if (pending >= want) return Status::Ok();
     const auto samples = static_cast<uint32_t>(options.samples_per_prompt);
     Status added = Status::Ok();

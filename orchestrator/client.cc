@@ -200,11 +200,9 @@ Result<std::vector<Delivered>> OrchestratorClient::TakeBatch(uint32_t max,
   return std::move(batch.items);
 }
 
-Result<Json> OrchestratorClient::GetStatus() {
+Result<wire::StatusPage> OrchestratorClient::GetStatus() {
   WEFT_ASSIGN_OR_RETURN(std::string answer, Call("GET", "/v1/status", "", true));
-  Json status = Json::parse(answer, nullptr, false);
-  if (!status.is_object()) return DataLoss("GET /v1/status: the answer is not a JSON object");
-  return status;
+  return Answer(wire::DecodeStatusPage(answer, "status"), "GET /v1/status");
 }
 
 }  // namespace weft::orchestrator

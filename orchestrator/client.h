@@ -25,6 +25,7 @@
 #include "common/http_client.h"
 #include "orchestrator/cluster_api.h"
 #include "orchestrator/types.h"
+#include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
 
@@ -74,7 +75,8 @@ class OrchestratorClient : public ClusterApi {
   // Acknowledges the last batch received without taking another (a trainer that is done).
   Status AcknowledgeBatches();
 
-  Result<nlohmann::json> GetStatus();
+  // GET /v1/status, decoded (an answer that is not a status page is kDataLoss).
+  Result<wire::StatusPage> GetStatus();
 
  private:
   // Sends `body` to `path` with `method` and the bearer `token`, and returns the answer's text or

@@ -150,7 +150,7 @@ struct OrchestratorService::Impl {
   std::optional<Response> MayActFor(const http::RequestHeader& request, Role role,
                                     const std::string& cluster) const;
   Response Route(const Request& request, Role role, Responder* respond);
-  Json StatusJson() const;
+  wire::StatusPage StatusPage() const;
   std::string Metrics() const;
   void Park(Waiter waiter) {
     {
@@ -394,12 +394,12 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     response.prepare_payload();
     return response;
   }
-  if (target == "/v1/status") return ok(StatusJson());
-  const Micros now = Now();
-  const std::string_view body = BodyText(request);
   auto answer = [&](const std::string& text) {
     return http::JsonTextResponse(request, bhttp::status::ok, text);
   };
+  if (target == "/v1/status") return answer(wire::Encode(StatusPage()));
+  const Micros now = Now();
+  const std::string_view body = BodyText(request);
   // A submission, once the caller may act for its cluster (`path_cluster`: the one the path
   // named, which the submission must be for).
   auto submit = [&](const std::optional<std::string>& path_cluster) -> Response {
@@ -519,7 +519,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
   return Response();
 }
 
-Json OrchestratorService::Impl::StatusJson() const {
+wire::StatusPage OrchestratorService::Impl::StatusPage() const {
   const Micros now = Now();
   std::map<std::string, SyncReport> reports;
   {
@@ -528,98 +528,65 @@ Json OrchestratorService::Impl::StatusJson() const {
   }
   return core.Inspect([&](const OrchestratorCore& c) {
     const Counters& n = c.counters();
-    Json clusters = Json::array();
-    Json regions = Json::object();
-    std::map<std::string, SyncReport> region_sync;  // the regions' sums
+    wire::StatusPage page;
     std::map<uint64_t, std::map<std::string, std::string>>
         digests;  // version -> digest -> a cluster
     for (const ClusterView& v : c.clusters()) {
-      clusters.push_back(
-          {{"id", v.id},
-           {"region", v.region},
-           {"capacity", v.capacity},
-           {"ready_version", v.ready_version ? Json(*v.ready_version) : Json(nullptr)},
-           {"state", v.gone            ? "gone"
-                     : v.draining      ? "draining"
-                     : v.ready_version ? "ready"
-                                       : "syncing"},
-           {"leases", v.leases},
-           {"completed", v.completed},
-           {"throughput_per_s", v.throughput},
-           {"seconds_since_heartbeat", static_cast<double>(now - v.last_heartbeat) / 1e6}});
-      Json& region = regions[v.region];
-      if (region.is_null())
-        region = {{"clusters", 0}, {"ready", 0}, {"leases", 0}, {"newest_ready_version", nullptr}};
-      SyncReport& sum = region_sync[v.region];
+      wire::StatusPage::Cluster& cluster = page.clusters.emplace_back();
+      cluster.id = v.id;
+      cluster.region = v.region;
+      cluster.capacity = v.capacity;
+      cluster.ready_version = v.ready_version;
+      cluster.state = v.gone            ? "gone"
+                      : v.draining      ? "draining"
+                      : v.ready_version ? "ready"
+                                        : "syncing";
+      cluster.leases = v.leases;
+      cluster.completed = v.completed;
+      cluster.throughput_per_s = v.throughput;
+      cluster.seconds_since_heartbeat = static_cast<double>(now - v.last_heartbeat) / 1e6;
+      wire::StatusPage::Region& region = page.regions[v.region];
       if (auto found = reports.find(v.id); found != reports.end()) {
         const SyncReport& r = found->second;
-        clusters.back()["sync"] = wire::SyncReportJson(r);
-        sum.Add(r);
+        cluster.sync = r;
+        region.sync.Add(r);
         if (!v.gone && v.ready_version && !r.digest.empty() &&
             r.newest_version == v.ready_version) {
           digests[*v.ready_version].emplace(r.digest, v.id);
         }
       }
-      region["clusters"] = region["clusters"].get<int>() + 1;
-      region["leases"] = region["leases"].get<uint64_t>() + v.leases;
+      ++region.clusters;
+      region.leases += v.leases;
       if (!v.gone && v.ready_version) {
-        region["ready"] = region["ready"].get<int>() + 1;
-        if (region["newest_ready_version"].is_null() ||
-            region["newest_ready_version"].get<uint64_t>() < *v.ready_version) {
-          region["newest_ready_version"] = *v.ready_version;
-        }
+        ++region.ready;
+        if (!region.newest_ready_version || *region.newest_ready_version < *v.ready_version)
+          region.newest_ready_version = v.ready_version;
       }
     }
-    for (const auto& [name, sum] : region_sync) regions[name]["sync"] = wire::SyncReportJson(sum);
     // Clusters ready at the same version must serve the same state: say so loudly if not.
-    std::vector<std::string> alerts = c.Alerts(now);
+    page.alerts = c.Alerts(now);
     for (const auto& [version, seen] : digests) {
       if (seen.size() < 2) continue;
       std::string text =
           "clusters ready at version " + std::to_string(version) + " serve different states:";
       for (const auto& [digest, cluster] : seen) text += " " + cluster + " " + digest;
-      alerts.push_back(text);
+      page.alerts.push_back(text);
     }
-    Json histogram = Json::object();
-    for (const auto& [version, count] : c.buffered_versions())
-      histogram[std::to_string(version)] = count;
-    return Json{{"run", options.run_id},
-                {"latest_version", c.latest_version() ? Json(*c.latest_version()) : Json(nullptr)},
-                {"admissible_version", c.admissible_version()},
-                {"max_staleness", options.max_staleness},
-                {"jobs",
-                 {{"queued", c.queued_jobs()},
-                  {"leased", c.leased_jobs()},
-                  {"added", n.jobs_added},
-                  {"done", n.jobs_done},
-                  {"given_up", n.jobs_given_up}}},
-                {"leases",
-                 {{"granted", n.leases_granted},
-                  {"expired", n.leases_expired},
-                  {"handed_back", n.leases_handed_back},
-                  {"cancelled", n.leases_cancelled}}},
-                {"clusters_lost", n.clusters_lost},
-                {"trajectories",
-                 {{"buffered", c.buffered()},
-                  {"outstanding", c.outstanding()},
-                  {"accepted", n.submissions_accepted},
-                  {"duplicate", n.submissions_duplicate},
-                  {"rejected", n.submissions_rejected},
-                  {"delivered_fresh", n.delivered_fresh},
-                  {"delivered_stale", n.delivered_stale},
-                  {"dropped_stale", n.dropped_stale}}},
-                {"batches", {{"delivered", n.batches}, {"redelivered", n.batches_redelivered}}},
-                {"buffered_by_version_start", histogram},
-                {"clusters", clusters},
-                {"regions", regions},
-                {"alerts", alerts},
-                {"journal",
-                 {{"records", core.journal().records()},
-                  {"syncs", core.journal().syncs()},
-                  {"bytes", core.journal().size()},
-                  {"generation", core.generation()},
-                  {"compactions", core.compactions()},
-                  {"remembered_done", c.remembered_done()}}}};
+    page.run = options.run_id;
+    page.latest_version = c.latest_version();
+    page.admissible_version = c.admissible_version();
+    page.max_staleness = options.max_staleness;
+    page.jobs = {c.queued_jobs(), c.leased_jobs(), n.jobs_added, n.jobs_done, n.jobs_given_up};
+    page.leases = {n.leases_granted, n.leases_expired, n.leases_handed_back, n.leases_cancelled};
+    page.clusters_lost = n.clusters_lost;
+    page.trajectories = {
+        c.buffered(),           c.outstanding(),   n.submissions_accepted, n.submissions_duplicate,
+        n.submissions_rejected, n.delivered_fresh, n.delivered_stale,      n.dropped_stale};
+    page.batches = {n.batches, n.batches_redelivered};
+    page.buffered_by_version_start = c.buffered_versions();
+    page.journal = {core.journal().records(), core.journal().syncs(), core.journal().size(),
+                    core.generation(),        core.compactions(),     c.remembered_done()};
+    return page;
   });
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/hex.h"
 #include "common/json_fields.h"
@@ -653,6 +654,225 @@ Result<ClusterAnswer> DecodeClusterAnswer(std::string_view answer, ClusterEvent 
     out.cluster_token = json["cluster_token"].get<std::string>();
   }
   return out;
+}
+
+std::string Encode(const StatusPage& page) {
+  Json clusters = Json::array();
+  for (const StatusPage::Cluster& c : page.clusters) {
+    Json cluster = {{"id", c.id},
+                    {"region", c.region},
+                    {"capacity", c.capacity},
+                    {"ready_version", Optional(c.ready_version)},
+                    {"state", c.state},
+                    {"leases", c.leases},
+                    {"completed", c.completed},
+                    {"throughput_per_s", c.throughput_per_s},
+                    {"seconds_since_heartbeat", c.seconds_since_heartbeat}};
+    if (c.sync) cluster["sync"] = SyncReportJson(*c.sync);
+    clusters.push_back(std::move(cluster));
+  }
+  Json regions = Json::object();
+  for (const auto& [name, r] : page.regions) {
+    regions[name] = {{"clusters", r.clusters},
+                     {"ready", r.ready},
+                     {"leases", r.leases},
+                     {"newest_ready_version", Optional(r.newest_ready_version)},
+                     {"sync", SyncReportJson(r.sync)}};
+  }
+  Json histogram = Json::object();
+  for (const auto& [version, count] : page.buffered_by_version_start)
+    histogram[std::to_string(version)] = count;
+  const StatusPage::JobCounts& j = page.jobs;
+  const StatusPage::LeaseCounts& l = page.leases;
+  const StatusPage::TrajectoryCounts& t = page.trajectories;
+  const StatusPage::Journal& journal = page.journal;
+  const Json body = {
+      {"run", page.run},
+      {"latest_version", Optional(page.latest_version)},
+      {"admissible_version", page.admissible_version},
+      {"max_staleness", page.max_staleness},
+      {"jobs",
+       {{"queued", j.queued},
+        {"leased", j.leased},
+        {"added", j.added},
+        {"done", j.done},
+        {"given_up", j.given_up}}},
+      {"leases",
+       {{"granted", l.granted},
+        {"expired", l.expired},
+        {"handed_back", l.handed_back},
+        {"cancelled", l.cancelled}}},
+      {"clusters_lost", page.clusters_lost},
+      {"trajectories",
+       {{"buffered", t.buffered},
+        {"outstanding", t.outstanding},
+        {"accepted", t.accepted},
+        {"duplicate", t.duplicate},
+        {"rejected", t.rejected},
+        {"delivered_fresh", t.delivered_fresh},
+        {"delivered_stale", t.delivered_stale},
+        {"dropped_stale", t.dropped_stale}}},
+      {"batches",
+       {{"delivered", page.batches.delivered}, {"redelivered", page.batches.redelivered}}},
+      {"buffered_by_version_start", std::move(histogram)},
+      {"clusters", std::move(clusters)},
+      {"regions", std::move(regions)},
+      {"alerts", page.alerts},
+      {"journal",
+       {{"records", journal.records},
+        {"syncs", journal.syncs},
+        {"bytes", journal.bytes},
+        {"generation", journal.generation},
+        {"compactions", journal.compactions},
+        {"remembered_done", journal.remembered_done}}}};
+  // As any answer of the service: a byte that is not UTF-8 is replaced, never thrown over.
+  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+namespace {
+
+// The members of `object` named in `fields`, every one of them a count, and no other member.
+Status ReadCounts(const Json& object, const std::string& where,
+                  std::initializer_list<std::pair<const char*, uint64_t*>> fields) {
+  std::set<std::string> names;
+  for (const auto& [name, value] : fields) names.insert(name);
+  WEFT_RETURN_IF_ERROR(CheckFields(object, where, names));
+  for (const auto& [name, value] : fields) {
+    WEFT_ASSIGN_OR_RETURN(*value, GetUnsigned(object, name, where));
+  }
+  return Status::Ok();
+}
+
+Result<uint32_t> GetCount32(const Json& object, const std::string& field,
+                            const std::string& where) {
+  WEFT_ASSIGN_OR_RETURN(uint64_t value,
+                        GetBounded(object, field, where, 0, std::numeric_limits<uint32_t>::max()));
+  return static_cast<uint32_t>(value);
+}
+
+Result<double> GetNumber(const Json& object, const std::string& field, const std::string& where) {
+  const Json& value = object.at(field);
+  if (!value.is_number()) return InvalidArgument(where + "." + field + " is not a number");
+  return value.get<double>();
+}
+
+Result<StatusPage::Cluster> DecodeStatusCluster(const Json& json, const std::string& where) {
+  WEFT_RETURN_IF_ERROR(CheckFields(json, where,
+                                   {"id", "region", "capacity", "ready_version", "state", "leases",
+                                    "completed", "throughput_per_s", "seconds_since_heartbeat"},
+                                   {"sync"}));
+  StatusPage::Cluster c;
+  WEFT_ASSIGN_OR_RETURN(c.id, GetString(json, "id", where));
+  WEFT_ASSIGN_OR_RETURN(c.region, GetString(json, "region", where));
+  WEFT_ASSIGN_OR_RETURN(c.capacity, GetCount32(json, "capacity", where));
+  WEFT_ASSIGN_OR_RETURN(c.ready_version, GetOptionalVersion(json, "ready_version", where));
+  WEFT_ASSIGN_OR_RETURN(c.state, GetString(json, "state", where));
+  if (c.state != "syncing" && c.state != "ready" && c.state != "draining" && c.state != "gone")
+    return InvalidArgument(where + ".state is not syncing, ready, draining or gone");
+  WEFT_ASSIGN_OR_RETURN(c.leases, GetCount32(json, "leases", where));
+  WEFT_ASSIGN_OR_RETURN(c.completed, GetUnsigned(json, "completed", where));
+  WEFT_ASSIGN_OR_RETURN(c.throughput_per_s, GetNumber(json, "throughput_per_s", where));
+  WEFT_ASSIGN_OR_RETURN(c.seconds_since_heartbeat,
+                        GetNumber(json, "seconds_since_heartbeat", where));
+  if (json.contains("sync")) {
+    WEFT_ASSIGN_OR_RETURN(c.sync, DecodeSyncReport(json["sync"], where + ".sync"));
+  }
+  return c;
+}
+
+Result<StatusPage::Region> DecodeStatusRegion(const Json& json, const std::string& where) {
+  WEFT_RETURN_IF_ERROR(
+      CheckFields(json, where, {"clusters", "ready", "leases", "newest_ready_version", "sync"}));
+  StatusPage::Region r;
+  WEFT_ASSIGN_OR_RETURN(r.clusters, GetUnsigned(json, "clusters", where));
+  WEFT_ASSIGN_OR_RETURN(r.ready, GetUnsigned(json, "ready", where));
+  WEFT_ASSIGN_OR_RETURN(r.leases, GetUnsigned(json, "leases", where));
+  WEFT_ASSIGN_OR_RETURN(r.newest_ready_version,
+                        GetOptionalVersion(json, "newest_ready_version", where));
+  WEFT_ASSIGN_OR_RETURN(r.sync, DecodeSyncReport(json["sync"], where + ".sync"));
+  return r;
+}
+
+}  // namespace
+
+Result<StatusPage> DecodeStatusPage(std::string_view answer, const std::string& where) {
+  WEFT_ASSIGN_OR_RETURN(Json json, ParseObject(answer, where));
+  WEFT_RETURN_IF_ERROR(
+      CheckFields(json, where,
+                  {"run", "latest_version", "admissible_version", "max_staleness", "jobs", "leases",
+                   "clusters_lost", "trajectories", "batches", "buffered_by_version_start",
+                   "clusters", "regions", "alerts", "journal"}));
+  StatusPage page;
+  WEFT_ASSIGN_OR_RETURN(page.run, GetString(json, "run", where));
+  WEFT_ASSIGN_OR_RETURN(page.latest_version, GetOptionalVersion(json, "latest_version", where));
+  WEFT_ASSIGN_OR_RETURN(page.admissible_version, GetUnsigned(json, "admissible_version", where));
+  WEFT_ASSIGN_OR_RETURN(page.max_staleness, GetUnsigned(json, "max_staleness", where));
+  StatusPage::JobCounts& j = page.jobs;
+  WEFT_RETURN_IF_ERROR(ReadCounts(json["jobs"], where + ".jobs",
+                                  {{"queued", &j.queued},
+                                   {"leased", &j.leased},
+                                   {"added", &j.added},
+                                   {"done", &j.done},
+                                   {"given_up", &j.given_up}}));
+  StatusPage::LeaseCounts& l = page.leases;
+  WEFT_RETURN_IF_ERROR(ReadCounts(json["leases"], where + ".leases",
+                                  {{"granted", &l.granted},
+                                   {"expired", &l.expired},
+                                   {"handed_back", &l.handed_back},
+                                   {"cancelled", &l.cancelled}}));
+  WEFT_ASSIGN_OR_RETURN(page.clusters_lost, GetUnsigned(json, "clusters_lost", where));
+  StatusPage::TrajectoryCounts& t = page.trajectories;
+  WEFT_RETURN_IF_ERROR(ReadCounts(json["trajectories"], where + ".trajectories",
+                                  {{"buffered", &t.buffered},
+                                   {"outstanding", &t.outstanding},
+                                   {"accepted", &t.accepted},
+                                   {"duplicate", &t.duplicate},
+                                   {"rejected", &t.rejected},
+                                   {"delivered_fresh", &t.delivered_fresh},
+                                   {"delivered_stale", &t.delivered_stale},
+                                   {"dropped_stale", &t.dropped_stale}}));
+  WEFT_RETURN_IF_ERROR(ReadCounts(
+      json["batches"], where + ".batches",
+      {{"delivered", &page.batches.delivered}, {"redelivered", &page.batches.redelivered}}));
+  const Json& histogram = json["buffered_by_version_start"];
+  const std::string histogram_where = where + ".buffered_by_version_start";
+  if (!histogram.is_object()) return InvalidArgument(histogram_where + " is not an object");
+  for (const auto& [key, count] : histogram.items()) {
+    const bool version = !key.empty() && key.size() <= 16 &&
+                         key.find_first_not_of("0123456789") == std::string::npos &&
+                         (key == "0" || key[0] != '0') && std::stoull(key) <= kMaxVersion;
+    if (!version) return InvalidArgument(histogram_where + " has a key that is not a version");
+    WEFT_ASSIGN_OR_RETURN(page.buffered_by_version_start[std::stoull(key)],
+                          GetUnsigned(histogram, key, histogram_where));
+  }
+  const Json& clusters = json["clusters"];
+  if (!clusters.is_array()) return InvalidArgument(where + ".clusters is not an array");
+  for (size_t i = 0; i < clusters.size(); ++i) {
+    WEFT_ASSIGN_OR_RETURN(
+        StatusPage::Cluster cluster,
+        DecodeStatusCluster(clusters[i], where + ".clusters[" + std::to_string(i) + "]"));
+    page.clusters.push_back(std::move(cluster));
+  }
+  const Json& regions = json["regions"];
+  if (!regions.is_object()) return InvalidArgument(where + ".regions is not an object");
+  for (const auto& [name, region] : regions.items()) {
+    WEFT_ASSIGN_OR_RETURN(page.regions[name],
+                          DecodeStatusRegion(region, where + ".regions." + name));
+  }
+  const Json& alerts = json["alerts"];
+  if (!alerts.is_array() ||
+      !std::all_of(alerts.begin(), alerts.end(), [](const Json& a) { return a.is_string(); }))
+    return InvalidArgument(where + ".alerts is not an array of strings");
+  for (const Json& alert : alerts) page.alerts.push_back(alert.get<std::string>());
+  StatusPage::Journal& journal = page.journal;
+  WEFT_RETURN_IF_ERROR(ReadCounts(json["journal"], where + ".journal",
+                                  {{"records", &journal.records},
+                                   {"syncs", &journal.syncs},
+                                   {"bytes", &journal.bytes},
+                                   {"generation", &journal.generation},
+                                   {"compactions", &journal.compactions},
+                                   {"remembered_done", &journal.remembered_done}}));
+  return page;
 }
 
 std::string Encode(const Trajectories& trajectories) {

@@ -6,8 +6,8 @@
 // Requests are decoded strictly: a body that is not a JSON object, an unknown or missing field, a
 // wrong type or an out-of-range value is kInvalidArgument naming the field
 // ("submission.segments[0]"). Answers are decoded leniently (fields a newer orchestrator adds are
-// ignored); what is missing or mistyped is kInvalidArgument naming it, which the client reports as
-// kDataLoss.
+// ignored), but for the status page, which is decoded as strictly as a request; what is missing or
+// mistyped is kInvalidArgument naming it, which the client reports as kDataLoss.
 //
 // A trajectory group's samples travel as the text the worker sent, and a job's metadata as the text
 // the trainer sent: encoding splices that text into the body, decoding cuts it out of the body
@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -116,6 +117,67 @@ std::string Encode(const BatchRequest& request);
 Result<BatchRequest> DecodeBatchRequest(std::string_view body);
 std::string Encode(const Batch& batch);
 Result<Batch> DecodeBatch(std::string_view answer);
+
+// GET /v1/status: the orchestrator's state as its status page shows it (docs/api.md, the
+// paragraph on /v1/status). The service builds one and encodes it; the client decodes it.
+struct StatusPage {
+  struct JobCounts {
+    uint64_t queued = 0, leased = 0;  // now
+    uint64_t added = 0, done = 0, given_up = 0;
+  };
+  struct LeaseCounts {
+    uint64_t granted = 0, expired = 0, handed_back = 0, cancelled = 0;
+  };
+  struct TrajectoryCounts {
+    uint64_t buffered = 0, outstanding = 0;  // now
+    uint64_t accepted = 0, duplicate = 0, rejected = 0;
+    uint64_t delivered_fresh = 0, delivered_stale = 0, dropped_stale = 0;
+  };
+  struct BatchCounts {
+    uint64_t delivered = 0, redelivered = 0;
+  };
+  struct Cluster {
+    std::string id, region;
+    uint32_t capacity = 0;
+    std::optional<uint64_t> ready_version;
+    std::string state;  // "syncing", "ready", "draining" or "gone"
+    uint32_t leases = 0;
+    uint64_t completed = 0;
+    double throughput_per_s = 0;
+    double seconds_since_heartbeat = 0;
+    std::optional<SyncReport> sync;  // its last report, if it sent one since the service started
+  };
+  struct Region {
+    uint64_t clusters = 0, ready = 0, leases = 0;
+    std::optional<uint64_t> newest_ready_version;
+    SyncReport sync;  // its clusters' reports summed (SyncReport::Add; no replicas)
+  };
+  struct Journal {
+    uint64_t records = 0, syncs = 0, bytes = 0, generation = 0, compactions = 0;
+    uint64_t remembered_done = 0;
+  };
+
+  std::string run;
+  std::optional<uint64_t> latest_version;
+  uint64_t admissible_version = 0;
+  uint64_t max_staleness = 0;
+  JobCounts jobs;
+  LeaseCounts leases;
+  uint64_t clusters_lost = 0;
+  TrajectoryCounts trajectories;
+  BatchCounts batches;
+  std::map<uint64_t, uint64_t> buffered_by_version_start;  // version_start -> groups buffered
+  std::vector<Cluster> clusters;
+  std::map<std::string, Region> regions;  // by name
+  std::vector<std::string> alerts;
+  Journal journal;
+};
+std::string Encode(const StatusPage& page);
+// Checked strictly, as a request is (its readers come with the orchestrator they read): the body an
+// object with every field above and no other, each of its type (a version or null where optional;
+// `state` one of the four; a sync report as a heartbeat's "sync" is checked). Errors start with
+// `where` ("status") and name the field ("status.clusters[1].capacity").
+Result<StatusPage> DecodeStatusPage(std::string_view answer, const std::string& where);
 
 // A group's trajectories (docs/api.md, "Trajectories"): the text a worker submits as
 // TrajectoryGroup::trajectories and a trainer reads; the orchestrator never does.

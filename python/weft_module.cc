@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "orchestrator/client.h"
+#include "orchestrator/wire.h"
 #include "policy_store/object_store.h"
 #include "trainer_adapter/batch_client.h"
 #include "trainer_adapter/publisher.h"
@@ -342,13 +343,14 @@ class PyOrchestrator {
     return Unwrap(std::move(*ids));
   }
 
+  // The status page, checked by the client and encoded again (the same JSON the service sent).
   std::string GetStatus() {
-    std::optional<Result<nlohmann::json>> status;
+    std::optional<Result<orchestrator::wire::StatusPage>> status;
     {
       py::gil_scoped_release release;
       status.emplace(client_.GetStatus());
     }
-    return Unwrap(std::move(*status)).dump();
+    return orchestrator::wire::Encode(Unwrap(std::move(*status)));
   }
 
  private:

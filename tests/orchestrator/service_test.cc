@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "orchestrator/client.h"
+#include "orchestrator/wire.h"
 #include "tests/http_test_util.h"
 #include "tests/orchestrator_test_util.h"
 #include "tests/temp_path.h"
@@ -120,6 +121,10 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
     CHECK(replicas[1]["state"] == "ready");
     CHECK(replicas[1]["failures"] == 0);
     CHECK(!status["regions"]["eu"]["sync"].contains("replicas"));  // a region sums, not lists
+    Result<wire::StatusPage> page = wire::DecodeStatusPage(status.dump(), "status");
+    REQUIRE_MESSAGE(page.ok(), page.status().ToString());
+    CHECK(page->clusters.at(0).sync->replicas.size() == 2);
+    CHECK(page->regions.at("eu").sync.paused_ms_total == 2500.0);
   }
   // Two clusters proving the same version with different state digests: an alert names them.
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c2"}, {"region", "us"}, {"capacity", 1}})
@@ -193,6 +198,22 @@ TEST_CASE("orchestrator API: the whole loop over loopback, as documented") {
   CHECK(s["trajectories"]["duplicate"] == 1);
   CHECK(s["clusters"][0]["state"] == "ready");
   CHECK(s["regions"]["eu"]["ready"] == 1);
+  // The body is the wire layer's status page: it decodes, and encodes again to the same text.
+  Result<wire::StatusPage> page = wire::DecodeStatusPage(status.text(), "status");
+  REQUIRE_MESSAGE(page.ok(), page.status().ToString());
+  CHECK(wire::Encode(*page) == status.text());
+  CHECK(page->trajectories.accepted == 1);
+  REQUIRE(page->clusters.size() == 2);
+  CHECK(page->clusters[0].id == "c1");
+  REQUIRE(page->clusters[0].sync.has_value());
+  CHECK(page->clusters[0].sync->digest == "aa");  // its last report
+  CHECK(page->clusters[1].state == "gone");
+  CHECK(page->regions.at("us").clusters == 1);
+  CHECK(page->regions.at("us").ready == 0);
+  // As the client reads it.
+  Result<wire::StatusPage> read = OrchestratorClient(o.url, "a-token").GetStatus();
+  REQUIRE_MESSAGE(read.ok(), read.status().ToString());
+  CHECK(read->trajectories.duplicate == 1);
   auto metrics = Raw(o.url + "/metrics", "GET");
   CHECK(metrics.status == 200);
   CHECK(metrics.text().find("weft_orchestrator_submissions_accepted_total 1") != std::string::npos);
@@ -221,7 +242,7 @@ TEST_CASE("orchestrator API over TLS: a client trusting the certificate works; t
   CHECK(leases->size() == 1);
   auto status = trainer.GetStatus();
   REQUIRE(status.ok());
-  CHECK((*status)["jobs"]["leased"] == 1);
+  CHECK(status->jobs.leased == 1);
   // Without the certificate the client refuses the server, at once and saying why.
   HttpClientOptions untrusting;
   untrusting.deadline = std::chrono::milliseconds(5000);
@@ -589,11 +610,11 @@ TEST_CASE("orchestrator API: bad job metadata is refused, naming the job, and ad
   CHECK(answer.status().message().find("adding jobs: job 0: ") == 0);
   auto status = trainer.GetStatus();
   REQUIRE(status.ok());
-  CHECK((*status)["jobs"]["added"] == 0);
+  CHECK(status->jobs.added == 0);
   // At the limit it is taken.
   const std::string most = "\"" + std::string(kMaxJobMetadataBytes - 2, 'x') + "\"";
   CHECK(post(prefix + most + "}]}").first == 200);
-  CHECK((*trainer.GetStatus())["jobs"]["added"] == 2);
+  CHECK(trainer.GetStatus()->jobs.added == 2);
 }
 
 TEST_CASE(
@@ -638,7 +659,7 @@ TEST_CASE(
           StatusCode::kInvalidArgument);  // 403 is a 4xx
     auto status = trainer.GetStatus();
     REQUIRE(status.ok());
-    CHECK((*status)["trajectories"]["accepted"] == 1);
+    CHECK(status->trajectories.accepted == 1);
   }
   // The orchestrator is down: calls are retried until it is back on its port...
   HttpClientOptions patient;

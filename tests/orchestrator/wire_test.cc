@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <set>
+
 namespace weft::orchestrator::wire {
 namespace {
 
@@ -367,6 +369,149 @@ TEST_CASE("wire: the cluster routes' answers, one type, checked for the event as
   // Fields a newer orchestrator adds are ignored.
   CHECK(
       DecodeClusterAnswer(R"({"cluster":"c1","ok":true,"next":1})", ClusterEvent::kHeartbeat).ok());
+}
+
+// A status page with something in every field, and a cluster with and one without a sync report.
+StatusPage FullStatusPage() {
+  StatusPage page;
+  page.run = "r1";
+  page.latest_version = 12;
+  page.admissible_version = 8;
+  page.max_staleness = 4;
+  page.jobs = {3, 2, 40, 30, 1};
+  page.leases = {50, 4, 3, 2};
+  page.clusters_lost = 1;
+  page.trajectories = {5, 6, 31, 2, 1, 20, 3, 4};
+  page.batches = {9, 1};
+  page.buffered_by_version_start = {{7, 2}, {11, 3}};
+  SyncReport sync;
+  sync.bytes_downloaded = 123456789012;
+  sync.pulls = 4;
+  sync.max_pause_ms = 0.25;
+  sync.first_version = 0;
+  sync.newest_version = 12;
+  sync.digest = "00ff";
+  sync.engine_replicas = 1;
+  sync.paused_ms_total = 2.5;
+  sync.replicas = {{"http://10.0.0.1:30000", "ready", 12, 4, 1, 0.5, 2.5}};
+  page.clusters.push_back({"eu-1", "eu", 4, 12, "ready", 2, 17, 1.5, 0.25, sync});
+  page.clusters.push_back({"us-1", "us", 1, std::nullopt, "syncing", 0, 0, 0, 3, std::nullopt});
+  page.regions["eu"] = {1, 1, 2, 12, sync};
+  page.regions["eu"].sync.replicas.clear();
+  page.regions["us"] = {1, 0, 0, std::nullopt, SyncReport{}};
+  page.alerts = {"no version announced for 5m"};
+  page.journal = {100, 40, 4096, 2, 1, 30};
+  return page;
+}
+
+TEST_CASE("wire: the status page survives a round trip, in the shape docs/api.md gives") {
+  const StatusPage page = FullStatusPage();
+  const std::string text = Encode(page);
+  Result<StatusPage> back = DecodeStatusPage(text, "status");
+  REQUIRE_MESSAGE(back.ok(), back.status().ToString());
+  CHECK(Encode(*back) == text);
+  CHECK(back->run == "r1");
+  CHECK(back->latest_version == 12);
+  CHECK(back->jobs.given_up == 1);
+  CHECK(back->trajectories.dropped_stale == 4);
+  CHECK(back->buffered_by_version_start == page.buffered_by_version_start);
+  REQUIRE(back->clusters.size() == 2);
+  CHECK(back->clusters[0].throughput_per_s == 1.5);
+  REQUIRE(back->clusters[0].sync.has_value());
+  CHECK(SyncReportJson(*back->clusters[0].sync) == SyncReportJson(*page.clusters[0].sync));
+  CHECK(!back->clusters[1].ready_version.has_value());
+  CHECK(!back->clusters[1].sync.has_value());
+  CHECK(back->regions.at("eu").newest_ready_version == 12);
+  CHECK(back->regions.at("us").sync.pulls == 0);
+  CHECK(back->alerts == page.alerts);
+  CHECK(back->journal.remembered_done == 30);
+
+  // The documented fields, and no other.
+  const Json json = Json::parse(text);
+  std::set<std::string> keys;
+  for (const auto& [key, value] : json.items()) keys.insert(key);
+  CHECK(keys == std::set<std::string>{"run", "latest_version", "admissible_version",
+                                      "max_staleness", "jobs", "leases", "clusters_lost",
+                                      "trajectories", "batches", "buffered_by_version_start",
+                                      "clusters", "regions", "alerts", "journal"});
+  CHECK(json["buffered_by_version_start"] == Json{{"7", 2}, {"11", 3}});
+  CHECK(json["clusters"][1] == Json{{"id", "us-1"},
+                                    {"region", "us"},
+                                    {"capacity", 1},
+                                    {"ready_version", nullptr},
+                                    {"state", "syncing"},
+                                    {"leases", 0},
+                                    {"completed", 0},
+                                    {"throughput_per_s", 0.0},
+                                    {"seconds_since_heartbeat", 3.0}});
+  CHECK(json["clusters"][0]["sync"]["replicas"][0]["url"] == "http://10.0.0.1:30000");
+  CHECK(!json["regions"]["eu"]["sync"].contains("replicas"));  // a region sums, not lists
+  CHECK(json["regions"]["us"]["newest_ready_version"].is_null());
+  CHECK(json["journal"]["bytes"] == 4096);
+}
+
+TEST_CASE("wire: a status page that is not one is refused, naming the field") {
+  const Json good = Json::parse(Encode(FullStatusPage()));
+  auto error = [](const Json& body) {
+    Result<StatusPage> page = DecodeStatusPage(body.dump(), "status");
+    return page.ok() ? std::string("(decoded)") : page.status().message();
+  };
+  CHECK(DecodeStatusPage("[1]", "status").status().message() == "status is not a JSON object");
+  CHECK(DecodeStatusPage("{", "status").status().code() == StatusCode::kInvalidArgument);
+  Json body = good;
+  body.erase("jobs");
+  CHECK(error(body) == "status lacks the field 'jobs'");
+  body = good;
+  body["extra"] = 1;
+  CHECK(error(body) == "status has an unknown field 'extra'");
+  body = good;
+  body["jobs"].erase("done");
+  CHECK(error(body) == "status.jobs lacks the field 'done'");
+  body = good;
+  body["trajectories"]["dropped_stale"] = "4";
+  CHECK(error(body) == "status.trajectories.dropped_stale is not a non-negative integer");
+  body = good;
+  body["latest_version"] = -1;
+  CHECK(error(body).rfind("status.latest_version is not a version", 0) == 0);
+  body = good;
+  body["run"] = 7;
+  CHECK(error(body) == "status.run is not a string");
+  body = good;
+  body["clusters"][1]["capacity"] = "one";
+  CHECK(error(body) == "status.clusters[1].capacity is not a non-negative integer");
+  body = good;
+  body["clusters"][1]["state"] = "lost";
+  CHECK(error(body) == "status.clusters[1].state is not syncing, ready, draining or gone");
+  body = good;
+  body["clusters"][0]["throughput_per_s"] = nullptr;
+  CHECK(error(body) == "status.clusters[0].throughput_per_s is not a number");
+  body = good;
+  body["clusters"][0].erase("seconds_since_heartbeat");
+  CHECK(error(body) == "status.clusters[0] lacks the field 'seconds_since_heartbeat'");
+  body = good;
+  body["clusters"][0]["sync"]["pulls"] = -1;
+  CHECK(error(body) == "status.clusters[0].sync.pulls is not a non-negative integer");
+  body = good;
+  body["regions"]["us"].erase("sync");
+  CHECK(error(body) == "status.regions.us lacks the field 'sync'");
+  body = good;
+  body["regions"]["eu"]["ready"] = 1.5;
+  CHECK(error(body) == "status.regions.eu.ready is not a non-negative integer");
+  body = good;
+  body["regions"] = Json::array();
+  CHECK(error(body) == "status.regions is not an object");
+  body = good;
+  body["buffered_by_version_start"]["07"] = 1;
+  CHECK(error(body) == "status.buffered_by_version_start has a key that is not a version");
+  body = good;
+  body["buffered_by_version_start"]["7"] = -2;
+  CHECK(error(body) == "status.buffered_by_version_start.7 is not a non-negative integer");
+  body = good;
+  body["alerts"] = {"a", 1};
+  CHECK(error(body) == "status.alerts is not an array of strings");
+  body = good;
+  body["journal"]["generation"] = true;
+  CHECK(error(body) == "status.journal.generation is not a non-negative integer");
 }
 
 }  // namespace

@@ -213,7 +213,7 @@ TEST_CASE(
   // The orchestrator shows the counters it was sent.
   REQUIRE(WaitFor([&] {
     auto status = trainer.GetStatus();
-    return status.ok() && (*status)["regions"]["eu"]["sync"]["digest_mismatches"] == 1;
+    return status.ok() && status->regions["eu"].sync.digest_mismatches == 1;
   }));
 
   // While the worker cannot see the store, versions 2 and 3 come and version 2's manifest goes:
@@ -252,8 +252,9 @@ TEST_CASE(
   running.join();
   CHECK(ran.ok());
   auto status = trainer.GetStatus().value();
-  CHECK(status["clusters"][0]["state"] == "gone");
-  CHECK(status["jobs"]["leased"] == 0);
+  REQUIRE(status.clusters.size() == 1);
+  CHECK(status.clusters[0].state == "gone");
+  CHECK(status.jobs.leased == 0);
   CHECK(worker.stats().jobs == 2);
   CHECK(worker.stats().samples == 6);
   std::filesystem::remove_all(store_dir);
@@ -314,34 +315,32 @@ TEST_CASE(
   std::thread running([&] { ran = worker.Run(); });
   REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
   // It registered 3 jobs per replica.
-  CHECK(trainer.GetStatus().value()["clusters"][0]["capacity"] == 6);
+  CHECK(trainer.GetStatus().value().clusters.at(0).capacity == 6);
 
   // No replica ready: not ready (the orchestrator hears it), and no lease is taken.
   engine.ready = 0;
   REQUIRE(WaitFor([&] { return !worker.ready_version(); }));
-  REQUIRE(WaitFor(
-      [&] { return trainer.GetStatus().value()["clusters"][0]["ready_version"].is_null(); }));
+  REQUIRE(WaitFor([&] { return !trainer.GetStatus().value().clusters.at(0).ready_version; }));
   // The status shows its replicas, none ready.
   REQUIRE(WaitFor([&] {
-    const Json sync = trainer.GetStatus().value()["clusters"][0]["sync"];
-    return sync["engine_replicas"] == 2 && sync["ready_replicas"] == 0;
+    const std::optional<SyncReport> sync = trainer.GetStatus().value().clusters.at(0).sync;
+    return sync && sync->engine_replicas == 2 && sync->ready_replicas == 0;
   }));
   REQUIRE(trainer.AddJobs({{Json("1+2="), 2}}).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  CHECK(trainer.GetStatus().value()["jobs"]["leased"] == 0);
+  CHECK(trainer.GetStatus().value().jobs.leased == 0);
 
   // Ready again, but generation fails as unavailable: each lease goes back at once.
   engine.failing = true;
   engine.ready = 2;
   REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
-  REQUIRE(WaitFor(
-      [&] { return trainer.GetStatus().value()["leases"]["handed_back"].get<uint64_t>() >= 1; }));
+  REQUIRE(WaitFor([&] { return trainer.GetStatus().value().leases.handed_back >= 1; }));
   // (The worker counts it once the orchestrator's answer is back.)
   CHECK(WaitFor([&] { return worker.stats().handed_back >= 1; }));
   // Backing off, it does not use up the job's attempts meanwhile.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  CHECK(trainer.GetStatus().value()["jobs"]["given_up"] == 0);
-  CHECK(trainer.GetStatus().value()["leases"]["handed_back"].get<uint64_t>() <= 4);
+  CHECK(trainer.GetStatus().value().jobs.given_up == 0);
+  CHECK(trainer.GetStatus().value().leases.handed_back <= 4);
   // The engine answers again: the job completes.
   engine.failing = false;
   trainer_adapter::BatchClient batches(trainer, 2);
@@ -359,9 +358,9 @@ TEST_CASE(
   // job would never end.
   const uint64_t before = worker.stats().handed_back;
   REQUIRE(trainer.AddJobs({{Json(42), 1}}).ok());
-  CHECK(WaitFor([&] { return trainer.GetStatus().value()["jobs"]["given_up"] == 1; }));
+  CHECK(WaitFor([&] { return trainer.GetStatus().value().jobs.given_up == 1; }));
   CHECK(worker.stats().handed_back == before + 5);  // max_attempts
-  CHECK(trainer.GetStatus().value()["jobs"]["leased"] == 0);
+  CHECK(trainer.GetStatus().value().jobs.leased == 0);
   worker.Stop();
   running.join();
   CHECK(ran.ok());
