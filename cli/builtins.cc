@@ -1,13 +1,50 @@
 #include "cli/builtins.h"
 
-#include "cli/run_config.h"
+#include <set>
+
+#include "common/yaml_fields.h"
 #include "examples/arithmetic_task.h"
 #include "examples/embedded_engine.h"
+#include "examples/tiny_lm.h"
 #include "rollout_worker/http_engine.h"
 #include "rollout_worker/http_task.h"
 
 namespace weft::cli {
 namespace {
+
+// The model section's defaults are the example policy's.
+constexpr ModelSection kModelDefaults;
+constexpr examples::TinyLmConfig kTinyLmDefaults;
+static_assert(kModelDefaults.vocab == kTinyLmDefaults.vocab &&
+                  kModelDefaults.vocab == examples::ArithmeticTask::kVocab &&
+                  kModelDefaults.d_model == kTinyLmDefaults.d_model &&
+                  kModelDefaults.layers == kTinyLmDefaults.layers &&
+                  kModelDefaults.heads == kTinyLmDefaults.heads &&
+                  kModelDefaults.d_ff == kTinyLmDefaults.d_ff,
+              "the model section's defaults must be the example policy's");
+
+std::string LineOf(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  return mark.is_null() ? "" : " (line " + std::to_string(mark.line + 1) + ")";
+}
+
+Status ReadInt(const YAML::Node& node, const std::string& where, const std::string& key, int* out,
+               int low, int high) {
+  uint64_t value = static_cast<uint64_t>(*out);
+  WEFT_RETURN_IF_ERROR(ReadUnsigned(node, where, key, &value));
+  if (value < static_cast<uint64_t>(low) || value > static_cast<uint64_t>(high)) {
+    return InvalidArgument(where + "." + key + " must be " + std::to_string(low) + " to " +
+                           std::to_string(high));
+  }
+  *out = static_cast<int>(value);
+  return Status::Ok();
+}
+
+// The keys of `task:` that the trainers read and the workers' task kinds leave alone.
+const std::set<std::string>& TrainerTaskKeys() {
+  static const std::set<std::string> keys = {"digits", "dataset"};
+  return keys;
+}
 
 rollout_worker::Registry MakeBuiltins() {
   rollout_worker::Registry registry;
@@ -53,9 +90,15 @@ rollout_worker::Registry MakeBuiltins() {
         "embedded",
         [](const rollout_worker::ComponentConfig& config,
            const rollout_worker::Task& task) -> Result<std::unique_ptr<rollout_worker::Engine>> {
-          examples::TinyLmConfig model;
+          ModelSection section;
           WEFT_RETURN_IF_ERROR(
-              ParseModelSection(config.document["model"], &model).WithContext(config.path));
+              ParseModelSection(config.document["model"], &section).WithContext(config.path));
+          examples::TinyLmConfig model;
+          model.vocab = section.vocab;
+          model.d_model = section.d_model;
+          model.layers = section.layers;
+          model.heads = section.heads;
+          model.d_ff = section.d_ff;
           const rollout_worker::TaskLimits limits = task.limits();
           model.max_seq = limits.max_prompt_tokens + limits.max_completion_tokens;
           return std::unique_ptr<rollout_worker::Engine>(
@@ -89,6 +132,44 @@ rollout_worker::Registry MakeBuiltins() {
 const rollout_worker::Registry& Builtins() {
   static const rollout_worker::Registry registry = MakeBuiltins();
   return registry;
+}
+
+Status ParseModelSection(const YAML::Node& m, ModelSection* model) {
+  if (!m) return Status::Ok();
+  WEFT_RETURN_IF_ERROR(CheckKeys(m, "model", {"d_model", "layers", "heads", "d_ff"}));
+  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_model", &model->d_model, 4, 4096));
+  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "layers", &model->layers, 1, 64));
+  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "heads", &model->heads, 1, 64));
+  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_ff", &model->d_ff, 4, 65536));
+  if (model->d_model % model->heads != 0) {
+    return InvalidArgument("model.d_model must be a multiple of model.heads");
+  }
+  return Status::Ok();
+}
+
+Status ParseTaskSection(const YAML::Node& task, TaskSection* section) {
+  if (!task) return Status::Ok();
+  if (!task.IsMap()) return InvalidArgument("task must be a map of settings" + LineOf(task));
+  if (const YAML::Node name = task["name"]) {
+    // Older configs named the task with `name`; say what to write rather than "unknown key".
+    const std::string kind = name.IsScalar() ? name.Scalar() : "...";
+    return InvalidArgument("task.name" + LineOf(name) +
+                           ": the task is chosen by `kind`; write task: {kind: " + kind + ", ...}");
+  }
+  WEFT_RETURN_IF_ERROR(ReadString(task, "task", "kind", &section->kind));
+  if (!Builtins().HasTask(section->kind)) {
+    std::string known;
+    for (const std::string& k : Builtins().tasks()) known += (known.empty() ? "" : ", ") + k;
+    return InvalidArgument("task.kind: '" + section->kind +
+                           "' is not a task kind (known: " + known + ")" + LineOf(task["kind"]));
+  }
+  if (section->kind == "arithmetic")
+    WEFT_RETURN_IF_ERROR(CheckKeys(task, "task", {"kind", "digits", "dataset"}));
+  WEFT_RETURN_IF_ERROR(ReadInt(task, "task", "digits", &section->digits, 1, 6));
+  WEFT_RETURN_IF_ERROR(ReadString(task, "task", "dataset", &section->dataset));
+  if (task["dataset"] && section->dataset.empty())
+    return InvalidArgument("task.dataset is empty: name a JSONL file" + LineOf(task["dataset"]));
+  return Status::Ok();
 }
 
 }  // namespace weft::cli

@@ -17,6 +17,7 @@
 
 #include "cli/builtins.h"
 #include "cli/commands.h"
+#include "cli/example_trainer_config.h"
 #include "cli/run_config.h"
 #include "cli/run_report.h"
 #include "cli/supervisor.h"
@@ -68,6 +69,9 @@ class ProgressReader {
 
 Status RunRun(const std::string& config_path) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(config_path));
+  // The built-in trainer's own needs, when it is the trainer: checked before anything starts.
+  if (config.trainer_command.empty())
+    WEFT_RETURN_IF_ERROR(ExampleTrainerOptionsFor(config).status());
   // The workers' task and engine, made once here so that a bad name or setting fails before
   // anything starts.
   {
@@ -126,7 +130,7 @@ Status RunRun(const std::string& config_path) {
   const std::string config_abs = fs::absolute(config_path).string();
   // What the trainer reads (docs/run.md, "The trainer"): its settings, resolved.
   WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(TrainerSettingsPath(dir.string()),
-                                           TrainerSettings(config).dump(2) + "\n"));
+                                           TrainerSettingsJson(config).dump(2) + "\n"));
   const std::string progress_path = TrainerProgressPath(dir.string());
   char self[4096];
   const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 #include <set>
 
 #include "cli/builtins.h"
 #include "cli/trainer_channel.h"
 #include "common/yaml_fields.h"
-#include "examples/arithmetic_task.h"
 #include "policy_store/manifest.h"
 #include "policy_store/object_store.h"
 
@@ -124,6 +124,13 @@ Status ReadChoice(const YAML::Node& trainer, const std::string& key, NameOf name
   }
   *value = *parsed;
   return Status::Ok();
+}
+
+// trainer.optimizer: `name` if it is one the schema names (docs/run.md), whichever trainer runs;
+// a trainer that lacks it refuses to start.
+std::optional<std::string> KnownOptimizer(const std::string& name) {
+  if (name == "adamw" || name == "muon") return name;
+  return std::nullopt;
 }
 
 Status ParseSections(const YAML::Node& root, RunConfig& c) {
@@ -250,7 +257,7 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
       return InvalidArgument("worker.heartbeat must be at least 10ms");
   }
 
-  examples::ExampleTrainerOptions& t = c.trainer;
+  TrainerSettings& t = c.trainer;
   WEFT_RETURN_IF_ERROR(ParseModelSection(root["model"], &t.model));
   TaskSection task;
   WEFT_RETURN_IF_ERROR(ParseTaskSection(root["task"], &task));
@@ -265,7 +272,6 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
                           Builtins().MakeTask(c.task, component));
     c.task_limits = made->limits();
   }
-  t.sequence_length = c.task_limits.max_prompt_tokens + c.task_limits.max_completion_tokens;
   if (const YAML::Node tr = root["trainer"]) {
     WEFT_RETURN_IF_ERROR(
         CheckKeys(tr, "trainer",
@@ -290,25 +296,20 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     WEFT_RETURN_IF_ERROR(
         ReadInt(tr, "trainer", "samples_per_prompt", &t.samples_per_prompt, 2, 1024));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "steps_ahead", &t.steps_ahead, 1, 1000));
-    // The RL phase's optimiser.
-    WEFT_RETURN_IF_ERROR(ReadChoice(tr, "optimizer", examples::OptimizerName,
-                                    examples::OptimizerFromName, "an optimizer", "adamw, muon",
-                                    &t.optimizer_kind));
-    WEFT_RETURN_IF_ERROR(
-        ReadPositive(tr, "trainer", "learning_rate", &t.optimizer.learning_rate, 1.0));
-    WEFT_RETURN_IF_ERROR(
-        ReadPositive(tr, "trainer", "truncation", &t.policy_gradient.truncation, 1e6));
+    // The RL phase's optimiser: one of the schema's, whichever trainer runs (docs/run.md).
+    WEFT_RETURN_IF_ERROR(ReadChoice(
+        tr, "optimizer", [](const std::string& name) { return name; }, KnownOptimizer,
+        "an optimizer", "adamw, muon", &t.optimizer));
+    WEFT_RETURN_IF_ERROR(ReadPositive(tr, "trainer", "learning_rate", &t.learning_rate, 1.0));
+    WEFT_RETURN_IF_ERROR(ReadPositive(tr, "trainer", "truncation", &t.truncation, 1e6));
     WEFT_RETURN_IF_ERROR(ReadInt(tr, "trainer", "eval_problems", &t.eval_problems, 1, 1000000));
-    WEFT_RETURN_IF_ERROR(
-        ReadUnsigned(tr, "trainer", "keyframe_interval", &t.publisher.keyframes.interval));
-    if (t.publisher.keyframes.interval < 1)
+    WEFT_RETURN_IF_ERROR(ReadUnsigned(tr, "trainer", "keyframe_interval", &t.keyframe_interval));
+    if (t.keyframe_interval < 1)
       return InvalidArgument("trainer.keyframe_interval must be at least 1");
-    WEFT_RETURN_IF_ERROR(
-        ReadPositive(tr, "trainer", "keyframe_budget", &t.publisher.keyframes.delta_budget, 1e9));
+    WEFT_RETURN_IF_ERROR(ReadPositive(tr, "trainer", "keyframe_budget", &t.keyframe_budget, 1e9));
     // How the publisher codes its delta blobs.
     WEFT_RETURN_IF_ERROR(ReadChoice(tr, "delta_mode", sync::DeltaModeName, sync::ParseDeltaMode,
-                                    "a delta mode", "plain, context",
-                                    &t.publisher.keyframes.delta_mode));
+                                    "a delta mode", "plain, context", &t.delta_mode));
     std::chrono::microseconds stall = t.stall_after;
     WEFT_RETURN_IF_ERROR(ReadDuration(tr, "trainer", "stall_after", &stall));
     t.stall_after = std::chrono::duration_cast<std::chrono::milliseconds>(stall);
@@ -320,67 +321,10 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     return InvalidArgument(
         "trainer.prompts_per_step is above orchestrator.max_in_flight: a step could never fill");
   }
-  if (c.trainer_command.empty() &&
-      t.sequence_length < examples::ArithmeticTask(t.digits).max_length()) {
-    // The built-in trainer warms up and evaluates on arithmetic problems of task.digits digits,
-    // with a model of the workers' sequence length: they must fit it.
-    return InvalidArgument(
-        "task: the workers' sequences are " + std::to_string(t.sequence_length) +
-        " tokens (max_prompt_tokens + max_tokens); the built-in trainer's problems of " +
-        std::to_string(t.digits) + " digits with their answers need " +
-        std::to_string(examples::ArithmeticTask(t.digits).max_length()));
-  }
-  t.run_id = c.run_id;
-  t.max_staleness = c.orchestrator.core.max_staleness;
-  t.trainer_token = c.orchestrator.service.trainer_token;
-  t.orchestrator = c.orchestrator_url();
   return Status::Ok();
 }
 
 }  // namespace
-
-Status ParseModelSection(const YAML::Node& m, examples::TinyLmConfig* model) {
-  if (!m) return Status::Ok();
-  WEFT_RETURN_IF_ERROR(CheckKeys(m, "model", {"d_model", "layers", "heads", "d_ff"}));
-  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_model", &model->d_model, 4, 4096));
-  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "layers", &model->layers, 1, 64));
-  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "heads", &model->heads, 1, 64));
-  WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_ff", &model->d_ff, 4, 65536));
-  if (model->d_model % model->heads != 0) {
-    return InvalidArgument("model.d_model must be a multiple of model.heads");
-  }
-  return Status::Ok();
-}
-
-const std::set<std::string>& TrainerTaskKeys() {
-  static const std::set<std::string> keys = {"digits", "dataset"};
-  return keys;
-}
-
-Status ParseTaskSection(const YAML::Node& task, TaskSection* section) {
-  if (!task) return Status::Ok();
-  if (!task.IsMap()) return InvalidArgument("task must be a map of settings" + LineOf(task));
-  if (const YAML::Node name = task["name"]) {
-    // Older configs named the task with `name`; say what to write rather than "unknown key".
-    const std::string kind = name.IsScalar() ? name.Scalar() : "...";
-    return InvalidArgument("task.name" + LineOf(name) +
-                           ": the task is chosen by `kind`; write task: {kind: " + kind + ", ...}");
-  }
-  WEFT_RETURN_IF_ERROR(ReadString(task, "task", "kind", &section->kind));
-  if (!Builtins().HasTask(section->kind)) {
-    std::string known;
-    for (const std::string& k : Builtins().tasks()) known += (known.empty() ? "" : ", ") + k;
-    return InvalidArgument("task.kind: '" + section->kind +
-                           "' is not a task kind (known: " + known + ")" + LineOf(task["kind"]));
-  }
-  if (section->kind == "arithmetic")
-    WEFT_RETURN_IF_ERROR(CheckKeys(task, "task", {"kind", "digits", "dataset"}));
-  WEFT_RETURN_IF_ERROR(ReadInt(task, "task", "digits", &section->digits, 1, 6));
-  WEFT_RETURN_IF_ERROR(ReadString(task, "task", "dataset", &section->dataset));
-  if (task["dataset"] && section->dataset.empty())
-    return InvalidArgument("task.dataset is empty: name a JSONL file" + LineOf(task["dataset"]));
-  return Status::Ok();
-}
 
 std::string RunConfig::orchestrator_listen() const {
   return orchestrator.service.server.address + ":" +

@@ -1,8 +1,9 @@
 // The configuration of a whole run (`weft run`, `weft worker`, `weft train`): one YAML file with
 // the sections run, store, orchestrator (as for `weft orchestrator`), regions, worker, model, task
 // and trainer (see configs/local.yaml and docs/run.md), the last naming the trainer's command, if
-// not the built-in one. Unknown keys and bad values are errors
-// naming the key and line.
+// not the built-in one. Unknown keys and bad values are errors naming the key and line. This is the
+// schema alone, whichever trainer runs: what the built-in example trainer makes of its settings
+// (and what more it checks) is cli/example_trainer_config.h.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -10,14 +11,14 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "cli/builtins.h"
 #include "common/status.h"
-#include "examples/example_trainer.h"
 #include "orchestrator/config.h"
 #include "rollout_worker/task.h"
+#include "sync/delta_codec.h"
 
 namespace weft::cli {
 
@@ -43,6 +44,33 @@ struct WorkerSettings {
   std::string spill_dir;
 };
 
+// The settings every trainer is handed (cli/trainer_channel.h, the settings file): the `model`
+// section, the keys of `task` that trainers read, and the `trainer` section but for its command
+// and environment, with the defaults of docs/run.md, "Configuration".
+struct TrainerSettings {
+  ModelSection model;
+  int digits = 2;       // task.digits
+  std::string dataset;  // task.dataset (empty: none)
+  uint64_t seed = 1;
+  int threads = 1;
+  int warmup_steps = 500;  // trainer.warmup.steps, batch and learning_rate
+  int warmup_batch = 64;
+  double warmup_learning_rate = 3e-3;
+  int steps = 80;
+  int prompts_per_step = 32;
+  int samples_per_prompt = 8;
+  int steps_ahead = 2;
+  std::string optimizer = "adamw";  // "adamw" or "muon" (checked when the config is read)
+  double learning_rate = 2e-5;      // the RL phase's
+  double truncation = 2.0;
+  int eval_problems = 500;
+  uint64_t keyframe_interval = 50;
+  double keyframe_budget = 0.5;
+  sync::DeltaMode delta_mode = sync::DeltaMode::kPlain;
+  std::chrono::milliseconds stall_after{300000};
+  std::chrono::milliseconds min_step_time{0};
+};
+
 struct RunConfig {
   std::string path;  // the file it came from
   std::string run_id = "local";
@@ -58,9 +86,7 @@ struct RunConfig {
   WorkerSettings worker;
   std::string task = "arithmetic";         // task.kind, by name (rollout_worker/registry.h)
   rollout_worker::TaskLimits task_limits;  // the lengths the task gives workers
-  // The model, task and trainer sections as the example trainer takes them (store and URLs unset);
-  // whichever trainer runs gets them (cli/trainer_channel.h, the settings file).
-  examples::ExampleTrainerOptions trainer;
+  TrainerSettings trainer;
   // trainer.command: the trainer's argv (empty: the built-in example trainer, `weft train`);
   // trainer.env: variables added to its environment.
   std::vector<std::string> trainer_command;
@@ -76,26 +102,13 @@ struct RunConfig {
     return store_uri.empty() ? run_dir + "/store" : store_uri;
   }
   const RegionConfig* FindRegion(const std::string& name) const;
+  // The workers' longest sequence, prompt and completion: the positions the embedded engine gives
+  // its model, and so must the trainer.
+  int sequence_length() const {
+    return task_limits.max_prompt_tokens + task_limits.max_completion_tokens;
+  }
 };
 
 Result<RunConfig> LoadRunConfig(const std::string& path);
-
-// The `task:` keys every kind shares: `kind` (default arithmetic), and those the example trainers
-// read, `digits` (their arithmetic task's operands) and `dataset` (a JSONL prompt dataset).
-struct TaskSection {
-  std::string kind = "arithmetic";
-  int digits = 2;
-  std::string dataset;  // empty: the example trainers generate problems
-};
-// The keys of `task:` that the trainers read and the workers' task kinds leave alone.
-const std::set<std::string>& TrainerTaskKeys();
-
-// The sections the example policy and task read (`model`, `task`), for the run config and the
-// built-in engine and task alike. Errors name the key. ParseTaskSection reads the shared keys (and
-// checks the keys of the arithmetic kind; the other kinds check their own when they are made):
-// the key `name` of older configs is refused, saying to write `kind`, and an unknown kind is
-// refused naming the known ones.
-Status ParseModelSection(const YAML::Node& model, examples::TinyLmConfig* config);
-Status ParseTaskSection(const YAML::Node& task, TaskSection* section);
 
 }  // namespace weft::cli

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "cli/commands.h"
+#include "cli/example_trainer_config.h"
 #include "cli/run_config.h"
 #include "cli/trainer_channel.h"
 #include "common/file_util.h"
@@ -48,7 +49,7 @@ Status ApplyChannel(examples::ExampleTrainerOptions& options) {
 
 Status RunTrain(const TrainFlags& flags) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
-  examples::ExampleTrainerOptions options = config.trainer;
+  WEFT_ASSIGN_OR_RETURN(examples::ExampleTrainerOptions options, ExampleTrainerOptionsFor(config));
   WEFT_RETURN_IF_ERROR(ApplyChannel(options));
   options.store = flags.store.empty() ? config.dir + "/store" : flags.store;
   const std::string progress_path =

@@ -3,8 +3,6 @@
 #include <cmath>
 #include <filesystem>
 
-#include "examples/arithmetic_task.h"
-
 namespace weft::cli {
 namespace {
 
@@ -81,12 +79,8 @@ std::map<std::string, std::string> TrainerChannelEnvironment(const RunConfig& co
           {kSettingsVariable, TrainerSettingsPath(run_dir)}};
 }
 
-Json TrainerSettings(const RunConfig& config) {
-  const examples::ExampleTrainerOptions& t = config.trainer;
-  // The sequence length the example trainer gives the model: the task's longest prompt and
-  // completion, as the workers' engine sizes its own (examples/example_trainer.cc).
-  const int max_seq =
-      t.sequence_length > 0 ? t.sequence_length : examples::ArithmeticTask(t.digits).max_length();
+Json TrainerSettingsJson(const RunConfig& config) {
+  const TrainerSettings& t = config.trainer;
   const Json dataset =
       t.dataset.empty() ? Json(nullptr) : Json(std::filesystem::absolute(t.dataset).string());
   const auto seconds = [](std::chrono::milliseconds d) {
@@ -101,7 +95,7 @@ Json TrainerSettings(const RunConfig& config) {
                 {"layers", t.model.layers},
                 {"heads", t.model.heads},
                 {"d_ff", t.model.d_ff},
-                {"max_seq", max_seq}}},
+                {"max_seq", config.sequence_length()}}},
               {"task",
                {{"kind", config.task},
                 {"digits", t.digits},
@@ -120,13 +114,13 @@ Json TrainerSettings(const RunConfig& config) {
                 {"prompts_per_step", t.prompts_per_step},
                 {"samples_per_prompt", t.samples_per_prompt},
                 {"steps_ahead", t.steps_ahead},
-                {"optimizer", std::string(examples::OptimizerName(t.optimizer_kind))},
-                {"learning_rate", t.optimizer.learning_rate},
-                {"truncation", t.policy_gradient.truncation},
+                {"optimizer", t.optimizer},
+                {"learning_rate", t.learning_rate},
+                {"truncation", t.truncation},
                 {"eval_problems", t.eval_problems},
-                {"keyframe_interval", t.publisher.keyframes.interval},
-                {"keyframe_budget", t.publisher.keyframes.delta_budget},
-                {"delta_mode", std::string(sync::DeltaModeName(t.publisher.keyframes.delta_mode))},
+                {"keyframe_interval", t.keyframe_interval},
+                {"keyframe_budget", t.keyframe_budget},
+                {"delta_mode", std::string(sync::DeltaModeName(t.delta_mode))},
                 {"stall_after_s", seconds(t.stall_after)},
                 {"min_step_time_s", seconds(t.min_step_time)}}}};
 }

@@ -40,8 +40,8 @@ std::map<std::string, std::string> TrainerChannelEnvironment(const RunConfig& co
                                                              const std::string& run_dir,
                                                              const std::string& config_path);
 
-// The settings file's content.
-nlohmann::json TrainerSettings(const RunConfig& config);
+// The settings file's content: the config's TrainerSettings, the task's lengths and the run's.
+nlohmann::json TrainerSettingsJson(const RunConfig& config);
 
 // "built-in", or the trainer's command line (arguments quoted as a shell would need them).
 std::string TrainerDescription(const RunConfig& config);

@@ -1,0 +1,61 @@
+#include "cli/example_trainer_config.h"
+
+#include "examples/arithmetic_task.h"
+#include "examples/optimizers.h"
+
+namespace weft::cli {
+
+Result<examples::ExampleTrainerOptions> ExampleTrainerOptionsFor(const RunConfig& config) {
+  const TrainerSettings& t = config.trainer;
+  examples::ExampleTrainerOptions options;
+  options.model.vocab = t.model.vocab;
+  options.model.d_model = t.model.d_model;
+  options.model.layers = t.model.layers;
+  options.model.heads = t.model.heads;
+  options.model.d_ff = t.model.d_ff;
+  options.digits = t.digits;
+  options.sequence_length = config.sequence_length();
+  options.dataset = t.dataset;
+  options.seed = t.seed;
+  options.threads = t.threads;
+  options.warmup_steps = t.warmup_steps;
+  options.warmup_batch = t.warmup_batch;
+  options.warmup_learning_rate = t.warmup_learning_rate;
+  options.steps = t.steps;
+  options.prompts_per_step = t.prompts_per_step;
+  options.samples_per_prompt = t.samples_per_prompt;
+  options.steps_ahead = t.steps_ahead;
+  const std::optional<examples::OptimizerKind> optimizer = examples::OptimizerFromName(t.optimizer);
+  if (!optimizer) {
+    // The schema names only optimisers the example has; this guards against the two parting.
+    return InvalidArgument(config.path + ": trainer.optimizer: the built-in trainer has no '" +
+                           t.optimizer + "'");
+  }
+  options.optimizer_kind = *optimizer;
+  options.optimizer.learning_rate = t.learning_rate;
+  options.policy_gradient.truncation = t.truncation;
+  options.eval_problems = t.eval_problems;
+  options.publisher.keyframes.interval = t.keyframe_interval;
+  options.publisher.keyframes.delta_budget = t.keyframe_budget;
+  options.publisher.keyframes.delta_mode = t.delta_mode;
+  options.stall_after = t.stall_after;
+  options.min_step_time = t.min_step_time;
+  options.run_id = config.run_id;
+  options.max_staleness = config.orchestrator.core.max_staleness;
+  options.trainer_token = config.orchestrator.service.trainer_token;
+  options.orchestrator = config.orchestrator_url();
+  // It warms up and evaluates on arithmetic problems of task.digits digits, with a model of the
+  // workers' sequence length: they must fit it.
+  const int needed = examples::ArithmeticTask(t.digits).max_length();
+  if (options.sequence_length < needed) {
+    return InvalidArgument(config.path + ": task: the workers' sequences are " +
+                           std::to_string(options.sequence_length) +
+                           " tokens (max_prompt_tokens + max_tokens); the built-in trainer's "
+                           "problems of " +
+                           std::to_string(t.digits) + " digits with their answers need " +
+                           std::to_string(needed));
+  }
+  return options;
+}
+
+}  // namespace weft::cli
