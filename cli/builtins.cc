@@ -23,23 +23,6 @@ static_assert(kModelDefaults.vocab == kTinyLmDefaults.vocab &&
                   kModelDefaults.d_ff == kTinyLmDefaults.d_ff,
               "the model section's defaults must be the example policy's");
 
-std::string LineOf(const YAML::Node& node) {
-  const YAML::Mark mark = node.Mark();
-  return mark.is_null() ? "" : " (line " + std::to_string(mark.line + 1) + ")";
-}
-
-Status ReadInt(const YAML::Node& node, const std::string& where, const std::string& key, int* out,
-               int low, int high) {
-  uint64_t value = static_cast<uint64_t>(*out);
-  WEFT_RETURN_IF_ERROR(ReadUnsigned(node, where, key, &value));
-  if (value < static_cast<uint64_t>(low) || value > static_cast<uint64_t>(high)) {
-    return InvalidArgument(where + "." + key + " must be " + std::to_string(low) + " to " +
-                           std::to_string(high));
-  }
-  *out = static_cast<int>(value);
-  return Status::Ok();
-}
-
 // The keys of `task:` that the trainers read and the workers' task kinds leave alone.
 const std::set<std::string>& TrainerTaskKeys() {
   static const std::set<std::string> keys = {"digits", "dataset"};

@@ -28,18 +28,6 @@ Status CheckListen(const std::string& value, const std::string& where) {
   return Status::Ok();
 }
 
-Status ReadInt(const YAML::Node& node, const std::string& where, const std::string& key, int* out,
-               int low, int high) {
-  uint64_t value = static_cast<uint64_t>(*out);
-  WEFT_RETURN_IF_ERROR(ReadUnsigned(node, where, key, &value));
-  if (value < static_cast<uint64_t>(low) || value > static_cast<uint64_t>(high)) {
-    return InvalidArgument(where + "." + key + " must be " + std::to_string(low) + " to " +
-                           std::to_string(high));
-  }
-  *out = static_cast<int>(value);
-  return Status::Ok();
-}
-
 Status ReadPositive(const YAML::Node& node, const std::string& where, const std::string& key,
                     double* out, double high) {
   WEFT_RETURN_IF_ERROR(ReadDouble(node, where, key, out));
@@ -47,11 +35,6 @@ Status ReadPositive(const YAML::Node& node, const std::string& where, const std:
     return InvalidArgument(where + "." + key + " must be above 0 and at most " +
                            std::to_string(high));
   return Status::Ok();
-}
-
-std::string LineOf(const YAML::Node& node) {
-  const YAML::Mark mark = node.Mark();
-  return mark.is_null() ? "" : " (line " + std::to_string(mark.line + 1) + ")";
 }
 
 // trainer.command: a non-empty list of strings, the first naming the program.

@@ -7,12 +7,12 @@
 #include "common/units.h"
 
 namespace weft {
-namespace {
-
-std::string At(const YAML::Node& node) {
+std::string LineOf(const YAML::Node& node) {
   const YAML::Mark mark = node.Mark();
   return mark.is_null() ? "" : " (line " + std::to_string(mark.line + 1) + ")";
 }
+
+namespace {
 
 // The scalar at node[key], or an error; nullopt when absent.
 Result<std::optional<std::string>> Scalar(const YAML::Node& node, const std::string& where,
@@ -20,7 +20,7 @@ Result<std::optional<std::string>> Scalar(const YAML::Node& node, const std::str
   const YAML::Node value = node[key];
   if (!value) return std::optional<std::string>();
   if (!value.IsScalar())
-    return InvalidArgument(where + "." + key + " must be a single value" + At(value));
+    return InvalidArgument(where + "." + key + " must be a single value" + LineOf(value));
   return std::optional<std::string>(value.Scalar());
 }
 
@@ -71,13 +71,13 @@ Result<YAML::Node> LoadYamlFile(const std::string& path) {
 
 Status CheckKeys(const YAML::Node& node, const std::string& where,
                  const std::set<std::string>& allowed) {
-  if (!node.IsMap()) return InvalidArgument(where + " must be a map of settings" + At(node));
+  if (!node.IsMap()) return InvalidArgument(where + " must be a map of settings" + LineOf(node));
   for (const auto& entry : node) {
     const std::string key = entry.first.as<std::string>("");
     if (!allowed.count(key)) {
       std::string known;
       for (const std::string& k : allowed) known += (known.empty() ? "" : ", ") + k;
-      return InvalidArgument(where + "." + key + ": unknown key" + At(entry.first) +
+      return InvalidArgument(where + "." + key + ": unknown key" + LineOf(entry.first) +
                              "; known: " + known);
     }
   }
@@ -99,7 +99,7 @@ Status ReadUnsigned(const YAML::Node& node, const std::string& where, const std:
   const unsigned long long number = std::strtoull(value->c_str(), &end, 10);
   if (value->empty() || (*value)[0] == '-' || *end != '\0') {
     return InvalidArgument(where + "." + key + ": '" + *value + "' is not a non-negative integer" +
-                           At(node[key]));
+                           LineOf(node[key]));
   }
   *out = number;
   return Status::Ok();
@@ -113,7 +113,7 @@ Status ReadDouble(const YAML::Node& node, const std::string& where, const std::s
   const double number = std::strtod(value->c_str(), &end);
   if (value->empty() || *end != '\0' || !std::isfinite(number)) {
     return InvalidArgument(where + "." + key + ": '" + *value + "' is not a number" +
-                           At(node[key]));
+                           LineOf(node[key]));
   }
   *out = number;
   return Status::Ok();
@@ -124,7 +124,7 @@ Status ReadBytes(const YAML::Node& node, const std::string& where, const std::st
   WEFT_ASSIGN_OR_RETURN(std::optional<std::string> value, Scalar(node, where, key));
   if (!value) return Status::Ok();
   Result<uint64_t> bytes = ParseByteSize(*value);
-  if (!bytes.ok()) return bytes.status().WithContext(where + "." + key + At(node[key]));
+  if (!bytes.ok()) return bytes.status().WithContext(where + "." + key + LineOf(node[key]));
   *out = *bytes;
   return Status::Ok();
 }
@@ -134,8 +134,20 @@ Status ReadDuration(const YAML::Node& node, const std::string& where, const std:
   WEFT_ASSIGN_OR_RETURN(std::optional<std::string> value, Scalar(node, where, key));
   if (!value) return Status::Ok();
   Result<std::chrono::microseconds> duration = ParseDuration(*value);
-  if (!duration.ok()) return duration.status().WithContext(where + "." + key + At(node[key]));
+  if (!duration.ok()) return duration.status().WithContext(where + "." + key + LineOf(node[key]));
   *out = *duration;
+  return Status::Ok();
+}
+
+Status ReadInt(const YAML::Node& node, const std::string& where, const std::string& key, int* out,
+               int low, int high) {
+  uint64_t value = static_cast<uint64_t>(*out);
+  WEFT_RETURN_IF_ERROR(ReadUnsigned(node, where, key, &value));
+  if (value < static_cast<uint64_t>(low) || value > static_cast<uint64_t>(high)) {
+    return InvalidArgument(where + "." + key + " must be " + std::to_string(low) + " to " +
+                           std::to_string(high));
+  }
+  *out = static_cast<int>(value);
   return Status::Ok();
 }
 

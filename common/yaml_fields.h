@@ -20,6 +20,9 @@ namespace weft {
 inline constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
 Result<YAML::Node> LoadYamlFile(const std::string& path);
 
+// " (line N)" for a node read from a file; empty for one made in code.
+std::string LineOf(const YAML::Node& node);
+
 // `node` (at `where`) must be a map whose keys are all in `allowed`.
 Status CheckKeys(const YAML::Node& node, const std::string& where,
                  const std::set<std::string>& allowed);
@@ -35,5 +38,8 @@ Status ReadBytes(const YAML::Node& node, const std::string& where, const std::st
                  uint64_t* out);  // "64MiB"
 Status ReadDuration(const YAML::Node& node, const std::string& where, const std::string& key,
                     std::chrono::microseconds* out);  // "30s"
+// An integer from `low` to `high`.
+Status ReadInt(const YAML::Node& node, const std::string& where, const std::string& key, int* out,
+               int low, int high);
 
 }  // namespace weft

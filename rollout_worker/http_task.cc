@@ -12,11 +12,6 @@ using Json = nlohmann::json;
 
 constexpr int kMaxLength = 1000000;  // tokens of a prompt or a completion
 
-std::string LineOf(const YAML::Node& node) {
-  const YAML::Mark mark = node.Mark();
-  return mark.is_null() ? "" : " (line " + std::to_string(mark.line + 1) + ")";
-}
-
 // A JSON value for an error message: its text, cut short (strings that are not UTF-8 replaced).
 std::string Brief(const Json& value) {
   std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
