@@ -34,7 +34,7 @@ void Simulation::StartCluster(uint32_t index) {
   c.up = true;
   c.registered = false;
   c.draining = false;
-  c.held.reset();
+  c.NewWorker();
   c.spoken = false;
   c.pulling = false;
   c.sync_scheduled = false;
@@ -73,7 +73,7 @@ void Simulation::StopCluster(ClusterState& c) {
   // Versions it was counted for at publication and never reached leave the population.
   for (uint64_t u = c.first_uncounted_version(); u < ready_population_.size(); ++u)
     --ready_population_[u][c.region];
-  c.held.reset();
+  c.NewWorker();
   c.pull_plan = nullptr;
   Unpark(c);
   // Its own transfers stop (a relay's go on: other clusters may want the blob).
@@ -115,7 +115,7 @@ void Simulation::SyncCheck(ClusterState& c) {
   const uint32_t index = c.index;
   c.sync_scheduled = false;
   if (!c.up || c.pulling || !store_latest_) return;
-  if (c.held && *c.held >= *store_latest_) return;
+  if (!c.worker.PullTarget(*store_latest_)) return;
   RegionState& region = regions_[c.region];
   if (store_down_ || region.partitioned || (region.config.relay && region.relay_down)) {
     ++region.stats.pull_failures;
@@ -124,7 +124,7 @@ void Simulation::SyncCheck(ClusterState& c) {
     return;
   }
   const uint64_t target = *store_latest_;
-  const Plan& plan = PlanFor(c.held, target);
+  const Plan& plan = PlanFor(c.worker.held(), target);
   if (!failure_.ok()) return;
   // `latest`, then the manifests (16 at a time), each a round trip; then the blobs in turn.
   const Micros rtt = 2 * region.config.latency;
@@ -143,7 +143,8 @@ void Simulation::Commit(ClusterState& c) {
   const uint32_t index = c.index;
   c.pulling = false;
   const uint64_t v = c.pull_target;
-  c.held = v;
+  c.worker.Pulled(v);
+  if (c.worker.ShouldLoad(now_)) c.worker.Loaded();  // the engine loads it as the pull ends
   // Jobs in progress go on at the new version from the token they reached.
   for (auto& [run, r] : c.running) {
     const double done =
@@ -203,20 +204,20 @@ void Simulation::WakeParked() {
 void Simulation::AskForLeases(ClusterState& c) {
   const uint32_t index = c.index;
   if (!c.up || c.draining || !c.registered || !OrchestratorReachable(c)) return;
-  const uint32_t free = c.capacity - std::min<uint32_t>(c.capacity, c.running.size());
+  // The slots the worker leases with (none while it is not ready), less those running.
+  const uint32_t leasable = c.worker.LeasableSlots(now_);
+  const uint32_t free = leasable - std::min<uint32_t>(leasable, c.running.size());
   if (free == 0) return Unpark(c);
   const uint64_t admissible = core_.admissible_version();
-  Result<std::vector<Lease>> leases = Timed([&] { return core_.RequestLeases(now_, c.id, free); });
+  Result<std::vector<Lease>> leases = api_.RequestLeases(c.id, free, std::chrono::milliseconds(0));
   if (!leases.ok()) {
     if (leases.status().code() == StatusCode::kNotFound) c.registered = false;
     return Unpark(c);
   }
   if (!leases->empty()) {
-    Call call{Call::kLeases, now_, index, free};
-    call.granted = leases->size();
-    Log(std::move(call), false);
     // Leases go only to clusters ready at an admissible version, within their capacity.
-    if (!c.proven || *c.proven < admissible || !c.held || *c.held < *c.proven) {
+    const std::optional<uint64_t> ready = c.worker.ready();
+    if (!c.proven || *c.proven < admissible || !ready || *ready < *c.proven) {
       Fail("leases only to ready clusters",
            c.id + " was granted " + std::to_string(leases->size()) + " leases while proven at " +
                (c.proven ? std::to_string(*c.proven) : "nothing") + ", admissible " +
@@ -235,7 +236,7 @@ void Simulation::AskForLeases(ClusterState& c) {
     const double tps =
         c.rng.Lognormal(g.tokens_per_second.median, g.tokens_per_second.sigma) * c.speed;
     r.end = now_ + Duration(static_cast<double>(r.tokens) / tps);
-    r.segments = {{*c.held, 0}};
+    r.segments = {{*c.worker.ready(), 0}};
     const uint64_t run = c.next_run++;
     c.running.emplace(run, std::move(r));
     At(c.running[run].end, Ev::kJobDone, index, c.epoch, run);
@@ -261,13 +262,7 @@ void Simulation::JobDone(ClusterState& c, uint64_t run) {
   g.job = r.job;
   g.attempt = r.attempt;
   g.cluster = c.id;
-  g.segments = std::move(r.segments);
-  g.version_start = g.version_end = g.segments[0].first;
-  for (const auto& [version, token] : g.segments) {
-    g.version_start = std::min(g.version_start, version);
-    g.version_end = std::max(g.version_end, version);
-  }
-  g.tokens = r.tokens;
+  rollout_worker::AddSampleVersions(r.segments, r.tokens, &g);
   g.trajectories = "{}";
   c.pending.push_back(std::move(g));
   FlushPending(c);
@@ -279,32 +274,36 @@ void Simulation::JobDone(ClusterState& c, uint64_t run) {
 void Simulation::FlushPending(ClusterState& c) {
   if (c.pending.empty() || !c.registered || !OrchestratorReachable(c)) return;
   std::vector<TrajectoryGroup> waiting;
+  const uint64_t rejected = rejected_;
   for (TrajectoryGroup& g : c.pending) {
-    if (g.version_end > c.max_proven || !c.proven) {
+    if (!c.worker.MaySubmit(g.version_end)) {
       waiting.push_back(std::move(g));
       continue;
     }
     if (!SubmitOne(c, g)) waiting.push_back(std::move(g));
   }
   c.pending = std::move(waiting);
+  if (rejected_ != rejected) WakeParked();  // the jobs handed back are queued again
 }
 
 // Whether the submission got an answer (accepted, duplicate or refused); false: ask again later.
 bool Simulation::SubmitOne(ClusterState& c, const TrajectoryGroup& group) {
   RegionStats& stats = regions_[c.region].stats;
-  Result<SubmitResult> result = Timed([&] { return core_.Submit(now_, group); });
-  if (!result.ok()) {  // re-leased and done elsewhere, given up, or a lease the journal lost
+  Result<SubmitResult> result = api_.Submit(group);
+  if (!result.ok()) {
+    // Re-leased and done elsewhere, given up, a lease the journal lost, or tokens of a version the
+    // orchestrator has not heard this cluster prove since it restarted: as the worker does, the
+    // job goes back to the queue for another attempt.
     ++rejected_;
     ++stats.rejected;
+    // (Refused when the lease is no longer this cluster's, which changes nothing.)
+    (void)api_.Release(c.id, {group.job});
     return true;
   }
   if (*result == SubmitResult::kDuplicate) {
     ++duplicates_;
     return true;
   }
-  Call call{Call::kSubmit, now_, c.index};
-  call.group = group;
-  Log(std::move(call), true);
   if (group.job >= accepted_.size()) accepted_.resize(group.job + 1024, 0);
   if (++accepted_[group.job] > 1) {
     Fail("no trajectory delivered twice",
@@ -338,13 +337,7 @@ void Simulation::Leave(ClusterState& c, Micros notice) {
     }
   }
   if (OrchestratorReachable(c) && c.registered && !hand_back.empty()) {
-    Status s = Timed([&] { return core_.Drain(now_, c.id, hand_back, true); });
-    if (s.ok()) {
-      Call call{Call::kDrain, now_, index};
-      call.jobs = hand_back;
-      Log(std::move(call), true);
-      WakeParked();
-    }
+    if (api_.Drain(c.id, hand_back).ok()) WakeParked();
   }
   At(now_ + notice, Ev::kLeave, index, c.epoch);
 }

@@ -65,10 +65,11 @@ void Simulation::CheckCluster(const ClusterState& c) {
     }
     // (A cluster that restarted and has not spoken since is still believed at its old version
     // until it heartbeats or is declared lost; it asks for nothing meanwhile.)
-    if (!c.proven || *c.proven != v || (c.spoken && (!c.held || *c.held < v))) {
+    const std::optional<uint64_t> ready = c.worker.ready();
+    if (!c.proven || *c.proven != v || (c.spoken && (!ready || *ready < v))) {
       Fail("ready clusters serve published versions",
            c.id + " is ready at version " + std::to_string(v) + " in the orchestrator, but " +
-               (c.held ? "serves version " + std::to_string(*c.held) : "serves nothing") +
+               (ready ? "serves version " + std::to_string(*ready) : "serves nothing") +
                " and proved " + (c.proven ? std::to_string(*c.proven) : "nothing"));
     }
   }

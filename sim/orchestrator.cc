@@ -8,34 +8,104 @@
 
 namespace weft::sim::internal {
 
-Status Simulation::CoreRegister(ClusterState& c) {
-  Status s =
-      Timed([&] { return core_.Register(now_, c.id, regions_[c.region].config.name, c.capacity); });
+Status Simulation::Api::Register(const std::string& cluster, const std::string& region,
+                                 uint32_t capacity) {
+  Simulation& sim = sim_;
+  ClusterState& c = Cluster(cluster);
+  Status s = sim.Timed([&] { return sim.core_.Register(sim.now_, cluster, region, capacity); });
   if (s.ok()) {
-    Log({Call::kRegister, now_, c.index, c.capacity}, true);
+    sim.Log({Call::kRegister, sim.now_, c.index, capacity}, true);
     c.registered = true;
     c.draining = false;
   }
   return s;
 }
 
-Status Simulation::CoreHeartbeat(ClusterState& c) {
-  const uint32_t index = c.index;
-  std::optional<uint64_t> ready = c.held;
-  Status s = Timed([&] { return core_.Heartbeat(now_, c.id, ready); });
-  if (s.code() == StatusCode::kConflict) {  // newer than announced: tell nothing yet
-    ready.reset();
-    s = Timed([&] { return core_.Heartbeat(now_, c.id, ready); });
-  }
+Status Simulation::Api::Heartbeat(const std::string& cluster, std::optional<uint64_t> ready,
+                                  const orchestrator::SyncReport*) {
+  Simulation& sim = sim_;
+  ClusterState& c = Cluster(cluster);
+  Status s = sim.Timed([&] { return sim.core_.Heartbeat(sim.now_, cluster, ready); });
   if (s.ok()) {
-    Call call{Call::kHeartbeat, now_, index};
+    Call call{Call::kHeartbeat, sim.now_, c.index};
     call.version = ready;
-    Log(std::move(call), false);
+    sim.Log(std::move(call), false);
     c.proven = ready;
     c.spoken = true;
-    if (ready) c.max_proven = std::max(c.max_proven, *ready);
   }
   return s;
+}
+
+Result<std::vector<Lease>> Simulation::Api::RequestLeases(const std::string& cluster, uint32_t max,
+                                                          std::chrono::milliseconds) {
+  Simulation& sim = sim_;
+  const uint32_t index = Cluster(cluster).index;
+  Result<std::vector<Lease>> leases =
+      sim.Timed([&] { return sim.core_.RequestLeases(sim.now_, cluster, max); });
+  if (leases.ok() && !leases->empty()) {
+    Call call{Call::kLeases, sim.now_, index, max};
+    call.granted = leases->size();
+    sim.Log(std::move(call), false);
+  }
+  return leases;
+}
+
+Result<SubmitResult> Simulation::Api::Submit(const TrajectoryGroup& group) {
+  Simulation& sim = sim_;
+  const uint32_t index = Cluster(group.cluster).index;
+  Result<SubmitResult> result = sim.Timed([&] { return sim.core_.Submit(sim.now_, group); });
+  if (result.ok() && *result != SubmitResult::kDuplicate) {
+    Call call{Call::kSubmit, sim.now_, index};
+    call.group = group;
+    sim.Log(std::move(call), true);
+  }
+  return result;
+}
+
+Status Simulation::Api::Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) {
+  Simulation& sim = sim_;
+  const uint32_t index = Cluster(cluster).index;
+  Status s = sim.Timed([&] { return sim.core_.Drain(sim.now_, cluster, jobs, true); });
+  if (s.ok()) {
+    Call call{Call::kDrain, sim.now_, index};
+    call.jobs = jobs;
+    sim.Log(std::move(call), true);
+  }
+  return s;
+}
+
+Status Simulation::Api::Release(const std::string& cluster, const std::vector<uint64_t>& jobs) {
+  Simulation& sim = sim_;
+  const uint32_t index = Cluster(cluster).index;
+  Status s = sim.Timed([&] { return sim.core_.Drain(sim.now_, cluster, jobs, false); });
+  if (s.ok()) {
+    Call call{Call::kRelease, sim.now_, index};
+    call.jobs = jobs;
+    sim.Log(std::move(call), true);
+  }
+  return s;
+}
+
+Status Simulation::Api::Deregister(const std::string& cluster) {
+  Simulation& sim = sim_;
+  const uint32_t index = Cluster(cluster).index;
+  Status s = sim.Timed([&] { return sim.core_.Deregister(sim.now_, cluster); });
+  if (s.ok()) sim.Log({Call::kDeregister, sim.now_, index}, true);
+  return s;
+}
+
+Status Simulation::CoreRegister(ClusterState& c) {
+  return api_.Register(c.id, regions_[c.region].config.name, c.capacity);
+}
+
+Status Simulation::CoreHeartbeat(ClusterState& c) {
+  const rollout_worker::HeartbeatOutcome outcome = rollout_worker::SendHeartbeat(
+      api_, c.id, regions_[c.region].config.name, c.capacity, c.worker.ready(), nullptr);
+  // Unknown to the orchestrator and not registered again (or not heard since): register first
+  // next time.
+  if (outcome.registered_again && !outcome.status.ok()) c.registered = false;
+  if (outcome.status.ok()) c.worker.Acknowledged(outcome.acknowledged);
+  return outcome.status;
 }
 
 void Simulation::CoreTick() {
@@ -87,6 +157,9 @@ void Simulation::CrashOrchestrator(Micros duration) {
       case Call::kDrain:
         s = core.Drain(call.now, clusters_[call.cluster].id, call.jobs, true);
         break;
+      case Call::kRelease:
+        s = core.Drain(call.now, clusters_[call.cluster].id, call.jobs, false);
+        break;
       case Call::kDeregister:
         s = core.Deregister(call.now, clusters_[call.cluster].id);
         break;
@@ -129,7 +202,6 @@ void Simulation::CrashOrchestrator(Micros duration) {
   for (ClusterState& c : clusters_) {
     const std::optional<orchestrator::ClusterView> view = core_.cluster(c.id);
     c.proven = view ? view->ready_version : std::nullopt;
-    c.max_proven = c.proven ? *c.proven : 0;
   }
   checkpoint_ = core_;
   log_.clear();

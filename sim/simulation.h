@@ -33,8 +33,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "orchestrator/cluster_api.h"
 #include "orchestrator/core.h"
 #include "policy_store/manifest.h"
+#include "rollout_worker/worker_core.h"
 #include "sim/config.h"
 #include "sim/random.h"
 #include "sim/simulator.h"
@@ -110,6 +112,7 @@ struct Call {
     kRegister,
     kHeartbeat,
     kDrain,
+    kRelease,
     kDeregister,
     kLeases,
     kSubmit,
@@ -124,7 +127,7 @@ struct Call {
   uint64_t a = 0;  // capacity, max, version, count
   // (Initialised, so that `{kind, now, cluster, a}` stays a complete initialiser.)
   std::optional<uint64_t> version = {};  // heartbeat's ready version, batch's ack
-  std::vector<uint64_t> jobs = {};       // drain
+  std::vector<uint64_t> jobs = {};       // drain, release
   TrajectoryGroup group = {};            // submit
   uint64_t granted = 0;                  // leases: how many were granted
 };
@@ -160,11 +163,12 @@ struct ClusterState {
   bool up = false;          // running (not crashed, preempted or gone)
   bool registered = false;  // it believes the orchestrator knows it
   bool draining = false;
-  bool leaving = false;            // gone for good once it goes
-  uint32_t epoch = 0;              // bumped when it goes down: its pending events are void
-  std::optional<uint64_t> held;    // the version it serves (committed)
+  bool leaving = false;  // gone for good once it goes
+  uint32_t epoch = 0;    // bumped when it goes down: its pending events are void
+  // The rollout worker's own decisions (what it holds and claims, which slots lease, when a group
+  // may be submitted, what the orchestrator acknowledged), one engine replica behind it.
+  rollout_worker::WorkerCore worker{0};
   std::optional<uint64_t> proven;  // the last version a heartbeat told the orchestrator
-  uint64_t max_proven = 0;
   bool pulling = false;
   uint64_t pull_target = 0;
   const Plan* pull_plan = nullptr;  // the blobs of the pull in progress
@@ -180,6 +184,12 @@ struct ClusterState {
   uint64_t ready_counted = 0;  // publication-to-ready: versions up to this one are counted
   bool ready_any = false;
   uint64_t countable_from = 0;  // versions published while it was up
+
+  // A new worker process: nothing held, one engine replica able to serve.
+  void NewWorker() {
+    worker = rollout_worker::WorkerCore(capacity);
+    worker.EngineHealth(1, std::nullopt);
+  }
 
   // The first version whose publication-to-ready delay it has not been counted for.
   uint64_t first_uncounted_version() const {
@@ -266,7 +276,31 @@ class Simulation {
       durable_length_ = 0;
     }
   }
+  // The cluster routes as the simulated clusters reach them (orchestrator::ClusterApi), so that
+  // the rollout worker's own procedures (rollout_worker/worker_core.h) run against the core: every
+  // call is timed and logged as the durable core journals it. Long polls are answered at once
+  // (the simulation parks them itself); whether the orchestrator is reachable is the caller's to
+  // check.
+  class Api final : public orchestrator::ClusterApi {
+   public:
+    explicit Api(Simulation& sim) : sim_(sim) {}
+    Status Register(const std::string& cluster, const std::string& region,
+                    uint32_t capacity) override;
+    Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
+                     const orchestrator::SyncReport* sync) override;
+    Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max,
+                                             std::chrono::milliseconds wait) override;
+    Result<SubmitResult> Submit(const TrajectoryGroup& group) override;
+    Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) override;
+    Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs) override;
+    Status Deregister(const std::string& cluster) override;
+
+   private:
+    ClusterState& Cluster(const std::string& id) { return sim_.clusters_[sim_.cluster_index_[id]]; }
+    Simulation& sim_;
+  };
   Status CoreRegister(ClusterState& c);
+  // One heartbeat as the worker sends it (rollout_worker::SendHeartbeat).
   Status CoreHeartbeat(ClusterState& c);
   void CoreTick();
   void Announce(uint64_t version);
@@ -332,6 +366,7 @@ class Simulation {
   const SimConfig& config_;
   SimOptions options_;
   OrchestratorCore core_;
+  Api api_{*this};
   OrchestratorCore checkpoint_;
   std::vector<Call> log_;
   size_t durable_length_ = 0;

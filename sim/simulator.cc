@@ -99,11 +99,7 @@ SimResult Simulation::Run() {
           // Finish what is left, deregister, go.
           if (OrchestratorReachable(*c) && c->registered) {
             FlushPending(*c);
-            Status s = Timed([&] { return core_.Deregister(now_, c->id); });
-            if (s.ok()) {
-              Log({Call::kDeregister, now_, e.entity}, true);
-              WakeParked();
-            }
+            if (api_.Deregister(c->id).ok()) WakeParked();
           }
           StopCluster(*c);
         }

@@ -103,7 +103,7 @@ void Simulation::Published(uint64_t version) {
     ClusterState& c = clusters_[i];
     if (!c.up) continue;
     ++ready_population_[version][c.region];
-    if (version == 0 && c.preloaded && !c.held && !c.pulling) {  // staged before the run
+    if (version == 0 && c.preloaded && !c.worker.held() && !c.pulling) {  // staged before the run
       c.pulling = true;
       c.pull_target = 0;
       Commit(c);
