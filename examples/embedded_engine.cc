@@ -57,7 +57,7 @@ Status EmbeddedEngine::Stage(const sync::ServedModel& model, uint64_t version) {
     sync::ConvertToFloat(t->spec.dtype, t->bytes,
                          std::span<float>(weights->values).subspan(p.offset, p.size));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   staged_ = std::move(weights);
   return Status::Ok();
 }
@@ -65,7 +65,7 @@ Status EmbeddedEngine::Stage(const sync::ServedModel& model, uint64_t version) {
 Result<int64_t> EmbeddedEngine::Commit() {
   const auto start = std::chrono::steady_clock::now();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (!staged_) return InvalidArgument("nothing staged to commit");
     current_ = std::move(staged_);
   }
@@ -75,7 +75,7 @@ Result<int64_t> EmbeddedEngine::Commit() {
 }
 
 std::shared_ptr<const VersionedWeights> EmbeddedEngine::Current() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return current_;
 }
 

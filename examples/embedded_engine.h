@@ -14,10 +14,10 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "examples/tiny_lm.h"
 #include "rollout_worker/engine.h"
 
@@ -48,8 +48,8 @@ class EmbeddedEngine : public rollout_worker::Engine {
 
   TinyLmLayout layout_;
   int threads_;
-  mutable std::mutex mutex_;
-  std::shared_ptr<const VersionedWeights> current_, staged_;
+  mutable Mutex mutex_;
+  std::shared_ptr<const VersionedWeights> current_ GUARDED_BY(mutex_), staged_ GUARDED_BY(mutex_);
 };
 
 }  // namespace weft::examples

@@ -65,7 +65,7 @@ Result<std::string> OrchestratorClient::Call(const std::string& method, const st
 }
 
 std::string OrchestratorClient::TokenFor(const std::string& cluster) {
-  std::lock_guard<std::mutex> lock(tokens_mutex_);
+  MutexLock lock(tokens_mutex_);
   auto found = cluster_tokens_.find(cluster);
   return found == cluster_tokens_.end() ? token_ : found->second;
 }
@@ -74,14 +74,14 @@ Status OrchestratorClient::Register(const std::string& cluster, const std::strin
                                     uint32_t capacity) {
   // One registration at a time: each hands out a new token, and the token kept must be the one
   // the orchestrator saw last (two threads registering at once could otherwise keep the other's).
-  std::lock_guard<std::mutex> registering(register_mutex_);
+  MutexLock registering(register_mutex_);
   Result<std::string> answer = Call(
       "POST", "/v1/clusters", wire::Encode(wire::Registration{cluster, region, capacity}), true);
   WEFT_ASSIGN_OR_RETURN(
       wire::ClusterAnswer registered,
       ClusterAnswered(answer, wire::ClusterEvent::kRegistered, "registering " + cluster));
   if (!registered.cluster_token.empty()) {
-    std::lock_guard<std::mutex> lock(tokens_mutex_);
+    MutexLock lock(tokens_mutex_);
     cluster_tokens_[cluster] = std::move(registered.cluster_token);
   }
   return Status::Ok();
@@ -178,7 +178,7 @@ Result<std::vector<uint64_t>> OrchestratorClient::SendJobs(const std::vector<Job
 }
 
 Status OrchestratorClient::AcknowledgeBatches() {
-  std::lock_guard<std::mutex> lock(batch_mutex_);
+  MutexLock lock(batch_mutex_);
   if (last_batch_ == 0) return Status::Ok();
   const wire::BatchRequest request{0, std::chrono::milliseconds(0), last_batch_};
   return Acknowledged(Call("POST", "/v1/batches", wire::Encode(request), true),
@@ -189,7 +189,7 @@ Result<std::vector<Delivered>> OrchestratorClient::TakeBatch(uint32_t max,
                                                              std::chrono::milliseconds wait) {
   // One batch at a time per client: the acknowledgement is the last one received. Repeating the
   // request is safe (an unacknowledged batch is simply handed out again).
-  std::lock_guard<std::mutex> lock(batch_mutex_);
+  MutexLock lock(batch_mutex_);
   wire::BatchRequest request{max, wait, std::nullopt};
   if (last_batch_ != 0) request.ack = last_batch_;
   WEFT_ASSIGN_OR_RETURN(std::string answer,

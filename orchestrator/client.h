@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "common/http_client.h"
+#include "common/mutex.h"
 #include "orchestrator/cluster_api.h"
 #include "orchestrator/types.h"
 #include "orchestrator/wire.h"
@@ -91,12 +91,13 @@ class OrchestratorClient : public ClusterApi {
   std::string TokenFor(const std::string& cluster);
 
   std::string token_;
-  std::mutex register_mutex_;  // held through a registration
-  std::mutex tokens_mutex_;
-  std::map<std::string, std::string> cluster_tokens_;  // from registrations
+  Mutex register_mutex_;  // held through a registration
+  Mutex tokens_mutex_;
+  // From registrations.
+  std::map<std::string, std::string> cluster_tokens_ GUARDED_BY(tokens_mutex_);
   HttpClient client_;
-  std::mutex batch_mutex_;
-  uint64_t last_batch_ = 0;  // the newest batch received (0: none)
+  Mutex batch_mutex_;
+  uint64_t last_batch_ GUARDED_BY(batch_mutex_) = 0;  // the newest batch received (0: none)
 };
 
 }  // namespace weft::orchestrator

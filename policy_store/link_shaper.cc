@@ -26,7 +26,7 @@ void LinkShaper::Received(uint64_t bytes) {
   const auto burst = std::chrono::milliseconds(50);
   Clock::time_point wake;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     const Clock::time_point now = Clock::now();
     const auto cost = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
         static_cast<double>(bytes) / static_cast<double>(shape_.bytes_per_second)));

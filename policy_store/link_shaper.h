@@ -10,10 +10,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "common/http_client.h"
+#include "common/mutex.h"
 
 namespace weft::policy_store {
 
@@ -37,8 +37,9 @@ class LinkShaper {
  private:
   using Clock = std::chrono::steady_clock;
   LinkShape shape_;
-  std::mutex mutex_;
-  Clock::time_point free_at_{};  // when the link has delivered everything accounted so far
+  Mutex mutex_;
+  Clock::time_point free_at_
+      GUARDED_BY(mutex_){};  // when the link has delivered everything accounted so far
 };
 
 // Sets a client's hooks so that its requests go through `shaper` (null: left as they are).

@@ -604,7 +604,7 @@ Status S3Store::Delete(const std::string& key) {
 }
 
 Result<bool> S3Store::CheckConditionalWrites() {
-  std::lock_guard<std::mutex> lock(probe_mutex_);
+  MutexLock lock(probe_mutex_);
   if (multipart_conditional_) return *multipart_conditional_;
   uint8_t random[8];
   RAND_bytes(random, sizeof(random));

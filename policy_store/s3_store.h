@@ -23,12 +23,12 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/http_client.h"
+#include "common/mutex.h"
 #include "policy_store/object_store.h"
 #include "policy_store/s3_config.h"
 
@@ -128,8 +128,8 @@ class S3Store : public ObjectStore {
   HttpClient client_;
   std::string host_;       // the Host header (and the signed host)
   std::string base_path_;  // "/BUCKET" (path-style) or ""
-  std::mutex probe_mutex_;
-  std::optional<bool> multipart_conditional_;  // set by the probe
+  Mutex probe_mutex_;
+  std::optional<bool> multipart_conditional_ GUARDED_BY(probe_mutex_);  // set by the probe
   std::atomic<uint64_t> conflicts_restarted_{0};
 };
 

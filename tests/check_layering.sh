@@ -29,7 +29,7 @@ rules="^common/http_	^common/
 ^common/	^$plain\$
 ^sync/	^(common|sync)/
 ^policy_store/	^(common|sync|policy_store)/
-^orchestrator/(types|wire|cluster_api|client)[.]	^(common/(status|logging|byte_io|hex|json_fields|json_text|names|http_client)[.]h|$client)\$
+^orchestrator/(types|wire|cluster_api|client)[.]	^(common/(status|logging|byte_io|hex|json_fields|json_text|mutex|names|http_client)[.]h|$client)\$
 ^orchestrator/(core|snapshot|journal|durable_core)[.]	^(common/(status|logging|byte_io|env|file_util|json_fields|json_text|mutex|names)[.]h|$core)\$
 ^orchestrator/	^(common|orchestrator)/
 ^rollout_worker/worker_core[.]	^($plain|orchestrator/(types|wire|cluster_api)[.]h|rollout_worker/worker_core[.]h)\$
