@@ -8,7 +8,6 @@
 #include "orchestrator/wire.h"
 #include "policy_store/manifest.h"
 #include "policy_store/reader.h"
-#include "sync/digest.h"
 
 namespace weft::rollout_worker {
 namespace {
@@ -23,19 +22,6 @@ WorkerCore::Micros Now() {
 }
 std::chrono::steady_clock::time_point ToTimePoint(WorkerCore::Micros micros) {
   return std::chrono::steady_clock::time_point(std::chrono::microseconds(micros));
-}
-
-// The state digest of the whole model: SHA-256 over each tensor's name and digest, in name order
-// (docs/api.md, heartbeats), first 32 hex digits.
-std::string StateDigest(const sync::ServedModel& model) {
-  std::vector<std::pair<std::string, std::string>> named;
-  for (const auto& t : model.tensors()) named.emplace_back(t.spec.name, t.digest.ToHex());
-  std::sort(named.begin(), named.end());
-  std::string text;
-  for (const auto& [name, hex] : named) text += name + '\0' + hex + '\0';
-  return policy_store::Sha256Hex(
-             std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()))
-      .substr(0, 32);
 }
 
 }  // namespace
@@ -111,8 +97,6 @@ std::optional<uint64_t> RolloutWorker::ready_version() const {
   return core_.ready();
 }
 
-void RolloutWorker::CorruptServedCopyForTest() { corrupt_for_test_ = true; }
-
 void RolloutWorker::SyncLoop() {
   policy_store::StoreReader reader(store_, options_.run_id, options_.sync_threads);
   // The engine keeps its own weights: a copy that must be rebuilt from a keyframe is dropped
@@ -151,24 +135,12 @@ void RolloutWorker::CheckEngine() {
 
 void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   CheckEngine();
-  if (corrupt_for_test_.exchange(false) && !served_.tensors().empty()) {
-    // A bit flip in the served copy: only the full digest check below can notice it.
-    std::vector<sync::TensorSpec> specs;
-    std::vector<std::vector<uint8_t>> bytes;
-    for (const auto& t : served_.tensors()) {
-      specs.push_back(t.spec);
-      bytes.push_back(t.bytes);
-    }
-    bytes.front()[0] ^= 0x01;
-    served_ = sync::ServedModel::FromTensors(specs, bytes, 1);
-  }
   // The proof, every verify_interval: the bytes held hash, recomputed in full, to the digests of
   // the version claimed. (Pulls keep the digests current in O(changed) and check them against
   // each manifest; only a full recomputation notices the bytes changing under them.)
   if (held_ && std::chrono::steady_clock::now() - verified_ >= options_.verify_interval) {
     verified_ = std::chrono::steady_clock::now();
-    Status same =
-        policy_store::CheckAgainstManifest(served_, *held_, nullptr, true, options_.sync_threads);
+    Status same = sink_.Prove(*held_, options_.sync_threads);
     if (!same.ok()) {
       WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version "
                        << held_->version << " disagrees with its manifest: " << same.message()
@@ -177,7 +149,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
       ++report_.digest_mismatches;
       core_.CopyCorrupted();
       held_.reset();
-      served_ = sync::ServedModel();
+      sink_.Drop();
     }
   }
   Result<uint64_t> latest = reader.Latest();
@@ -196,14 +168,12 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   if (target) {
     // In place, in O(changed elements): the pull checks every blob and digest and leaves the copy
     // as it was on any error.
-    const std::optional<uint64_t> have =
-        held_ ? std::optional<uint64_t>(held_->version) : std::nullopt;
     Result<policy_store::PullReport> pulled =
-        reader.Pull(*latest, have, &served_, held_ ? &*held_ : nullptr);
+        sink_.Pull(reader, *latest, held_ ? &*held_ : nullptr);
     if (!pulled.ok()) {
       WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": pulling version " << *latest
                          << " failed: " << pulled.status().message();
-      if (held_ && served_.tensors().empty()) {
+      if (held_ && sink_.empty()) {
         // The copy was dropped for a keyframe that did not arrive: the next round starts from
         // nothing (the engine goes on serving what it has).
         MutexLock lock(mutex_);
@@ -245,9 +215,9 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
                      << " failed: " << status.message() << " (again in " << backoff / 1000
                      << " ms)";
   };
-  Status staged = engine_.Stage(served_, version);
+  Status staged = sink_.Stage(version);
   if (!staged.ok()) return failed("staging", staged);
-  Result<int64_t> pause = engine_.Commit();
+  Result<int64_t> pause = sink_.Commit();
   if (!pause.ok()) return failed("committing", pause.status());
   {
     MutexLock lock(mutex_);
@@ -255,7 +225,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     ++report_.commits;
     if (!report_.first_version) report_.first_version = version;
     report_.newest_version = version;
-    report_.digest = StateDigest(served_);
+    report_.digest = sink_.StateDigest();
     report_.max_pause_ms = std::max(report_.max_pause_ms, static_cast<double>(*pause) / 1000.0);
   }
   WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << version << " (pause "

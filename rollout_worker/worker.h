@@ -28,6 +28,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -39,6 +40,7 @@
 #include "policy_store/reader.h"
 #include "rollout_worker/engine.h"
 #include "rollout_worker/task.h"
+#include "rollout_worker/weight_sink.h"
 #include "rollout_worker/worker_core.h"
 
 namespace weft::rollout_worker {
@@ -75,14 +77,18 @@ struct WorkerStats {
 
 class RolloutWorker {
  public:
-  // Everything passed must outlive the worker.
+  // Everything passed must outlive the worker. The weights go through `sink` (null: a
+  // HostWeightSink over `engine`, the worker's own).
   RolloutWorker(WorkerOptions options, orchestrator::ClusterApi& orchestrator,
-                policy_store::ObjectStore& store, Engine& engine, const Task& task)
+                policy_store::ObjectStore& store, Engine& engine, const Task& task,
+                WeightSink* sink = nullptr)
       : options_(std::move(options)),
         orchestrator_(orchestrator),
         store_(store),
         engine_(engine),
         task_(task),
+        own_sink_(sink == nullptr ? std::make_unique<HostWeightSink>(engine) : nullptr),
+        sink_(sink == nullptr ? *own_sink_ : *sink),
         core_(options_.capacity) {}
 
   // Registers, then runs the loops until Stop(); returns once drained and deregistered. Fails
@@ -94,10 +100,6 @@ class RolloutWorker {
   orchestrator::SyncReport sync_report() const;
   WorkerStats stats() const;
   std::optional<uint64_t> ready_version() const;
-
-  // Tests: flips one byte of the served copy, as a memory fault would (the next sync round must
-  // notice and re-sync from a keyframe).
-  void CorruptServedCopyForTest();
 
  private:
   void SyncLoop();
@@ -125,6 +127,8 @@ class RolloutWorker {
   policy_store::ObjectStore& store_;
   Engine& engine_;
   const Task& task_;
+  std::unique_ptr<WeightSink> own_sink_;
+  WeightSink& sink_;  // the verified copy; the sync loop's own
 
   mutable Mutex mutex_;
   std::condition_variable changed_;
@@ -133,14 +137,12 @@ class RolloutWorker {
   // orchestrator acknowledged.
   WorkerCore core_ GUARDED_BY(mutex_);
   // The sync loop's own:
-  sync::ServedModel served_;
-  std::optional<policy_store::Manifest> held_;      // the manifest of the version served_ holds
-  std::chrono::steady_clock::time_point verified_;  // when served_'s digests were last recomputed
+  std::optional<policy_store::Manifest> held_;      // the manifest of the version the sink holds
+  std::chrono::steady_clock::time_point verified_;  // when the sink's copy was last proved
   // Shared:
   orchestrator::SyncReport report_ GUARDED_BY(mutex_);
   WorkerStats stats_ GUARDED_BY(mutex_);
   std::vector<uint64_t> to_hand_back_ GUARDED_BY(mutex_);
-  std::atomic<bool> corrupt_for_test_{false};
 };
 
 }  // namespace weft::rollout_worker

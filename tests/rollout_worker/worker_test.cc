@@ -161,7 +161,8 @@ TEST_CASE(
       SmallWorker(2, std::chrono::milliseconds(100), std::chrono::milliseconds(200));
   options.verify_interval = std::chrono::milliseconds(50);
   GatedStore view(*store);
-  RolloutWorker worker(options, worker_client, view, engine, verifier);
+  HostWeightSink sink(engine);
+  RolloutWorker worker(options, worker_client, view, engine, verifier, &sink);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
 
@@ -204,7 +205,7 @@ TEST_CASE(
 
   // A bit flips in the served copy: the next round's digest check catches it; the worker stops
   // claiming the version and comes back from a keyframe.
-  worker.CorruptServedCopyForTest();
+  sink.CorruptForTest();
   REQUIRE(WaitFor([&] {
     return worker.sync_report().digest_mismatches == 1 &&
            worker.ready_version() == std::optional<uint64_t>(1);

@@ -1,0 +1,75 @@
+// WeightSink: where the rollout worker's verified copy of the policy lives, between the store and
+// the engines. The worker's sync loop asks it to pull a version (apply the keyframe or deltas,
+// every blob and digest checked against the manifests), to prove its copy in full, to stage it in
+// the engines while they generate and to commit it (the short pause), and reports its state
+// digest; the worker itself never touches the weights.
+//
+// HostWeightSink keeps the copy in host memory (sync::ServedModel) and hands it to an Engine,
+// whose Stage puts it where the engine loads from (the embedded engine's weights; for SGLang and
+// vLLM, the served checkpoint directory of rollout_worker/served_checkpoint.h). A sink that keeps
+// the copy in device memory, or fans a version out to several local engine processes (shared
+// memory, NCCL), implements the same calls.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "policy_store/manifest.h"
+#include "policy_store/reader.h"
+#include "rollout_worker/engine.h"
+#include "sync/served_model.h"
+
+namespace weft::rollout_worker {
+
+class WeightSink {
+ public:
+  virtual ~WeightSink() = default;
+
+  // Brings the copy to version `target` through `reader`, from `held` (the manifest of the version
+  // it holds; null: from nothing). On error the copy is as it was, or empty (empty() says).
+  virtual Result<policy_store::PullReport> Pull(policy_store::StoreReader& reader, uint64_t target,
+                                                const policy_store::Manifest* held) = 0;
+  // Whether the copy holds nothing (never pulled, dropped, or emptied by a failed keyframe pull).
+  virtual bool empty() const = 0;
+  // Empties the copy (it no longer matches any version).
+  virtual void Drop() = 0;
+  // Recomputes every digest of the copy from its bytes on `threads` threads and checks them
+  // against `manifest`: kDataLoss names the first tensor that differs.
+  virtual Status Prove(const policy_store::Manifest& manifest, int threads) = 0;
+  // Makes the copy, verified at `version`, ready to serve without pausing generation.
+  virtual Status Stage(uint64_t version) = 0;
+  // The engines serve what was staged from their next token on; returns the pause in microseconds.
+  virtual Result<int64_t> Commit() = 0;
+  // The state digest of the copy (docs/api.md, heartbeats): SHA-256 over each tensor's name and
+  // digest, in name order, first 32 hex digits.
+  virtual std::string StateDigest() const = 0;
+};
+
+// The copy in host memory, staged and committed through `engine` (which must outlive it).
+class HostWeightSink final : public WeightSink {
+ public:
+  explicit HostWeightSink(Engine& engine) : engine_(engine) {}
+
+  Result<policy_store::PullReport> Pull(policy_store::StoreReader& reader, uint64_t target,
+                                        const policy_store::Manifest* held) override;
+  bool empty() const override { return copy_.tensors().empty(); }
+  void Drop() override { copy_ = sync::ServedModel(); }
+  Status Prove(const policy_store::Manifest& manifest, int threads) override;
+  Status Stage(uint64_t version) override { return engine_.Stage(copy_, version); }
+  Result<int64_t> Commit() override { return engine_.Commit(); }
+  std::string StateDigest() const override;
+
+  // Tests, from any thread: the next Prove first flips one bit of the copy's first tensor, as a
+  // memory fault would (only the proof, against the manifest, can notice).
+  void CorruptForTest() { corrupt_for_test_ = true; }
+
+ private:
+  Engine& engine_;
+  sync::ServedModel copy_;
+  std::atomic<bool> corrupt_for_test_{false};
+};
+
+}  // namespace weft::rollout_worker
