@@ -1,8 +1,11 @@
 #include "common/env.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -40,6 +43,55 @@ class PosixWritableFile : public WritableFile {
   const std::string path_;
   const int fd_;
 };
+
+class PosixReadableFile : public ReadableFile {
+ public:
+  PosixReadableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixReadableFile() override { ::close(fd_); }
+
+  Result<uint64_t> Size() override {
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0) return Unavailable(path_ + ": cannot stat: " + ErrnoText());
+    return static_cast<uint64_t>(info.st_size);
+  }
+
+  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
+    while (true) {
+      const ssize_t got = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(offset));
+      if (got >= 0) return static_cast<size_t>(got);
+      if (errno != EINTR) return Unavailable(path_ + ": read failed: " + ErrnoText());
+    }
+  }
+
+ private:
+  const std::string path_;
+  const int fd_;
+};
+
+class PosixFileLock : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+
+ private:
+  const int fd_;
+};
+
+// fsyncs the directory holding `path`, making a change of its entries durable.
+Status SyncDirectoryOf(const std::string& path) {
+  std::string directory = std::filesystem::path(path).parent_path().string();
+  if (directory.empty()) directory = ".";
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Unavailable("cannot open " + directory + ": " + ErrnoText());
+  const bool synced = ::fsync(fd) == 0;
+  const std::string error = ErrnoText();
+  ::close(fd);
+  if (!synced) return Unavailable("cannot sync " + directory + ": " + error);
+  return Status::Ok();
+}
 
 class PosixEnv : public Env {
  public:
@@ -81,11 +133,15 @@ class PosixEnv : public Env {
   }
 
   Status Remove(const std::string& path) override {
-    std::error_code error;
-    std::filesystem::remove(path, error);
-    if (error) return Unavailable("cannot remove " + path + ": " + error.message());
-    SyncParentDirectory(path);
-    return Status::Ok();
+    if (::unlink(path.c_str()) != 0) {
+      const int unlink_errno = errno;
+      if (unlink_errno == ENOENT || unlink_errno == ENOTDIR) return Status::Ok();
+      // (Linux says EISDIR of a directory, POSIX EPERM.)
+      if (unlink_errno == EISDIR || (unlink_errno == EPERM && Is(path, PathType::kDirectory)))
+        return InvalidArgument("cannot remove " + path + ": it is a directory");
+      return Unavailable("cannot remove " + path + ": " + std::strerror(unlink_errno));
+    }
+    return SyncDirectoryOf(path);
   }
 
   Status WriteAtomic(const std::string& path,
@@ -94,6 +150,111 @@ class PosixEnv : public Env {
       for (std::span<const uint8_t> part : parts) WEFT_RETURN_IF_ERROR(WriteAll(fd, part, path));
       return Status::Ok();
     });
+  }
+
+  Result<std::unique_ptr<ReadableFile>> OpenReadable(const std::string& path) override {
+    WEFT_ASSIGN_OR_RETURN(OpenedFile opened, OpenForReading(path));
+    return std::unique_ptr<ReadableFile>(new PosixReadableFile(path, opened.fd));
+  }
+
+  Result<std::unique_ptr<WritableFile>> CreateTemporary(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      if (errno == EEXIST) return Conflict("cannot create " + path + ": it exists");
+      return Unavailable("cannot create " + path + ": " + ErrnoText());
+    }
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  Status RenameIfAbsent(const std::string& from, const std::string& to) override {
+    // link(2) refuses to replace anything (rename(2) would), on every file system (unlike
+    // renameat2's RENAME_NOREPLACE); `from` goes once `to` holds the file.
+    if (::link(from.c_str(), to.c_str()) != 0) {
+      const int link_errno = errno;
+      if (link_errno == EEXIST)
+        return Conflict("cannot move " + from + " to " + to + ": it exists");
+      if (link_errno == ENOENT && Is(from, PathType::kNone))
+        return NotFound("cannot move " + from + ": it does not exist");
+      return Unavailable("cannot move " + from + " to " + to + ": " + std::strerror(link_errno));
+    }
+    ::unlink(from.c_str());
+    WEFT_RETURN_IF_ERROR(SyncDirectoryOf(to));
+    if (std::filesystem::path(from).parent_path() != std::filesystem::path(to).parent_path())
+      WEFT_RETURN_IF_ERROR(SyncDirectoryOf(from));
+    return Status::Ok();
+  }
+
+  Result<PathType> TypeOf(const std::string& path) override {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return PathType::kNone;
+      return Unavailable("cannot stat " + path + ": " + ErrnoText());
+    }
+    if (S_ISREG(info.st_mode)) return PathType::kFile;
+    if (S_ISDIR(info.st_mode)) return PathType::kDirectory;
+    return PathType::kOther;
+  }
+
+  Status CreateDirectories(const std::string& path) override {
+    WEFT_ASSIGN_OR_RETURN(PathType type, TypeOf(path));
+    if (type == PathType::kDirectory) return Status::Ok();  // (the usual case: one stat)
+    // One directory at a time from the top, each new one's entry synced in its parent.
+    std::string prefix;
+    for (size_t at = 0; at <= path.size();) {
+      size_t end = path.find('/', at);
+      if (end == std::string::npos) end = path.size();
+      prefix = path.substr(0, end);
+      at = end + 1;
+      if (prefix.empty() || prefix.back() == '/') continue;
+      if (::mkdir(prefix.c_str(), 0755) == 0) {
+        WEFT_RETURN_IF_ERROR(SyncDirectoryOf(prefix));
+        continue;
+      }
+      const int mkdir_errno = errno;
+      if (mkdir_errno == EEXIST || mkdir_errno == ENOTDIR) {
+        WEFT_ASSIGN_OR_RETURN(PathType type, TypeOf(prefix));
+        if (type == PathType::kDirectory) continue;
+        return Conflict("cannot create directory " + prefix + ": something else is there");
+      }
+      return Unavailable("cannot create directory " + prefix + ": " + std::strerror(mkdir_errno));
+    }
+    return Status::Ok();
+  }
+
+  Result<std::vector<DirectoryEntry>> ListDirectory(const std::string& dir) override {
+    std::error_code error;
+    std::filesystem::directory_iterator it(dir, error);
+    if (error == std::errc::no_such_file_or_directory || error == std::errc::not_a_directory)
+      return NotFound(dir + " is not a directory");
+    std::vector<DirectoryEntry> entries;
+    for (; !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+      // (The entry's type as the directory told it: no stat unless it is a symbolic link.)
+      std::error_code type_error;
+      PathType type = PathType::kOther;
+      if (it->is_regular_file(type_error)) {
+        type = PathType::kFile;
+      } else if (it->is_directory(type_error)) {
+        type = PathType::kDirectory;
+      }
+      entries.push_back({it->path().filename().string(), type});
+    }
+    if (error) return Unavailable("cannot list " + dir + ": " + error.message());
+    std::sort(entries.begin(), entries.end(),
+              [](const DirectoryEntry& a, const DirectoryEntry& b) { return a.name < b.name; });
+    return entries;
+  }
+
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Unavailable("cannot open " + path + ": " + ErrnoText());
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        const std::string error = ErrnoText();
+        ::close(fd);
+        return Unavailable("cannot lock " + path + ": " + error);
+      }
+    }
+    return std::unique_ptr<FileLock>(new PosixFileLock(fd));
   }
 
   int64_t WallMicros() override {
@@ -110,6 +271,12 @@ class PosixEnv : public Env {
 
   void SleepFor(std::chrono::microseconds duration) override {
     std::this_thread::sleep_for(duration);
+  }
+
+ private:
+  bool Is(const std::string& path, PathType type) {
+    Result<PathType> found = TypeOf(path);
+    return found.ok() && *found == type;
   }
 };
 

@@ -1,13 +1,14 @@
 // Env: the files and clocks of the parts of weft that keep state (the orchestrator's journal and
-// snapshots), behind one interface. Env::Default() is the machine's (POSIX files, the system
-// clocks); MemEnv (common/mem_env.h) keeps files in memory and injects faults (torn writes, failed
-// syncs, a full disk, clock jumps), so that tests and the simulator can crash what runs on it at
-// any point and check what survives.
+// snapshots, the policy store's directory backend), behind one interface. Env::Default() is the
+// machine's (POSIX files, the system clocks); MemEnv (common/mem_env.h) keeps files in memory and
+// injects faults (torn writes, failed syncs, a full disk, clock jumps), so that tests and the
+// simulator can crash what runs on it at any point and check what survives.
 //
 // Durability: what WritableFile::Sync returned Ok for survives a crash; what was appended after it
-// may survive in part (a prefix), or not at all. Creating a file, truncating it, removing it and
-// WriteAtomic are durable when they return Ok. Errors name the path. Thread-safe; a WritableFile is
-// used by one thread at a time.
+// may survive in part (a prefix), or not at all. Creating a file (but not a temporary one),
+// truncating it, removing it, moving it into place, creating directories and WriteAtomic are
+// durable when they return Ok. Errors name the path. Thread-safe; a WritableFile or a ReadableFile
+// is used by one thread at a time.
 #pragma once
 
 #include <chrono>
@@ -32,6 +33,34 @@ class WritableFile {
   virtual Status Truncate(uint64_t size) = 0;
 };
 
+// A file opened for reading (Env::OpenReadable). It reads the file it opened, even once its name
+// is replaced or removed, as that file is at the time of each read: a file still being written
+// grows.
+class ReadableFile {
+ public:
+  virtual ~ReadableFile() = default;
+  // The file's size now.
+  virtual Result<uint64_t> Size() = 0;
+  // Up to out.size() bytes from `offset` into the start of `out`: how many were read, 0 only from
+  // the end of the file on.
+  virtual Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) = 0;
+};
+
+// An exclusive lock held on a file (Env::LockFile) until it is destroyed.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
+// What a path names (of a symbolic link: what it leads to).
+enum class PathType { kNone, kFile, kDirectory, kOther };
+
+struct DirectoryEntry {
+  std::string name;
+  PathType type = PathType::kNone;
+  friend bool operator==(const DirectoryEntry&, const DirectoryEntry&) = default;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -48,12 +77,38 @@ class Env {
   virtual bool Exists(const std::string& path) = 0;
   // The names of the entries of directory `dir` (not their paths); none when it does not exist.
   virtual std::vector<std::string> List(const std::string& dir) = 0;
-  // Removes `path`, durably; Ok when it does not exist.
+  // Removes the file `path`, durably; Ok when it does not exist, kInvalidArgument when it is a
+  // directory.
   virtual Status Remove(const std::string& path) = 0;
   // Replaces `path` with the concatenation of `parts`, atomically and durably: a reader, or a
   // crash, sees the old file or the whole new one.
   virtual Status WriteAtomic(const std::string& path,
                              std::span<const std::span<const uint8_t>> parts) = 0;
+
+  // The file `path` opened for reading: kNotFound when nothing is there, kInvalidArgument when it
+  // is not a file (a directory).
+  virtual Result<std::unique_ptr<ReadableFile>> OpenReadable(const std::string& path) = 0;
+  // A new, empty file at `path` for appending: kConflict when something is there already (so
+  // that writers who pick names at random never share one). Unlike a file OpenWritable creates,
+  // neither its name nor its bytes are durable until it is synced and moved into place with
+  // RenameIfAbsent: it is a temporary file, which a crash may leave behind or not.
+  virtual Result<std::unique_ptr<WritableFile>> CreateTemporary(const std::string& path) = 0;
+  // Moves the file `from` to `to` unless something is at `to` already, atomically and durably: of
+  // moves racing to one `to`, exactly one succeeds. kConflict when something is there (`from`
+  // then stays where it is), kNotFound when `from` is not there.
+  virtual Status RenameIfAbsent(const std::string& from, const std::string& to) = 0;
+  // What `path` names: kNone also when a file stands where one of its directories would be.
+  virtual Result<PathType> TypeOf(const std::string& path) = 0;
+  // Directory `path` and those above it that are missing, durably; Ok when it exists already.
+  // kConflict when something other than a directory stands where one of them would be.
+  virtual Status CreateDirectories(const std::string& path) = 0;
+  // The entries of directory `dir` with their types, sorted by name: kNotFound when it is not a
+  // directory (List, with types and errors).
+  virtual Result<std::vector<DirectoryEntry>> ListDirectory(const std::string& dir) = 0;
+  // An exclusive lock on the file `path` (created, empty, if missing), held until the FileLock is
+  // destroyed; waits while another holds it, whether in this process or another. Advisory: it
+  // keeps out only other LockFile calls on the same path.
+  virtual Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) = 0;
 
   // The wall clock (microseconds since the Unix epoch; it can jump either way) and a monotonic
   // clock (microseconds from an arbitrary start; it never goes back).

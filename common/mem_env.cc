@@ -46,14 +46,102 @@ class MemWritableFile : public WritableFile {
   const std::shared_ptr<MemEnv::File> file_;
 };
 
+class MemReadableFile : public ReadableFile {
+ public:
+  MemReadableFile(MemEnv& env, std::shared_ptr<MemEnv::File> file)
+      : env_(env), file_(std::move(file)) {}
+
+  Result<uint64_t> Size() override {
+    MutexLock lock(env_.mutex_);
+    return file_->data.size();
+  }
+
+  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
+    MutexLock lock(env_.mutex_);
+    const std::vector<uint8_t>& data = file_->data;
+    if (offset >= data.size()) return size_t{0};
+    const size_t count = std::min<uint64_t>(out.size(), data.size() - offset);
+    std::copy_n(data.begin() + static_cast<long>(offset), count, out.begin());
+    return count;
+  }
+
+ private:
+  MemEnv& env_;
+  const std::shared_ptr<MemEnv::File> file_;
+};
+
+class MemFileLock : public FileLock {
+ public:
+  MemFileLock(MemEnv& env, std::string path, uint64_t holder)
+      : env_(env), path_(std::move(path)), holder_(holder) {}
+  ~MemFileLock() override {
+    MutexLock lock(env_.mutex_);
+    // (A crash released it already, and someone else may hold it now.)
+    if (auto held = env_.locked_.find(path_); held != env_.locked_.end() && held->second == holder_)
+      env_.locked_.erase(held);
+    env_.unlocked_.notify_all();
+  }
+
+ private:
+  MemEnv& env_;
+  const std::string path_;
+  const uint64_t holder_;
+};
+
+namespace {
+
+// `path` without the '/'s it ends with (a directory named as "dir/").
+std::string WithoutTrailingSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// Whether `path` lies under `dir_prefix` (a directory's path and a '/').
+bool Under(const std::string& path, const std::string& dir_prefix) {
+  return path.size() > dir_prefix.size() && path.compare(0, dir_prefix.size(), dir_prefix) == 0;
+}
+
+}  // namespace
+
 MemEnv::MemEnv(int64_t wall_start_micros) : wall_(wall_start_micros) {}
 
 Status MemEnv::TakeSync(const std::string& path) {
   if (failing_syncs_ > 0) {
-    --failing_syncs_;
-    return Unavailable("cannot sync " + path + ": Input/output error");
+    if (passing_syncs_ > 0) {
+      --passing_syncs_;
+    } else {
+      --failing_syncs_;
+      return Unavailable("cannot sync " + path + ": Input/output error");
+    }
   }
   ++syncs_;
+  return Status::Ok();
+}
+
+bool MemEnv::UnderFileLocked(const std::string& path) const {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
+    if (files_.count(path.substr(0, slash)) != 0) return true;
+  }
+  return false;
+}
+
+PathType MemEnv::TypeLocked(const std::string& path) const {
+  if (UnderFileLocked(path)) return PathType::kNone;
+  if (files_.count(path) != 0) return PathType::kFile;
+  if (directories_.count(path) != 0) return PathType::kDirectory;
+  const std::string prefix = path == "/" ? path : path + "/";
+  if (auto file = files_.lower_bound(prefix); file != files_.end() && Under(file->first, prefix))
+    return PathType::kDirectory;
+  if (auto dir = directories_.lower_bound(prefix); dir != directories_.end() && Under(*dir, prefix))
+    return PathType::kDirectory;
+  return PathType::kNone;
+}
+
+Status MemEnv::CheckCreatableLocked(const std::string& path) const {
+  if (UnderFileLocked(path)) return Unavailable("cannot create " + path + ": Not a directory");
+  if (TypeLocked(path) == PathType::kDirectory)
+    return Unavailable("cannot create " + path + ": Is a directory");
   return Status::Ok();
 }
 
@@ -70,6 +158,7 @@ Result<std::unique_ptr<WritableFile>> MemEnv::OpenWritable(const std::string& pa
     if (found == files_.end()) return NotFound(path + " does not exist");
     return std::unique_ptr<WritableFile>(new MemWritableFile(*this, path, found->second));
   }
+  WEFT_RETURN_IF_ERROR(CheckCreatableLocked(path));
   WEFT_RETURN_IF_ERROR(TakeSync(path));
   if (found != files_.end()) found->second->removed = true;  // writers of the old one write nowhere
   auto file = std::make_shared<File>();
@@ -86,24 +175,44 @@ Result<std::vector<uint8_t>> MemEnv::ReadFile(const std::string& path) {
 
 bool MemEnv::Exists(const std::string& path) {
   MutexLock lock(mutex_);
-  return files_.count(path) != 0;
+  return TypeLocked(WithoutTrailingSlashes(path)) != PathType::kNone;
 }
 
 std::vector<std::string> MemEnv::List(const std::string& dir) {
-  MutexLock lock(mutex_);
-  const std::string prefix = dir.empty() || dir.back() == '/' ? dir : dir + "/";
+  Result<std::vector<DirectoryEntry>> entries = ListDirectory(dir);
   std::vector<std::string> names;
-  for (const auto& [path, file] : files_) {
-    if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0) continue;
-    std::string name = path.substr(prefix.size());
-    name = name.substr(0, name.find('/'));
-    if (names.empty() || names.back() != name) names.push_back(name);
-  }
+  if (!entries.ok()) return names;
+  for (DirectoryEntry& entry : *entries) names.push_back(std::move(entry.name));
   return names;
+}
+
+Result<std::vector<DirectoryEntry>> MemEnv::ListDirectory(const std::string& dir) {
+  MutexLock lock(mutex_);
+  const std::string path = WithoutTrailingSlashes(dir);
+  if (TypeLocked(path) != PathType::kDirectory) return NotFound(dir + " is not a directory");
+  const std::string prefix = path == "/" ? path : path + "/";
+  std::map<std::string, PathType> found;
+  // A name with more after it is a directory, whichever of the two maps holds it.
+  auto add = [&](const std::string& under, PathType type) {
+    const std::string rest = under.substr(prefix.size());
+    const size_t slash = rest.find('/');
+    found[rest.substr(0, slash)] = slash == std::string::npos ? type : PathType::kDirectory;
+  };
+  for (auto file = files_.lower_bound(prefix); file != files_.end() && Under(file->first, prefix);
+       ++file)
+    add(file->first, PathType::kFile);
+  for (auto sub = directories_.lower_bound(prefix);
+       sub != directories_.end() && Under(*sub, prefix); ++sub)
+    add(*sub, PathType::kDirectory);
+  std::vector<DirectoryEntry> entries;
+  for (const auto& [name, type] : found) entries.push_back({name, type});
+  return entries;
 }
 
 Status MemEnv::Remove(const std::string& path) {
   MutexLock lock(mutex_);
+  if (TypeLocked(path) == PathType::kDirectory)
+    return InvalidArgument("cannot remove " + path + ": it is a directory");
   auto found = files_.find(path);
   if (found == files_.end()) return Status::Ok();
   WEFT_RETURN_IF_ERROR(TakeSync(path));
@@ -118,6 +227,7 @@ Status MemEnv::WriteAtomic(const std::string& path,
   auto file = std::make_shared<File>();
   for (std::span<const uint8_t> part : parts)
     file->data.insert(file->data.end(), part.begin(), part.end());
+  WEFT_RETURN_IF_ERROR(CheckCreatableLocked(path));
   auto found = files_.find(path);
   const uint64_t replaced = found == files_.end() ? 0 : found->second->data.size();
   if (UsedLocked() - replaced + file->data.size() > capacity_)
@@ -127,6 +237,71 @@ Status MemEnv::WriteAtomic(const std::string& path,
   if (found != files_.end()) found->second->removed = true;
   files_[path] = std::move(file);
   return Status::Ok();
+}
+
+Result<std::unique_ptr<ReadableFile>> MemEnv::OpenReadable(const std::string& path) {
+  MutexLock lock(mutex_);
+  const PathType type = TypeLocked(path);
+  if (type == PathType::kNone) return NotFound(path + ": no such file");
+  if (type != PathType::kFile) return InvalidArgument(path + ": not a regular file");
+  return std::unique_ptr<ReadableFile>(new MemReadableFile(*this, files_.at(path)));
+}
+
+Result<std::unique_ptr<WritableFile>> MemEnv::CreateTemporary(const std::string& path) {
+  MutexLock lock(mutex_);
+  if (UnderFileLocked(path)) return Unavailable("cannot create " + path + ": Not a directory");
+  if (TypeLocked(path) != PathType::kNone) return Conflict("cannot create " + path + ": it exists");
+  auto file = std::make_shared<File>();
+  files_[path] = file;
+  return std::unique_ptr<WritableFile>(new MemWritableFile(*this, path, std::move(file)));
+}
+
+Status MemEnv::RenameIfAbsent(const std::string& from, const std::string& to) {
+  MutexLock lock(mutex_);
+  if (TypeLocked(from) != PathType::kFile)
+    return NotFound("cannot move " + from + ": it does not exist");
+  if (UnderFileLocked(to))
+    return Unavailable("cannot move " + from + " to " + to + ": Not a directory");
+  if (TypeLocked(to) != PathType::kNone)
+    return Conflict("cannot move " + from + " to " + to + ": it exists");
+  WEFT_RETURN_IF_ERROR(TakeSync(to));
+  auto found = files_.find(from);
+  files_[to] = std::move(found->second);
+  files_.erase(found);
+  return Status::Ok();
+}
+
+Result<PathType> MemEnv::TypeOf(const std::string& path) {
+  MutexLock lock(mutex_);
+  return TypeLocked(WithoutTrailingSlashes(path));
+}
+
+Status MemEnv::CreateDirectories(const std::string& path) {
+  MutexLock lock(mutex_);
+  const std::string target = WithoutTrailingSlashes(path);
+  std::vector<std::string> missing;
+  for (size_t end = target.find('/', 1);; end = target.find('/', end + 1)) {
+    const std::string prefix = target.substr(0, end);
+    const PathType type = TypeLocked(prefix);
+    if (type == PathType::kFile || UnderFileLocked(prefix))
+      return Conflict("cannot create directory " + prefix + ": something else is there");
+    if (type == PathType::kNone) missing.push_back(prefix);
+    if (end == std::string::npos) break;
+  }
+  if (missing.empty()) return Status::Ok();
+  WEFT_RETURN_IF_ERROR(TakeSync(target));
+  directories_.insert(missing.begin(), missing.end());
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<FileLock>> MemEnv::LockFile(const std::string& path) {
+  MutexLock lock(mutex_);
+  WEFT_RETURN_IF_ERROR(CheckCreatableLocked(path));
+  if (files_.count(path) == 0) files_[path] = std::make_shared<File>();
+  unlocked_.wait(lock.native(), [&]() REQUIRES(mutex_) { return locked_.count(path) == 0; });
+  const uint64_t holder = ++next_lock_;
+  locked_[path] = holder;
+  return std::unique_ptr<FileLock>(new MemFileLock(*this, path, holder));
 }
 
 int64_t MemEnv::WallMicros() {
@@ -153,6 +328,8 @@ void MemEnv::Crash(uint64_t keep) {
     survivor->synced = survivor->data.size();
     file = std::move(survivor);
   }
+  locked_.clear();  // the process that held them is gone
+  unlocked_.notify_all();
 }
 
 std::unique_ptr<MemEnv> MemEnv::DiskAfterCrash(uint64_t keep) const {
@@ -161,6 +338,7 @@ std::unique_ptr<MemEnv> MemEnv::DiskAfterCrash(uint64_t keep) const {
   MutexLock copy_lock(copy->mutex_);
   copy->wall_ = wall_;
   copy->monotonic_ = monotonic_;
+  copy->directories_ = directories_;
   for (const auto& [path, file] : files_) {
     auto survivor = std::make_shared<File>();
     const uint64_t kept = file->synced + std::min(keep, file->data.size() - file->synced);
@@ -171,9 +349,10 @@ std::unique_ptr<MemEnv> MemEnv::DiskAfterCrash(uint64_t keep) const {
   return copy;
 }
 
-void MemEnv::FailSyncs(int count) {
+void MemEnv::FailSyncs(int count, int after) {
   MutexLock lock(mutex_);
   failing_syncs_ = count;
+  passing_syncs_ = after;
 }
 
 void MemEnv::SetCapacity(uint64_t bytes) {

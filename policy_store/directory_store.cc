@@ -1,33 +1,30 @@
 #include "policy_store/directory_store.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <random>
 #include <string_view>
 
-#include "common/file_util.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
 namespace {
 
-namespace fs = std::filesystem;
-
-bool IsRegularFile(const std::string& path) {
-  std::error_code error;
-  return fs::is_regular_file(path, error);
-}
-
 // A compare-and-swap names the values it compares in its messages: in full when short and
 // printable, otherwise by size and SHA-256, so that a conflict never echoes a large object.
 constexpr uint64_t kShownValueBytes = 256;
+
+// Objects are compared and hashed this much at a time.
+constexpr uint64_t kPieceBytes = uint64_t{1} << 20;
+
+// No key is longer (ValidateKey): List goes no deeper, which also ends a loop of symbolic links.
+constexpr size_t kMaxKeyBytes = 512;
+
+// Tries at a temporary file's name before giving up (a name taken already is a collision of
+// random names, or the leftover of a crash).
+constexpr int kTemporaryNameTries = 8;
 
 std::string ShownValue(std::string_view value) {
   const bool printable = std::all_of(value.begin(), value.end(),
@@ -37,12 +34,63 @@ std::string ShownValue(std::string_view value) {
          Sha256Hex({reinterpret_cast<const uint8_t*>(value.data()), value.size()});
 }
 
+// `message` with the paths under `root` named by their keys instead.
+std::string HiddenText(const std::string& root, std::string message) {
+  const std::string prefix = root + "/";
+  for (size_t at = message.find(prefix); at != std::string::npos; at = message.find(prefix, at))
+    message.erase(at, prefix.size());
+  for (size_t at = message.find(root); at != std::string::npos; at = message.find(root, at))
+    message.replace(at, root.size(), "the store");
+  return message;
+}
+
+// `status` as an error about `key`: its message names the key first, and files by their keys.
+Status Hidden(const std::string& root, const std::string& key, const Status& status) {
+  std::string message = HiddenText(root, status.message());
+  if (message.rfind(key + ": ", 0) != 0) message = key + ": " + message;
+  return Status(status.code(), std::move(message));
+}
+
+// An object's file read a piece at a time (OpenRead, ReadTo).
+class FileObjectReader : public ObjectReader {
+ public:
+  FileObjectReader(std::unique_ptr<ReadableFile> file, uint64_t size, std::string root,
+                   std::string key)
+      : ObjectReader(size), file_(std::move(file)), root_(std::move(root)), key_(std::move(key)) {}
+
+  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
+    if (offset >= size() || out.empty()) return InvalidArgument(key_ + ": a read past its end");
+    out = out.first(std::min<uint64_t>(out.size(), size() - offset));
+    Result<size_t> got = file_->ReadAt(offset, out);
+    if (!got.ok()) return Hidden(root_, key_, got.status());
+    if (*got == 0) return DataLoss(key_ + ": shorter than when it was opened");
+    return got;
+  }
+
+ private:
+  std::unique_ptr<ReadableFile> file_;
+  std::string root_;
+  std::string key_;
+};
+
+// Up to out.size() bytes of `file` from `first` into `out`, fewer only where the file ends first:
+// how many.
+Result<uint64_t> ReadUpTo(ReadableFile& file, uint64_t first, std::span<uint8_t> out) {
+  uint64_t done = 0;
+  while (done < out.size()) {
+    WEFT_ASSIGN_OR_RETURN(size_t got, file.ReadAt(first + done, out.subspan(done)));
+    if (got == 0) break;  // it ended sooner (it shrank meanwhile)
+    done += got;
+  }
+  return done;
+}
+
 // The object `reader` reads, named as ShownValue names it: from `read` when it was read whole,
 // else hashed a piece at a time.
 Result<std::string> DescribeValue(ObjectReader& reader, const std::optional<std::string>& read) {
   if (read) return ShownValue(*read);
   Sha256 hash;
-  std::vector<uint8_t> buffer(std::min<uint64_t>(reader.size(), 1 << 20));
+  std::vector<uint8_t> buffer(std::min<uint64_t>(reader.size(), kPieceBytes));
   for (uint64_t at = 0; at < reader.size();) {
     WEFT_ASSIGN_OR_RETURN(size_t got, reader.ReadAt(at, buffer));
     hash.Update(std::span<const uint8_t>(buffer).first(got));
@@ -51,203 +99,252 @@ Result<std::string> DescribeValue(ObjectReader& reader, const std::optional<std:
   return std::to_string(reader.size()) + " bytes with SHA-256 " + hash.HexDigest();
 }
 
-// Links the temporary file `temp` into place as the immutable object `key` at `path`, and removes
-// `temp`. `bytes` are its contents (to compare with an object already there): true when it
-// created the object, false when the key already held the same bytes, kConflict otherwise.
-Result<bool> LinkImmutable(const std::string& key, const std::string& path, const std::string& temp,
-                           std::span<const uint8_t> bytes) {
-  // link(2) refuses to replace an existing file: the first writer wins, atomically.
-  const int linked = ::link(temp.c_str(), path.c_str());
-  const int link_errno = errno;
-  ::unlink(temp.c_str());
-  if (linked == 0) {
-    SyncParentDirectory(path);
-    return true;
+// Whether files `a` and `b` hold the same bytes, compared a piece at a time.
+Result<bool> SameBytes(Env& env, const std::string& a, const std::string& b) {
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> first, env.OpenReadable(a));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> second, env.OpenReadable(b));
+  WEFT_ASSIGN_OR_RETURN(uint64_t size, first->Size());
+  WEFT_ASSIGN_OR_RETURN(uint64_t other_size, second->Size());
+  if (size != other_size) return false;
+  std::vector<uint8_t> mine(std::min(size, kPieceBytes)), theirs(mine.size());
+  for (uint64_t at = 0; at < size;) {
+    const uint64_t want = std::min<uint64_t>(mine.size(), size - at);
+    WEFT_ASSIGN_OR_RETURN(uint64_t got, ReadUpTo(*first, at, std::span(mine).first(want)));
+    WEFT_ASSIGN_OR_RETURN(uint64_t other_got, ReadUpTo(*second, at, std::span(theirs).first(want)));
+    if (got != want || other_got != want) return false;  // one shrank meanwhile
+    if (!std::equal(mine.begin(), mine.begin() + static_cast<long>(want), theirs.begin()))
+      return false;
+    at += want;
   }
-  if (link_errno != EEXIST)
-    return Unavailable(key + ": cannot publish: " + std::strerror(link_errno));
-  if (!IsRegularFile(path)) return Conflict(key + " is a prefix of other keys, not an object");
-  Result<MappedFile> existing = MappedFile::Open(path);
-  if (!existing.ok()) return Unavailable(key + ": cannot read the object already there");
-  const std::span<const uint8_t> held = existing->bytes();
-  if (held.size() == bytes.size() && std::equal(held.begin(), held.end(), bytes.begin())) {
-    return false;  // the same immutable object, written again
+  return true;
+}
+
+// A new temporary file beside `path` (".NAME.tmp-" and random letters, which List skips): the
+// file, and its name in `temp`.
+Result<std::unique_ptr<WritableFile>> CreateTemporaryBeside(Env& env, const std::string& path,
+                                                            std::string* temp) {
+  thread_local std::mt19937_64 random = [] {
+    std::random_device device;
+    std::seed_seq seed{device(), device(), device(), device()};
+    return std::mt19937_64(seed);
+  }();
+  const std::filesystem::path target(path);
+  const std::string stem =
+      (target.parent_path() / ("." + target.filename().string() + ".tmp-")).string();
+  static constexpr char kLetters[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  Status taken;
+  for (int attempt = 0; attempt < kTemporaryNameTries; ++attempt) {
+    *temp = stem;
+    for (int i = 0; i < 12; ++i) *temp += kLetters[random() % (sizeof(kLetters) - 1)];
+    Result<std::unique_ptr<WritableFile>> file = env.CreateTemporary(*temp);
+    if (file.ok() || file.status().code() != StatusCode::kConflict) return file;
+    taken = file.status();
   }
+  return taken;
+}
+
+// Moves the synced temporary file `temp` into place as the immutable object `key` at `path`, or
+// removes it: true when it created the object, false when the key already held the same bytes,
+// kConflict when it holds others (or is a directory: a prefix of other keys).
+Result<bool> Publish(Env& env, const std::string& root, const std::string& key,
+                     const std::string& path, const std::string& temp) {
+  const Status moved = env.RenameIfAbsent(temp, path);
+  if (moved.ok()) return true;
+  Result<bool> same = false;
+  if (moved.code() == StatusCode::kConflict) same = SameBytes(env, temp, path);
+  (void)env.Remove(temp);  // (A temporary file left by a failure here is never listed.)
+  if (moved.code() != StatusCode::kConflict) return Hidden(root, key, moved);
+  if (!same.ok()) {
+    // The object there is no file, or could not be read to compare.
+    if (same.status().code() == StatusCode::kInvalidArgument)
+      return Conflict(key + " is a prefix of other keys, not an object");
+    return Hidden(root, key, same.status());
+  }
+  if (*same) return false;  // the same immutable object, written again
   return Conflict(key + " already exists with different content");
 }
 
-// A temporary file beside an object, written a piece at a time, linked into place at Commit.
+// A temporary file beside an object, written a piece at a time, synced and moved into place at
+// Commit.
 class DirectoryWriter : public ObjectWriter {
  public:
-  DirectoryWriter(std::string key, std::string path, std::string temp, int fd)
-      : key_(std::move(key)), path_(std::move(path)), temp_(std::move(temp)), fd_(fd) {}
+  DirectoryWriter(Env& env, std::string root, std::string key, std::string path, std::string temp,
+                  std::unique_ptr<WritableFile> file)
+      : env_(env),
+        root_(std::move(root)),
+        key_(std::move(key)),
+        path_(std::move(path)),
+        temp_(std::move(temp)),
+        file_(std::move(file)) {}
   ~DirectoryWriter() override {
-    if (fd_ >= 0) ::close(fd_);
-    if (!temp_.empty()) ::unlink(temp_.c_str());
+    file_.reset();
+    if (!temp_.empty()) (void)env_.Remove(temp_);
   }
 
   Status Write(std::span<const uint8_t> bytes) override {
-    if (fd_ < 0) return Internal(key_ + ": written after it was committed");
-    return WriteAll(fd_, bytes, key_);
+    if (!file_) return Internal(key_ + ": written after it was committed");
+    const Status written = file_->Append(bytes);
+    if (!written.ok()) return Hidden(root_, key_, written);
+    return Status::Ok();
   }
 
   Result<bool> Commit() override {
-    if (fd_ < 0) return Internal(key_ + ": committed twice");
-    const bool synced = ::fchmod(fd_, 0644) == 0 && ::fsync(fd_) == 0;
-    const std::string error = ErrnoText();
-    const bool closed = ::close(fd_) == 0;
-    fd_ = -1;
-    if (!synced || !closed) return Unavailable(key_ + ": cannot make it durable: " + error);
-    // Mapped, not read: the bytes are compared only if the key already holds an object.
-    Result<MappedFile> written = MappedFile::Open(temp_);
-    if (!written.ok()) return Unavailable(key_ + ": cannot read back what was written");
-    Result<bool> created = LinkImmutable(key_, path_, temp_, written->bytes());
-    temp_.clear();  // linked into place, or removed
+    if (!file_) return Internal(key_ + ": committed twice");
+    // Synced before it is moved: the move must never make visible bytes a crash could tear.
+    const Status synced = file_->Sync();
+    file_.reset();
+    if (!synced.ok()) return Hidden(root_, key_, synced);
+    Result<bool> created = Publish(env_, root_, key_, path_, temp_);
+    temp_.clear();  // moved into place, or removed
     return created;
   }
 
  private:
+  Env& env_;
+  std::string root_;
   std::string key_;
   std::string path_;
   std::string temp_;
-  int fd_;
+  std::unique_ptr<WritableFile> file_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::string& root, bool create) {
+Result<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::string& root, bool create,
+                                                             Env* env) {
+  Env& files = env ? *env : Env::Default();
   std::error_code error;
+  std::string normal = std::filesystem::absolute(root, error).lexically_normal().string();
+  if (error) return InvalidArgument(root + ": cannot make it absolute: " + error.message());
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
   if (create) {
-    fs::create_directories(root, error);
-    if (error)
-      return InvalidArgument(root + ": cannot create the store directory: " + error.message());
-  } else if (!fs::exists(root, error)) {
-    return NotFound("no store at " + root + ": the directory does not exist");
+    const Status made = files.CreateDirectories(normal);
+    if (!made.ok())
+      return InvalidArgument(root + ": cannot create the store directory: " + made.message());
   }
-  if (!fs::is_directory(root)) return InvalidArgument(root + ": not a directory");
-  return std::unique_ptr<DirectoryStore>(
-      new DirectoryStore(fs::absolute(root).lexically_normal().string()));
+  WEFT_ASSIGN_OR_RETURN(PathType type, files.TypeOf(normal));
+  if (type == PathType::kNone)
+    return NotFound("no store at " + root + ": the directory does not exist");
+  if (type != PathType::kDirectory) return InvalidArgument(root + ": not a directory");
+  return std::unique_ptr<DirectoryStore>(new DirectoryStore(files, std::move(normal)));
 }
 
-Status DirectoryStore::Hidden(const Status& status) const {
-  std::string message = status.message();
-  const std::string prefix = root_ + "/";
-  for (size_t at = message.find(prefix); at != std::string::npos; at = message.find(prefix, at))
-    message.erase(at, prefix.size());
-  for (size_t at = message.find(root_); at != std::string::npos; at = message.find(root_, at))
-    message.replace(at, root_.size(), "the store");
-  return Status(status.code(), std::move(message));
-}
-
-Result<ObjectRange> DirectoryStore::Read(const std::string& key, uint64_t first,
-                                         uint64_t length) const {
-  const std::string path = PathOf(key);
-  Result<FileRange> bytes = ReadFileRange(path, first, length);
-  if (bytes.ok()) return ObjectRange{std::move(bytes->bytes), bytes->file_size};
-  // Missing, a directory (a prefix of other keys), or under a file: no such object.
-  if (bytes.status().code() == StatusCode::kNotFound || !IsRegularFile(path))
-    return NotFound(key + ": no such object");
-  return Hidden(bytes.status());
-}
-
-Result<OpenedFile> DirectoryStore::OpenFile(const std::string& key) const {
-  Result<OpenedFile> opened = OpenForReading(PathOf(key));
-  if (opened.ok()) return opened;
-  // Missing, a directory (a prefix of other keys), or under a file: no such object.
-  if (opened.status().code() == StatusCode::kNotFound ||
-      opened.status().code() == StatusCode::kInvalidArgument)
-    return NotFound(key + ": no such object");
-  return Hidden(opened.status());
+Result<DirectoryStore::OpenedObject> DirectoryStore::OpenFile(const std::string& key) const {
+  Result<std::unique_ptr<ReadableFile>> file = env_.OpenReadable(PathOf(key));
+  if (!file.ok()) {
+    // Missing, a directory (a prefix of other keys), or under a file: no such object.
+    if (file.status().code() == StatusCode::kNotFound ||
+        file.status().code() == StatusCode::kInvalidArgument)
+      return NotFound(key + ": no such object");
+    return Hidden(root_, key, file.status());
+  }
+  Result<uint64_t> size = (*file)->Size();
+  if (!size.ok()) return Hidden(root_, key, size.status());
+  return OpenedObject{std::move(file).value(), *size};
 }
 
 Result<std::unique_ptr<ObjectReader>> DirectoryStore::OpenRead(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  WEFT_ASSIGN_OR_RETURN(OpenedFile file, OpenFile(key));
-  return FileReader(file.fd, file.size, key);
+  WEFT_ASSIGN_OR_RETURN(OpenedObject object, OpenFile(key));
+  return std::unique_ptr<ObjectReader>(
+      new FileObjectReader(std::move(object.file), object.size, root_, key));
 }
 
 Result<uint64_t> DirectoryStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,
                                         BodyTarget& target) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   if (length == 0) return InvalidArgument(key + ": a range of no bytes");
-  WEFT_ASSIGN_OR_RETURN(OpenedFile file, OpenFile(key));
-  std::unique_ptr<ObjectReader> reader = FileReader(file.fd, file.size, key);
-  WEFT_RETURN_IF_ERROR(target.ObjectSize(file.size));
-  const uint64_t end = file.size - std::min(file.size, first) < length ? file.size : first + length;
-  std::vector<uint8_t> buffer(std::min<uint64_t>(end > first ? end - first : 0, 1 << 20));
+  WEFT_ASSIGN_OR_RETURN(OpenedObject object, OpenFile(key));
+  const uint64_t size = object.size;
+  FileObjectReader reader(std::move(object.file), size, root_, key);
+  WEFT_RETURN_IF_ERROR(target.ObjectSize(size));
+  const uint64_t end = size - std::min(size, first) < length ? size : first + length;
+  std::vector<uint8_t> buffer(std::min<uint64_t>(end > first ? end - first : 0, kPieceBytes));
   for (uint64_t at = first; at < end;) {
     const std::span<uint8_t> piece =
         std::span<uint8_t>(buffer).first(std::min<uint64_t>(buffer.size(), end - at));
-    WEFT_ASSIGN_OR_RETURN(size_t read, reader->ReadAt(at, piece));
+    WEFT_ASSIGN_OR_RETURN(size_t read, reader.ReadAt(at, piece));
     WEFT_RETURN_IF_ERROR(target.Write(piece.first(read)));
     at += read;
   }
-  return file.size;
+  return size;
 }
 
 Status DirectoryStore::EnsureParent(const std::string& key) const {
-  std::error_code error;
-  fs::create_directories(fs::path(PathOf(key)).parent_path(), error);
-  if (error == std::errc::file_exists || error == std::errc::not_a_directory)
-    return Conflict(key + ": a prefix of it is an object");
-  if (error) return Unavailable(key + ": cannot create its directory: " + error.message());
+  const Status made =
+      env_.CreateDirectories(std::filesystem::path(PathOf(key)).parent_path().string());
+  if (made.code() == StatusCode::kConflict) return Conflict(key + ": a prefix of it is an object");
+  if (!made.ok()) return Hidden(root_, key, made);
   return Status::Ok();
 }
 
 Result<std::vector<uint8_t>> DirectoryStore::Get(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  WEFT_ASSIGN_OR_RETURN(ObjectRange whole, Read(key, 0, UINT64_MAX));
-  return std::move(whole.bytes);
+  WEFT_ASSIGN_OR_RETURN(OpenedObject object, OpenFile(key));
+  std::vector<uint8_t> bytes(object.size);
+  Result<uint64_t> read = ReadUpTo(*object.file, 0, bytes);
+  if (!read.ok()) return Hidden(root_, key, read.status());
+  bytes.resize(*read);
+  return bytes;
 }
 
 Result<ObjectRange> DirectoryStore::GetRange(const std::string& key, uint64_t first,
                                              uint64_t length) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   if (length == 0) return InvalidArgument(key + ": a range of no bytes");
-  return Read(key, first, length);
+  WEFT_ASSIGN_OR_RETURN(OpenedObject object, OpenFile(key));
+  ObjectRange range;
+  range.object_size = object.size;
+  range.bytes.resize(first >= object.size ? 0 : std::min(length, object.size - first));
+  Result<uint64_t> read = ReadUpTo(*object.file, first, range.bytes);
+  if (!read.ok()) return Hidden(root_, key, read.status());
+  range.bytes.resize(*read);
+  return range;
 }
 
 Result<RangeRead> DirectoryStore::GetRangeInto(const std::string& key, uint64_t first,
                                                std::span<uint8_t> out) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   if (out.empty()) return InvalidArgument(key + ": a range of no bytes");
-  const std::string path = PathOf(key);
-  Result<FileRead> read = ReadFileRangeInto(path, first, out);
-  if (read.ok()) return RangeRead{read->read, read->file_size};
-  if (read.status().code() == StatusCode::kNotFound || !IsRegularFile(path))
-    return NotFound(key + ": no such object");
-  return Hidden(read.status());
+  WEFT_ASSIGN_OR_RETURN(OpenedObject object, OpenFile(key));
+  const uint64_t count = first >= object.size ? 0 : std::min(out.size(), object.size - first);
+  Result<uint64_t> read = ReadUpTo(*object.file, first, out.first(count));
+  if (!read.ok()) return Hidden(root_, key, read.status());
+  return RangeRead{*read, object.size};
 }
 
 Result<bool> DirectoryStore::Exists(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  std::error_code error;
-  bool exists = fs::is_regular_file(PathOf(key), error);
-  if (error && error != std::errc::no_such_file_or_directory &&
-      error != std::errc::not_a_directory) {
-    return Unavailable(key + ": " + error.message());
-  }
-  return exists;
+  Result<PathType> type = env_.TypeOf(PathOf(key));
+  if (!type.ok()) return Hidden(root_, key, type.status());
+  return *type == PathType::kFile;
 }
 
 Result<std::vector<std::string>> DirectoryStore::List(const std::string& prefix) {
   if (prefix.empty() || prefix.back() != '/') return InvalidArgument("list prefix must end in '/'");
   WEFT_RETURN_IF_ERROR(ValidateKey(prefix.substr(0, prefix.size() - 1)));
   std::vector<std::string> keys;
-  std::error_code error;
-  fs::path base = PathOf(prefix);
-  if (!fs::is_directory(base, error)) return keys;
-  for (auto it = fs::recursive_directory_iterator(base, error);
-       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
-    // The store's own files (temporaries of writes in progress) and whatever lies under them.
-    if (it->path().filename().string().front() == '.') {
-      if (it->is_directory()) it.disable_recursion_pending();
-      continue;
+  // Directory `dir` holds the keys under `under` (a key prefix ending in '/').
+  std::function<Status(const std::string&, const std::string&)> walk =
+      [&](const std::string& dir, const std::string& under) -> Status {
+    Result<std::vector<DirectoryEntry>> entries = env_.ListDirectory(dir);
+    if (!entries.ok()) {
+      if (entries.status().code() == StatusCode::kNotFound) return Status::Ok();  // not one
+      return entries.status();
     }
-    if (!it->is_regular_file()) continue;
-    keys.push_back(prefix + fs::relative(it->path(), base).string());
-  }
-  if (error) return Unavailable(prefix + ": cannot list: " + error.message());
+    for (const DirectoryEntry& entry : *entries) {
+      // The store's own files (temporaries of writes in progress) and whatever lies under them.
+      if (entry.name.front() == '.') continue;
+      const std::string key = under + entry.name;
+      if (entry.type == PathType::kFile) keys.push_back(key);
+      if (entry.type == PathType::kDirectory && key.size() < kMaxKeyBytes)
+        WEFT_RETURN_IF_ERROR(walk(dir + "/" + entry.name, key + "/"));
+    }
+    return Status::Ok();
+  };
+  const Status walked = walk(PathOf(prefix.substr(0, prefix.size() - 1)), prefix);
+  if (!walked.ok())
+    return Unavailable(prefix + ": cannot list: " + HiddenText(root_, walked.message()));
   std::sort(keys.begin(), keys.end());
   return keys;
 }
@@ -256,23 +353,29 @@ Status DirectoryStore::PutImmutable(const std::string& key, std::span<const uint
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
   WEFT_RETURN_IF_ERROR(EnsureParent(key));
-  Result<std::string> temp =
-      WriteTemporaryFile(path, [&](int fd) { return WriteAll(fd, bytes, key); });
-  if (!temp.ok()) return Hidden(temp.status());
-  return LinkImmutable(key, path, *temp, bytes).status();
+  std::string temp;
+  Result<std::unique_ptr<WritableFile>> file = CreateTemporaryBeside(env_, path, &temp);
+  if (!file.ok()) return Hidden(root_, key, file.status());
+  // Synced before it is moved: the move must never make visible bytes a crash could tear.
+  Status written = (*file)->Append(bytes);
+  if (written.ok()) written = (*file)->Sync();
+  file->reset();
+  if (!written.ok()) {
+    (void)env_.Remove(temp);
+    return Hidden(root_, key, written);
+  }
+  return Publish(env_, root_, key, path, temp).status();
 }
 
 Result<std::unique_ptr<ObjectWriter>> DirectoryStore::NewImmutableWriter(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
   WEFT_RETURN_IF_ERROR(EnsureParent(key));
-  // Named as WriteTemporaryFile names its files, so that List skips it.
-  const fs::path target(path);
-  std::string temp =
-      (target.parent_path() / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
-  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
-  if (fd < 0) return Unavailable(key + ": cannot create a temporary file: " + ErrnoText());
-  return std::unique_ptr<ObjectWriter>(new DirectoryWriter(key, path, std::move(temp), fd));
+  std::string temp;
+  Result<std::unique_ptr<WritableFile>> file = CreateTemporaryBeside(env_, path, &temp);
+  if (!file.ok()) return Hidden(root_, key, file.status());
+  return std::unique_ptr<ObjectWriter>(
+      new DirectoryWriter(env_, root_, key, path, std::move(temp), std::move(file).value()));
 }
 
 Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std::string> expected,
@@ -280,80 +383,51 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
   WEFT_RETURN_IF_ERROR(EnsureParent(key));
-  const std::string lock_path = root_ + "/.lock";
-  int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0) return Unavailable("cannot open the store's lock file: " + ErrnoText());
-  while (::flock(lock, LOCK_EX) != 0) {
-    if (errno != EINTR) {
-      std::string error = ErrnoText();
-      ::close(lock);
-      return Unavailable("cannot lock the store's lock file: " + error);
-    }
-  }
-  auto finish = [&](Status status) {
-    ::flock(lock, LOCK_UN);
-    ::close(lock);
-    return status;
-  };
-  std::error_code error;
-  if (fs::exists(path, error) && !IsRegularFile(path))
-    return finish(Conflict(key + " is a prefix of other keys, not an object"));
+  Result<std::unique_ptr<FileLock>> lock = env_.LockFile(root_ + "/.lock");
+  if (!lock.ok()) return Hidden(root_, key, lock.status());
+  Result<PathType> type = env_.TypeOf(path);
+  if (!type.ok()) return Hidden(root_, key, type.status());
+  if (*type != PathType::kNone && *type != PathType::kFile)
+    return Conflict(key + " is a prefix of other keys, not an object");
   // What the key holds, read only as far as `expected` could match it: an object larger than that
   // (whatever was put there) is named by its size and hash, never read into memory whole.
   std::optional<std::string> actual;
   std::string found = "absent";
-  Result<OpenedFile> current = OpenFile(key);
-  if (!current.ok() && current.status().code() != StatusCode::kNotFound)
-    return finish(current.status());
+  Result<OpenedObject> current = OpenFile(key);
+  if (!current.ok() && current.status().code() != StatusCode::kNotFound) return current.status();
   if (current.ok()) {
-    std::unique_ptr<ObjectReader> reader = FileReader(current->fd, current->size, key);
+    const uint64_t size = current->size;
+    FileObjectReader reader(std::move(current->file), size, root_, key);
     const uint64_t limit = expected ? expected->size() : 0;
-    if (reader->size() <= std::max<uint64_t>(limit, kShownValueBytes)) {
-      std::string bytes(reader->size(), '\0');
+    if (size <= std::max<uint64_t>(limit, kShownValueBytes)) {
+      std::string bytes(size, '\0');
       for (uint64_t at = 0; at < bytes.size();) {
-        Result<size_t> got =
-            reader->ReadAt(at, {reinterpret_cast<uint8_t*>(bytes.data()) + at, bytes.size() - at});
-        if (!got.ok()) return finish(got.status());
-        at += *got;
+        WEFT_ASSIGN_OR_RETURN(
+            size_t got,
+            reader.ReadAt(at, {reinterpret_cast<uint8_t*>(bytes.data()) + at, bytes.size() - at}));
+        at += got;
       }
       actual = std::move(bytes);
     }
-    Result<std::string> described = DescribeValue(*reader, actual);
-    if (!described.ok()) return finish(described.status());
-    found = std::move(described).value();
+    WEFT_ASSIGN_OR_RETURN(found, DescribeValue(reader, actual));
   }
   if (actual != expected) {
-    return finish(Conflict(key + " changed concurrently (expected " +
-                           (expected ? ShownValue(*expected) : "absent") + ", found " + found +
-                           ")"));
+    return Conflict(key + " changed concurrently (expected " +
+                    (expected ? ShownValue(*expected) : "absent") + ", found " + found + ")");
   }
-  Result<std::string> temp = WriteTemporaryFile(path, [&](int fd) {
-    return WriteAll(fd, {reinterpret_cast<const uint8_t*>(desired.data()), desired.size()}, key);
-  });
-  if (!temp.ok()) return finish(Hidden(temp.status()));
-  if (::rename(temp->c_str(), path.c_str()) != 0) {
-    std::string rename_error = ErrnoText();
-    ::unlink(temp->c_str());
-    return finish(Unavailable(key + ": rename failed: " + rename_error));
-  }
-  SyncParentDirectory(path);
-  return finish(Status::Ok());
+  const std::span<const uint8_t> parts[] = {
+      {reinterpret_cast<const uint8_t*>(desired.data()), desired.size()}};
+  const Status written = env_.WriteAtomic(path, parts);
+  if (!written.ok()) return Hidden(root_, key, written);
+  return Status::Ok();
 }
 
 Status DirectoryStore::Delete(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
-  const std::string path = PathOf(key);
-  if (::unlink(path.c_str()) != 0) {
-    const int unlink_errno = errno;
-    // Missing, under a file, or a directory (a prefix of other keys): no such object to delete.
-    const bool no_object =
-        unlink_errno == ENOENT || unlink_errno == ENOTDIR ||
-        ((unlink_errno == EISDIR || unlink_errno == EPERM) && !IsRegularFile(path));
-    if (!no_object) return Unavailable(key + ": cannot delete: " + std::strerror(unlink_errno));
-    return Status::Ok();
-  }
-  SyncParentDirectory(path);
-  return Status::Ok();
+  const Status removed = env_.Remove(PathOf(key));
+  // Missing, under a file, or a directory (a prefix of other keys): no such object to delete.
+  if (removed.ok() || removed.code() == StatusCode::kInvalidArgument) return Status::Ok();
+  return Hidden(root_, key, removed);
 }
 
 }  // namespace weft::policy_store

@@ -1,20 +1,24 @@
 // DirectoryStore: an ObjectStore in a local directory, the embedded default.
 //
-// Object `a/b/c` is the file ROOT/a/b/c. Writes go to a temporary file in the same directory,
-// are fsynced, renamed over the target and the directory is fsynced, so a crash leaves either the
-// old object or the new one. PutImmutable uses link(2), which fails if the target exists, so two
-// writers racing for one key cannot both win; NewImmutableWriter writes its temporary file the
-// same way, a piece at a time, and links it into place at Commit (the file is adopted, never
-// copied). CompareAndSwap holds an exclusive flock on ROOT/.lock while it compares and replaces.
-// Files whose path has a component starting with '.' (the lock, temporary files) are the store's
-// own: List never returns them. A key naming a directory (a prefix of other keys) is no object:
-// Get answers kNotFound. Error messages name keys, never the directory's path on disk (a store
-// server passes them to its clients). Thread- and process-safe.
+// Object `a/b/c` is the file ROOT/a/b/c, reached through an Env (common/env.h: the machine's
+// files unless told otherwise; tests crash it at any byte on a MemEnv). A write goes to a
+// temporary file in the object's directory, is synced, and only then moved into place with
+// Env::RenameIfAbsent, which refuses to replace anything: a crash leaves the object absent or
+// whole, and of two writers racing for one key only one can win. NewImmutableWriter writes its
+// temporary file the same way, a piece at a time, and moves it into place at Commit (the file is
+// adopted, never copied). CompareAndSwap holds the Env's exclusive lock on ROOT/.lock while it
+// compares and replaces (Env::WriteAtomic). Files whose path has a component starting with '.'
+// (the lock, temporary files, which a crash can leave behind) are the store's own: List never
+// returns them. A key naming a directory (a prefix of other keys) is no object: Get answers
+// kNotFound. Ranges are read alone, in bounded memory whatever the object's size. Error messages
+// name keys, never the directory's path on disk (a store server passes them to its clients).
+// Thread- and process-safe.
 #pragma once
 
+#include <memory>
 #include <string>
 
-#include "common/file_util.h"
+#include "common/env.h"
 #include "policy_store/object_store.h"
 
 namespace weft::policy_store {
@@ -22,8 +26,10 @@ namespace weft::policy_store {
 class DirectoryStore : public ObjectStore {
  public:
   // With `create`, creates the directory if needed; without, a directory that does not exist is
-  // kNotFound (and nothing is created).
-  static Result<std::unique_ptr<DirectoryStore>> Open(const std::string& root, bool create = true);
+  // kNotFound (and nothing is created). `env` holds the files (null: Env::Default()) and must
+  // outlive the store and its readers and writers.
+  static Result<std::unique_ptr<DirectoryStore>> Open(const std::string& root, bool create = true,
+                                                      Env* env = nullptr);
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
@@ -45,17 +51,19 @@ class DirectoryStore : public ObjectStore {
   std::string Describe() const override { return "dir:" + root_; }
 
  private:
-  explicit DirectoryStore(std::string root) : root_(std::move(root)) {}
+  struct OpenedObject {
+    std::unique_ptr<ReadableFile> file;
+    uint64_t size = 0;
+  };
+
+  DirectoryStore(Env& env, std::string root) : env_(env), root_(std::move(root)) {}
   std::string PathOf(const std::string& key) const { return root_ + "/" + key; }
-  // A Status whose message names files under the root by their keys instead.
-  Status Hidden(const Status& status) const;
-  // The object's bytes: kNotFound unless `key` is a regular file.
-  Result<ObjectRange> Read(const std::string& key, uint64_t first, uint64_t length) const;
-  // The object's file, opened for reading: kNotFound unless `key` is a regular file.
-  Result<OpenedFile> OpenFile(const std::string& key) const;
+  // The object's file, opened for reading: kNotFound unless `key` is a file.
+  Result<OpenedObject> OpenFile(const std::string& key) const;
   // The object's directory, created if needed; kConflict if a prefix of the key is an object.
   Status EnsureParent(const std::string& key) const;
 
+  Env& env_;
   std::string root_;
 };
 
