@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <thread>
 
 #include "common/file_util.h"
@@ -53,6 +54,16 @@ class PosixReadableFile : public ReadableFile {
     struct stat info {};
     if (::fstat(fd_, &info) != 0) return Unavailable(path_ + ": cannot stat: " + ErrnoText());
     return static_cast<uint64_t>(info.st_size);
+  }
+
+  Result<FileStamp> Stamp() override {
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0) return Unavailable(path_ + ": cannot stat: " + ErrnoText());
+    return FileStamp{
+        static_cast<uint64_t>(info.st_ino), static_cast<uint64_t>(info.st_size),
+        static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000 + info.st_mtim.tv_nsec / 1000,
+        static_cast<uint64_t>(info.st_ctim.tv_sec) * 1000000000 +
+            static_cast<uint64_t>(info.st_ctim.tv_nsec)};
   }
 
   Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
@@ -285,6 +296,27 @@ class PosixEnv : public Env {
 Env& Env::Default() {
   static PosixEnv env;
   return env;
+}
+
+Result<std::unique_ptr<WritableFile>> CreateTemporaryNamed(Env& env, const std::string& prefix,
+                                                           std::string* path) {
+  // (A name taken already is a collision of random names, or the leftover of a crash.)
+  constexpr int kTries = 8;
+  thread_local std::mt19937_64 random = [] {
+    std::random_device device;
+    std::seed_seq seed{device(), device(), device(), device()};
+    return std::mt19937_64(seed);
+  }();
+  static constexpr char kLetters[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  Status taken;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    *path = prefix;
+    for (int i = 0; i < 12; ++i) *path += kLetters[random() % (sizeof(kLetters) - 1)];
+    Result<std::unique_ptr<WritableFile>> file = env.CreateTemporary(*path);
+    if (file.ok() || file.status().code() != StatusCode::kConflict) return file;
+    taken = file.status();
+  }
+  return taken;
 }
 
 }  // namespace weft

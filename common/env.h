@@ -7,8 +7,8 @@
 // Durability: what WritableFile::Sync returned Ok for survives a crash; what was appended after it
 // may survive in part (a prefix), or not at all. Creating a file (but not a temporary one),
 // truncating it, removing it, moving it into place, creating directories and WriteAtomic are
-// durable when they return Ok. Errors name the path. Thread-safe; a WritableFile or a ReadableFile
-// is used by one thread at a time.
+// durable when they return Ok. Errors name the path. Thread-safe; a WritableFile is used by one
+// thread at a time, a ReadableFile by any number at once.
 #pragma once
 
 #include <chrono>
@@ -33,6 +33,16 @@ class WritableFile {
   virtual Status Truncate(uint64_t size) = 0;
 };
 
+// What a file is at a moment (ReadableFile::Stamp): a write to the file, or another file in its
+// place, changes its stamp, so that a file checked once can be known unchanged since.
+struct FileStamp {
+  uint64_t identity = 0;  // the file, not its name (an inode number)
+  uint64_t size = 0;
+  int64_t modified_micros = 0;  // when its bytes last changed, on the wall clock
+  uint64_t version = 0;         // changes whenever the file or its names do (its ctime)
+  friend bool operator==(const FileStamp&, const FileStamp&) = default;
+};
+
 // A file opened for reading (Env::OpenReadable). It reads the file it opened, even once its name
 // is replaced or removed, as that file is at the time of each read: a file still being written
 // grows.
@@ -41,6 +51,7 @@ class ReadableFile {
   virtual ~ReadableFile() = default;
   // The file's size now.
   virtual Result<uint64_t> Size() = 0;
+  virtual Result<FileStamp> Stamp() = 0;
   // Up to out.size() bytes from `offset` into the start of `out`: how many were read, 0 only from
   // the end of the file on.
   virtual Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) = 0;
@@ -116,5 +127,10 @@ class Env {
   virtual int64_t MonotonicMicros() = 0;
   virtual void SleepFor(std::chrono::microseconds duration) = 0;
 };
+
+// A new temporary file (Env::CreateTemporary) named `prefix` and 12 random letters, another name
+// tried while one is taken: the file, and its path in `*path`.
+Result<std::unique_ptr<WritableFile>> CreateTemporaryNamed(Env& env, const std::string& prefix,
+                                                           std::string* path);
 
 }  // namespace weft

@@ -8,6 +8,7 @@ struct MemEnv::File {
   std::vector<uint8_t> data;
   uint64_t synced = 0;  // data[0, synced) survives a crash
   bool removed = false;
+  FileStamp stamp;  // all but its size
 };
 
 class MemWritableFile : public WritableFile {
@@ -21,6 +22,7 @@ class MemWritableFile : public WritableFile {
     if (env_.UsedLocked() + bytes.size() > env_.capacity_)
       return Unavailable("cannot write " + path_ + ": No space left on device");
     file_->data.insert(file_->data.end(), bytes.begin(), bytes.end());
+    env_.ChangedLocked(*file_);
     return Status::Ok();
   }
 
@@ -37,6 +39,7 @@ class MemWritableFile : public WritableFile {
     WEFT_RETURN_IF_ERROR(env_.TakeSync(path_));
     file_->data.resize(std::min<uint64_t>(size, file_->data.size()));
     file_->synced = file_->data.size();
+    env_.ChangedLocked(*file_);
     return Status::Ok();
   }
 
@@ -54,6 +57,13 @@ class MemReadableFile : public ReadableFile {
   Result<uint64_t> Size() override {
     MutexLock lock(env_.mutex_);
     return file_->data.size();
+  }
+
+  Result<FileStamp> Stamp() override {
+    MutexLock lock(env_.mutex_);
+    FileStamp stamp = file_->stamp;
+    stamp.size = file_->data.size();
+    return stamp;
   }
 
   Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
@@ -118,6 +128,18 @@ Status MemEnv::TakeSync(const std::string& path) {
   return Status::Ok();
 }
 
+std::shared_ptr<MemEnv::File> MemEnv::NewFileLocked() {
+  auto file = std::make_shared<File>();
+  file->stamp.identity = ++next_identity_;
+  ChangedLocked(*file);
+  return file;
+}
+
+void MemEnv::ChangedLocked(File& file) {
+  file.stamp.modified_micros = wall_;
+  file.stamp.version = ++next_version_;
+}
+
 bool MemEnv::UnderFileLocked(const std::string& path) const {
   for (size_t slash = path.find('/', 1); slash != std::string::npos;
        slash = path.find('/', slash + 1)) {
@@ -161,7 +183,7 @@ Result<std::unique_ptr<WritableFile>> MemEnv::OpenWritable(const std::string& pa
   WEFT_RETURN_IF_ERROR(CheckCreatableLocked(path));
   WEFT_RETURN_IF_ERROR(TakeSync(path));
   if (found != files_.end()) found->second->removed = true;  // writers of the old one write nowhere
-  auto file = std::make_shared<File>();
+  auto file = NewFileLocked();
   files_[path] = file;
   return std::unique_ptr<WritableFile>(new MemWritableFile(*this, path, std::move(file)));
 }
@@ -224,7 +246,7 @@ Status MemEnv::Remove(const std::string& path) {
 Status MemEnv::WriteAtomic(const std::string& path,
                            std::span<const std::span<const uint8_t>> parts) {
   MutexLock lock(mutex_);
-  auto file = std::make_shared<File>();
+  auto file = NewFileLocked();
   for (std::span<const uint8_t> part : parts)
     file->data.insert(file->data.end(), part.begin(), part.end());
   WEFT_RETURN_IF_ERROR(CheckCreatableLocked(path));
@@ -251,7 +273,7 @@ Result<std::unique_ptr<WritableFile>> MemEnv::CreateTemporary(const std::string&
   MutexLock lock(mutex_);
   if (UnderFileLocked(path)) return Unavailable("cannot create " + path + ": Not a directory");
   if (TypeLocked(path) != PathType::kNone) return Conflict("cannot create " + path + ": it exists");
-  auto file = std::make_shared<File>();
+  auto file = NewFileLocked();
   files_[path] = file;
   return std::unique_ptr<WritableFile>(new MemWritableFile(*this, path, std::move(file)));
 }
@@ -266,6 +288,7 @@ Status MemEnv::RenameIfAbsent(const std::string& from, const std::string& to) {
     return Conflict("cannot move " + from + " to " + to + ": it exists");
   WEFT_RETURN_IF_ERROR(TakeSync(to));
   auto found = files_.find(from);
+  found->second->stamp.version = ++next_version_;
   files_[to] = std::move(found->second);
   files_.erase(found);
   return Status::Ok();
@@ -297,7 +320,7 @@ Status MemEnv::CreateDirectories(const std::string& path) {
 Result<std::unique_ptr<FileLock>> MemEnv::LockFile(const std::string& path) {
   MutexLock lock(mutex_);
   WEFT_RETURN_IF_ERROR(CheckCreatableLocked(path));
-  if (files_.count(path) == 0) files_[path] = std::make_shared<File>();
+  if (files_.count(path) == 0) files_[path] = NewFileLocked();
   unlocked_.wait(lock.native(), [&]() REQUIRES(mutex_) { return locked_.count(path) == 0; });
   const uint64_t holder = ++next_lock_;
   locked_[path] = holder;
@@ -324,6 +347,7 @@ void MemEnv::Crash(uint64_t keep) {
     // What survived is on disk now; a file handed out before the crash writes nowhere.
     file->removed = true;
     auto survivor = std::make_shared<File>();
+    survivor->stamp = file->stamp;
     survivor->data = std::move(file->data);
     survivor->synced = survivor->data.size();
     file = std::move(survivor);
@@ -339,8 +363,11 @@ std::unique_ptr<MemEnv> MemEnv::DiskAfterCrash(uint64_t keep) const {
   copy->wall_ = wall_;
   copy->monotonic_ = monotonic_;
   copy->directories_ = directories_;
+  copy->next_identity_ = next_identity_;
+  copy->next_version_ = next_version_;
   for (const auto& [path, file] : files_) {
     auto survivor = std::make_shared<File>();
+    survivor->stamp = file->stamp;
     const uint64_t kept = file->synced + std::min(keep, file->data.size() - file->synced);
     survivor->data.assign(file->data.begin(), file->data.begin() + static_cast<long>(kept));
     survivor->synced = kept;

@@ -74,6 +74,8 @@ class MemEnv : public Env {
  private:
   Status TakeSync(const std::string& path) REQUIRES(mutex_);  // fails when a failure was asked for
   uint64_t UsedLocked() const REQUIRES(mutex_);
+  std::shared_ptr<File> NewFileLocked() REQUIRES(mutex_);
+  void ChangedLocked(File& file) REQUIRES(mutex_);  // its bytes or its name changed
   PathType TypeLocked(const std::string& path) const REQUIRES(mutex_);
   bool UnderFileLocked(const std::string& path) const REQUIRES(mutex_);
   // Ok when a file can be made at `path`: nothing but perhaps a file is there, and no file is
@@ -85,6 +87,8 @@ class MemEnv : public Env {
   std::set<std::string> directories_ GUARDED_BY(mutex_);       // those CreateDirectories made
   std::map<std::string, uint64_t> locked_ GUARDED_BY(mutex_);  // path: the holder's number
   uint64_t next_lock_ GUARDED_BY(mutex_) = 0;
+  uint64_t next_identity_ GUARDED_BY(mutex_) = 0;
+  uint64_t next_version_ GUARDED_BY(mutex_) = 0;
   std::condition_variable unlocked_;
   int passing_syncs_ GUARDED_BY(mutex_) = 0;
   int failing_syncs_ GUARDED_BY(mutex_) = 0;

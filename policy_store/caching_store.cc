@@ -1,29 +1,21 @@
 #include "policy_store/caching_store.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "common/concurrent.h"
-#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/units.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 bool IsHex64(const std::string& text) {
   return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
@@ -94,9 +86,6 @@ Result<std::vector<uint8_t>> ReadSmall(ObjectStore& store, const std::string& ke
 // One fetch of a blob (or the check of its cached file), and the readers it serves as it goes.
 struct CachingStore::Flight {
   Flight(std::string sha256, bool check) : sha256(std::move(sha256)), check(check) {}
-  ~Flight() {
-    if (fd >= 0) ::close(fd);
-  }
   enum class State { kRunning, kDone, kFailed };
   struct Waiter {
     uint64_t end;  // bytes [0, end) must be readable
@@ -107,7 +96,8 @@ struct CachingStore::Flight {
   bool check;  // the cached file is checked first (and fetched only if it fails)
 
   std::mutex mutex;
-  int fd = -1;  // the temporary file being written, or the checked file
+  // The temporary file being written, or the checked file: set before any reader is handed out.
+  std::unique_ptr<ReadableFile> file;
   std::optional<uint64_t> size;
   uint64_t arrived = 0;
   State state = State::kRunning;
@@ -163,13 +153,10 @@ class FlightReader : public ObjectReader {
     std::promise<Status> ready;
     WhenReady(offset, out.size(), [&ready](Status status) { ready.set_value(std::move(status)); });
     WEFT_RETURN_IF_ERROR(ready.get_future().get());
-    while (true) {
-      const ssize_t got = ::pread(flight_->fd, out.data(), out.size(), static_cast<off_t>(offset));
-      if (got > 0) return static_cast<size_t>(got);
-      if (got == 0)
-        return DataLoss("blob " + flight_->sha256 + ": its file is shorter than it was");
-      if (errno != EINTR) return Unavailable("blob " + flight_->sha256 + ": " + ErrnoText());
-    }
+    Result<size_t> got = flight_->file->ReadAt(offset, out);
+    if (!got.ok()) return got.status().WithContext("blob " + flight_->sha256);
+    if (*got == 0) return DataLoss("blob " + flight_->sha256 + ": its file is shorter than it was");
+    return got;
   }
 
   void WhenReady(uint64_t offset, uint64_t length, std::function<void(Status)> ready) override {
@@ -234,8 +221,9 @@ class PassThroughReader : public ObjectReader {
 // are told as bytes arrive.
 class FlightTarget : public BodyTarget {
  public:
-  FlightTarget(CachingStore::Flight& flight, uint64_t max_bytes, const std::atomic<bool>& stopping)
-      : flight_(flight), max_bytes_(max_bytes), stopping_(stopping) {}
+  FlightTarget(CachingStore::Flight& flight, std::unique_ptr<WritableFile> file, uint64_t max_bytes,
+               const std::atomic<bool>& stopping)
+      : flight_(flight), file_(std::move(file)), max_bytes_(max_bytes), stopping_(stopping) {}
 
   Status ObjectSize(uint64_t bytes) override {
     std::unique_lock<std::mutex> lock(flight_.mutex);
@@ -258,16 +246,7 @@ class FlightTarget : public BodyTarget {
 
   Status Write(std::span<const uint8_t> piece) override {
     if (stopping_.load()) return Unavailable("the cache is closing");
-    for (size_t done = 0; done < piece.size();) {
-      const ssize_t wrote = ::pwrite(flight_.fd, piece.data() + done, piece.size() - done,
-                                     static_cast<off_t>(written_ + done));
-      if (wrote < 0) {
-        if (errno == EINTR) continue;
-        return Unavailable("blob " + flight_.sha256 +
-                           ": cannot write the cache's file: " + ErrnoText());
-      }
-      done += static_cast<size_t>(wrote);
-    }
+    WEFT_RETURN_IF_ERROR(file_->Append(piece));  // (the fetch names the blob)
     hash_.Update(piece);
     written_ += piece.size();
     std::unique_lock<std::mutex> lock(flight_.mutex);
@@ -277,11 +256,13 @@ class FlightTarget : public BodyTarget {
   }
 
   Status Rewind() override {
+    {
+      std::lock_guard<std::mutex> lock(flight_.mutex);
+      flight_.arrived = 0;  // (before the bytes go: no reader may read them now)
+    }
     written_ = 0;
     hash_.Reset();
-    std::lock_guard<std::mutex> lock(flight_.mutex);
-    flight_.arrived = 0;
-    return Status::Ok();
+    return file_->Truncate(0);
   }
 
   uint64_t written() const { return written_; }
@@ -294,6 +275,7 @@ class FlightTarget : public BodyTarget {
 
  private:
   CachingStore::Flight& flight_;
+  std::unique_ptr<WritableFile> file_;
   uint64_t max_bytes_;
   const std::atomic<bool>& stopping_;
   Sha256 hash_;
@@ -308,39 +290,43 @@ Status FlightTarget::Serve(std::vector<OpenDone>& openers) {
 
 }  // namespace
 
-std::optional<CachingStore::FileStamp> CachingStore::StampOf(int fd) {
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) return std::nullopt;
-  return FileStamp{static_cast<uint64_t>(info.st_ino), static_cast<uint64_t>(info.st_size),
-                   static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec,
-                   static_cast<int64_t>(info.st_ctim.tv_sec) * 1000000000 + info.st_ctim.tv_nsec};
-}
-
 Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream,
                                                          CacheOptions options) {
   if (options.dir.empty()) return InvalidArgument("the cache needs a directory");
-  std::error_code error;
-  std::filesystem::create_directories(std::filesystem::path(options.dir) / "blobs", error);
-  if (error)
-    return Unavailable("cannot create the cache directory " + options.dir + ": " + error.message());
   std::unique_ptr<CachingStore> cache(new CachingStore(upstream, std::move(options)));
+  Env& env = cache->env_;
+  const std::string blobs = cache->options_.dir + "/blobs";
+  const Status made = env.CreateDirectories(blobs);
+  if (!made.ok())
+    return Unavailable("cannot create the cache directory " + cache->options_.dir + ": " +
+                       made.message());
+  Result<std::vector<DirectoryEntry>> entries = env.ListDirectory(blobs);
+  if (!entries.ok()) return entries.status().WithContext("cannot open the cache");
   // Index what an earlier run left, least recently used first; stray files (temporaries of a
   // process killed while writing) are removed.
-  std::vector<std::pair<std::filesystem::file_time_type, std::string>> found;
-  for (const auto& file : std::filesystem::directory_iterator(
-           std::filesystem::path(cache->options_.dir) / "blobs", error)) {
-    const std::string name = file.path().filename().string();
-    if (!IsHex64(name) || !file.is_regular_file()) {
-      std::filesystem::remove(file.path(), error);
+  struct Found {
+    int64_t modified_micros;
+    std::string name;
+    uint64_t bytes;
+    bool operator<(const Found& other) const {
+      return std::tie(modified_micros, name) < std::tie(other.modified_micros, other.name);
+    }
+  };
+  std::vector<Found> found;
+  for (const DirectoryEntry& entry : *entries) {
+    if (!IsHex64(entry.name) || entry.type != PathType::kFile) {
+      (void)env.Remove(blobs + "/" + entry.name);
       continue;
     }
-    found.emplace_back(file.last_write_time(error), name);
+    Result<std::unique_ptr<ReadableFile>> file = env.OpenReadable(blobs + "/" + entry.name);
+    if (!file.ok()) continue;
+    Result<FileStamp> stamp = (*file)->Stamp();
+    if (!stamp.ok()) continue;
+    found.push_back({stamp->modified_micros, entry.name, stamp->size});
   }
   std::sort(found.begin(), found.end());
   std::lock_guard<std::mutex> lock(cache->mutex_);
-  for (const auto& [time, name] : found) {
-    const uint64_t bytes = std::filesystem::file_size(cache->PathOf(name), error);
-    if (error) continue;
+  for (const auto& [time, name, bytes] : found) {
     cache->lru_.push_back(name);
     cache->entries_[name] = {bytes, std::prev(cache->lru_.end()), std::nullopt};
     cache->cached_bytes_ += bytes;
@@ -439,8 +425,7 @@ void CachingStore::ForgetLocked(const std::string& sha256) {
   cached_bytes_ -= entry->second.bytes;
   lru_.erase(entry->second.position);
   entries_.erase(entry);
-  std::error_code error;
-  std::filesystem::remove(path, error);
+  (void)env_.Remove(path);
 }
 
 void CachingStore::EvictLocked() {
@@ -503,7 +488,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto held = held_.find(sha256); held != held_.end()) {
-      if (Clock::now() < held->second.until) {
+      if (env_.MonotonicMicros() < held->second.until_micros) {
         ++stats_.refused;
         const Status error = held->second.error;
         return done(error);
@@ -516,18 +501,16 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
   }
   if (oversize) return done(PassThrough(key, *oversize));
   if (checked) {
-    // A hit: the file checked, unchanged on disk since (the descriptor opened is the file checked).
-    Result<OpenedFile> file = OpenForReading(PathOf(sha256));
-    if (file.ok()) {
-      if (StampOf(file->fd) == checked) {
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          ++stats_.hits;
-          Touch(sha256);
-        }
-        return done(FileReader(file->fd, file->size, key));
+    // A hit: the file checked, unchanged since (the file opened is the file checked).
+    Result<std::unique_ptr<ReadableFile>> file = env_.OpenReadable(PathOf(sha256));
+    Result<FileStamp> stamp = file.ok() ? (*file)->Stamp() : file.status();
+    if (stamp.ok() && *stamp == *checked) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_.hits;
+        Touch(sha256);
       }
-      ::close(file->fd);
+      return done(FileReader(std::move(file).value(), stamp->size, key));
     }
   }
   std::shared_ptr<Flight> flight;
@@ -574,27 +557,27 @@ std::unique_ptr<ObjectReader> CachingStore::PassThrough(const std::string& key, 
 }
 
 bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
-  Result<OpenedFile> file = OpenForReading(PathOf(flight->sha256));
-  if (!file.ok()) {
+  Result<std::unique_ptr<ReadableFile>> file = env_.OpenReadable(PathOf(flight->sha256));
+  Result<FileStamp> stamp = file.ok() ? (*file)->Stamp() : file.status();
+  if (!stamp.ok()) {
     std::lock_guard<std::mutex> lock(mutex_);
     ForgetLocked(flight->sha256);  // gone from disk (removed by hand)
     return false;
   }
-  const std::optional<FileStamp> stamp = StampOf(file->fd);
-  std::unique_ptr<ObjectReader> reader = FileReader(::dup(file->fd), file->size, "");
+  const uint64_t size = stamp->size;
   Sha256 hash;
-  std::vector<uint8_t> buffer(std::min<uint64_t>(file->size, 1 << 20));
+  std::vector<uint8_t> buffer(std::min<uint64_t>(size, 1 << 20));
   bool read = true;
-  for (uint64_t at = 0; at < file->size && read;) {
-    Result<size_t> got = reader->ReadAt(at, buffer);
-    read = got.ok();
+  for (uint64_t at = 0; at < size && read;) {
+    Result<size_t> got = (*file)->ReadAt(
+        at, std::span<uint8_t>(buffer).first(std::min<uint64_t>(buffer.size(), size - at)));
+    read = got.ok() && *got > 0;
     if (read) {
       hash.Update(std::span<const uint8_t>(buffer).first(*got));
       at += *got;
     }
   }
   if (!read || hash.HexDigest() != flight->sha256) {
-    ::close(file->fd);
     WEFT_LOG(kWarning) << "cache " << options_.dir << ": blob " << flight->sha256
                        << " is corrupted on disk; removing it and fetching it again";
     std::lock_guard<std::mutex> lock(mutex_);
@@ -605,19 +588,19 @@ bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto entry = entries_.find(flight->sha256); entry != entries_.end())
-      entry->second.checked = stamp;
+      entry->second.checked = *stamp;
   }
   std::unique_lock<std::mutex> lock(flight->mutex);
-  flight->fd = file->fd;
-  flight->size = file->size;
-  flight->arrived = file->size;
+  flight->file = std::move(file).value();
+  flight->size = size;
+  flight->arrived = size;
   flight->state = Flight::State::kDone;
   std::vector<OpenDone> openers = std::move(flight->openers);
   flight->openers.clear();
   flight->Wake(lock);
   lock.unlock();
   for (OpenDone& open : openers)
-    open(std::unique_ptr<ObjectReader>(new FlightReader(flight, file->size)));
+    open(std::unique_ptr<ObjectReader>(new FlightReader(flight, size)));
   return true;
 }
 
@@ -650,15 +633,21 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
     lock.unlock();
     for (OpenDone& open : openers) open(status);
   };
-  std::string temp = options_.dir + "/blobs/." + flight->sha256 + ".tmp-XXXXXX";
-  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
-  if (fd < 0)
-    return fail(Unavailable("cache " + options_.dir + ": cannot create a file: " + ErrnoText()));
+  std::string temp;
+  Result<std::unique_ptr<WritableFile>> written =
+      CreateTemporaryNamed(env_, options_.dir + "/blobs/." + flight->sha256 + ".tmp-", &temp);
+  if (!written.ok())
+    return fail(written.status().WithContext("cache " + options_.dir + ": cannot create a file"));
+  Result<std::unique_ptr<ReadableFile>> readable = env_.OpenReadable(temp);
+  if (!readable.ok()) {
+    (void)env_.Remove(temp);
+    return fail(readable.status().WithContext("cache " + options_.dir));
+  }
   {
     std::lock_guard<std::mutex> lock(flight->mutex);
-    flight->fd = fd;
+    flight->file = std::move(readable).value();
   }
-  FlightTarget target(*flight, options_.max_bytes, stopping_);
+  FlightTarget target(*flight, std::move(written).value(), options_.max_bytes, stopping_);
   target.self = flight;
   Result<uint64_t> fetched = upstream_.ReadTo(key, 0, UINT64_MAX, target);
   {
@@ -673,7 +662,7 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
   }
   if (oversize) {
     // Larger than the cache: its readers read it upstream, range by range.
-    ::unlink(temp.c_str());
+    (void)env_.Remove(temp);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       oversize_[flight->sha256] = *oversize;
@@ -688,12 +677,12 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
     return;
   }
   if (!fetched.ok()) {
-    ::unlink(temp.c_str());
+    (void)env_.Remove(temp);
     return fail(fetched.status().WithContext("blob " + flight->sha256));
   }
   const std::string actual = target.HexDigest();
   if (target.written() != *fetched || actual != flight->sha256) {
-    ::unlink(temp.c_str());
+    (void)env_.Remove(temp);
     const Status mismatch = DataLoss(
         upstream_.Describe() + ": blob " + flight->sha256 + " arrived as " +
         std::to_string(target.written()) + " bytes with SHA-256 " + actual +
@@ -703,21 +692,29 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       ++stats_.upstream_mismatches;
-      held_[flight->sha256] = {mismatch, Clock::now() + options_.mismatch_hold};
+      const int64_t hold =
+          std::chrono::duration_cast<std::chrono::microseconds>(options_.mismatch_hold).count();
+      held_[flight->sha256] = {mismatch, env_.MonotonicMicros() + hold};
     }
     return fail(mismatch);
   }
-  // Whole and right: the file becomes the cached blob (its descriptor stays the readers'), stamped
-  // once in place (a rename changes the file's change time).
-  if (::rename(temp.c_str(), PathOf(flight->sha256).c_str()) != 0) {
+  // Whole and right: the file becomes the cached blob (the file its readers read), stamped once
+  // in place (a move changes the file's stamp). A file in the way (put there by hand) goes.
+  const std::string path = PathOf(flight->sha256);
+  Status moved = env_.RenameIfAbsent(temp, path);
+  if (moved.code() == StatusCode::kConflict) {
+    (void)env_.Remove(path);
+    moved = env_.RenameIfAbsent(temp, path);
+  }
+  Result<FileStamp> stamp = moved.ok() ? flight->file->Stamp() : moved;
+  if (!stamp.ok()) {
     WEFT_LOG(kWarning) << "cache " << options_.dir << ": cannot keep blob " << flight->sha256
-                       << ": " << ErrnoText();
-    ::unlink(temp.c_str());
+                       << ": " << stamp.status().message();
+    (void)env_.Remove(moved.ok() ? path : temp);
   } else {
-    const std::optional<FileStamp> stamp = StampOf(fd);
     std::lock_guard<std::mutex> lock(mutex_);
     IndexLocked(flight->sha256, *fetched);
-    entries_[flight->sha256].checked = stamp;
+    entries_[flight->sha256].checked = *stamp;
   }
   std::unique_lock<std::mutex> lock(flight->mutex);
   flight->state = Flight::State::kDone;

@@ -30,7 +30,9 @@
 // OpenReadAsync never waits on the upstream on the calling thread (a relay's I/O thread):
 // fetches run on the blocking pool (common/concurrent.h) and answer their readers by callback.
 // The destructor waits for the fetches under way (each ends within the upstream's deadline).
-// Thread-safe.
+// The directory's files and the clock of the hold are an Env's (common/env.h; the machine's unless
+// told otherwise). Nothing is synced: a crash may leave any file torn, and the hash check of a
+// restart finds it. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -44,6 +46,7 @@
 #include <optional>
 #include <string>
 
+#include "common/env.h"
 #include "policy_store/object_store.h"
 
 namespace weft::policy_store {
@@ -54,6 +57,8 @@ struct CacheOptions {
   uint64_t max_manifest_bytes = uint64_t{64} << 20;
   // How long a blob whose upstream bytes failed their hash is refused before it is fetched again.
   std::chrono::milliseconds mismatch_hold{std::chrono::seconds(30)};
+  // The directory's files and the hold's clock (null: Env::Default()); it must outlive the cache.
+  Env* env = nullptr;
 };
 
 // Objects other than blobs pass through the cache whole, up to this size.
@@ -114,7 +119,9 @@ class CachingStore : public ObjectStore {
 
  private:
   CachingStore(ObjectStore& upstream, CacheOptions options)
-      : upstream_(upstream), options_(std::move(options)) {}
+      : upstream_(upstream),
+        options_(std::move(options)),
+        env_(options_.env ? *options_.env : Env::Default()) {}
 
   void OpenBlob(const std::string& sha256, OpenDone done);
   // A reader of a blob larger than the cache: range by range from the upstream.
@@ -139,26 +146,18 @@ class CachingStore : public ObjectStore {
   std::unique_ptr<ObjectStore> owned_upstream_;
   ObjectStore& upstream_;
   CacheOptions options_;
+  Env& env_;
   mutable std::mutex mutex_;
   std::condition_variable no_flights_;
   int running_ = 0;  // flights and manifest fetches under way (the destructor waits for them)
   std::atomic<bool> stopping_{false};
   // LRU over cached blobs: front is the least recently used.
   std::list<std::string> lru_;
-  // What identifies a cached file's state on disk: a write to it (or a new file in its place)
-  // changes the stamp.
-  struct FileStamp {
-    uint64_t inode = 0;
-    uint64_t size = 0;
-    int64_t modified_ns = 0;
-    int64_t changed_ns = 0;
-    friend bool operator==(const FileStamp&, const FileStamp&) = default;
-  };
-  static std::optional<FileStamp> StampOf(int fd);
   struct Entry {
     uint64_t bytes = 0;
     std::list<std::string>::iterator position;
-    // The file's stamp when its hash was last checked (since the cache opened), if it was.
+    // The file's stamp when its hash was last checked (since the cache opened), if it was: a
+    // write to it, or another file in its place, changes the stamp.
     std::optional<FileStamp> checked;
   };
   std::map<std::string, Entry> entries_;
@@ -167,7 +166,7 @@ class CachingStore : public ObjectStore {
   // Blobs whose upstream bytes failed their hash: the error, until when it is held.
   struct Held {
     Status error;
-    std::chrono::steady_clock::time_point until;
+    int64_t until_micros;  // on the Env's monotonic clock
   };
   std::map<std::string, Held> held_;
   std::map<std::string, uint64_t> oversize_;  // blobs larger than the cache, with their sizes

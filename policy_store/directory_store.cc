@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
-#include <random>
 #include <string_view>
 
 #include "policy_store/manifest.h"
@@ -21,10 +20,6 @@ constexpr uint64_t kPieceBytes = uint64_t{1} << 20;
 
 // No key is longer (ValidateKey): List goes no deeper, which also ends a loop of symbolic links.
 constexpr size_t kMaxKeyBytes = 512;
-
-// Tries at a temporary file's name before giving up (a name taken already is a collision of
-// random names, or the leftover of a crash).
-constexpr int kTemporaryNameTries = 8;
 
 std::string ShownValue(std::string_view value) {
   const bool printable = std::all_of(value.begin(), value.end(),
@@ -119,28 +114,12 @@ Result<bool> SameBytes(Env& env, const std::string& a, const std::string& b) {
   return true;
 }
 
-// A new temporary file beside `path` (".NAME.tmp-" and random letters, which List skips): the
-// file, and its name in `temp`.
+// A new temporary file beside `path`, named so that List skips it: the file, its name in `temp`.
 Result<std::unique_ptr<WritableFile>> CreateTemporaryBeside(Env& env, const std::string& path,
                                                             std::string* temp) {
-  thread_local std::mt19937_64 random = [] {
-    std::random_device device;
-    std::seed_seq seed{device(), device(), device(), device()};
-    return std::mt19937_64(seed);
-  }();
   const std::filesystem::path target(path);
-  const std::string stem =
-      (target.parent_path() / ("." + target.filename().string() + ".tmp-")).string();
-  static constexpr char kLetters[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-  Status taken;
-  for (int attempt = 0; attempt < kTemporaryNameTries; ++attempt) {
-    *temp = stem;
-    for (int i = 0; i < 12; ++i) *temp += kLetters[random() % (sizeof(kLetters) - 1)];
-    Result<std::unique_ptr<WritableFile>> file = env.CreateTemporary(*temp);
-    if (file.ok() || file.status().code() != StatusCode::kConflict) return file;
-    taken = file.status();
-  }
-  return taken;
+  return CreateTemporaryNamed(
+      env, (target.parent_path() / ("." + target.filename().string() + ".tmp-")).string(), temp);
 }
 
 // Moves the synced temporary file `temp` into place as the immutable object `key` at `path`, or

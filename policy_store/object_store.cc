@@ -79,22 +79,19 @@ constexpr uint64_t kReadToPart = uint64_t{4} << 20;
 
 class FileObjectReader : public ObjectReader {
  public:
-  FileObjectReader(int fd, uint64_t size, std::string what)
-      : ObjectReader(size), fd_(fd), what_(std::move(what)) {}
-  ~FileObjectReader() override { ::close(fd_); }
+  FileObjectReader(std::unique_ptr<ReadableFile> file, uint64_t size, std::string what)
+      : ObjectReader(size), file_(std::move(file)), what_(std::move(what)) {}
   Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
     if (offset >= size() || out.empty()) return InvalidArgument(what_ + ": a read past its end");
     out = out.first(std::min<uint64_t>(out.size(), size() - offset));
-    while (true) {
-      const ssize_t got = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(offset));
-      if (got > 0) return static_cast<size_t>(got);
-      if (got == 0) return DataLoss(what_ + ": shorter than when it was opened");
-      if (errno != EINTR) return Unavailable(what_ + ": cannot read: " + std::strerror(errno));
-    }
+    Result<size_t> got = file_->ReadAt(offset, out);
+    if (!got.ok()) return got.status().WithContext(what_);
+    if (*got == 0) return DataLoss(what_ + ": shorter than when it was opened");
+    return got;
   }
 
  private:
-  int fd_;
+  std::unique_ptr<ReadableFile> file_;
   std::string what_;
 };
 
@@ -119,8 +116,9 @@ std::unique_ptr<ObjectReader> MemoryReader(std::vector<uint8_t> bytes) {
   return std::make_unique<BytesReader>(std::move(bytes));
 }
 
-std::unique_ptr<ObjectReader> FileReader(int fd, uint64_t size, std::string what) {
-  return std::make_unique<FileObjectReader>(fd, size, std::move(what));
+std::unique_ptr<ObjectReader> FileReader(std::unique_ptr<ReadableFile> file, uint64_t size,
+                                         std::string what) {
+  return std::make_unique<FileObjectReader>(std::move(file), size, std::move(what));
 }
 
 Result<uint64_t> ObjectStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,

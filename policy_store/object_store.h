@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/env.h"
 #include "common/http_client.h"
 #include "common/status.h"
 
@@ -95,9 +96,10 @@ struct BlobReads {
   int parallel = 16;
 };
 
-// A reader of an open file of `size` bytes (a directory store's object, a cache's checked file);
-// it owns `fd`. `what` names it in errors.
-std::unique_ptr<ObjectReader> FileReader(int fd, uint64_t size, std::string what);
+// A reader of the first `size` bytes of an open file (a cache's checked file); `what` names it in
+// errors.
+std::unique_ptr<ObjectReader> FileReader(std::unique_ptr<ReadableFile> file, uint64_t size,
+                                         std::string what);
 // A reader of bytes in memory (a small object read whole).
 std::unique_ptr<ObjectReader> MemoryReader(std::vector<uint8_t> bytes);
 

@@ -19,9 +19,10 @@ Result<std::unique_ptr<Relay>> Relay::Start(const RelayOptions& options) {
   link.cancel = relay->cancel_;
   WEFT_ASSIGN_OR_RETURN(relay->upstream_, OpenStore(options.upstream, link));
   WEFT_ASSIGN_OR_RETURN(
-      relay->cache_, CachingStore::Open(*relay->upstream_,
-                                        CacheOptions{options.cache_dir, options.cache_bytes,
-                                                     uint64_t{64} << 20, options.mismatch_hold}));
+      relay->cache_,
+      CachingStore::Open(*relay->upstream_,
+                         CacheOptions{options.cache_dir, options.cache_bytes, uint64_t{64} << 20,
+                                      options.mismatch_hold, options.env}));
   StoreServerOptions server;
   server.address = options.address;
   server.port = options.port;

@@ -7,7 +7,8 @@
 // manifests are kept in memory; `latest` and listings pass through. Its I/O threads never wait
 // on the upstream (the cache answers them by callback), so a slow or hung upstream delays only
 // the requests for the objects it holds back; hits, other misses, /livez and /metrics answer at
-// once. Bytes that arrive with the wrong hash are answered 502 (api.md), never cached.
+// once. Bytes that arrive with the wrong hash are answered 502 (api.md), never cached. Its only
+// state on disk is the cache's directory, reached through an Env (RelayOptions::env).
 // GET /v1/stats serves the cache's counters, GET /metrics the same in the Prometheus text format.
 // Start() returns once the port is bound; Stop() (or the destructor) closes it, cancels the
 // upstream requests under way and waits for them to end. Thread-safe, except that Stop() must not
@@ -20,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "common/env.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/link_shaper.h"
 #include "policy_store/object_store.h"
@@ -39,6 +41,8 @@ struct RelayOptions {
   uint32_t max_connections = 0;  // 0: the open-file limit less 64 (weft::http::ServerOptions)
   // How long a blob whose upstream bytes failed their hash is refused before it is fetched again.
   std::chrono::milliseconds mismatch_hold{std::chrono::seconds(30)};
+  // The cache's files and the hold's clock (CacheOptions::env; null: Env::Default()).
+  Env* env = nullptr;
 };
 
 class Relay {

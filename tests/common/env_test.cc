@@ -145,8 +145,28 @@ void DirectoryScript(Env& env, const std::string& dir) {
   REQUIRE(growing->Append(Bytes("more")).ok());
   CHECK(*grown->Size() == 4);
   CHECK(ReadAll(*grown) == "more");
+  // Stamps: a write changes the file's, another file in its place has another.
+  const FileStamp before = std::move(grown->Stamp()).value();
+  CHECK(before.size == 4);
+  CHECK(*grown->Stamp() == before);
+  REQUIRE(growing->Append(Bytes("!")).ok());
+  const FileStamp after = std::move(grown->Stamp()).value();
+  CHECK(after != before);
+  CHECK(after.identity == before.identity);
+  CHECK(after.size == 5);
+  const FileStamp replaced = std::move(std::move(env.OpenReadable(x)).value()->Stamp()).value();
+  CHECK(replaced.identity != std::move(reader->Stamp()).value().identity);
   REQUIRE(env.Remove(deep + "/.g").ok());
-  CHECK(ReadAll(*grown) == "more");
+  CHECK(ReadAll(*grown) == "more!");
+
+  // Temporary files named at random: never the same name twice.
+  std::string first_name, second_name;
+  REQUIRE(CreateTemporaryNamed(env, deep + "/.t-", &first_name).ok());
+  REQUIRE(CreateTemporaryNamed(env, deep + "/.t-", &second_name).ok());
+  CHECK(first_name.rfind(deep + "/.t-", 0) == 0);
+  CHECK(first_name.size() == deep.size() + 4 + 12);
+  CHECK(first_name != second_name);
+  CHECK(*env.TypeOf(second_name) == PathType::kFile);
 
   // A lock waits while another holds it.
   const std::string lock_path = dir + "/.lock";

@@ -128,6 +128,7 @@ class CrashPointEnv : public Env {
     CountedReader(CrashPointEnv& env, std::unique_ptr<ReadableFile> file)
         : env_(env), file_(std::move(file)) {}
     Result<uint64_t> Size() override { return file_->Size(); }
+    Result<FileStamp> Stamp() override { return file_->Stamp(); }
     Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
       WEFT_ASSIGN_OR_RETURN(size_t got, file_->ReadAt(offset, out));
       env_.Read(got);
