@@ -46,28 +46,6 @@ Status Hidden(const std::string& root, const std::string& key, const Status& sta
   return Status(status.code(), std::move(message));
 }
 
-// An object's file read a piece at a time (OpenRead, ReadTo).
-class FileObjectReader : public ObjectReader {
- public:
-  FileObjectReader(std::unique_ptr<ReadableFile> file, uint64_t size, std::string root,
-                   std::string key)
-      : ObjectReader(size), file_(std::move(file)), root_(std::move(root)), key_(std::move(key)) {}
-
-  Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
-    if (offset >= size() || out.empty()) return InvalidArgument(key_ + ": a read past its end");
-    out = out.first(std::min<uint64_t>(out.size(), size() - offset));
-    Result<size_t> got = file_->ReadAt(offset, out);
-    if (!got.ok()) return Hidden(root_, key_, got.status());
-    if (*got == 0) return DataLoss(key_ + ": shorter than when it was opened");
-    return got;
-  }
-
- private:
-  std::unique_ptr<ReadableFile> file_;
-  std::string root_;
-  std::string key_;
-};
-
 // Up to out.size() bytes of `file` from `first` into `out`, fewer only where the file ends first:
 // how many.
 Result<uint64_t> ReadUpTo(ReadableFile& file, uint64_t first, std::span<uint8_t> out) {
@@ -222,11 +200,18 @@ Result<DirectoryStore::OpenedObject> DirectoryStore::OpenFile(const std::string&
   return OpenedObject{std::move(file).value(), *size};
 }
 
+std::unique_ptr<ObjectReader> DirectoryStore::ObjectFileReader(std::unique_ptr<ReadableFile> file,
+                                                               uint64_t size,
+                                                               const std::string& key) const {
+  return FileReader(std::move(file), size, key, [root = root_, key](const Status& status) {
+    return Hidden(root, key, status);
+  });
+}
+
 Result<std::unique_ptr<ObjectReader>> DirectoryStore::OpenRead(const std::string& key) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   WEFT_ASSIGN_OR_RETURN(OpenedObject object, OpenFile(key));
-  return std::unique_ptr<ObjectReader>(
-      new FileObjectReader(std::move(object.file), object.size, root_, key));
+  return ObjectFileReader(std::move(object.file), object.size, key);
 }
 
 Result<uint64_t> DirectoryStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,
@@ -235,7 +220,8 @@ Result<uint64_t> DirectoryStore::ReadTo(const std::string& key, uint64_t first, 
   if (length == 0) return InvalidArgument(key + ": a range of no bytes");
   WEFT_ASSIGN_OR_RETURN(OpenedObject object, OpenFile(key));
   const uint64_t size = object.size;
-  FileObjectReader reader(std::move(object.file), size, root_, key);
+  const std::unique_ptr<ObjectReader> file = ObjectFileReader(std::move(object.file), size, key);
+  ObjectReader& reader = *file;
   WEFT_RETURN_IF_ERROR(target.ObjectSize(size));
   const uint64_t end = size - std::min(size, first) < length ? size : first + length;
   std::vector<uint8_t> buffer(std::min<uint64_t>(end > first ? end - first : 0, kPieceBytes));
@@ -376,7 +362,9 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
   if (!current.ok() && current.status().code() != StatusCode::kNotFound) return current.status();
   if (current.ok()) {
     const uint64_t size = current->size;
-    FileObjectReader reader(std::move(current->file), size, root_, key);
+    const std::unique_ptr<ObjectReader> file =
+        ObjectFileReader(std::move(current->file), size, key);
+    ObjectReader& reader = *file;
     const uint64_t limit = expected ? expected->size() : 0;
     if (size <= std::max<uint64_t>(limit, kShownValueBytes)) {
       std::string bytes(size, '\0');

@@ -60,6 +60,9 @@ class DirectoryStore : public ObjectStore {
   std::string PathOf(const std::string& key) const { return root_ + "/" + key; }
   // The object's file, opened for reading: kNotFound unless `key` is a file.
   Result<OpenedObject> OpenFile(const std::string& key) const;
+  // A reader of the object's open file, its errors naming the key, not the path.
+  std::unique_ptr<ObjectReader> ObjectFileReader(std::unique_ptr<ReadableFile> file, uint64_t size,
+                                                 const std::string& key) const;
   // The object's directory, created if needed; kConflict if a prefix of the key is an object.
   Status EnsureParent(const std::string& key) const;
 

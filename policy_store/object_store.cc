@@ -79,13 +79,17 @@ constexpr uint64_t kReadToPart = uint64_t{4} << 20;
 
 class FileObjectReader : public ObjectReader {
  public:
-  FileObjectReader(std::unique_ptr<ReadableFile> file, uint64_t size, std::string what)
-      : ObjectReader(size), file_(std::move(file)), what_(std::move(what)) {}
+  FileObjectReader(std::unique_ptr<ReadableFile> file, uint64_t size, std::string what,
+                   std::function<Status(const Status&)> explain)
+      : ObjectReader(size),
+        file_(std::move(file)),
+        what_(std::move(what)),
+        explain_(std::move(explain)) {}
   Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> out) override {
     if (offset >= size() || out.empty()) return InvalidArgument(what_ + ": a read past its end");
     out = out.first(std::min<uint64_t>(out.size(), size() - offset));
     Result<size_t> got = file_->ReadAt(offset, out);
-    if (!got.ok()) return got.status().WithContext(what_);
+    if (!got.ok()) return explain_ ? explain_(got.status()) : got.status().WithContext(what_);
     if (*got == 0) return DataLoss(what_ + ": shorter than when it was opened");
     return got;
   }
@@ -93,6 +97,7 @@ class FileObjectReader : public ObjectReader {
  private:
   std::unique_ptr<ReadableFile> file_;
   std::string what_;
+  std::function<Status(const Status&)> explain_;
 };
 
 class BytesReader : public ObjectReader {
@@ -117,8 +122,10 @@ std::unique_ptr<ObjectReader> MemoryReader(std::vector<uint8_t> bytes) {
 }
 
 std::unique_ptr<ObjectReader> FileReader(std::unique_ptr<ReadableFile> file, uint64_t size,
-                                         std::string what) {
-  return std::make_unique<FileObjectReader>(std::move(file), size, std::move(what));
+                                         std::string what,
+                                         std::function<Status(const Status&)> explain) {
+  return std::make_unique<FileObjectReader>(std::move(file), size, std::move(what),
+                                            std::move(explain));
 }
 
 Result<uint64_t> ObjectStore::ReadTo(const std::string& key, uint64_t first, uint64_t length,

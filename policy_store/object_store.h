@@ -96,10 +96,12 @@ struct BlobReads {
   int parallel = 16;
 };
 
-// A reader of the first `size` bytes of an open file (a cache's checked file); `what` names it in
-// errors.
+// A reader of the first `size` bytes of an open file (a cache's checked file, a directory store's
+// object); `what` names it in errors, or `explain`, when given, makes the file's errors the
+// reader's.
 std::unique_ptr<ObjectReader> FileReader(std::unique_ptr<ReadableFile> file, uint64_t size,
-                                         std::string what);
+                                         std::string what,
+                                         std::function<Status(const Status&)> explain = nullptr);
 // A reader of bytes in memory (a small object read whole).
 std::unique_ptr<ObjectReader> MemoryReader(std::vector<uint8_t> bytes);
 
