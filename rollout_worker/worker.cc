@@ -244,10 +244,10 @@ void RolloutWorker::SendHeartbeat() {
   const HeartbeatOutcome outcome = rollout_worker::SendHeartbeat(
       orchestrator_, options_.cluster, options_.region, total_capacity(), ready, &report);
   if (outcome.registered_again) {
-    // The orchestrator did not know this cluster (it was lost after a long silence): it joined
-    // again.
+    // The orchestrator did not know this cluster (it was lost after a long silence): it joins
+    // again (a failure shows below).
     WEFT_LOG(kWarning) << "cluster " << options_.cluster
-                       << " was unknown to the orchestrator; registered again";
+                       << " is unknown to the orchestrator; registering again";
   }
   if (outcome.unannounced) {
     WEFT_LOG(kInfo) << "cluster " << options_.cluster << ": version " << *ready
