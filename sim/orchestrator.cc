@@ -62,24 +62,13 @@ Result<SubmitResult> Simulation::Api::Submit(const TrajectoryGroup& group) {
   return result;
 }
 
-Status Simulation::Api::Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) {
+Status Simulation::Api::HandBack(const std::string& cluster, const std::vector<uint64_t>& jobs,
+                                 bool drain) {
   Simulation& sim = sim_;
   const uint32_t index = Cluster(cluster).index;
-  Status s = sim.Timed([&] { return sim.core_.Drain(sim.now_, cluster, jobs, true); });
+  Status s = sim.Timed([&] { return sim.core_.Drain(sim.now_, cluster, jobs, drain); });
   if (s.ok()) {
-    Call call{Call::kDrain, sim.now_, index};
-    call.jobs = jobs;
-    sim.Log(std::move(call), true);
-  }
-  return s;
-}
-
-Status Simulation::Api::Release(const std::string& cluster, const std::vector<uint64_t>& jobs) {
-  Simulation& sim = sim_;
-  const uint32_t index = Cluster(cluster).index;
-  Status s = sim.Timed([&] { return sim.core_.Drain(sim.now_, cluster, jobs, false); });
-  if (s.ok()) {
-    Call call{Call::kRelease, sim.now_, index};
+    Call call{drain ? Call::kDrain : Call::kRelease, sim.now_, index};
     call.jobs = jobs;
     sim.Log(std::move(call), true);
   }

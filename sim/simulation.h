@@ -291,11 +291,17 @@ class Simulation {
     Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max,
                                              std::chrono::milliseconds wait) override;
     Result<SubmitResult> Submit(const TrajectoryGroup& group) override;
-    Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) override;
-    Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs) override;
+    Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) override {
+      return HandBack(cluster, jobs, true);
+    }
+    Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs) override {
+      return HandBack(cluster, jobs, false);
+    }
     Status Deregister(const std::string& cluster) override;
 
    private:
+    // Drain (`drain`: and take no more) or Release.
+    Status HandBack(const std::string& cluster, const std::vector<uint64_t>& jobs, bool drain);
     ClusterState& Cluster(const std::string& id) { return sim_.clusters_[sim_.cluster_index_[id]]; }
     Simulation& sim_;
   };
