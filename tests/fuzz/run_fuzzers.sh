@@ -22,23 +22,16 @@ for target in journal snapshot orchestrator_http store_http relay_http; do
   mkdir -p "$work/corpus-$target"
   "$fuzz_build/tests/fuzz/${target}_fuzz" --write-seeds="$work/seeds-$target"
 done
-# run TARGET RSS_LIMIT_MB CORPUS...: every target runs; a failing input is kept as
+# run TARGET RSS_LIMIT_MB CORPUS...: runs a target in the background, two at a time (each is one
+# process on one core, for its full time), its report kept for the end. A failing input is kept as
 # TARGET-crash-* (or -leak-, -timeout-, -oom-) in the work folder, and the script fails at the end.
-failed=()
+targets=()
 run() {
   local target=$1 rss=$2; shift 2
-  echo "fuzz: $target for $seconds s"
+  targets+=("$target")
+  while (($(jobs -rp | wc -l) >= 2)); do wait -n || true; done
   "$fuzz_build/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb="$rss" -max_len=65536 \
-    -print_final_stats=1 -artifact_prefix="$work/$target-" "$@" 2>&1 |
-    grep -E "^(stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|Done|[a-z_]+_fuzz: )" || true
-  # libFuzzer exits non-zero and writes the failing input on a finding. (ls fails when any of
-  # its patterns matches nothing: what it lists is the answer.)
-  local found
-  found=$(ls -d "$work/$target"-{crash,leak,timeout,oom}-* 2> /dev/null || true)
-  if [[ -n $found ]]; then
-    echo "fuzz: $target found a failing input:"; echo "$found"
-    failed+=("$target")
-  fi
+    -print_final_stats=1 -artifact_prefix="$work/$target-" "$@" > "$work/$target.log" 2>&1 &
 }
 cd "$work"
 run delta_file_fuzz 4096 corpus-delta seeds-delta
@@ -49,6 +42,20 @@ run snapshot_fuzz 2048 corpus-snapshot seeds-snapshot
 run orchestrator_http_fuzz 2048 corpus-orchestrator_http seeds-orchestrator_http
 run store_http_fuzz 2048 corpus-store_http seeds-store_http
 run relay_http_fuzz 2048 corpus-relay_http seeds-relay_http
+# libFuzzer exits non-zero and writes the failing input on a finding: the inputs written are the
+# answer. (ls fails when any of its patterns matches nothing: what it lists is the answer.)
+wait || true
+failed=()
+for target in "${targets[@]}"; do
+  echo "fuzz: $target for $seconds s"
+  grep -E "^(stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|Done|[a-z_]+_fuzz: )" \
+    "$work/$target.log" || true
+  found=$(ls -d "$work/$target"-{crash,leak,timeout,oom}-* 2> /dev/null || true)
+  if [[ -n $found ]]; then
+    echo "fuzz: $target found a failing input:"; echo "$found"
+    failed+=("$target")
+  fi
+done
 if ((${#failed[@]} > 0)); then
   echo "fuzz: failing inputs found by ${failed[*]} (a target reruns one: TARGET FILE)"; exit 1
 fi
