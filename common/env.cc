@@ -91,19 +91,6 @@ class PosixFileLock : public FileLock {
   const int fd_;
 };
 
-// fsyncs the directory holding `path`, making a change of its entries durable.
-Status SyncDirectoryOf(const std::string& path) {
-  std::string directory = std::filesystem::path(path).parent_path().string();
-  if (directory.empty()) directory = ".";
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Unavailable("cannot open " + directory + ": " + ErrnoText());
-  const bool synced = ::fsync(fd) == 0;
-  const std::string error = ErrnoText();
-  ::close(fd);
-  if (!synced) return Unavailable("cannot sync " + directory + ": " + error);
-  return Status::Ok();
-}
-
 class PosixEnv : public Env {
  public:
   Result<std::unique_ptr<WritableFile>> OpenWritable(const std::string& path,
@@ -119,7 +106,7 @@ class PosixEnv : public Env {
     auto file = std::make_unique<PosixWritableFile>(path, fd);
     if (create) {
       WEFT_RETURN_IF_ERROR(file->Sync());
-      SyncParentDirectory(path);
+      (void)SyncParentDirectory(path);  // (best effort, as ever)
     } else if (::lseek(fd, 0, SEEK_END) < 0) {
       return Unavailable("cannot seek in " + path + ": " + std::strerror(errno));
     }
@@ -152,7 +139,7 @@ class PosixEnv : public Env {
         return InvalidArgument("cannot remove " + path + ": it is a directory");
       return Unavailable("cannot remove " + path + ": " + std::strerror(unlink_errno));
     }
-    return SyncDirectoryOf(path);
+    return SyncParentDirectory(path);
   }
 
   Status WriteAtomic(const std::string& path,
@@ -189,9 +176,9 @@ class PosixEnv : public Env {
       return Unavailable("cannot move " + from + " to " + to + ": " + std::strerror(link_errno));
     }
     ::unlink(from.c_str());
-    WEFT_RETURN_IF_ERROR(SyncDirectoryOf(to));
+    WEFT_RETURN_IF_ERROR(SyncParentDirectory(to));
     if (std::filesystem::path(from).parent_path() != std::filesystem::path(to).parent_path())
-      WEFT_RETURN_IF_ERROR(SyncDirectoryOf(from));
+      WEFT_RETURN_IF_ERROR(SyncParentDirectory(from));
     return Status::Ok();
   }
 
@@ -218,7 +205,7 @@ class PosixEnv : public Env {
       at = end + 1;
       if (prefix.empty() || prefix.back() == '/') continue;
       if (::mkdir(prefix.c_str(), 0755) == 0) {
-        WEFT_RETURN_IF_ERROR(SyncDirectoryOf(prefix));
+        WEFT_RETURN_IF_ERROR(SyncParentDirectory(prefix));
         continue;
       }
       const int mkdir_errno = errno;

@@ -153,14 +153,16 @@ Result<std::string> WriteTemporaryFile(const std::string& path,
   return temp;
 }
 
-void SyncParentDirectory(const std::string& path) {
-  std::filesystem::path directory = std::filesystem::path(path).parent_path();
+Status SyncParentDirectory(const std::string& path) {
+  std::string directory = std::filesystem::path(path).parent_path().string();
   if (directory.empty()) directory = ".";
-  int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Unavailable("cannot open " + directory + ": " + ErrnoText());
+  const bool synced = ::fsync(fd) == 0;
+  const std::string error = ErrnoText();
+  ::close(fd);
+  if (!synced) return Unavailable("cannot sync " + directory + ": " + error);
+  return Status::Ok();
 }
 
 Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write) {
@@ -170,7 +172,7 @@ Status WriteFileAtomic(const std::string& path, const std::function<Status(int f
     ::unlink(temp.c_str());
     return Unavailable(path + ": rename failed: " + error);
   }
-  SyncParentDirectory(path);
+  (void)SyncParentDirectory(path);  // (best effort here, as ever: the rename is done)
   return Status::Ok();
 }
 

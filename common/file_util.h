@@ -80,8 +80,9 @@ Status WriteTextFileAtomic(const std::string& path, std::string_view text);
 Result<std::string> WriteTemporaryFile(const std::string& path,
                                        const std::function<Status(int fd)>& write);
 
-// fsyncs the directory holding `path`, making a rename or link there durable.
-void SyncParentDirectory(const std::string& path);
+// fsyncs the directory holding `path`, making a rename, link or removal there durable; the error
+// names the directory.
+Status SyncParentDirectory(const std::string& path);
 
 // The whole file: kNotFound when it does not exist, kUnavailable on I/O errors.
 Result<std::vector<uint8_t>> ReadFile(const std::string& path);

@@ -268,6 +268,21 @@ TEST_CASE(
   }
 }
 
+// A write the disk refused: unavailable, its error naming the key first and `reason`, never the
+// directory; the object as it was before (the old value, or none).
+void CheckRefused(DirectoryStore& store, const Writing& writing, const Status& written,
+                  const std::string& reason) {
+  CHECK(written.code() == StatusCode::kUnavailable);
+  CHECK_MESSAGE(written.message().rfind(writing.key + ": ", 0) == 0, written.message());
+  CHECK_MESSAGE(written.message().find(reason) != std::string::npos, written.message());
+  CHECK(written.message().find("/store") == std::string::npos);
+  if (writing.replaces) {
+    CHECK(Text(store.Get(writing.key)) == kOld);
+  } else {
+    CHECK(store.Get(writing.key).status().code() == StatusCode::kNotFound);
+  }
+}
+
 TEST_CASE(
     "directory store with failing syncs: the write fails naming the key, and nothing of it is "
     "visible or left behind") {
@@ -290,17 +305,7 @@ TEST_CASE(
       auto store = OpenOn(env);
       REQUIRE(store->CompareAndSwap("runs/r/latest", std::nullopt, kOld).ok());
       env.FailSyncs(1, after);
-      const Status written = writing.write(*store);
-      CHECK(written.code() == StatusCode::kUnavailable);
-      CHECK_MESSAGE(written.message().rfind(writing.key + ": ", 0) == 0, written.message());
-      CHECK_MESSAGE(written.message().find("Input/output error") != std::string::npos,
-                    written.message());
-      CHECK(written.message().find("/store") == std::string::npos);
-      if (writing.replaces) {
-        CHECK(Text(store->Get(writing.key)) == kOld);
-      } else {
-        CHECK(store->Get(writing.key).status().code() == StatusCode::kNotFound);
-      }
+      CheckRefused(*store, writing, writing.write(*store), "Input/output error");
       const std::string dir = writing.key.substr(0, writing.key.rfind('/'));
       CHECK(Temporaries(env, dir).empty());
       // The disk works again: so does the store.
@@ -322,17 +327,7 @@ TEST_CASE(
     REQUIRE(env.CreateDirectories("/store/blobs/b").ok());
     const uint64_t used = env.used_bytes();
     env.SetCapacity(used + kObject.size() / 2);
-    const Status written = writing.write(*store);
-    CHECK(written.code() == StatusCode::kUnavailable);
-    CHECK_MESSAGE(written.message().rfind(writing.key + ": ", 0) == 0, written.message());
-    CHECK_MESSAGE(written.message().find("No space left on device") != std::string::npos,
-                  written.message());
-    CHECK(written.message().find("/store") == std::string::npos);
-    if (writing.replaces) {
-      CHECK(Text(store->Get(writing.key)) == kOld);
-    } else {
-      CHECK(store->Get(writing.key).status().code() == StatusCode::kNotFound);
-    }
+    CheckRefused(*store, writing, writing.write(*store), "No space left on device");
     CHECK(env.used_bytes() == used);  // nothing partial kept, not even a temporary file
     CHECK(Temporaries(env, writing.key.substr(0, writing.key.rfind('/'))).empty());
     env.SetCapacity(UINT64_MAX);
