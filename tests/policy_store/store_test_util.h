@@ -72,6 +72,13 @@ inline uint64_t ResidentBytes() {
   return 0;
 }
 
+// How far resident memory grew since `before` (a ResidentBytes() reading), 0 if it shrank. The
+// reading is taken once: two readings could straddle a change and underflow.
+inline uint64_t ResidentGrowthSince(uint64_t before) {
+  const uint64_t now = ResidentBytes();
+  return now > before ? now - before : 0;
+}
+
 inline std::vector<uint8_t> Pattern(size_t size, uint8_t seed) {
   std::vector<uint8_t> bytes(size);
   for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + seed);
