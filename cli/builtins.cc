@@ -82,8 +82,9 @@ rollout_worker::Registry MakeBuiltins() {
           model.layers = section.layers;
           model.heads = section.heads;
           model.d_ff = section.d_ff;
-          const rollout_worker::TaskLimits limits = task.limits();
-          model.max_seq = limits.max_prompt_tokens + limits.max_completion_tokens;
+          Result<int> positions = ModelPositions(section, task.limits());
+          if (!positions.ok()) return positions.status().WithContext(config.path);
+          model.max_seq = *positions;
           return std::unique_ptr<rollout_worker::Engine>(
               new examples::EmbeddedEngine(model, config.threads));
         });
@@ -119,15 +120,29 @@ const rollout_worker::Registry& Builtins() {
 
 Status ParseModelSection(const YAML::Node& m, ModelSection* model) {
   if (!m) return Status::Ok();
-  WEFT_RETURN_IF_ERROR(CheckKeys(m, "model", {"d_model", "layers", "heads", "d_ff"}));
+  WEFT_RETURN_IF_ERROR(CheckKeys(m, "model", {"d_model", "layers", "heads", "d_ff", "context"}));
   WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_model", &model->d_model, 4, 4096));
   WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "layers", &model->layers, 1, 64));
   WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "heads", &model->heads, 1, 64));
   WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "d_ff", &model->d_ff, 4, 65536));
+  if (m["context"])  // (absent: 0, the task's length)
+    WEFT_RETURN_IF_ERROR(ReadInt(m, "model", "context", &model->context, 2, 1 << 20));
   if (model->d_model % model->heads != 0) {
     return InvalidArgument("model.d_model must be a multiple of model.heads");
   }
   return Status::Ok();
+}
+
+Result<int> ModelPositions(const ModelSection& model, const rollout_worker::TaskLimits& limits) {
+  const int sequence = limits.max_prompt_tokens + limits.max_completion_tokens;
+  if (model.context == 0) return sequence;
+  if (model.context < sequence) {
+    return InvalidArgument("model.context is " + std::to_string(model.context) +
+                           " tokens; the task's sequences are up to " + std::to_string(sequence) +
+                           " (max_prompt_tokens " + std::to_string(limits.max_prompt_tokens) +
+                           " + max_tokens " + std::to_string(limits.max_completion_tokens) + ")");
+  }
+  return model.context;
 }
 
 Status ParseTaskSection(const YAML::Node& task, TaskSection* section) {

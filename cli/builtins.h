@@ -29,6 +29,10 @@ struct ModelSection {
   int layers = 3;
   int heads = 4;
   int d_ff = 384;
+  // model.context: the model's positions, the longest sequence (prompt and completion) it takes;
+  // 0: the task's longest sequence, just what the workers ask for. A serving engine that needs
+  // room beyond prompt + completion (SGLang refuses a request that fills its context) wants more.
+  int context = 0;
 };
 
 // The `task:` keys every kind shares: `kind` (default arithmetic), and those the example trainers
@@ -44,5 +48,9 @@ struct TaskSection {
 // configs is refused, saying to write `kind`, and an unknown kind is refused naming the known ones.
 Status ParseModelSection(const YAML::Node& model, ModelSection* section);
 Status ParseTaskSection(const YAML::Node& task, TaskSection* section);
+
+// The positions of a model of `model` for a task giving sequences up to `limits`: model.context,
+// or the task's longest sequence where it is 0. An error where model.context is shorter.
+Result<int> ModelPositions(const ModelSection& model, const rollout_worker::TaskLimits& limits);
 
 }  // namespace weft::cli

@@ -14,7 +14,7 @@ Result<examples::ExampleTrainerOptions> ExampleTrainerOptionsFor(const RunConfig
   options.model.heads = t.model.heads;
   options.model.d_ff = t.model.d_ff;
   options.digits = t.digits;
-  options.sequence_length = config.sequence_length();
+  options.sequence_length = config.model_positions();
   options.dataset = t.dataset;
   options.seed = t.seed;
   options.threads = t.threads;
@@ -44,12 +44,12 @@ Result<examples::ExampleTrainerOptions> ExampleTrainerOptionsFor(const RunConfig
   options.max_staleness = config.orchestrator.core.max_staleness;
   options.trainer_token = config.orchestrator.service.trainer_token;
   options.orchestrator = config.orchestrator_url();
-  // It warms up and evaluates on arithmetic problems of task.digits digits, with a model of the
-  // workers' sequence length: they must fit it.
+  // It warms up and evaluates on arithmetic problems of task.digits digits, which the workers'
+  // sequences (and so the model, at least as long) must fit.
   const int needed = examples::ArithmeticTask(t.digits).max_length();
-  if (options.sequence_length < needed) {
+  if (config.sequence_length() < needed) {
     return InvalidArgument(config.path + ": task: the workers' sequences are " +
-                           std::to_string(options.sequence_length) +
+                           std::to_string(config.sequence_length()) +
                            " tokens (max_prompt_tokens + max_tokens); the built-in trainer's "
                            "problems of " +
                            std::to_string(t.digits) + " digits with their answers need " +

@@ -255,6 +255,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
                           Builtins().MakeTask(c.task, component));
     c.task_limits = made->limits();
   }
+  // From here on model.context is the model's positions, resolved.
+  WEFT_ASSIGN_OR_RETURN(t.model.context, ModelPositions(t.model, c.task_limits));
   if (const YAML::Node tr = root["trainer"]) {
     WEFT_RETURN_IF_ERROR(
         CheckKeys(tr, "trainer",

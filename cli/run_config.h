@@ -102,11 +102,13 @@ struct RunConfig {
     return store_uri.empty() ? run_dir + "/store" : store_uri;
   }
   const RegionConfig* FindRegion(const std::string& name) const;
-  // The workers' longest sequence, prompt and completion: the positions the embedded engine gives
-  // its model, and so must the trainer.
+  // The workers' longest sequence, prompt and completion.
   int sequence_length() const {
     return task_limits.max_prompt_tokens + task_limits.max_completion_tokens;
   }
+  // The model's positions (model.context, at least sequence_length()): the embedded engine gives
+  // its model these, and so must the trainer.
+  int model_positions() const { return trainer.model.context; }
 };
 
 Result<RunConfig> LoadRunConfig(const std::string& path);

@@ -95,7 +95,7 @@ Json TrainerSettingsJson(const RunConfig& config) {
                 {"layers", t.model.layers},
                 {"heads", t.model.heads},
                 {"d_ff", t.model.d_ff},
-                {"max_seq", config.sequence_length()}}},
+                {"max_seq", config.model_positions()}}},
               {"task",
                {{"kind", config.task},
                 {"digits", t.digits},

@@ -1,6 +1,7 @@
 #include "rollout_worker/replica_api.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <functional>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http_client.h"
+#include "common/logging.h"
 
 namespace weft::rollout_worker {
 namespace {
@@ -124,15 +126,25 @@ Result<int64_t> ContextLength(JsonCalls& calls) {
 
 // The token limit a request may ask for: the configured one, cut to what the context leaves after
 // a prompt of token ids (`strict`: the engine refuses prompt + limit equal to the context, as
-// SGLang does; vLLM allows it). An error when the prompt leaves no room.
+// SGLang does; vLLM allows it). An error when the prompt leaves no room. A cut completion cannot
+// reach its stop token, so the first cut is logged (`warned` then set): it usually means a model
+// whose context is just the task's sequence length.
 Result<int> TokenLimit(const Sampling& sampling, const Prompt& prompt, int64_t context, bool strict,
-                       const std::string& url) {
+                       const std::string& url, std::atomic<bool>& warned) {
   if (context <= 0 || prompt.is_text()) return sampling.max_tokens;
   const int64_t room = context - static_cast<int64_t>(prompt.tokens.size()) - (strict ? 1 : 0);
   if (room < 1) {
     return InvalidArgument(url + ": a prompt of " + std::to_string(prompt.tokens.size()) +
                            " tokens leaves no room in the model's context of " +
                            std::to_string(context) + " tokens");
+  }
+  if (room < sampling.max_tokens && !warned.exchange(true)) {
+    WEFT_LOG(kWarning) << "engine replica " << url << ": its context of " << context
+                       << " tokens leaves room for " << room << " of the " << sampling.max_tokens
+                       << " completion tokens asked after a prompt of " << prompt.tokens.size()
+                       << (strict ? " (this engine needs prompt + completion below the context)"
+                                  : "")
+                       << "; such completions are cut short (logged once per replica)";
   }
   return static_cast<int>(std::min<int64_t>(sampling.max_tokens, room));
 }
@@ -274,8 +286,9 @@ class SglangReplica : public ReplicaApi {
                                               int n) override {
     WEFT_ASSIGN_OR_RETURN(const ReplicaInfo info, Info());
     Json params = SamplingFields(sampling, "max_new_tokens");
-    WEFT_ASSIGN_OR_RETURN(params["max_new_tokens"],
-                          TokenLimit(sampling, prompt, info.context_length, true, url()));
+    WEFT_ASSIGN_OR_RETURN(
+        params["max_new_tokens"],
+        TokenLimit(sampling, prompt, info.context_length, true, url(), cut_warned_));
     if (n > 1) {
       params["n"] = n;
     } else if (info.deterministic) {
@@ -387,6 +400,7 @@ class SglangReplica : public ReplicaApi {
 
   JsonCalls calls_;
   InfoCache info_;
+  std::atomic<bool> cut_warned_{false};  // TokenLimit logged a cut completion
   std::mutex mutex_;
   std::string mode_ = "abort";  // the pause mode of the last pause
 };
@@ -513,8 +527,8 @@ class VllmReplica : public ReplicaApi {
                                               int n) override {
     WEFT_ASSIGN_OR_RETURN(const ReplicaInfo info, Info());
     Json body = SamplingFields(sampling, "max_tokens");
-    WEFT_ASSIGN_OR_RETURN(body["max_tokens"],
-                          TokenLimit(sampling, prompt, info.context_length, false, url()));
+    WEFT_ASSIGN_OR_RETURN(body["max_tokens"], TokenLimit(sampling, prompt, info.context_length,
+                                                         false, url(), cut_warned_));
     body.update(Json{{"n", n},
                      {"logprobs", 0},
                      {"return_tokens_as_token_ids", true},
@@ -615,6 +629,7 @@ class VllmReplica : public ReplicaApi {
 
   JsonCalls calls_;
   InfoCache info_;
+  std::atomic<bool> cut_warned_{false};  // TokenLimit logged a cut completion
   std::mutex mutex_;
   std::string model_id_;        // the served model's name, once ModelPath has read it
   std::string mode_ = "abort";  // the pause mode of the last pause

@@ -475,14 +475,14 @@ def settings_document(**trainer: object) -> dict:
     base.update(trainer)
     return {"run_id": "test-run", "max_staleness": 2, "serving": "bf16",
             "model": {"vocab": 16, "d_model": 16, "layers": 1, "heads": 2, "d_ff": 16,
-                      "max_seq": 24},
+                      "max_seq": 11},
             "task": {"kind": "arithmetic", "digits": 2}, "trainer": base}
 
 
 def test_settings() -> None:
     s = train.parse_settings(settings_document())
     assert s.model == tiny.TinyLmConfig(vocab=16, d_model=16, layers=1, heads=2, d_ff=16,
-                                        max_seq=11)  # max_seq from the task, not the settings
+                                        max_seq=11)
     assert (s.run_id, s.max_staleness, s.serving, s.digits) == ("test-run", 2, "bf16", 2)
     assert s.trainer.warmup == train.WarmupSettings(4, 8, 3e-3)
     assert s.trainer.keyframe_budget == 0.5 and s.trainer.stall_after_s == 5.0
@@ -493,10 +493,18 @@ def test_settings() -> None:
     s = train.parse_settings(document)
     assert s.trainer.min_step_time_s == 0.0 and s.trainer.keyframe_budget is None
     assert (s.kind, s.dataset) == ("arithmetic", None)
+    # A model with more positions than the task needs (the run's model.context); none given: the
+    # task's.
+    document = settings_document()
+    document["model"]["max_seq"] = 16
+    assert train.parse_settings(document).model.max_seq == 16
+    del document["model"]["max_seq"]
+    assert train.parse_settings(document).model.max_seq == 11
     # A task at the text level: the model's positions are the workers' prompt plus completion.
     document = settings_document()
     document["task"] = {"kind": "http", "digits": 2, "dataset": "/data/prompts.jsonl",
                         "max_prompt_tokens": 16, "max_tokens": 8, "stop_token": 12}
+    del document["model"]["max_seq"]
     s = train.parse_settings(document)
     assert (s.kind, s.dataset, s.digits, s.model.max_seq) == ("http", "/data/prompts.jsonl", 2, 24)
 
@@ -519,6 +527,8 @@ def test_settings() -> None:
     (lambda d: d["task"].update(dataset=7), "task.dataset must be str"),
     (lambda d: d["model"].update(vocab=32), "model.vocab is 32"),
     (lambda d: d["model"].update(heads=3), "multiple of heads"),
+    (lambda d: d["model"].update(max_seq=10),
+     "model.max_seq is 10; the workers' sequences are up to 11 tokens"),
     (lambda d: d.pop("max_staleness"), "max_staleness is missing"),
     (lambda d: d.update(trainer=[]), "trainer must be an object")])
 def test_bad_settings_are_named(change, message: str) -> None:

@@ -28,11 +28,12 @@ What it does, as the C++ example trainer:
 4. Greedy accuracy on ``eval_problems`` held-out problems before the RL phase and after it.
 
 The task's kind may be ``arithmetic``, ``http`` or ``trainer``: the trainer's own task is the
-arithmetic one of ``digits`` digits whatever the workers score with. The model's ``max_seq`` is
-the workers' task's longest prompt plus completion (``max_prompt_tokens + max_tokens``; for the
-arithmetic kind without them, the problem and answer of ``digits`` digits), whatever the settings'
-``model.max_seq`` says: the workers' engine sizes its position table from the task the same way,
-and the published tensors must have the shapes the engine expects (the C++ trainer does the same).
+arithmetic one of ``digits`` digits whatever the workers score with. The model's ``max_seq`` is the
+settings' ``model.max_seq`` (the run's ``model.context``), which must cover the workers' task's
+longest prompt plus completion (``max_prompt_tokens + max_tokens``; for the arithmetic kind
+without them, the problem and answer of ``digits`` digits) and is that where it is absent: the
+workers' engine sizes its position table the same way, and the published tensors must have the
+shapes the engine expects (the C++ trainer does the same).
 
 The progress file (written atomically after every warm-up report and RL step) has the fields of
 ``TrainerSummary::ToJson`` (examples/example_trainer.cc: with ``warmup_steps`` and
@@ -176,6 +177,11 @@ def parse_settings(document: Any) -> Settings:
             f"task.max_tokens); this trainer's problems of {digits} digits with their answers "
             f"need {ArithmeticTask(digits).max_length()}")
     m = _section(document, "model")
+    sequence = max_seq
+    max_seq = _read(m, "max_seq", int, "model", default=sequence)
+    if max_seq < sequence:
+        raise SettingsError(f"settings: model.max_seq is {max_seq}; the workers' sequences are "
+                            f"up to {sequence} tokens")
     vocab = _read(m, "vocab", int, "model", default=VOCAB)
     if vocab != VOCAB:
         raise SettingsError(f"settings: model.vocab is {vocab}; the arithmetic task needs {VOCAB}")

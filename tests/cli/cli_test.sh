@@ -242,6 +242,8 @@ task_error "task.url: unknown key (line 43); known: dataset, digits, kind" \
   "{kind: arithmetic, url: http://127.0.0.1:1/score}"
 task_error "the built-in trainer's problems of 2 digits with their answers need 11" \
   "{kind: trainer, max_prompt_tokens: 5, max_tokens: 4}"
+good | sed 's/^model: {d_model: 96, layers: 3, heads: 4, d_ff: 384}/model: {d_model: 96, layers: 3, heads: 4, d_ff: 384, context: 10}/' > bad11.yaml
+expect_error "model.context is 10 tokens; the task's sequences are up to 11 (max_prompt_tokens 7 + max_tokens 4)" "$weft" run bad11.yaml
 
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -37,9 +37,10 @@ serve() {
   fail "the $1 test server on port $2 did not start: $(cat "$3")"
 }
 
-# The launch model: the example policy's architecture at the run's sizes (digits 1: prompts of 5
-# tokens, answers of 3, so a context of 8), freshly initialised; the engines start from it.
-"$fake" init --dir "$work/launch" --d-model 32 --layers 2 --heads 2 --d-ff 128 --max-seq 8 \
+# The launch model: the example policy's architecture at the run's sizes, freshly initialised; the
+# engines start from it. Digits 1 gives prompts of 5 tokens and answers of 3; SGLang refuses a
+# request that fills its context, so the model has one position more (model.context: 9).
+"$fake" init --dir "$work/launch" --d-model 32 --layers 2 --heads 2 --d-ff 128 --max-seq 9 \
   --dtype bf16 > init.out 2>&1 || fail "writing the launch model failed: $(cat init.out)"
 
 run_api() {  # run_api API PORT_BASE
@@ -75,7 +76,7 @@ engine:
   max_paused: 1
   health_interval: 200ms
   request_timeout: 60s
-model: {d_model: 32, layers: 2, heads: 2, d_ff: 128}
+model: {d_model: 32, layers: 2, heads: 2, d_ff: 128, context: 9}
 task: {kind: arithmetic, digits: 1}
 trainer:
   threads: 1
@@ -119,6 +120,9 @@ YAML
   check '.digest_mismatches == 0' "no digest mismatches"
   check '.staleness_violations == 0' "no staleness violations"
   check '.final_reward > .initial_reward' "the reward rose"
+  # Every completion had the room it asked for (a cut one cannot reach its stop token).
+  ! grep -h "completions are cut short" "$logs"/worker-*.log && ok ||
+    fail "$api: the engines' context cut completions short"
   check '.orchestrator.jobs.given_up == 0' "no job was given up"
   # The replica that came back (with its launch weights) was loaded with the current version.
   local after
