@@ -504,6 +504,7 @@ struct FakeEngine::Impl {
   int held = 0;
   std::set<Job*> jobs;
   uint64_t epoch = 0;  // one per life of the engine (Stop ends one)
+  uint64_t stops = 0;  // Stops begun: a load waiting out its delay ends (the process died)
   bool shutting_down = false;
   uint64_t tokens = 0;
   uint64_t loads = 0;
@@ -563,6 +564,12 @@ struct FakeEngine::Impl {
   void Stop() {
     std::lock_guard<std::mutex> server_lock(server_mutex);
     if (!server) return;
+    {
+      // A load waiting out its delay holds an I/O thread, which server->Stop() joins: it ends now.
+      std::lock_guard<std::mutex> lock(mutex);
+      ++stops;
+    }
+    changed.notify_all();
     // The connections close first, so that no generation ended below gets its answer out.
     server->Stop();
     server.reset();
@@ -841,10 +848,15 @@ struct FakeEngine::Impl {
   Result<std::vector<float>> Load(const std::string& path) {
     {
       std::unique_lock<std::mutex> lock(mutex);
-      if (load_delay_ms > 0) {
-        changed.wait_for(lock, std::chrono::milliseconds(load_delay_ms),
-                         [&] { return shutting_down; });
-      }
+      // (The delay is read again on every wake: lowering it shortens a load under way.)
+      const auto began = std::chrono::steady_clock::now();
+      const uint64_t stops_then = stops;
+      changed.wait_until(lock, began + std::chrono::milliseconds(load_delay_ms), [&] {
+        return shutting_down || stops != stops_then ||
+               std::chrono::steady_clock::now() >= began + std::chrono::milliseconds(load_delay_ms);
+      });
+      if (shutting_down || stops != stops_then)
+        return Unavailable("the engine stopped during the load");
     }
     return ReadModelWeights(path, layout);
   }
@@ -2337,6 +2349,7 @@ struct FakeEngine::Impl {
         report_weight_versions = b["report_weight_versions"].get<bool>();
       if (Has(b, "dev_mode")) dev_mode = b["dev_mode"].get<bool>();
     }
+    changed.notify_all();  // (a load under way reads its delay again)
     ReplyEmpty(c, bhttp::status::ok);
   }
 
@@ -2439,8 +2452,11 @@ void FakeEngine::SetTokenDelay(std::chrono::milliseconds delay) {
 }
 
 void FakeEngine::SetLoadDelay(std::chrono::milliseconds delay) {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->load_delay_ms = static_cast<int>(delay.count());
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->load_delay_ms = static_cast<int>(delay.count());
+  }
+  impl_->changed.notify_all();
 }
 
 void FakeEngine::FailNext(int count, int status, std::string path) {

@@ -169,6 +169,8 @@ class FakeEngine {
 
   // Test switches (thread-safe).
   void SetTokenDelay(std::chrono::milliseconds delay);
+  // A load waits this long before it reads the directory (a lower value shortens one under way;
+  // Stop ends one).
   void SetLoadDelay(std::chrono::milliseconds delay);
   // The next `count` requests (to `path` only, when given) are answered `status` with the API's
   // JSON error.
