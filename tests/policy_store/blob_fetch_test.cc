@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/file_util.h"
+#include "common/mem_env.h"
 #include "policy_store/caching_store.h"
 #include "policy_store/reader.h"
 #include "policy_store/run_objects.h"
@@ -56,7 +57,8 @@ class RangedStore : public ForwardingStore {
   }
   bool ReadsRanges() const override { return true; }
   BlobReads blob_reads() const override { return reads; }
-  // The most bytes one read asked for, and the most reads under way at once.
+  // The most bytes one read asked for, and the most reads under way at once (each read lasting
+  // `hold`, so that reads under way together overlap).
   void Track(uint64_t bytes) {
     uint64_t seen = largest.load();
     while (bytes > seen && !largest.compare_exchange_weak(seen, bytes)) {
@@ -65,11 +67,16 @@ class RangedStore : public ForwardingStore {
     int most = most_running.load();
     while (now > most && !most_running.compare_exchange_weak(most, now)) {
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (hold.count() > 0) {
+      std::this_thread::sleep_for(hold);
+    } else {
+      std::this_thread::yield();  // (other reads under way get a turn)
+    }
     --running;
   }
 
   BlobReads reads;
+  std::chrono::microseconds hold{0};
   std::atomic<uint64_t> largest{0};
   std::atomic<int> running{0};
   std::atomic<int> most_running{0};
@@ -87,8 +94,10 @@ class BufferedSink : public BytesSink {
   std::vector<std::span<uint8_t>> Windows(uint64_t, uint64_t) override { return {}; }
 };
 
+// Blobs of the given sizes, in a store in memory: a part is a range read, not a file opened.
 struct Blobs {
-  Upstream upstream;
+  MemEnv env;
+  Upstream upstream{&env};
   std::vector<std::vector<uint8_t>> contents;
   std::vector<BlobRef> refs;
 
@@ -268,6 +277,7 @@ TEST_CASE("blob fetch: a reader fetches in the store's range size, as many at on
     store.reads = reads;
     store.largest = 0;
     store.most_running = 0;
+    store.hold = std::chrono::microseconds(200);
     StoreReader reader(store, "run", 2);  // the store's own settings
     sync::ServedModel model;
     REQUIRE(reader.Pull(3, std::nullopt, &model).ok());

@@ -106,16 +106,21 @@ class FaultyStore : public ForwardingStore {
   std::chrono::milliseconds delay{0};
 };
 
+// A directory store of blobs, in a fresh directory, or in `env` (a MemEnv, say) when one is given.
 struct Upstream {
+  explicit Upstream(Env* env = nullptr) : env(env) {}
+  Env* env;
   std::string root = TempRoot("upstream");
-  std::unique_ptr<DirectoryStore> store = std::move(DirectoryStore::Open(root)).value();
+  std::unique_ptr<DirectoryStore> store = std::move(DirectoryStore::Open(root, true, env)).value();
   FaultyStore faulty{*store};
   std::string Put(const std::vector<uint8_t>& bytes) {
     const std::string key = BlobKey(Sha256Hex(bytes));
     REQUIRE(store->PutImmutable(key, bytes).ok());
     return key;
   }
-  ~Upstream() { std::filesystem::remove_all(root); }
+  ~Upstream() {
+    if (env == nullptr) std::filesystem::remove_all(root);
+  }
 };
 
 // The store the backend-neutral tests (publish, reader) run on: a fresh directory, or, when the
