@@ -5,10 +5,10 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
-#include <mutex>
 #include <thread>
 
 #include "cli/commands.h"
+#include "common/mutex.h"
 #include "common/parallel.h"
 
 namespace weft::cli {
@@ -19,10 +19,10 @@ namespace {
 
 // The process's stop signals: whether a command holds them, and whether one came.
 struct Stopping {
-  std::mutex mutex;
+  Mutex mutex;
   std::condition_variable changed;
-  int holders = 0;
-  bool stopped = false;
+  int holders GUARDED_BY(mutex) = 0;
+  bool stopped GUARDED_BY(mutex) = false;
 };
 Stopping& Stop() {
   static Stopping* stopping = new Stopping;  // never destroyed: its thread outlives main()
@@ -47,14 +47,14 @@ void StopSignals::Install() {
       int received = 0;
       if (sigwait(&set, &received) != 0) continue;
       Stopping& s = Stop();
-      std::unique_lock<std::mutex> lock(s.mutex);
+      MutexLock lock(s.mutex);
       if (s.holders > 0) {
         s.stopped = true;
         s.changed.notify_all();
         continue;
       }
       // Nobody stops gracefully: the signal's default action, as without weft.
-      lock.unlock();
+      lock.Unlock();
       std::signal(received, SIG_DFL);
       sigset_t one;
       sigemptyset(&one);
@@ -66,29 +66,34 @@ void StopSignals::Install() {
 }
 
 StopSignals::StopSignals() {
-  std::lock_guard<std::mutex> lock(Stop().mutex);
-  ++Stop().holders;
+  Stopping& s = Stop();
+  MutexLock lock(s.mutex);
+  ++s.holders;
 }
 
 StopSignals::~StopSignals() {
-  std::lock_guard<std::mutex> lock(Stop().mutex);
-  --Stop().holders;
+  Stopping& s = Stop();
+  MutexLock lock(s.mutex);
+  --s.holders;
 }
 
 void StopSignals::Wait() {
-  std::unique_lock<std::mutex> lock(Stop().mutex);
-  Stop().changed.wait(lock, [] { return Stop().stopped; });
+  Stopping& s = Stop();
+  MutexLock lock(s.mutex);
+  s.changed.wait(lock.native(), [&]() REQUIRES(s.mutex) { return s.stopped; });
 }
 
 bool StopSignals::WaitFor(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(Stop().mutex);
-  return Stop().changed.wait_for(lock, timeout, [] { return Stop().stopped; });
+  Stopping& s = Stop();
+  MutexLock lock(s.mutex);
+  return s.changed.wait_for(lock.native(), timeout, [&]() REQUIRES(s.mutex) { return s.stopped; });
 }
 
 void StopSignals::Wake() {
-  std::lock_guard<std::mutex> lock(Stop().mutex);
-  Stop().stopped = true;
-  Stop().changed.notify_all();
+  Stopping& s = Stop();
+  MutexLock lock(s.mutex);
+  s.stopped = true;
+  s.changed.notify_all();
 }
 
 }  // namespace weft::cli

@@ -5,23 +5,24 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace weft {
 
 Status ForEachConcurrently(size_t count, int concurrency, const std::function<Status(size_t)>& fn) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
-  std::mutex mutex;
-  std::optional<std::pair<size_t, Status>> first_error;
+  Mutex mutex;
+  std::optional<std::pair<size_t, Status>> first_error;  // under `mutex` while helpers run
   auto work = [&] {
     for (size_t i = next.fetch_add(1); i < count && !failed.load(); i = next.fetch_add(1)) {
       Status status = fn(i);
       if (status.ok()) continue;
-      std::lock_guard<std::mutex> lock(mutex);
+      MutexLock lock(mutex);
       if (!first_error || i < first_error->first) first_error.emplace(i, std::move(status));
       failed.store(true);
     }
@@ -39,8 +40,8 @@ namespace {
 // The blocking pool: threads that take tasks from one queue and end once idle for a while.
 class BlockingPool {
  public:
-  void Run(std::function<void()> task) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Run(std::function<void()> task) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     tasks_.push_back(std::move(task));
     // Every queued task needs a thread of its own: an idle one, or a new one.
     if (tasks_.size() <= static_cast<size_t>(idle_)) {
@@ -52,29 +53,29 @@ class BlockingPool {
   }
 
  private:
-  void Work() {
-    std::unique_lock<std::mutex> lock(mutex_);
+  void Work() EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     while (true) {
       ++idle_;
-      const bool woken =
-          wake_.wait_for(lock, std::chrono::seconds(10), [this] { return !tasks_.empty(); });
+      const bool woken = wake_.wait_for(lock.native(), std::chrono::seconds(10),
+                                        [this]() REQUIRES(mutex_) { return !tasks_.empty(); });
       --idle_;
       if (!woken) break;
       std::function<void()> task = std::move(tasks_.front());
       tasks_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       task();
       task = nullptr;  // what it held goes before the thread waits again
-      lock.lock();
+      lock.Lock();
     }
     --threads_;
   }
 
-  std::mutex mutex_;
+  Mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
-  int threads_ = 0;
-  int idle_ = 0;
+  std::deque<std::function<void()>> tasks_ GUARDED_BY(mutex_);
+  int threads_ GUARDED_BY(mutex_) = 0;
+  int idle_ GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace

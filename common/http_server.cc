@@ -11,12 +11,12 @@
 #include <condition_variable>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 
 namespace weft::http {
 namespace {
@@ -51,11 +51,12 @@ struct Hooks {
 // Stop() (to post what came to the session's thread) holds it until it has posted: Stop() waits for
 // those before it stops the context, so no session outlives the context on another thread.
 struct Liveness {
-  std::mutex mutex;
-  bool alive = true;
-  std::map<const void*, std::shared_ptr<void>> waiting;  // session -> itself, until answered
-  int delivering = 0;                 // responders that hold a session taken back, posting
-  std::condition_variable delivered;  // delivering fell to 0
+  Mutex mutex;
+  bool alive GUARDED_BY(mutex) = true;
+  // session -> itself, until answered
+  std::map<const void*, std::shared_ptr<void>> waiting GUARDED_BY(mutex);
+  int delivering GUARDED_BY(mutex) = 0;  // responders that hold a session taken back, posting
+  std::condition_variable delivered;     // delivering fell to 0
   // The connections: open now (sessions alive), the limit, and what the listener refused.
   std::atomic<uint64_t> open{0};
   uint64_t limit = 0;
@@ -286,7 +287,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       }
     } catch (const std::exception& failure) {
       {
-        std::lock_guard<std::mutex> lock(liveness_->mutex);
+        MutexLock lock(liveness_->mutex);
         liveness_->waiting.erase(this);
       }
       Send(Error(bhttp::status::internal_server_error, failure.what()), true, false);
@@ -322,7 +323,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   // The server holds the session while it waits for something from another thread (an answer, a
   // piece of a streamed body), so that Stop() can release it while its context still runs.
   void Hold() {
-    std::lock_guard<std::mutex> lock(liveness_->mutex);
+    MutexLock lock(liveness_->mutex);
     liveness_->waiting.emplace(this, Self());
   }
   // What came for a held session (an answer, a piece of a body), acted on with the session taken
@@ -334,7 +335,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                       Act&& act) {
     std::shared_ptr<Session> self;
     {
-      std::lock_guard<std::mutex> lock(liveness->mutex);
+      MutexLock lock(liveness->mutex);
       if (!liveness->alive) return;
       self = weak.lock();
       if (!self) return;
@@ -342,7 +343,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       ++liveness->delivering;
     }
     act(std::move(self));
-    std::lock_guard<std::mutex> lock(liveness->mutex);
+    MutexLock lock(liveness->mutex);
     if (--liveness->delivering == 0) liveness->delivered.notify_all();
   }
 
@@ -766,10 +767,12 @@ boost::asio::io_context& HttpServer::context() { return *impl_->context; }
 void HttpServer::Stop() {
   if (!impl_ || !impl_->context) return;
   {
-    std::unique_lock<std::mutex> lock(impl_->liveness->mutex);
-    impl_->liveness->alive = false;  // late answers are dropped from now on
+    Liveness& liveness = *impl_->liveness;
+    MutexLock lock(liveness.mutex);
+    liveness.alive = false;  // late answers are dropped from now on
     // Answers that came just before are being posted; they let their sessions go at once.
-    impl_->liveness->delivered.wait(lock, [&] { return impl_->liveness->delivering == 0; });
+    liveness.delivered.wait(lock.native(),
+                            [&]() REQUIRES(liveness.mutex) { return liveness.delivering == 0; });
   }
   // Stop the threads first; then nothing else touches the listener or the sessions, so the
   // listening socket is closed here (new connections are refused at once) and destroying the
@@ -781,7 +784,7 @@ void HttpServer::Stop() {
   impl_->listener.reset();
   std::map<const void*, std::shared_ptr<void>> waiting;
   {
-    std::lock_guard<std::mutex> lock(impl_->liveness->mutex);
+    MutexLock lock(impl_->liveness->mutex);
     waiting.swap(impl_->liveness->waiting);
   }
   waiting.clear();  // sessions still waiting for an answer go here, while their context lives

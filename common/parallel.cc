@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace weft {
 namespace {
@@ -16,11 +17,12 @@ class Pool {
  public:
   // Runs the job on `helpers` pool threads plus the caller. Returns false, without running
   // anything, when another caller holds the pool.
-  bool TryRun(size_t count, size_t helpers, const std::function<void(size_t)>& fn) {
-    std::unique_lock<std::mutex> caller(caller_mutex_, std::try_to_lock);
-    if (!caller.owns_lock()) return false;
+  bool TryRun(size_t count, size_t helpers, const std::function<void(size_t)>& fn)
+      EXCLUDES(caller_mutex_, mutex_) {
+    if (!caller_mutex_.TryLock()) return false;
+    MutexLock caller(caller_mutex_, std::adopt_lock);
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       while (threads_.size() < helpers) {
         size_t id = threads_.size();
         threads_.emplace_back([this, id] { WorkerLoop(id); });
@@ -36,15 +38,16 @@ class Pool {
     Work();
     // Helpers usually finish within microseconds of the caller: spin briefly before sleeping.
     SpinUntil([this] { return running_.load(std::memory_order_acquire) == 0; });
-    std::unique_lock<std::mutex> lock(mutex_);
-    work_done_.wait(lock, [this] { return running_.load(std::memory_order_acquire) == 0; });
+    MutexLock lock(mutex_);
+    work_done_.wait(lock.native(),
+                    [this] { return running_.load(std::memory_order_acquire) == 0; });
     fn_ = nullptr;
     return true;
   }
 
   ~Pool() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       stopping_ = true;
     }
     work_ready_.notify_all();
@@ -71,35 +74,38 @@ class Pool {
     }
   }
 
-  void WorkerLoop(size_t id) {
+  void WorkerLoop(size_t id) EXCLUDES(mutex_) {
     uint64_t seen = 0;
     while (true) {
       // A job usually follows the previous one closely: spin briefly before sleeping.
       SpinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; });
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(
-          lock, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
+      MutexLock lock(mutex_);
+      work_ready_.wait(lock.native(), [&]() REQUIRES(mutex_) {
+        return stopping_ || generation_.load(std::memory_order_relaxed) != seen;
+      });
       if (stopping_) return;
       seen = generation_.load(std::memory_order_relaxed);
       if (id >= participants_) continue;
-      lock.unlock();
+      lock.Unlock();
       Work();
-      lock.lock();
+      lock.Lock();
       if (running_.fetch_sub(1, std::memory_order_acq_rel) == 1) work_done_.notify_one();
     }
   }
 
-  std::mutex caller_mutex_;  // one job at a time
-  std::mutex mutex_;
+  Mutex caller_mutex_;  // one job at a time
+  Mutex mutex_;
   std::condition_variable work_ready_, work_done_;
-  std::vector<std::thread> threads_;
+  std::vector<std::thread> threads_ GUARDED_BY(mutex_);
+  // The job: written under mutex_ before generation_ moves on, read by the helpers that saw the
+  // new generation (under mutex_) and by the caller, unlocked, until the job is done.
   const std::function<void(size_t)>* fn_ = nullptr;
   size_t count_ = 0;
   std::atomic<size_t> next_{0};
-  size_t participants_ = 0;              // guarded by mutex_
+  size_t participants_ GUARDED_BY(mutex_) = 0;
   std::atomic<size_t> running_{0};       // helpers still working on the current job
   std::atomic<uint64_t> generation_{0};  // written under mutex_, read by spinning helpers too
-  bool stopping_ = false;
+  bool stopping_ GUARDED_BY(mutex_) = false;
 };
 
 Pool& GlobalPool() {

@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <list>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -16,6 +15,7 @@
 #include "common/hex.h"
 #include "common/http_server.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/names.h"
 #include "orchestrator/wire.h"
 
@@ -152,22 +152,22 @@ struct OrchestratorService::Impl {
   Response Route(const Request& request, Role role, Responder* respond);
   wire::StatusPage StatusPage() const;
   std::string Metrics() const;
-  void Park(Waiter waiter) {
+  void Park(Waiter waiter) EXCLUDES(mutex) {
     {
-      std::lock_guard<std::mutex> lock(mutex);
+      MutexLock lock(mutex);
       waiters.push_back(std::move(waiter));
     }
     Wake();
   }
-  void Wake() {
+  void Wake() EXCLUDES(mutex) {
     {
-      std::lock_guard<std::mutex> lock(mutex);
+      MutexLock lock(mutex);
       woken = true;
     }
     changed.notify_one();
   }
   // Ticks the core and retries the parked long polls, until stopped.
-  void Poll();
+  void Poll() EXCLUDES(mutex);
   // One try at a waiter: true when it was answered.
   bool Try(Waiter& waiter, bool expired);
 
@@ -177,19 +177,19 @@ struct OrchestratorService::Impl {
   Env& env;
   std::unique_ptr<http::HttpServer> server;
   std::atomic<const http::HttpServer*> started{nullptr};  // `server`, for /metrics once set
-  std::mutex mutex;
+  Mutex mutex;
   std::condition_variable changed;
-  bool woken = false;
-  bool stopping = false;
-  std::list<Waiter> waiters;
+  bool woken GUARDED_BY(mutex) = false;
+  bool stopping GUARDED_BY(mutex) = false;
+  std::list<Waiter> waiters GUARDED_BY(mutex);
   std::thread poller;
   // Compaction runs beside the poller (it writes a snapshot file) and never twice at once.
   std::thread compactor;
   std::atomic<bool> compacting{false};
   // What each cluster last reported of its weight sync (cumulative counters sent with heartbeats;
   // kept in memory only: the workers send them again after a restart).
-  mutable std::mutex sync_mutex;
-  std::map<std::string, SyncReport> sync_reports;
+  mutable Mutex sync_mutex;
+  std::map<std::string, SyncReport> sync_reports GUARDED_BY(sync_mutex);
 };
 
 bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
@@ -221,8 +221,9 @@ void OrchestratorService::Impl::Poll() {
   while (true) {
     std::list<Waiter> batch;
     {
-      std::unique_lock<std::mutex> lock(mutex);
-      changed.wait_until(lock, next_tick, [&] { return woken || stopping; });
+      MutexLock lock(mutex);
+      changed.wait_until(lock.native(), next_tick,
+                         [&]() REQUIRES(mutex) { return woken || stopping; });
       if (stopping) break;
       woken = false;
       batch.swap(waiters);
@@ -263,11 +264,11 @@ void OrchestratorService::Impl::Poll() {
         ++it;
       }
     }
-    std::lock_guard<std::mutex> lock(mutex);
+    MutexLock lock(mutex);
     waiters.splice(waiters.begin(), batch);  // the older waiters first
   }
   // Stopping: answer whoever still waits, with nothing.
-  std::lock_guard<std::mutex> lock(mutex);
+  MutexLock lock(mutex);
   for (Waiter& waiter : waiters)
     waiter.respond(
         http::ErrorResponse(waiter.request, Unavailable("the orchestrator is stopping")));
@@ -452,7 +453,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
         weft::Status done = core.Heartbeat(now, id, h->ready_version);
         if (!done.ok()) return error(done);
         if (h->sync) {
-          std::lock_guard<std::mutex> lock(sync_mutex);
+          MutexLock lock(sync_mutex);
           sync_reports[id] = std::move(*h->sync);
         }
         Wake();
@@ -523,7 +524,7 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
   const Micros now = Now();
   std::map<std::string, SyncReport> reports;
   {
-    std::lock_guard<std::mutex> lock(sync_mutex);
+    MutexLock lock(sync_mutex);
     reports = sync_reports;
   }
   return core.Inspect([&](const OrchestratorCore& c) {
@@ -640,7 +641,7 @@ std::string OrchestratorService::Impl::Metrics() const {
     }
     return 0;
   });
-  std::lock_guard<std::mutex> lock(sync_mutex);
+  MutexLock lock(sync_mutex);
   for (auto [name, help, field] :
        {std::tuple{"cluster_sync_bytes_total",
                    "Weight bytes each cluster downloaded (as it last reported).",
@@ -672,7 +673,8 @@ std::string OrchestratorService::Impl::Metrics() const {
         << "\"} " << report.paused_ms_total / 1000.0 << "\n";
   }
   // Each replica, as its cluster last reported it.
-  auto replica_metric = [&](const char* name, const char* type, const char* help, auto value) {
+  auto replica_metric = [&](const char* name, const char* type, const char* help,
+                            auto value) REQUIRES(sync_mutex) {
     out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
         << name << " " << type << "\n";
     for (const auto& [cluster, report] : sync_reports) {
@@ -750,7 +752,7 @@ uint16_t OrchestratorService::port() const { return impl_->server->port(); }
 void OrchestratorService::Stop() {
   if (!impl_ || !impl_->poller.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
+    MutexLock lock(impl_->mutex);
     impl_->stopping = true;
   }
   impl_->changed.notify_all();

@@ -95,29 +95,30 @@ struct CachingStore::Flight {
   const std::string sha256;
   bool check;  // the cached file is checked first (and fetched only if it fails)
 
-  std::mutex mutex;
-  // The temporary file being written, or the checked file: set before any reader is handed out.
+  Mutex mutex;
+  // The temporary file being written, or the checked file: set (under `mutex`) once, before any
+  // reader is handed out, so its readers read it without the lock.
   std::unique_ptr<ReadableFile> file;
-  std::optional<uint64_t> size;
-  uint64_t arrived = 0;
-  State state = State::kRunning;
-  Status failure;
-  std::optional<uint64_t> oversize;  // the blob is larger than the cache
-  std::vector<OpenDone> openers;     // waiting for the size
-  std::vector<Waiter> waiters;
-  uint64_t next_wake = UINT64_MAX;  // the smallest end a waiter waits for
+  std::optional<uint64_t> size GUARDED_BY(mutex);
+  uint64_t arrived GUARDED_BY(mutex) = 0;
+  State state GUARDED_BY(mutex) = State::kRunning;
+  Status failure GUARDED_BY(mutex);
+  std::optional<uint64_t> oversize GUARDED_BY(mutex);  // the blob is larger than the cache
+  std::vector<OpenDone> openers GUARDED_BY(mutex);     // waiting for the size
+  std::vector<Waiter> waiters GUARDED_BY(mutex);
+  uint64_t next_wake GUARDED_BY(mutex) = UINT64_MAX;  // the smallest end a waiter waits for
 
-  // Whether bytes [0, end) can be read, with mutex held. The blob's last bytes are withheld until
-  // its hash has matched.
-  bool Readable(uint64_t end) const {
+  // Whether bytes [0, end) can be read. The blob's last bytes are withheld until its hash has
+  // matched.
+  bool Readable(uint64_t end) const REQUIRES(mutex) {
     return state == State::kDone ||
            (state == State::kRunning && size && end <= arrived && end < *size);
   }
 
-  // Calls the waiters that can go on (all of them once the flight has ended), outside the lock.
-  void Wake(std::unique_lock<std::mutex>& lock) {
-    if (state == State::kRunning && arrived < next_wake) return;
-    std::vector<std::function<void(Status)>> go;
+  // Takes out of `waiters` those that can go on (all of them once the flight has ended) into `go`,
+  // and sets `status` to what they are told; false, taking none, while no waiter can go on.
+  bool TakeReady(std::vector<std::function<void(Status)>>& go, Status& status) REQUIRES(mutex) {
+    if (state == State::kRunning && arrived < next_wake) return false;
     next_wake = UINT64_MAX;
     for (auto waiter = waiters.begin(); waiter != waiters.end();) {
       if (state == State::kFailed || Readable(waiter->end)) {
@@ -128,15 +129,21 @@ struct CachingStore::Flight {
         ++waiter;
       }
     }
-    const Status status = state == State::kFailed ? failure : Status::Ok();
-    lock.unlock();
-    for (auto& ready : go) ready(status);
-    lock.lock();
+    status = state == State::kFailed ? failure : Status::Ok();
+    return true;
   }
-};
 
-struct CachingStore::ManifestFlight {
-  std::vector<OpenDone> openers;  // guarded by the cache's mutex
+  // Calls the waiters that can go on, outside the lock: `lock` holds `mutex`, and holds it again
+  // on return. Not analysed: the analysis cannot follow a MutexLock passed by reference (it sees
+  // `lock` released without being held); the guarded state is read in TakeReady.
+  void Wake(MutexLock& lock) REQUIRES(mutex) NO_THREAD_SAFETY_ANALYSIS {
+    std::vector<std::function<void(Status)>> go;
+    Status status;
+    if (!TakeReady(go, status)) return;
+    lock.Unlock();
+    for (auto& ready : go) ready(status);
+    lock.Lock();
+  }
 };
 
 namespace {
@@ -161,15 +168,15 @@ class FlightReader : public ObjectReader {
 
   void WhenReady(uint64_t offset, uint64_t length, std::function<void(Status)> ready) override {
     CachingStore::Flight& flight = *flight_;
-    std::unique_lock<std::mutex> lock(flight.mutex);
+    MutexLock lock(flight.mutex);
     const uint64_t end = std::min(size(), offset + length);
     if (flight.state == CachingStore::Flight::State::kFailed) {
       const Status failure = flight.failure;
-      lock.unlock();
+      lock.Unlock();
       return ready(failure);
     }
     if (flight.Readable(end)) {
-      lock.unlock();
+      lock.Unlock();
       return ready(Status::Ok());
     }
     flight.waiters.push_back({end, std::move(ready)});
@@ -226,7 +233,7 @@ class FlightTarget : public BodyTarget {
       : flight_(flight), file_(std::move(file)), max_bytes_(max_bytes), stopping_(stopping) {}
 
   Status ObjectSize(uint64_t bytes) override {
-    std::unique_lock<std::mutex> lock(flight_.mutex);
+    MutexLock lock(flight_.mutex);
     if (flight_.size) {
       if (*flight_.size == bytes) return Status::Ok();
       return DataLoss("blob " + flight_.sha256 + " changed size from " +
@@ -240,8 +247,8 @@ class FlightTarget : public BodyTarget {
     flight_.size = bytes;
     std::vector<OpenDone> openers = std::move(flight_.openers);
     flight_.openers.clear();
-    lock.unlock();
-    return Serve(openers);
+    lock.Unlock();
+    return Serve(openers, bytes);
   }
 
   Status Write(std::span<const uint8_t> piece) override {
@@ -249,7 +256,7 @@ class FlightTarget : public BodyTarget {
     WEFT_RETURN_IF_ERROR(file_->Append(piece));  // (the fetch names the blob)
     hash_.Update(piece);
     written_ += piece.size();
-    std::unique_lock<std::mutex> lock(flight_.mutex);
+    MutexLock lock(flight_.mutex);
     flight_.arrived = written_;
     flight_.Wake(lock);
     return Status::Ok();
@@ -257,7 +264,7 @@ class FlightTarget : public BodyTarget {
 
   Status Rewind() override {
     {
-      std::lock_guard<std::mutex> lock(flight_.mutex);
+      MutexLock lock(flight_.mutex);
       flight_.arrived = 0;  // (before the bytes go: no reader may read them now)
     }
     written_ = 0;
@@ -268,8 +275,8 @@ class FlightTarget : public BodyTarget {
   uint64_t written() const { return written_; }
   std::string HexDigest() { return hash_.HexDigest(); }
 
-  // The readers that waited for the size, each given one.
-  Status Serve(std::vector<OpenDone>& openers);
+  // The readers that waited for the size (`size`), each given one.
+  Status Serve(std::vector<OpenDone>& openers, uint64_t size);
 
   std::shared_ptr<CachingStore::Flight> self;  // set by the fetch, for the readers it hands out
 
@@ -282,9 +289,8 @@ class FlightTarget : public BodyTarget {
   uint64_t written_ = 0;
 };
 
-Status FlightTarget::Serve(std::vector<OpenDone>& openers) {
-  for (OpenDone& open : openers)
-    open(std::unique_ptr<ObjectReader>(new FlightReader(self, *flight_.size)));
+Status FlightTarget::Serve(std::vector<OpenDone>& openers, uint64_t size) {
+  for (OpenDone& open : openers) open(std::unique_ptr<ObjectReader>(new FlightReader(self, size)));
   return Status::Ok();
 }
 
@@ -325,7 +331,7 @@ Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream,
     found.push_back({stamp->modified_micros, entry.name, stamp->size});
   }
   std::sort(found.begin(), found.end());
-  std::lock_guard<std::mutex> lock(cache->mutex_);
+  MutexLock lock(cache->mutex_);
   for (const auto& [time, name, bytes] : found) {
     cache->lru_.push_back(name);
     cache->entries_[name] = {bytes, std::prev(cache->lru_.end()), std::nullopt};
@@ -344,9 +350,9 @@ Result<std::unique_ptr<CachingStore>> CachingStore::Open(std::unique_ptr<ObjectS
 }
 
 CachingStore::~CachingStore() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   stopping_.store(true);
-  no_flights_.wait(lock, [this] { return running_ == 0; });
+  no_flights_.wait(lock.native(), [this]() REQUIRES(mutex_) { return running_ == 0; });
 }
 
 std::string CachingStore::PathOf(const std::string& sha256) const {
@@ -358,7 +364,7 @@ std::string CachingStore::Describe() const {
 }
 
 CacheStats CachingStore::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   CacheStats stats = stats_;
   stats.cached_blobs = entries_.size();
   stats.cached_bytes = cached_bytes_;
@@ -454,7 +460,7 @@ void CachingStore::IndexLocked(const std::string& sha256, uint64_t bytes) {
 }
 
 void CachingStore::FlightEnds() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (--running_ == 0) no_flights_.notify_all();
 }
 
@@ -466,7 +472,7 @@ void CachingStore::OpenReadAsync(const std::string& key, OpenDone done) {
   if (IsVersionManifest(key)) return OpenManifest(key, std::move(done));
   // Anything else (`latest`, pins, records) is read upstream each time, off the calling thread.
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopping_) return done(Unavailable(Describe() + " is closing"));
     ++running_;
   }
@@ -486,7 +492,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
   std::optional<FileStamp> checked;
   std::optional<uint64_t> oversize;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (auto held = held_.find(sha256); held != held_.end()) {
       if (env_.MonotonicMicros() < held->second.until_micros) {
         ++stats_.refused;
@@ -506,7 +512,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
     Result<FileStamp> stamp = file.ok() ? (*file)->Stamp() : file.status();
     if (stamp.ok() && *stamp == *checked) {
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         ++stats_.hits;
         Touch(sha256);
       }
@@ -516,7 +522,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
   std::shared_ptr<Flight> flight;
   bool start = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopping_) return done(Unavailable(Describe() + " is closing"));
     ++stats_.misses;
     if (auto found = flights_.find(sha256); found != flights_.end()) {
@@ -529,18 +535,18 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
     }
   }
   {
-    std::unique_lock<std::mutex> lock(flight->mutex);
+    MutexLock lock(flight->mutex);
     if (flight->oversize) {
       const uint64_t size = *flight->oversize;
-      lock.unlock();
+      lock.Unlock();
       done(PassThrough(key, size));
     } else if (flight->state == Flight::State::kFailed) {
       const Status failure = flight->failure;
-      lock.unlock();
+      lock.Unlock();
       done(failure);
     } else if (flight->size) {
       const uint64_t size = *flight->size;
-      lock.unlock();
+      lock.Unlock();
       done(std::unique_ptr<ObjectReader>(new FlightReader(flight, size)));
     } else {
       flight->openers.push_back(std::move(done));
@@ -551,7 +557,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
 
 std::unique_ptr<ObjectReader> CachingStore::PassThrough(const std::string& key, uint64_t size) {
   return std::unique_ptr<ObjectReader>(new PassThroughReader(upstream_, key, size, [this] {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++stats_.passed_through;
   }));
 }
@@ -560,7 +566,7 @@ bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
   Result<std::unique_ptr<ReadableFile>> file = env_.OpenReadable(PathOf(flight->sha256));
   Result<FileStamp> stamp = file.ok() ? (*file)->Stamp() : file.status();
   if (!stamp.ok()) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ForgetLocked(flight->sha256);  // gone from disk (removed by hand)
     return false;
   }
@@ -580,17 +586,17 @@ bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
   if (!read || hash.HexDigest() != flight->sha256) {
     WEFT_LOG(kWarning) << "cache " << options_.dir << ": blob " << flight->sha256
                        << " is corrupted on disk; removing it and fetching it again";
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++stats_.corrupted;
     ForgetLocked(flight->sha256);
     return false;
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (auto entry = entries_.find(flight->sha256); entry != entries_.end())
       entry->second.checked = *stamp;
   }
-  std::unique_lock<std::mutex> lock(flight->mutex);
+  MutexLock lock(flight->mutex);
   flight->file = std::move(file).value();
   flight->size = size;
   flight->arrived = size;
@@ -598,7 +604,7 @@ bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
   std::vector<OpenDone> openers = std::move(flight->openers);
   flight->openers.clear();
   flight->Wake(lock);
-  lock.unlock();
+  lock.Unlock();
   for (OpenDone& open : openers)
     open(std::unique_ptr<ObjectReader>(new FlightReader(flight, size)));
   return true;
@@ -611,7 +617,7 @@ void CachingStore::RunFlight(const std::shared_ptr<Flight>& flight) {
 }
 
 void CachingStore::EndFlight(const std::shared_ptr<Flight>& flight) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   // (A flight that failed left already, and another for the same blob may have started since.)
   if (auto found = flights_.find(flight->sha256);
       found != flights_.end() && found->second == flight)
@@ -624,13 +630,13 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
     // Out of the map before its readers hear of it: a reader that comes after them starts a
     // fetch of its own rather than take this failure.
     EndFlight(flight);
-    std::unique_lock<std::mutex> lock(flight->mutex);
+    MutexLock lock(flight->mutex);
     flight->state = Flight::State::kFailed;
     flight->failure = status;
     std::vector<OpenDone> openers = std::move(flight->openers);
     flight->openers.clear();
     flight->Wake(lock);
-    lock.unlock();
+    lock.Unlock();
     for (OpenDone& open : openers) open(status);
   };
   std::string temp;
@@ -644,35 +650,35 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
     return fail(readable.status().WithContext("cache " + options_.dir));
   }
   {
-    std::lock_guard<std::mutex> lock(flight->mutex);
+    MutexLock lock(flight->mutex);
     flight->file = std::move(readable).value();
   }
   FlightTarget target(*flight, std::move(written).value(), options_.max_bytes, stopping_);
   target.self = flight;
   Result<uint64_t> fetched = upstream_.ReadTo(key, 0, UINT64_MAX, target);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++stats_.upstream_fetches;
     stats_.upstream_bytes += target.written();
   }
   std::optional<uint64_t> oversize;
   {
-    std::lock_guard<std::mutex> lock(flight->mutex);
+    MutexLock lock(flight->mutex);
     oversize = flight->oversize;
   }
   if (oversize) {
     // Larger than the cache: its readers read it upstream, range by range.
     (void)env_.Remove(temp);
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       oversize_[flight->sha256] = *oversize;
     }
-    std::unique_lock<std::mutex> lock(flight->mutex);
+    MutexLock lock(flight->mutex);
     flight->state = Flight::State::kFailed;
     flight->failure = Unavailable("blob " + flight->sha256 + " is read upstream");
     std::vector<OpenDone> openers = std::move(flight->openers);
     flight->openers.clear();
-    lock.unlock();
+    lock.Unlock();
     for (OpenDone& open : openers) open(PassThrough(key, *oversize));
     return;
   }
@@ -690,7 +696,7 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
         std::to_string(options_.mismatch_hold.count() / 1000) + " s before it is fetched again)");
     WEFT_LOG(kWarning) << mismatch.message();
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       ++stats_.upstream_mismatches;
       const int64_t hold =
           std::chrono::duration_cast<std::chrono::microseconds>(options_.mismatch_hold).count();
@@ -712,44 +718,40 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
                        << ": " << stamp.status().message();
     (void)env_.Remove(moved.ok() ? path : temp);
   } else {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     IndexLocked(flight->sha256, *fetched);
     entries_[flight->sha256].checked = *stamp;
   }
-  std::unique_lock<std::mutex> lock(flight->mutex);
+  MutexLock lock(flight->mutex);
   flight->state = Flight::State::kDone;
   flight->Wake(lock);
 }
 
 void CachingStore::OpenManifest(const std::string& key, OpenDone done) {
-  std::shared_ptr<ManifestFlight> flight;
   bool start = false;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (auto found = manifests_.find(key); found != manifests_.end()) {
       std::vector<uint8_t> bytes = found->second;
-      lock.unlock();
+      lock.Unlock();
       return done(MemoryReader(std::move(bytes)));
     }
     if (stopping_) return done(Unavailable(Describe() + " is closing"));
-    std::shared_ptr<ManifestFlight>& slot = manifest_flights_[key];
-    if (!slot) {
-      slot = std::make_shared<ManifestFlight>();
+    auto [waiting, first] = manifest_flights_.try_emplace(key);
+    if (first) {
       ++running_;
       start = true;
     }
-    slot->openers.push_back(std::move(done));
-    flight = slot;
+    waiting->second.push_back(std::move(done));
   }
-  if (start) RunBlocking([this, key, flight] { RunManifestFlight(key, flight); });
+  if (start) RunBlocking([this, key] { RunManifestFlight(key); });
 }
 
-void CachingStore::RunManifestFlight(const std::string& key,
-                                     const std::shared_ptr<ManifestFlight>& flight) {
+void CachingStore::RunManifestFlight(const std::string& key) {
   Result<std::vector<uint8_t>> bytes = ReadSmall(upstream_, key);
   std::vector<OpenDone> openers;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++stats_.upstream_fetches;
     if (bytes.ok()) {
       stats_.upstream_bytes += bytes->size();
@@ -763,8 +765,11 @@ void CachingStore::RunManifestFlight(const std::string& key,
         }
       }
     }
-    openers = std::move(flight->openers);
-    manifest_flights_.erase(key);
+    // (The entry is this fetch's: only this fetch takes it out.)
+    if (auto waiting = manifest_flights_.find(key); waiting != manifest_flights_.end()) {
+      openers = std::move(waiting->second);
+      manifest_flights_.erase(waiting);
+    }
   }
   for (OpenDone& open : openers) {
     if (bytes.ok()) {
@@ -837,7 +842,7 @@ Result<uint64_t> CachingStore::ReadTo(const std::string& key, uint64_t first, ui
 Result<bool> CachingStore::Exists(const std::string& key) {
   const std::string sha256 = BlobHash(key);
   if (!sha256.empty()) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (entries_.count(sha256)) return true;
   }
   return upstream_.Exists(key);
@@ -862,7 +867,7 @@ Status CachingStore::CompareAndSwap(const std::string& key, std::optional<std::s
 
 Status CachingStore::Delete(const std::string& key) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (auto found = manifests_.find(key); found != manifests_.end()) {
       manifest_bytes_ -= found->second.size();
       manifests_.erase(found);

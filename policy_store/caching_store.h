@@ -42,11 +42,11 @@
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "common/env.h"
+#include "common/mutex.h"
 #include "policy_store/object_store.h"
 
 namespace weft::policy_store {
@@ -86,7 +86,7 @@ class CachingStore : public ObjectStore {
   // The same, owning its upstream.
   static Result<std::unique_ptr<CachingStore>> Open(std::unique_ptr<ObjectStore> upstream,
                                                     CacheOptions options);
-  ~CachingStore() override;
+  ~CachingStore() override EXCLUDES(mutex_);
 
   Result<std::vector<uint8_t>> Get(const std::string& key) override;
   Result<ObjectRange> GetRange(const std::string& key, uint64_t first, uint64_t length) override;
@@ -97,25 +97,24 @@ class CachingStore : public ObjectStore {
   bool ReadsRanges() const override { return true; }
   // The upstream's: its misses are read from there.
   BlobReads blob_reads() const override { return upstream_.blob_reads(); }
-  Result<std::unique_ptr<ObjectReader>> OpenRead(const std::string& key) override;
-  void OpenReadAsync(const std::string& key, OpenDone done) override;
-  Result<bool> Exists(const std::string& key) override;
+  Result<std::unique_ptr<ObjectReader>> OpenRead(const std::string& key) override EXCLUDES(mutex_);
+  void OpenReadAsync(const std::string& key, OpenDone done) override EXCLUDES(mutex_);
+  Result<bool> Exists(const std::string& key) override EXCLUDES(mutex_);
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
   Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                         const std::string& desired) override;
-  Status Delete(const std::string& key) override;
+  Status Delete(const std::string& key) override EXCLUDES(mutex_);
   Result<std::unique_ptr<ObjectWriter>> NewImmutableWriter(const std::string& key) override;
   std::string Describe() const override;
 
   ObjectStore& upstream() const { return upstream_; }
-  CacheStats stats() const;
+  CacheStats stats() const EXCLUDES(mutex_);
   std::string StatsJson() const;
   // The counters in the Prometheus text format, each name starting with `prefix`.
   std::string MetricsText(const std::string& prefix) const;
 
   struct Flight;
-  struct ManifestFlight;
 
  private:
   CachingStore(ObjectStore& upstream, CacheOptions options)
@@ -123,36 +122,39 @@ class CachingStore : public ObjectStore {
         options_(std::move(options)),
         env_(options_.env ? *options_.env : Env::Default()) {}
 
-  void OpenBlob(const std::string& sha256, OpenDone done);
+  void OpenBlob(const std::string& sha256, OpenDone done) EXCLUDES(mutex_);
   // A reader of a blob larger than the cache: range by range from the upstream.
   std::unique_ptr<ObjectReader> PassThrough(const std::string& key, uint64_t size);
-  void OpenManifest(const std::string& key, OpenDone done);
+  void OpenManifest(const std::string& key, OpenDone done) EXCLUDES(mutex_);
   // A flight's work, on the blocking pool: check the cached file, or fetch the blob.
-  void RunFlight(const std::shared_ptr<Flight>& flight);
-  void Fetch(const std::shared_ptr<Flight>& flight);
+  void RunFlight(const std::shared_ptr<Flight>& flight) EXCLUDES(mutex_);
+  void Fetch(const std::shared_ptr<Flight>& flight) EXCLUDES(mutex_);
   // Takes `flight` out of flights_ (if it is still there): new readers start another.
-  void EndFlight(const std::shared_ptr<Flight>& flight);
+  void EndFlight(const std::shared_ptr<Flight>& flight) EXCLUDES(mutex_);
   // Whether the cached file of a flight's blob holds its bytes (checked in a pass over it).
-  bool CheckCached(const std::shared_ptr<Flight>& flight);
-  void RunManifestFlight(const std::string& key, const std::shared_ptr<ManifestFlight>& flight);
-  // Adds a checked file to the index (evicting beyond max_bytes); with mutex_ held.
-  void IndexLocked(const std::string& sha256, uint64_t bytes);
-  void EvictLocked();
-  void ForgetLocked(const std::string& sha256);  // drops an entry and deletes its file
-  void Touch(const std::string& sha256);         // with mutex_ held
+  bool CheckCached(const std::shared_ptr<Flight>& flight) EXCLUDES(mutex_);
+  // Fetches the manifest `key` and answers the readers waiting for it in manifest_flights_.
+  void RunManifestFlight(const std::string& key) EXCLUDES(mutex_);
+  // Adds a checked file to the index (evicting beyond max_bytes).
+  void IndexLocked(const std::string& sha256, uint64_t bytes) REQUIRES(mutex_);
+  void EvictLocked() REQUIRES(mutex_);
+  // Drops an entry and deletes its file.
+  void ForgetLocked(const std::string& sha256) REQUIRES(mutex_);
+  void Touch(const std::string& sha256) REQUIRES(mutex_);
   std::string PathOf(const std::string& sha256) const;
-  void FlightEnds();
+  void FlightEnds() EXCLUDES(mutex_);
 
   std::unique_ptr<ObjectStore> owned_upstream_;
   ObjectStore& upstream_;
   CacheOptions options_;
   Env& env_;
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   std::condition_variable no_flights_;
-  int running_ = 0;  // flights and manifest fetches under way (the destructor waits for them)
+  // Flights and manifest fetches under way (the destructor waits for them).
+  int running_ GUARDED_BY(mutex_) = 0;
   std::atomic<bool> stopping_{false};
   // LRU over cached blobs: front is the least recently used.
-  std::list<std::string> lru_;
+  std::list<std::string> lru_ GUARDED_BY(mutex_);
   struct Entry {
     uint64_t bytes = 0;
     std::list<std::string>::iterator position;
@@ -160,21 +162,23 @@ class CachingStore : public ObjectStore {
     // write to it, or another file in its place, changes the stamp.
     std::optional<FileStamp> checked;
   };
-  std::map<std::string, Entry> entries_;
-  uint64_t cached_bytes_ = 0;
-  std::map<std::string, std::shared_ptr<Flight>> flights_;
+  std::map<std::string, Entry> entries_ GUARDED_BY(mutex_);
+  uint64_t cached_bytes_ GUARDED_BY(mutex_) = 0;
+  std::map<std::string, std::shared_ptr<Flight>> flights_ GUARDED_BY(mutex_);
   // Blobs whose upstream bytes failed their hash: the error, until when it is held.
   struct Held {
     Status error;
     int64_t until_micros;  // on the Env's monotonic clock
   };
-  std::map<std::string, Held> held_;
-  std::map<std::string, uint64_t> oversize_;  // blobs larger than the cache, with their sizes
-  std::map<std::string, std::shared_ptr<ManifestFlight>> manifest_flights_;
-  std::list<std::string> manifest_order_;  // oldest first
-  std::map<std::string, std::vector<uint8_t>> manifests_;
-  uint64_t manifest_bytes_ = 0;
-  CacheStats stats_;
+  std::map<std::string, Held> held_ GUARDED_BY(mutex_);
+  // Blobs larger than the cache, with their sizes.
+  std::map<std::string, uint64_t> oversize_ GUARDED_BY(mutex_);
+  // The manifests being fetched, each with the readers waiting for it.
+  std::map<std::string, std::vector<OpenDone>> manifest_flights_ GUARDED_BY(mutex_);
+  std::list<std::string> manifest_order_ GUARDED_BY(mutex_);  // oldest first
+  std::map<std::string, std::vector<uint8_t>> manifests_ GUARDED_BY(mutex_);
+  uint64_t manifest_bytes_ GUARDED_BY(mutex_) = 0;
+  CacheStats stats_ GUARDED_BY(mutex_);
 };
 
 }  // namespace weft::policy_store

@@ -5,7 +5,6 @@
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 #include <condition_variable>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -16,6 +15,7 @@
 #include "common/concurrent.h"
 #include "common/http_server.h"
 #include "common/json_fields.h"
+#include "common/mutex.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
@@ -97,16 +97,16 @@ struct Shared {
   std::atomic<const weft::http::HttpServer*> server{nullptr};
   // Backend calls under way off the I/O threads: Stop() waits for them, since they use the
   // backend, which the server's owner destroys after it.
-  std::mutex mutex;
+  Mutex mutex;
   std::condition_variable idle;
-  int calls = 0;
+  int calls GUARDED_BY(mutex) = 0;
 
-  void CallStarts() {
-    std::lock_guard<std::mutex> lock(mutex);
+  void CallStarts() EXCLUDES(mutex) {
+    MutexLock lock(mutex);
     ++calls;
   }
-  void CallEnds() {
-    std::lock_guard<std::mutex> lock(mutex);
+  void CallEnds() EXCLUDES(mutex) {
+    MutexLock lock(mutex);
     if (--calls == 0) idle.notify_all();
   }
 };
@@ -638,8 +638,9 @@ void StoreServer::Stop() {
   if (!impl_ || !impl_->server) return;
   impl_->server->Stop();
   // The backend calls under way end within their deadlines; the backend must outlive them.
-  std::unique_lock<std::mutex> lock(impl_->shared->mutex);
-  impl_->shared->idle.wait(lock, [&] { return impl_->shared->calls == 0; });
+  Shared& shared = *impl_->shared;
+  MutexLock lock(shared.mutex);
+  shared.idle.wait(lock.native(), [&]() REQUIRES(shared.mutex) { return shared.calls == 0; });
 }
 
 }  // namespace weft::policy_store

@@ -5,11 +5,11 @@
 #include <cctype>
 #include <cmath>
 #include <functional>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "common/http_client.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 
 namespace weft::rollout_worker {
 namespace {
@@ -180,24 +180,24 @@ void ProbeLogprobs(Top&& top, ReplicaInfo& info) {
 class InfoCache {
  public:
   template <typename Read>
-  Result<ReplicaInfo> Get(Read&& read) {
+  Result<ReplicaInfo> Get(Read&& read) EXCLUDES(mutex_) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (info_) return *info_;
     }
     WEFT_ASSIGN_OR_RETURN(ReplicaInfo info, read());
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     info_ = info;
     return info;
   }
-  void Forget() {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Forget() EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     info_.reset();
   }
 
  private:
-  std::mutex mutex_;
-  std::optional<ReplicaInfo> info_;
+  Mutex mutex_;
+  std::optional<ReplicaInfo> info_ GUARDED_BY(mutex_);
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ class SglangReplica : public ReplicaApi {
 
   Status Pause(const std::string& mode) override {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       mode_ = mode;
     }
     const Json body = {{"mode", mode}};
@@ -260,7 +260,7 @@ class SglangReplica : public ReplicaApi {
     // go on with the keys and values they have.
     bool flush;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       flush = mode_ != "in_place" && mode_ != "retract";
     }
     const Json body = {{"model_path", dir}, {"weight_version", version}, {"flush_cache", flush}};
@@ -401,8 +401,8 @@ class SglangReplica : public ReplicaApi {
   JsonCalls calls_;
   InfoCache info_;
   std::atomic<bool> cut_warned_{false};  // TokenLimit logged a cut completion
-  std::mutex mutex_;
-  std::string mode_ = "abort";  // the pause mode of the last pause
+  Mutex mutex_;
+  std::string mode_ GUARDED_BY(mutex_) = "abort";  // the pause mode of the last pause
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -428,7 +428,7 @@ class VllmReplica : public ReplicaApi {
       if (m.contains("parent") && !m["parent"].is_null()) continue;
       WEFT_ASSIGN_OR_RETURN(std::string id, Member<std::string>(m, "id", url() + " /v1/models"));
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         model_id_ = id;
       }
       return Member<std::string>(m, "root", url() + " /v1/models");
@@ -466,7 +466,7 @@ class VllmReplica : public ReplicaApi {
 
   Status Pause(const std::string& mode) override {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       mode_ = mode;
     }
     return calls_.Call(Channel::kControl, "POST", "/pause?mode=" + mode, nullptr).status();
@@ -505,7 +505,7 @@ class VllmReplica : public ReplicaApi {
   Status ResetPrefixCache() {
     bool keep;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       keep = mode_ == "keep";
     }
     const std::string all = "/reset_prefix_cache?reset_running_requests=true";
@@ -560,11 +560,11 @@ class VllmReplica : public ReplicaApi {
   void NameModel(Json& body) {
     bool known;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       known = !model_id_.empty();
     }
     if (!known) (void)ModelPath();
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (!model_id_.empty()) body["model"] = model_id_;
   }
 
@@ -630,9 +630,10 @@ class VllmReplica : public ReplicaApi {
   JsonCalls calls_;
   InfoCache info_;
   std::atomic<bool> cut_warned_{false};  // TokenLimit logged a cut completion
-  std::mutex mutex_;
-  std::string model_id_;        // the served model's name, once ModelPath has read it
-  std::string mode_ = "abort";  // the pause mode of the last pause
+  Mutex mutex_;
+  // The served model's name, once ModelPath has read it.
+  std::string model_id_ GUARDED_BY(mutex_);
+  std::string mode_ GUARDED_BY(mutex_) = "abort";  // the pause mode of the last pause
 };
 
 }  // namespace
