@@ -134,7 +134,7 @@ Status ParseModelSection(const YAML::Node& m, ModelSection* model) {
 }
 
 Result<int> ModelPositions(const ModelSection& model, const rollout_worker::TaskLimits& limits) {
-  const int sequence = limits.max_prompt_tokens + limits.max_completion_tokens;
+  const int sequence = limits.sequence_tokens();
   if (model.context == 0) return sequence;
   if (model.context < sequence) {
     return InvalidArgument("model.context is " + std::to_string(model.context) +

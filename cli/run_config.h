@@ -103,9 +103,7 @@ struct RunConfig {
   }
   const RegionConfig* FindRegion(const std::string& name) const;
   // The workers' longest sequence, prompt and completion.
-  int sequence_length() const {
-    return task_limits.max_prompt_tokens + task_limits.max_completion_tokens;
-  }
+  int sequence_length() const { return task_limits.sequence_tokens(); }
   // The model's positions (model.context, at least sequence_length()): the embedded engine gives
   // its model these, and so must the trainer.
   int model_positions() const { return trainer.model.context; }

@@ -20,6 +20,8 @@ struct TaskLimits {
   int max_prompt_tokens = 0;
   int max_completion_tokens = 0;
   int stop_token = -1;
+  // The longest sequence the task makes: prompt and completion.
+  int sequence_tokens() const { return max_prompt_tokens + max_completion_tokens; }
 };
 
 class Task {
