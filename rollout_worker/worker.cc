@@ -14,16 +14,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// The worker core's time: microseconds of the steady clock.
-WorkerCore::Micros Now() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-std::chrono::steady_clock::time_point ToTimePoint(WorkerCore::Micros micros) {
-  return std::chrono::steady_clock::time_point(std::chrono::microseconds(micros));
-}
-
 }  // namespace
 
 void SetGroupVersions(const std::vector<Completion>& completions,
@@ -138,8 +128,11 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   // The proof, every verify_interval: the bytes held hash, recomputed in full, to the digests of
   // the version claimed. (Pulls keep the digests current in O(changed) and check them against
   // each manifest; only a full recomputation notices the bytes changing under them.)
-  if (held_ && std::chrono::steady_clock::now() - verified_ >= options_.verify_interval) {
-    verified_ = std::chrono::steady_clock::now();
+  const WorkerCore::Micros now = Now();
+  const WorkerCore::Micros interval =
+      std::chrono::duration_cast<std::chrono::microseconds>(options_.verify_interval).count();
+  if (held_ && (!verified_ || now - *verified_ >= interval)) {
+    verified_ = now;
     Status same = sink_.Prove(*held_, options_.sync_threads);
     if (!same.ok()) {
       WEFT_LOG(kError) << "cluster " << options_.cluster << ": the served copy of version "
@@ -184,7 +177,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
       if (pulled.status().code() == StatusCode::kDataLoss && held_) {
         // A delta did not apply to what we hold (or a blob stayed corrupted): check our own copy
         // in the next round, which re-syncs from a keyframe if it no longer matches its version.
-        verified_ = std::chrono::steady_clock::time_point();
+        verified_.reset();
       }
       return;
     }
@@ -356,8 +349,11 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   // back and using up the job's attempts.
   {
     MutexLock lock(mutex_);
-    changed_.wait_until(lock.native(), ToTimePoint(core_.leasing_paused_until()),
+    const WorkerCore::Micros wait = core_.leasing_paused_until() - Now();
+    if (wait > 0) {
+      changed_.wait_for(lock.native(), std::chrono::microseconds(wait),
                         [this]() REQUIRES(mutex_) { return stop_; });
+    }
   }
   Result<std::vector<Completion>> completions =
       engine_.Generate(std::vector<Prompt>(lease.samples, *encoded), sampling);

@@ -33,6 +33,7 @@
 #include <optional>
 #include <string>
 
+#include "common/env.h"
 #include "common/mutex.h"
 #include "orchestrator/client.h"
 #include "policy_store/manifest.h"
@@ -61,6 +62,9 @@ struct WorkerOptions {
   // Where the deltas of a catch-up too large to hold beside the copy are kept while applied
   // (StoreReader::SpillDeltas); the temporary directory by default.
   std::string spill_dir = policy_store::StoreReader::DefaultSpillDir();
+  // The worker's clock (common/env.h): its decisions (verify_interval, backoffs) read the time
+  // from it; null: Env::Default(). Its waits between rounds are real time whatever the Env.
+  Env* env = nullptr;
 };
 
 // Sets a group's versions in its submission from its completions' segments (AddSampleVersions,
@@ -89,6 +93,7 @@ class RolloutWorker {
         task_(task),
         own_sink_(sink == nullptr ? std::make_unique<HostWeightSink>(engine) : nullptr),
         sink_(sink == nullptr ? *own_sink_ : *sink),
+        env_(options_.env != nullptr ? *options_.env : Env::Default()),
         core_(options_.capacity) {}
 
   // Registers, then runs the loops until Stop(); returns once drained and deregistered. Fails
@@ -121,6 +126,8 @@ class RolloutWorker {
   void RunJob(const orchestrator::Lease& lease);
   // Waits until `stop_` or `period` has passed; returns whether stopping.
   bool Sleep(std::chrono::milliseconds period);
+  // The Env's monotonic clock, in the worker core's unit.
+  WorkerCore::Micros Now() const { return env_.MonotonicMicros(); }
 
   WorkerOptions options_;
   orchestrator::ClusterApi& orchestrator_;
@@ -129,6 +136,7 @@ class RolloutWorker {
   const Task& task_;
   std::unique_ptr<WeightSink> own_sink_;
   WeightSink& sink_;  // the verified copy; the sync loop's own
+  Env& env_;
 
   mutable Mutex mutex_;
   std::condition_variable changed_;
@@ -137,8 +145,9 @@ class RolloutWorker {
   // orchestrator acknowledged.
   WorkerCore core_ GUARDED_BY(mutex_);
   // The sync loop's own:
-  std::optional<policy_store::Manifest> held_;      // the manifest of the version the sink holds
-  std::chrono::steady_clock::time_point verified_;  // when the sink's copy was last proved
+  std::optional<policy_store::Manifest> held_;  // the manifest of the version the sink holds
+  // When the sink's copy was last proved (the Env's monotonic clock); none: in the next round.
+  std::optional<WorkerCore::Micros> verified_;
   // Shared:
   orchestrator::SyncReport report_ GUARDED_BY(mutex_);
   WorkerStats stats_ GUARDED_BY(mutex_);

@@ -420,5 +420,76 @@ TEST_CASE("rollout worker in process: the real worker against a core on an in-me
   std::filesystem::remove_all(store_dir);
 }
 
+// A HostWeightSink that counts its proofs.
+class CountingSink : public WeightSink {
+ public:
+  explicit CountingSink(Engine& engine) : host(engine) {}
+  Result<policy_store::PullReport> Pull(policy_store::StoreReader& reader, uint64_t target,
+                                        const policy_store::Manifest* held) override {
+    return host.Pull(reader, target, held);
+  }
+  bool empty() const override { return host.empty(); }
+  void Drop() override { host.Drop(); }
+  Status Prove(const policy_store::Manifest& manifest, int threads) override {
+    ++proofs;
+    return host.Prove(manifest, threads);
+  }
+  Status Stage(uint64_t version) override { return host.Stage(version); }
+  Result<int64_t> Commit() override { return host.Commit(); }
+  std::string StateDigest() const override { return host.StateDigest(); }
+
+  HostWeightSink host;
+  std::atomic<int> proofs{0};
+};
+
+TEST_CASE(
+    "rollout worker on its Env's clock: the copy is proved again once verify_interval passed") {
+  MemEnv disk;
+  DurableCore::Options durable_options;
+  durable_options.env = &disk;
+  auto core = std::move(DurableCore::Open("/o/journal", CoreConfig{}, durable_options)).value();
+  LocalClusterApi api(*core, Env::Default());
+  const std::string store_dir = testing::TempPath("worker_clock_store");
+  const examples::ArithmeticTask task(1);
+  const examples::TinyLmConfig model = SmallModel(task);
+  const examples::TinyLmLayout layout(model);
+  auto store = NewStore(store_dir);
+  auto publisher = PublishPolicy(*store, layout);
+  REQUIRE(core->AnnounceVersion(WallMicros(), 0).ok());
+  examples::EmbeddedEngine engine(model, 1);
+  const examples::ArithmeticVerifier verifier(task);
+  MemEnv clock;  // the worker's time; it moves only when told
+  WorkerOptions options =
+      SmallWorker(1, std::chrono::milliseconds(50), std::chrono::milliseconds(100));
+  options.verify_interval = std::chrono::hours(1);
+  options.env = &clock;
+  CountingSink sink(engine);
+  RolloutWorker worker(options, api, *store, engine, verifier, &sink);
+  Status ran = Internal("not finished");
+  std::thread running([&] { ran = worker.Run(); });
+
+  // The round after the first pull proves the copy; then not for an hour of the worker's clock,
+  // however many rounds run (20 ms apart in real time).
+  REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
+  REQUIRE(WaitFor([&] { return sink.proofs.load() == 1; }));
+  sink.host.CorruptForTest();  // the next proof finds a flipped bit
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(sink.proofs.load() == 1);
+  CHECK(worker.sync_report().digest_mismatches == 0);
+
+  // An hour later on the worker's clock, the next round proves it, finds the bit and re-syncs.
+  clock.Advance(std::chrono::hours(1));
+  REQUIRE(WaitFor([&] {
+    return worker.sync_report().digest_mismatches == 1 &&
+           worker.ready_version() == std::optional<uint64_t>(0);
+  }));
+  CHECK(sink.proofs.load() >= 2);
+  CHECK(worker.sync_report().keyframe_pulls == 2);
+  worker.Stop();
+  running.join();
+  CHECK(ran.ok());
+  std::filesystem::remove_all(store_dir);
+}
+
 }  // namespace
 }  // namespace weft::rollout_worker
