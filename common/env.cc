@@ -117,19 +117,6 @@ class PosixEnv : public Env {
     return weft::ReadFile(path);
   }
 
-  bool Exists(const std::string& path) override {
-    std::error_code error;
-    return std::filesystem::exists(path, error);
-  }
-
-  std::vector<std::string> List(const std::string& dir) override {
-    std::vector<std::string> names;
-    std::error_code error;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, error))
-      names.push_back(entry.path().filename().string());
-    return names;
-  }
-
   Status Remove(const std::string& path) override {
     if (::unlink(path.c_str()) != 0) {
       const int unlink_errno = errno;
@@ -283,6 +270,19 @@ class PosixEnv : public Env {
 Env& Env::Default() {
   static PosixEnv env;
   return env;
+}
+
+bool Env::Exists(const std::string& path) {
+  Result<PathType> type = TypeOf(path);
+  return type.ok() && *type != PathType::kNone;
+}
+
+std::vector<std::string> Env::List(const std::string& dir) {
+  std::vector<std::string> names;
+  Result<std::vector<DirectoryEntry>> entries = ListDirectory(dir);
+  if (!entries.ok()) return names;
+  for (DirectoryEntry& entry : *entries) names.push_back(std::move(entry.name));
+  return names;
 }
 
 Result<std::unique_ptr<WritableFile>> CreateTemporaryNamed(Env& env, const std::string& prefix,

@@ -85,9 +85,11 @@ class Env {
                                                              bool create) = 0;
   // The whole file: kNotFound when it does not exist.
   virtual Result<std::vector<uint8_t>> ReadFile(const std::string& path) = 0;
-  virtual bool Exists(const std::string& path) = 0;
-  // The names of the entries of directory `dir` (not their paths); none when it does not exist.
-  virtual std::vector<std::string> List(const std::string& dir) = 0;
+  // Whether anything is at `path` (TypeOf, an error read as nothing).
+  bool Exists(const std::string& path);
+  // The names of the entries of directory `dir` (not their paths), sorted; none when it is not a
+  // directory (ListDirectory, without types or errors).
+  std::vector<std::string> List(const std::string& dir);
   // Removes the file `path`, durably; Ok when it does not exist, kInvalidArgument when it is a
   // directory.
   virtual Status Remove(const std::string& path) = 0;

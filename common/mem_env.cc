@@ -195,19 +195,6 @@ Result<std::vector<uint8_t>> MemEnv::ReadFile(const std::string& path) {
   return found->second->data;
 }
 
-bool MemEnv::Exists(const std::string& path) {
-  MutexLock lock(mutex_);
-  return TypeLocked(WithoutTrailingSlashes(path)) != PathType::kNone;
-}
-
-std::vector<std::string> MemEnv::List(const std::string& dir) {
-  Result<std::vector<DirectoryEntry>> entries = ListDirectory(dir);
-  std::vector<std::string> names;
-  if (!entries.ok()) return names;
-  for (DirectoryEntry& entry : *entries) names.push_back(std::move(entry.name));
-  return names;
-}
-
 Result<std::vector<DirectoryEntry>> MemEnv::ListDirectory(const std::string& dir) {
   MutexLock lock(mutex_);
   const std::string path = WithoutTrailingSlashes(dir);

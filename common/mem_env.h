@@ -40,8 +40,6 @@ class MemEnv : public Env {
 
   Result<std::unique_ptr<WritableFile>> OpenWritable(const std::string& path, bool create) override;
   Result<std::vector<uint8_t>> ReadFile(const std::string& path) override;
-  bool Exists(const std::string& path) override;
-  std::vector<std::string> List(const std::string& dir) override;
   Status Remove(const std::string& path) override;
   Status WriteAtomic(const std::string& path,
                      std::span<const std::span<const uint8_t>> parts) override;

@@ -302,7 +302,10 @@ class Simulation {
    private:
     // Drain (`drain`: and take no more) or Release.
     Status HandBack(const std::string& cluster, const std::vector<uint64_t>& jobs, bool drain);
-    ClusterState& Cluster(const std::string& id) { return sim_.clusters_[sim_.cluster_index_[id]]; }
+    // A cluster the simulation made (ids come from its own clusters; an unknown one throws).
+    ClusterState& Cluster(const std::string& id) {
+      return sim_.clusters_[sim_.cluster_index_.at(id)];
+    }
     Simulation& sim_;
   };
   Status CoreRegister(ClusterState& c);

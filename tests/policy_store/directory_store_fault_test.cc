@@ -61,8 +61,6 @@ class CrashPointEnv : public Env {
   Result<std::vector<uint8_t>> ReadFile(const std::string& path) override {
     return live_.ReadFile(path);
   }
-  bool Exists(const std::string& path) override { return live_.Exists(path); }
-  std::vector<std::string> List(const std::string& dir) override { return live_.List(dir); }
   Status Remove(const std::string& path) override {
     WEFT_RETURN_IF_ERROR(Change());
     return live_.Remove(path);
