@@ -368,26 +368,48 @@ TEST_CASE(
   std::filesystem::remove_all(store_dir);
 }
 
-TEST_CASE("rollout worker in process: the real worker against a core on an in-memory disk") {
-  // No HTTP and no journal file: the worker talks to the core through LocalClusterApi, the core
-  // journals to a MemEnv; the clock is the machine's.
+// The pieces of a run in one process, with no HTTP and no journal file: a core that journals to a
+// MemEnv, answering the worker through LocalClusterApi (on the machine's clock), run r's store in
+// a directory with version 0 published and announced, and an embedded engine of the policy.
+struct InProcessRun {
+  explicit InProcessRun(const std::string& name)
+      : core(OpenCore(disk)),
+        api(*core, Env::Default()),
+        store_dir(testing::TempPath(name)),
+        model(SmallModel(task)),
+        layout(model),
+        store(NewStore(store_dir)),
+        publisher(PublishPolicy(*store, layout)),
+        engine(model, 1),
+        verifier(task) {
+    REQUIRE(core->AnnounceVersion(WallMicros(), 0).ok());
+  }
+  ~InProcessRun() { std::filesystem::remove_all(store_dir); }
+  static std::unique_ptr<DurableCore> OpenCore(MemEnv& disk) {
+    DurableCore::Options options;
+    options.env = &disk;
+    return std::move(DurableCore::Open("/o/journal", CoreConfig{}, options)).value();
+  }
+
   MemEnv disk;
-  DurableCore::Options durable_options;
-  durable_options.env = &disk;
-  auto core = std::move(DurableCore::Open("/o/journal", CoreConfig{}, durable_options)).value();
-  LocalClusterApi api(*core, Env::Default());
-  const std::string store_dir = testing::TempPath("worker_in_process_store");
-  const examples::ArithmeticTask task(1);
-  const examples::TinyLmConfig model = SmallModel(task);
-  const examples::TinyLmLayout layout(model);
-  auto store = NewStore(store_dir);
-  auto publisher = PublishPolicy(*store, layout);
-  REQUIRE(core->AnnounceVersion(WallMicros(), 0).ok());
-  examples::EmbeddedEngine engine(model, 1);
-  const examples::ArithmeticVerifier verifier(task);
+  std::unique_ptr<DurableCore> core;
+  LocalClusterApi api;
+  const std::string store_dir;
+  const examples::ArithmeticTask task{1};
+  const examples::TinyLmConfig model;
+  const examples::TinyLmLayout layout;
+  std::unique_ptr<policy_store::ObjectStore> store;
+  std::unique_ptr<trainer_adapter::Publisher> publisher;
+  examples::EmbeddedEngine engine;
+  const examples::ArithmeticVerifier verifier;
+};
+
+TEST_CASE("rollout worker in process: the real worker against a core on an in-memory disk") {
+  InProcessRun run("worker_in_process_store");
+  DurableCore* core = run.core.get();
   const WorkerOptions options =
       SmallWorker(2, std::chrono::milliseconds(50), std::chrono::milliseconds(100));
-  RolloutWorker worker(options, api, *store, engine, verifier);
+  RolloutWorker worker(options, run.api, *run.store, run.engine, run.verifier);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
   REQUIRE(core->AddJobs(WallMicros(), {{"\"1+2=\"", 2}, {"\"3+4=\"", 2}}).ok());
@@ -407,7 +429,7 @@ TEST_CASE("rollout worker in process: the real worker against a core on an in-me
       CHECK(sample.reward.has_value());
     }
   }
-  CHECK(api.sync_report("c1").has_value());
+  CHECK(run.api.sync_report("c1").has_value());
   worker.Stop();
   running.join();
   CHECK(ran.ok());
@@ -417,7 +439,6 @@ TEST_CASE("rollout worker in process: the real worker against a core on an in-me
       if (view.id == "c1") return view.gone;
     return false;
   }));
-  std::filesystem::remove_all(store_dir);
 }
 
 // A HostWeightSink that counts its proofs.
@@ -444,27 +465,14 @@ class CountingSink : public WeightSink {
 
 TEST_CASE(
     "rollout worker on its Env's clock: the copy is proved again once verify_interval passed") {
-  MemEnv disk;
-  DurableCore::Options durable_options;
-  durable_options.env = &disk;
-  auto core = std::move(DurableCore::Open("/o/journal", CoreConfig{}, durable_options)).value();
-  LocalClusterApi api(*core, Env::Default());
-  const std::string store_dir = testing::TempPath("worker_clock_store");
-  const examples::ArithmeticTask task(1);
-  const examples::TinyLmConfig model = SmallModel(task);
-  const examples::TinyLmLayout layout(model);
-  auto store = NewStore(store_dir);
-  auto publisher = PublishPolicy(*store, layout);
-  REQUIRE(core->AnnounceVersion(WallMicros(), 0).ok());
-  examples::EmbeddedEngine engine(model, 1);
-  const examples::ArithmeticVerifier verifier(task);
+  InProcessRun run("worker_clock_store");
   MemEnv clock;  // the worker's time; it moves only when told
   WorkerOptions options =
       SmallWorker(1, std::chrono::milliseconds(50), std::chrono::milliseconds(100));
   options.verify_interval = std::chrono::hours(1);
   options.env = &clock;
-  CountingSink sink(engine);
-  RolloutWorker worker(options, api, *store, engine, verifier, &sink);
+  CountingSink sink(run.engine);
+  RolloutWorker worker(options, run.api, *run.store, run.engine, run.verifier, &sink);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
 
@@ -488,7 +496,6 @@ TEST_CASE(
   worker.Stop();
   running.join();
   CHECK(ran.ok());
-  std::filesystem::remove_all(store_dir);
 }
 
 }  // namespace
