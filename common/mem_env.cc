@@ -197,6 +197,7 @@ Result<std::vector<uint8_t>> MemEnv::ReadFile(const std::string& path) {
 
 Result<std::vector<DirectoryEntry>> MemEnv::ListDirectory(const std::string& dir) {
   MutexLock lock(mutex_);
+  if (fail_lookups_) return Unavailable("cannot list " + dir + ": Input/output error");
   const std::string path = WithoutTrailingSlashes(dir);
   if (TypeLocked(path) != PathType::kDirectory) return NotFound(dir + " is not a directory");
   const std::string prefix = path == "/" ? path : path + "/";
@@ -283,6 +284,7 @@ Status MemEnv::RenameIfAbsent(const std::string& from, const std::string& to) {
 
 Result<PathType> MemEnv::TypeOf(const std::string& path) {
   MutexLock lock(mutex_);
+  if (fail_lookups_) return Unavailable("cannot stat " + path + ": Input/output error");
   return TypeLocked(WithoutTrailingSlashes(path));
 }
 
@@ -367,6 +369,11 @@ void MemEnv::FailSyncs(int count, int after) {
   MutexLock lock(mutex_);
   failing_syncs_ = count;
   passing_syncs_ = after;
+}
+
+void MemEnv::FailLookups(bool on) {
+  MutexLock lock(mutex_);
+  fail_lookups_ = on;
 }
 
 void MemEnv::SetCapacity(uint64_t bytes) {

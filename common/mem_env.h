@@ -9,10 +9,11 @@
 //     file a crash finds is kept (torn as any other), as the harder of the two cases for what runs
 //     on it.
 //   - FailSyncs(n, after): the n syncs (and durable operations) after the next `after` fail,
-//   keeping
-//     nothing more durable; the ones that fail change nothing.
+//     keeping nothing more durable; the ones that fail change nothing.
 //   - SetCapacity(bytes): appends and writes that would take the files past `bytes` in all fail
 //     with "no space left", writing nothing.
+//   - FailLookups(on): TypeOf and ListDirectory fail with an I/O error (a directory that cannot
+//     be read), so that what runs on it must not take "cannot tell" for "nothing there".
 //   - Advance(d) moves both clocks; JumpWall(d) moves only the wall clock, either way. SleepFor
 //     advances them instead of sleeping.
 //
@@ -61,6 +62,7 @@ class MemEnv : public Env {
   std::unique_ptr<MemEnv> DiskAfterCrash(uint64_t keep = 0) const;
   void FailSyncs(int count, int after = 0);
   void SetCapacity(uint64_t bytes);
+  void FailLookups(bool on);
   void Advance(std::chrono::microseconds duration);
   void JumpWall(std::chrono::microseconds duration);
 
@@ -91,6 +93,7 @@ class MemEnv : public Env {
   int passing_syncs_ GUARDED_BY(mutex_) = 0;
   int failing_syncs_ GUARDED_BY(mutex_) = 0;
   uint64_t capacity_ GUARDED_BY(mutex_) = UINT64_MAX;
+  bool fail_lookups_ GUARDED_BY(mutex_) = false;
   uint64_t syncs_ GUARDED_BY(mutex_) = 0;
   int64_t wall_ GUARDED_BY(mutex_);
   int64_t monotonic_ GUARDED_BY(mutex_) = 0;

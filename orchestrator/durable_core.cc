@@ -281,12 +281,16 @@ std::string DurableCore::SnapshotPath(uint64_t generation) const {
   return base_ + ".snapshot." + std::to_string(generation);
 }
 
-std::vector<uint64_t> DurableCore::Generations(const std::string& prefix) const {
+Result<std::vector<uint64_t>> DurableCore::Generations(const std::string& prefix) const {
   std::vector<uint64_t> found;
   const size_t slash = prefix.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : prefix.substr(0, slash);
   const std::string name = slash == std::string::npos ? prefix : prefix.substr(slash + 1);
-  for (const std::string& file : env_.List(dir)) {
+  Result<std::vector<DirectoryEntry>> entries = env_.ListDirectory(dir);
+  if (!entries.ok() && entries.status().code() == StatusCode::kNotFound) return found;
+  if (!entries.ok()) return entries.status();
+  for (const DirectoryEntry& entry : *entries) {
+    const std::string& file = entry.name;
     if (file.size() <= name.size() || file.compare(0, name.size(), name) != 0) continue;
     const std::string digits = file.substr(name.size());
     if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 18) continue;
@@ -327,7 +331,8 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
   // The newest intact snapshot; an older one serves when a crash came before the newest was
   // complete (its journals are still there: they go only once a newer snapshot is durable).
   uint64_t start = 0;
-  std::vector<uint64_t> snapshots = durable->Generations(journal_path + ".snapshot.");
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint64_t> snapshots,
+                        durable->Generations(journal_path + ".snapshot."));
   for (auto g = snapshots.rbegin(); g != snapshots.rend(); ++g) {
     Result<std::string> state = durable->ReadSnapshot(*g);
     if (!state.ok()) {
@@ -343,7 +348,13 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     break;
   }
   Env& env = durable->env_;
-  if (start == 0 && !snapshots.empty() && !env.Exists(journal_path)) {
+  // Whether a file is there; an error (a directory that cannot be read) is not "no".
+  auto present = [&env](const std::string& path) -> Result<bool> {
+    WEFT_ASSIGN_OR_RETURN(PathType type, env.TypeOf(path));
+    return type != PathType::kNone;
+  };
+  WEFT_ASSIGN_OR_RETURN(const bool first_journal, present(journal_path));
+  if (start == 0 && !snapshots.empty() && !first_journal) {
     return DataLoss("no intact snapshot of " + journal_path +
                     " and its first journal is gone: the state cannot be rebuilt");
   }
@@ -351,10 +362,12 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
   // must be there: a journal is created (and synced) before its generation's snapshot is written
   // and before any later journal, so a missing one means acknowledged events are gone.
   uint64_t last = start;
-  for (uint64_t g : durable->Generations(journal_path + ".")) last = std::max(last, g);
-  const bool anything = !snapshots.empty() || last > 0 || env.Exists(journal_path);
+  WEFT_ASSIGN_OR_RETURN(std::vector<uint64_t> journals, durable->Generations(journal_path + "."));
+  for (uint64_t g : journals) last = std::max(last, g);
+  const bool anything = !snapshots.empty() || last > 0 || first_journal;
   for (uint64_t g = start; anything && g <= last; ++g) {
-    if (!env.Exists(durable->JournalPath(g))) {
+    WEFT_ASSIGN_OR_RETURN(const bool there, present(durable->JournalPath(g)));
+    if (!there) {
       return DataLoss("the journal " + durable->JournalPath(g) + " of generation " +
                       std::to_string(g) + " is missing, yet " +
                       (g < last ? "the journal of generation " + std::to_string(last)
@@ -382,12 +395,15 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
 }
 
 void DurableCore::DeleteBefore(uint64_t generation) const {
-  // (A file left behind is deleted by the next compaction or restart.)
-  for (uint64_t g : Generations(base_ + ".snapshot.")) {
-    if (g < generation) (void)env_.Remove(SnapshotPath(g));
+  // (A file left behind, or a directory that cannot be read now, is dealt with by the next
+  // compaction or restart.)
+  if (Result<std::vector<uint64_t>> found = Generations(base_ + ".snapshot."); found.ok()) {
+    for (uint64_t g : *found)
+      if (g < generation) (void)env_.Remove(SnapshotPath(g));
   }
-  for (uint64_t g : Generations(base_ + ".")) {
-    if (g < generation) (void)env_.Remove(JournalPath(g));
+  if (Result<std::vector<uint64_t>> found = Generations(base_ + "."); found.ok()) {
+    for (uint64_t g : *found)
+      if (g < generation) (void)env_.Remove(JournalPath(g));
   }
   if (generation > 0) (void)env_.Remove(JournalPath(0));
 }

@@ -87,8 +87,9 @@ class DurableCore {
         options_(options),
         env_(options.env ? *options.env : Env::Default()),
         core_(config) {}
-  // Generation numbers of the files named `prefix` followed by a number, in `prefix`'s directory.
-  std::vector<uint64_t> Generations(const std::string& prefix) const;
+  // Generation numbers of the files named `prefix` followed by a number, in `prefix`'s directory
+  // (none when the directory does not exist; an error when it cannot be read).
+  Result<std::vector<uint64_t>> Generations(const std::string& prefix) const;
   // The state in the snapshot of `generation`, or why it is not a complete one.
   Result<std::string> ReadSnapshot(uint64_t generation) const;
   std::string JournalPath(uint64_t generation) const;

@@ -89,6 +89,37 @@ TEST_CASE(
   REQUIRE(journal->Append(Record(2)).ok());
 }
 
+TEST_CASE(
+    "journal and durable core on a disk that cannot be read: an error naming the path, and the "
+    "journal there left as it was") {
+  MemEnv env;
+  DurableCore::Options options;
+  options.env = &env;
+  {
+    auto core = std::move(DurableCore::Open("/o/journal", CoreConfig{}, options)).value();
+    REQUIRE(core->AnnounceVersion(1'000'000, 0).ok());
+    REQUIRE(core->AddJobs(1'000'000, {{"\"p\"", 1}}).ok());
+  }
+  const std::vector<uint8_t> before = env.ReadFile("/o/journal").value();
+  env.FailLookups(true);
+  // Not being able to tell whether the journal is there is not its absence: a journal created in
+  // its place would lose what it acknowledged.
+  Result<std::unique_ptr<DurableCore>> core =
+      DurableCore::Open("/o/journal", CoreConfig{}, options);
+  REQUIRE(!core.ok());
+  CHECK(core.status().code() == StatusCode::kUnavailable);
+  CHECK_MESSAGE(core.status().message().find("/o") != std::string::npos, core.status().message());
+  Result<std::unique_ptr<Journal>> journal = Journal::Open(
+      "/o/journal", [](std::string_view) { return Status::Ok(); }, env);
+  REQUIRE(!journal.ok());
+  CHECK(journal.status().message() == "cannot stat /o/journal: Input/output error");
+  env.FailLookups(false);
+  CHECK(env.ReadFile("/o/journal").value() == before);
+  core = DurableCore::Open("/o/journal", CoreConfig{}, options);
+  REQUIRE(core.ok());
+  CHECK((*core)->Inspect([](const OrchestratorCore& c) { return c.queued_jobs(); }) == 1);
+}
+
 TrajectoryGroup Group(const Lease& lease) {
   TrajectoryGroup g;
   g.job = lease.job;

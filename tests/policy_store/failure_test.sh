@@ -23,6 +23,7 @@ for v in 0 1 2 3 4 5 6; do "$make_model" m$v.safetensors 11 $v big || exit 1; do
 # start_server NAME COMMAND...: starts a weft server writing NAME.log, waits for its URL.
 start_server() {
   local name=$1; shift
+  : > $name.log  # here, not in the child: a restart's wait must not read the last run's log
   "$@" > $name.log 2>&1 &
   server_started $name $!
 }

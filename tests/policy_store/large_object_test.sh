@@ -60,6 +60,7 @@ fi
 limited() {
   local name=$1
   shift
+  : > $name.log  # here, not in the child: the wait below must not read an earlier run's log
   if [ $limit_kind = cgroup ] || [ $limit_kind = cgroup2 ]; then
     local group=$cgroup_root/weft-large-$$-$name
     mkdir "$group" || exit 1

@@ -25,20 +25,35 @@ def _pointer(path: str) -> List[str]:
 
 
 def _patched(body: Any, patch: List[dict]) -> Any:
-    """``body`` after the RFC 6902 operations ``patch`` (add, remove and replace suffice here)."""
+    """``body`` after the RFC 6902 operations ``patch`` (add, remove and replace suffice here):
+    as nlohmann's patch() applies them, so that both suites see the same bodies."""
     body = copy.deepcopy(body)
     for op in patch:
         *parents, last = _pointer(op["path"])
         node = body
         for token in parents:
             node = node[int(token)] if isinstance(node, list) else node[token]
-        key: Any = int(last) if isinstance(node, list) else last
-        if op["op"] == "remove":
-            del node[key]
-        elif op["op"] in ("add", "replace"):
-            node[key] = op["value"]
+        kind = op["op"]
+        if isinstance(node, list):
+            index = len(node) if last == "-" and kind == "add" else int(last)
+            if kind == "add":
+                node.insert(index, op["value"])
+            elif kind in ("remove", "replace") and 0 <= index < len(node):
+                if kind == "remove":
+                    del node[index]
+                else:
+                    node[index] = op["value"]
+            else:
+                raise ValueError(f"cannot {kind} {op['path']}")
+        elif kind == "add":
+            node[last] = op["value"]
+        elif kind in ("remove", "replace") and last in node:
+            if kind == "remove":
+                del node[last]
+            else:
+                node[last] = op["value"]
         else:
-            raise ValueError(f"unsupported patch operation {op['op']}")
+            raise ValueError(f"cannot {kind} {op['path']}")
     return body
 
 
