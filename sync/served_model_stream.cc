@@ -18,7 +18,7 @@ Status ServedModelStream::Place(uint64_t offset, std::span<const uint8_t> bytes)
                     std::to_string(file_size_) + "-byte file");
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (!header_error_.ok()) return header_error_;
     placed_ += bytes.size();
     if (!parsed_) {
@@ -56,14 +56,14 @@ std::vector<std::span<uint8_t>> ServedModelStream::SpansLocked(uint64_t offset, 
 }
 
 std::vector<std::span<uint8_t>> ServedModelStream::Windows(uint64_t offset, uint64_t size) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return SpansLocked(offset, size, 64);
 }
 
 Status ServedModelStream::Placed(uint64_t offset, uint64_t size) {
   std::vector<std::span<uint8_t>> spans;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (!header_error_.ok()) return header_error_;
     spans = SpansLocked(offset, size, SIZE_MAX);
     if (spans.empty()) {
@@ -92,7 +92,7 @@ size_t ServedModelStream::TensorAt(uint64_t offset) const {
 
 Status ServedModelStream::TryParseHeader() {
   // The first `want` bytes, when the waiting pieces hold them without a gap.
-  auto gather = [&](uint64_t want) {
+  auto gather = [&](uint64_t want) REQUIRES(mutex_) {
     std::vector<uint8_t> prefix;
     uint64_t next = 0;
     for (const auto& [offset, piece] : waiting_) {
@@ -135,7 +135,7 @@ void ServedModelStream::PlaceData(uint64_t offset, std::span<const uint8_t> byte
   std::vector<std::pair<size_t, Digest>> sums;
   std::vector<std::pair<size_t, uint64_t>> split;
   CopyAndHash(offset, bytes, &sums, &split);
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   for (const auto& [t, sum] : sums) digests_[t] += sum;
   split_.insert(split_.end(), split.begin(), split.end());
 }
@@ -178,7 +178,7 @@ void ServedModelStream::CopyAndHash(uint64_t offset, std::span<const uint8_t> by
 }
 
 void ServedModelStream::Restart() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   ResetLocked();
 }
 
@@ -194,7 +194,7 @@ void ServedModelStream::ResetLocked() {
 }
 
 Result<ServedModel> ServedModelStream::Finish() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (!header_error_.ok()) return header_error_;
   if (placed_ != file_size_ || !parsed_) {
     const uint64_t missing = file_size_ - std::min(placed_, file_size_);

@@ -15,11 +15,11 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <span>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "sync/served_model.h"
 
@@ -53,21 +53,22 @@ class ServedModelStream {
     uint64_t offset = 0;  // of its data in the file
     uint8_t unit = 1;     // the digest's unit (CodedWidth)
   };
-  // With mutex_ held: parses the header once the pieces from offset 0 hold it, then places the
-  // pieces that waited for it.
-  Status TryParseHeader();
+  // Parses the header once the pieces from offset 0 hold it, then places the pieces that waited
+  // for it.
+  Status TryParseHeader() REQUIRES(mutex_);
   // The index of the last tensor whose data starts at or before `offset` (tensors_.size() when
   // none does), with mutex_ held or after the header is parsed.
   size_t TensorAt(uint64_t offset) const;
-  // The spans of the tensors that bytes [offset, offset + size) of the file cover, in order, with
-  // mutex_ held; empty when they are not all in the data section or need more than `max` spans.
-  std::vector<std::span<uint8_t>> SpansLocked(uint64_t offset, uint64_t size, size_t max);
-  // Forgets every piece, with mutex_ held (Restart, and Finish once the model is out).
-  void ResetLocked();
+  // The spans of the tensors that bytes [offset, offset + size) of the file cover, in order; empty
+  // when they are not all in the data section or need more than `max` spans.
+  std::vector<std::span<uint8_t>> SpansLocked(uint64_t offset, uint64_t size, size_t max)
+      REQUIRES(mutex_);
+  // Forgets every piece (Restart, and Finish once the model is out).
+  void ResetLocked() REQUIRES(mutex_);
   // Copies and hashes a piece of the data section (header parsed): PlaceData takes mutex_ to add
   // the sums, PlaceDataLocked is called with it held.
-  void PlaceData(uint64_t offset, std::span<const uint8_t> bytes);
-  void PlaceDataLocked(uint64_t offset, std::span<const uint8_t> bytes);
+  void PlaceData(uint64_t offset, std::span<const uint8_t> bytes) EXCLUDES(mutex_);
+  void PlaceDataLocked(uint64_t offset, std::span<const uint8_t> bytes) REQUIRES(mutex_);
   // Copies the piece into its tensors; the sums of the elements wholly inside it go to `sums`,
   // the elements it cuts to `split`.
   void CopyAndHash(uint64_t offset, std::span<const uint8_t> bytes,
@@ -75,16 +76,19 @@ class ServedModelStream {
                    std::vector<std::pair<size_t, uint64_t>>* split);
 
   const uint64_t file_size_;
-  std::mutex mutex_;
-  bool parsed_ = false;
-  Status header_error_;  // once the header failed to parse, every call says so
+  Mutex mutex_;
+  bool parsed_ GUARDED_BY(mutex_) = false;
+  Status header_error_ GUARDED_BY(mutex_);  // once the header failed to parse, every call says so
+  // Pieces that arrived before the header.
+  std::map<uint64_t, std::vector<uint8_t>> waiting_ GUARDED_BY(mutex_);
+  // Laid out under mutex_ when the header is parsed (and cleared by ResetLocked); between the two
+  // they do not change, and pieces are copied into disjoint bytes of the tensors without the lock.
   uint64_t data_start_ = 0;
-  std::map<uint64_t, std::vector<uint8_t>> waiting_;  // pieces that arrived before the header
-  std::vector<Building> tensors_;                     // by data offset
-  std::vector<Digest> digests_;                       // each tensor's sum so far
+  std::vector<Building> tensors_;                   // by data offset
+  std::vector<Digest> digests_ GUARDED_BY(mutex_);  // each tensor's sum so far
   // Elements split between pieces (tensor, element), hashed by Finish.
-  std::vector<std::pair<size_t, uint64_t>> split_;
-  uint64_t placed_ = 0;  // bytes placed (the header's included)
+  std::vector<std::pair<size_t, uint64_t>> split_ GUARDED_BY(mutex_);
+  uint64_t placed_ GUARDED_BY(mutex_) = 0;  // bytes placed (the header's included)
 };
 
 }  // namespace weft::sync
