@@ -477,8 +477,12 @@ TEST_CASE("wire: the golden status body is the encoder's, and its broken copies 
     Result<StatusPage> page = DecodeStatusPage(body, "status");
     REQUIRE(!page.ok());
     CHECK(page.status().code() == StatusCode::kInvalidArgument);
-    CHECK_MESSAGE(page.status().message().starts_with(c["error"].get<std::string>()),
-                  page.status().message());
+    const std::string error = c["error"];
+    if (c.value("prefix", false)) {
+      CHECK_MESSAGE(page.status().message().starts_with(error), page.status().message());
+    } else {
+      CHECK(page.status().message() == error);
+    }
   }
   CHECK(DecodeStatusPage("{", "status").status().code() == StatusCode::kInvalidArgument);
 }
