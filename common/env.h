@@ -85,7 +85,8 @@ class Env {
                                                              bool create) = 0;
   // The whole file: kNotFound when it does not exist.
   virtual Result<std::vector<uint8_t>> ReadFile(const std::string& path) = 0;
-  // Whether anything is at `path` (TypeOf, an error read as nothing).
+  // Whether anything is at `path` (TypeOf, an error read as nothing). Code that acts on an absence
+  // (creates what it thinks is missing) asks TypeOf, so that "cannot tell" is not "no".
   bool Exists(const std::string& path);
   // The names of the entries of directory `dir` (not their paths), sorted; none when it is not a
   // directory (ListDirectory, without types or errors).
