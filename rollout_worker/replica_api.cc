@@ -200,16 +200,41 @@ class InfoCache {
   std::optional<ReplicaInfo> info_ GUARDED_BY(mutex_);
 };
 
-// ------------------------------------------------------------------------------------------------
-// SGLang: the native API of `python -m sglang.launch_server`.
-class SglangReplica : public ReplicaApi {
+// What the SGLang and VLLM replicas share: their JSON calls, the Info they read once, the mode of
+// their last pause (which their loads depend on) and the health route.
+class JsonReplica : public ReplicaApi {
  public:
-  explicit SglangReplica(const ReplicaOptions& options) : calls_(options) {}
+  explicit JsonReplica(const ReplicaOptions& options) : calls_(options) {}
   const std::string& url() const override { return calls_.url(); }
-
   Status Health() override {
     return calls_.Call(Channel::kHealth, "GET", "/health", nullptr).status();
   }
+  void ForgetInfo() override { info_.Forget(); }
+
+ protected:
+  void SetPauseMode(const std::string& mode) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    mode_ = mode;
+  }
+  std::string PauseMode() EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    return mode_;
+  }
+
+  JsonCalls calls_;
+  InfoCache info_;
+  std::atomic<bool> cut_warned_{false};  // TokenLimit logged a cut completion
+  Mutex mutex_;
+
+ private:
+  std::string mode_ GUARDED_BY(mutex_) = "abort";  // the pause mode of the last pause
+};
+
+// ------------------------------------------------------------------------------------------------
+// SGLang: the native API of `python -m sglang.launch_server`.
+class SglangReplica : public JsonReplica {
+ public:
+  using JsonReplica::JsonReplica;
 
   Result<std::string> ModelPath() override {
     WEFT_ASSIGN_OR_RETURN(Json info, ModelInfo());
@@ -242,13 +267,8 @@ class SglangReplica : public ReplicaApi {
     });
   }
 
-  void ForgetInfo() override { info_.Forget(); }
-
   Status Pause(const std::string& mode) override {
-    {
-      MutexLock lock(mutex_);
-      mode_ = mode;
-    }
+    SetPauseMode(mode);
     const Json body = {{"mode", mode}};
     return calls_.Call(Channel::kControl, "POST", "/pause_generation", &body).status();
   }
@@ -258,11 +278,8 @@ class SglangReplica : public ReplicaApi {
     // keys and values of the old weights, so it goes, except where requests stay resident across
     // the pause (in_place, retract): SGLang cannot flush under them (the load would fail), and they
     // go on with the keys and values they have.
-    bool flush;
-    {
-      MutexLock lock(mutex_);
-      flush = mode_ != "in_place" && mode_ != "retract";
-    }
+    const std::string mode = PauseMode();
+    const bool flush = mode != "in_place" && mode != "retract";
     const Json body = {{"model_path", dir}, {"weight_version", version}, {"flush_cache", flush}};
     WEFT_ASSIGN_OR_RETURN(Json answer,
                           calls_.Call(Channel::kLoad, "POST", "/update_weights_from_disk", &body));
@@ -397,24 +414,13 @@ class SglangReplica : public ReplicaApi {
     }
     return out;
   }
-
-  JsonCalls calls_;
-  InfoCache info_;
-  std::atomic<bool> cut_warned_{false};  // TokenLimit logged a cut completion
-  Mutex mutex_;
-  std::string mode_ GUARDED_BY(mutex_) = "abort";  // the pause mode of the last pause
 };
 
 // ------------------------------------------------------------------------------------------------
 // vLLM: the OpenAI-compatible server, with the routes VLLM_SERVER_DEV_MODE=1 adds.
-class VllmReplica : public ReplicaApi {
+class VllmReplica : public JsonReplica {
  public:
-  explicit VllmReplica(const ReplicaOptions& options) : calls_(options) {}
-  const std::string& url() const override { return calls_.url(); }
-
-  Status Health() override {
-    return calls_.Call(Channel::kHealth, "GET", "/health", nullptr).status();
-  }
+  using JsonReplica::JsonReplica;
 
   Result<std::string> ModelPath() override {
     WEFT_ASSIGN_OR_RETURN(Json models,
@@ -462,13 +468,8 @@ class VllmReplica : public ReplicaApi {
     });
   }
 
-  void ForgetInfo() override { info_.Forget(); }
-
   Status Pause(const std::string& mode) override {
-    {
-      MutexLock lock(mutex_);
-      mode_ = mode;
-    }
+    SetPauseMode(mode);
     return calls_.Call(Channel::kControl, "POST", "/pause?mode=" + mode, nullptr).status();
   }
 
@@ -503,11 +504,7 @@ class VllmReplica : public ReplicaApi {
   // 200 {"success": false}; or 409 when it could not. The last two are tried again with the
   // running requests reset, and fail the load if that fails too.
   Status ResetPrefixCache() {
-    bool keep;
-    {
-      MutexLock lock(mutex_);
-      keep = mode_ == "keep";
-    }
+    const bool keep = PauseMode() == "keep";
     const std::string all = "/reset_prefix_cache?reset_running_requests=true";
     auto failed = [](const Result<Json>& answer) {
       if (!answer.ok()) return answer.status().code() == StatusCode::kConflict;
@@ -627,13 +624,8 @@ class VllmReplica : public ReplicaApi {
     return out;
   }
 
-  JsonCalls calls_;
-  InfoCache info_;
-  std::atomic<bool> cut_warned_{false};  // TokenLimit logged a cut completion
-  Mutex mutex_;
   // The served model's name, once ModelPath has read it.
   std::string model_id_ GUARDED_BY(mutex_);
-  std::string mode_ GUARDED_BY(mutex_) = "abort";  // the pause mode of the last pause
 };
 
 }  // namespace
