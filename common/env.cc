@@ -272,9 +272,9 @@ Env& Env::Default() {
   return env;
 }
 
-bool Env::Exists(const std::string& path) {
-  Result<PathType> type = TypeOf(path);
-  return type.ok() && *type != PathType::kNone;
+Result<bool> Env::Exists(const std::string& path) {
+  WEFT_ASSIGN_OR_RETURN(const PathType type, TypeOf(path));
+  return type != PathType::kNone;
 }
 
 std::vector<std::string> Env::List(const std::string& dir) {

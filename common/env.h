@@ -85,9 +85,9 @@ class Env {
                                                              bool create) = 0;
   // The whole file: kNotFound when it does not exist.
   virtual Result<std::vector<uint8_t>> ReadFile(const std::string& path) = 0;
-  // Whether anything is at `path` (TypeOf, an error read as nothing). Code that acts on an absence
-  // (creates what it thinks is missing) asks TypeOf, so that "cannot tell" is not "no".
-  bool Exists(const std::string& path);
+  // Whether anything is at `path` (TypeOf): an error when that cannot be told, which is not "no"
+  // (code that creates what it thinks is missing must not create it over what is there).
+  Result<bool> Exists(const std::string& path);
   // The names of the entries of directory `dir` (not their paths), sorted; none when it is not a
   // directory (ListDirectory, without types or errors).
   std::vector<std::string> List(const std::string& dir);

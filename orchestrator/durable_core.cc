@@ -348,12 +348,7 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
     break;
   }
   Env& env = durable->env_;
-  // Whether a file is there; an error (a directory that cannot be read) is not "no".
-  auto present = [&env](const std::string& path) -> Result<bool> {
-    WEFT_ASSIGN_OR_RETURN(PathType type, env.TypeOf(path));
-    return type != PathType::kNone;
-  };
-  WEFT_ASSIGN_OR_RETURN(const bool first_journal, present(journal_path));
+  WEFT_ASSIGN_OR_RETURN(const bool first_journal, env.Exists(journal_path));
   if (start == 0 && !snapshots.empty() && !first_journal) {
     return DataLoss("no intact snapshot of " + journal_path +
                     " and its first journal is gone: the state cannot be rebuilt");
@@ -366,7 +361,7 @@ Result<std::unique_ptr<DurableCore>> DurableCore::Open(const std::string& journa
   for (uint64_t g : journals) last = std::max(last, g);
   const bool anything = !snapshots.empty() || last > 0 || first_journal;
   for (uint64_t g = start; anything && g <= last; ++g) {
-    WEFT_ASSIGN_OR_RETURN(const bool there, present(durable->JournalPath(g)));
+    WEFT_ASSIGN_OR_RETURN(const bool there, env.Exists(durable->JournalPath(g)));
     if (!there) {
       return DataLoss("the journal " + durable->JournalPath(g) + " of generation " +
                       std::to_string(g) + " is missing, yet " +

@@ -118,8 +118,8 @@ Status Journal::Replay(const std::string& path,
 Result<std::unique_ptr<Journal>> Journal::Open(
     const std::string& path, const std::function<Status(std::string_view)>& replay, Env& env) {
   // (An error here is not "no journal": creating one would lose the events of the one there.)
-  WEFT_ASSIGN_OR_RETURN(const PathType type, env.TypeOf(path));
-  if (type == PathType::kNone) {
+  WEFT_ASSIGN_OR_RETURN(const bool exists, env.Exists(path));
+  if (!exists) {
     WEFT_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, CreateFile(env, path));
     std::unique_ptr<Journal> journal(new Journal(env, path, std::move(file), sizeof(kMagic)));
     journal->Start();

@@ -27,7 +27,7 @@ std::string Text(const Result<std::vector<uint8_t>>& bytes) {
 // The same script on either Env, in directory `dir`.
 void Script(Env& env, const std::string& dir) {
   const std::string a = dir + "/a", b = dir + "/b";
-  CHECK(!env.Exists(a));
+  CHECK(!env.Exists(a).value());
   CHECK(env.OpenWritable(a, false).status().code() == StatusCode::kNotFound);
   CHECK(env.ReadFile(a).status().code() == StatusCode::kNotFound);
   {
@@ -54,7 +54,7 @@ void Script(Env& env, const std::string& dir) {
   CHECK(names == std::vector<std::string>{"a", "b"});
   REQUIRE(env.Remove(a).ok());
   REQUIRE(env.Remove(a).ok());  // gone already: fine
-  CHECK(!env.Exists(a));
+  CHECK(!env.Exists(a).value());
   CHECK(env.List(dir + "/none").empty());
   {
     auto file = std::move(env.OpenWritable(b, true)).value();  // emptied
@@ -232,8 +232,8 @@ TEST_CASE("mem env: a crash keeps directories and what was moved into place afte
     CHECK(Text(env.ReadFile("/store/a/synced")) == "whole");
     CHECK(Text(env.ReadFile("/store/a/unsynced")) ==
           std::string("torn").substr(0, std::min<uint64_t>(keep, 4)));
-    CHECK(env.Exists("/store/a/.left"));       // a temporary file may be left: the harder case
-    CHECK(env.LockFile("/store/.lock").ok());  // the crashed process's lock went with it
+    CHECK(env.Exists("/store/a/.left").value());  // a temporary file may be left: the harder case
+    CHECK(env.LockFile("/store/.lock").ok());     // the crashed process's lock went with it
   }
   MemEnv empty;
   REQUIRE(empty.CreateDirectories("/store").ok());
@@ -250,7 +250,7 @@ TEST_CASE("mem env: syncs can be made to fail after some succeed; a failed move 
   const Status failed = env.RenameIfAbsent("/s/.t", "/s/x");
   CHECK(failed.code() == StatusCode::kUnavailable);
   CHECK(failed.message() == "cannot sync /s/x: Input/output error");
-  CHECK(!env.Exists("/s/x"));
+  CHECK(!env.Exists("/s/x").value());
   CHECK(Text(env.ReadFile("/s/.t")) == "bytes");
   CHECK(env.RenameIfAbsent("/s/.t", "/s/x").ok());  // the failures asked for are spent
   env.FailSyncs(1);
@@ -278,7 +278,7 @@ TEST_CASE("mem env: failed syncs and a full disk fail with what happened, changi
   CHECK(full.used_bytes() == 8);
   const std::span<const uint8_t> parts[] = {Bytes("abc")};
   CHECK(!full.WriteAtomic("/g", parts).ok());
-  CHECK(!full.Exists("/g"));
+  CHECK(!full.Exists("/g").value());
   full.SetCapacity(100);
   CHECK(f->Append(Bytes("abc")).ok());
 }

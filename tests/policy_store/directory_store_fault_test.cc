@@ -342,7 +342,7 @@ TEST_CASE("directory store on an in-memory Env: the same contract as on the mach
   // Opening without creating: only a directory that is there.
   MemEnv empty;
   CHECK(DirectoryStore::Open("/store", false, &empty).status().code() == StatusCode::kNotFound);
-  CHECK(!empty.Exists("/store"));
+  CHECK(!empty.Exists("/store").value());
   REQUIRE(empty.CreateDirectories("/store").ok());
   CHECK(DirectoryStore::Open("/store", false, &empty).ok());
   const std::span<const uint8_t> nothing[] = {Bytes("")};
