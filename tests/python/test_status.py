@@ -35,23 +35,16 @@ def _patched(body: Any, patch: List[dict]) -> Any:
             node = node[int(token)] if isinstance(node, list) else node[token]
         kind = op["op"]
         if isinstance(node, list):
-            index = len(node) if last == "-" and kind == "add" else int(last)
-            if kind == "add":
-                node.insert(index, op["value"])
-            elif kind in ("remove", "replace") and 0 <= index < len(node):
-                if kind == "remove":
-                    del node[index]
-                else:
-                    node[index] = op["value"]
-            else:
-                raise ValueError(f"cannot {kind} {op['path']}")
-        elif kind == "add":
-            node[last] = op["value"]
-        elif kind in ("remove", "replace") and last in node:
-            if kind == "remove":
-                del node[last]
-            else:
-                node[last] = op["value"]
+            key: Any = len(node) if last == "-" and kind == "add" else int(last)
+            present = 0 <= key < len(node)
+        else:
+            key, present = last, last in node
+        if kind == "add" and isinstance(node, list):
+            node.insert(key, op["value"])
+        elif kind == "add" or (kind == "replace" and present):
+            node[key] = op["value"]
+        elif kind == "remove" and present:
+            del node[key]
         else:
             raise ValueError(f"cannot {kind} {op['path']}")
     return body
