@@ -360,6 +360,10 @@ TEST_CASE(
   const uint64_t before = worker.stats().handed_back;
   REQUIRE(trainer.AddJobs({{Json(42), 1}}).ok());
   CHECK(WaitFor([&] { return trainer.GetStatus().value().jobs.given_up == 1; }));
+  // The worker counts a hand-back when the orchestrator's answer reaches it, which can be after
+  // the orchestrator has already leased the next attempt to another of its job threads (and, on
+  // the last, given the job up): wait for the answers, then check none was counted twice.
+  CHECK(WaitFor([&] { return worker.stats().handed_back >= before + 5; }));
   CHECK(worker.stats().handed_back == before + 5);  // max_attempts
   CHECK(trainer.GetStatus().value().jobs.leased == 0);
   worker.Stop();
