@@ -83,7 +83,95 @@ bool TimeToWarn(std::atomic<int64_t>& last) {
   return last.compare_exchange_strong(previous, now);
 }
 
-using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+// A TLS stream whose reads and writes complete through one handler type.
+//
+// Beast's HTTP operations call a stream's async_read_some and async_write_some with a handler of
+// their own type, one per operation and completion handler in the session; over a TLS stream
+// each of those instantiates the TLS engine's composed operations again (about two thirds of this
+// file's compile time when it did). Here the HTTP operations complete through Completion, a
+// move-only type-erased handler, so the TLS operations are instantiated once for reads and once
+// for writes; the cost is one allocation per read or write, next to a TLS record's encryption.
+// Reads and writes keep their contract (each moves some bytes of the buffers); a write passes the
+// buffers on whole, so the TLS layer still gathers small pieces into one record.
+class TlsStream {
+ public:
+  using executor_type = beast::tcp_stream::executor_type;
+  using Inner = beast::ssl_stream<beast::tcp_stream>;
+
+  TlsStream(tcp::socket socket, asio::ssl::context& context) : inner_(std::move(socket), context) {}
+
+  executor_type get_executor() { return inner_.get_executor(); }
+  // For beast::get_lowest_layer: the TCP stream under the TLS layer, with its deadlines.
+  beast::tcp_stream& next_layer() { return inner_.next_layer(); }
+
+  template <typename Handler>
+  void async_handshake(asio::ssl::stream_base::handshake_type type, Handler&& handler) {
+    inner_.async_handshake(type, std::forward<Handler>(handler));
+  }
+  template <typename Handler>
+  void async_shutdown(Handler&& handler) {
+    inner_.async_shutdown(std::forward<Handler>(handler));
+  }
+  template <typename MutableBuffers, typename Handler>
+  void async_read_some(const MutableBuffers& buffers, Handler&& handler) {
+    inner_.async_read_some(First(buffers), Erase(std::forward<Handler>(handler)));
+  }
+  template <typename ConstBuffers, typename Handler>
+  void async_write_some(const ConstBuffers& buffers, Handler&& handler) {
+    std::vector<asio::const_buffer> pieces;
+    for (const asio::const_buffer piece : beast::buffers_range_ref(buffers)) {
+      if (piece.size() > 0) pieces.push_back(piece);
+    }
+    inner_.async_write_some(pieces, Erase(std::forward<Handler>(handler)));
+  }
+
+ private:
+  // A handler of any type, called once with the operation's result on the executor it is bound
+  // to (that of the handler it holds, or the stream's strand).
+  class Completion {
+   public:
+    template <typename Handler>
+    explicit Completion(Handler handler)
+        : held_(std::make_unique<Held<Handler>>(std::move(handler))) {}
+    void operator()(beast::error_code error, size_t bytes) {
+      std::unique_ptr<Base> held = std::move(held_);
+      held->Call(error, bytes);
+    }
+
+   private:
+    struct Base {
+      virtual ~Base() = default;
+      virtual void Call(beast::error_code error, size_t bytes) = 0;
+    };
+    template <typename Handler>
+    struct Held final : Base {
+      explicit Held(Handler h) : handler(std::move(h)) {}
+      void Call(beast::error_code error, size_t bytes) override {
+        Handler h = std::move(handler);
+        h(error, bytes);
+      }
+      Handler handler;
+    };
+    std::unique_ptr<Base> held_;
+  };
+
+  template <typename Handler>
+  asio::executor_binder<Completion, executor_type> Erase(Handler&& handler) {
+    executor_type executor = asio::get_associated_executor(handler, get_executor());
+    return asio::bind_executor(std::move(executor),
+                               Completion(std::decay_t<Handler>(std::forward<Handler>(handler))));
+  }
+  // A read fills the first buffer with room (as a TLS read does whatever it is given).
+  template <typename MutableBuffers>
+  static asio::mutable_buffer First(const MutableBuffers& buffers) {
+    for (const asio::mutable_buffer piece : beast::buffers_range_ref(buffers)) {
+      if (piece.size() > 0) return piece;
+    }
+    return {};
+  }
+
+  Inner inner_;
+};
 
 // The body type of a request streamed to a BodySink: the parser hands each piece of the body
 // (chunk encoding removed) to the sink as it arrives, and keeps none of it.

@@ -508,6 +508,84 @@ TEST_CASE("HTTP: a body routed to a sink streams to it in pieces, within the lim
   CHECK(handled == 1);
 }
 
+// A source that gives `left` bytes of a pattern (byte i is i * 7 % 251), at most `max` a piece,
+// each from a thread of its own.
+class PatternSource : public http::BodySource {
+ public:
+  explicit PatternSource(uint64_t length) : left_(length) {}
+  void Read(size_t max, Done done) override {
+    const size_t size = static_cast<size_t>(std::min<uint64_t>(max, left_));
+    piece_.resize(size);
+    for (size_t i = 0; i < size; ++i) piece_[i] = static_cast<uint8_t>((offset_ + i) * 7 % 251);
+    offset_ += size;
+    left_ -= size;
+    std::thread([this, done] { done(std::span<const uint8_t>(piece_)); }).detach();
+  }
+
+ private:
+  uint64_t left_, offset_ = 0;
+  std::vector<uint8_t> piece_;
+};
+
+TEST_CASE("HTTPS: bodies streamed both ways in pieces, and HEAD, over one kept-alive connection") {
+  const std::string dir = testing::TempPath("tls_stream");
+  std::filesystem::create_directories(dir);
+  const testing::TestCertificate cert = testing::MakeCertificate(dir, "server");
+  auto log = std::make_shared<SinkLog>();
+  constexpr uint64_t kAnswerBytes = 5 << 20;  // several pieces of a streamed answer
+  http::ServerOptions options;
+  options.tls_cert_file = cert.cert;
+  options.tls_key_file = cert.key;
+  options.max_body_bytes = 4 << 20;
+  auto server = http::HttpServer::Start(
+      options,
+      [&](http::Request request, http::Responder respond) {
+        http::Response head(bhttp::status::ok, request.version());
+        respond.Stream(std::move(head), kAnswerBytes,
+                       std::make_unique<PatternSource>(kAnswerBytes));
+      },
+      nullptr,
+      [&](const http::RequestHeader& header) -> std::unique_ptr<http::BodySink> {
+        if (header.method() != bhttp::verb::put) return nullptr;
+        return std::make_unique<RecordingSink>(log);
+      });
+  REQUIRE_MESSAGE(server.ok(), server.status().ToString());
+  HttpClientOptions trusting = Quick();
+  trusting.ca_file = cert.cert;
+  trusting.deadline = std::chrono::seconds(60);  // megabytes in pieces, under a sanitizer
+  HttpClient client("https://127.0.0.1:" + std::to_string((*server)->port()), trusting);
+
+  std::string body(3 << 20, 'x');
+  for (size_t i = 0; i < body.size(); i += 4093) body[i] = static_cast<char>('a' + i % 26);
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    auto up = client.Request("PUT", "/up",
+                             {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, {});
+    REQUIRE_MESSAGE(up.ok(), up.status().ToString());
+    CHECK(up->status == 201);
+    auto down = client.Request("GET", "/down", {}, {});
+    REQUIRE_MESSAGE(down.ok(), down.status().ToString());
+    CHECK(down->status == 200);
+    REQUIRE(down->body.size() == kAnswerBytes);
+    bool same = true;
+    for (size_t i = 0; i < down->body.size() && same; ++i)
+      same = down->body[i] == static_cast<uint8_t>(i * 7 % 251);
+    CHECK(same);
+    auto head = client.Request("HEAD", "/down", {}, {});
+    REQUIRE_MESSAGE(head.ok(), head.status().ToString());
+    CHECK(head->status == 200);
+    CHECK(head->body.empty());
+  }
+  {
+    std::lock_guard<std::mutex> lock(log->mutex);
+    CHECK(log->bytes == body + body);
+    CHECK(log->pieces > 2);
+    CHECK(log->finished == 2);
+  }
+  (*server)->Stop();
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("HTTP: a malformed request is answered 400 with a JSON error, then closed") {
   std::atomic<int> handled{0};
   auto server = http::HttpServer::Start({}, [&](http::Request request, http::Responder respond) {
