@@ -17,6 +17,7 @@ esac
 
 packages=(
   build-essential cmake ninja-build pkg-config git   # toolchain
+  ccache                                              # rebuilds of unchanged sources from a cache
   clang libclang-rt-14-dev                            # sanitizers and libFuzzer for the test suite
   clang-format                                        # the test suite checks the formatting
   libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev libssl-dev
