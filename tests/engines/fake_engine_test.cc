@@ -22,6 +22,7 @@
 #include "examples/arithmetic_task.h"
 #include "sync/convert.h"
 #include "sync/safetensors.h"
+#include "tests/source_dir.h"
 #include "tests/temp_path.h"
 
 namespace weft::fake_engine {
@@ -1042,7 +1043,8 @@ TEST_CASE("stop and start: the engine dies and comes back on the same port as la
 #ifdef WEFT_FAKE_ENGINE_BINARY
 TEST_CASE("the executable: init writes a model, serve answers until SIGTERM") {
   const std::string dir = testing::TempPath("fake_engine_exe");
-  const std::string init = std::string(WEFT_FAKE_ENGINE_BINARY) + " init --dir " + dir +
+  const std::string program = testing::BuildTreeProgram(WEFT_FAKE_ENGINE_BINARY);
+  const std::string init = program + " init --dir " + dir +
                            " --d-model 32 --layers 2 --heads 2 --d-ff 64 --max-seq 20 --seed 3 "
                            "--dtype f16 > /dev/null";
   REQUIRE(std::system(init.c_str()) == 0);
@@ -1059,8 +1061,8 @@ TEST_CASE("the executable: init writes a model, serve answers until SIGTERM") {
     dup2(out[1], 1);
     close(out[0]);
     close(out[1]);
-    execl(WEFT_FAKE_ENGINE_BINARY, WEFT_FAKE_ENGINE_BINARY, "serve", "--api", "vllm",
-          "--model-path", dir.c_str(), "--served-model-name", "tiny", nullptr);
+    execl(program.c_str(), program.c_str(), "serve", "--api", "vllm", "--model-path", dir.c_str(),
+          "--served-model-name", "tiny", nullptr);
     _exit(127);
   }
   close(out[1]);

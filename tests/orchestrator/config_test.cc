@@ -1,4 +1,5 @@
 #include "orchestrator/config.h"
+#include "tests/source_dir.h"
 
 #include <doctest/doctest.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@ std::string Write(const std::string& name, const std::string& text) {
 }
 
 TEST_CASE("orchestrator config: the shipped example loads; values land where they belong") {
-  auto config = LoadOrchestratorConfig(WEFT_SOURCE_DIR "/configs/orchestrator.yaml");
+  auto config = LoadOrchestratorConfig(weft::testing::SourceDir() + "/configs/orchestrator.yaml");
   REQUIRE_MESSAGE(config.ok(), config.status().message());
   CHECK(config->service.server.port == 8090);
   CHECK(config->core.max_staleness == 2);
@@ -26,8 +27,8 @@ TEST_CASE("orchestrator config: the shipped example loads; values land where the
   CHECK(config->service.max_wait == std::chrono::milliseconds(30000));
   CHECK(config->service.server.max_body_bytes == uint64_t{16} << 20);
   setenv("WEFT_ADMIN_TOKEN", "from-the-environment", 1);
-  CHECK(LoadOrchestratorConfig(WEFT_SOURCE_DIR "/configs/orchestrator.yaml")->service.admin_token ==
-        "from-the-environment");
+  CHECK(LoadOrchestratorConfig(weft::testing::SourceDir() + "/configs/orchestrator.yaml")
+            ->service.admin_token == "from-the-environment");
   unsetenv("WEFT_ADMIN_TOKEN");
 }
 

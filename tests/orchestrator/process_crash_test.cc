@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "orchestrator/client.h"
+#include "tests/source_dir.h"
 #include "tests/temp_path.h"
 
 #ifdef WEFT_BINARY
@@ -29,7 +30,8 @@ pid_t Spawn(const std::string& config, const std::string& log) {
   if (pid == 0) {
     FILE* out = std::freopen(log.c_str(), "a", stdout);
     (void)out;
-    execl(WEFT_BINARY, WEFT_BINARY, "orchestrator", "--config", config.c_str(),
+    const std::string weft = testing::BuildTreeProgram(WEFT_BINARY);
+    execl(weft.c_str(), weft.c_str(), "orchestrator", "--config", config.c_str(),
           static_cast<char*>(nullptr));
     _exit(127);
   }

@@ -1,4 +1,5 @@
 #include "orchestrator/wire.h"
+#include "tests/source_dir.h"
 
 #include <doctest/doctest.h>
 
@@ -454,7 +455,7 @@ TEST_CASE("wire: the status page survives a round trip, in the shape docs/api.md
 
 // The golden status body both this suite and the Python package's are held to.
 Json StatusGolden() {
-  std::ifstream in(std::string(WEFT_SOURCE_DIR) + "/tests/data/status.json");
+  std::ifstream in(weft::testing::TestDataDir() + "/status.json");
   REQUIRE(in.good());
   std::stringstream text;
   text << in.rdbuf();

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "policy_store/manifest.h"
+#include "tests/source_dir.h"
 
 namespace weft::policy_store::s3 {
 namespace {
@@ -109,7 +110,7 @@ std::string Trimmed(std::string text) {
 }
 
 TEST_CASE("SigV4: every applicable case of the published test suite") {
-  const fs::path root = fs::path(WEFT_TEST_DATA_DIR) / "sigv4";
+  const fs::path root = fs::path(weft::testing::TestDataDir()) / "sigv4";
   int cases = 0;
   for (const auto& entry : fs::directory_iterator(root)) {
     if (!entry.is_directory()) continue;

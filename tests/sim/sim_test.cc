@@ -8,13 +8,14 @@
 #include "sim/config.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
+#include "tests/source_dir.h"
 #include "tests/temp_path.h"
 
 namespace weft::sim {
 namespace {
 
 std::string Config(const std::string& name) {
-  return std::string(WEFT_SOURCE_DIR) + "/configs/sim/" + name;
+  return weft::testing::SourceDir() + "/configs/sim/" + name;
 }
 
 SimConfig Load(const std::string& name) {

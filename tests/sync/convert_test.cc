@@ -1,4 +1,5 @@
 #include "sync/convert.h"
+#include "tests/source_dir.h"
 
 #include <doctest/doctest.h>
 
@@ -160,7 +161,7 @@ TEST_CASE("narrowing then widening returns every non-NaN code") {
 }
 
 TEST_CASE("PyTorch reference: BF16 and FP16 bit for bit") {
-  std::ifstream in(std::string(WEFT_TEST_DATA_DIR) + "/torch_conversions.bin", std::ios::binary);
+  std::ifstream in(weft::testing::TestDataDir() + "/torch_conversions.bin", std::ios::binary);
   REQUIRE(in.good());
   uint32_t count = 0;
   in.read(reinterpret_cast<char*>(&count), 4);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "orchestrator/wire.h"
+#include "tests/source_dir.h"
 
 namespace weft::trainer_adapter {
 namespace {
@@ -15,7 +16,7 @@ namespace {
 using Json = nlohmann::json;
 
 Json Cases() {
-  std::ifstream in(std::string(WEFT_TEST_DATA_DIR) + "/trajectories.json");
+  std::ifstream in(weft::testing::TestDataDir() + "/trajectories.json");
   REQUIRE(in.good());
   std::stringstream text;
   text << in.rdbuf();
