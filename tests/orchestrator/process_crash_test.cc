@@ -26,11 +26,12 @@ namespace {
 using Json = nlohmann::json;
 
 pid_t Spawn(const std::string& config, const std::string& log) {
+  // Before the fork: the child of a process with threads should allocate nothing before exec.
+  const std::string weft = testing::BuildTreeProgram(WEFT_BINARY);
   const pid_t pid = fork();
   if (pid == 0) {
     FILE* out = std::freopen(log.c_str(), "a", stdout);
     (void)out;
-    const std::string weft = testing::BuildTreeProgram(WEFT_BINARY);
     execl(weft.c_str(), weft.c_str(), "orchestrator", "--config", config.c_str(),
           static_cast<char*>(nullptr));
     _exit(127);
