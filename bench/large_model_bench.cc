@@ -157,7 +157,7 @@ void Publish(ObjectStore& store, uint64_t model_bytes, uint64_t versions, double
         delta.emplace();
         for (size_t i = 0; i < owned[r].size(); ++i) {
           const sync::ServedModel::Tensor& tensor = shards[r].tensors()[i];
-          std::vector<uint8_t> next = tensor.bytes;
+          std::vector<uint8_t> next = tensor.bytes.ToVector();
           Step(next, owned[r][i], v, density);
           sync::CodecOptions codec;
           codec.threads = threads;

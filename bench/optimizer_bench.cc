@@ -156,7 +156,7 @@ RunResult Run(const examples::RealStepsOptions& base, const std::vector<float>& 
     for (size_t f = 0; f < kFormatCount; ++f) {
       std::vector<std::vector<uint8_t>> before;
       for (const sync::ServedModel::Tensor& tensor : served[f].tensors())
-        before.push_back(tensor.bytes);
+        before.push_back(tensor.bytes.ToVector());
       uint64_t changed = 0;
       Result<sync::ModelDelta> delta = served[f].Update(run.Master(), codec, &changed);
       Check(delta.status(), "updating the served model");

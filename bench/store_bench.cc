@@ -345,7 +345,7 @@ void MeasureShardedPublish() {
       std::vector<std::vector<uint8_t>> bytes;
       for (size_t t = r; t < model.tensors().size(); t += kWorld) {
         specs.push_back(model.tensors()[t].spec);
-        bytes.push_back(model.tensors()[t].bytes);
+        bytes.push_back(model.tensors()[t].bytes.ToVector());
       }
       parts.push_back(sync::ServedModel::FromTensors(specs, bytes, threads));
     }

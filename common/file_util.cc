@@ -26,6 +26,36 @@ Result<MappedFile> MappedFile::Open(const std::string& path) {
   return mapped;
 }
 
+Result<MappedFile> MappedFile::OpenWritable(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return NotFound(path + ": no such file");
+    return Unavailable(path + ": cannot open for writing: " + ErrnoText());
+  }
+  struct stat info {};
+  const bool stated = ::fstat(fd, &info) == 0;
+  if (!stated || !S_ISREG(info.st_mode)) {
+    const std::string error = stated ? "not a regular file" : ErrnoText();
+    ::close(fd);
+    return Unavailable(path + ": cannot map for writing: " + error);
+  }
+  MappedFile file;
+  file.path_ = path;
+  file.size_ = static_cast<size_t>(info.st_size);
+  file.writable_ = true;
+  if (file.size_ > 0) {
+    void* address = ::mmap(nullptr, file.size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (address == MAP_FAILED) {
+      const std::string error = ErrnoText();
+      ::close(fd);
+      return Unavailable(path + ": cannot map for writing: " + error);
+    }
+    file.data_ = static_cast<const uint8_t*>(address);
+  }
+  ::close(fd);
+  return file;
+}
+
 Result<MappedFile> MappedFile::Map(int fd, uint64_t size, const std::string& what) {
   MappedFile file;
   file.path_ = what;
@@ -98,7 +128,8 @@ Status SpillFile::WriteAt(uint64_t offset, std::span<const uint8_t> bytes) const
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      writable_(std::exchange(other.writable_, false)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
@@ -106,6 +137,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     path_ = std::move(other.path_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    writable_ = std::exchange(other.writable_, false);
   }
   return *this;
 }

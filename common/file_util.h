@@ -1,9 +1,10 @@
 // File helpers with Status errors that name the path.
 //
-// MappedFile maps a file read-only (the bytes stay valid while the object lives; movable, not
-// copyable). WriteFileAtomic writes to a temporary file beside the target, fsyncs it, renames it
-// over the target and fsyncs the directory, so a reader sees either the old file or the whole new
-// one, never a torn write.
+// MappedFile maps a file, read-only or (OpenWritable) for writing in place, shared with the file:
+// what is written reaches the file's pages, which every reader of the file sees (the bytes stay
+// valid while the object lives; movable, not copyable). WriteFileAtomic writes to a temporary file
+// beside the target, fsyncs it, renames it over the target and fsyncs the directory, so a reader
+// sees either the old file or the whole new one, never a torn write.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +22,10 @@ namespace weft {
 class MappedFile {
  public:
   static Result<MappedFile> Open(const std::string& path);
+  // The whole of an existing regular file, for reading and writing. The file's blocks must be
+  // allocated (a file written in full, not sparse, on a file system that writes in place): a write
+  // that needs a block the file system cannot give faults the process.
+  static Result<MappedFile> OpenWritable(const std::string& path);
   // Maps `size` bytes of an open file (the descriptor stays the caller's); `what` names it in
   // errors.
   static Result<MappedFile> Map(int fd, uint64_t size, const std::string& what);
@@ -36,12 +41,18 @@ class MappedFile {
   ~MappedFile();
 
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
+  // The bytes, for writing; empty unless the file was opened with OpenWritable.
+  std::span<uint8_t> writable_bytes() const {
+    return writable_ ? std::span<uint8_t>(const_cast<uint8_t*>(data_), size_)
+                     : std::span<uint8_t>();
+  }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  bool writable_ = false;
 };
 
 // A file with no name in `dir` (O_TMPFILE, or a name removed at once where the file system has no

@@ -247,6 +247,17 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
   return Status::Ok();
 }
 
+Result<sync::ServedModel> HttpEngine::MapDirectory() {
+  MutexLock load(load_mutex_);
+  return checkpoint_.Map();
+}
+
+void HttpEngine::ForgetDirectory() {
+  MutexLock load(load_mutex_);
+  dir_version_.reset();
+  checkpoint_.WillChangeInPlace();
+}
+
 Result<int64_t> HttpEngine::Reload(Replica& r, uint64_t version) {
   const std::string& mode = options_.pause_mode;
   {

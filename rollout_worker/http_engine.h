@@ -3,7 +3,8 @@
 //
 // Weights (docs/engines.md): Stage writes the verified served model once into the served
 // checkpoint directory (served_checkpoint.h; the first time it also checks that the engine's own
-// model directory holds the same tensor names, shapes and dtypes, and refuses another model).
+// model directory holds the same tensor names, shapes and dtypes, and refuses another model), or
+// nothing when the model is that directory's file, mapped (MapDirectory) and changed in place.
 // Commit loads that directory into every replica, at most `max_paused` at a time and never all of
 // them when there are several, so capacity never drops to zero: per replica pause (in the
 // configured mode), load with the version, resume, and check the version the replica reports.
@@ -89,7 +90,9 @@ struct HttpEngineStats {
   uint64_t regenerated = 0;   // samples generated again: their weight switch point was unknown
   double last_commit_ms = 0;  // from the start of a commit until every replica served it
   double max_commit_ms = 0;
-  uint64_t last_bytes_written = 0;  // into the checkpoint directory, last stage
+  // Into the checkpoint directory by the last stage (none when the copy is the directory's file:
+  // its pull wrote the changed elements in place).
+  uint64_t last_bytes_written = 0;
   std::vector<ReplicaStats> replicas;
 };
 
@@ -107,6 +110,16 @@ class HttpEngine : public Engine {
   EngineHealth Health() const override;
 
   HttpEngineStats stats() const;
+
+  // For a weight sink whose copy is the served checkpoint directory's file (DirectoryWeightSink):
+  // the tensors the directory holds since the last Stage, as views of the file mapped for writing
+  // (ServedCheckpoint::Map). Staging that model again, once changed in place, writes nothing.
+  Result<sync::ServedModel> MapDirectory();
+  // The directory's file no longer holds the version staged: it is about to be changed in place,
+  // or its bytes are in doubt. Until the next Stage no replica loads from it (one that comes back
+  // meanwhile waits for the next commit), and that Stage writes it whole unless it is given the
+  // mapped model.
+  void ForgetDirectory();
 
  private:
   struct Replica;

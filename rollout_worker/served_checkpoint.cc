@@ -54,7 +54,61 @@ Status CopyModelFiles(const std::string& from, const std::string& to) {
 
 }  // namespace
 
+bool ServedCheckpoint::IsMappedHere(const sync::ServedModel& model) const {
+  if (mapping_ == nullptr || placed_.size() != model.tensors().size()) return false;
+  const uint8_t* base = mapping_->bytes().data();
+  for (const auto& t : model.tensors()) {
+    auto found = placed_.find(t.spec.name);
+    if (found == placed_.end() || found->second.size != t.bytes.size() ||
+        t.bytes.data() != base + found->second.offset)
+      return false;
+  }
+  return true;
+}
+
+Result<sync::ServedModel> ServedCheckpoint::Map() {
+  const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
+  if (!valid_) return Unavailable(path + " holds no complete version to map");
+  if (mapping_ == nullptr) {
+    WEFT_ASSIGN_OR_RETURN(MappedFile file, MappedFile::OpenWritable(path));
+    mapping_ = std::make_shared<MappedFile>(std::move(file));
+  }
+  std::vector<std::pair<uint64_t, std::string>> order;
+  for (const auto& [name, placed] : placed_) order.emplace_back(placed.offset, name);
+  std::sort(order.begin(), order.end());
+  const std::span<uint8_t> file = mapping_->writable_bytes();
+  std::vector<sync::TensorSpec> specs;
+  std::vector<sync::TensorStorage> storage;
+  std::vector<sync::Digest> digests;
+  for (const auto& [offset, name] : order) {
+    const Placed& placed = placed_.at(name);
+    if (placed.offset > file.size() || placed.size > file.size() - placed.offset) {
+      mapping_.reset();
+      valid_ = false;
+      return Unavailable(path + " is shorter than its tensor " + name +
+                         " (changed by another process?)");
+    }
+    specs.push_back({name, placed.dtype, placed.shape});
+    storage.push_back(
+        sync::TensorStorage::View(file.subspan(placed.offset, placed.size), mapping_));
+    digests.push_back(placed.digest);
+  }
+  return sync::ServedModel::FromStorage(std::move(specs), std::move(storage), std::move(digests));
+}
+
 Status ServedCheckpoint::Write(const sync::ServedModel& model, const std::string& template_dir) {
+  if (IsMappedHere(model)) {
+    last_whole_ = false;
+    last_tensors_ = last_bytes_ = 0;
+    for (const auto& t : model.tensors()) {
+      Placed& placed = placed_[t.spec.name];
+      if (placed.digest == t.digest) continue;
+      placed.digest = t.digest;
+      ++last_tensors_;
+    }
+    valid_ = true;
+    return Status::Ok();
+  }
   bool same_layout = valid_ && placed_.size() == model.tensors().size();
   for (const auto& t : model.tensors()) {
     if (!same_layout) break;
@@ -70,6 +124,7 @@ Status ServedCheckpoint::Write(const sync::ServedModel& model, const std::string
 Status ServedCheckpoint::WriteWhole(const sync::ServedModel& model,
                                     const std::string& template_dir) {
   valid_ = false;
+  mapping_.reset();  // (views of the file replaced keep it alive as long as they need it)
   std::error_code error;
   fs::create_directories(dir_, error);
   if (error)

@@ -12,6 +12,11 @@
 // a write returns); an engine that restarts mid-write reads a torn file, which the worker
 // overwrites with a reload once the engine is back.
 //
+// The file can also be the worker's only copy (DirectoryWeightSink, weight_sink.h): Map gives its
+// tensors as a model whose bytes are the file's, mapped for writing; the next version is applied
+// to that model in place (each changed element written once, straight into the file's pages), and
+// the Write that follows writes nothing.
+//
 // CheckModelDirectory compares what an engine loaded (the safetensors files of its model
 // directory) with a served model, so that a worker refuses an engine serving another model before
 // it loads anything into it.
@@ -19,9 +24,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/file_util.h"
 #include "common/status.h"
 #include "sync/digest.h"
 #include "sync/served_model.h"
@@ -36,11 +43,23 @@ class ServedCheckpoint {
 
   // Brings the directory to `model`. `template_dir` (the directory the engine was started from;
   // may be the checkpoint directory itself) supplies the non-weight files on the first write.
-  // Errors name the file; after one the next write starts over with a whole file.
+  // Errors name the file; after one the next write starts over with a whole file. A model whose
+  // tensors are the file's own bytes (Map) is already there: only its digests are taken.
   Status Write(const sync::ServedModel& model, const std::string& template_dir);
 
+  // The tensors of the weights file as the last Write left it, in file order, as views of the
+  // file mapped for writing (the mapping lives as long as the model or this object does). The
+  // digests are the ones that Write was given. Unavailable when no Write has completed since the
+  // file last changed, or the file cannot be mapped.
+  Result<sync::ServedModel> Map();
+  // The file's bytes are about to change in place (through a model from Map): until the next
+  // Write of that model, the file holds no version, and a Write of another model rewrites it
+  // whole.
+  void WillChangeInPlace() { valid_ = false; }
+
   const std::string& dir() const { return dir_; }
-  // What the last Write wrote: tensors and bytes (the whole file's bytes for a whole write).
+  // What the last Write wrote: tensors and bytes (the whole file's bytes for a whole write; none
+  // for a model mapped here, whose changed tensors are counted).
   uint64_t last_tensors_written() const { return last_tensors_; }
   uint64_t last_bytes_written() const { return last_bytes_; }
   bool last_write_whole() const { return last_whole_; }
@@ -48,6 +67,8 @@ class ServedCheckpoint {
  private:
   Status WriteWhole(const sync::ServedModel& model, const std::string& template_dir);
   Status WriteChanged(const sync::ServedModel& model);
+  // Whether every tensor of `model` is a view of the mapped file at its place in it.
+  bool IsMappedHere(const sync::ServedModel& model) const;
 
   struct Placed {
     uint64_t offset = 0;  // of the tensor's bytes in the file
@@ -58,7 +79,10 @@ class ServedCheckpoint {
   };
   std::string dir_;
   bool valid_ = false;  // the file holds exactly `placed_`
+  // The layout of the file (kept when the file's bytes change in place, which never moves them).
   std::map<std::string, Placed> placed_;
+  std::shared_ptr<MappedFile>
+      mapping_;  // the file, mapped for writing by Map; reset on a whole write
   uint64_t last_tensors_ = 0, last_bytes_ = 0;
   bool last_whole_ = false;
 };

@@ -6,9 +6,10 @@
 //
 // HostWeightSink keeps the copy in host memory (sync::ServedModel) and hands it to an Engine,
 // whose Stage puts it where the engine loads from (the embedded engine's weights; for SGLang and
-// vLLM, the served checkpoint directory of rollout_worker/served_checkpoint.h). A sink that keeps
-// the copy in device memory, or fans a version out to several local engine processes (shared
-// memory, NCCL), implements the same calls.
+// vLLM, the served checkpoint directory of rollout_worker/served_checkpoint.h). DirectoryWeightSink
+// keeps it in that directory's file and nowhere else. A sink that keeps the copy in device memory,
+// or fans a version out to several local engine processes (shared memory, NCCL), implements the
+// same calls.
 #pragma once
 
 #include <atomic>
@@ -20,6 +21,7 @@
 #include "policy_store/manifest.h"
 #include "policy_store/reader.h"
 #include "rollout_worker/engine.h"
+#include "rollout_worker/http_engine.h"
 #include "sync/served_model.h"
 
 namespace weft::rollout_worker {
@@ -49,7 +51,7 @@ class WeightSink {
 };
 
 // The copy in host memory, staged and committed through `engine` (which must outlive it).
-class HostWeightSink final : public WeightSink {
+class HostWeightSink : public WeightSink {
  public:
   explicit HostWeightSink(Engine& engine) : engine_(engine) {}
 
@@ -62,14 +64,40 @@ class HostWeightSink final : public WeightSink {
   Result<int64_t> Commit() override { return engine_.Commit(); }
   std::string StateDigest() const override;
 
-  // Tests, from any thread: the next Prove first flips one bit of the copy's first tensor, as a
-  // memory fault would (only the proof, against the manifest, can notice).
+  // Tests, from any thread: the next Prove first flips one bit of the copy's first tensor where
+  // it lives, as a memory fault would (only the proof, against the manifest, can notice).
   void CorruptForTest() { corrupt_for_test_ = true; }
+  const sync::ServedModel& copy() const { return copy_; }
 
- private:
+ protected:
   Engine& engine_;
   sync::ServedModel copy_;
   std::atomic<bool> corrupt_for_test_{false};
+};
+
+// The copy in the served checkpoint directory of an HttpEngine (served_checkpoint.h), and nowhere
+// else once a version has been staged: the first version (a keyframe) is pulled into host memory
+// and written there whole by Stage, after which the copy is the file itself, mapped, and each
+// later version is applied to it in place: the changed elements are written once, into the
+// file's pages, the proof reads the bytes the replicas will load, and Stage writes nothing. The
+// host holds no second copy of the model. While a version is applied the directory holds none,
+// so the engine loads no replica from it until the next Stage. A pull from a keyframe (after a
+// long absence) goes through host memory again, and Stage rewrites the file whole.
+class DirectoryWeightSink final : public HostWeightSink {
+ public:
+  explicit DirectoryWeightSink(HttpEngine& engine) : HostWeightSink(engine), http_(engine) {}
+
+  Result<policy_store::PullReport> Pull(policy_store::StoreReader& reader, uint64_t target,
+                                        const policy_store::Manifest* held) override;
+  // A mapped copy dropped (its proof failed, say) leaves the file in doubt: the next version is
+  // written whole.
+  void Drop() override;
+  Status Stage(uint64_t version) override;
+  // Whether the copy is the directory's file now (rather than host memory).
+  bool mapped() const { return !copy_.tensors().empty() && copy_.tensors()[0].bytes.is_view(); }
+
+ private:
+  HttpEngine& http_;
 };
 
 }  // namespace weft::rollout_worker

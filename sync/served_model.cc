@@ -51,6 +51,15 @@ ServedModel ServedModel::FromTensors(std::vector<TensorSpec> specs,
   return model;
 }
 
+ServedModel ServedModel::FromStorage(std::vector<TensorSpec> specs,
+                                     std::vector<TensorStorage> bytes,
+                                     std::vector<Digest> digests) {
+  ServedModel model;
+  for (size_t t = 0; t < specs.size(); ++t)
+    model.tensors_.push_back({std::move(specs[t]), std::move(bytes[t]), digests[t]});
+  return model;
+}
+
 ServedModel ServedModel::FromSafetensors(const SafetensorsFile& file, int threads) {
   std::vector<TensorSpec> specs;
   std::vector<std::vector<uint8_t>> bytes;

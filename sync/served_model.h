@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,11 +37,100 @@ struct ServingPlan {
   Saturation saturation = Saturation::kSaturateFinite;
 };
 
+// The bytes of a served tensor: a vector of its own, or a view of memory that a holder keeps
+// alive (a region of a mapped file), which the model then reads and writes in place. Copying a
+// view copies its bytes into a vector of the copy's own, so that a model copied is a model of its
+// own wherever its bytes lived.
+class TensorStorage {
+ public:
+  TensorStorage() = default;
+  TensorStorage(std::vector<uint8_t> bytes)  // NOLINT(google-explicit-constructor)
+      : owned_(std::move(bytes)), data_(owned_.data()), size_(owned_.size()) {}
+  // `bytes` stays valid as long as `holder` does (which may be null when the caller sees to it).
+  static TensorStorage View(std::span<uint8_t> bytes, std::shared_ptr<const void> holder) {
+    TensorStorage storage;
+    storage.data_ = bytes.data();
+    storage.size_ = bytes.size();
+    storage.view_ = true;
+    storage.holder_ = std::move(holder);
+    return storage;
+  }
+  TensorStorage(const TensorStorage& other) : TensorStorage(other.Copy()) {}
+  TensorStorage& operator=(const TensorStorage& other) { return *this = other.Copy(); }
+  // (A moved vector keeps its buffer, so data_ stays valid.)
+  TensorStorage(TensorStorage&& other) noexcept
+      : owned_(std::move(other.owned_)),
+        data_(other.data_),
+        size_(other.size_),
+        view_(other.view_),
+        holder_(std::move(other.holder_)) {
+    other.Clear();
+  }
+  TensorStorage& operator=(TensorStorage&& other) noexcept {
+    if (this != &other) {
+      owned_ = std::move(other.owned_);
+      data_ = other.data_;
+      size_ = other.size_;
+      view_ = other.view_;
+      holder_ = std::move(other.holder_);
+      other.Clear();
+    }
+    return *this;
+  }
+
+  bool is_view() const { return view_; }
+  // A copy of the bytes.
+  std::vector<uint8_t> ToVector() const { return std::vector<uint8_t>(data_, data_ + size_); }
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  uint8_t* begin() { return data_; }
+  uint8_t* end() { return data_ + size_; }
+  const uint8_t* begin() const { return data_; }
+  const uint8_t* end() const { return data_ + size_; }
+  uint8_t& operator[](size_t i) { return data_[i]; }
+  const uint8_t& operator[](size_t i) const { return data_[i]; }
+  // Storage of its own, resized (a view becomes a vector holding its first `size` bytes).
+  void resize(size_t size) {
+    if (is_view()) *this = Copy();
+    owned_.resize(size);
+    data_ = owned_.data();
+    size_ = owned_.size();
+  }
+
+  friend bool operator==(const TensorStorage& a, std::span<const uint8_t> b) {
+    return a.size_ == b.size() && (a.size_ == 0 || std::memcmp(a.data_, b.data(), a.size_) == 0);
+  }
+  friend bool operator==(const TensorStorage& a, const TensorStorage& b) {
+    return a == std::span<const uint8_t>(b.data_, b.size_);
+  }
+  friend bool operator==(const TensorStorage& a, const std::vector<uint8_t>& b) {
+    return a == std::span<const uint8_t>(b);
+  }
+
+ private:
+  TensorStorage Copy() const { return ToVector(); }
+  void Clear() {
+    owned_.clear();
+    data_ = nullptr;
+    size_ = 0;
+    view_ = false;
+    holder_.reset();
+  }
+
+  std::vector<uint8_t> owned_;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  bool view_ = false;
+  std::shared_ptr<const void> holder_;  // what keeps a view's bytes alive
+};
+
 class ServedModel {
  public:
   struct Tensor {
     TensorSpec spec;
-    std::vector<uint8_t> bytes;
+    TensorStorage bytes;
     Digest digest;
   };
 
@@ -49,6 +140,10 @@ class ServedModel {
   // computed. Update() needs a model built FromMaster; Apply() works on either.
   static ServedModel FromTensors(std::vector<TensorSpec> specs,
                                  std::vector<std::vector<uint8_t>> bytes, int threads);
+  // Tensors whose bytes and digests are known (the digests are taken as given, not computed): for
+  // a model over storage it does not own (TensorStorage::View), written in place from then on.
+  static ServedModel FromStorage(std::vector<TensorSpec> specs, std::vector<TensorStorage> bytes,
+                                 std::vector<Digest> digests);
   // Every tensor of a safetensors file, in file order (copied; digests computed).
   static ServedModel FromSafetensors(const SafetensorsFile& file, int threads);
   // The tensors as a safetensors writer takes them (views into this model).

@@ -156,7 +156,7 @@ void ServedModelStream::CopyAndHash(uint64_t offset, std::span<const uint8_t> by
   if (t == tensors_.size()) t = 0;
   for (; t < tensors_.size() && tensors_[t].offset < end; ++t) {
     Building& building = tensors_[t];
-    std::vector<uint8_t>& data = building.tensor.bytes;
+    TensorStorage& data = building.tensor.bytes;
     const uint64_t from = std::max(begin, building.offset);
     const uint64_t to = std::min(end, building.offset + data.size());
     if (from >= to) continue;

@@ -16,9 +16,13 @@
 
 #include "examples/arithmetic_task.h"
 #include "examples/tiny_lm.h"
+#include "policy_store/object_store.h"
+#include "policy_store/reader.h"
+#include "rollout_worker/weight_sink.h"
 #include "sync/convert.h"
 #include "tests/engines/fake_engine.h"
 #include "tests/temp_path.h"
+#include "trainer_adapter/publisher.h"
 
 namespace weft::rollout_worker {
 namespace {
@@ -907,6 +911,132 @@ TEST_CASE("served checkpoint: a whole write, then only changed tensors in place"
   CHECK(again.Write(v2, dir + "/served").ok());
   CHECK(again.last_write_whole());
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("served checkpoint: the file mapped as the copy, a version applied to it in place") {
+  const std::string dir = testing::TempPath("served_checkpoint_mapped");
+  const TinyLmLayout layout(Config());
+  std::vector<float> w = layout.Initialize(1);
+  std::filesystem::create_directories(dir + "/template");
+  REQUIRE(
+      fake_engine::WriteModelDirectory(dir + "/template", Config(), w, sync::DType::kBF16).ok());
+  ServedCheckpoint checkpoint(dir + "/served");
+  CHECK(checkpoint.Map().status().code() == StatusCode::kUnavailable);  // nothing written yet
+  sync::ServedModel publisher =
+      std::move(sync::ServedModel::FromMaster(layout.Master(w), sync::ServingPlan{}, 1)).value();
+  REQUIRE(checkpoint.Write(publisher, dir + "/template").ok());
+  Result<sync::ServedModel> mapped = checkpoint.Map();
+  REQUIRE_MESSAGE(mapped.ok(), mapped.status().ToString());
+  REQUIRE(mapped->tensors().size() == publisher.tensors().size());
+  for (const auto& t : mapped->tensors()) {
+    CAPTURE(t.spec.name);
+    CHECK(t.bytes.is_view());
+    CHECK(t.bytes == publisher.Find(t.spec.name)->bytes);
+    CHECK(t.digest == publisher.Find(t.spec.name)->digest);
+  }
+  // One tensor changes: the delta, applied to the mapped model, lands in the file itself.
+  const examples::ParameterInfo& p = layout.parameters()[1];
+  for (size_t i = 0; i < p.size; ++i) w[p.offset + i] += 0.5f;
+  const sync::ModelDelta delta =
+      std::move(publisher.Update(layout.Master(w), sync::CodecOptions{10, 1})).value();
+  checkpoint.WillChangeInPlace();
+  REQUIRE(mapped->Apply(delta, 1).ok());
+  auto read = [&] {
+    auto file = sync::SafetensorsFile::Open(dir + "/served/model.safetensors");
+    REQUIRE(file.ok());
+    return sync::ServedModel::FromSafetensors(*file, 1);
+  };
+  const sync::ServedModel in_file = read();
+  for (const auto& t : in_file.tensors()) {
+    CAPTURE(t.spec.name);
+    CHECK(t.digest == publisher.Find(t.spec.name)->digest);
+  }
+  // Writing the mapped model writes nothing; it takes the digests.
+  REQUIRE(checkpoint.Write(*mapped, dir + "/template").ok());
+  CHECK(!checkpoint.last_write_whole());
+  CHECK(checkpoint.last_bytes_written() == 0);
+  CHECK(checkpoint.last_tensors_written() == 1);
+  // Changed in place again, then given another model (the copy was dropped): written whole, in a
+  // new file; the old mapping still reads the bytes it had.
+  checkpoint.WillChangeInPlace();
+  const std::vector<uint8_t> before = mapped->tensors()[0].bytes.ToVector();
+  const sync::ServedModel other = Served(layout, layout.Initialize(2));
+  REQUIRE(checkpoint.Write(other, dir + "/template").ok());
+  CHECK(checkpoint.last_write_whole());
+  CHECK(mapped->tensors()[0].bytes == before);
+  const sync::ServedModel rewritten = read();
+  for (const auto& t : rewritten.tensors()) CHECK(t.digest == other.Find(t.spec.name)->digest);
+  Result<sync::ServedModel> remapped = checkpoint.Map();
+  REQUIRE(remapped.ok());
+  CHECK(remapped->tensors()[0].bytes.data() != mapped->tensors()[0].bytes.data());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("directory weight sink: the copy is the served checkpoint file; versions applied there") {
+  Fixture f(Api::kSglang, 2, "directory_sink");
+  HttpEngine& engine = f.Make();
+  policy_store::OpenOptions create;
+  create.create = true;
+  auto store = std::move(policy_store::OpenStore(f.dir + "/store", create)).value();
+  std::vector<float> w = f.layout.Initialize(3);
+  auto publisher = std::move(trainer_adapter::Publisher::Start(*store, "r", f.layout.Master(w),
+                                                               sync::ServingPlan{}, {}))
+                       .value();
+  policy_store::StoreReader reader(*store, "r", 1);
+  DirectoryWeightSink sink(engine);
+
+  // The first version: a keyframe, through host memory, written whole; then the file is the copy.
+  auto first = sink.Pull(reader, 0, nullptr);
+  REQUIRE_MESSAGE(first.ok(), first.status().ToString());
+  CHECK(!sink.mapped());
+  REQUIRE(sink.Prove(first->manifest, 1).ok());
+  REQUIRE(sink.Stage(0).ok());
+  CHECK(sink.mapped());
+  CHECK(engine.stats().last_bytes_written > 0);
+  REQUIRE(sink.Commit().ok());
+
+  // The next: a delta, applied to the file; the file holds it before Stage, which writes nothing.
+  for (float& x : w) x *= 1.01f;
+  REQUIRE(publisher->Publish(f.layout.Master(w)).ok());
+  const policy_store::Manifest held = first->manifest;
+  auto second = sink.Pull(reader, 1, &held);
+  REQUIRE_MESSAGE(second.ok(), second.status().ToString());
+  CHECK(second->from == std::optional<uint64_t>(0));
+  CHECK(sink.mapped());
+  // Until Stage the directory holds no version: nothing is mapped (or loaded) from it.
+  CHECK(engine.MapDirectory().status().code() == StatusCode::kUnavailable);
+  REQUIRE(sink.Prove(second->manifest, 2).ok());
+  auto file = sync::SafetensorsFile::Open(f.options.checkpoint_dir + "/model.safetensors");
+  REQUIRE(file.ok());
+  CHECK(policy_store::CheckAgainstManifest(sync::ServedModel::FromSafetensors(*file, 1),
+                                           second->manifest, nullptr, true, 1)
+            .ok());
+  REQUIRE(sink.Stage(1).ok());
+  CHECK(engine.stats().last_bytes_written == 0);
+  REQUIRE(sink.Commit().ok());
+  for (const auto& e : f.engines) CHECK(e->state().weight_version == "1");
+  Sampling sampling;
+  sampling.max_tokens = 4;
+  sampling.seed = 3;
+  auto out = engine.Generate({Prompt{kPrompt, ""}}, sampling);
+  REQUIRE_MESSAGE(out.ok(), out.status().ToString());
+  CheckAgainstVersions(f.layout, kPrompt, out->front(), {{1, Widened(f.layout, sink.copy())}});
+  CHECK(sink.StateDigest().size() == 32);
+
+  // A bit flips in the file: the proof finds it. Dropped, the copy comes back from a keyframe,
+  // written whole, and the file is the copy again.
+  sink.CorruptForTest();
+  CHECK(sink.Prove(second->manifest, 1).code() == StatusCode::kDataLoss);
+  sink.Drop();
+  CHECK(sink.empty());
+  auto again = sink.Pull(reader, 1, nullptr);
+  REQUIRE_MESSAGE(again.ok(), again.status().ToString());
+  CHECK(!sink.mapped());
+  REQUIRE(sink.Prove(again->manifest, 1).ok());
+  REQUIRE(sink.Stage(1).ok());
+  CHECK(engine.stats().last_bytes_written > 0);
+  CHECK(sink.mapped());
+  REQUIRE(sink.Prove(again->manifest, 1).ok());
 }
 
 TEST_CASE("engine section: keys, defaults and errors that name the key") {

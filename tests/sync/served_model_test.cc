@@ -4,7 +4,9 @@
 
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
+#include <span>
 
 namespace weft::sync {
 namespace {
@@ -55,7 +57,7 @@ TEST_CASE("served model: the publisher's updates make a replica serve the same b
     std::vector<std::vector<uint8_t>> bytes;
     for (const auto& t : publisher->tensors()) {
       specs.push_back(t.spec);
-      bytes.push_back(t.bytes);
+      bytes.push_back(t.bytes.ToVector());
     }
     ServedModel replica = ServedModel::FromTensors(specs, bytes, 1);
     for (int step = 0; step < 3; ++step) {
@@ -124,7 +126,7 @@ TEST_CASE("served model: BF16 masters serve exactly as their FP32 values, read i
         CHECK(a.spec.name == b.spec.name);
         if (plan.dtype == DType::kBF16 && a.spec.name == "b") {
           // Identical except the NaN, which keeps its payload from a BF16 master.
-          std::vector<uint8_t> expected = b.bytes;
+          std::vector<uint8_t> expected = b.bytes.ToVector();
           std::memcpy(expected.data() + 10, &bf16[1][5], 2);
           CHECK(a.bytes == expected);
         } else {
@@ -141,14 +143,14 @@ TEST_CASE("served model: BF16 masters serve exactly as their FP32 values, read i
       masters.Step(3e-4f, 40 + step);
       bf16[0] = ToBf16(masters.values[0]);
       wide[0] = Widen(bf16[0]);
-      const std::vector<uint8_t> before = from_wide->Find("w")->bytes;
+      const std::vector<uint8_t> before = from_wide->Find("w")->bytes.ToVector();
       uint64_t changed_bf16 = 0, changed_wide = 0;
       REQUIRE(from_bf16->Update(view_bf16(), CodecOptions{10, 2}, &changed_bf16).ok());
       REQUIRE(from_wide->Update(view_wide(), CodecOptions{10, 2}, &changed_wide).ok());
       same();
       CHECK(changed_bf16 == changed_wide);
       // The count is the elements whose served bytes changed (and scales, for FP8).
-      const std::vector<uint8_t>& after = from_wide->Find("w")->bytes;
+      const TensorStorage& after = from_wide->Find("w")->bytes;
       const size_t width = Info(plan.dtype).size;
       uint64_t differ = 0;
       for (size_t k = 0; k < after.size(); k += width)
@@ -187,6 +189,91 @@ TEST_CASE("served model: bad masters and deltas are refused and change nothing")
   }
   REQUIRE(model.Apply(delta, 1).ok());
   CHECK(model.Find("w")->bytes == other.Find("w")->bytes);
+}
+
+TEST_CASE("tensor storage: a view is read and written in place; a copy of it has its own bytes") {
+  auto memory = std::make_shared<std::vector<uint8_t>>(64, 7);
+  TensorStorage view = TensorStorage::View(std::span<uint8_t>(*memory).subspan(8, 16), memory);
+  CHECK(view.is_view());
+  CHECK(view.size() == 16);
+  CHECK(view.data() == memory->data() + 8);
+  view[0] = 1;
+  CHECK((*memory)[8] == 1);
+  TensorStorage copy = view;
+  CHECK(!copy.is_view());
+  CHECK(copy.data() != view.data());
+  CHECK(copy == view);
+  copy[1] = 9;
+  CHECK((*memory)[9] == 7);
+  CHECK(copy != view);
+  CHECK(copy == copy.ToVector());
+  const uint8_t* at = view.data();
+  TensorStorage moved = std::move(view);
+  CHECK(moved.data() == at);
+  CHECK(moved.is_view());
+  CHECK(view.empty());  // NOLINT(bugprone-use-after-move)
+  std::vector<uint8_t> vector(10, 3);
+  const uint8_t* buffer = vector.data();
+  TensorStorage owned = std::move(vector);
+  TensorStorage owned_again = std::move(owned);
+  CHECK(owned_again.data() == buffer);
+  CHECK(!owned_again.is_view());
+  // Resizing a view gives it storage of its own.
+  moved.resize(4);
+  CHECK(!moved.is_view());
+  CHECK(moved.size() == 4);
+  CHECK(moved[0] == 1);
+  CHECK(memory.use_count() == 1);
+}
+
+TEST_CASE("served model: over memory it does not own, deltas and chains are applied there") {
+  Masters masters(5);
+  ServedModel publisher =
+      std::move(ServedModel::FromMaster(masters.View(), ServingPlan{}, 1)).value();
+  // The replica's bytes live in one buffer (as a mapped file's would), one tensor after another.
+  auto file = std::make_shared<std::vector<uint8_t>>(publisher.byte_count() + 8);
+  std::vector<TensorSpec> specs;
+  std::vector<TensorStorage> storage;
+  std::vector<Digest> digests;
+  size_t offset = 8;
+  for (const auto& t : publisher.tensors()) {
+    std::memcpy(file->data() + offset, t.bytes.data(), t.bytes.size());
+    specs.push_back(t.spec);
+    storage.push_back(
+        TensorStorage::View(std::span<uint8_t>(*file).subspan(offset, t.bytes.size()), file));
+    digests.push_back(t.digest);
+    offset += t.bytes.size();
+  }
+  ServedModel replica = ServedModel::FromStorage(specs, std::move(storage), digests);
+  const uint8_t* w_at = replica.Find("w")->bytes.data();
+  masters.Step(1e-3f, 11);
+  ModelDelta one = std::move(publisher.Update(masters.View(), CodecOptions{10, 1})).value();
+  REQUIRE(replica.Apply(one, 2).ok());
+  masters.Step(1e-3f, 12);
+  ModelDelta two = std::move(publisher.Update(masters.View(), CodecOptions{10, 1})).value();
+  masters.Step(1e-3f, 13);
+  ModelDelta three = std::move(publisher.Update(masters.View(), CodecOptions{10, 1})).value();
+  const ModelDelta* chain[] = {&two, &three};
+  REQUIRE(replica.ApplyChain(chain, 2).ok());
+  // Still in the buffer, which holds the publisher's bytes; the digests moved with them.
+  CHECK(replica.Find("w")->bytes.data() == w_at);
+  CHECK(replica.Find("w")->bytes.is_view());
+  offset = 8;
+  for (const auto& t : publisher.tensors()) {
+    CAPTURE(t.spec.name);
+    CHECK(std::memcmp(file->data() + offset, t.bytes.data(), t.bytes.size()) == 0);
+    CHECK(replica.Find(t.spec.name)->digest == t.digest);
+    CHECK(TensorDigest(t.spec.dtype, replica.Find(t.spec.name)->bytes) == t.digest);
+    offset += t.bytes.size();
+  }
+  // A copy of the model is a model of its own: changing it leaves the buffer alone.
+  ServedModel copy = replica;
+  CHECK(!copy.Find("w")->bytes.is_view());
+  masters.Step(1e-3f, 14);
+  ModelDelta four = std::move(publisher.Update(masters.View(), CodecOptions{10, 1})).value();
+  REQUIRE(copy.Apply(four, 1).ok());
+  CHECK(copy.Find("w")->bytes != replica.Find("w")->bytes);
+  CHECK(TensorDigest(DType::kBF16, replica.Find("w")->bytes) == replica.Find("w")->digest);
 }
 
 }  // namespace

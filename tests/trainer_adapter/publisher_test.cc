@@ -189,8 +189,9 @@ TEST_CASE(
   CHECK(SameBytes(from_two, expected));
   // Committed parts are garbage; parts of a version not yet committed are not.
   const std::string prefix = "runs/sharded/shards/";
-  sync::ServedModel part = sync::ServedModel::FromTensors(
-      {publishers[0]->served().tensors()[0].spec}, {publishers[0]->served().tensors()[0].bytes}, 1);
+  sync::ServedModel part =
+      sync::ServedModel::FromTensors({publishers[0]->served().tensors()[0].spec},
+                                     {publishers[0]->served().tensors()[0].bytes.ToVector()}, 1);
   sync::ModelDelta no_change;
   REQUIRE(policy_store::PublishShard(*f.store, "sharded", &publishers[0]->last(), 0, 3, part,
                                      &no_change, Options(3).keyframes)
