@@ -18,7 +18,8 @@ namespace {
 // A keyframe assembled into a new model as its parts arrive.
 class KeyframeSink : public BlobSink {
  public:
-  explicit KeyframeSink(uint64_t size) : stream_(size) {}
+  KeyframeSink(uint64_t size, sync::ServedModelStream::StorageFor storage)
+      : stream_(size, std::move(storage)) {}
   Status Place(uint64_t offset, std::span<const uint8_t> bytes) override {
     return stream_.Place(offset, bytes);
   }
@@ -194,9 +195,16 @@ Result<PullReport> StoreReader::Pull(uint64_t target, std::optional<uint64_t> ha
                      std::to_string(plan.keyframe.keyframe.size());
   };
   if (plan.from_keyframe) {
+    sync::ServedModelStream::StorageFor storage;
+    if (placement_ != nullptr) {
+      WEFT_RETURN_IF_ERROR(placement_->Prepare(plan.keyframe).WithContext(keyframe_what));
+      storage = [placement = placement_](const sync::TensorSpec& spec, uint64_t bytes) {
+        return placement->Storage(spec, bytes);
+      };
+    }
     for (size_t i = 0; i < plan.keyframe.keyframe.size(); ++i) {
       const BlobRef& part = plan.keyframe.keyframe[i];
-      keyframe.push_back(std::make_unique<KeyframeSink>(part.bytes));
+      keyframe.push_back(std::make_unique<KeyframeSink>(part.bytes, storage));
       fetches.push_back({part, part_what(i), keyframe.back().get()});
     }
   }

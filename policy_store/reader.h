@@ -9,7 +9,8 @@
 // `spill_dir`). On error the copy is as it was, except where a spilled delta read back differs
 // from its first reading after part of the copy was written: then the copy is emptied (it is no
 // version), and the next pull starts from a keyframe. A reader with nothing (or whose version
-// retention removed) loads a keyframe into a new model, swapped in once it matches the target.
+// retention removed) loads a keyframe into a new model (in new host memory, or in the storage a
+// KeyframePlacement gives), swapped in once it matches the target.
 // Blobs are fetched in parts (blob_fetch.h) and verified as they arrive. Not thread-safe; one per
 // caller.
 #pragma once
@@ -47,6 +48,20 @@ Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& mani
                             const sync::ModelDelta* pending = nullptr, bool recompute = false,
                             int threads = 1);
 
+// Where a keyframe's tensors are assembled, for a caller that keeps its copy elsewhere than in
+// new host memory (a mapped file, say). The bytes arrive straight into that storage as they are
+// fetched.
+class KeyframePlacement {
+ public:
+  virtual ~KeyframePlacement() = default;
+  // The keyframe whose manifest is `keyframe` is about to arrive: lay out storage for its
+  // tensors. An error fails the pull.
+  virtual Status Prepare(const Manifest& keyframe) = 0;
+  // The storage of one of those tensors, exactly `bytes` long, as the keyframe's header names it
+  // (from several threads at once, for a keyframe in parts). An error fails the pull.
+  virtual Result<sync::TensorStorage> Storage(const sync::TensorSpec& spec, uint64_t bytes) = 0;
+};
+
 class StoreReader {
  public:
   // `threads` compute (decoding, digests); up to `fetch.concurrency` requests are in flight
@@ -75,6 +90,10 @@ class StoreReader {
   // empty rather than unchanged. Off by default; for a caller whose serving engine keeps weights
   // of its own.
   void DropCopyForKeyframe(bool drop) { drop_copy_for_keyframe_ = drop; }
+
+  // Where the tensors of a keyframe go: new host memory (null, the default), or `placement`'s
+  // storage (which must outlive the pulls).
+  void PlaceKeyframes(KeyframePlacement* placement) { placement_ = placement; }
 
   // Where the deltas of a path are kept while it is fetched and applied, when they would take more
   // than `fraction` of the model's size in memory: unnamed files in `dir` (by default the system's
@@ -109,6 +128,7 @@ class StoreReader {
   int threads_;
   FetchOptions fetch_;
   bool drop_copy_for_keyframe_ = false;
+  KeyframePlacement* placement_ = nullptr;
   std::string spill_dir_ = DefaultSpillDir();
   double spill_fraction_ = 1.0 / 16;
 };

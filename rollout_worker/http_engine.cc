@@ -247,9 +247,10 @@ Status HttpEngine::Stage(const sync::ServedModel& model, uint64_t version) {
   return Status::Ok();
 }
 
-Result<sync::ServedModel> HttpEngine::MapDirectory() {
+Result<std::shared_ptr<NewWeightsFile>> HttpEngine::NewDirectoryFile(
+    const std::vector<sync::TensorSpec>& specs) {
   MutexLock load(load_mutex_);
-  return checkpoint_.Map();
+  return checkpoint_.NewFile(specs);
 }
 
 void HttpEngine::ForgetDirectory() {

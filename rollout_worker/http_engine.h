@@ -4,7 +4,8 @@
 // Weights (docs/engines.md): Stage writes the verified served model once into the served
 // checkpoint directory (served_checkpoint.h; the first time it also checks that the engine's own
 // model directory holds the same tensor names, shapes and dtypes, and refuses another model), or
-// nothing when the model is that directory's file, mapped (MapDirectory) and changed in place.
+// puts in place the file the model already is (NewDirectoryFile), or writes nothing when the model
+// is that file changed in place.
 // Commit loads that directory into every replica, at most `max_paused` at a time and never all of
 // them when there are several, so capacity never drops to zero: per replica pause (in the
 // configured mode), load with the version, resume, and check the version the replica reports.
@@ -112,9 +113,11 @@ class HttpEngine : public Engine {
   HttpEngineStats stats() const;
 
   // For a weight sink whose copy is the served checkpoint directory's file (DirectoryWeightSink):
-  // the tensors the directory holds since the last Stage, as views of the file mapped for writing
-  // (ServedCheckpoint::Map). Staging that model again, once changed in place, writes nothing.
-  Result<sync::ServedModel> MapDirectory();
+  // a new weights file there for `specs`, for a keyframe to arrive into; the Stage of a model
+  // whose tensors are its views puts it in place (ServedCheckpoint::NewFile), and a Stage of that
+  // model changed in place writes nothing.
+  Result<std::shared_ptr<NewWeightsFile>> NewDirectoryFile(
+      const std::vector<sync::TensorSpec>& specs);
   // The directory's file no longer holds the version staged: it is about to be changed in place,
   // or its bytes are in doubt. Until the next Stage no replica loads from it (one that comes back
   // meanwhile waits for the next commit), and that Stage writes it whole unless it is given the

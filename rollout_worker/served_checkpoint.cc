@@ -20,6 +20,31 @@ namespace fs = std::filesystem;
 // In the weights file's metadata: a worker wrote it (so it may rewrite it).
 constexpr char kServedMarker[] = "weft_served_checkpoint";
 
+std::map<std::string, std::string> ServedMetadata() {
+  return {{"format", "pt"}, {kServedMarker, "1"}};
+}
+
+// Gives the bytes [offset, offset + size) of `fd` blocks of their own (zeros), so that writing
+// them through a mapping needs nothing more from the file system.
+Status Allocate(int fd, uint64_t offset, uint64_t size, const std::string& what) {
+  if (size == 0) return Status::Ok();
+  const int failed = ::posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(size));
+  if (failed == 0) return Status::Ok();
+  if (failed != EOPNOTSUPP && failed != EINVAL)
+    return Unavailable(what + ": cannot allocate " + std::to_string(size) +
+                       " bytes: " + std::strerror(failed));
+  // A file system without fallocate: zeros written.
+  const std::vector<uint8_t> zeros(1 << 20, 0);
+  for (uint64_t done = 0; done < size;) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(zeros.size(), size - done));
+    const ssize_t n = ::pwrite(fd, zeros.data(), take, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Unavailable(what + ": cannot write: " + std::strerror(errno));
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
 std::string ShapeText(const std::vector<uint64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -66,37 +91,99 @@ bool ServedCheckpoint::IsMappedHere(const sync::ServedModel& model) const {
   return true;
 }
 
-Result<sync::ServedModel> ServedCheckpoint::Map() {
+NewWeightsFile::~NewWeightsFile() {
+  if (!in_place_) ::unlink(path_.c_str());
+}
+
+Result<sync::TensorStorage> NewWeightsFile::Storage(const sync::TensorSpec& spec) const {
+  auto found = layout_.find(spec.name);
+  if (found == layout_.end())
+    return InvalidArgument("tensor " + spec.name + " is not one of the model's");
+  const Place& place = found->second;
+  if (place.dtype != spec.dtype || place.shape != spec.shape) {
+    return InvalidArgument("tensor " + spec.name + " has shape " + ShapeText(spec.shape) +
+                           " here, " + ShapeText(place.shape) + " in the model (or another dtype)");
+  }
+  return sync::TensorStorage::View(mapping_->writable_bytes().subspan(place.offset, place.size),
+                                   shared_from_this());
+}
+
+bool NewWeightsFile::Holds(const sync::ServedModel& model) const {
+  if (layout_.size() != model.tensors().size()) return false;
+  const uint8_t* base = mapping_->bytes().data();
+  for (const auto& t : model.tensors()) {
+    auto found = layout_.find(t.spec.name);
+    if (found == layout_.end() || found->second.size != t.bytes.size() ||
+        t.bytes.data() != base + found->second.offset)
+      return false;
+  }
+  return true;
+}
+
+Result<std::shared_ptr<NewWeightsFile>> ServedCheckpoint::NewFile(
+    const std::vector<sync::TensorSpec>& specs) {
+  std::error_code error;
+  fs::create_directories(dir_, error);
+  if (error)
+    return Unavailable("creating the served checkpoint directory " + dir_ + ": " + error.message());
+  std::vector<sync::TensorToPlace> places;
+  for (const sync::TensorSpec& spec : specs) places.push_back({spec.name, spec.dtype, spec.shape});
   const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
-  if (!valid_) return Unavailable(path + " holds no complete version to map");
-  if (mapping_ == nullptr) {
-    WEFT_ASSIGN_OR_RETURN(MappedFile file, MappedFile::OpenWritable(path));
-    mapping_ = std::make_shared<MappedFile>(std::move(file));
+  WEFT_ASSIGN_OR_RETURN(sync::SafetensorsLayout layout,
+                        sync::PlanSafetensors(places, ServedMetadata()));
+  auto file = std::shared_ptr<NewWeightsFile>(new NewWeightsFile());
+  uint64_t offset = layout.header.size();
+  for (size_t i : layout.order) {
+    const uint64_t size =
+        sync::TensorSpec{places[i].name, places[i].dtype, places[i].shape}.element_count() *
+        sync::Info(places[i].dtype).size;
+    file->layout_[places[i].name] = {offset, size, places[i].dtype, places[i].shape};
+    offset += size;
   }
-  std::vector<std::pair<uint64_t, std::string>> order;
-  for (const auto& [name, placed] : placed_) order.emplace_back(placed.offset, name);
-  std::sort(order.begin(), order.end());
-  const std::span<uint8_t> file = mapping_->writable_bytes();
-  std::vector<sync::TensorSpec> specs;
-  std::vector<sync::TensorStorage> storage;
-  std::vector<sync::Digest> digests;
-  for (const auto& [offset, name] : order) {
-    const Placed& placed = placed_.at(name);
-    if (placed.offset > file.size() || placed.size > file.size() - placed.offset) {
-      mapping_.reset();
-      valid_ = false;
-      return Unavailable(path + " is shorter than its tensor " + name +
-                         " (changed by another process?)");
-    }
-    specs.push_back({name, placed.dtype, placed.shape});
-    storage.push_back(
-        sync::TensorStorage::View(file.subspan(placed.offset, placed.size), mapping_));
-    digests.push_back(placed.digest);
+  const uint64_t total = offset;
+  WEFT_ASSIGN_OR_RETURN(file->path_, WriteTemporaryFile(path, [&](int fd) -> Status {
+                          WEFT_RETURN_IF_ERROR(WriteAll(fd, layout.header, path));
+                          return Allocate(fd, layout.header.size(), total - layout.header.size(),
+                                          path);
+                        }));
+  Result<MappedFile> mapped = MappedFile::OpenWritable(file->path_);
+  if (!mapped.ok()) return mapped.status();  // (the file goes with `file`)
+  file->mapping_ = std::make_shared<MappedFile>(std::move(mapped).value());
+  pending_ = file;
+  return file;
+}
+
+Status ServedCheckpoint::PutInPlace(NewWeightsFile& file, const sync::ServedModel& model,
+                                    const std::string& template_dir) {
+  valid_ = false;
+  mapping_.reset();
+  WEFT_RETURN_IF_ERROR(PrepareDirectory(template_dir, file.path_));
+  const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
+  if (::rename(file.path_.c_str(), path.c_str()) != 0)
+    return Unavailable("renaming " + file.path_ + " to " + path + ": " + std::strerror(errno));
+  file.in_place_ = true;
+  file.path_ = path;
+  placed_.clear();
+  for (const auto& t : model.tensors()) {
+    const NewWeightsFile::Place& place = file.layout_.at(t.spec.name);
+    placed_[t.spec.name] = {place.offset, place.size, place.dtype, place.shape, t.digest};
   }
-  return sync::ServedModel::FromStorage(std::move(specs), std::move(storage), std::move(digests));
+  mapping_ = file.mapping_;
+  pending_.reset();
+  valid_ = true;
+  last_whole_ = true;
+  last_tensors_ = placed_.size();
+  last_bytes_ = mapping_->bytes().size();
+  return Status::Ok();
 }
 
 Status ServedCheckpoint::Write(const sync::ServedModel& model, const std::string& template_dir) {
+  if (std::shared_ptr<NewWeightsFile> pending = pending_.lock();
+      pending != nullptr && pending->Holds(model)) {
+    Status placed = PutInPlace(*pending, model, template_dir);
+    if (!placed.ok()) valid_ = false;
+    return placed;
+  }
   if (IsMappedHere(model)) {
     last_whole_ = false;
     last_tensors_ = last_bytes_ = 0;
@@ -121,10 +208,8 @@ Status ServedCheckpoint::Write(const sync::ServedModel& model, const std::string
   return written;
 }
 
-Status ServedCheckpoint::WriteWhole(const sync::ServedModel& model,
-                                    const std::string& template_dir) {
-  valid_ = false;
-  mapping_.reset();  // (views of the file replaced keep it alive as long as they need it)
+Status ServedCheckpoint::PrepareDirectory(const std::string& template_dir,
+                                          const std::string& keep) {
   std::error_code error;
   fs::create_directories(dir_, error);
   if (error)
@@ -135,7 +220,8 @@ Status ServedCheckpoint::WriteWhole(const sync::ServedModel& model,
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, error)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(std::string(".") + kServedWeightsFile + ".tmp-", 0) == 0) {
-      fs::remove(entry.path(), error);  // a whole write a crash cut short
+      if (entry.path() != fs::path(keep))
+        fs::remove(entry.path(), error);  // a whole write a crash cut short
     } else if (entry.is_regular_file() && IsWeightFile(entry.path()) &&
                name != kServedWeightsFile) {
       others.push_back(entry.path());
@@ -159,8 +245,16 @@ Status ServedCheckpoint::WriteWhole(const sync::ServedModel& model,
   }
   WEFT_RETURN_IF_ERROR(CopyModelFiles(template_dir, dir_));
   for (const fs::path& other : others) fs::remove(other, error);
-  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(path, model.AsTensorsToWrite(),
-                                              {{"format", "pt"}, {kServedMarker, "1"}}));
+  return Status::Ok();
+}
+
+Status ServedCheckpoint::WriteWhole(const sync::ServedModel& model,
+                                    const std::string& template_dir) {
+  valid_ = false;
+  mapping_.reset();  // (views of the file replaced keep it alive as long as they need it)
+  WEFT_RETURN_IF_ERROR(PrepareDirectory(template_dir, ""));
+  const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
+  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(path, model.AsTensorsToWrite(), ServedMetadata()));
   WEFT_ASSIGN_OR_RETURN(sync::SafetensorsFile file, sync::SafetensorsFile::Open(path));
   placed_.clear();
   for (const sync::SafetensorsTensor& t : file.tensors()) {

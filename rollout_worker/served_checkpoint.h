@@ -12,10 +12,10 @@
 // a write returns); an engine that restarts mid-write reads a torn file, which the worker
 // overwrites with a reload once the engine is back.
 //
-// The file can also be the worker's only copy (DirectoryWeightSink, weight_sink.h): Map gives its
-// tensors as a model whose bytes are the file's, mapped for writing; the next version is applied
-// to that model in place (each changed element written once, straight into the file's pages), and
-// the Write that follows writes nothing.
+// The file can also be the worker's only copy (DirectoryWeightSink, weight_sink.h): a keyframe
+// arrives straight into a new file (NewFile), mapped for writing, which the Write of that model
+// puts in place; each later version is applied to the same model in place (each changed element
+// written once, into the file's pages), and the Write that follows writes nothing.
 //
 // CheckModelDirectory compares what an engine loaded (the safetensors files of its model
 // directory) with a served model, so that a worker refuses an engine serving another model before
@@ -37,6 +37,38 @@ namespace weft::rollout_worker {
 
 inline constexpr char kServedWeightsFile[] = "model.safetensors";
 
+// A weights file being filled (ServedCheckpoint::NewFile): laid out for its tensors, allocated in
+// full and mapped for writing, beside the directory's current file until a Write of a model whose
+// tensors are its views puts it in place. Removed when the last reference to it goes (the views
+// hold one), unless it was put in place.
+class NewWeightsFile : public std::enable_shared_from_this<NewWeightsFile> {
+ public:
+  ~NewWeightsFile();
+  NewWeightsFile(const NewWeightsFile&) = delete;
+  NewWeightsFile& operator=(const NewWeightsFile&) = delete;
+
+  // A view of the bytes of tensor `spec` in the file (thread-safe); kInvalidArgument when the
+  // file has no tensor of that name, or has it with another dtype or shape.
+  Result<sync::TensorStorage> Storage(const sync::TensorSpec& spec) const;
+  // Whether every tensor of `model`, and only those, are views of this file at their places.
+  bool Holds(const sync::ServedModel& model) const;
+
+ private:
+  friend class ServedCheckpoint;
+  NewWeightsFile() = default;
+
+  struct Place {
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    sync::DType dtype = sync::DType::kF32;
+    std::vector<uint64_t> shape;
+  };
+  std::string path_;
+  std::shared_ptr<MappedFile> mapping_;
+  std::map<std::string, Place> layout_;
+  bool in_place_ = false;
+};
+
 class ServedCheckpoint {
  public:
   explicit ServedCheckpoint(std::string dir) : dir_(std::move(dir)) {}
@@ -44,14 +76,16 @@ class ServedCheckpoint {
   // Brings the directory to `model`. `template_dir` (the directory the engine was started from;
   // may be the checkpoint directory itself) supplies the non-weight files on the first write.
   // Errors name the file; after one the next write starts over with a whole file. A model whose
-  // tensors are the file's own bytes (Map) is already there: only its digests are taken.
+  // tensors are views of a NewFile puts that file in place; one whose tensors are the current
+  // file's own bytes (changed in place) is already there: only its digests are taken.
   Status Write(const sync::ServedModel& model, const std::string& template_dir);
 
-  // The tensors of the weights file as the last Write left it, in file order, as views of the
-  // file mapped for writing (the mapping lives as long as the model or this object does). The
-  // digests are the ones that Write was given. Unavailable when no Write has completed since the
-  // file last changed, or the file cannot be mapped.
-  Result<sync::ServedModel> Map();
+  // A new weights file for `specs` (laid out as a whole write would), for a model to arrive into
+  // without passing through host memory: a keyframe's bytes are placed straight into its views
+  // (NewWeightsFile::Storage), and the Write of that model then puts the file in place (the
+  // checks and the engine's files of a whole write; no byte copied). Only the newest such file
+  // can be put in place.
+  Result<std::shared_ptr<NewWeightsFile>> NewFile(const std::vector<sync::TensorSpec>& specs);
   // The file's bytes are about to change in place (through a model from Map): until the next
   // Write of that model, the file holds no version, and a Write of another model rewrites it
   // whole.
@@ -67,6 +101,12 @@ class ServedCheckpoint {
  private:
   Status WriteWhole(const sync::ServedModel& model, const std::string& template_dir);
   Status WriteChanged(const sync::ServedModel& model);
+  // Makes the directory ready for a new weights file (created, a crash's leftovers but `keep`
+  // removed, the engine's own model directory refused, its non-weight files copied, weight files
+  // of other layouts removed).
+  Status PrepareDirectory(const std::string& template_dir, const std::string& keep);
+  Status PutInPlace(NewWeightsFile& file, const sync::ServedModel& model,
+                    const std::string& template_dir);
   // Whether every tensor of `model` is a view of the mapped file at its place in it.
   bool IsMappedHere(const sync::ServedModel& model) const;
 
@@ -82,7 +122,8 @@ class ServedCheckpoint {
   // The layout of the file (kept when the file's bytes change in place, which never moves them).
   std::map<std::string, Placed> placed_;
   std::shared_ptr<MappedFile>
-      mapping_;  // the file, mapped for writing by Map; reset on a whole write
+      mapping_;  // the file, when it came from a NewFile (reset when replaced)
+  std::weak_ptr<NewWeightsFile> pending_;  // the newest NewFile, until put in place
   uint64_t last_tensors_ = 0, last_bytes_ = 0;
   bool last_whole_ = false;
 };

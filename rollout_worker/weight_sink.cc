@@ -5,8 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/logging.h"
-
 namespace weft::rollout_worker {
 
 Result<policy_store::PullReport> HostWeightSink::Pull(policy_store::StoreReader& reader,
@@ -29,8 +27,12 @@ Status HostWeightSink::Prove(const policy_store::Manifest& manifest, int threads
 Result<policy_store::PullReport> DirectoryWeightSink::Pull(policy_store::StoreReader& reader,
                                                            uint64_t target,
                                                            const policy_store::Manifest* held) {
-  if (mapped()) http_.ForgetDirectory();
-  return HostWeightSink::Pull(reader, target, held);
+  if (mapped()) http_.ForgetDirectory();  // deltas are about to change the file in place
+  reader.PlaceKeyframes(this);
+  Result<policy_store::PullReport> pulled = HostWeightSink::Pull(reader, target, held);
+  reader.PlaceKeyframes(nullptr);
+  arriving_.reset();  // (a copy that arrived in it holds it)
+  return pulled;
 }
 
 void DirectoryWeightSink::Drop() {
@@ -38,17 +40,25 @@ void DirectoryWeightSink::Drop() {
   HostWeightSink::Drop();
 }
 
-Status DirectoryWeightSink::Stage(uint64_t version) {
-  WEFT_RETURN_IF_ERROR(HostWeightSink::Stage(version));
-  if (mapped()) return Status::Ok();
-  // The version is in the file now: the file becomes the copy, and the host's is let go.
-  Result<sync::ServedModel> file = http_.MapDirectory();
-  if (!file.ok()) {
-    WEFT_LOG(kWarning) << "the copy stays in host memory: " << file.status().message();
-    return Status::Ok();
-  }
-  copy_ = std::move(*file);
+Status DirectoryWeightSink::Prepare(const policy_store::Manifest& keyframe) {
+  std::vector<sync::TensorSpec> specs;
+  specs.reserve(keyframe.tensors.size());
+  for (const policy_store::ManifestTensor& t : keyframe.tensors)
+    specs.push_back({t.name, t.dtype, t.shape});
+  WEFT_ASSIGN_OR_RETURN(arriving_, http_.NewDirectoryFile(specs));
   return Status::Ok();
+}
+
+Result<sync::TensorStorage> DirectoryWeightSink::Storage(const sync::TensorSpec& spec,
+                                                         uint64_t bytes) {
+  if (arriving_ == nullptr) return Internal("no keyframe is arriving");
+  WEFT_ASSIGN_OR_RETURN(sync::TensorStorage storage, arriving_->Storage(spec));
+  if (storage.size() != bytes) {
+    return InvalidArgument("tensor " + spec.name + " is " + std::to_string(bytes) +
+                           " bytes in the keyframe, " + std::to_string(storage.size()) +
+                           " in its manifest");
+  }
+  return storage;
 }
 
 std::string HostWeightSink::StateDigest() const {

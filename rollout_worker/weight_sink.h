@@ -76,28 +76,32 @@ class HostWeightSink : public WeightSink {
 };
 
 // The copy in the served checkpoint directory of an HttpEngine (served_checkpoint.h), and nowhere
-// else once a version has been staged: the first version (a keyframe) is pulled into host memory
-// and written there whole by Stage, after which the copy is the file itself, mapped, and each
-// later version is applied to it in place: the changed elements are written once, into the
+// else: a keyframe arrives straight into a new weights file there, mapped (the sink places the
+// reader's keyframes, policy_store::KeyframePlacement), which Stage puts in place; each later
+// version is applied to that file in place: the changed elements are written once, into the
 // file's pages, the proof reads the bytes the replicas will load, and Stage writes nothing. The
-// host holds no second copy of the model. While a version is applied the directory holds none,
-// so the engine loads no replica from it until the next Stage. A pull from a keyframe (after a
-// long absence) goes through host memory again, and Stage rewrites the file whole.
-class DirectoryWeightSink final : public HostWeightSink {
+// host holds no copy of the model in its own memory, whatever the model's size. While a delta is
+// applied the directory holds no version, so the engine loads no replica from it until the next
+// Stage; while a keyframe arrives the directory keeps the version it had.
+class DirectoryWeightSink final : public HostWeightSink, public policy_store::KeyframePlacement {
  public:
   explicit DirectoryWeightSink(HttpEngine& engine) : HostWeightSink(engine), http_(engine) {}
 
   Result<policy_store::PullReport> Pull(policy_store::StoreReader& reader, uint64_t target,
                                         const policy_store::Manifest* held) override;
-  // A mapped copy dropped (its proof failed, say) leaves the file in doubt: the next version is
-  // written whole.
+  // A copy dropped (its proof failed, say) leaves the file in doubt: the next version is written
+  // whole.
   void Drop() override;
-  Status Stage(uint64_t version) override;
-  // Whether the copy is the directory's file now (rather than host memory).
+  // Whether the copy is a file's bytes (rather than host memory): true once a version is held.
   bool mapped() const { return !copy_.tensors().empty() && copy_.tensors()[0].bytes.is_view(); }
+
+  // KeyframePlacement, for the reader during Pull.
+  Status Prepare(const policy_store::Manifest& keyframe) override;
+  Result<sync::TensorStorage> Storage(const sync::TensorSpec& spec, uint64_t bytes) override;
 
  private:
   HttpEngine& http_;
+  std::shared_ptr<NewWeightsFile> arriving_;  // the keyframe's file, during a pull
 };
 
 }  // namespace weft::rollout_worker

@@ -223,17 +223,30 @@ const SafetensorsTensor* SafetensorsFile::Find(const std::string& name) const {
 
 Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToWrite>& tensors,
                                           const std::map<std::string, std::string>& metadata) {
-  SafetensorsLayout layout;
-  std::set<std::string> names;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorToWrite& t = tensors[i];
-    if (t.name.empty() || t.name == "__metadata__")
-      return InvalidArgument("invalid tensor name '" + t.name + "'");
-    if (!names.insert(t.name).second) return InvalidArgument("tensor '" + t.name + "' given twice");
+  std::vector<TensorToPlace> places;
+  places.reserve(tensors.size());
+  for (const TensorToWrite& t : tensors) {
     uint64_t bytes;
     if (!CheckedProduct(t.shape, Info(t.dtype).size, &bytes) || bytes != t.data.size()) {
       return InvalidArgument("tensor '" + t.name + "': data size does not match shape and dtype");
     }
+    places.push_back({t.name, t.dtype, t.shape});
+  }
+  return PlanSafetensors(places, metadata);
+}
+
+Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToPlace>& tensors,
+                                          const std::map<std::string, std::string>& metadata) {
+  SafetensorsLayout layout;
+  std::set<std::string> names;
+  std::vector<uint64_t> sizes(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorToPlace& t = tensors[i];
+    if (t.name.empty() || t.name == "__metadata__")
+      return InvalidArgument("invalid tensor name '" + t.name + "'");
+    if (!names.insert(t.name).second) return InvalidArgument("tensor '" + t.name + "' given twice");
+    if (!CheckedProduct(t.shape, Info(t.dtype).size, &sizes[i]))
+      return InvalidArgument("tensor '" + t.name + "': its size overflows");
     layout.order.push_back(i);
   }
   std::sort(layout.order.begin(), layout.order.end(), [&](size_t a, size_t b) {
@@ -249,13 +262,13 @@ Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToWrite>& tens
   }
   uint64_t offset = 0;
   for (size_t i : layout.order) {
-    const TensorToWrite& t = tensors[i];
+    const TensorToPlace& t = tensors[i];
     if (!first) json += ",";
     first = false;
     json += Json(t.name).dump() + ":{\"dtype\":\"" + std::string(Info(t.dtype).safetensors_name) +
             "\",\"shape\":" + Json(t.shape).dump() + ",\"data_offsets\":[" +
-            std::to_string(offset) + "," + std::to_string(offset + t.data.size()) + "]}";
-    offset += t.data.size();
+            std::to_string(offset) + "," + std::to_string(offset + sizes[i]) + "]}";
+    offset += sizes[i];
   }
   json += "}";
   json.append((8 - json.size() % 8) % 8, ' ');

@@ -92,6 +92,17 @@ struct SafetensorsLayout {
 Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToWrite>& tensors,
                                           const std::map<std::string, std::string>& metadata);
 
+// A tensor of a file whose data is still to come: its size follows from its shape and dtype.
+struct TensorToPlace {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;
+};
+// The same layout for tensors whose bytes are not at hand yet: the data of tensor order[k]
+// follows that of order[k - 1], each as long as its shape and dtype say.
+Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToPlace>& tensors,
+                                          const std::map<std::string, std::string>& metadata);
+
 // Writes atomically (temporary file, fsync, rename).
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata = {});

@@ -117,7 +117,17 @@ Status ServedModelStream::TryParseHeader() {
   for (const SafetensorsTensor& t : file.tensors()) {
     Building building;
     building.tensor.spec = {t.name, t.dtype, t.shape};
-    building.tensor.bytes.resize(t.data_bytes);
+    if (storage_) {
+      Result<TensorStorage> storage = storage_(building.tensor.spec, t.data_bytes);
+      if (!storage.ok()) return storage.status();
+      if (storage->size() != t.data_bytes) {
+        return Internal("tensor '" + t.name + "' was given " + std::to_string(storage->size()) +
+                        " bytes of storage for its " + std::to_string(t.data_bytes));
+      }
+      building.tensor.bytes = std::move(storage).value();
+    } else {
+      building.tensor.bytes.resize(t.data_bytes);
+    }
     building.unit = CodedWidth(t.dtype);
     building.tensor.digest = BaseDigest(t.data_bytes / building.unit, t.dtype);
     building.offset = data_start_ + t.data_offset;

@@ -6,7 +6,8 @@
 // and added to that tensor's state digest right after, while it is still in cache (the digest is a
 // sum over positions, so pieces add up in any order). Pieces that arrive before the header has been
 // read wait in memory until it has. An element split between two pieces is hashed once both have
-// arrived. Nothing holds the file: the memory is the model's, plus pieces waiting for the header.
+// arrived. Nothing holds the file: the memory is the model's (new host memory, or storage the
+// caller gives each tensor, StorageFor), plus pieces waiting for the header.
 //
 // The stream checks the header as SafetensorsFile::Parse does; it does not check that the bytes
 // are the publisher's (the caller checks the file's content hash as the pieces pass through).
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <utility>
@@ -27,7 +29,13 @@ namespace weft::sync {
 
 class ServedModelStream {
  public:
-  explicit ServedModelStream(uint64_t file_size) : file_size_(file_size) {}
+  // Where a tensor's bytes go, once the header names it (called under the stream's lock, one
+  // tensor at a time): storage of exactly the tensor's size, or an error that fails the stream.
+  using StorageFor = std::function<Result<TensorStorage>(const TensorSpec& spec, uint64_t bytes)>;
+
+  // Each tensor in new host memory, or where `storage` (when given) says.
+  explicit ServedModelStream(uint64_t file_size, StorageFor storage = nullptr)
+      : file_size_(file_size), storage_(std::move(storage)) {}
 
   // Bytes [offset, offset + bytes.size()) of the file. kDataLoss when the header is not valid or
   // the piece lies past the file's end; pieces must not overlap (each byte is placed once).
@@ -76,6 +84,7 @@ class ServedModelStream {
                    std::vector<std::pair<size_t, uint64_t>>* split);
 
   const uint64_t file_size_;
+  const StorageFor storage_;
   Mutex mutex_;
   bool parsed_ GUARDED_BY(mutex_) = false;
   Status header_error_ GUARDED_BY(mutex_);  // once the header failed to parse, every call says so

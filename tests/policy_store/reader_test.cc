@@ -5,6 +5,8 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 
 #include "common/file_util.h"
 #include "policy_store/directory_store.h"
@@ -138,6 +140,78 @@ TEST_CASE("reader: a copy that is held is changed in place, and not at all when 
   sync::ServedModel wrong = run.published[1];
   CHECK(reader.Pull(4, 3, &wrong).status().message().find("the local copy") != std::string::npos);
   CHECK(SameBytes(wrong, run.published[1]));
+}
+
+// A placement that lays a keyframe out in one buffer, in manifest order (as a mapped file would);
+// `fail_prepare` or `fail_tensor` make it refuse.
+class BufferPlacement : public KeyframePlacement {
+ public:
+  Status Prepare(const Manifest& keyframe) override {
+    if (fail_prepare) return Unavailable("no room for the keyframe");
+    places.clear();
+    uint64_t size = 0;
+    for (const ManifestTensor& t : keyframe.tensors) {
+      const uint64_t bytes = sync::TensorSpec{t.name, t.dtype, t.shape}.byte_count();
+      places[t.name] = {size, bytes};
+      size += bytes;
+    }
+    buffer = std::make_shared<std::vector<uint8_t>>(size);
+    ++prepared;
+    return Status::Ok();
+  }
+  Result<sync::TensorStorage> Storage(const sync::TensorSpec& spec, uint64_t bytes) override {
+    if (spec.name == fail_tensor) return InvalidArgument("no place for " + spec.name);
+    const auto& [offset, size] = places.at(spec.name);
+    REQUIRE(size == bytes);
+    return sync::TensorStorage::View(std::span<uint8_t>(*buffer).subspan(offset, size), buffer);
+  }
+  bool fail_prepare = false;
+  std::string fail_tensor;
+  int prepared = 0;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> places;
+  std::shared_ptr<std::vector<uint8_t>> buffer;
+};
+
+TEST_CASE("reader: a keyframe arrives straight into the storage a placement gives") {
+  Dir d("reader_placement");
+  TestRun run(*d.store, "run", 3);
+  run.Start();
+  for (int v = 1; v <= 4; ++v) run.Next();
+  StoreReader reader(*d.store, "run", 2);
+  BufferPlacement placement;
+  reader.PlaceKeyframes(&placement);
+  // From nothing: the keyframe of version 3 into the buffer, then the delta to 4 applied there.
+  sync::ServedModel model;
+  auto report = reader.Pull(4, std::nullopt, &model);
+  REQUIRE_MESSAGE(report.ok(), report.status().ToString());
+  CHECK(placement.prepared == 1);
+  CHECK(SameBytes(model, run.published[4]));
+  for (const auto& t : model.tensors()) {
+    CAPTURE(t.spec.name);
+    CHECK(t.bytes.is_view());
+    CHECK(t.bytes.data() == placement.buffer->data() + placement.places.at(t.spec.name).first);
+  }
+  // A placement that cannot lay the keyframe out, or place one of its tensors, fails the pull,
+  // saying which keyframe; the model is as it was.
+  placement.fail_prepare = true;
+  sync::ServedModel empty;
+  Result<PullReport> refused = reader.Pull(4, std::nullopt, &empty);
+  CHECK(refused.status().code() == StatusCode::kUnavailable);
+  CHECK(refused.status().message().find("keyframe of version 3") != std::string::npos);
+  CHECK(refused.status().message().find("no room for the keyframe") != std::string::npos);
+  CHECK(empty.tensors().empty());
+  placement.fail_prepare = false;
+  placement.fail_tensor = run.published[4].tensors().back().spec.name;
+  refused = reader.Pull(4, std::nullopt, &empty);
+  CHECK(!refused.ok());
+  CHECK(refused.status().message().find("no place for " + placement.fail_tensor) !=
+        std::string::npos);
+  CHECK(empty.tensors().empty());
+  // Without a placement: new host memory.
+  reader.PlaceKeyframes(nullptr);
+  REQUIRE(reader.Pull(4, std::nullopt, &empty).ok());
+  CHECK(!empty.tensors()[0].bytes.is_view());
+  CHECK(SameBytes(empty, run.published[4]));
 }
 
 TEST_CASE("reader: deltas spilled to files are applied window by window, bit for bit") {

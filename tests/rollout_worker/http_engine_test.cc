@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -913,62 +914,89 @@ TEST_CASE("served checkpoint: a whole write, then only changed tensors in place"
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("served checkpoint: the file mapped as the copy, a version applied to it in place") {
-  const std::string dir = testing::TempPath("served_checkpoint_mapped");
+TEST_CASE("served checkpoint: a new file filled in place, put in place, then changed in place") {
+  const std::string dir = testing::TempPath("served_checkpoint_new_file");
   const TinyLmLayout layout(Config());
   std::vector<float> w = layout.Initialize(1);
   std::filesystem::create_directories(dir + "/template");
   REQUIRE(
       fake_engine::WriteModelDirectory(dir + "/template", Config(), w, sync::DType::kBF16).ok());
   ServedCheckpoint checkpoint(dir + "/served");
-  CHECK(checkpoint.Map().status().code() == StatusCode::kUnavailable);  // nothing written yet
   sync::ServedModel publisher =
       std::move(sync::ServedModel::FromMaster(layout.Master(w), sync::ServingPlan{}, 1)).value();
-  REQUIRE(checkpoint.Write(publisher, dir + "/template").ok());
-  Result<sync::ServedModel> mapped = checkpoint.Map();
-  REQUIRE_MESSAGE(mapped.ok(), mapped.status().ToString());
-  REQUIRE(mapped->tensors().size() == publisher.tensors().size());
-  for (const auto& t : mapped->tensors()) {
-    CAPTURE(t.spec.name);
-    CHECK(t.bytes.is_view());
-    CHECK(t.bytes == publisher.Find(t.spec.name)->bytes);
-    CHECK(t.digest == publisher.Find(t.spec.name)->digest);
+  std::vector<sync::TensorSpec> specs;
+  for (const auto& t : publisher.tensors()) specs.push_back(t.spec);
+  auto temporaries = [&] {
+    size_t n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir + "/served"))
+      n += entry.path().filename().string().rfind(".model.safetensors.tmp-", 0) == 0;
+    return n;
+  };
+  // A new file never put in place goes when the last reference to it does.
+  {
+    Result<std::shared_ptr<NewWeightsFile>> abandoned = checkpoint.NewFile(specs);
+    REQUIRE(abandoned.ok());
+    CHECK(temporaries() == 1);
   }
-  // One tensor changes: the delta, applied to the mapped model, lands in the file itself.
+  CHECK(temporaries() == 0);
+  Result<std::shared_ptr<NewWeightsFile>> file = checkpoint.NewFile(specs);
+  REQUIRE_MESSAGE(file.ok(), file.status().ToString());
+  CHECK((*file)->Storage({"nope", sync::DType::kBF16, {2}}).status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK((*file)->Storage({specs[0].name, sync::DType::kBF16, {1, 2, 3}}).status().code() ==
+        StatusCode::kInvalidArgument);
+  // Filled as a keyframe would fill it, then put in place by the Write of its model.
+  std::vector<sync::TensorStorage> storage;
+  std::vector<sync::Digest> digests;
+  for (const auto& t : publisher.tensors()) {
+    Result<sync::TensorStorage> view = (*file)->Storage(t.spec);
+    REQUIRE(view.ok());
+    std::memcpy(view->data(), t.bytes.data(), t.bytes.size());
+    storage.push_back(std::move(view).value());
+    digests.push_back(t.digest);
+  }
+  sync::ServedModel copy = sync::ServedModel::FromStorage(specs, std::move(storage), digests);
+  file->reset();  // the model's views hold it
+  CHECK(!std::filesystem::exists(dir + "/served/model.safetensors"));
+  REQUIRE(checkpoint.Write(copy, dir + "/template").ok());
+  CHECK(checkpoint.last_write_whole());
+  CHECK(temporaries() == 0);
+  CHECK(std::filesystem::exists(dir + "/served/config.json"));
+  auto read = [&] {
+    auto in_file = sync::SafetensorsFile::Open(dir + "/served/model.safetensors");
+    REQUIRE(in_file.ok());
+    CHECK(in_file->metadata().count("weft_served_checkpoint") == 1);
+    return sync::ServedModel::FromSafetensors(*in_file, 1);
+  };
+  const sync::ServedModel first = read();
+  for (const auto& t : first.tensors()) CHECK(t.digest == publisher.Find(t.spec.name)->digest);
+  // One tensor changes: the delta, applied to the copy, lands in the file itself, and the Write
+  // that follows writes nothing.
   const examples::ParameterInfo& p = layout.parameters()[1];
   for (size_t i = 0; i < p.size; ++i) w[p.offset + i] += 0.5f;
   const sync::ModelDelta delta =
       std::move(publisher.Update(layout.Master(w), sync::CodecOptions{10, 1})).value();
   checkpoint.WillChangeInPlace();
-  REQUIRE(mapped->Apply(delta, 1).ok());
-  auto read = [&] {
-    auto file = sync::SafetensorsFile::Open(dir + "/served/model.safetensors");
-    REQUIRE(file.ok());
-    return sync::ServedModel::FromSafetensors(*file, 1);
-  };
-  const sync::ServedModel in_file = read();
-  for (const auto& t : in_file.tensors()) {
+  REQUIRE(copy.Apply(delta, 1).ok());
+  const sync::ServedModel second = read();
+  for (const auto& t : second.tensors()) {
     CAPTURE(t.spec.name);
     CHECK(t.digest == publisher.Find(t.spec.name)->digest);
   }
-  // Writing the mapped model writes nothing; it takes the digests.
-  REQUIRE(checkpoint.Write(*mapped, dir + "/template").ok());
+  REQUIRE(checkpoint.Write(copy, dir + "/template").ok());
   CHECK(!checkpoint.last_write_whole());
   CHECK(checkpoint.last_bytes_written() == 0);
   CHECK(checkpoint.last_tensors_written() == 1);
   // Changed in place again, then given another model (the copy was dropped): written whole, in a
-  // new file; the old mapping still reads the bytes it had.
+  // new file; the copy still reads the bytes it had.
   checkpoint.WillChangeInPlace();
-  const std::vector<uint8_t> before = mapped->tensors()[0].bytes.ToVector();
+  const std::vector<uint8_t> before = copy.tensors()[0].bytes.ToVector();
   const sync::ServedModel other = Served(layout, layout.Initialize(2));
   REQUIRE(checkpoint.Write(other, dir + "/template").ok());
   CHECK(checkpoint.last_write_whole());
-  CHECK(mapped->tensors()[0].bytes == before);
+  CHECK(copy.tensors()[0].bytes == before);
   const sync::ServedModel rewritten = read();
   for (const auto& t : rewritten.tensors()) CHECK(t.digest == other.Find(t.spec.name)->digest);
-  Result<sync::ServedModel> remapped = checkpoint.Map();
-  REQUIRE(remapped.ok());
-  CHECK(remapped->tensors()[0].bytes.data() != mapped->tensors()[0].bytes.data());
   std::filesystem::remove_all(dir);
 }
 
@@ -985,26 +1013,32 @@ TEST_CASE("directory weight sink: the copy is the served checkpoint file; versio
   policy_store::StoreReader reader(*store, "r", 1);
   DirectoryWeightSink sink(engine);
 
-  // The first version: a keyframe, through host memory, written whole; then the file is the copy.
+  // The first version: a keyframe, straight into a new file, put in place by Stage.
   auto first = sink.Pull(reader, 0, nullptr);
   REQUIRE_MESSAGE(first.ok(), first.status().ToString());
-  CHECK(!sink.mapped());
+  CHECK(sink.mapped());
   REQUIRE(sink.Prove(first->manifest, 1).ok());
   REQUIRE(sink.Stage(0).ok());
-  CHECK(sink.mapped());
   CHECK(engine.stats().last_bytes_written > 0);
   REQUIRE(sink.Commit().ok());
 
   // The next: a delta, applied to the file; the file holds it before Stage, which writes nothing.
+  // Meanwhile the directory holds no version: a replica that comes back is not loaded from it
+  // until the commit.
+  f.engines[1]->Stop();
+  for (int i = 0; i < 100 && engine.Health().ready_replicas != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(engine.Health().ready_replicas == 1);
   for (float& x : w) x *= 1.01f;
   REQUIRE(publisher->Publish(f.layout.Master(w)).ok());
   const policy_store::Manifest held = first->manifest;
   auto second = sink.Pull(reader, 1, &held);
   REQUIRE_MESSAGE(second.ok(), second.status().ToString());
   CHECK(second->from == std::optional<uint64_t>(0));
-  CHECK(sink.mapped());
-  // Until Stage the directory holds no version: nothing is mapped (or loaded) from it.
-  CHECK(engine.MapDirectory().status().code() == StatusCode::kUnavailable);
+  REQUIRE(f.engines[1]->Start().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ten health checks
+  CHECK(engine.Health().ready_replicas == 1);
+  CHECK(f.engines[1]->state().weight_version != "0");
   REQUIRE(sink.Prove(second->manifest, 2).ok());
   auto file = sync::SafetensorsFile::Open(f.options.checkpoint_dir + "/model.safetensors");
   REQUIRE(file.ok());
@@ -1023,20 +1057,33 @@ TEST_CASE("directory weight sink: the copy is the served checkpoint file; versio
   CheckAgainstVersions(f.layout, kPrompt, out->front(), {{1, Widened(f.layout, sink.copy())}});
   CHECK(sink.StateDigest().size() == 32);
 
-  // A bit flips in the file: the proof finds it. Dropped, the copy comes back from a keyframe,
-  // written whole, and the file is the copy again.
+  // A bit flips in the file: the proof finds it. Dropped, the copy leaves the directory holding
+  // no version (a replica that restarts is not loaded from it), and comes back from a keyframe,
+  // into a new file put in place whole.
   sink.CorruptForTest();
   CHECK(sink.Prove(second->manifest, 1).code() == StatusCode::kDataLoss);
   sink.Drop();
   CHECK(sink.empty());
+  f.engines[1]->Stop();
+  for (int i = 0; i < 100 && engine.Health().ready_replicas != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(engine.Health().ready_replicas == 1);
+  REQUIRE(f.engines[1]->Start().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  CHECK(engine.Health().ready_replicas == 1);
   auto again = sink.Pull(reader, 1, nullptr);
   REQUIRE_MESSAGE(again.ok(), again.status().ToString());
-  CHECK(!sink.mapped());
   REQUIRE(sink.Prove(again->manifest, 1).ok());
   REQUIRE(sink.Stage(1).ok());
   CHECK(engine.stats().last_bytes_written > 0);
   CHECK(sink.mapped());
-  REQUIRE(sink.Prove(again->manifest, 1).ok());
+  REQUIRE(sink.Commit().ok());
+  CHECK(engine.Health().ready_replicas == 2);
+  auto whole = sync::SafetensorsFile::Open(f.options.checkpoint_dir + "/model.safetensors");
+  REQUIRE(whole.ok());
+  CHECK(policy_store::CheckAgainstManifest(sync::ServedModel::FromSafetensors(*whole, 1),
+                                           again->manifest, nullptr, true, 1)
+            .ok());
 }
 
 TEST_CASE("engine section: keys, defaults and errors that name the key") {
