@@ -77,18 +77,24 @@ Status CopyModelFiles(const std::string& from, const std::string& to) {
   return Status::Ok();
 }
 
-}  // namespace
-
-bool ServedCheckpoint::IsMappedHere(const sync::ServedModel& model) const {
-  if (mapping_ == nullptr || placed_.size() != model.tensors().size()) return false;
-  const uint8_t* base = mapping_->bytes().data();
+// Whether the tensors of `model` are exactly those `layout` places (by name: offset and size),
+// each a view of the file mapped at `file` at its place.
+template <typename Layout>
+bool ViewsOf(const sync::ServedModel& model, const MappedFile& file, const Layout& layout) {
+  if (layout.size() != model.tensors().size()) return false;
   for (const auto& t : model.tensors()) {
-    auto found = placed_.find(t.spec.name);
-    if (found == placed_.end() || found->second.size != t.bytes.size() ||
-        t.bytes.data() != base + found->second.offset)
+    auto found = layout.find(t.spec.name);
+    if (found == layout.end() || found->second.size != t.bytes.size() ||
+        t.bytes.data() != file.bytes().data() + found->second.offset)
       return false;
   }
   return true;
+}
+
+}  // namespace
+
+bool ServedCheckpoint::IsMappedHere(const sync::ServedModel& model) const {
+  return mapping_ != nullptr && ViewsOf(model, *mapping_, placed_);
 }
 
 NewWeightsFile::~NewWeightsFile() {
@@ -109,15 +115,7 @@ Result<sync::TensorStorage> NewWeightsFile::Storage(const sync::TensorSpec& spec
 }
 
 bool NewWeightsFile::Holds(const sync::ServedModel& model) const {
-  if (layout_.size() != model.tensors().size()) return false;
-  const uint8_t* base = mapping_->bytes().data();
-  for (const auto& t : model.tensors()) {
-    auto found = layout_.find(t.spec.name);
-    if (found == layout_.end() || found->second.size != t.bytes.size() ||
-        t.bytes.data() != base + found->second.offset)
-      return false;
-  }
-  return true;
+  return ViewsOf(model, *mapping_, layout_);
 }
 
 Result<std::shared_ptr<NewWeightsFile>> ServedCheckpoint::NewFile(
