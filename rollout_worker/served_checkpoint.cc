@@ -107,8 +107,11 @@ Result<sync::TensorStorage> NewWeightsFile::Storage(const sync::TensorSpec& spec
     return InvalidArgument("tensor " + spec.name + " is not one of the model's");
   const Place& place = found->second;
   if (place.dtype != spec.dtype || place.shape != spec.shape) {
-    return InvalidArgument("tensor " + spec.name + " has shape " + ShapeText(spec.shape) +
-                           " here, " + ShapeText(place.shape) + " in the model (or another dtype)");
+    auto text = [](sync::DType dtype, const std::vector<uint64_t>& shape) {
+      return std::string(sync::Info(dtype).safetensors_name) + " " + ShapeText(shape);
+    };
+    return InvalidArgument("tensor " + spec.name + " is " + text(spec.dtype, spec.shape) +
+                           " here, " + text(place.dtype, place.shape) + " in the model");
   }
   return sync::TensorStorage::View(mapping_->writable_bytes().subspan(place.offset, place.size),
                                    shared_from_this());
