@@ -277,11 +277,10 @@ Result<bool> Env::Exists(const std::string& path) {
   return type != PathType::kNone;
 }
 
-std::vector<std::string> Env::List(const std::string& dir) {
+Result<std::vector<std::string>> Env::List(const std::string& dir) {
+  WEFT_ASSIGN_OR_RETURN(std::vector<DirectoryEntry> entries, ListDirectory(dir));
   std::vector<std::string> names;
-  Result<std::vector<DirectoryEntry>> entries = ListDirectory(dir);
-  if (!entries.ok()) return names;
-  for (DirectoryEntry& entry : *entries) names.push_back(std::move(entry.name));
+  for (DirectoryEntry& entry : entries) names.push_back(std::move(entry.name));
   return names;
 }
 

@@ -88,9 +88,9 @@ class Env {
   // Whether anything is at `path` (TypeOf): an error when that cannot be told, which is not "no"
   // (code that creates what it thinks is missing must not create it over what is there).
   Result<bool> Exists(const std::string& path);
-  // The names of the entries of directory `dir` (not their paths), sorted; none when it is not a
-  // directory (ListDirectory, without types or errors).
-  std::vector<std::string> List(const std::string& dir);
+  // The names of the entries of directory `dir` (not their paths), sorted, with ListDirectory's
+  // errors (kNotFound when there is no such directory).
+  Result<std::vector<std::string>> List(const std::string& dir);
   // Removes the file `path`, durably; Ok when it does not exist, kInvalidArgument when it is a
   // directory.
   virtual Status Remove(const std::string& path) = 0;

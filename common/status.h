@@ -93,7 +93,9 @@ class [[nodiscard]] Result {
     assert(ok());
     return *value_;
   }
-  T&& value() && {
+  // By value, so that `for (auto& x : F().value())` and `auto& x = F().value()` hold the value
+  // itself rather than a reference into the Result that dies at the end of the expression.
+  T value() && {
     assert(ok());
     return std::move(*value_);
   }

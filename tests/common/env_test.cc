@@ -49,13 +49,13 @@ void Script(Env& env, const std::string& dir) {
   const std::span<const uint8_t> parts[] = {Bytes("one "), Bytes("two")};
   REQUIRE(env.WriteAtomic(b, parts).ok());
   CHECK(Text(env.ReadFile(b)) == "one two");
-  std::vector<std::string> names = env.List(dir);
+  std::vector<std::string> names = env.List(dir).value();
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"a", "b"});
   REQUIRE(env.Remove(a).ok());
   REQUIRE(env.Remove(a).ok());  // gone already: fine
   CHECK(!env.Exists(a).value());
-  CHECK(env.List(dir + "/none").empty());
+  CHECK(env.List(dir + "/none").status().code() == StatusCode::kNotFound);
   {
     auto file = std::move(env.OpenWritable(b, true)).value();  // emptied
   }

@@ -31,7 +31,8 @@ using testing::SnapshotOf;
 std::vector<std::string> JournalFiles(Env& env, const std::string& path) {
   const std::filesystem::path base(path);
   std::vector<std::string> paths;
-  for (const std::string& name : env.List(base.parent_path().string())) {
+  const std::vector<std::string> names = env.List(base.parent_path().string()).value();
+  for (const std::string& name : names) {
     if (name.rfind(base.filename().string(), 0) == 0)
       paths.push_back((base.parent_path() / name).string());
   }

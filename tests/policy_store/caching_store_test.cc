@@ -198,12 +198,12 @@ TEST_CASE(
                 full.status().message());
   CHECK_MESSAGE(full.status().message().find("No space left on device") != std::string::npos,
                 full.status().message());
-  CHECK(env.List("/cache/blobs").empty());
+  CHECK(env.List("/cache/blobs").value().empty());
   CHECK(cache->stats().cached_blobs == 0);
   env.SetCapacity(UINT64_MAX);
   CHECK(*cache->Get(key) == blob);
   CHECK(cache->stats().cached_blobs == 1);
-  CHECK(env.List("/cache/blobs") == std::vector<std::string>{key.substr(6)});
+  CHECK(env.List("/cache/blobs").value() == std::vector<std::string>{key.substr(6)});
 }
 
 TEST_CASE(
@@ -225,7 +225,7 @@ TEST_CASE(
   env.Advance(std::chrono::seconds(1));
   CHECK(*cache->Get(key) == blob);
   CHECK(upstream.faulty.gets.load() == 2);
-  CHECK(env.List("/cache/blobs") == std::vector<std::string>{key.substr(6)});
+  CHECK(env.List("/cache/blobs").value() == std::vector<std::string>{key.substr(6)});
   // Written to behind the cache's back (no clock need move): its stamp changed, so it is checked,
   // found corrupted, and fetched again (once the fetch that wrote it has ended: until then readers
   // join that fetch).

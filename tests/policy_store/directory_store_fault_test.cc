@@ -162,10 +162,16 @@ std::unique_ptr<DirectoryStore> OpenOn(Env& env, bool create = true) {
   return std::move(store).value();
 }
 
-// The names under the store's directory `dir` on `env` that are temporary files.
+// The names under the store's directory `dir` on `env` that are temporary files (none when the
+// directory does not exist).
 std::vector<std::string> Temporaries(Env& env, const std::string& dir) {
   std::vector<std::string> found;
-  for (const std::string& name : env.List("/store/" + dir))
+  Result<std::vector<std::string>> names = env.List("/store/" + dir);
+  if (!names.ok()) {
+    REQUIRE(names.status().code() == StatusCode::kNotFound);
+    return found;
+  }
+  for (const std::string& name : *names)
     if (name.find(".tmp-") != std::string::npos) found.push_back(name);
   return found;
 }
