@@ -59,7 +59,7 @@ fi
 # cores that installing Ceph and the end-to-end tests (waiting on processes and sockets) leave idle,
 # and yield them whenever a test wants them.
 sanitized_targets_asan=(weft_common_tests weft_sync_tests weft_policy_store_tests weft_trainer_adapter_tests
-  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests weft_engine_adapter_tests weft_fuzz_targets)
+  weft_orchestrator_tests weft_examples_tests weft_rollout_worker_tests weft_engine_adapter_tests)
 sanitized_targets_tsan=(weft_common_tests weft_policy_store_tests weft_orchestrator_tests weft_rollout_worker_tests
   weft_engine_adapter_tests)
 build_sanitized_trees() {
@@ -72,9 +72,12 @@ build_sanitized_trees() {
   cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DWEFT_SANITIZE=thread -DWEFT_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON > /dev/null
   cmake --build build-tsan --target "${sanitized_targets_tsan[@]}"
+  touch build-tsan/.weft-built
+  # Last, the fuzz targets: the suites above start running while these build.
+  cmake --build build-asan --target weft_fuzz_targets
 }
 sanitized_log=build/sanitized-trees.log
-rm -f build-asan/.weft-built
+rm -f build-asan/.weft-built build-tsan/.weft-built
 # With job control on, the build is a process group of its own, stopped with the script whichever
 # way it ends. It stays in the script's session: the kernel shares the processor fairly between
 # sessions (autogroups) before it looks at priorities, so a build in a session of its own would
@@ -85,12 +88,12 @@ $(declare -f build_sanitized_trees); set -e; build_sanitized_trees" > "$sanitize
 builder=$!
 set +m
 trap 'kill -- -$builder 2> /dev/null || true' EXIT
-# Waits for the background build of a tree (asan: until its tree is built; tsan: until the build is
-# over); on a failure shows the build's log.
+# Waits for the background build (asan, tsan: until that tree's suites are built; fuzz: until the
+# build is over); on a failure shows the build's log.
 wait_for_tree() {
-  if [ "$1" = asan ]; then
-    while [ ! -e build-asan/.weft-built ] && kill -0 "$builder" 2> /dev/null; do sleep 1; done
-    if [ -e build-asan/.weft-built ]; then return; fi
+  if [ "$1" != fuzz ]; then
+    while [ ! -e "build-$1/.weft-built" ] && kill -0 "$builder" 2> /dev/null; do sleep 1; done
+    if [ -e "build-$1/.weft-built" ]; then return; fi
   fi
   if ! wait "$builder"; then
     tail -n 60 "$sanitized_log"
@@ -130,7 +133,8 @@ TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_orchestrator_tests -tce='*pro
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_rollout_worker_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/weft_engine_adapter_tests
 
-stage "fuzzing, ${FUZZ_SECONDS:-10} s per target"
+stage "fuzzing, ${FUZZ_SECONDS:-10} s per target (once they are built)"
+wait_for_tree fuzz
 tests/fuzz/run_fuzzers.sh build-asan build/cli/weft build/tests/weft_make_test_model "${FUZZ_SECONDS:-10}"
 
 echo "test.sh: all tests passed in $((SECONDS / 60)):$(printf %02d $((SECONDS % 60)))"
