@@ -381,8 +381,8 @@ TEST_CASE("apply: a served model reuses its buffers across versions of any shape
     // Back to v1 everywhere, then to v0.
     ModelDelta rest;
     for (size_t t = 0; t < d12.tensors.size(); t += 3) {
-      rest.tensors.push_back(std::move(
-          EncodeTensorDelta(v2.specs[t], v2.bytes[t], v1.bytes[t], CodecOptions{10, 1}).value()));
+      rest.tensors.push_back(
+          EncodeTensorDelta(v2.specs[t], v2.bytes[t], v1.bytes[t], CodecOptions{10, 1}).value());
     }
     REQUIRE(replica.Apply(rest, 2).ok());
     REQUIRE(replica.Apply(d10, 2).ok());
