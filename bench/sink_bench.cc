@@ -33,6 +33,7 @@
 #include "policy_store/directory_store.h"
 #include "policy_store/reader.h"
 #include "rollout_worker/served_checkpoint.h"
+#include "rollout_worker/weight_sink.h"
 #include "trainer_adapter/publisher.h"
 
 namespace {
@@ -126,27 +127,6 @@ void Publish(const Options& o) {
   }
 }
 
-// The directory sink's placement: the keyframe's tensors are views of a new file in the
-// checkpoint directory.
-class FilePlacement : public policy_store::KeyframePlacement {
- public:
-  explicit FilePlacement(rollout_worker::ServedCheckpoint& checkpoint) : checkpoint_(checkpoint) {}
-  Status Prepare(const policy_store::Manifest& keyframe) override {
-    std::vector<sync::TensorSpec> specs;
-    for (const auto& t : keyframe.tensors) specs.push_back({t.name, t.dtype, t.shape});
-    WEFT_ASSIGN_OR_RETURN(file_, checkpoint_.NewFile(specs));
-    return Status::Ok();
-  }
-  Result<sync::TensorStorage> Storage(const sync::TensorSpec& spec, uint64_t) override {
-    return file_->Storage(spec);
-  }
-  void Done() { file_.reset(); }
-
- private:
-  rollout_worker::ServedCheckpoint& checkpoint_;
-  std::shared_ptr<rollout_worker::NewWeightsFile> file_;
-};
-
 // One way, in this process: prints "first SECONDS later SECONDS written BYTES peak BYTES".
 int RunChild(const Options& o, const std::string& way) {
   PeakSampler sampler;
@@ -156,7 +136,8 @@ int RunChild(const Options& o, const std::string& way) {
   const std::string served = o.dir + "/served-" + way;
   std::filesystem::remove_all(served);
   rollout_worker::ServedCheckpoint checkpoint(served);
-  FilePlacement placement(checkpoint);
+  rollout_worker::FilePlacement placement(
+      [&](const std::vector<sync::TensorSpec>& specs) { return checkpoint.NewFile(specs); });
   const bool directory = way == "directory";
   if (directory) reader.PlaceKeyframes(&placement);
   sync::ServedModel copy;

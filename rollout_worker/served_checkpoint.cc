@@ -105,7 +105,7 @@ Result<sync::TensorStorage> NewWeightsFile::Storage(const sync::TensorSpec& spec
   auto found = layout_.find(spec.name);
   if (found == layout_.end())
     return InvalidArgument("tensor " + spec.name + " is not one of the model's");
-  const Place& place = found->second;
+  const TensorPlace& place = found->second;
   if (place.dtype != spec.dtype || place.shape != spec.shape) {
     auto text = [](sync::DType dtype, const std::vector<uint64_t>& shape) {
       return std::string(sync::Info(dtype).safetensors_name) + " " + ShapeText(shape);
@@ -135,11 +135,8 @@ Result<std::shared_ptr<NewWeightsFile>> ServedCheckpoint::NewFile(
   auto file = std::shared_ptr<NewWeightsFile>(new NewWeightsFile());
   uint64_t offset = layout.header.size();
   for (size_t i : layout.order) {
-    const uint64_t size =
-        sync::TensorSpec{places[i].name, places[i].dtype, places[i].shape}.element_count() *
-        sync::Info(places[i].dtype).size;
-    file->layout_[places[i].name] = {offset, size, places[i].dtype, places[i].shape};
-    offset += size;
+    file->layout_[specs[i].name] = {offset, specs[i].byte_count(), specs[i].dtype, specs[i].shape};
+    offset += specs[i].byte_count();
   }
   const uint64_t total = offset;
   WEFT_ASSIGN_OR_RETURN(file->path_, WriteTemporaryFile(path, [&](int fd) -> Status {
@@ -166,8 +163,7 @@ Status ServedCheckpoint::PutInPlace(NewWeightsFile& file, const sync::ServedMode
   file.path_ = path;
   placed_.clear();
   for (const auto& t : model.tensors()) {
-    const NewWeightsFile::Place& place = file.layout_.at(t.spec.name);
-    placed_[t.spec.name] = {place.offset, place.size, place.dtype, place.shape, t.digest};
+    placed_[t.spec.name] = {file.layout_.at(t.spec.name), t.digest};
   }
   mapping_ = file.mapping_;
   pending_.reset();
@@ -261,7 +257,7 @@ Status ServedCheckpoint::WriteWhole(const sync::ServedModel& model,
   for (const sync::SafetensorsTensor& t : file.tensors()) {
     const sync::ServedModel::Tensor* served = model.Find(t.name);
     if (served == nullptr) return Internal(path + " holds tensor " + t.name + " it was not given");
-    placed_[t.name] = {file.data_start() + t.data_offset, t.data.size(), t.dtype, t.shape,
+    placed_[t.name] = {{file.data_start() + t.data_offset, t.data.size(), t.dtype, t.shape},
                        served->digest};
   }
   valid_ = true;

@@ -37,6 +37,14 @@ namespace weft::rollout_worker {
 
 inline constexpr char kServedWeightsFile[] = "model.safetensors";
 
+// Where a tensor's bytes are in a weights file.
+struct TensorPlace {
+  uint64_t offset = 0;  // from the start of the file
+  uint64_t size = 0;
+  sync::DType dtype = sync::DType::kF32;
+  std::vector<uint64_t> shape;
+};
+
 // A weights file being filled (ServedCheckpoint::NewFile): laid out for its tensors, allocated in
 // full and mapped for writing, beside the directory's current file until a Write of a model whose
 // tensors are its views puts it in place. Removed when the last reference to it goes (the views
@@ -57,15 +65,9 @@ class NewWeightsFile : public std::enable_shared_from_this<NewWeightsFile> {
   friend class ServedCheckpoint;
   NewWeightsFile() = default;
 
-  struct Place {
-    uint64_t offset = 0;
-    uint64_t size = 0;
-    sync::DType dtype = sync::DType::kF32;
-    std::vector<uint64_t> shape;
-  };
   std::string path_;
   std::shared_ptr<MappedFile> mapping_;
-  std::map<std::string, Place> layout_;
+  std::map<std::string, TensorPlace> layout_;
   bool in_place_ = false;
 };
 
@@ -86,9 +88,9 @@ class ServedCheckpoint {
   // checks and the engine's files of a whole write; no byte copied). Only the newest such file
   // can be put in place.
   Result<std::shared_ptr<NewWeightsFile>> NewFile(const std::vector<sync::TensorSpec>& specs);
-  // The file's bytes are about to change in place (through a model from Map): until the next
-  // Write of that model, the file holds no version, and a Write of another model rewrites it
-  // whole.
+  // The file's bytes are about to change in place (through the model that came from a NewFile):
+  // until the next Write of that model, the file holds no version, and a Write of another model
+  // rewrites it whole.
   void WillChangeInPlace() { valid_ = false; }
 
   const std::string& dir() const { return dir_; }
@@ -110,19 +112,15 @@ class ServedCheckpoint {
   // Whether every tensor of `model` is a view of the mapped file at its place in it.
   bool IsMappedHere(const sync::ServedModel& model) const;
 
-  struct Placed {
-    uint64_t offset = 0;  // of the tensor's bytes in the file
-    uint64_t size = 0;
-    sync::DType dtype = sync::DType::kF32;
-    std::vector<uint64_t> shape;
-    sync::Digest digest;
+  struct Placed : TensorPlace {
+    sync::Digest digest;  // of the bytes there
   };
   std::string dir_;
   bool valid_ = false;  // the file holds exactly `placed_`
   // The layout of the file (kept when the file's bytes change in place, which never moves them).
   std::map<std::string, Placed> placed_;
-  std::shared_ptr<MappedFile>
-      mapping_;  // the file, when it came from a NewFile (reset when replaced)
+  // The file, when it came from a NewFile (reset when replaced).
+  std::shared_ptr<MappedFile> mapping_;
   std::weak_ptr<NewWeightsFile> pending_;  // the newest NewFile, until put in place
   uint64_t last_tensors_ = 0, last_bytes_ = 0;
   bool last_whole_ = false;

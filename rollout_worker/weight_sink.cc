@@ -28,10 +28,10 @@ Result<policy_store::PullReport> DirectoryWeightSink::Pull(policy_store::StoreRe
                                                            uint64_t target,
                                                            const policy_store::Manifest* held) {
   if (mapped()) http_.ForgetDirectory();  // deltas are about to change the file in place
-  reader.PlaceKeyframes(this);
+  reader.PlaceKeyframes(&placement_);
   Result<policy_store::PullReport> pulled = HostWeightSink::Pull(reader, target, held);
   reader.PlaceKeyframes(nullptr);
-  arriving_.reset();  // (a copy that arrived in it holds it)
+  placement_.Done();  // (a copy that arrived in the file holds it)
   return pulled;
 }
 
@@ -40,25 +40,19 @@ void DirectoryWeightSink::Drop() {
   HostWeightSink::Drop();
 }
 
-Status DirectoryWeightSink::Prepare(const policy_store::Manifest& keyframe) {
+Status FilePlacement::Prepare(const policy_store::Manifest& keyframe) {
   std::vector<sync::TensorSpec> specs;
   specs.reserve(keyframe.tensors.size());
   for (const policy_store::ManifestTensor& t : keyframe.tensors)
     specs.push_back({t.name, t.dtype, t.shape});
-  WEFT_ASSIGN_OR_RETURN(arriving_, http_.NewDirectoryFile(specs));
+  WEFT_ASSIGN_OR_RETURN(file_, new_file_(specs));
   return Status::Ok();
 }
 
-Result<sync::TensorStorage> DirectoryWeightSink::Storage(const sync::TensorSpec& spec,
-                                                         uint64_t bytes) {
-  if (arriving_ == nullptr) return Internal("no keyframe is arriving");
-  WEFT_ASSIGN_OR_RETURN(sync::TensorStorage storage, arriving_->Storage(spec));
-  if (storage.size() != bytes) {
-    return InvalidArgument("tensor " + spec.name + " is " + std::to_string(bytes) +
-                           " bytes in the keyframe, " + std::to_string(storage.size()) +
-                           " in its manifest");
-  }
-  return storage;
+Result<sync::TensorStorage> FilePlacement::Storage(const sync::TensorSpec& spec, uint64_t) {
+  // (Its size follows from the dtype and shape, which the file's own check compares.)
+  if (file_ == nullptr) return Internal("no keyframe is arriving");
+  return file_->Storage(spec);
 }
 
 std::string HostWeightSink::StateDigest() const {

@@ -14,6 +14,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -75,17 +77,41 @@ class HostWeightSink : public WeightSink {
   std::atomic<bool> corrupt_for_test_{false};
 };
 
+// A reader's keyframes placed in a new weights file (ServedCheckpoint::NewFile): `new_file`
+// makes it, for the keyframe's tensors, and each tensor's storage is its view of that file. The
+// file lives as long as a model over it does, or until Done.
+class FilePlacement : public policy_store::KeyframePlacement {
+ public:
+  using NewFile =
+      std::function<Result<std::shared_ptr<NewWeightsFile>>(const std::vector<sync::TensorSpec>&)>;
+  explicit FilePlacement(NewFile new_file) : new_file_(std::move(new_file)) {}
+
+  Status Prepare(const policy_store::Manifest& keyframe) override;
+  Result<sync::TensorStorage> Storage(const sync::TensorSpec& spec, uint64_t bytes) override;
+  // Lets the file go (a model over it still holds it).
+  void Done() { file_.reset(); }
+
+ private:
+  NewFile new_file_;
+  std::shared_ptr<NewWeightsFile> file_;  // the keyframe's, from Prepare
+};
+
 // The copy in the served checkpoint directory of an HttpEngine (served_checkpoint.h), and nowhere
 // else: a keyframe arrives straight into a new weights file there, mapped (the sink places the
-// reader's keyframes, policy_store::KeyframePlacement), which Stage puts in place; each later
+// reader's keyframes there: FilePlacement), which Stage puts in place; each later
 // version is applied to that file in place: the changed elements are written once, into the
 // file's pages, the proof reads the bytes the replicas will load, and Stage writes nothing. The
 // host holds no copy of the model in its own memory, whatever the model's size. While a delta is
 // applied the directory holds no version, so the engine loads no replica from it until the next
 // Stage; while a keyframe arrives the directory keeps the version it had.
-class DirectoryWeightSink final : public HostWeightSink, public policy_store::KeyframePlacement {
+class DirectoryWeightSink final : public HostWeightSink {
  public:
-  explicit DirectoryWeightSink(HttpEngine& engine) : HostWeightSink(engine), http_(engine) {}
+  explicit DirectoryWeightSink(HttpEngine& engine)
+      : HostWeightSink(engine),
+        http_(engine),
+        placement_([&engine](const std::vector<sync::TensorSpec>& specs) {
+          return engine.NewDirectoryFile(specs);
+        }) {}
 
   Result<policy_store::PullReport> Pull(policy_store::StoreReader& reader, uint64_t target,
                                         const policy_store::Manifest* held) override;
@@ -95,13 +121,9 @@ class DirectoryWeightSink final : public HostWeightSink, public policy_store::Ke
   // Whether the copy is a file's bytes (rather than host memory): true once a version is held.
   bool mapped() const { return !copy_.tensors().empty() && copy_.tensors()[0].bytes.is_view(); }
 
-  // KeyframePlacement, for the reader during Pull.
-  Status Prepare(const policy_store::Manifest& keyframe) override;
-  Result<sync::TensorStorage> Storage(const sync::TensorSpec& spec, uint64_t bytes) override;
-
  private:
   HttpEngine& http_;
-  std::shared_ptr<NewWeightsFile> arriving_;  // the keyframe's file, during a pull
+  FilePlacement placement_;  // the reader's, during a pull
 };
 
 }  // namespace weft::rollout_worker
