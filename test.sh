@@ -75,31 +75,36 @@ build_sanitized_trees() {
   touch build-tsan/.weft-built
   # Last, the fuzz targets: the suites above start running while these build.
   cmake --build build-asan --target weft_fuzz_targets
+  touch build-asan/.weft-fuzz-built
 }
 sanitized_log=build/sanitized-trees.log
-rm -f build-asan/.weft-built build-tsan/.weft-built
+# The build's exit status, written when it ends. (Not `wait` on its process ID: by the time a stage
+# asks, the build may have ended long before, and the tests' many processes may have reused its
+# ID, which makes bash forget its status.)
+sanitized_status=build/sanitized-trees.status
+rm -f build-asan/.weft-built build-tsan/.weft-built build-asan/.weft-fuzz-built "$sanitized_status"
 # With job control on, the build is a process group of its own, stopped with the script whichever
 # way it ends. It stays in the script's session: the kernel shares the processor fairly between
 # sessions (autogroups) before it looks at priorities, so a build in a session of its own would
 # take half of it from the tests.
 set -m
 nice -n 19 bash -c "$(declare -p sanitized_targets_asan sanitized_targets_tsan)
-$(declare -f build_sanitized_trees); set -e; build_sanitized_trees" > "$sanitized_log" 2>&1 &
+$(declare -f build_sanitized_trees); (set -e; build_sanitized_trees); echo \$? > $sanitized_status" \
+  > "$sanitized_log" 2>&1 &
 builder=$!
 set +m
-trap 'kill -- -$builder 2> /dev/null || true' EXIT
-# Waits for the background build (asan, tsan: until that tree's suites are built; fuzz: until the
-# build is over); on a failure shows the build's log.
+trap '[ -e "$sanitized_status" ] || kill -- -$builder 2> /dev/null || true' EXIT
+# Waits for the background build to have built what a stage runs (asan, tsan: that tree's suites;
+# fuzz: the fuzz targets); when the build ends without it, shows the build's log.
 wait_for_tree() {
-  if [ "$1" != fuzz ]; then
-    while [ ! -e "build-$1/.weft-built" ] && kill -0 "$builder" 2> /dev/null; do sleep 1; done
-    if [ -e "build-$1/.weft-built" ]; then return; fi
-  fi
-  if ! wait "$builder"; then
-    tail -n 60 "$sanitized_log"
-    echo "test.sh: building the sanitized trees failed (the whole log: $sanitized_log)"
-    exit 1
-  fi
+  local marker="build-$1/.weft-built"
+  [ "$1" != fuzz ] || marker=build-asan/.weft-fuzz-built
+  while [ ! -e "$marker" ] && [ ! -e "$sanitized_status" ]; do sleep 1; done
+  if [ -e "$marker" ]; then return; fi
+  tail -n 60 "$sanitized_log"
+  echo "test.sh: building the sanitized trees failed (exit status $(cat "$sanitized_status");" \
+    "the whole log: $sanitized_log)"
+  exit 1
 }
 
 stage "Debian's Ceph (monitor, OSD, RADOS Gateway) for the S3 backend's tests"
