@@ -9,9 +9,15 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weft {
+
+// The bytes of a text, viewed where they are (valid as long as the text is).
+inline std::span<const uint8_t> TextBytes(std::string_view text) {
+  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
+}
 
 class ByteWriter {
  public:

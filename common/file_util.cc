@@ -1,4 +1,5 @@
 #include "common/file_util.h"
+#include "common/byte_io.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -292,11 +293,7 @@ Result<FileRead> ReadFileRangeInto(const std::string& path, uint64_t first,
 }
 
 Status WriteTextFileAtomic(const std::string& path, std::string_view text) {
-  return WriteFileAtomic(path, [&](int fd) {
-    return WriteAll(
-        fd, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()),
-        path);
-  });
+  return WriteFileAtomic(path, [&](int fd) { return WriteAll(fd, TextBytes(text), path); });
 }
 
 LineReader::LineReader(int fd, std::string path, const LineLimits& limits, std::string what)

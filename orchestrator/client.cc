@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "common/byte_io.h"
 #include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
@@ -56,10 +57,8 @@ Result<std::string> OrchestratorClient::Call(const std::string& method, const st
     client = &*longer;
   }
   const std::string what = method + " " + client_.base_url() + path;
-  WEFT_ASSIGN_OR_RETURN(
-      HttpReply reply,
-      client->Request(method, path, {reinterpret_cast<const uint8_t*>(body.data()), body.size()},
-                      headers, idempotent));
+  WEFT_ASSIGN_OR_RETURN(HttpReply reply,
+                        client->Request(method, path, TextBytes(body), headers, idempotent));
   WEFT_RETURN_IF_ERROR(StatusOfReply(reply, what));
   return std::string(reply.body.begin(), reply.body.end());
 }

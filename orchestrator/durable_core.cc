@@ -421,8 +421,7 @@ Status DurableCore::Compact() {
   writer.U64(generation);
   writer.U64(state.size());
   writer.U64(XXH64(state.data(), state.size(), 0));
-  const std::span<const uint8_t> parts[] = {
-      header, {reinterpret_cast<const uint8_t*>(state.data()), state.size()}};
+  const std::span<const uint8_t> parts[] = {header, TextBytes(state)};
   WEFT_RETURN_IF_ERROR(env_.WriteAtomic(SnapshotPath(generation), parts));
   DeleteBefore(generation);
   ++compactions_;

@@ -3,6 +3,7 @@
 #include <functional>
 #include <set>
 
+#include "common/byte_io.h"
 #include "policy_store/pins.h"
 #include "policy_store/planner.h"
 #include "policy_store/run_objects.h"
@@ -68,9 +69,7 @@ Result<std::vector<DerivedDelta>> PublishCatchups(ObjectStore& store, const std:
     WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
     Catchup record{run_id, base, target, blob};
     const std::string text = record.ToJson();
-    WEFT_RETURN_IF_ERROR(
-        store.PutImmutable(CatchupKey(run_id, target, base),
-                           {reinterpret_cast<const uint8_t*>(text.data()), text.size()}));
+    WEFT_RETURN_IF_ERROR(store.PutImmutable(CatchupKey(run_id, target, base), TextBytes(text)));
     written.push_back({base, blob, std::move(squashed).value()});
   }
   return written;

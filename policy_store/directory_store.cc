@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 
+#include "common/byte_io.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
@@ -25,8 +26,7 @@ std::string ShownValue(std::string_view value) {
   const bool printable = std::all_of(value.begin(), value.end(),
                                      [](char c) { return (c >= 0x20 && c < 0x7f) || c == '\n'; });
   if (value.size() <= kShownValueBytes && printable) return "'" + std::string(value) + "'";
-  return std::to_string(value.size()) + " bytes with SHA-256 " +
-         Sha256Hex({reinterpret_cast<const uint8_t*>(value.data()), value.size()});
+  return std::to_string(value.size()) + " bytes with SHA-256 " + Sha256Hex(TextBytes(value));
 }
 
 // `message` with the paths under `root` named by their keys instead.
@@ -382,8 +382,7 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
     return Conflict(key + " changed concurrently (expected " +
                     (expected ? ShownValue(*expected) : "absent") + ", found " + found + ")");
   }
-  const std::span<const uint8_t> parts[] = {
-      {reinterpret_cast<const uint8_t*>(desired.data()), desired.size()}};
+  const std::span<const uint8_t> parts[] = {TextBytes(desired)};
   const Status written = env_.WriteAtomic(path, parts);
   if (!written.ok()) return Hidden(root_, key, written);
   return Status::Ok();

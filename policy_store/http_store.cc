@@ -1,4 +1,5 @@
 #include "policy_store/http_store.h"
+#include "common/byte_io.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -142,9 +143,7 @@ Status HttpStore::CompareAndSwap(const std::string& key, std::optional<std::stri
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   Json body = {{"expected", expected ? Json(*expected) : Json(nullptr)}, {"desired", desired}};
   std::string text = body.dump();
-  WEFT_ASSIGN_OR_RETURN(
-      Reply reply, Request("POST", "/v1/cas/" + key,
-                           {reinterpret_cast<const uint8_t*>(text.data()), text.size()}, true));
+  WEFT_ASSIGN_OR_RETURN(Reply reply, Request("POST", "/v1/cas/" + key, TextBytes(text), true));
   return StatusOfReply(reply, "POST " + client_.base_url() + "/v1/cas/" + key);
 }
 

@@ -4,6 +4,7 @@
 #include <set>
 #include <thread>
 
+#include "common/byte_io.h"
 #include "common/logging.h"
 #include "policy_store/catchup_deltas.h"
 #include "policy_store/reader.h"
@@ -95,10 +96,6 @@ std::vector<ManifestTensor> ManifestTensors(const sync::ServedModel& model) {
   return tensors;
 }
 
-std::span<const uint8_t> AsBytes(const std::string& text) {
-  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
-}
-
 // A keyframe of `model` in one blob, written.
 Result<std::vector<BlobRef>> PutKeyframe(ObjectStore& store, const sync::ServedModel& model) {
   WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, KeyframeBytes(model));
@@ -158,7 +155,7 @@ Result<Manifest> PublishContent(ObjectStore& store, const std::string& run_id,
   }
   // Then the manifest, then the pointer.
   Status status =
-      store.PutImmutable(ManifestKey(run_id, manifest.version), AsBytes(manifest.ToJson()));
+      store.PutImmutable(ManifestKey(run_id, manifest.version), TextBytes(manifest.ToJson()));
   if (status.code() == StatusCode::kConflict) {
     return Conflict("run '" + run_id + "' version " + std::to_string(manifest.version) +
                     " was already published differently: by another publisher, or by one killed "
@@ -295,7 +292,7 @@ Result<Manifest> PublishShard(ObjectStore& store, const std::string& run_id,
     part.last_keyframe = previous->last_keyframe;
   }
   Status status =
-      store.PutImmutable(ShardKey(run_id, part.version, rank, world), AsBytes(part.ToJson()));
+      store.PutImmutable(ShardKey(run_id, part.version, rank, world), TextBytes(part.ToJson()));
   if (status.code() == StatusCode::kConflict) {
     return Conflict("rank " + std::to_string(rank) + " of " + std::to_string(world) +
                     " already published a different part of run '" + run_id + "' version " +

@@ -7,15 +7,12 @@
 #include <ctime>
 #include <map>
 
+#include "common/byte_io.h"
 #include "common/hex.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store::s3 {
 namespace {
-
-std::span<const uint8_t> AsBytes(std::string_view text) {
-  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
-}
 
 std::string Hmac(std::string_view key, std::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];
@@ -136,12 +133,12 @@ Signature SignV4(const SigningInput& input, const Credentials& credentials) {
   const std::string day = input.amz_date.substr(0, 8);
   const std::string scope = day + "/" + input.region + "/" + input.service + "/aws4_request";
   out.string_to_sign = "AWS4-HMAC-SHA256\n" + input.amz_date + "\n" + scope + "\n" +
-                       Sha256Hex(AsBytes(out.canonical_request));
+                       Sha256Hex(TextBytes(out.canonical_request));
   std::string key = Hmac("AWS4" + credentials.secret_key, day);
   key = Hmac(key, input.region);
   key = Hmac(key, input.service);
   key = Hmac(key, "aws4_request");
-  out.signature = HexEncode(AsBytes(Hmac(key, out.string_to_sign)));
+  out.signature = HexEncode(TextBytes(Hmac(key, out.string_to_sign)));
   out.authorization = "AWS4-HMAC-SHA256 Credential=" + credentials.access_key + "/" + scope +
                       ", SignedHeaders=" + out.signed_headers + ", Signature=" + out.signature;
   return out;

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/byte_io.h"
 #include "common/concurrent.h"
 #include "common/hex.h"
 #include "common/logging.h"
@@ -24,10 +25,6 @@ namespace {
 using Tree = boost::property_tree::ptree;
 
 constexpr char kEmptyHash[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-
-std::span<const uint8_t> AsBytes(std::string_view text) {
-  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
-}
 
 // An XML answer as a tree (empty on malformed XML: callers then report what they missed).
 Tree ParseXml(const std::vector<uint8_t>& body) {
@@ -437,7 +434,7 @@ Result<HttpReply> S3Store::CompleteUpload(const std::string& key, const std::str
   complete.key = key;
   complete.query = {{"uploadId", upload}};
   complete.headers = {{"Content-Type", "application/xml"}, {"If-None-Match", "*"}};
-  complete.body = AsBytes(xml);
+  complete.body = TextBytes(xml);
   return Send(complete);
 }
 
@@ -534,7 +531,7 @@ Status S3Store::CompareAndSwap(const std::string& key, std::optional<std::string
                                const std::string& desired) {
   WEFT_RETURN_IF_ERROR(ValidateKey(key));
   WEFT_RETURN_IF_ERROR(CheckConditionalWrites().status());
-  const std::span<const uint8_t> wanted = AsBytes(desired);
+  const std::span<const uint8_t> wanted = TextBytes(desired);
   for (int attempt = 0;; ++attempt) {
     Call call;
     call.method = "PUT";
@@ -549,7 +546,7 @@ Status S3Store::CompareAndSwap(const std::string& key, std::optional<std::string
       if (current.status().code() == StatusCode::kNotFound)
         return Conflict(key + ": compare-and-swap expected an object, there is none");
       if (!current.ok()) return current.status();
-      if (!SameBytes(current->first, AsBytes(*expected)))
+      if (!SameBytes(current->first, TextBytes(*expected)))
         return Conflict(key + ": compare-and-swap lost: it holds other bytes than expected");
       // Unquoted: Ceph RGW compares the header with the stored ETag byte for byte; AWS and the
       // others accept both forms.
@@ -560,7 +557,7 @@ Status S3Store::CompareAndSwap(const std::string& key, std::optional<std::string
     Result<HttpReply> reply = Send(call);
     // What the object holds now, after a write that was refused or whose answer was lost.
     auto unchanged = [&](const Result<std::vector<uint8_t>>& now) {
-      return expected ? now.ok() && SameBytes(*now, AsBytes(*expected))
+      return expected ? now.ok() && SameBytes(*now, TextBytes(*expected))
                       : now.status().code() == StatusCode::kNotFound;
     };
     if (reply.ok()) {
@@ -620,7 +617,7 @@ Result<bool> S3Store::CheckConditionalWrites() {
     call.method = "PUT";
     call.key = key;
     call.headers = {{header, value}};
-    call.body = AsBytes(body);
+    call.body = TextBytes(body);
     return Send(call);
   };
   // The probe object goes again however the check ends.
@@ -650,7 +647,7 @@ Result<bool> S3Store::CheckConditionalWrites() {
   }
   // Completing a multipart upload over the existing probe with If-None-Match: *.
   WEFT_ASSIGN_OR_RETURN(const std::string upload, StartUpload(key));
-  Result<std::string> part = UploadPart(key, upload, 1, AsBytes("4"));
+  Result<std::string> part = UploadPart(key, upload, 1, TextBytes("4"));
   Result<HttpReply> done = part.ok() ? CompleteUpload(key, upload, {*part}) : part.status();
   AbortUpload(key, upload);
   if (!done.ok()) return done.status();

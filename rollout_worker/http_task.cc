@@ -3,6 +3,7 @@
 #include <climits>
 #include <cmath>
 
+#include "common/byte_io.h"
 #include "common/yaml_fields.h"
 
 namespace weft::rollout_worker {
@@ -152,10 +153,8 @@ Result<std::optional<double>> HttpRewardTask::Reward(const Json& prompt, const J
   std::vector<std::string> headers = {"Content-Type: application/json", "Accept: application/json"};
   if (!settings_.token.empty()) headers.push_back("Authorization: Bearer " + settings_.token);
   // Scoring is a function of the request: repeating one the service may have seen is harmless.
-  Result<HttpReply> reply = client_->Request(
-      "POST", path_,
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(body.data()), body.size()), headers,
-      /*idempotent=*/true);
+  Result<HttpReply> reply = client_->Request("POST", path_, TextBytes(body), headers,
+                                             /*idempotent=*/true);
   if (!reply.ok()) return reply.status().WithContext("reward service");
   const std::string what = "reward service " + settings_.url;
   WEFT_RETURN_IF_ERROR(StatusOfReply(*reply, what));

@@ -7,6 +7,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/byte_io.h"
 #include "common/http_client.h"
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -46,12 +47,8 @@ class JsonCalls {
                          : channel == Channel::kLoad    ? load_
                                                         : health_;
     const std::string what = options_.url + " " + method + " " + path;
-    WEFT_ASSIGN_OR_RETURN(
-        HttpReply reply,
-        client.Request(
-            method, path,
-            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()),
-            headers, method == "GET"));
+    WEFT_ASSIGN_OR_RETURN(HttpReply reply,
+                          client.Request(method, path, TextBytes(text), headers, method == "GET"));
     WEFT_RETURN_IF_ERROR(StatusOfReply(reply, what));
     if (reply.body.empty()) return Json();
     Json json = Json::parse(reply.body.begin(), reply.body.end(), nullptr, false);

@@ -1,4 +1,5 @@
 #include "rollout_worker/weight_sink.h"
+#include "common/byte_io.h"
 
 #include <algorithm>
 #include <span>
@@ -61,9 +62,7 @@ std::string HostWeightSink::StateDigest() const {
   std::sort(named.begin(), named.end());
   std::string text;
   for (const auto& [name, hex] : named) text += name + '\0' + hex + '\0';
-  return policy_store::Sha256Hex(
-             std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()))
-      .substr(0, 32);
+  return policy_store::Sha256Hex(TextBytes(text)).substr(0, 32);
 }
 
 }  // namespace weft::rollout_worker

@@ -9,15 +9,12 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/byte_io.h"
 #include "common/mem_env.h"
 #include "tests/temp_path.h"
 
 namespace weft {
 namespace {
-
-std::span<const uint8_t> Bytes(std::string_view text) {
-  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
-}
 
 std::string Text(const Result<std::vector<uint8_t>>& bytes) {
   REQUIRE_MESSAGE(bytes.ok(), bytes.status().ToString());
@@ -32,21 +29,21 @@ void Script(Env& env, const std::string& dir) {
   CHECK(env.ReadFile(a).status().code() == StatusCode::kNotFound);
   {
     auto file = std::move(env.OpenWritable(a, true)).value();
-    REQUIRE(file->Append(Bytes("hello ")).ok());
-    REQUIRE(file->Append(Bytes("world")).ok());
+    REQUIRE(file->Append(TextBytes("hello ")).ok());
+    REQUIRE(file->Append(TextBytes("world")).ok());
     REQUIRE(file->Sync().ok());
     REQUIRE(file->Truncate(5).ok());
-    REQUIRE(file->Append(Bytes("!")).ok());
+    REQUIRE(file->Append(TextBytes("!")).ok());
     REQUIRE(file->Sync().ok());
   }
   CHECK(Text(env.ReadFile(a)) == "hello!");
   {
     auto file = std::move(env.OpenWritable(a, false)).value();  // appends at the end
-    REQUIRE(file->Append(Bytes("?")).ok());
+    REQUIRE(file->Append(TextBytes("?")).ok());
     REQUIRE(file->Sync().ok());
   }
   CHECK(Text(env.ReadFile(a)) == "hello!?");
-  const std::span<const uint8_t> parts[] = {Bytes("one "), Bytes("two")};
+  const std::span<const uint8_t> parts[] = {TextBytes("one "), TextBytes("two")};
   REQUIRE(env.WriteAtomic(b, parts).ok());
   CHECK(Text(env.ReadFile(b)) == "one two");
   std::vector<std::string> names = env.List(dir).value();
@@ -79,7 +76,7 @@ std::string ReadAll(ReadableFile& file) {
 
 Status WriteTemporary(Env& env, const std::string& path, std::string_view text) {
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env.CreateTemporary(path));
-  WEFT_RETURN_IF_ERROR(file->Append(Bytes(text)));
+  WEFT_RETURN_IF_ERROR(file->Append(TextBytes(text)));
   return file->Sync();
 }
 
@@ -136,20 +133,20 @@ void DirectoryScript(Env& env, const std::string& dir) {
   CHECK(*reader->ReadAt(4, two) == 1);
   CHECK(*reader->ReadAt(5, two) == 0);
   CHECK(*reader->ReadAt(50, two) == 0);
-  const std::span<const uint8_t> replacement[] = {Bytes("replaced")};
+  const std::span<const uint8_t> replacement[] = {TextBytes("replaced")};
   REQUIRE(env.WriteAtomic(x, replacement).ok());
   CHECK(ReadAll(*reader) == "first");
   auto growing = std::move(env.CreateTemporary(deep + "/.g")).value();
   auto grown = std::move(env.OpenReadable(deep + "/.g")).value();
   CHECK(ReadAll(*grown).empty());
-  REQUIRE(growing->Append(Bytes("more")).ok());
+  REQUIRE(growing->Append(TextBytes("more")).ok());
   CHECK(*grown->Size() == 4);
   CHECK(ReadAll(*grown) == "more");
   // Stamps: a write changes the file's, another file in its place has another.
   const FileStamp before = std::move(grown->Stamp()).value();
   CHECK(before.size == 4);
   CHECK(*grown->Stamp() == before);
-  REQUIRE(growing->Append(Bytes("!")).ok());
+  REQUIRE(growing->Append(TextBytes("!")).ok());
   const FileStamp after = std::move(grown->Stamp()).value();
   CHECK(after != before);
   CHECK(after.identity == before.identity);
@@ -201,14 +198,14 @@ TEST_CASE("mem env: a crash keeps what was synced and a prefix of the rest") {
     CAPTURE(keep);
     MemEnv env;
     auto file = std::move(env.OpenWritable("/j", true)).value();
-    REQUIRE(file->Append(Bytes("synced")).ok());
+    REQUIRE(file->Append(TextBytes("synced")).ok());
     REQUIRE(file->Sync().ok());
-    REQUIRE(file->Append(Bytes("-torn")).ok());
+    REQUIRE(file->Append(TextBytes("-torn")).ok());
     env.Crash(keep);
     CHECK(Text(env.ReadFile("/j")) ==
           std::string("synced-torn").substr(0, 6 + std::min<uint64_t>(keep, 5)));
     // The file handed out before the crash writes nowhere now (as into a removed file).
-    REQUIRE(file->Append(Bytes("late")).ok());
+    REQUIRE(file->Append(TextBytes("late")).ok());
     REQUIRE(file->Sync().ok());
     CHECK(Text(env.ReadFile("/j")).find("late") == std::string::npos);
   }
@@ -223,7 +220,7 @@ TEST_CASE("mem env: a crash keeps directories and what was moved into place afte
     REQUIRE(env.RenameIfAbsent("/store/a/.synced", "/store/a/synced").ok());
     // Moved into place without a sync: what a crash keeps of it is torn like any unsynced write.
     auto unsynced = std::move(env.CreateTemporary("/store/a/.unsynced")).value();
-    REQUIRE(unsynced->Append(Bytes("torn")).ok());
+    REQUIRE(unsynced->Append(TextBytes("torn")).ok());
     REQUIRE(env.RenameIfAbsent("/store/a/.unsynced", "/store/a/unsynced").ok());
     REQUIRE(env.CreateTemporary("/store/a/.left").ok());
     auto lock = std::move(env.LockFile("/store/.lock")).value();
@@ -261,7 +258,7 @@ TEST_CASE("mem env: syncs can be made to fail after some succeed; a failed move 
 TEST_CASE("mem env: failed syncs and a full disk fail with what happened, changing nothing") {
   MemEnv env;
   auto file = std::move(env.OpenWritable("/j", true)).value();
-  REQUIRE(file->Append(Bytes("abc")).ok());
+  REQUIRE(file->Append(TextBytes("abc")).ok());
   env.FailSyncs(1);
   const Status failed = file->Sync();
   CHECK(failed.code() == StatusCode::kUnavailable);
@@ -272,15 +269,15 @@ TEST_CASE("mem env: failed syncs and a full disk fail with what happened, changi
   MemEnv full;
   full.SetCapacity(10);
   auto f = std::move(full.OpenWritable("/f", true)).value();
-  REQUIRE(f->Append(Bytes("12345678")).ok());
-  const Status no_space = f->Append(Bytes("abc"));
+  REQUIRE(f->Append(TextBytes("12345678")).ok());
+  const Status no_space = f->Append(TextBytes("abc"));
   CHECK(no_space.message() == "cannot write /f: No space left on device");
   CHECK(full.used_bytes() == 8);
-  const std::span<const uint8_t> parts[] = {Bytes("abc")};
+  const std::span<const uint8_t> parts[] = {TextBytes("abc")};
   CHECK(!full.WriteAtomic("/g", parts).ok());
   CHECK(!full.Exists("/g").value());
   full.SetCapacity(100);
-  CHECK(f->Append(Bytes("abc")).ok());
+  CHECK(f->Append(TextBytes("abc")).ok());
 }
 
 TEST_CASE("mem env: the clocks move when told; the wall clock can jump back, the other cannot") {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/byte_io.h"
 #include "tests/temp_path.h"
 
 namespace weft {
@@ -28,8 +29,7 @@ TEST_CASE("files: atomic writes replace whole files and leave nothing behind on 
   // A writer that fails: the old file stays, and no temporary file is left.
   Status failed = WriteFileAtomic(path, [&](int fd) {
     const std::string partial = "torn";
-    REQUIRE(WriteAll(fd, {reinterpret_cast<const uint8_t*>(partial.data()), partial.size()}, path)
-                .ok());
+    REQUIRE(WriteAll(fd, TextBytes(partial), path).ok());
     return Internal("the writer gave up");
   });
   CHECK(failed.message() == path + ": the writer gave up");

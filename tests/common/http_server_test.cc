@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/byte_io.h"
 #include "common/http_client.h"
 #include "common/http_server.h"
 #include "tests/http_test_util.h"
@@ -73,8 +74,7 @@ TEST_CASE("HTTPS: a client that trusts the certificate talks to the server; othe
   HttpClient client(https, trusting);
   const std::string body(100000, 'x');
   for (int i = 0; i < 3; ++i) {  // the connection is kept alive across requests
-    auto reply = client.Request("POST", "/v1/echo",
-                                {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, {});
+    auto reply = client.Request("POST", "/v1/echo", TextBytes(body), {});
     REQUIRE_MESSAGE(reply.ok(), reply.status().ToString());
     CHECK(reply->status == 200);
     CHECK(std::string(reply->body.begin(), reply->body.end()) ==
@@ -450,9 +450,7 @@ TEST_CASE("HTTP: a body routed to a sink streams to it in pieces, within the lim
   // (A generous deadline: under a sanitizer, three megabytes in pieces take a while.)
   HttpClientOptions patient = Quick();
   patient.deadline = std::chrono::seconds(60);
-  auto reply =
-      HttpClient(url, patient)
-          .Request("PUT", "/up", {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, {});
+  auto reply = HttpClient(url, patient).Request("PUT", "/up", TextBytes(body), {});
   REQUIRE_MESSAGE(reply.ok(), reply.status().ToString());
   CHECK(reply->status == 201);
   {
@@ -559,8 +557,7 @@ TEST_CASE("HTTPS: bodies streamed both ways in pieces, and HEAD, over one kept-a
   for (size_t i = 0; i < body.size(); i += 4093) body[i] = static_cast<char>('a' + i % 26);
   for (int round = 0; round < 2; ++round) {
     CAPTURE(round);
-    auto up = client.Request("PUT", "/up",
-                             {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, {});
+    auto up = client.Request("PUT", "/up", TextBytes(body), {});
     REQUIRE_MESSAGE(up.ok(), up.status().ToString());
     CHECK(up->status == 201);
     auto down = client.Request("GET", "/down", {}, {});

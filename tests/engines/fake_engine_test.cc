@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "common/byte_io.h"
 #include "common/file_util.h"
 #include "common/http_client.h"
 #include "examples/arithmetic_task.h"
@@ -73,8 +74,7 @@ Answer Send(const std::string& url, const std::string& method, const std::string
   options.attempts = 1;
   options.deadline = std::chrono::seconds(20);
   HttpClient client(url, options);
-  Result<HttpReply> reply = client.Request(
-      method, path, {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, headers, false);
+  Result<HttpReply> reply = client.Request(method, path, TextBytes(body), headers, false);
   Answer answer;
   if (!reply.ok()) {
     // The client reports a 5xx answer as an error that names its status.

@@ -69,7 +69,7 @@ std::string JournalOf(const std::vector<std::string_view>& payloads) {
   for (std::string_view payload : payloads) {
     writer.U32(static_cast<uint32_t>(payload.size()));
     writer.U64(XXH64(payload.data(), payload.size(), 0));
-    writer.Bytes({reinterpret_cast<const uint8_t*>(payload.data()), payload.size()});
+    writer.Bytes(TextBytes(payload));
   }
   return std::string(bytes.begin(), bytes.end());
 }
@@ -80,7 +80,7 @@ std::string SnapshotFileOf(uint64_t generation, std::string_view state) {
   writer.U64(generation);
   writer.U64(state.size());
   writer.U64(XXH64(state.data(), state.size(), 0));
-  writer.Bytes({reinterpret_cast<const uint8_t*>(state.data()), state.size()});
+  writer.Bytes(TextBytes(state));
   return std::string(bytes.begin(), bytes.end());
 }
 

@@ -4,16 +4,13 @@
 #include <cstdlib>
 #include <span>
 
+#include "common/byte_io.h"
 #include "policy_store/manifest.h"
 
 namespace weft::fuzz {
 namespace {
 
 using namespace std::string_literals;
-
-std::span<const uint8_t> BytesOf(const std::string& text) {
-  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
-}
 
 const std::string& SmallBlob() {
   static const std::string blob = "hello weft\n";
@@ -30,7 +27,7 @@ const std::string& LargeBlob() {
 }
 
 std::string BlobPath(const std::string& blob) {
-  return "/v1/objects/" + policy_store::BlobKey(policy_store::Sha256Hex(BytesOf(blob)));
+  return "/v1/objects/" + policy_store::BlobKey(policy_store::Sha256Hex(TextBytes(blob)));
 }
 
 [[noreturn]] void Fail(const std::string& what, const Status& status) {
@@ -46,11 +43,11 @@ std::unique_ptr<policy_store::DirectoryStore> OpenSeededStore(const std::string&
   std::unique_ptr<policy_store::DirectoryStore> store = std::move(opened).value();
   const std::string manifest = R"({"run": "r", "version": 0, "tensors": []})";
   for (const std::string* blob : {&SmallBlob(), &LargeBlob()}) {
-    const std::string key = policy_store::BlobKey(policy_store::Sha256Hex(BytesOf(*blob)));
-    Status put = store->PutImmutable(key, BytesOf(*blob));
+    const std::string key = policy_store::BlobKey(policy_store::Sha256Hex(TextBytes(*blob)));
+    Status put = store->PutImmutable(key, TextBytes(*blob));
     if (!put.ok()) Fail("cannot seed the store", put);
   }
-  Status put = store->PutImmutable(policy_store::ManifestKey("r", 0), BytesOf(manifest));
+  Status put = store->PutImmutable(policy_store::ManifestKey("r", 0), TextBytes(manifest));
   if (put.ok()) put = store->CompareAndSwap(policy_store::LatestKey("r"), std::nullopt, "0");
   if (!put.ok()) Fail("cannot seed the store", put);
   return store;
@@ -58,7 +55,7 @@ std::unique_ptr<policy_store::DirectoryStore> OpenSeededStore(const std::string&
 
 std::vector<Endpoint> StoreEndpoints(int read_server, int write_server) {
   const std::string small = BlobPath(SmallBlob()), large = BlobPath(LargeBlob());
-  const std::string etag = "\"" + policy_store::Sha256Hex(BytesOf(LargeBlob())) + "\"";
+  const std::string etag = "\"" + policy_store::Sha256Hex(TextBytes(LargeBlob())) + "\"";
   const int r = read_server, w = write_server;
   return {
       {"GET", small, "", r, {"", "Range: bytes=0-3\0"s}},
@@ -121,7 +118,7 @@ std::vector<std::string> StoreRawSeeds() {
 
 void ExpandBlobHash(const Endpoint&, std::string* path, std::string* body) {
   const size_t at = path->find("$H");
-  if (at != std::string::npos) path->replace(at, 2, policy_store::Sha256Hex(BytesOf(*body)));
+  if (at != std::string::npos) path->replace(at, 2, policy_store::Sha256Hex(TextBytes(*body)));
 }
 
 }  // namespace weft::fuzz

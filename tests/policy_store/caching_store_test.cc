@@ -6,6 +6,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/byte_io.h"
 #include "common/concurrent.h"
 #include "common/mem_env.h"
 #include "tests/policy_store/store_test_util.h"
@@ -120,10 +121,7 @@ TEST_CASE(
 
   const std::string manifest_key = ManifestKey("r", 3);
   const std::string text = "{}";
-  REQUIRE(
-      upstream.store
-          ->PutImmutable(manifest_key, {reinterpret_cast<const uint8_t*>(text.data()), text.size()})
-          .ok());
+  REQUIRE(upstream.store->PutImmutable(manifest_key, TextBytes(text)).ok());
   const int before = upstream.faulty.gets.load();
   REQUIRE(smaller->Get(manifest_key).ok());
   REQUIRE(smaller->Get(manifest_key).ok());
@@ -141,8 +139,8 @@ TEST_CASE("cache: objects written in pieces go upstream") {
   auto cache = std::move(CachingStore::Open(*upstream.store, {dir, 64 << 20})).value();
   auto writer = cache->NewImmutableWriter("runs/r/versions/x");
   REQUIRE(writer.ok());
-  REQUIRE((*writer)->Write(Bytes("written ")).ok());
-  REQUIRE((*writer)->Write(Bytes("in pieces")).ok());
+  REQUIRE((*writer)->Write(TextBytes("written ")).ok());
+  REQUIRE((*writer)->Write(TextBytes("in pieces")).ok());
   CHECK((*writer)->Commit().value() == true);
   auto stored = upstream.store->Get("runs/r/versions/x");
   REQUIRE(stored.ok());
@@ -232,7 +230,7 @@ TEST_CASE(
   while (cache->stats().fetching > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   {
     auto file = std::move(env.OpenWritable("/cache/" + key, false)).value();
-    REQUIRE(file->Append(Bytes("x")).ok());
+    REQUIRE(file->Append(TextBytes("x")).ok());
   }
   CHECK(*cache->Get(key) == blob);
   CHECK(cache->stats().corrupted == 1);

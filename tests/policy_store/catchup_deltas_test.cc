@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "common/byte_io.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/pins.h"
 #include "policy_store/reader.h"
@@ -60,8 +61,7 @@ TEST_CASE(
   const std::string record = CatchupKey("run", 12, 5);
   REQUIRE(store->Delete(record).ok());
   const std::string junk = "{\"format\": 1}";
-  REQUIRE(store->PutImmutable(record, {reinterpret_cast<const uint8_t*>(junk.data()), junk.size()})
-              .ok());
+  REQUIRE(store->PutImmutable(record, TextBytes(junk)).ok());
   sync::ServedModel from_five = run.published[5];
   REQUIRE(reader.Pull(12, 5, &from_five).ok());
   CHECK(SameBytes(from_five, run.published[12]));

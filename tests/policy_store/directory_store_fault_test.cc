@@ -191,14 +191,14 @@ struct Writing {
 std::vector<Writing> Writings() {
   return {
       {"PutImmutable", "blobs/a/object",
-       [](ObjectStore& store) { return store.PutImmutable("blobs/a/object", Bytes(kObject)); },
+       [](ObjectStore& store) { return store.PutImmutable("blobs/a/object", TextBytes(kObject)); },
        false},
       {"NewImmutableWriter", "blobs/b/object",
        [](ObjectStore& store) -> Status {
          WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer,
                                store.NewImmutableWriter("blobs/b/object"));
          for (size_t at = 0; at < kObject.size(); at += 20)
-           WEFT_RETURN_IF_ERROR(writer->Write(Bytes(kObject.substr(at, 20))));
+           WEFT_RETURN_IF_ERROR(writer->Write(TextBytes(kObject.substr(at, 20))));
          return writer->Commit().status();
        },
        false},
@@ -255,10 +255,10 @@ TEST_CASE(
           REQUIRE(reopened->CompareAndSwap(writing.key, now, "after").ok());
           CHECK(Text(reopened->Get(writing.key)) == "after");
         } else {
-          REQUIRE(reopened->PutImmutable(writing.key, Bytes(kObject)).ok());
+          REQUIRE(reopened->PutImmutable(writing.key, TextBytes(kObject)).ok());
           CHECK(Text(reopened->Get(writing.key)) == kObject);
         }
-        REQUIRE(reopened->PutImmutable(dir + "another", Bytes("more")).ok());
+        REQUIRE(reopened->PutImmutable(dir + "another", TextBytes("more")).ok());
         CHECK(Text(reopened->Get(dir + "another")) == "more");
       }
       if (finished) {
@@ -351,7 +351,7 @@ TEST_CASE("directory store on an in-memory Env: the same contract as on the mach
   CHECK(!empty.Exists("/store").value());
   REQUIRE(empty.CreateDirectories("/store").ok());
   CHECK(DirectoryStore::Open("/store", false, &empty).ok());
-  const std::span<const uint8_t> nothing[] = {Bytes("")};
+  const std::span<const uint8_t> nothing[] = {TextBytes("")};
   REQUIRE(empty.WriteAtomic("/file", nothing).ok());
   CHECK(DirectoryStore::Open("/file", false, &empty).status().code() ==
         StatusCode::kInvalidArgument);

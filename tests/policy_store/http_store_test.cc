@@ -168,8 +168,8 @@ TEST_CASE("HTTP store: a 4xx answer is final, never retried; a 5xx is retried") 
   CHECK(bad.code() == StatusCode::kInvalidArgument);
   CHECK(bad.message().find("bad key") != std::string::npos);
   CHECK(store.Get("runs/b").status().code() == StatusCode::kNotFound);
-  CHECK(store.PutImmutable("runs/c", Bytes("x")).code() == StatusCode::kInvalidArgument);
-  CHECK(store.PutImmutable("runs/d", Bytes("x")).code() == StatusCode::kConflict);
+  CHECK(store.PutImmutable("runs/c", TextBytes("x")).code() == StatusCode::kInvalidArgument);
+  CHECK(store.PutImmutable("runs/d", TextBytes("x")).code() == StatusCode::kConflict);
   CHECK(server.requests().size() == 4);  // one each
   CHECK(store.retries() == 0);
   auto got = store.Get("runs/e");  // 503, then 200

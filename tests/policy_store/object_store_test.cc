@@ -127,10 +127,10 @@ TEST_CASE("directory store: immutable objects, compare-and-swap, listing, deleti
 TEST_CASE("directory store: errors name keys, never the directory; its own files are not listed") {
   std::string root = TempRoot("store_paths");
   auto store = std::move(DirectoryStore::Open(root)).value();
-  REQUIRE(store->PutImmutable("runs/r/versions/a", Bytes("1")).ok());
+  REQUIRE(store->PutImmutable("runs/r/versions/a", TextBytes("1")).ok());
   REQUIRE(store->CompareAndSwap("runs/r/latest", std::nullopt, "0").ok());
   // Under an object: a conflict naming the key.
-  Status under = store->PutImmutable("runs/r/versions/a/b", Bytes("2"));
+  Status under = store->PutImmutable("runs/r/versions/a/b", TextBytes("2"));
   CHECK(under.code() == StatusCode::kConflict);
   CHECK(under.message().find("runs/r/versions/a/b") != std::string::npos);
   CHECK(under.message().find(root) == std::string::npos);
@@ -141,7 +141,7 @@ TEST_CASE("directory store: errors name keys, never the directory; its own files
   Status directory = store->Get("runs/r/versions").status();
   CHECK(directory.code() == StatusCode::kNotFound);
   CHECK(directory.message() == "runs/r/versions: no such object");
-  CHECK(store->PutImmutable("runs/r/versions", Bytes("x")).code() == StatusCode::kConflict);
+  CHECK(store->PutImmutable("runs/r/versions", TextBytes("x")).code() == StatusCode::kConflict);
   CHECK(store->CompareAndSwap("runs/r/versions", std::nullopt, "x").code() ==
         StatusCode::kConflict);
   CHECK(store->Delete("runs/r/versions").ok());

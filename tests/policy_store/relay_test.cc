@@ -157,7 +157,7 @@ TEST_CASE("relay: one upstream fetch per blob for a region's readers; read-only;
   CHECK(nlohmann::json::parse(served.text())["hits"] == stats.hits);
   // Read-only: writes are refused.
   HttpStore writer(url, "any", FastRetries());
-  CHECK(writer.PutImmutable("blobs/x", Bytes("x")).message().find("read-only") !=
+  CHECK(writer.PutImmutable("blobs/x", TextBytes("x")).message().find("read-only") !=
         std::string::npos);
   (*relay)->Stop();
   server->Stop();
@@ -173,7 +173,7 @@ TEST_CASE("relay: one upstream fetch per blob for a region's readers; read-only;
 TEST_CASE("relay: a 4xx from upstream is passed on at once, not retried; nor is a directory 503") {
   const std::string root = TempRoot("relay_dir_origin");
   auto origin = std::move(DirectoryStore::Open(root)).value();
-  REQUIRE(origin->PutImmutable("runs/run/versions/a", Bytes("1")).ok());
+  REQUIRE(origin->PutImmutable("runs/run/versions/a", TextBytes("1")).ok());
   auto server = std::move(StoreServer::Start(*origin, {})).value();
   RelayOptions options;
   options.upstream = "http://127.0.0.1:" + std::to_string(server->port());

@@ -50,7 +50,7 @@ TEST_CASE("S3 service: racing writers of one immutable key, one set of bytes win
     for (int t = 0; t < 8; ++t) bodies.push_back("writer " + std::to_string(t));
     for (int t = 0; t < 8; ++t) {
       writers.emplace_back([&, t] {
-        Status put = store.store->PutImmutable(key, Bytes(bodies[t]));
+        Status put = store.store->PutImmutable(key, TextBytes(bodies[t]));
         if (put.ok()) created++;
         if (put.code() == StatusCode::kConflict) conflicts++;
       });
@@ -100,9 +100,9 @@ TEST_CASE("S3 service: listings page through continuation tokens") {
   std::vector<std::string> keys;
   for (int i = 0; i < 30; ++i) {
     keys.push_back("runs/r/versions/" + std::to_string(1000 + i) + ".json");
-    REQUIRE(store.PutImmutable(keys.back(), Bytes(std::to_string(i))).ok());
+    REQUIRE(store.PutImmutable(keys.back(), TextBytes(std::to_string(i))).ok());
   }
-  REQUIRE(store.PutImmutable("runs/rr/x", Bytes("x")).ok());
+  REQUIRE(store.PutImmutable("runs/rr/x", TextBytes("x")).ok());
   CHECK(*store.List("runs/r/versions/") == keys);
   CHECK(store.List("runs/r/")->size() == 30);
   CHECK(store.List("runs/")->size() == 31);

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/byte_io.h"
 #include "policy_store/manifest.h"
 #include "tests/source_dir.h"
 
@@ -30,9 +31,7 @@ std::string ReadFile(const fs::path& path) {
   return text.str();
 }
 
-std::string Hash(const std::string& text) {
-  return Sha256Hex({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
-}
+std::string Hash(const std::string& text) { return Sha256Hex(TextBytes(text)); }
 
 // "a=b&c" as decoded (name, value) pairs.
 std::vector<std::pair<std::string, std::string>> ParseQuery(const std::string& query) {

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include "common/byte_io.h"
 #include "tests/policy_store/fake_s3.h"
 #include "tests/policy_store/store_contract.h"
 #include "tests/policy_store/store_test_util.h"
@@ -69,7 +70,7 @@ TEST_CASE("S3 store: large objects in parallel parts and parallel ranges, resume
   CHECK(*read == big);
   CHECK(fake.cut_gets.load() == 0);
   // A small object and an empty one read in one request.
-  REQUIRE(store.PutImmutable("blobs/small", Bytes("small")).ok());
+  REQUIRE(store.PutImmutable("blobs/small", TextBytes("small")).ok());
   REQUIRE(store.PutImmutable("blobs/none", {}).ok());
   CHECK(*store.Get("blobs/small") == std::vector<uint8_t>{'s', 'm', 'a', 'l', 'l'});
   CHECK(store.Get("blobs/none")->empty());
@@ -94,7 +95,7 @@ TEST_CASE("S3 store: a failed part aborts the upload; SlowDown and 5xx answers a
 
   fake.slow_down = 1;
   const uint64_t before = store.retries();
-  CHECK(store.PutImmutable("blobs/slow", Bytes("x")).ok());
+  CHECK(store.PutImmutable("blobs/slow", TextBytes("x")).ok());
   CHECK(store.retries() == before + 1);
   fake.slow_down = 1;
   CHECK(store.CompareAndSwap("runs/r/latest", std::nullopt, "1").ok());
@@ -110,22 +111,22 @@ TEST_CASE("S3 store: a compare-and-swap refused with 500 was not applied, whatev
   FakeS3 fake;
   S3Store store(FakeSettings(fake), Quick());
   REQUIRE(store.CompareAndSwap("runs/r/latest", std::nullopt, "1").ok());
-  REQUIRE(store.PutImmutable("blobs/a", Bytes("a")).ok());
+  REQUIRE(store.PutImmutable("blobs/a", TextBytes("a")).ok());
   fake.condition_failures_as_500 = true;
   // Another writer already wrote these very bytes: the loser is told, not taken for the winner.
   CHECK(store.CompareAndSwap("runs/r/latest", std::nullopt, "1").code() == StatusCode::kConflict);
   REQUIRE(store.CompareAndSwap("runs/r/latest", std::string("1"), "2").ok());
   CHECK(store.CompareAndSwap("runs/r/latest", std::nullopt, "2").code() == StatusCode::kConflict);
   // An immutable write refused with 500 is retried, then compared with what the key holds.
-  CHECK(store.PutImmutable("blobs/a", Bytes("a")).ok());
-  CHECK(store.PutImmutable("blobs/a", Bytes("b")).code() == StatusCode::kConflict);
+  CHECK(store.PutImmutable("blobs/a", TextBytes("a")).ok());
+  CHECK(store.PutImmutable("blobs/a", TextBytes("b")).code() == StatusCode::kConflict);
 }
 
 TEST_CASE("S3 store: a service that ignores conditional writes is refused before any write") {
   FakeS3 fake;
   fake.honour_conditions = false;
   S3Store store(FakeSettings(fake), Quick());
-  Status refused = store.PutImmutable("blobs/a", Bytes("a"));
+  Status refused = store.PutImmutable("blobs/a", TextBytes("a"));
   CHECK(refused.code() == StatusCode::kInvalidArgument);
   CHECK(refused.message().find("does not honour conditional writes") != std::string::npos);
   CHECK(refused.message().find(FakeS3::kSecretKey) == std::string::npos);
@@ -171,10 +172,10 @@ TEST_CASE("S3 store: listings page through continuation tokens; stale uploads ar
   std::vector<std::string> expected;
   for (int i = 0; i < 10; ++i) {
     const std::string key = "runs/r/versions/" + std::to_string(100 + i);
-    REQUIRE(store.PutImmutable(key, Bytes(key)).ok());
+    REQUIRE(store.PutImmutable(key, TextBytes(key)).ok());
     expected.push_back(key);
   }
-  REQUIRE(store.PutImmutable("runs/other/x", Bytes("x")).ok());
+  REQUIRE(store.PutImmutable("runs/other/x", TextBytes("x")).ok());
   CHECK(*store.List("runs/r/versions/") == expected);
   CHECK(store.List("runs/")->size() == 11);
 
@@ -234,7 +235,7 @@ TEST_CASE("S3 store: gc's leftovers are a run's own uploads, blobs' and write ch
   probe.method = "PUT";
   probe.key = ".weft-probe/0011";
   const std::string one = "1";
-  probe.body = {reinterpret_cast<const uint8_t*>(one.data()), one.size()};
+  probe.body = TextBytes(one);
   REQUIRE(store.Send(probe)->status == 200);
   CHECK(*store.DeleteProbesBefore(std::chrono::system_clock::from_time_t(0)) == 0);  // too young
   CHECK(*store.DeleteProbesBefore(later) == 1);

@@ -17,15 +17,15 @@ namespace weft::policy_store {
 // Immutable objects, compare-and-swap, listing, deletion and pieced writers, from an empty store.
 inline void CheckStoreSemantics(ObjectStore& s) {
   CHECK(s.Get("things/x").status().code() == StatusCode::kNotFound);
-  REQUIRE(s.PutImmutable("things/x", Bytes("hello")).ok());
-  CHECK(s.PutImmutable("things/x", Bytes("hello")).ok());  // the same bytes again
-  CHECK(s.PutImmutable("things/x", Bytes("other")).code() == StatusCode::kConflict);
+  REQUIRE(s.PutImmutable("things/x", TextBytes("hello")).ok());
+  CHECK(s.PutImmutable("things/x", TextBytes("hello")).ok());  // the same bytes again
+  CHECK(s.PutImmutable("things/x", TextBytes("other")).code() == StatusCode::kConflict);
   auto stored = s.Get("things/x");
   REQUIRE(stored.ok());
   CHECK(std::string(stored->begin(), stored->end()) == "hello");
   CHECK(*s.Exists("things/x"));
   CHECK(!*s.Exists("things/y"));
-  CHECK(s.PutImmutable("../escape", Bytes("x")).code() == StatusCode::kInvalidArgument);
+  CHECK(s.PutImmutable("../escape", TextBytes("x")).code() == StatusCode::kInvalidArgument);
   REQUIRE(s.PutImmutable("things/empty", {}).ok());
   CHECK(s.Get("things/empty")->empty());
 
@@ -37,8 +37,8 @@ inline void CheckStoreSemantics(ObjectStore& s) {
   CHECK(s.CompareAndSwap("runs/r/latest", std::string("0\n"), "2\n").code() ==
         StatusCode::kConflict);
 
-  REQUIRE(s.PutImmutable("runs/r/versions/b", Bytes("2")).ok());
-  REQUIRE(s.PutImmutable("runs/r/versions/a", Bytes("1")).ok());
+  REQUIRE(s.PutImmutable("runs/r/versions/b", TextBytes("2")).ok());
+  REQUIRE(s.PutImmutable("runs/r/versions/a", TextBytes("1")).ok());
   auto keys = s.List("runs/r/versions/");
   REQUIRE(keys.ok());
   CHECK(*keys == std::vector<std::string>{"runs/r/versions/a", "runs/r/versions/b"});
@@ -54,7 +54,7 @@ inline void CheckStoreSemantics(ObjectStore& s) {
   // Written in pieces: created, the same bytes again, other bytes.
   auto write = [&](const std::string& key, std::vector<std::string> pieces) -> Result<bool> {
     WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, s.NewImmutableWriter(key));
-    for (const std::string& piece : pieces) WEFT_RETURN_IF_ERROR(writer->Write(Bytes(piece)));
+    for (const std::string& piece : pieces) WEFT_RETURN_IF_ERROR(writer->Write(TextBytes(piece)));
     return writer->Commit();
   };
   CHECK(write("things/pieces", {"ab", "cd"}).value() == true);
@@ -69,7 +69,7 @@ inline void CheckStoreSemantics(ObjectStore& s) {
     // Abandoned before Commit: nothing appears, during or after.
     auto abandoned = s.NewImmutableWriter("things/abandoned");
     REQUIRE(abandoned.ok());
-    REQUIRE((*abandoned)->Write(Bytes("half of it")).ok());
+    REQUIRE((*abandoned)->Write(TextBytes("half of it")).ok());
     CHECK(*s.List("things/") ==
           std::vector<std::string>{"things/empty", "things/pieces", "things/x"});
   }

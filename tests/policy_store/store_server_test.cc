@@ -40,10 +40,11 @@ std::vector<uint64_t> HiddenFiles(const std::string& dir) {
 
 TEST_CASE("HTTP store server: authentication, ranges, caching headers, hostile requests") {
   Served served("secret");
-  REQUIRE(served.backend->PutImmutable("blobs/abc", Bytes("0123456789")).ok());
+  REQUIRE(served.backend->PutImmutable("blobs/abc", TextBytes("0123456789")).ok());
   HttpStore anonymous(served.url, "", FastRetries());
   HttpStore wrong(served.url, "guess", FastRetries());
-  CHECK(anonymous.PutImmutable("blobs/new", Bytes("x")).message().find("401") != std::string::npos);
+  CHECK(anonymous.PutImmutable("blobs/new", TextBytes("x")).message().find("401") !=
+        std::string::npos);
   CHECK(wrong.CompareAndSwap("runs/r/latest", std::nullopt, "0").message().find("writer token") !=
         std::string::npos);
   CHECK(wrong.Delete("blobs/abc").code() == StatusCode::kInvalidArgument);
@@ -77,7 +78,8 @@ TEST_CASE("HTTP store server: authentication, ranges, caching headers, hostile r
 TEST_CASE("HTTP store: a read-only server refuses writes; an unreachable server is unavailable") {
   Served served("");
   HttpStore store(served.url, "anything", FastRetries());
-  CHECK(store.PutImmutable("blobs/x", Bytes("x")).message().find("read-only") != std::string::npos);
+  CHECK(store.PutImmutable("blobs/x", TextBytes("x")).message().find("read-only") !=
+        std::string::npos);
   const std::string url = served.url;
   served.server->Stop();
   HttpStore gone(url, "", FastRetries());
@@ -197,10 +199,10 @@ TEST_CASE("store server: a compare-and-swap conflict names a large object by siz
 TEST_CASE("store server: immutable objects refuse compare-and-swap; pointers refuse PUT") {
   Served served("secret");
   const std::vector<std::string> writer = {"Authorization: Bearer secret"};
-  const std::string blob = BlobKey(Sha256Hex(Bytes("weights")));
-  REQUIRE(served.backend->PutImmutable(blob, Bytes("weights")).ok());
+  const std::string blob = BlobKey(Sha256Hex(TextBytes("weights")));
+  REQUIRE(served.backend->PutImmutable(blob, TextBytes("weights")).ok());
   const std::string manifest = ManifestKey("r", 3);
-  REQUIRE(served.backend->PutImmutable(manifest, Bytes("{}")).ok());
+  REQUIRE(served.backend->PutImmutable(manifest, TextBytes("{}")).ok());
   for (const auto& [object, held] : std::vector<std::pair<std::string, std::string>>{
            {blob, "weights"}, {manifest, "{}"}, {"runs/r/shards/x", ""}, {"other", ""}}) {
     const std::string key = object;  // (a structured binding cannot be captured)
@@ -283,27 +285,28 @@ TEST_CASE("store server: a blob's bytes must hash to its name, or nothing is sto
   Served served("secret");
   HttpStore store(served.url, "secret", FastRetries());
   const std::string right = "the right bytes", wrong = "other bytes";
-  const std::string right_hash = Sha256Hex(Bytes(right)), wrong_hash = Sha256Hex(Bytes(wrong));
+  const std::string right_hash = Sha256Hex(TextBytes(right)),
+                    wrong_hash = Sha256Hex(TextBytes(wrong));
   const std::string key = BlobKey(right_hash);
-  Status refused = store.PutImmutable(key, Bytes(wrong));
+  Status refused = store.PutImmutable(key, TextBytes(wrong));
   CHECK(refused.code() == StatusCode::kInvalidArgument);
   CHECK(refused.message().find("HTTP 400") != std::string::npos);
   CHECK(refused.message().find("hash to " + wrong_hash + ", not to " + right_hash) !=
         std::string::npos);
   CHECK(!*served.backend->Exists(key));
   // The right bytes are not blocked by the wrong ones.
-  REQUIRE(store.PutImmutable(key, Bytes(right)).ok());
+  REQUIRE(store.PutImmutable(key, TextBytes(right)).ok());
   CHECK(*store.Get(key) == std::vector<uint8_t>(right.begin(), right.end()));
-  CHECK(store.PutImmutable(key, Bytes(right)).ok());  // again: idempotent
+  CHECK(store.PutImmutable(key, TextBytes(right)).ok());  // again: idempotent
   // Keys under blobs/ are hashes: 64 lowercase hex digits.
   for (const std::string& bad :
        std::vector<std::string>{"blobs/abc", "blobs/" + std::string(64, 'A'),
                                 "blobs/" + right_hash + "0", "blobs/" + right_hash + "/x"}) {
     CAPTURE(bad);
-    CHECK(store.PutImmutable(bad, Bytes(right)).code() == StatusCode::kInvalidArgument);
+    CHECK(store.PutImmutable(bad, TextBytes(right)).code() == StatusCode::kInvalidArgument);
   }
   // Chunked, in pieces: hashed as it streams.
-  const std::string chunked_hash = Sha256Hex(Bytes("hello world"));
+  const std::string chunked_hash = Sha256Hex(TextBytes("hello world"));
   RawConnection connection(weft::testing::PortOf(served.url), std::chrono::seconds(2));
   connection.Send("PUT /v1/objects/blobs/" + chunked_hash +
                   " HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer secret\r\nConnection: close\r\n"
@@ -356,7 +359,7 @@ TEST_CASE("store server: wrong methods are 405 with Allow; If-None-Match: * make
 
 TEST_CASE("store server: directories, the lock and hidden files are no objects; no paths leak") {
   Served served("secret");
-  REQUIRE(served.backend->PutImmutable("runs/r/versions/a", Bytes("1")).ok());
+  REQUIRE(served.backend->PutImmutable("runs/r/versions/a", TextBytes("1")).ok());
   REQUIRE(served.backend->CompareAndSwap("runs/r/latest", std::nullopt, "0\n").ok());
   REQUIRE(std::filesystem::exists(served.root + "/.lock"));
   std::ofstream(served.root + "/runs/r/versions/.b.tmp-123456") << "in progress";

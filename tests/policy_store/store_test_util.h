@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/byte_io.h"
 #include "policy_store/directory_store.h"
 #include "policy_store/forwarding_store.h"
 #include "policy_store/http_store.h"
@@ -28,10 +29,6 @@ namespace weft::policy_store {
 
 // A fresh, empty path under the temporary directory, unique to this process.
 inline std::string TempRoot(const std::string& name) { return ::weft::testing::TempPath(name); }
-
-inline std::span<const uint8_t> Bytes(const std::string& text) {
-  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
-}
 
 // A store server on an ephemeral loopback port, backed by a directory store.
 struct Served {
