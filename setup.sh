@@ -2,7 +2,7 @@
 # Installs the Debian packages weft needs (when missing) and builds everything into build/.
 # Usage: ./setup.sh               (as root, or with sudo available)
 #        ./setup.sh --no-bench    (the same without the benchmark programs: a faster build)
-# The build is a unity build (each target's sources compiled a few to a file, about a third
+# The build is a unity build (each target's sources compiled as one file, about two fifths
 # faster from scratch); WEFT_UNITY_BUILD=OFF ./setup.sh builds file by file, which rebuilds less
 # after a small edit.
 set -euo pipefail

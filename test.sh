@@ -14,7 +14,7 @@
 #      with threads of their own under
 #      ThreadSanitizer (the thread pool and HTTP plumbing, the store server, the orchestrator
 #      service, the rollout worker); both trees are unity builds (each library's and suite's
-#      sources compiled a few to a file), which builds them in about two thirds of the time, and
+#      sources compiled as one file), which builds them in about two thirds of the time, and
 #      they build in the background at the lowest priority while stage 1 runs;
 #   3. the libFuzzer targets, built in the AddressSanitizer tree (delta files, sparse chunks,
 #      safetensors, the orchestrator's journal and snapshots, the HTTP request path of the
