@@ -1,9 +1,9 @@
 #include "common/file_util.h"
-#include "common/byte_io.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <utility>
+
+#include "common/byte_io.h"
 
 namespace weft {
 
@@ -78,6 +80,43 @@ void MappedFile::Release(std::span<const uint8_t> bytes) const {
       std::min(start + size_, reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size());
   const uintptr_t last = (end + page - 1) / page * page;
   if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+Status MappedFile::Flush() const {
+  if (!writable_ || data_ == nullptr) return Status::Ok();
+  if (::msync(const_cast<uint8_t*>(data_), size_, MS_SYNC) != 0)
+    return Unavailable(path_ + ": cannot write the mapped changes back: " + ErrnoText());
+  return Status::Ok();
+}
+
+bool IsNetworkFileSystemType(uint64_t type) {
+  switch (type) {
+    case 0x6969:      // NFS
+    case 0x517B:      // SMB
+    case 0xFE534D42:  // SMB2
+    case 0xFF534D42:  // CIFS
+    case 0x0BD00BD0:  // Lustre
+    case 0x47504653:  // GPFS
+    case 0x00C36400:  // CephFS
+    case 0x19830326:  // BeeGFS
+    case 0x01021997:  // 9p
+    case 0x65735546:  // FUSE (s3fs, JuiceFS, ...)
+    case 0x5346414F:  // AFS
+    case 0x7461636F:  // OCFS2
+    case 0x01161970:  // GFS2
+    case 0x013111A8:  // IBRIX
+    case 0xAAD7AAEA:  // PanFS
+      return true;
+    default:
+      return false;
+  }
+}
+
+Result<bool> OnNetworkFileSystem(const std::string& path) {
+  struct statfs info {};
+  if (::statfs(path.c_str(), &info) != 0)
+    return Unavailable(path + ": cannot tell which file system holds it: " + ErrnoText());
+  return IsNetworkFileSystemType(static_cast<uint64_t>(static_cast<uint32_t>(info.f_type)));
 }
 
 Result<SpillFile> SpillFile::Create(const std::string& dir, uint64_t size) {

@@ -32,6 +32,10 @@ class MappedFile {
   // Lets the pages holding `bytes` (a part of the mapping) go: they leave the process's resident
   // memory and are read from the file again if touched.
   void Release(std::span<const uint8_t> bytes) const;
+  // Writes what was changed through the mapping to the file (msync), waiting for it: on one host
+  // every reader sees the changes at once, but a reader on another host of a network file system
+  // only once they are written back. No-op for a read-only mapping.
+  Status Flush() const;
 
   MappedFile() = default;
   MappedFile(MappedFile&& other) noexcept;
@@ -54,6 +58,14 @@ class MappedFile {
   size_t size_ = 0;
   bool writable_ = false;
 };
+
+// Whether the file system holding `path` may be read by other hosts through caches of their own
+// (NFS, SMB, Lustre, GPFS, CephFS, BeeGFS, 9p, FUSE, ...), so that a change made through a mapping
+// reaches them only once flushed. False for local file systems (ext4, xfs, tmpfs, ...); an error
+// when `path` cannot be examined.
+Result<bool> OnNetworkFileSystem(const std::string& path);
+// The same decision from statfs's f_type.
+bool IsNetworkFileSystemType(uint64_t type);
 
 // A file with no name in `dir` (O_TMPFILE, or a name removed at once where the file system has no
 // O_TMPFILE), `size` bytes long, for data that must not sit in memory: nothing is left behind

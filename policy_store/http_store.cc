@@ -1,8 +1,9 @@
 #include "policy_store/http_store.h"
-#include "common/byte_io.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+
+#include "common/byte_io.h"
 
 namespace weft::policy_store {
 namespace {

@@ -127,6 +127,10 @@ Result<std::shared_ptr<NewWeightsFile>> ServedCheckpoint::NewFile(
   fs::create_directories(dir_, error);
   if (error)
     return Unavailable("creating the served checkpoint directory " + dir_ + ": " + error.message());
+  if (!flush_mapped_) {
+    WEFT_ASSIGN_OR_RETURN(const bool network, OnNetworkFileSystem(dir_));
+    flush_mapped_ = network;
+  }
   std::vector<sync::TensorToPlace> places;
   for (const sync::TensorSpec& spec : specs) places.push_back({spec.name, spec.dtype, spec.shape});
   const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
@@ -155,6 +159,7 @@ Status ServedCheckpoint::PutInPlace(NewWeightsFile& file, const sync::ServedMode
                                     const std::string& template_dir) {
   valid_ = false;
   mapping_.reset();
+  if (flush_mapped_.value_or(false)) WEFT_RETURN_IF_ERROR(file.mapping_->Flush());
   WEFT_RETURN_IF_ERROR(PrepareDirectory(template_dir, file.path_));
   const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
   if (::rename(file.path_.c_str(), path.c_str()) != 0)
@@ -182,6 +187,13 @@ Status ServedCheckpoint::Write(const sync::ServedModel& model, const std::string
     return placed;
   }
   if (IsMappedHere(model)) {
+    if (flush_mapped_.value_or(false)) {
+      Status flushed = mapping_->Flush();
+      if (!flushed.ok()) {
+        valid_ = false;
+        return flushed;
+      }
+    }
     last_whole_ = false;
     last_tensors_ = last_bytes_ = 0;
     for (const auto& t : model.tensors()) {

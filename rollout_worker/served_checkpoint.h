@@ -1,5 +1,5 @@
-// ServedCheckpoint: the host-local directory a serving engine loads its weights from, kept at the
-// version the worker holds.
+// ServedCheckpoint: the directory a serving engine loads its weights from (on its host, or on a file
+// system its hosts share), kept at the version the worker holds.
 //
 // The directory is the engine's own layout: the non-weight files of the model directory the engine
 // was started from (config.json, tokenizer files, generation_config.json, ...) copied once, and
@@ -15,7 +15,9 @@
 // The file can also be the worker's only copy (DirectoryWeightSink, weight_sink.h): a keyframe
 // arrives straight into a new file (NewFile), mapped for writing, which the Write of that model
 // puts in place; each later version is applied to the same model in place (each changed element
-// written once, into the file's pages), and the Write that follows writes nothing.
+// written once, into the file's pages), and the Write that follows writes nothing but, on a
+// network file system whose other hosts may hold the replicas, the changed pages back to the file
+// (set_flush_mapped_writes).
 //
 // CheckModelDirectory compares what an engine loaded (the safetensors files of its model
 // directory) with a served model, so that a worker refuses an engine serving another model before
@@ -25,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +95,14 @@ class ServedCheckpoint {
   // until the next Write of that model, the file holds no version, and a Write of another model
   // rewrites it whole.
   void WillChangeInPlace() { valid_ = false; }
+  // Whether a Write of a model in a mapped file (a NewFile's, or the current file changed in
+  // place) first flushes the mapping to the file, waiting for it: needed where the engine's
+  // replicas may read the directory from other hosts, which see the changes only once written
+  // back. Unless set here, NewFile decides it from the directory's file system (on for network
+  // file systems, file_util.h's OnNetworkFileSystem; off where every reader shares this host's
+  // page cache).
+  void set_flush_mapped_writes(bool flush) { flush_mapped_ = flush; }
+  std::optional<bool> flush_mapped_writes() const { return flush_mapped_; }
 
   const std::string& dir() const { return dir_; }
   // What the last Write wrote: tensors and bytes (the whole file's bytes for a whole write; none
@@ -124,6 +135,7 @@ class ServedCheckpoint {
   std::weak_ptr<NewWeightsFile> pending_;  // the newest NewFile, until put in place
   uint64_t last_tensors_ = 0, last_bytes_ = 0;
   bool last_whole_ = false;
+  std::optional<bool> flush_mapped_;
 };
 
 // Checks that the safetensors files in `dir` hold exactly the tensors of `model`: the same names,

@@ -1,10 +1,11 @@
 #include "rollout_worker/weight_sink.h"
-#include "common/byte_io.h"
 
 #include <algorithm>
 #include <span>
 #include <utility>
 #include <vector>
+
+#include "common/byte_io.h"
 
 namespace weft::rollout_worker {
 

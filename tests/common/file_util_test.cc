@@ -75,6 +75,35 @@ TEST_CASE("files: reading and mapping, with errors that name the path") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("files: a writable mapping's changes, flushed, are the file's; network file systems") {
+  const std::string dir = testing::TempPath("mapped_flush");
+  fs::create_directories(dir);
+  const std::string path = dir + "/data.bin";
+  std::ofstream(path, std::ios::binary) << "0123456789";
+  Result<MappedFile> mapped = MappedFile::OpenWritable(path);
+  REQUIRE(mapped.ok());
+  mapped->writable_bytes()[2] = 'x';
+  REQUIRE(mapped->Flush().ok());
+  CHECK(Text(*ReadFile(path)) == "01x3456789");
+  Result<MappedFile> read_only = MappedFile::Open(path);
+  REQUIRE(read_only.ok());
+  CHECK(read_only->Flush().ok());  // nothing to write back
+  // Which file systems other hosts read through caches of their own.
+  CHECK(IsNetworkFileSystemType(0x6969));       // NFS
+  CHECK(IsNetworkFileSystemType(0xFF534D42));   // CIFS
+  CHECK(IsNetworkFileSystemType(0x0BD00BD0));   // Lustre
+  CHECK(IsNetworkFileSystemType(0x65735546));   // FUSE
+  CHECK(!IsNetworkFileSystemType(0xEF53));      // ext4
+  CHECK(!IsNetworkFileSystemType(0x58465342));  // xfs
+  CHECK(!IsNetworkFileSystemType(0x01021994));  // tmpfs
+  CHECK(!IsNetworkFileSystemType(0x794C7630));  // overlayfs
+  CHECK(OnNetworkFileSystem(dir).ok());
+  Status nowhere = OnNetworkFileSystem(dir + "/missing/deeper").status();
+  CHECK(nowhere.code() == StatusCode::kUnavailable);
+  CHECK(nowhere.message().find(dir + "/missing/deeper") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("files: a spill file has no name, holds what was written, and lets its pages go") {
   const std::string dir = testing::TempPath("spill");
   fs::create_directories(dir);

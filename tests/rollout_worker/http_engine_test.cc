@@ -922,6 +922,12 @@ TEST_CASE("served checkpoint: a new file filled in place, put in place, then cha
   REQUIRE(
       fake_engine::WriteModelDirectory(dir + "/template", Config(), w, sync::DType::kBF16).ok());
   ServedCheckpoint checkpoint(dir + "/served");
+  bool flushing = false;
+  SUBCASE("as the directory's file system decides") {}
+  SUBCASE("flushing each mapped write back, as on a network file system") {
+    flushing = true;
+    checkpoint.set_flush_mapped_writes(true);
+  }
   sync::ServedModel publisher =
       std::move(sync::ServedModel::FromMaster(layout.Master(w), sync::ServingPlan{}, 1)).value();
   std::vector<sync::TensorSpec> specs;
@@ -937,6 +943,8 @@ TEST_CASE("served checkpoint: a new file filled in place, put in place, then cha
     Result<std::shared_ptr<NewWeightsFile>> abandoned = checkpoint.NewFile(specs);
     REQUIRE(abandoned.ok());
     CHECK(temporaries() == 1);
+    CHECK(checkpoint.flush_mapped_writes() ==
+          (flushing ? true : OnNetworkFileSystem(dir + "/served").value()));
   }
   CHECK(temporaries() == 0);
   Result<std::shared_ptr<NewWeightsFile>> file = checkpoint.NewFile(specs);
