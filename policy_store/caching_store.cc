@@ -332,13 +332,11 @@ Result<std::unique_ptr<CachingStore>> CachingStore::Open(ObjectStore& upstream,
   }
   std::sort(found.begin(), found.end());
   MutexLock lock(cache->mutex_);
-  for (const auto& [time, name, bytes] : found) {
-    cache->lru_.push_back(name);
-    cache->entries_[name] = {bytes, std::prev(cache->lru_.end()), std::nullopt};
-    cache->cached_bytes_ += bytes;
-  }
-  // A smaller limit than the last run's takes effect now.
-  cache->EvictLocked();
+  // Oldest first, each the most recent so far; a smaller limit than the last run's takes effect
+  // now.
+  for (const auto& [time, name, bytes] : found)
+    cache->EvictedLocked(cache->index_.Add(name, bytes));
+  cache->EvictedLocked(cache->index_.Shrink());
   return cache;
 }
 
@@ -366,8 +364,8 @@ std::string CachingStore::Describe() const {
 CacheStats CachingStore::stats() const {
   MutexLock lock(mutex_);
   CacheStats stats = stats_;
-  stats.cached_blobs = entries_.size();
-  stats.cached_bytes = cached_bytes_;
+  stats.cached_blobs = index_.size();
+  stats.cached_bytes = index_.bytes();
   stats.fetching = flights_.size();
   return stats;
 }
@@ -418,43 +416,14 @@ std::string CachingStore::MetricsText(const std::string& prefix) const {
   return text;
 }
 
-void CachingStore::Touch(const std::string& sha256) {
-  auto entry = entries_.find(sha256);
-  if (entry == entries_.end()) return;
-  lru_.splice(lru_.end(), lru_, entry->second.position);
-}
-
 void CachingStore::ForgetLocked(const std::string& sha256) {
-  auto entry = entries_.find(sha256);
-  if (entry == entries_.end()) return;
   const std::string path = PathOf(sha256);  // (`sha256` may be the entry's own name)
-  cached_bytes_ -= entry->second.bytes;
-  lru_.erase(entry->second.position);
-  entries_.erase(entry);
-  (void)env_.Remove(path);
+  if (index_.Erase(sha256)) (void)env_.Remove(path);
 }
 
-void CachingStore::EvictLocked() {
-  while (cached_bytes_ > options_.max_bytes && !lru_.empty()) {
-    const std::string victim = lru_.front();
-    ForgetLocked(victim);
-    ++stats_.evicted;
-  }
-}
-
-void CachingStore::IndexLocked(const std::string& sha256, uint64_t bytes) {
-  auto entry = entries_.find(sha256);
-  if (entry == entries_.end()) {
-    lru_.push_back(sha256);
-    entries_[sha256] = {bytes, std::prev(lru_.end()), std::nullopt};
-    cached_bytes_ += bytes;
-  } else {
-    Touch(sha256);
-  }
-  // The newest blob goes last, whatever the order: it is at the end of the LRU.
-  while (cached_bytes_ > options_.max_bytes && lru_.front() != sha256) {
-    const std::string victim = lru_.front();
-    ForgetLocked(victim);
+void CachingStore::EvictedLocked(const std::vector<std::string>& evicted) {
+  for (const std::string& victim : evicted) {
+    (void)env_.Remove(PathOf(victim));
     ++stats_.evicted;
   }
 }
@@ -502,8 +471,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
       held_.erase(held);
     }
     if (auto size = oversize_.find(sha256); size != oversize_.end()) oversize = size->second;
-    if (auto entry = entries_.find(sha256); entry != entries_.end())
-      checked = entry->second.checked;
+    if (const std::optional<FileStamp>* stamp = index_.Find(sha256)) checked = *stamp;
   }
   if (oversize) return done(PassThrough(key, *oversize));
   if (checked) {
@@ -514,7 +482,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
       {
         MutexLock lock(mutex_);
         ++stats_.hits;
-        Touch(sha256);
+        index_.Touch(sha256);
       }
       return done(FileReader(std::move(file).value(), stamp->size, key));
     }
@@ -528,7 +496,7 @@ void CachingStore::OpenBlob(const std::string& sha256, OpenDone done) {
     if (auto found = flights_.find(sha256); found != flights_.end()) {
       flight = found->second;
     } else {
-      flight = std::make_shared<Flight>(sha256, entries_.count(sha256) > 0);
+      flight = std::make_shared<Flight>(sha256, index_.Contains(sha256));
       flights_[sha256] = flight;
       ++running_;
       start = true;
@@ -593,8 +561,7 @@ bool CachingStore::CheckCached(const std::shared_ptr<Flight>& flight) {
   }
   {
     MutexLock lock(mutex_);
-    if (auto entry = entries_.find(flight->sha256); entry != entries_.end())
-      entry->second.checked = *stamp;
+    if (std::optional<FileStamp>* checked = index_.Find(flight->sha256)) *checked = *stamp;
   }
   MutexLock lock(flight->mutex);
   flight->file = std::move(file).value();
@@ -719,8 +686,8 @@ void CachingStore::Fetch(const std::shared_ptr<Flight>& flight) {
     (void)env_.Remove(moved.ok() ? path : temp);
   } else {
     MutexLock lock(mutex_);
-    IndexLocked(flight->sha256, *fetched);
-    entries_[flight->sha256].checked = *stamp;
+    EvictedLocked(index_.Add(flight->sha256, *fetched));
+    *index_.Find(flight->sha256) = *stamp;
   }
   MutexLock lock(flight->mutex);
   flight->state = Flight::State::kDone;
@@ -843,7 +810,7 @@ Result<bool> CachingStore::Exists(const std::string& key) {
   const std::string sha256 = BlobHash(key);
   if (!sha256.empty()) {
     MutexLock lock(mutex_);
-    if (entries_.count(sha256)) return true;
+    if (index_.Contains(sha256)) return true;
   }
   return upstream_.Exists(key);
 }

@@ -47,6 +47,7 @@
 
 #include "common/env.h"
 #include "common/mutex.h"
+#include "policy_store/cache_index.h"
 #include "policy_store/object_store.h"
 
 namespace weft::policy_store {
@@ -120,7 +121,8 @@ class CachingStore : public ObjectStore {
   CachingStore(ObjectStore& upstream, CacheOptions options)
       : upstream_(upstream),
         options_(std::move(options)),
-        env_(options_.env ? *options_.env : Env::Default()) {}
+        env_(options_.env ? *options_.env : Env::Default()),
+        index_(options_.max_bytes) {}
 
   void OpenBlob(const std::string& sha256, OpenDone done) EXCLUDES(mutex_);
   // A reader of a blob larger than the cache: range by range from the upstream.
@@ -135,12 +137,10 @@ class CachingStore : public ObjectStore {
   bool CheckCached(const std::shared_ptr<Flight>& flight) EXCLUDES(mutex_);
   // Fetches the manifest `key` and answers the readers waiting for it in manifest_flights_.
   void RunManifestFlight(const std::string& key) EXCLUDES(mutex_);
-  // Adds a checked file to the index (evicting beyond max_bytes).
-  void IndexLocked(const std::string& sha256, uint64_t bytes) REQUIRES(mutex_);
-  void EvictLocked() REQUIRES(mutex_);
+  // Deletes the files of blobs the index evicted, counting them.
+  void EvictedLocked(const std::vector<std::string>& evicted) REQUIRES(mutex_);
   // Drops an entry and deletes its file.
   void ForgetLocked(const std::string& sha256) REQUIRES(mutex_);
-  void Touch(const std::string& sha256) REQUIRES(mutex_);
   std::string PathOf(const std::string& sha256) const;
   void FlightEnds() EXCLUDES(mutex_);
 
@@ -153,17 +153,9 @@ class CachingStore : public ObjectStore {
   // Flights and manifest fetches under way (the destructor waits for them).
   int running_ GUARDED_BY(mutex_) = 0;
   std::atomic<bool> stopping_{false};
-  // LRU over cached blobs: front is the least recently used.
-  std::list<std::string> lru_ GUARDED_BY(mutex_);
-  struct Entry {
-    uint64_t bytes = 0;
-    std::list<std::string>::iterator position;
-    // The file's stamp when its hash was last checked (since the cache opened), if it was: a
-    // write to it, or another file in its place, changes the stamp.
-    std::optional<FileStamp> checked;
-  };
-  std::map<std::string, Entry> entries_ GUARDED_BY(mutex_);
-  uint64_t cached_bytes_ GUARDED_BY(mutex_) = 0;
+  // The cached blobs, by SHA-256, each with its file's stamp when its hash was last checked (since
+  // the cache opened), if it was: a write to it, or another file in its place, changes the stamp.
+  CacheIndex<std::string, std::optional<FileStamp>> index_ GUARDED_BY(mutex_);
   std::map<std::string, std::shared_ptr<Flight>> flights_ GUARDED_BY(mutex_);
   // Blobs whose upstream bytes failed their hash: the error, until when it is held.
   struct Held {

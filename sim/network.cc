@@ -1,6 +1,7 @@
 // The network between the store and the clusters: each region's WAN link shared equally by the
-// transfers in flight (processor sharing), its relay's LRU cache of blobs with the clusters waiting
-// on a fetch, and a cluster's pull in progress, one blob after another, then the apply.
+// transfers in flight (processor sharing), its relay's cache of blobs (the relay's own policy,
+// policy_store/cache_index.h) with the clusters waiting on a fetch, and a cluster's pull in
+// progress, one blob after another, then the apply.
 #include "sim/simulation.h"
 
 #include <limits>
@@ -32,7 +33,7 @@ void Simulation::StartFlow(uint32_t r, uint64_t blob, uint64_t bytes, uint32_t c
                            uint32_t epoch) {
   RegionState& region = regions_[r];
   AdvanceLink(region);
-  region.flows[region.next_flow++] = {blob, static_cast<double>(bytes), cluster, epoch};
+  region.flows[region.next_flow++] = {blob, static_cast<double>(bytes), cluster, epoch, bytes};
   region.stats.wan_bytes += static_cast<double>(bytes);
   ScheduleLink(r);
 }
@@ -53,14 +54,6 @@ void Simulation::LinkDone(uint32_t r) {
   for (const Flow& flow : done) BlobArrived(r, flow);
 }
 
-void Simulation::CacheInsert(RegionState& region, uint64_t blob, uint64_t bytes) {
-  region.lru.push_front(blob);
-  CacheEntry& entry = region.cache[blob];
-  entry.bytes = bytes;
-  entry.lru = region.lru.begin();
-  region.cached += bytes;
-}
-
 // A WAN transfer finished: a blob reached the relay (its waiters get it over the LAN) or the
 // cluster that fetched it directly.
 void Simulation::BlobArrived(uint32_t r, const Flow& flow) {
@@ -70,26 +63,16 @@ void Simulation::BlobArrived(uint32_t r, const Flow& flow) {
     At(now_ + latency, Ev::kPullStep, flow.cluster, flow.epoch);
     return;
   }
-  auto found = region.cache.find(flow.blob);
-  if (found == region.cache.end()) return;
-  CacheEntry& entry = found->second;
-  entry.ready = true;
-  const Micros lan = Duration(static_cast<double>(entry.bytes) / region.config.lan_bandwidth);
-  for (const auto& [cluster, epoch] : entry.waiting)
+  auto found = region.fetching.find(flow.blob);
+  if (found == region.fetching.end()) return;
+  const std::vector<std::pair<uint32_t, uint32_t>> waiting = std::move(found->second);
+  region.fetching.erase(found);
+  // Held once all its bytes are there; beyond its size, the relay evicts the least recently used.
+  const uint64_t bytes = flow.bytes;
+  region.stats.relay_evictions += region.cache.Add(flow.blob, bytes).size();
+  const Micros lan = Duration(static_cast<double>(bytes) / region.config.lan_bandwidth);
+  for (const auto& [cluster, epoch] : waiting)
     At(now_ + latency + lan, Ev::kPullStep, cluster, epoch);
-  entry.waiting.clear();
-  // Over its size, the relay evicts the least recently used blobs it holds.
-  const uint64_t limit = region.config.relay_cache;
-  for (auto it = region.lru.end();
-       limit != 0 && region.cached > limit && it != region.lru.begin();) {
-    --it;
-    CacheEntry& old = region.cache[*it];
-    if (!old.ready || !old.waiting.empty()) continue;
-    region.cached -= old.bytes;
-    region.cache.erase(*it);
-    it = region.lru.erase(it);
-    ++region.stats.relay_evictions;
-  }
 }
 
 void Simulation::PullNext(ClusterState& c) {
@@ -109,24 +92,20 @@ void Simulation::PullNext(ClusterState& c) {
   stats.downloaded_bytes += static_cast<double>(bytes);
   if (stats.blobs_seen.insert(blob).second) stats.unique_blob_bytes += static_cast<double>(bytes);
   if (!region.config.relay) return StartFlow(c.region, blob, bytes, index, c.epoch);
-  auto found = region.cache.find(blob);
-  if (found != region.cache.end()) {
-    CacheEntry& entry = found->second;
-    region.lru.splice(region.lru.begin(), region.lru, entry.lru);
-    if (entry.ready) {
-      ++stats.relay_hits;
-      At(now_ + Duration(static_cast<double>(bytes) / region.config.lan_bandwidth), Ev::kPullStep,
-         index, c.epoch);
-    } else {
-      ++stats.relay_misses;  // another cluster's fetch is in flight: wait for it
-      entry.waiting.emplace_back(index, c.epoch);
-    }
+  if (region.cache.Touch(blob) != nullptr) {
+    ++stats.relay_hits;
+    At(now_ + Duration(static_cast<double>(bytes) / region.config.lan_bandwidth), Ev::kPullStep,
+       index, c.epoch);
     return;
   }
   ++stats.relay_misses;
-  CacheInsert(region, blob, bytes);
-  region.cache[blob].waiting.emplace_back(index, c.epoch);
-  StartFlow(c.region, blob, bytes, kRelay, 0);
+  if (!region.cache.Fits(bytes)) {
+    // Larger than the relay's cache: read through it, from the upstream over the WAN.
+    return StartFlow(c.region, blob, bytes, index, c.epoch);
+  }
+  auto [fetch, first] = region.fetching.try_emplace(blob);
+  fetch->second.emplace_back(index, c.epoch);  // another cluster's fetch may be under way
+  if (first) StartFlow(c.region, blob, bytes, kRelay, 0);
 }
 
 }  // namespace weft::sim::internal

@@ -129,7 +129,7 @@ nlohmann::json Simulation::Report() {
         {"pulls", s.pulls},
         {"keyframe_pulls", s.keyframe_pulls},
         {"pulls_deferred", s.pull_failures},
-        {"relay",
+        {"relay_cache",
          {{"hits", s.relay_hits}, {"misses", s.relay_misses}, {"evictions", s.relay_evictions}}},
     });
   }

@@ -20,7 +20,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <list>
 #include <map>
 #include <optional>
 #include <queue>
@@ -35,6 +34,7 @@
 #include "common/status.h"
 #include "orchestrator/cluster_api.h"
 #include "orchestrator/core.h"
+#include "policy_store/cache_index.h"
 #include "policy_store/manifest.h"
 #include "rollout_worker/worker_core.h"
 #include "sim/config.h"
@@ -197,19 +197,13 @@ struct ClusterState {
   }
 };
 
-struct CacheEntry {
-  uint64_t bytes = 0;
-  bool ready = false;                                  // fetched (else a fetch is in flight)
-  std::vector<std::pair<uint32_t, uint32_t>> waiting;  // (cluster, epoch) waiting for it
-  std::list<uint64_t>::iterator lru;
-};
-
 // One transfer over a region's WAN link: for the relay (cluster is kRelay) or one cluster.
 struct Flow {
   uint64_t blob = 0;
   double remaining = 0;  // bytes
   uint32_t cluster = 0;
   uint32_t epoch = 0;
+  uint64_t bytes = 0;  // the blob's size
 };
 constexpr uint32_t kRelay = ~uint32_t{0};
 
@@ -236,9 +230,10 @@ struct RegionState {
   uint32_t link_epoch = 0;
   bool partitioned = false;
   bool relay_down = false;
-  std::unordered_map<uint64_t, CacheEntry> cache;
-  std::list<uint64_t> lru;  // most recent first
-  uint64_t cached = 0;
+  // The relay's cache, by the relay's own policy (policy_store/cache_index.h; relay_cache 0:
+  // unlimited), and the blobs it is fetching, each with the clusters (and their epochs) waiting.
+  policy_store::CacheIndex<uint64_t> cache{~uint64_t{0}};
+  std::unordered_map<uint64_t, std::vector<std::pair<uint32_t, uint32_t>>> fetching;
   RegionStats stats;
   uint32_t clusters_made = 0;
 };
@@ -361,7 +356,6 @@ class Simulation {
   void BlobArrived(uint32_t region, const Flow& flow);
   // The pull in progress: fetch the next blob (through the relay or over the WAN), or apply.
   void PullNext(ClusterState& c);
-  void CacheInsert(RegionState& region, uint64_t blob, uint64_t bytes);
 
   // --- Invariants: invariants.cc.
   void Fail(const std::string& invariant, const std::string& detail);

@@ -33,6 +33,7 @@ SimResult Simulation::Run() {
   for (const RegionConfig& rc : config_.regions) {
     RegionState region;
     region.config = rc;
+    if (rc.relay_cache != 0) region.cache = policy_store::CacheIndex<uint64_t>(rc.relay_cache);
     regions_.push_back(std::move(region));
   }
   // The fleet at the start; stragglers are picked per cluster.

@@ -4,8 +4,8 @@
 # reaches (directly or through other headers) must belong to the layers that folder may use; the
 # orchestrator's client side (types, wire, client) and its users (the rollout worker, the trainer
 # adapter, the Python binding) never reach the core, the service or the HTTP server (Beast); the
-# simulator reaches of the policy store only the manifests and the pull planner, and of the rollout
-# worker only its decisions (worker_core.h); bench/ never
+# simulator reaches of the policy store only the manifests, the pull planner and the relay's cache
+# index, and of the rollout worker only its decisions (worker_core.h); bench/ never
 # reaches cli/; nothing outside examples/, cli/, tests/ and bench/ reaches examples/; only the HTTP
 # plumbing and the servers use Beast.
 # Links: for every target of every CMakeLists.txt (add_library, add_executable, pybind11_add_module
@@ -37,7 +37,7 @@ rules="^common/http_	^common/
 ^trainer_adapter/	^((common|sync|policy_store|trainer_adapter)/|$client\$)
 ^python/	^((common|sync|policy_store|trainer_adapter|python)/|$client\$)
 ^examples/	^(common|sync|policy_store|orchestrator|rollout_worker|trainer_adapter|examples)/
-^sim/	^((common|sync|sim)/|orchestrator/(types|wire|cluster_api|core|core_config)[.]h\$|policy_store/(manifest|planner|object_store)[.]h\$|rollout_worker/worker_core[.]h\$)
+^sim/	^((common|sync|sim)/|orchestrator/(types|wire|cluster_api|core|core_config)[.]h\$|policy_store/(manifest|planner|object_store|cache_index)[.]h\$|rollout_worker/worker_core[.]h\$)
 ^cli/	^($libraries|cli)/
 ^bench/	^(($libraries|bench)/|tests/process_stats[.]h\$)"
 
