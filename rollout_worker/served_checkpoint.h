@@ -1,5 +1,5 @@
-// ServedCheckpoint: the directory a serving engine loads its weights from (on its host, or on a file
-// system its hosts share), kept at the version the worker holds.
+// ServedCheckpoint: the directory a serving engine loads its weights from (on its host, or on a
+// file system its hosts share), kept at the version the worker holds.
 //
 // The directory is the engine's own layout: the non-weight files of the model directory the engine
 // was started from (config.json, tokenizer files, generation_config.json, ...) copied once, and
