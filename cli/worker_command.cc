@@ -72,15 +72,19 @@ Status RunWorker(const WorkerFlags& flags) {
   options.sampling.top_p = static_cast<float>(config.worker.top_p);
   options.sampling.max_tokens = limits.max_completion_tokens;
   options.sampling.stop_token = limits.stop_token;
-  // A serving engine's copy lives in its served checkpoint directory and nowhere else: no second
-  // copy of the model in host memory (rollout_worker/weight_sink.h).
+  // A serving engine's copy lives in its served checkpoint directory and nowhere else (no second
+  // copy of the model in host memory, rollout_worker/weight_sink.h), unless engine.copy says
+  // memory.
   std::unique_ptr<rollout_worker::WeightSink> sink;
-  if (auto* http = dynamic_cast<rollout_worker::HttpEngine*>(engine.get()))
+  if (auto* http = dynamic_cast<rollout_worker::HttpEngine*>(engine.get());
+      http != nullptr && http->options().copy_in_file)
     sink = std::make_unique<rollout_worker::DirectoryWeightSink>(*http);
   rollout_worker::RolloutWorker worker(options, client, *store, *engine, *task, sink.get());
 
-  std::printf("worker %s (region %s): orchestrator %s, weights from %s\n", flags.cluster.c_str(),
-              flags.region.c_str(), orchestrator_url.c_str(), store_uri.c_str());
+  std::printf("worker %s (region %s): orchestrator %s, weights from %s, its copy %s\n",
+              flags.cluster.c_str(), flags.region.c_str(), orchestrator_url.c_str(),
+              store_uri.c_str(),
+              sink != nullptr ? "in the served checkpoint file" : "in host memory");
   std::fflush(stdout);
   std::thread stopper([&] {
     stop.Wait();

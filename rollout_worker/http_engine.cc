@@ -193,7 +193,10 @@ void HttpEngine::ReadUrlsFile() {
 }
 
 HttpEngine::HttpEngine(HttpEngineOptions options)
-    : options_(std::move(options)), checkpoint_(options_.checkpoint_dir) {}
+    : options_(std::move(options)), checkpoint_(options_.checkpoint_dir) {
+  if (options_.flush_mapped_writes)
+    checkpoint_.set_flush_mapped_writes(*options_.flush_mapped_writes);
+}
 
 HttpEngine::~HttpEngine() {
   {
@@ -778,9 +781,9 @@ Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std
   if (engine) {
     WEFT_RETURN_IF_ERROR(
         CheckKeys(engine, "engine",
-                  {"urls", "urls_file", "checkpoint_dir", "pause", "max_paused", "n_per_request",
-                   "max_parallel_requests", "api_key_env", "request_timeout", "control_timeout",
-                   "load_timeout", "health_interval"}));
+                  {"urls", "urls_file", "checkpoint_dir", "copy", "flush", "pause", "max_paused",
+                   "n_per_request", "max_parallel_requests", "api_key_env", "request_timeout",
+                   "control_timeout", "load_timeout", "health_interval"}));
     if (options.urls.empty() && engine["urls"]) {
       const YAML::Node list = engine["urls"];
       if (!list.IsSequence()) return InvalidArgument("engine.urls must be a list of URLs");
@@ -798,6 +801,18 @@ Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std
     // A worker's own URLs replace the file as they replace engine.urls.
     if (urls.empty())
       WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "urls_file", &options.urls_file));
+    std::string copy = "file";
+    WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "copy", &copy));
+    if (copy != "file" && copy != "memory")
+      return InvalidArgument("engine.copy: '" + copy + "' is not file or memory");
+    options.copy_in_file = copy == "file";
+    std::string flush = "auto";
+    WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "flush", &flush));
+    if (flush == "always" || flush == "never") {
+      options.flush_mapped_writes = flush == "always";
+    } else if (flush != "auto") {
+      return InvalidArgument("engine.flush: '" + flush + "' is not auto, always or never");
+    }
     WEFT_RETURN_IF_ERROR(ReadString(engine, "engine", "pause", &options.pause_mode));
     uint64_t max_paused = static_cast<uint64_t>(options.max_paused);
     WEFT_RETURN_IF_ERROR(ReadUnsigned(engine, "engine", "max_paused", &max_paused));

@@ -72,6 +72,14 @@ struct HttpEngineOptions {
   // the monitor loads it again once it answers.
   std::chrono::milliseconds load_timeout{300000};
   std::chrono::milliseconds health_interval{1000};
+  // Where the worker keeps its copy of the weights (engine.copy): true, the served checkpoint
+  // file itself, deltas applied to it in place (DirectoryWeightSink: no copy in host memory);
+  // false, host memory, the file rewritten by the changed tensors at each version (HostWeightSink).
+  bool copy_in_file = true;
+  // Whether a weights file changed through a mapping is flushed before the replicas load it
+  // (engine.flush): unset, decided by the directory's file system
+  // (ServedCheckpoint::set_flush_mapped_writes).
+  std::optional<bool> flush_mapped_writes;
 };
 
 // What one replica went through, for reports.
@@ -111,6 +119,7 @@ class HttpEngine : public Engine {
   EngineHealth Health() const override;
 
   HttpEngineStats stats() const;
+  const HttpEngineOptions& options() const { return options_; }
 
   // For a weight sink whose copy is the served checkpoint directory's file (DirectoryWeightSink):
   // a new weights file there for `specs`, for a keyframe to arrive into; the Stage of a model
@@ -179,10 +188,10 @@ class HttpEngine : public Engine {
 Result<std::vector<std::string>> ReadReplicaUrls(const std::string& path);
 
 // The `engine:` section of a run's configuration for the engine API `api` (docs/run.md,
-// "Configuration"): urls, urls_file, checkpoint_dir, pause, max_paused, n_per_request,
-// max_parallel_requests, api_key_env, request_timeout, control_timeout, load_timeout,
-// health_interval. `{cluster}` in checkpoint_dir becomes `cluster`; `urls`, when not empty,
-// replaces engine.urls (a worker's own replicas). Errors name the key.
+// "Configuration"): urls, urls_file, checkpoint_dir, copy, flush, pause, max_paused,
+// n_per_request, max_parallel_requests, api_key_env, request_timeout, control_timeout,
+// load_timeout, health_interval. `{cluster}` in checkpoint_dir becomes `cluster`; `urls`, when not
+// empty, replaces engine.urls (a worker's own replicas). Errors name the key.
 Result<HttpEngineOptions> ParseEngineSection(const YAML::Node& engine, const std::string& api,
                                              const std::string& cluster,
                                              const std::vector<std::string>& urls);

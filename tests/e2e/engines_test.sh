@@ -12,6 +12,8 @@
 #     publication (its manifest written) to all replicas of a worker serving it.
 #   - weft run's SIGTERM drains each worker (its summary line printed), and no replica is left
 #     paused;
+# The SGLang run keeps each worker's copy of the weights in the served checkpoint file
+# (engine.copy: file, the default), the vLLM run in host memory (engine.copy: memory).
 # Usage: engines_test.sh WEFT WEFT_FAKE_ENGINE WORKDIR
 set -uo pipefail
 weft=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -43,8 +45,8 @@ serve() {
 "$fake" init --dir "$work/launch" --d-model 32 --layers 2 --heads 2 --d-ff 128 --max-seq 9 \
   --dtype bf16 > init.out 2>&1 || fail "writing the launch model failed: $(cat init.out)"
 
-run_api() {  # run_api API PORT_BASE
-  local api=$1 b=$2
+run_api() {  # run_api API PORT_BASE COPY (engine.copy: where each worker keeps its copy)
+  local api=$1 b=$2 copy=$3
   local urls=()
   for i in 0 1 2 3; do
     serve "$api" $((b + 10 + i)) "$work/$api-engine-$i.log"
@@ -72,6 +74,7 @@ regions:
 worker: {engine: $api, capacity: 2, heartbeat: 300ms}
 engine:
   checkpoint_dir: $work/$api-served/{cluster}
+  copy: $copy
   pause: abort
   max_paused: 1
   health_interval: 200ms
@@ -117,6 +120,11 @@ YAML
   }
   check '.completed' "the run completed"
   check '.steps == 60' "every step ran"
+  # Each worker kept its copy where engine.copy says.
+  local where="in the served checkpoint file"
+  [ "$copy" = memory ] && where="in host memory"
+  [ "$(grep -l "its copy $where" "$logs"/worker-*.log | wc -l)" -eq 2 ] && ok ||
+    fail "$api: the workers do not say their copy is $where"
   check '.digest_mismatches == 0' "no digest mismatches"
   check '.staleness_violations == 0' "no staleness violations"
   check '.final_reward > .initial_reward' "the reward rose"
@@ -200,8 +208,8 @@ PY
   servers=()
 }
 
-run_api sglang $base
-run_api vllm $((base + 100))
+run_api sglang $base file
+run_api vllm $((base + 100)) memory
 cat "$work/measurements.txt"
 echo "engines e2e: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1135,6 +1135,24 @@ TEST_CASE("engine section: keys, defaults and errors that name the key") {
             .status()
             .message()
             .find("abort, retract, in_place") != std::string::npos);
+  // Where the copy lives, and whether a mapped file is flushed before a load.
+  CHECK(ok->copy_in_file);
+  CHECK(!ok->flush_mapped_writes.has_value());
+  auto memory =
+      parse("engine: {urls: [http://a:1], checkpoint_dir: /x, copy: memory, flush: never}");
+  REQUIRE_MESSAGE(memory.ok(), memory.status().ToString());
+  CHECK(!memory->copy_in_file);
+  CHECK(memory->flush_mapped_writes == false);
+  CHECK(parse("engine: {urls: [http://a:1], checkpoint_dir: /x, flush: always}")
+            ->flush_mapped_writes == true);
+  CHECK(parse("engine: {urls: [http://a:1], checkpoint_dir: /x, copy: disk}")
+            .status()
+            .message()
+            .find("engine.copy: 'disk' is not file or memory") != std::string::npos);
+  CHECK(parse("engine: {urls: [http://a:1], checkpoint_dir: /x, flush: sometimes}")
+            .status()
+            .message()
+            .find("engine.flush: 'sometimes' is not auto, always or never") != std::string::npos);
   CHECK(parse("engine: {urls: [http://a:1], checkpoint_dir: /x, colour: red}")
             .status()
             .message()
