@@ -131,22 +131,18 @@ Result<std::shared_ptr<NewWeightsFile>> ServedCheckpoint::NewFile(
     WEFT_ASSIGN_OR_RETURN(const bool network, OnNetworkFileSystem(dir_));
     flush_mapped_ = network;
   }
-  std::vector<sync::TensorToPlace> places;
-  for (const sync::TensorSpec& spec : specs) places.push_back({spec.name, spec.dtype, spec.shape});
   const std::string path = (fs::path(dir_) / kServedWeightsFile).string();
   WEFT_ASSIGN_OR_RETURN(sync::SafetensorsLayout layout,
-                        sync::PlanSafetensors(places, ServedMetadata()));
+                        sync::PlanSafetensors(specs, ServedMetadata()));
   auto file = std::shared_ptr<NewWeightsFile>(new NewWeightsFile());
-  uint64_t offset = layout.header.size();
-  for (size_t i : layout.order) {
-    file->layout_[specs[i].name] = {offset, specs[i].byte_count(), specs[i].dtype, specs[i].shape};
-    offset += specs[i].byte_count();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    file->layout_[specs[i].name] = {layout.offsets[i], layout.sizes[i], specs[i].dtype,
+                                    specs[i].shape};
   }
-  const uint64_t total = offset;
   WEFT_ASSIGN_OR_RETURN(file->path_, WriteTemporaryFile(path, [&](int fd) -> Status {
                           WEFT_RETURN_IF_ERROR(WriteAll(fd, layout.header, path));
-                          return Allocate(fd, layout.header.size(), total - layout.header.size(),
-                                          path);
+                          return Allocate(fd, layout.header.size(),
+                                          layout.file_bytes - layout.header.size(), path);
                         }));
   Result<MappedFile> mapped = MappedFile::OpenWritable(file->path_);
   if (!mapped.ok()) return mapped.status();  // (the file goes with `file`)

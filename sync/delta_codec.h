@@ -54,17 +54,6 @@ inline constexpr int kDefaultChunkLog2 = 20;
 inline constexpr size_t kMaxTensorNameBytes = 1024;
 inline constexpr int kMaxRank = 8;
 
-struct TensorSpec {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<uint64_t> shape;
-
-  uint64_t element_count() const;
-  // Number of coded units (elements, or bytes for bytewise-coded dtypes).
-  uint64_t unit_count() const { return element_count() * Info(dtype).size / CodedWidth(dtype); }
-  uint64_t byte_count() const { return element_count() * Info(dtype).size; }
-};
-
 enum class ChunkMode : uint8_t { kUnchanged = 0, kSparse = 1, kRaw = 2, kContext = 3 };
 
 // How an encoder codes changed chunks: sparse only, or each chunk of a float tensor as the smaller

@@ -644,12 +644,6 @@ TensorDelta NewDelta(const TensorSpec& spec, int chunk_log2) {
 
 }  // namespace detail
 
-uint64_t TensorSpec::element_count() const {
-  uint64_t count = 1;
-  for (uint64_t d : shape) count *= d;
-  return count;
-}
-
 uint32_t TensorDelta::UnitsInChunk(size_t c) const {
   uint64_t begin = uint64_t{c} << chunk_log2;
   return static_cast<uint32_t>(std::min(chunk_units(), spec.unit_count() - begin));

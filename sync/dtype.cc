@@ -51,4 +51,10 @@ uint8_t CodedWidth(DType dtype) {
   return CodingFor(dtype) == ValueCoding::kXor ? 1 : Info(dtype).size;
 }
 
+uint64_t TensorSpec::element_count() const {
+  uint64_t count = 1;
+  for (uint64_t d : shape) count *= d;
+  return count;
+}
+
 }  // namespace weft::sync

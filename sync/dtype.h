@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace weft::sync {
 
@@ -51,5 +53,18 @@ std::optional<DType> DTypeFromSafetensorsName(std::string_view name);
 // The value coding and the element width (in bytes) the delta codec uses for a dtype.
 ValueCoding CodingFor(DType dtype);
 uint8_t CodedWidth(DType dtype);
+
+// A tensor's name, element type and shape: what the delta codec and the safetensors layout know
+// of it apart from its bytes.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;
+
+  uint64_t element_count() const;
+  // Number of coded units (elements, or bytes for bytewise-coded dtypes).
+  uint64_t unit_count() const { return element_count() * Info(dtype).size / CodedWidth(dtype); }
+  uint64_t byte_count() const { return element_count() * Info(dtype).size; }
+};
 
 }  // namespace weft::sync

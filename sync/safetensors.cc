@@ -223,7 +223,7 @@ const SafetensorsTensor* SafetensorsFile::Find(const std::string& name) const {
 
 Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToWrite>& tensors,
                                           const std::map<std::string, std::string>& metadata) {
-  std::vector<TensorToPlace> places;
+  std::vector<TensorSpec> places;
   places.reserve(tensors.size());
   for (const TensorToWrite& t : tensors) {
     uint64_t bytes;
@@ -235,13 +235,15 @@ Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToWrite>& tens
   return PlanSafetensors(places, metadata);
 }
 
-Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToPlace>& tensors,
+Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorSpec>& tensors,
                                           const std::map<std::string, std::string>& metadata) {
   SafetensorsLayout layout;
   std::set<std::string> names;
-  std::vector<uint64_t> sizes(tensors.size());
+  std::vector<uint64_t>& sizes = layout.sizes;
+  sizes.resize(tensors.size());
+  layout.offsets.resize(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorToPlace& t = tensors[i];
+    const TensorSpec& t = tensors[i];
     if (t.name.empty() || t.name == "__metadata__")
       return InvalidArgument("invalid tensor name '" + t.name + "'");
     if (!names.insert(t.name).second) return InvalidArgument("tensor '" + t.name + "' given twice");
@@ -262,7 +264,8 @@ Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToPlace>& tens
   }
   uint64_t offset = 0;
   for (size_t i : layout.order) {
-    const TensorToPlace& t = tensors[i];
+    const TensorSpec& t = tensors[i];
+    layout.offsets[i] = offset;  // (in the data: the header's length is added below)
     if (!first) json += ",";
     first = false;
     json += Json(t.name).dump() + ":{\"dtype\":\"" + std::string(Info(t.dtype).safetensors_name) +
@@ -275,6 +278,8 @@ Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToPlace>& tens
   uint64_t length = json.size();
   for (int i = 0; i < 8; ++i) layout.header.push_back(static_cast<uint8_t>(length >> (8 * i)));
   layout.header.insert(layout.header.end(), json.begin(), json.end());
+  for (uint64_t& start : layout.offsets) start += layout.header.size();
+  layout.file_bytes = layout.header.size() + offset;
   return layout;
 }
 

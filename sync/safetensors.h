@@ -84,23 +84,21 @@ struct TensorToWrite {
   std::span<const uint8_t> data;  // element_count * dtype size bytes
 };
 
-// The header block (length prefix, JSON, padding) and the order the data must follow.
+// The header block (length prefix, JSON, padding), the order the data must follow and where each
+// tensor's data lies.
 struct SafetensorsLayout {
   std::vector<uint8_t> header;
   std::vector<size_t> order;  // indices into the tensors, in data order
+  // Per tensor (by index into the tensors): where its data starts in the file, and its length.
+  std::vector<uint64_t> offsets, sizes;
+  uint64_t file_bytes = 0;  // the header and all the data
 };
 Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToWrite>& tensors,
                                           const std::map<std::string, std::string>& metadata);
 
-// A tensor of a file whose data is still to come: its size follows from its shape and dtype.
-struct TensorToPlace {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<uint64_t> shape;
-};
 // The same layout for tensors whose bytes are not at hand yet: the data of tensor order[k]
 // follows that of order[k - 1], each as long as its shape and dtype say.
-Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorToPlace>& tensors,
+Result<SafetensorsLayout> PlanSafetensors(const std::vector<TensorSpec>& tensors,
                                           const std::map<std::string, std::string>& metadata);
 
 // Writes atomically (temporary file, fsync, rename).
