@@ -83,38 +83,50 @@ bool TimeToWarn(std::atomic<int64_t>& last) {
   return last.compare_exchange_strong(previous, now);
 }
 
-// A TLS stream whose reads and writes complete through one handler type.
+// A connection's stream, plain TCP or TLS, whose reads and writes complete through one handler
+// type.
 //
 // Beast's HTTP operations call a stream's async_read_some and async_write_some with a handler of
-// their own type, one per operation and completion handler in the session; over a TLS stream
-// each of those instantiates the TLS engine's composed operations again (about two thirds of this
-// file's compile time when it did). Here the HTTP operations complete through Completion, a
-// move-only type-erased handler, so the TLS operations are instantiated once for reads and once
-// for writes; the cost is one allocation per read or write, next to a TLS record's encryption.
-// Reads and writes keep their contract (each moves some bytes of the buffers); a write passes the
-// buffers on whole, so the TLS layer still gathers small pieces into one record.
-class TlsStream {
+// their own type, one per operation and completion handler in the session, and instantiate the
+// stream's operations for each. Here those complete through Completion, a move-only type-erased
+// handler: the TCP and TLS operations are instantiated once for reads and once for writes, and
+// the session's HTTP operations once, over this one stream type, whether the server speaks TLS or
+// not (instantiating them over both stream types took a third of this file's compile time, and
+// the TLS operations per handler had taken two thirds before that). The cost is one allocation
+// per read or write, next to a system call. Reads and writes keep their contract (each moves
+// some bytes of the buffers); a write passes the buffers on whole, so the socket still gathers
+// them in one system call and the TLS layer small pieces into one record.
+class Connection {
  public:
   using executor_type = beast::tcp_stream::executor_type;
-  using Inner = beast::ssl_stream<beast::tcp_stream>;
 
-  TlsStream(tcp::socket socket, asio::ssl::context& context) : inner_(std::move(socket), context) {}
+  // TLS when `tls` is given (the connection then first shakes hands).
+  Connection(tcp::socket socket, asio::ssl::context* tls) {
+    if (tls != nullptr) {
+      tls_.emplace(std::move(socket), *tls);
+    } else {
+      plain_.emplace(std::move(socket));
+    }
+  }
 
-  executor_type get_executor() { return inner_.get_executor(); }
-  // For beast::get_lowest_layer: the TCP stream under the TLS layer, with its deadlines.
-  beast::tcp_stream& next_layer() { return inner_.next_layer(); }
+  bool tls() const { return tls_.has_value(); }
+  executor_type get_executor() { return next_layer().get_executor(); }
+  // For beast::get_lowest_layer: the TCP stream, with its deadlines (under the TLS layer if any).
+  beast::tcp_stream& next_layer() { return tls_ ? tls_->next_layer() : *plain_; }
 
+  // TLS only.
   template <typename Handler>
   void async_handshake(asio::ssl::stream_base::handshake_type type, Handler&& handler) {
-    inner_.async_handshake(type, std::forward<Handler>(handler));
+    tls_->async_handshake(type, std::forward<Handler>(handler));
   }
   template <typename Handler>
   void async_shutdown(Handler&& handler) {
-    inner_.async_shutdown(std::forward<Handler>(handler));
+    tls_->async_shutdown(std::forward<Handler>(handler));
   }
+
   template <typename MutableBuffers, typename Handler>
   void async_read_some(const MutableBuffers& buffers, Handler&& handler) {
-    inner_.async_read_some(First(buffers), Erase(std::forward<Handler>(handler)));
+    ReadSome(First(buffers), Erase(std::forward<Handler>(handler)));
   }
   template <typename ConstBuffers, typename Handler>
   void async_write_some(const ConstBuffers& buffers, Handler&& handler) {
@@ -122,7 +134,7 @@ class TlsStream {
     for (const asio::const_buffer piece : beast::buffers_range_ref(buffers)) {
       if (piece.size() > 0) pieces.push_back(piece);
     }
-    inner_.async_write_some(pieces, Erase(std::forward<Handler>(handler)));
+    WriteSome(std::move(pieces), Erase(std::forward<Handler>(handler)));
   }
 
  private:
@@ -154,9 +166,10 @@ class TlsStream {
     };
     std::unique_ptr<Base> held_;
   };
+  using Bound = asio::executor_binder<Completion, executor_type>;
 
   template <typename Handler>
-  asio::executor_binder<Completion, executor_type> Erase(Handler&& handler) {
+  Bound Erase(Handler&& handler) {
     executor_type executor = asio::get_associated_executor(handler, get_executor());
     return asio::bind_executor(std::move(executor),
                                Completion(std::decay_t<Handler>(std::forward<Handler>(handler))));
@@ -170,7 +183,17 @@ class TlsStream {
     return {};
   }
 
-  Inner inner_;
+  void ReadSome(asio::mutable_buffer buffer, Bound completion) {
+    if (tls_) return tls_->async_read_some(buffer, std::move(completion));
+    plain_->async_read_some(buffer, std::move(completion));
+  }
+  void WriteSome(std::vector<asio::const_buffer> pieces, Bound completion) {
+    if (tls_) return tls_->async_write_some(pieces, std::move(completion));
+    plain_->async_write_some(pieces, std::move(completion));
+  }
+
+  std::optional<beast::tcp_stream> plain_;
+  std::optional<beast::ssl_stream<beast::tcp_stream>> tls_;
 };
 
 // The body type of a request streamed to a BodySink: the parser hands each piece of the body
@@ -244,13 +267,23 @@ std::optional<std::string> UnsupportedTransferEncoding(const RequestHeader& head
   return all;
 }
 
-// One connection: plain (beast::tcp_stream) or TLS (TlsStream, which first shakes hands).
-template <typename Stream>
-class Session : public std::enable_shared_from_this<Session<Stream>> {
+// An answer being streamed from a BodySource. (At namespace scope: clang does not take a nested
+// class with default member initialisers for default-constructible until the enclosing class is
+// complete.)
+struct StreamedAnswer {
+  std::optional<bhttp::response<bhttp::buffer_body>> response;
+  std::optional<bhttp::response_serializer<bhttp::buffer_body>> serializer;
+  std::unique_ptr<BodySource> source;
+  uint64_t left = 0;  // bytes of the body still to be asked for
+  bool close = false;
+};
+
+// One connection, plain or TLS (which first shakes hands).
+class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Stream stream, const ServerOptions& options, const Hooks& hooks,
-          std::shared_ptr<Liveness> liveness)
-      : stream_(std::move(stream)),
+  Session(tcp::socket socket, asio::ssl::context* tls, const ServerOptions& options,
+          const Hooks& hooks, std::shared_ptr<Liveness> liveness)
+      : stream_(std::move(socket), tls),
         options_(options),
         hooks_(hooks),
         liveness_(std::move(liveness)) {
@@ -260,7 +293,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   void Run() {
     asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
-      if constexpr (kTls) {
+      if (self->stream_.tls()) {
         self->Socket().expires_after(self->options_.read_timeout);
         self->stream_.async_handshake(
             asio::ssl::stream_base::server, [self](beast::error_code error) {
@@ -274,7 +307,6 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
  private:
-  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
   beast::tcp_stream& Socket() { return beast::get_lowest_layer(stream_); }
   std::shared_ptr<Session> Self() { return this->shared_from_this(); }
 
@@ -466,7 +498,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void NextPiece() {
-    Streamed& streamed = *streamed_;
+    StreamedAnswer& streamed = *streamed_;
     if (streamed.left == 0) {
       streamed.response->body().data = nullptr;
       streamed.response->body().size = 0;
@@ -501,7 +533,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       streamed_.reset();
       return CloseNow();
     }
-    Streamed& streamed = *streamed_;
+    StreamedAnswer& streamed = *streamed_;
     streamed.response->body().data = const_cast<uint8_t*>(piece->data());
     streamed.response->body().size = piece->size();
     streamed.response->body().more = true;
@@ -576,9 +608,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   // Reads and drops what the client still sends, until it closes or for kLingerLimit at most.
   void Linger() {
-    if constexpr (!kTls) {
+    if (!stream_.tls()) {
       beast::error_code ignored;
-      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);  // the answer is complete
+      Socket().socket().shutdown(tcp::socket::shutdown_send, ignored);  // the answer is complete
     }
     Socket().expires_after(
         std::min<std::chrono::steady_clock::duration>(options_.read_timeout, kLingerLimit));
@@ -601,17 +633,17 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void Close() {
-    if constexpr (kTls) {
+    if (stream_.tls()) {
       // close_notify, then the socket goes with the session (whatever the peer answers).
       Socket().expires_after(options_.read_timeout);
       stream_.async_shutdown([self = Self()](beast::error_code) { self->Socket().close(); });
     } else {
       beast::error_code ignored;
-      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      Socket().socket().shutdown(tcp::socket::shutdown_send, ignored);
     }
   }
 
-  Stream stream_;
+  Connection stream_;
   beast::flat_buffer buffer_;
   unsigned version_ = 11;  // of the request being read, for the answers the server gives
   bool head_ = false;      // whether it is a HEAD, whose answer has no body
@@ -621,15 +653,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::optional<bhttp::request_parser<SinkBody>> sink_parser_;
   std::unique_ptr<BodySink> sink_;
   std::shared_ptr<Response> response_;
-  // An answer being streamed from a BodySource.
-  struct Streamed {
-    std::optional<bhttp::response<bhttp::buffer_body>> response;
-    std::optional<bhttp::response_serializer<bhttp::buffer_body>> serializer;
-    std::unique_ptr<BodySource> source;
-    uint64_t left = 0;  // bytes of the body still to be asked for
-    bool close = false;
-  };
-  std::optional<Streamed> streamed_;
+  std::optional<StreamedAnswer> streamed_;
   std::unique_ptr<char[]> drain_;
   const ServerOptions& options_;
   const Hooks& hooks_;
@@ -694,15 +718,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
     // Answers go out at once: a small answer must not wait for the peer's delayed ACK.
     beast::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    if (tls_ != nullptr) {
-      std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *tls_), options_, hooks_,
-                                           liveness_)
-          ->Run();
-    } else {
-      std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), options_,
-                                                   hooks_, liveness_)
-          ->Run();
-    }
+    std::make_shared<Session>(std::move(socket), tls_, options_, hooks_, liveness_)->Run();
     Accept();
   }
 
