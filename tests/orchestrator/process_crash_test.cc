@@ -31,7 +31,7 @@ pid_t Spawn(const std::string& config, const std::string& log) {
   const pid_t pid = fork();
   if (pid == 0) {
     FILE* out = std::freopen(log.c_str(), "a", stdout);
-    (void)out;
+    if (out != nullptr) dup2(fileno(out), STDERR_FILENO);  // its log lines too
     execl(weft.c_str(), weft.c_str(), "orchestrator", "--config", config.c_str(),
           static_cast<char*>(nullptr));
     _exit(127);
@@ -44,7 +44,9 @@ TEST_CASE(
     "acknowledged") {
   const std::string dir = testing::TempPath("orchestrator_process");
   std::filesystem::create_directories(dir);
-  const uint16_t port = static_cast<uint16_t>(20000 + getpid() % 20000);
+  // The same port in every round; a slice of its own below the ephemeral range (32768 and up,
+  // where a client's connection may hold any port) and below the shell tests' slices.
+  const uint16_t port = static_cast<uint16_t>(17800 + getpid() % 2000);
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
   const std::string config = dir + "/orchestrator.yaml";
   std::ofstream(config) << "orchestrator:\n  listen: 127.0.0.1:" << port << "\n  journal: " << dir
@@ -62,7 +64,15 @@ TEST_CASE(
     const pid_t pid = Spawn(config, dir + "/log");
     REQUIRE(pid > 0);
     OrchestratorClient trainer(url, "t", quick);
-    REQUIRE(trainer.GetStatus().ok());  // retried until it listens
+    const Result<wire::StatusPage> listening = trainer.GetStatus();  // retried until it listens
+    if (!listening.ok()) {
+      std::ifstream in(dir + "/log");
+      const std::string said((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      FAIL("the orchestrator does not answer on port "
+           << port << ": " << listening.status().ToString() << "; its output:\n"
+           << said);
+    }
     if (round == 0) {
       REQUIRE(trainer.AnnounceVersion(0).ok());
       std::vector<std::pair<Json, uint32_t>> prompts(20000, {Json("p"), 1});
