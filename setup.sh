@@ -2,6 +2,8 @@
 # Installs the Debian packages weft needs (when missing) and builds everything into build/.
 # Usage: ./setup.sh               (as root, or with sudo available)
 #        ./setup.sh --no-bench    (the same without the benchmark programs: a faster build)
+#        ./setup.sh --no-bench --configure-only   (installs and configures, builds nothing: for
+#                                 ./test.sh --quick, which builds in two steps)
 # The build is a unity build (each target's sources compiled as one file, about two fifths
 # faster from scratch); WEFT_UNITY_BUILD=OFF ./setup.sh builds file by file, which rebuilds less
 # after a small edit.
@@ -9,11 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 bench=ON
-case "${1:-}" in
-  "") ;;
-  --no-bench) bench=OFF ;;
-  *) echo "usage: ./setup.sh [--no-bench]" >&2; exit 2 ;;
-esac
+build=true
+for argument in "$@"; do
+  case "$argument" in
+    --no-bench) bench=OFF ;;
+    --configure-only) build=false ;;
+    *) echo "usage: ./setup.sh [--no-bench] [--configure-only]" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake ninja-build pkg-config git   # toolchain
@@ -39,5 +44,7 @@ fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_BUILD_BENCH=$bench \
   -DCMAKE_UNITY_BUILD="${WEFT_UNITY_BUILD:-ON}" > /dev/null
-cmake --build build
-echo "setup: built build/cli/weft"
+if $build; then
+  cmake --build build
+  echo "setup: built build/cli/weft"
+fi
