@@ -51,9 +51,9 @@ tests/check_references.sh
 
 if $quick; then
   # The suites that mostly wait, and the programs they run.
-  waiting='^(run_e2e|engine_adapters|policy_store|rollout_worker|fake_engine)$'
+  waiting='^(run_e2e|engine_adapters|policy_store|orchestrator_service|rollout_worker|fake_engine)$'
   waiting_targets=(weft weft_fake_engine_bin weft_engine_adapter_tests weft_policy_store_tests
-    weft_rollout_worker_tests weft_fake_engine_tests)
+    weft_orchestrator_tests weft_rollout_worker_tests weft_fake_engine_tests)
   stage "release build: what the waiting suites run"
   cmake --build build --target "${waiting_targets[@]}"
   stage "the waiting suites, while the rest builds"
@@ -63,7 +63,7 @@ if $quick; then
   rm -f "$waiting_status"
   # A process group of its own (job control on), stopped with the script whichever way it ends.
   set -m
-  (ctest --test-dir build --output-on-failure -j5 -L 'unit|quick' -R "$waiting" > "$waiting_log" 2>&1
+  (ctest --test-dir build --output-on-failure -j6 -L 'unit|quick' -R "$waiting" > "$waiting_log" 2>&1
     echo $? > "$waiting_status") &
   waiting_pid=$!
   set +m
