@@ -292,7 +292,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() { liveness_->open.fetch_sub(1); }
 
   void Run() {
-    asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+    asio::dispatch(stream_.get_executor(), [self = Self()] {
       if (self->stream_.tls()) {
         self->Socket().expires_after(self->options_.read_timeout);
         self->stream_.async_handshake(
@@ -308,7 +308,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   beast::tcp_stream& Socket() { return beast::get_lowest_layer(stream_); }
-  std::shared_ptr<Session> Self() { return this->shared_from_this(); }
+  std::shared_ptr<Session> Self() { return shared_from_this(); }
 
   // The header, within one read deadline; the body limit is applied once the check has set it.
   void ReadHeader() {
