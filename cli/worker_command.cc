@@ -1,5 +1,6 @@
 // weft worker: one rollout cluster joining a run, driving the engine and generating for the task
 // the run's config names (cli/builtins.h).
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -22,6 +23,36 @@ struct WorkerFlags {
   std::string store;                     // default: the region's relay
   std::vector<std::string> engine_urls;  // default: the region's worker_engines, or engine.urls
 };
+
+// A worker may start before its orchestrator answers (a scheduler starts them together, or the
+// orchestrator is replaying its journal after a restart): it waits for /readyz, backing off from
+// 1 s to 30 s and saying so. False when a stop signal came first.
+bool WaitForOrchestrator(const std::string& cluster, const std::string& url, StopSignals& stop) {
+  HttpClientOptions quick;
+  quick.attempts = 1;
+  quick.deadline = std::chrono::milliseconds(5000);
+  HttpClient probe(url, quick);
+  std::chrono::seconds delay(1);
+  for (bool first = true;; first = false) {
+    Result<HttpReply> reply = probe.Request("GET", "/readyz", {}, {});
+    if (reply.ok() && reply->status == 200) {
+      if (!first) {
+        std::printf("worker %s: the orchestrator at %s answers\n", cluster.c_str(), url.c_str());
+        std::fflush(stdout);
+      }
+      return true;
+    }
+    const std::string why = reply.ok()
+                                ? "it answered /readyz with HTTP " + std::to_string(reply->status)
+                                : reply.status().message();
+    std::printf(
+        "worker %s: the orchestrator at %s does not answer yet (%s); trying again in %lld s\n",
+        cluster.c_str(), url.c_str(), why.c_str(), static_cast<long long>(delay.count()));
+    std::fflush(stdout);
+    if (stop.WaitFor(delay)) return false;
+    delay = std::min(delay * 2, std::chrono::seconds(30));
+  }
+}
 
 Status RunWorker(const WorkerFlags& flags) {
   // From the start: a stop signal while the engine and the store are being set up (their
@@ -86,6 +117,11 @@ Status RunWorker(const WorkerFlags& flags) {
               store_uri.c_str(),
               sink != nullptr ? "in the served checkpoint file" : "in host memory");
   std::fflush(stdout);
+  if (!WaitForOrchestrator(flags.cluster, orchestrator_url, stop)) {
+    std::printf("worker %s stopped before the orchestrator answered; it never registered\n",
+                flags.cluster.c_str());
+    return Status::Ok();
+  }
   std::thread stopper([&] {
     stop.Wait();
     worker.Stop();

@@ -8,6 +8,7 @@
 
 namespace weft {
 std::string LineOf(const YAML::Node& node) {
+  if (!node) return "";  // a missing key's node: it has no place in the file (Mark() would throw)
   const YAML::Mark mark = node.Mark();
   return mark.is_null() ? "" : " (line " + std::to_string(mark.line + 1) + ")";
 }

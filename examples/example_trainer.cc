@@ -192,6 +192,9 @@ Result<TrainerSummary> RunExampleTrainer(
   summary.bytes_published += publisher->last().keyframe_bytes();
   HttpClientOptions http;
   http.deadline = options.deadline;
+  // The deadline alone bounds a call, however many tries it takes: an orchestrator a scheduler
+  // requeues onto another node may be away for a minute.
+  http.attempts = 1 << 20;
   orchestrator::OrchestratorClient client(options.orchestrator, options.trainer_token, http);
   WEFT_RETURN_IF_ERROR(client.AnnounceVersion(0).WithContext("announcing version 0"));
   trainer_adapter::BatchClient batches(client, options.max_staleness);
