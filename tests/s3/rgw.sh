@@ -42,29 +42,7 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 cmd_install() {
-  local missing=() p log
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
-  done
-  if ((${#missing[@]} == 0)); then
-    return 0
-  fi
-  [[ $(id -u) == 0 ]] || die "installing ${missing[*]} needs root"
-  say "installing ${missing[*]} (about 65 MiB to download)"
-  log=$(mktemp)
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
-    # Missing or stale package lists: refresh them once and try again.
-    if grep -qE 'Unable to locate package|has no installation candidate|Failed to fetch|404 +Not Found' "$log"; then
-      say "apt-get install failed for lack of package lists; running apt-get update"
-      apt-get update -qq >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; die "apt-get update failed"; }
-      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1 ||
-        { tail -n 30 "$log" >&2; rm -f "$log"; die "apt-get install ${missing[*]} failed"; }
-    else
-      tail -n 30 "$log" >&2; rm -f "$log"; die "apt-get install ${missing[*]} failed"
-    fi
-  fi
-  rm -f "$log"
-  say "installed ${missing[*]}"
+  bash "$(dirname "${BASH_SOURCE[0]}")/../install_packages.sh" rgw "${PACKAGES[@]}"
 }
 
 # ---------------------------------------------------------------------------------------------------------
