@@ -7,7 +7,9 @@
 #      suite (with the PyTorch trainer's tests) and the end-to-end tests
 #      (ctest, release build: the CLI, the policy store under failures, weft run, weft run with
 #      trainer commands, the PyTorch model against the C++ engine, a region partitioned through
-#      weft_fault_proxy, the S3 backend against a Ceph RADOS Gateway started for it), and the sync
+#      weft_fault_proxy, the S3 backend against a Ceph RADOS Gateway started for it, a deployment
+#      through a single-node Slurm started for it, the Kubernetes manifests against the API's
+#      schemas), and the sync
 #      suite again with the AVX-512 paths off
 #      and with every SIMD path off (WEFT_CPU=avx2, scalar);
 #   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
@@ -139,6 +141,10 @@ wait_for_tree() {
 
 stage "Debian's Ceph (monitor, OSD, RADOS Gateway) for the S3 backend's tests"
 bash tests/s3/rgw.sh install
+stage "Debian's Slurm and MUNGE for the deployment's tests"
+bash tests/slurm/slurm.sh install
+stage "Node.js and npm for the Kubernetes manifests' validator"
+bash tests/deploy/node_modules.sh install
 
 stage "unit and end-to-end tests"
 ctest --test-dir build --output-on-failure -j2

@@ -49,5 +49,6 @@ void RegisterWorker(CLI::App& app, Action* action);
 void RegisterTrain(CLI::App& app, Action* action);
 void RegisterRun(CLI::App& app, Action* action);
 void RegisterSim(CLI::App& app, Action* action);
+void RegisterDeploy(CLI::App& app, Action* action);
 
 }  // namespace weft::cli

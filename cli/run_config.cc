@@ -117,9 +117,9 @@ std::optional<std::string> KnownOptimizer(const std::string& name) {
 }
 
 Status ParseSections(const YAML::Node& root, RunConfig& c) {
-  WEFT_RETURN_IF_ERROR(CheckKeys(
-      root, "(top level)",
-      {"run", "store", "orchestrator", "regions", "worker", "engine", "model", "task", "trainer"}));
+  WEFT_RETURN_IF_ERROR(CheckKeys(root, "(top level)",
+                                 {"run", "store", "orchestrator", "regions", "worker", "engine",
+                                  "model", "task", "trainer", "deploy"}));
   if (const YAML::Node run = root["run"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(run, "run", {"id", "dir", "time_limit"}));
     WEFT_RETURN_IF_ERROR(ReadString(run, "run", "id", &c.run_id));
@@ -306,7 +306,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     return InvalidArgument(
         "trainer.prompts_per_step is above orchestrator.max_in_flight: a step could never fill");
   }
-  return Status::Ok();
+  // Last: it reads the sections above.
+  return ParseDeploySection(root["deploy"], c, &c.deploy);
 }
 
 }  // namespace

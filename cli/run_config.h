@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/builtins.h"
+#include "cli/deploy_config.h"
 #include "common/status.h"
 #include "orchestrator/config.h"
 #include "rollout_worker/task.h"
@@ -92,6 +93,7 @@ struct RunConfig {
   std::vector<std::string> trainer_command;
   std::map<std::string, std::string> trainer_env;
   YAML::Node document;  // the whole file, for the engine's and task's factories
+  DeployConfig deploy;  // the deploy: section (weft deploy; weft run ignores it)
 
   std::string orchestrator_listen() const;  // ADDRESS:PORT
   std::string orchestrator_url() const { return "http://" + orchestrator_listen(); }

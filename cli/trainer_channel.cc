@@ -11,17 +11,6 @@ using Json = nlohmann::json;
 // Progress counts are integers a double holds exactly (JSON numbers from any language).
 constexpr double kLargestCount = 9007199254740992.0;  // 2^53
 
-std::string ShellQuoted(const std::string& word) {
-  if (!word.empty() &&
-      word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,"
-                             "+@%") == std::string::npos) {
-    return word;
-  }
-  std::string quoted = "'";
-  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
 // Copies `from[key]` into `to[key]` when present and not null, checked as a count or a number.
 // `where` prefixes the field's name in errors.
 Status CopyCount(const Json& from, Json& to, const char* key, const std::string& where,
@@ -50,6 +39,17 @@ Status CopyNumber(const Json& from, Json& to, const char* key, const std::string
 }
 
 }  // namespace
+
+std::string ShellQuote(const std::string& word) {
+  if (!word.empty() &&
+      word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,"
+                             "+@%") == std::string::npos) {
+    return word;
+  }
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
 
 const std::vector<std::string>& TrainerChannelVariables() {
   static const std::vector<std::string> names = {
@@ -129,7 +129,7 @@ std::string TrainerDescription(const RunConfig& config) {
   if (config.trainer_command.empty()) return "built-in";
   std::string line;
   for (const std::string& word : config.trainer_command)
-    line += (line.empty() ? "" : " ") + ShellQuoted(word);
+    line += (line.empty() ? "" : " ") + ShellQuote(word);
   return line;
 }
 

@@ -43,6 +43,9 @@ std::map<std::string, std::string> TrainerChannelEnvironment(const RunConfig& co
 // The settings file's content: the config's TrainerSettings, the task's lengths and the run's.
 nlohmann::json TrainerSettingsJson(const RunConfig& config);
 
+// `word` quoted for a POSIX shell (as it is when it needs no quoting).
+std::string ShellQuote(const std::string& word);
+
 // "built-in", or the trainer's command line (arguments quoted as a shell would need them).
 std::string TrainerDescription(const RunConfig& config);
 
