@@ -113,7 +113,12 @@ Status RunDeploy(const DeployFlags& flags) {
   // Relative paths of the config (task.dataset, say) resolve where weft deploy ran, as they do
   // where weft run runs.
   context.work_dir = fs::current_path().string();
-  if (slurm) WEFT_RETURN_IF_ERROR(CheckSlurmMachine(config, context));
+  if (slurm) {
+    // The jobs read them from the config (or from WEFT_*_TOKEN in the environment sbatch runs
+    // in, which Slurm passes on); on Kubernetes from Secrets.
+    WEFT_RETURN_IF_ERROR(config.NeedTokens(true, true, true));
+    WEFT_RETURN_IF_ERROR(CheckSlurmMachine(config, context));
+  }
   Result<std::vector<DeployFile>> files =
       slurm ? SlurmDeployment(config, context) : KubernetesDeployment(config, context);
   if (!files.ok()) return files.status().WithContext(flags.config);

@@ -427,16 +427,11 @@ void Generator::AddS3Env(Object& env) const {
     env.push_back(SecretEnv(v.name, k_.s3_secret, v.name, !v.required));
 }
 
-// The run config's parser wants all three role tokens (ParseOrchestratorConfig), though a process
-// uses only its own: the others get stand-ins, which grant nothing at the orchestrator, so that a
-// worker or the trainer never holds another role's token.
+// A worker's or the trainer's own role token, from the tokens Secret: no process but the
+// orchestrator holds another role's.
 void Generator::AddRoleTokens(Object& env, const std::string& own) const {
   for (const RoleToken& t : kRoleTokens) {
-    if (own == t.key) {
-      env.push_back(SecretEnv(t.variable, k_.tokens_secret, t.key));
-    } else {
-      env.push_back(Env(t.variable, std::string("stand-in-") + t.key + "-token-unused-by-" + own));
-    }
+    if (own == t.key) env.push_back(SecretEnv(t.variable, k_.tokens_secret, t.key));
   }
 }
 

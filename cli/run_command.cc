@@ -69,6 +69,7 @@ class ProgressReader {
 
 Status RunRun(const std::string& config_path) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(config_path));
+  WEFT_RETURN_IF_ERROR(config.NeedTokens(true, true, true));
   // The built-in trainer's own needs, when it is the trainer: checked before anything starts.
   if (config.trainer_command.empty())
     WEFT_RETURN_IF_ERROR(ExampleTrainerOptionsFor(config).status());

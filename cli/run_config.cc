@@ -4,6 +4,7 @@
 #include <cctype>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "cli/builtins.h"
 #include "cli/trainer_channel.h"
@@ -160,7 +161,9 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   if (c.orchestrator_section.IsMap()) c.orchestrator_section["run"] = c.run_id;
   YAML::Node wrapped;
   wrapped["orchestrator"] = c.orchestrator_section;
-  WEFT_ASSIGN_OR_RETURN(c.orchestrator, orchestrator::ParseOrchestratorConfig(wrapped, c.path));
+  // Each process checks the tokens it needs (RunConfig::NeedTokens): a worker has its own alone.
+  WEFT_ASSIGN_OR_RETURN(c.orchestrator,
+                        orchestrator::ParseOrchestratorConfig(wrapped, c.path, false));
   if (!c.orchestrator.service.server.tls_cert_file.empty()) {
     return InvalidArgument(
         "orchestrator.tls: a run on one machine speaks plain HTTP on loopback; leave tls out");
@@ -315,6 +318,22 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
 std::string RunConfig::orchestrator_listen() const {
   return orchestrator.service.server.address + ":" +
          std::to_string(orchestrator.service.server.port);
+}
+
+Status RunConfig::NeedTokens(bool worker, bool trainer, bool admin) const {
+  const orchestrator::ServiceOptions& t = orchestrator.service;
+  for (const auto& [needed, token, name] : {std::tuple{worker, &t.worker_token, "worker"},
+                                            std::tuple{trainer, &t.trainer_token, "trainer"},
+                                            std::tuple{admin, &t.admin_token, "admin"}}) {
+    if (needed && token->empty()) {
+      std::string variable = std::string("WEFT_") + name + "_TOKEN";
+      for (char& ch : variable)
+        ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      return InvalidArgument(path + ": orchestrator.tokens." + name +
+                             " is needed (in the file or " + variable + ")");
+    }
+  }
+  return Status::Ok();
 }
 
 const RegionConfig* RunConfig::FindRegion(const std::string& name) const {

@@ -104,6 +104,9 @@ struct RunConfig {
     return store_uri.empty() ? run_dir + "/store" : store_uri;
   }
   const RegionConfig* FindRegion(const std::string& name) const;
+  // Ok when the config (or WEFT_*_TOKEN in the environment) gives the role tokens asked for:
+  // `weft run` and the orchestrator need all three, a worker its own, a trainer its own.
+  Status NeedTokens(bool worker, bool trainer, bool admin) const;
   // The workers' longest sequence, prompt and completion.
   int sequence_length() const { return task_limits.sequence_tokens(); }
   // The model's positions (model.context, at least sequence_length()): the embedded engine gives

@@ -51,6 +51,11 @@ Status RunTrain(const TrainFlags& flags) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
   WEFT_ASSIGN_OR_RETURN(examples::ExampleTrainerOptions options, ExampleTrainerOptionsFor(config));
   WEFT_RETURN_IF_ERROR(ApplyChannel(options));
+  if (options.trainer_token.empty()) {
+    return InvalidArgument(flags.config +
+                           ": orchestrator.tokens.trainer is needed (in the file or " +
+                           kTrainerTokenVariable + ")");
+  }
   options.store = flags.store.empty() ? config.dir + "/store" : flags.store;
   const std::string progress_path =
       flags.progress.empty() ? TrainerProgressPath(config.dir) : flags.progress;

@@ -59,6 +59,7 @@ Status RunWorker(const WorkerFlags& flags) {
   // threads started) drains the worker as soon as it runs.
   StopSignals stop;
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
+  WEFT_RETURN_IF_ERROR(config.NeedTokens(true, false, false));
   if (flags.cluster.empty() || flags.cluster.find_first_of("/ ") != std::string::npos) {
     return InvalidArgument("--cluster: '" + flags.cluster +
                            "' is not a cluster name (no '/' or spaces)");

@@ -19,8 +19,8 @@ Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path) {
   return ParseOrchestratorConfig(root, path);
 }
 
-Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
-                                                   const std::string& path) {
+Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const std::string& path,
+                                                   bool all_tokens) {
   OrchestratorConfig config;
   const std::string file = path + ": ";
   const YAML::Node o = root["orchestrator"];
@@ -130,6 +130,21 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root,
                                  std::pair{"WEFT_TRAINER_TOKEN", &config.service.trainer_token},
                                  std::pair{"WEFT_ADMIN_TOKEN", &config.service.admin_token}}) {
     if (const char* value = std::getenv(variable)) *token = value;
+  }
+  if (!all_tokens) {
+    const std::string* tokens[] = {&config.service.worker_token, &config.service.trainer_token,
+                                   &config.service.admin_token};
+    for (int i = 0; i < 3; ++i) {
+      for (int j = i + 1; j < 3; ++j) {
+        if (!tokens[i]->empty() && *tokens[i] == *tokens[j]) {
+          return InvalidArgument(file +
+                                 "orchestrator.tokens: the worker, trainer and admin tokens must "
+                                 "all be different (a role whose token is another's would have "
+                                 "that role's rights)");
+        }
+      }
+    }
+    return config;
   }
   if (config.service.worker_token.empty() || config.service.trainer_token.empty() ||
       config.service.admin_token.empty()) {

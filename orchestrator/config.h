@@ -28,8 +28,11 @@ struct OrchestratorConfig {
 
 Result<OrchestratorConfig> LoadOrchestratorConfig(const std::string& path);
 // The `orchestrator:` section of an already loaded document (other top-level sections are the
-// caller's to check); `path` names the file in errors.
-Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const std::string& path);
+// caller's to check); `path` names the file in errors. The orchestrator needs all three role
+// tokens; a process that only calls it (a worker, a trainer) needs its own alone, and reads the
+// section with `all_tokens` false: the tokens given must still differ.
+Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const std::string& path,
+                                                   bool all_tokens = true);
 
 // The prompts of a JSONL dataset: one {"prompt": text or [token ids], "samples": n, "metadata":
 // any JSON} per line (samples optional, default 1; metadata optional, as in POST /v1/jobs). Errors

@@ -8,7 +8,8 @@
 #      embedded engine, and the built-in trainer, each job waiting for the addresses it needs;
 #   3. mid-run, it grows us-east by an array of two tasks (timing each from sbatch to serving the
 #      current version), cancels a task (it must drain: hand back its leases and deregister; its
-#      drain is timed), requeues another (it comes back, catches up and serves again), and
+#      drain is timed), requeues another (it comes back, catches up and serves again), sends a
+#      third the signal Slurm sends ahead of a time limit (it drains and requeues itself), and
 #      requeues the orchestrator (it replays its journal; the workers and the trainer ride it out);
 #   4. the run completes: every job done, 0 digest mismatches, 0 staleness violations, no cluster
 #      lost, and every trajectory the orchestrator acknowledged delivered to the trainer (or
@@ -16,7 +17,9 @@
 # Prints FIGURE lines: the seconds from sbatch to a new task serving the current version, and a
 # cancelled task's drain.
 #   5. a serving engine (the SGLang test server) started by each worker's job from deploy.engine:
-#      the run completes and stopping the job stops the replica.
+#      the run completes and stopping the job stops the replica;
+#   6. a trainer of two ranks through srun, each told its rank, the world size, the first node and
+#      the channel.
 # Usage: slurm_test.sh WEFT WEFT_FAKE_ENGINE WORKDIR
 set -uo pipefail
 weft=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -119,6 +122,20 @@ expect_error "deploy.slurm.trainer: the built-in trainer runs as one process" \
   "$weft" deploy slurm ranks.yaml --check
 expect_ok "$weft" deploy slurm deploy.yaml --check
 [ ! -e "$shared" ] && ok || fail "--check wrote $shared"
+# A worker started before its orchestrator answers waits, backing off and saying so; stopped
+# meanwhile, it leaves having never registered.
+# It needs its own token alone (a worker's config need not hold the others'), in the file or its
+# environment.
+grep -v 'tokens:' deploy.yaml > no-tokens.yaml
+expect_error "orchestrator.tokens.worker is needed (in the file or WEFT_WORKER_TOKEN)" \
+  "$weft" worker --config no-tokens.yaml --cluster early-1 --region us-east
+expect_error "orchestrator.tokens.worker is needed" "$weft" run no-tokens.yaml
+WEFT_WORKER_TOKEN=early-worker-token timeout --preserve-status -s TERM 4 "$weft" worker --config no-tokens.yaml --cluster early-1 \
+  --region us-east --orchestrator "http://127.0.0.1:$((port + 12))" \
+  --store "http://127.0.0.1:$((port + 13))" > early.txt 2>&1 && ok || fail "the early worker did not exit 0: $(cat early.txt)"
+grep -q "does not answer yet .*; trying again in 1 s" early.txt && grep -q "trying again in 2 s" early.txt &&
+  grep -q "stopped before the orchestrator answered; it never registered" early.txt && ok ||
+  fail "the early worker's log: $(cat early.txt)"
 
 # 2. The deployment, submitted.
 status() { curl -sf -m 5 -H "Authorization: Bearer $admin" "http://127.0.0.1:$((port + 2))/v1/status"; }
@@ -190,10 +207,9 @@ grep -q "SIGTERM: draining $cancelled" "$log" && grep -q "worker $cancelled stop
   grep -q "worker $cancelled exited with status 0" "$log" && ok ||
   fail "$cancelled did not drain and exit 0: $(tail -n 5 "$log")"
 
-# requeue_now JOB: requeues it and lets it start again at once (not after Slurm's two-minute
-# hold); false if it is not running again within 60 s.
-requeue_now() {
-  scontrol requeue "$1" || return 1
+# restart_requeued JOB: once JOB (just requeued) has stopped, lets it start again at once (not
+# after Slurm's two-minute hold); false if it is not running again within 60 s.
+restart_requeued() {
   local deadline=$((SECONDS + 60)) state
   # First the requeue must have taken effect (the job no longer running), then it may start.
   while [ "$(squeue -h -j "$1" -o %T 2> /dev/null)" = RUNNING ]; do
@@ -212,9 +228,10 @@ requeue_now() {
     fi
     sleep 0.1
   done
-  echo "requeue_now $1: state '$state' after 60 s"
+  echo "restart_requeued $1: state '$state' after 60 s"
   return 1
 }
+requeue_now() { scontrol requeue "$1" && restart_requeued "$1"; }
 
 # 3c. Requeue a task: it drains, and comes back (without Slurm's two-minute requeue hold) to
 # catch up and serve again under the same name.
@@ -225,7 +242,19 @@ wait_for 60 "(.latest_version) as \$v | any(.clusters[]; .id == \"$requeued\" an
 grep -q "worker $requeued on .* (restart 1)" "$shared/logs/workers-us-east-${east}_0.log" && ok ||
   fail "no restart of $requeued in its log"
 
-# 3d. Requeue the orchestrator: it replays its journal on start; workers and trainer ride it out.
+# 3d. The signal Slurm sends `drain` seconds before a task's time limit (SIGUSR1 to the job
+# script, sent here by hand): the worker drains, and the task requeues itself to come back.
+timed=us-east-$grown-3
+scancel --batch --signal=USR1 "${grown}_3"
+log=$shared/logs/workers-us-east-${grown}_3.log
+for _ in $(seq 300); do grep -q "requeueing $timed" "$log" 2> /dev/null && break; sleep 0.1; done
+grep -q "the time limit is near: draining $timed" "$log" && grep -q "requeueing $timed" "$log" && ok ||
+  fail "$timed did not drain and requeue itself on SIGUSR1: $(tail -n 5 "$log")"
+restart_requeued "${grown}_3" && ok || { fail "${grown}_3 did not run again after requeueing itself"; diagnose; }
+wait_for 60 "(.latest_version) as \$v | any(.clusters[]; .id == \"$timed\" and .state == \"ready\" and .ready_version == \$v)" \
+  "$timed to serve again after requeueing itself" || diagnose
+
+# 3e. Requeue the orchestrator: it replays its journal on start; workers and trainer ride it out.
 before=$(status | jq '.jobs.added')
 requeue_now "$orchestrator" && ok || { fail "the orchestrator did not run again after its requeue"; diagnose; }
 wait_for 60 ".jobs.added >= $before" "the requeued orchestrator to answer with its journal replayed" || diagnose
@@ -331,6 +360,41 @@ if pgrep -f "model-path $work/launch" > /dev/null; then
 else
   ok
 fi
+
+# 6. A trainer of several ranks (trainer.command: here a script that records what each rank is
+# told): srun starts them all, each with its rank and the world size for a sharded publisher, the
+# first node's address for torch.distributed, and the channel (the orchestrator's address and the
+# trainer token). A region of 0 workers submits no array.
+ranks_dir=$work/ranks-shared
+cat > ranks.yaml <<YAML
+run: {id: slurmranks, time_limit: 5m}
+store: {listen: 127.0.0.1:$((port + 10))}
+orchestrator:
+  listen: 127.0.0.1:$((port + 9))
+  tokens: {worker: ranks-worker-token, trainer: ranks-trainer-token, admin: $admin}
+regions:
+  - {name: us-east, relay: 127.0.0.1:$((port + 11)), workers: 0}
+trainer:
+  command: [bash, -c, 'echo "\$WEFT_RANK \$WEFT_WORLD \$LOCAL_RANK \$MASTER_ADDR \$WEFT_ORCHESTRATOR \$WEFT_TRAINER_TOKEN" > "\$WEFT_RUN_DIR/rank-\$WEFT_RANK"']
+deploy:
+  slurm:
+    dir: $ranks_dir
+    partitions: {services: {}, east: {region: us-east}}
+    orchestrator: {partition: services}
+    store: {partition: services}
+    trainer: {partition: services, tasks_per_node: 2}
+YAML
+expect_ok "$weft" deploy slurm ranks.yaml --submit
+grep -q workers-us-east "$ranks_dir/slurm/jobs" && fail "an array of 0 workers was submitted" || ok
+trainer=$(awk '$1 == "trainer" { print $2 }' "$ranks_dir/slurm/jobs")
+for _ in $(seq 300); do [ -z "$(squeue -h -j "$trainer" -o %T 2> /dev/null)" ] && break; sleep 0.1; done
+orchestrator_url=$(cat "$ranks_dir/addresses/orchestrator")
+for rank in 0 1; do
+  got=$(cat "$ranks_dir/rank-$rank" 2> /dev/null)
+  [ "$got" = "$rank 2 $rank $(hostname) $orchestrator_url ranks-trainer-token" ] && ok ||
+    fail "rank $rank was told '$got'"
+done
+timeout 60 bash "$ranks_dir/slurm/stop.sh" > stop.txt 2>&1 && ok || fail "stop.sh: $(cat stop.txt)"
 
 echo "slurm e2e: $passed passed, $failed failed"
 [ $failed -eq 0 ]
