@@ -230,12 +230,14 @@ weft_log "worker $cluster on $(weft_host) (restart ${SLURM_RESTART_COUNT:-0})"
         const EngineLaunch& e = c.deploy.engine;
         const int replicas = e.gpus == 0 ? 1 : std::max(1, s.worker_gpus / e.gpus);
         o << "# The engine replicas, " << replicas << " of " << e.gpus
-          << " GPUs each, on ports unique to this task on its node.\n"
+          << " GPUs each. Their ports: the first free ones from an offset of this job's, so that\n"
+          << "# tasks sharing a node start apart (a port something answers on is taken).\n"
           << "IFS=, read -ra gpu_list <<< \"${CUDA_VISIBLE_DEVICES:-}\"\n"
-          << "base=$((" << e.port << " + (SLURM_JOB_ID % 1000) * " << replicas << "))\n"
+          << "port=$((" << e.port << " + (SLURM_JOB_ID % 1000) * " << replicas << "))\n"
+          << "port_taken() { (exec 3<> \"/dev/tcp/127.0.0.1/$1\") 2> /dev/null; }\n"
           << "engines=() engine_urls=()\n"
           << "for ((replica = 0; replica < " << replicas << "; replica++)); do\n"
-          << "  port=$((base + replica))\n"
+          << "  while port_taken \"$port\"; do port=$((port + 1)); done\n"
           << "  gpus=" << e.gpus << "\n"
           << "  devices=$(IFS=,; echo \"${gpu_list[*]:$((replica * " << e.gpus << ")):" << e.gpus
           << "}\")\n";
@@ -249,6 +251,7 @@ weft_log "worker $cluster on $(weft_host) (restart ${SLURM_RESTART_COUNT:-0})"
           << " > \"$dir/logs/engine-$cluster-$replica.log\" 2>&1 &\n"
           << "  engines+=($!)\n"
           << "  engine_urls+=(--engine-url \"http://127.0.0.1:$port\")\n"
+          << "  port=$((port + 1))\n"
           << "done\n";
         engine_flags = " \"${engine_urls[@]}\"";
       }
