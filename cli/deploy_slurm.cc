@@ -106,8 +106,9 @@ Result<std::vector<DeployFile>> SlurmDeployment(const RunConfig& c, const Deploy
       << "config=" << ShellQuote(config_path) << "\n"
       << "addresses=\"$dir/addresses\"\n"
       << R"sh(weft_log() { printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
-# The name other nodes reach this one by.
-weft_host() { hostname; }
+# The name other nodes reach this one by: its host name, or WEFT_ADVERTISE_HOST when the
+# environment sbatch ran in sets it (a one-node cluster whose host name does not resolve: 127.0.0.1).
+weft_host() { printf '%s\n' "${WEFT_ADVERTISE_HOST:-$(hostname)}"; }
 # weft_publish NAME URL: the service's address, replaced atomically.
 weft_publish() {
   mkdir -p "$addresses"

@@ -50,6 +50,9 @@ fi
 SLURM_OWNER_PID=$$ bash "$slurm" start "$work/cluster" $port services east west ||
   { echo "FAIL: Slurm did not start"; exit 1; }
 source "$work/cluster/env"
+# The services publish $(hostname) as their address; where it does not resolve, 127.0.0.1 (the
+# jobs get this environment from sbatch).
+getent hosts "$(hostname)" > /dev/null || export WEFT_ADVERTISE_HOST=127.0.0.1
 shared=$work/shared
 admin=slurm-admin-token
 

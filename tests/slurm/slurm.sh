@@ -9,7 +9,8 @@
 #                                                       removes DIR
 #
 # The cluster: a munged of its own (socket in DIR/munge, Debian's key /etc/munge/munge.key), one
-# slurmctld and one slurmd for this machine, as root, with every state, spool, log and pid file in
+# slurmctld and one slurmd for this machine (reached at 127.0.0.1, whether or not its host name
+# resolves), as root, with every state, spool, log and pid file in
 # DIR. Process tracking by parent process (proctrack/linuxproc), no task plugin and no accounting,
 # so nothing needs cgroups or a database. Each PARTITION holds this machine's node, oversubscribed
 # up to 8 jobs per core, so a test can run a whole deployment's jobs on two cores; the first is the
@@ -100,7 +101,7 @@ cmd_start() {
   done
   cat > "$d/slurm.conf" <<EOF
 ClusterName=weft-test
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 SlurmUser=root
@@ -125,7 +126,7 @@ SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1
 KillWait=30
 MinJobAge=300
-NodeName=$host CPUs=$cpus RealMemory=$memory State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
 $partitions
 EOF
   echo "export SLURM_CONF=$d/slurm.conf" > "$d/env"
