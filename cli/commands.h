@@ -19,6 +19,10 @@ using Action = std::function<Status()>;
 // A --threads value: the number given, or every hardware thread when it is 0 (the default).
 int ThreadsOrAll(int requested);
 
+// The path of the running weft binary (what weft run starts its children as, and what Slurm jobs
+// run by default).
+Result<std::string> ThisProgramPath();
+
 // SIGINT and SIGTERM, for the whole process. main() calls Install() before anything else runs:
 // the signals are blocked in every thread any command starts, and one thread of their own waits
 // for them. A command that stops gracefully holds a StopSignals while it runs, whatever threads it

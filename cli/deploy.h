@@ -46,7 +46,5 @@ std::string DeployedOrchestratorYaml(const RunConfig& config, const std::string&
 // The run config as the deployed processes read it: the file's document, less its deploy:
 // section, and less orchestrator.tokens when `without_tokens`.
 std::string DeployedRunConfigYaml(const RunConfig& config, bool without_tokens);
-// The port of an ADDRESS:PORT listen setting.
-int ListenPort(const std::string& listen);
 
 }  // namespace weft::cli

@@ -45,14 +45,6 @@ std::string NodeLocalReason(const std::string& path) {
   return "";
 }
 
-// This program's own path.
-Result<std::string> SelfPath() {
-  char self[4096];
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (length <= 0) return Internal("cannot find this program's path");
-  return std::string(self, static_cast<size_t>(length));
-}
-
 // What the Slurm files need of this machine: shared storage, a weft binary.
 Status CheckSlurmMachine(const RunConfig& config, const DeployContext& context) {
   const SlurmDeploy& s = config.deploy.slurm;
@@ -81,9 +73,10 @@ Status WriteFiles(const std::vector<DeployFile>& files, const std::string& out) 
     fs::create_directories(path.parent_path(), error);
     if (error)
       return Internal("cannot create " + path.parent_path().string() + ": " + error.message());
-    WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(path.string(), f.content));
+    // Its mode from the first byte on: a file with tokens is never readable by others, not even
+    // for a moment.
     const mode_t mode = f.secret ? (f.executable ? 0700 : 0600) : (f.executable ? 0755 : 0644);
-    if (chmod(path.c_str(), mode) != 0) return Internal("cannot set the mode of " + path.string());
+    WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(path.string(), f.content, mode));
   }
   return Status::Ok();
 }
@@ -103,7 +96,7 @@ Status RunDeploy(const DeployFlags& flags) {
   DeployContext context;
   context.config_path = fs::absolute(flags.config).lexically_normal().string();
   if (slurm) {
-    WEFT_ASSIGN_OR_RETURN(context.weft, SelfPath());
+    WEFT_ASSIGN_OR_RETURN(context.weft, ThisProgramPath());
     if (!config.deploy.slurm.weft.empty()) context.weft = config.deploy.slurm.weft;
   }
   const std::string out = !flags.out.empty() ? flags.out
@@ -148,10 +141,6 @@ Status RunDeploy(const DeployFlags& flags) {
 }
 
 }  // namespace
-
-int ListenPort(const std::string& listen) {
-  return std::stoi(listen.substr(listen.rfind(':') + 1));
-}
 
 std::string DeployedOrchestratorYaml(const RunConfig& config, const std::string& journal,
                                      bool without_tokens) {

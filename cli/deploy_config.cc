@@ -126,14 +126,6 @@ Status ReadStringMap(const YAML::Node& node, const std::string& where,
   return Status::Ok();
 }
 
-// An environment variable's name: letters, digits and '_', not starting with a digit.
-bool IsVariableName(const std::string& name) {
-  return !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
-         name.find_first_not_of(
-             "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") ==
-             std::string::npos;
-}
-
 // A Slurm name (partition, account) or an sbatch option: nothing a shell would take apart.
 Status CheckShellWord(const std::string& value, const std::string& where, const YAML::Node& node,
                       bool option) {
@@ -206,7 +198,7 @@ Status ParseEngine(const YAML::Node& node, EngineLaunch* engine) {
   WEFT_RETURN_IF_ERROR(ReadInt(node, where, "port", &engine->port, 1024, 65000));
   WEFT_RETURN_IF_ERROR(ReadStringMap(node["env"], where + ".env", &engine->env));
   for (const auto& [name, value] : engine->env) {
-    if (!IsVariableName(name)) {
+    if (!IsEnvironmentVariableName(name)) {
       return InvalidArgument(where + ".env." + name +
                              ": not an environment variable name (letters, digits and '_')" +
                              LineOf(node["env"]));
@@ -508,10 +500,6 @@ Status ParseKubernetes(const YAML::Node& node, KubernetesDeploy* k) {
   return Status::Ok();
 }
 
-uint16_t PortOf(const std::string& listen) {
-  return static_cast<uint16_t>(std::stoul(listen.substr(listen.rfind(':') + 1)));
-}
-
 // What the whole section says together, against the rest of the config.
 Status CheckPlacement(const RunConfig& config, const DeployConfig& d) {
   const SlurmDeploy& s = d.slurm;
@@ -664,9 +652,9 @@ Status CheckPlacement(const RunConfig& config, const DeployConfig& d) {
     // Replica ports must not meet the services' on a shared node.
   }
   // Services listen on every address of their node at the config's port: no two may share one.
-  std::map<uint16_t, std::string> ports;
+  std::map<int, std::string> ports;
   auto port = [&](const std::string& listen, const std::string& key) -> Status {
-    const uint16_t p = PortOf(listen);
+    const int p = ListenPort(listen);
     if (auto [it, fresh] = ports.emplace(p, key); !fresh) {
       return InvalidArgument(key + ": port " + std::to_string(p) + " is " + it->second +
                              "'s too; deployed services listen on every address of their node, "

@@ -479,11 +479,7 @@ Status Generator::Check() {
   if (const YAML::Node engine = config_.document["engine"];
       engine && engine.IsMap() && engine["api_key_env"]) {
     api_key_env_ = engine["api_key_env"].as<std::string>("");
-    const bool name = !api_key_env_.empty() &&
-                      !std::isdigit(static_cast<unsigned char>(api_key_env_[0])) &&
-                      api_key_env_.find_first_not_of(
-                          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqr"
-                          "stuvwxyz0123456789_") == std::string::npos;
+    const bool name = IsEnvironmentVariableName(api_key_env_);
     if (!name) {
       return InvalidArgument("engine.api_key_env: '" + api_key_env_ +
                              "' is not an environment variable's name");

@@ -1,6 +1,7 @@
 // weft: one binary, one subcommand per job. See `weft --help`.
 #include <pthread.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <csignal>
@@ -14,6 +15,13 @@
 namespace weft::cli {
 
 int ThreadsOrAll(int requested) { return requested > 0 ? requested : HardwareThreads(); }
+
+Result<std::string> ThisProgramPath() {
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) return Internal("cannot find this program's path");
+  return std::string(self, static_cast<size_t>(length));
+}
 
 namespace {
 

@@ -133,10 +133,7 @@ Status RunRun(const std::string& config_path) {
   WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(TrainerSettingsPath(dir.string()),
                                            TrainerSettingsJson(config).dump(2) + "\n"));
   const std::string progress_path = TrainerProgressPath(dir.string());
-  char self[4096];
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (length <= 0) return Internal("cannot find this program's path");
-  self[length] = '\0';
+  WEFT_ASSIGN_OR_RETURN(const std::string self, ThisProgramPath());
 
   std::vector<Child> children;
   const std::string listen_orchestrator = config.orchestrator_listen();

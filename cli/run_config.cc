@@ -71,9 +71,7 @@ Status ReadEnvironment(const YAML::Node& trainer, std::map<std::string, std::str
   for (const auto& entry : map) {
     const std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "";
     const std::string where = "trainer.env." + name;
-    if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])) ||
-        name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") !=
-            std::string::npos) {
+    if (!IsEnvironmentVariableName(name)) {
       return InvalidArgument(where + ": '" + name +
                              "' is not an environment variable name (letters, digits and '_', "
                              "not starting with a digit)" +
@@ -341,6 +339,17 @@ const RegionConfig* RunConfig::FindRegion(const std::string& name) const {
     if (r.name == name) return &r;
   }
   return nullptr;
+}
+
+bool IsEnvironmentVariableName(const std::string& name) {
+  return !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+         name.find_first_not_of(
+             "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") ==
+             std::string::npos;
+}
+
+int ListenPort(const std::string& listen) {
+  return std::stoi(listen.substr(listen.rfind(':') + 1));
 }
 
 Result<RunConfig> LoadRunConfig(const std::string& path) {

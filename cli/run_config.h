@@ -116,4 +116,10 @@ struct RunConfig {
 
 Result<RunConfig> LoadRunConfig(const std::string& path);
 
+// Whether `name` is an environment variable's name as the shell takes it: letters, digits and
+// '_', not starting with a digit.
+bool IsEnvironmentVariableName(const std::string& name);
+// The port of an ADDRESS:PORT listen setting (one the config has checked).
+int ListenPort(const std::string& listen);
+
 }  // namespace weft::cli

@@ -199,7 +199,7 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& what)
 }
 
 Result<std::string> WriteTemporaryFile(const std::string& path,
-                                       const std::function<Status(int fd)>& write) {
+                                       const std::function<Status(int fd)>& write, mode_t mode) {
   std::filesystem::path target(path);
   std::filesystem::path directory = target.parent_path();
   if (directory.empty()) directory = ".";
@@ -216,7 +216,7 @@ Result<std::string> WriteTemporaryFile(const std::string& path,
   };
   Status status = write(fd);
   if (!status.ok()) return fail(status.WithContext(path));
-  if (::fchmod(fd, 0644) != 0) return fail(Unavailable(path + ": chmod failed: " + ErrnoText()));
+  if (::fchmod(fd, mode) != 0) return fail(Unavailable(path + ": chmod failed: " + ErrnoText()));
   if (::fsync(fd) != 0) return fail(Unavailable(path + ": fsync failed: " + ErrnoText()));
   if (::close(fd) != 0) {
     ::unlink(temp.c_str());
@@ -237,8 +237,9 @@ Status SyncParentDirectory(const std::string& path) {
   return Status::Ok();
 }
 
-Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write) {
-  WEFT_ASSIGN_OR_RETURN(std::string temp, WriteTemporaryFile(path, write));
+Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write,
+                       mode_t mode) {
+  WEFT_ASSIGN_OR_RETURN(std::string temp, WriteTemporaryFile(path, write, mode));
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     std::string error = ErrnoText();
     ::unlink(temp.c_str());
@@ -331,8 +332,9 @@ Result<FileRead> ReadFileRangeInto(const std::string& path, uint64_t first,
   return ReadOpenedRange(path, first, [&](uint64_t) { return out; });
 }
 
-Status WriteTextFileAtomic(const std::string& path, std::string_view text) {
-  return WriteFileAtomic(path, [&](int fd) { return WriteAll(fd, TextBytes(text), path); });
+Status WriteTextFileAtomic(const std::string& path, std::string_view text, mode_t mode) {
+  return WriteFileAtomic(
+      path, [&](int fd) { return WriteAll(fd, TextBytes(text), path); }, mode);
 }
 
 LineReader::LineReader(int fd, std::string path, const LineLimits& limits, std::string what)

@@ -7,6 +7,8 @@
 // sees either the old file or the whole new one, never a torn write.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -93,15 +95,19 @@ class SpillFile {
 
 // Calls `write(fd)` on a temporary file, then makes the result durable and visible at `path`.
 // `write` returns a Status; on any error the temporary file is removed and `path` is untouched.
-Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write);
+// `mode` is the file's permissions from its first byte on (0600: never readable by others).
+Status WriteFileAtomic(const std::string& path, const std::function<Status(int fd)>& write,
+                       mode_t mode = 0644);
 // The same for a file holding `text`.
-Status WriteTextFileAtomic(const std::string& path, std::string_view text);
+Status WriteTextFileAtomic(const std::string& path, std::string_view text, mode_t mode = 0644);
 
 // The first half of WriteFileAtomic: `write(fd)` into a new temporary file beside `path`, then
-// chmod 0644, fsync and close. Returns the temporary file's name (a hidden ".NAME.tmp-XXXXXX"),
-// which the caller renames or links into place, or removes.
+// chmod `mode`, fsync and close (until then only its owner can read it: mkstemp makes it 0600).
+// Returns the temporary file's name (a hidden ".NAME.tmp-XXXXXX"), which the caller renames or
+// links into place, or removes.
 Result<std::string> WriteTemporaryFile(const std::string& path,
-                                       const std::function<Status(int fd)>& write);
+                                       const std::function<Status(int fd)>& write,
+                                       mode_t mode = 0644);
 
 // fsyncs the directory holding `path`, making a rename, link or removal there durable; the error
 // names the directory.

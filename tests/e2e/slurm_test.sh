@@ -166,6 +166,9 @@ diagnose() {
 expect_ok "$weft" deploy slurm deploy.yaml --submit
 cat out.txt
 job_of() { awk -v n="$1" '$1 == n { print $2 }' "$shared/slurm/jobs"; }
+# The files holding tokens are their owner's alone; the scripts are executable.
+[ "$(stat -c %a "$shared/slurm/config.yaml" "$shared/slurm/orchestrator.yaml" "$shared/slurm/trainer.token" "$shared/slurm/submit.sh" | tr '\n' ' ')" = "600 600 600 755 " ] && ok ||
+  fail "the deployment's file modes: $(stat -c '%n %a' "$shared"/slurm/*)"
 east=$(job_of workers-us-east) trainer=$(job_of trainer) orchestrator=$(job_of orchestrator)
 [ -n "$east" ] && [ -n "$trainer" ] && [ -n "$orchestrator" ] && ok || { fail "no job IDs in $shared/slurm/jobs"; diagnose; }
 # Three workers ready and the RL phase under way.
