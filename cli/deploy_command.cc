@@ -1,7 +1,6 @@
 // weft deploy slurm|kubernetes CONFIG [--out DIR] [--check] [--submit]: writes (or checks) the
 // files of a deployment (cli/deploy.h), and for Slurm can submit them.
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,12 +35,9 @@ std::string NodeLocalReason(const std::string& path) {
   // The nearest existing ancestor's file system.
   fs::path probe = path;
   while (!probe.empty() && !fs::exists(probe)) probe = probe.parent_path();
-  struct statfs info {};
-  if (!probe.empty() && statfs(probe.c_str(), &info) == 0) {
-    constexpr long kTmpfs = 0x01021994, kRamfs = static_cast<long>(0x858458f6);
-    if (info.f_type == kTmpfs || info.f_type == kRamfs)
-      return "it is on a memory file system (tmpfs), which is the node's own and lost with it";
-  }
+  if (Result<bool> memory = OnMemoryFileSystem(probe.string());
+      !probe.empty() && memory.ok() && *memory)
+    return "it is on a memory file system (tmpfs), which is the node's own and lost with it";
   return "";
 }
 

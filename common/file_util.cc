@@ -119,6 +119,14 @@ Result<bool> OnNetworkFileSystem(const std::string& path) {
   return IsNetworkFileSystemType(static_cast<uint64_t>(static_cast<uint32_t>(info.f_type)));
 }
 
+Result<bool> OnMemoryFileSystem(const std::string& path) {
+  struct statfs info {};
+  if (::statfs(path.c_str(), &info) != 0)
+    return Unavailable(path + ": cannot tell which file system holds it: " + ErrnoText());
+  const auto type = static_cast<uint32_t>(info.f_type);
+  return type == 0x01021994 /* tmpfs */ || type == 0x858458F6 /* ramfs */;
+}
+
 Result<SpillFile> SpillFile::Create(const std::string& dir, uint64_t size) {
   SpillFile file;
 #ifdef O_TMPFILE

@@ -68,6 +68,9 @@ class MappedFile {
 Result<bool> OnNetworkFileSystem(const std::string& path);
 // The same decision from statfs's f_type.
 bool IsNetworkFileSystemType(uint64_t type);
+// Whether the file system holding `path` lives in memory (tmpfs, ramfs): the host's own, and gone
+// with it. An error when `path` cannot be examined.
+Result<bool> OnMemoryFileSystem(const std::string& path);
 
 // A file with no name in `dir` (O_TMPFILE, or a name removed at once where the file system has no
 // O_TMPFILE), `size` bytes long, for data that must not sit in memory: nothing is left behind
