@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -92,12 +93,17 @@ Status Scan(const std::vector<uint8_t>& bytes, const std::string& path,
   return Status::Ok();
 }
 
+// Writes a journal's magic to its empty `file`, durably.
+Status StartFile(WritableFile& file) {
+  WEFT_RETURN_IF_ERROR(file.Append({reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic)}));
+  return file.Sync();
+}
+
 // Creates an empty journal file (just the magic), durably.
 Result<std::unique_ptr<WritableFile>> CreateFile(Env& env, const std::string& path) {
   Result<std::unique_ptr<WritableFile>> file = env.OpenWritable(path, true);
   if (!file.ok()) return file.status().WithContext("creating the journal");
-  WEFT_RETURN_IF_ERROR((*file)->Append({reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic)}));
-  WEFT_RETURN_IF_ERROR((*file)->Sync());
+  WEFT_RETURN_IF_ERROR(StartFile(**file));
   return file;
 }
 
@@ -127,6 +133,16 @@ Result<std::unique_ptr<Journal>> Journal::Open(
   }
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env.OpenWritable(path, false));
   WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, env.ReadFile(path));
+  if (bytes.size() < sizeof(kMagic) && std::equal(bytes.begin(), bytes.end(), kMagic)) {
+    // Created by a rotation (or a first start) that a crash cut short before its magic was
+    // durable. Nothing was written to it (records go to a journal only once its magic is synced),
+    // so it starts afresh.
+    WEFT_LOG(kWarning) << path << ": its creation was cut short (" << bytes.size() << " of "
+                       << sizeof(kMagic) << " bytes of its magic); starting it afresh";
+    WEFT_RETURN_IF_ERROR(file->Truncate(0).WithContext("restarting a journal cut short"));
+    WEFT_RETURN_IF_ERROR(StartFile(*file));
+    bytes.assign(kMagic, kMagic + sizeof(kMagic));
+  }
   size_t valid = 0;
   bool torn = false;
   WEFT_RETURN_IF_ERROR(Scan(bytes, path, replay, &valid, &torn));

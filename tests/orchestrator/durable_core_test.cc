@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -190,6 +191,45 @@ TEST_CASE(
     REQUIRE(!refused.ok());
     CHECK(refused.status().message().find("cannot be rebuilt") != std::string::npos);
   }
+  RemoveJournal(path);
+}
+
+TEST_CASE(
+    "durable core: a crash while the rotation created the next journal (before its magic was "
+    "durable) restarts that journal and keeps everything") {
+  // The files a SIGKILL between creating generation 2's journal and syncing its magic leaves: the
+  // journal of generation 1 complete, generation 2's empty or holding part of its magic.
+  const std::string path = TempPath("creation_crash");
+  std::string before;
+  {
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    Traffic(*durable, 0, 30);
+    REQUIRE(durable->Compact().ok());
+    Traffic(*durable, 1000, 30);
+    before = SnapshotOf(*durable);
+  }
+  std::string cut;
+  SUBCASE("empty") {}
+  SUBCASE("part of the magic") { cut = "WEF"; }
+  std::ofstream(path + ".2", std::ios::binary) << cut;
+  {
+    auto reopened = DurableCore::Open(path, CoreConfig{});
+    REQUIRE_MESSAGE(reopened.ok(), reopened.status().ToString());
+    CHECK((*reopened)->generation() == 2);
+    CHECK(SnapshotOf(**reopened) == before);
+    Traffic(**reopened, 2000, 10);  // and it appends to the restarted journal
+    before = SnapshotOf(**reopened);
+  }
+  auto again = DurableCore::Open(path, CoreConfig{});
+  REQUIRE_MESSAGE(again.ok(), again.status().ToString());
+  CHECK(SnapshotOf(**again) == before);
+  again->reset();
+  // Bytes that are not a prefix of the magic are another file: refused, not overwritten.
+  std::ofstream(path + ".3", std::ios::binary) << "WEX";
+  auto refused = DurableCore::Open(path, CoreConfig{});
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().message().find("bad magic") != std::string::npos);
+  CHECK(std::filesystem::file_size(path + ".3") == 3);
   RemoveJournal(path);
 }
 
