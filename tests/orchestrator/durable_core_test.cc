@@ -200,6 +200,7 @@ TEST_CASE(
   // The files a SIGKILL between creating generation 2's journal and syncing its magic leaves: the
   // journal of generation 1 complete, generation 2's empty or holding part of its magic.
   const std::string path = TempPath("creation_crash");
+  RemoveJournal(path);  // (what a failed earlier subcase left)
   std::string before;
   {
     auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
