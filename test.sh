@@ -9,7 +9,8 @@
 #      trainer commands, the PyTorch model against the C++ engine, a region partitioned through
 #      weft_fault_proxy, the S3 backend against a Ceph RADOS Gateway started for it, a deployment
 #      through a single-node Slurm started for it, the Kubernetes manifests against the API's
-#      schemas), and the sync
+#      schemas, a Prometheus server scraping weft run and the dashboard in headless Chromium),
+#      and the sync
 #      suite again with the AVX-512 paths off
 #      and with every SIMD path off (WEFT_CPU=avx2, scalar);
 #   2. the unit suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and the suites
@@ -145,6 +146,8 @@ stage "Debian's Slurm and MUNGE for the deployment's tests"
 bash tests/slurm/slurm.sh install
 stage "Node.js and npm for the Kubernetes manifests' validator"
 bash tests/deploy/node_modules.sh install
+stage "Debian's Prometheus and Chromium for the monitoring tests"
+bash tests/install_packages.sh test.sh prometheus chromium jq curl
 
 stage "unit and end-to-end tests"
 ctest --test-dir build --output-on-failure -j2

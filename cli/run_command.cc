@@ -323,6 +323,7 @@ Status RunRun(const std::string& config_path) {
   const std::string svg_path = (dir / "report.svg").string();
   WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(report_path, report.dump(2) + "\n"));
   WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(svg_path, ReportSvg(report)));
+  WEFT_RETURN_IF_ERROR(WriteTextFileAtomic((dir / "report.html").string(), ReportHtml(report)));
   PrintSummary(config, report);
   std::printf("report: %s (picture: %s)\n", report_path.c_str(), svg_path.c_str());
   if (interrupted)

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "cli/trainer_channel.h"
+#include "sim/report.h"
 
 namespace weft::cli {
 namespace {
@@ -127,11 +129,84 @@ std::string ProgressLine(const Json& trainer, const orchestrator::wire::StatusPa
   return line.str();
 }
 
+namespace {
+
+// A chart of lines over x = 0..n-1 (one per named series; NaN: no point), from y = 0 up, at
+// vertical offset `y0` of the picture.
+void LineChart(std::ostringstream& svg, double y0, const std::string& title,
+               const std::vector<std::pair<std::string, std::vector<double>>>& series,
+               const std::string& x_label, const std::string& unit) {
+  const double w = 720, h = 260, left = 60, right = 20, top = 30, bottom = 40;
+  static const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"};
+  size_t n = 0;
+  double high = 0;
+  for (const auto& [name, values] : series) {
+    n = std::max(n, values.size());
+    for (double v : values)
+      if (std::isfinite(v)) high = std::max(high, v);
+  }
+  high = high > 0 ? high * 1.1 : 1;
+  auto x_of = [&](size_t i) {
+    return left + (n <= 1
+                       ? 0.0
+                       : (w - left - right) * static_cast<double>(i) / static_cast<double>(n - 1));
+  };
+  auto y_of = [&](double v) { return y0 + h - bottom - (h - top - bottom) * v / high; };
+  svg << "<text x=\"" << left << "\" y=\"" << y0 + 18 << "\" font-weight=\"bold\">" << title
+      << "</text>\n";
+  svg << "<line x1=\"" << left << "\" y1=\"" << y_of(0) << "\" x2=\"" << w - right << "\" y2=\""
+      << y_of(0) << "\" stroke=\"black\"/>\n";
+  for (int k = 0; k <= 4; ++k) {
+    const double v = high * k / 4;
+    char label[32];
+    std::snprintf(label, sizeof(label), "%.3g%s", v, unit.c_str());
+    svg << "<text x=\"" << left - 8 << "\" y=\"" << y_of(v) + 4 << "\" text-anchor=\"end\">"
+        << label << "</text>\n<line x1=\"" << left << "\" y1=\"" << y_of(v) << "\" x2=\""
+        << w - right << "\" y2=\"" << y_of(v) << "\" stroke=\"#ddd\"/>\n";
+  }
+  for (size_t s = 0; s < series.size(); ++s) {
+    const char* colour = kColours[s % 5];
+    svg << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\" points=\"";
+    for (size_t i = 0; i < series[s].second.size(); ++i)
+      if (std::isfinite(series[s].second[i]))
+        svg << x_of(i) << "," << y_of(series[s].second[i]) << " ";
+    svg << "\"/>\n<text x=\"" << w - right - 150 << "\" y=\"" << y0 + 36 + 14 * s << "\" fill=\""
+        << colour << "\">" << series[s].first << "</text>\n";
+  }
+  svg << "<text x=\"" << (w + left) / 2 << "\" y=\"" << y0 + h - 10 << "\" text-anchor=\"middle\">"
+      << x_label << "</text>\n";
+}
+
+}  // namespace
+
 std::string ReportSvg(const Json& report) {
   const Json& steps = report["per_step"];
   const double w = 720, h = 260, left = 60, right = 20, top = 30, bottom = 40;
+  // The trainer's wait per step, and publication to 100% ready per version and region (when the
+  // report has them).
+  std::vector<std::pair<std::string, std::vector<double>>> waits, ready;
+  if (report.contains("trainer_wait")) {
+    std::vector<double> values;
+    for (const Json& v : report["trainer_wait"]["per_step"]) values.push_back(v.get<double>());
+    waits.emplace_back("wait", std::move(values));
+  }
+  if (report.contains("publication") && report.contains("regions")) {
+    for (const Json& region : report["regions"]) {
+      const std::string name = region["name"];
+      std::vector<double> values;
+      for (const Json& v : report["publication"]) {
+        const Json& r = v["regions"].contains(name) ? v["regions"][name] : Json();
+        values.push_back(r.is_object() && r["ready_100_seconds"].is_number()
+                             ? r["ready_100_seconds"].get<double>()
+                             : std::nan(""));
+      }
+      ready.emplace_back(name, std::move(values));
+    }
+  }
+  const int charts = 2 + (waits.empty() ? 0 : 1) + (ready.empty() ? 0 : 1);
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << 2 * h + 20
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\""
+      << charts * (h + 20)
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
          "fill=\"white\"/>\n";
   const size_t n = steps.size();
@@ -204,8 +279,161 @@ std::string ReportSvg(const Json& report) {
   }
   ticks(y0 + h - bottom);
   svg << "<text x=\"" << (w + left) / 2 << "\" y=\"" << y0 + h - 10
-      << "\" text-anchor=\"middle\">version</text>\n</svg>\n";
+      << "\" text-anchor=\"middle\">version</text>\n";
+  double next = y0 + h + 20;
+  if (!waits.empty()) {
+    LineChart(svg, next, "Trainer wait for trajectories, per step", waits, "step", " s");
+    next += h + 20;
+  }
+  if (!ready.empty()) {
+    LineChart(svg, next,
+              "Publication to 100% of a region's clusters ready, per version (the last " +
+                  std::to_string(report["publication"].size()) + ")",
+              ready, "version", " s");
+  }
+  svg << "</svg>\n";
   return svg.str();
+}
+
+namespace {
+
+// Each region as the run saw it: publication to 50/90/100% ready, as `weft sim` reports it (the
+// median and the worst over the versions whose population was not empty, from the orchestrator's
+// last /v1/status; null: never), its trajectories and its weight bytes (downloaded by its
+// workers; fetched over the WAN by its relay).
+Json RegionsReport(const orchestrator::wire::StatusPage* status, const Json& relays) {
+  Json regions = Json::array();
+  if (status == nullptr) return regions;
+  for (const auto& [name, region] : status->regions) {
+    std::vector<double> after[3];
+    uint64_t versions = 0, never_full = 0, missed = 0;
+    for (const orchestrator::wire::StatusPage::Version& v : status->versions) {
+      auto found = v.regions.find(name);
+      if (found == v.regions.end() || found->second.population == 0) continue;
+      const orchestrator::wire::StatusPage::Readiness& r = found->second;
+      ++versions;
+      missed += r.missed.value_or(0);
+      const std::optional<double>* fractions[3] = {&r.ready_50_seconds, &r.ready_90_seconds,
+                                                   &r.ready_100_seconds};
+      for (int i = 0; i < 3; ++i)
+        after[i].push_back(fractions[i]->value_or(std::numeric_limits<double>::infinity()));
+      if (!r.ready_100_seconds) ++never_full;
+    }
+    const auto [p50, p50_worst] = sim::MedianAndWorst(after[0]);
+    const auto [p90, p90_worst] = sim::MedianAndWorst(after[1]);
+    const auto [p100, p100_worst] = sim::MedianAndWorst(after[2]);
+    const Json relay = relays.is_object() && relays.contains(name) ? relays[name] : Json();
+    regions.push_back(
+        {{"name", name},
+         {"clusters_at_end", region.clusters},
+         {"rollout_utilisation_at_end", region.utilisation},
+         {"groups_accepted", region.accepted},
+         {"groups_delivered", region.delivered},
+         {"groups_dropped_stale", region.dropped_stale},
+         {"ready_after_publication",
+          {{"versions", versions},
+           {"p50_median", p50},
+           {"p90_median", p90},
+           {"p100_median", p100},
+           {"p50_worst", p50_worst},
+           {"p90_worst", p90_worst},
+           {"p100_worst", p100_worst},
+           {"versions_never_fully_ready", never_full},
+           {"clusters_missed", missed}}},
+         {"sync_bytes", region.sync.bytes_downloaded},
+         {"wan_bytes", relay.is_object() ? relay.value("upstream_bytes", Json()) : Json()}});
+  }
+  return regions;
+}
+
+// The trainer's wait for trajectories: per step from its progress file when it reports it (the
+// built-in trainer does), else what the orchestrator was told (its latest steps only).
+Json TrainerWait(const Json& per_step, const orchestrator::wire::StatusPage* status) {
+  Json waits = Json::array();
+  for (const Json& s : per_step)
+    if (s.contains("wait_seconds")) waits.push_back(s["wait_seconds"]);
+  std::string source = "trainer";
+  double total = 0;
+  if (waits.empty() && status != nullptr) {
+    source = "orchestrator (latest steps)";
+    for (double w : status->trainer.recent_wait_seconds) waits.push_back(w);
+  }
+  for (const Json& w : waits) total += w.get<double>();
+  if (source != "trainer" && status != nullptr) total = status->trainer.wait_seconds_total;
+  const uint64_t steps =
+      source == "trainer" || status == nullptr ? waits.size() : status->trainer.steps_reported;
+  return {{"source", source},
+          {"steps", steps},
+          {"total_seconds", total},
+          {"mean_seconds", steps > 0 ? Json(total / static_cast<double>(steps)) : Json()},
+          {"per_step", waits}};
+}
+
+}  // namespace
+
+std::string ReportHtml(const Json& report) {
+  auto escape = [](const std::string& text) {
+    std::string out;
+    for (char c : text) {
+      if (c == '<')
+        out += "&lt;";
+      else if (c == '>')
+        out += "&gt;";
+      else if (c == '&')
+        out += "&amp;";
+      else if (c == '"')
+        out += "&quot;";
+      else
+        out += c;
+    }
+    return out;
+  };
+  auto text = [&](const Json& value) {
+    return escape(value.is_null()     ? std::string("-")
+                  : value.is_string() ? value.get<std::string>()
+                                      : value.dump());
+  };
+  auto seconds = [](const Json& value) {
+    if (!value.is_number()) return std::string("never");
+    char out[32];
+    std::snprintf(out, sizeof(out), "%.3f s", value.get<double>());
+    return std::string(out);
+  };
+  std::ostringstream html;
+  const std::string run = report.value("run", std::string());
+  html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>weft run: " << escape(run)
+       << "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;"
+          "margin-bottom:1em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+          "th{background:#eee}td:first-child{text-align:left}</style></head><body>\n";
+  html << "<h1>weft run: " << escape(run) << "</h1>\n<table>\n";
+  for (const char* key :
+       {"completed", "failure", "seconds", "steps", "versions_published", "initial_reward",
+        "final_reward", "eval_accuracy_before", "eval_accuracy_after", "bytes_sent", "bytes_wan",
+        "mean_density", "delivered_per_s", "trajectories_dropped_stale", "digest_mismatches",
+        "staleness_violations"}) {
+    html << "<tr><td>" << key << "</td><td>" << text(report.value(key, Json())) << "</td></tr>\n";
+  }
+  const Json wait = report.value("trainer_wait", Json::object());
+  html << "<tr><td>trainer wait (mean per step, total)</td><td>"
+       << seconds(wait.value("mean_seconds", Json())) << ", "
+       << seconds(wait.value("total_seconds", Json())) << "</td></tr>\n</table>\n";
+  html << "<h2>Regions: publication to ready (median over versions; worst)</h2>\n<table><tr>"
+          "<th>region</th><th>versions</th><th>ready 50%</th><th>ready 90%</th><th>ready 100%</th>"
+          "<th>worst 100%</th><th>never fully ready</th><th>clusters missed</th><th>delivered</th>"
+          "<th>dropped stale</th><th>weights downloaded</th><th>WAN (relay)</th></tr>\n";
+  for (const Json& r : report.value("regions", Json::array())) {
+    const Json& q = r["ready_after_publication"];
+    html << "<tr><td>" << text(r["name"]) << "</td><td>" << q["versions"] << "</td><td>"
+         << seconds(q["p50_median"]) << "</td><td>" << seconds(q["p90_median"]) << "</td><td>"
+         << seconds(q["p100_median"]) << "</td><td>" << seconds(q["p100_worst"]) << "</td><td>"
+         << q["versions_never_fully_ready"] << "</td><td>" << q["clusters_missed"] << "</td><td>"
+         << r["groups_delivered"] << "</td><td>" << r["groups_dropped_stale"] << "</td><td>"
+         << Megabytes(r["sync_bytes"].get<double>()) << "</td><td>"
+         << (r["wan_bytes"].is_number() ? Megabytes(r["wan_bytes"].get<double>()) : "-")
+         << "</td></tr>\n";
+  }
+  html << "</table>\n<h2>Figures</h2>\n" << ReportSvg(report) << "</body></html>\n";
+  return html.str();
 }
 
 Json BuildReport(const RunConfig& config, const RunOutcome& outcome) {
@@ -296,6 +524,19 @@ Json BuildReport(const RunConfig& config, const RunOutcome& outcome) {
       {"orchestrator", orchestrator},
       {"restarts", Json::object()},
       {"per_step", per_step}};
+  report["regions"] = RegionsReport(status, outcome.relays);
+  report["trainer_wait"] = TrainerWait(per_step, status);
+  report["publication"] = Json::array();
+  report["delivered_per_s"] = nullptr;
+  if (status != nullptr) {
+    const Json page = Json::parse(orchestrator::wire::Encode(*status));
+    report["publication"] = page["versions"];
+    if (outcome.seconds > 0) {
+      report["delivered_per_s"] = static_cast<double>(status->trajectories.delivered_fresh +
+                                                      status->trajectories.delivered_stale) /
+                                  outcome.seconds;
+    }
+  }
   for (const auto& [name, restarts] : outcome.restarts) report["restarts"][name] = restarts;
   return report;
 }
@@ -339,6 +580,25 @@ void PrintSummary(const RunConfig& config, const Json& report) {
           : "n/a",
       Figure(report["mean_density"], "%.2f", 100.0).c_str(),
       Megabytes(static_cast<double>(report["bytes_wan"].get<uint64_t>())).c_str());
+  for (const Json& r : report.value("regions", Json::array())) {
+    const Json& q = r["ready_after_publication"];
+    auto after = [&](const char* key) {
+      return q[key].is_number() ? Figure(q[key], "%.2f s") : "never";
+    };
+    std::printf(
+        "  ready %-11s 50%% %s, 90%% %s, 100%% %s after publication (median of %s versions; worst "
+        "100%% %s)\n",
+        r["name"].get<std::string>().c_str(), after("p50_median").c_str(),
+        after("p90_median").c_str(), after("p100_median").c_str(),
+        Figure(q["versions"], "%.0f").c_str(), after("p100_worst").c_str());
+  }
+  const Json wait = report.value("trainer_wait", Json::object());
+  if (wait.value("steps", 0) > 0) {
+    std::printf("  trainer wait      %s per step (mean over %s steps), %s in all\n",
+                Figure(wait["mean_seconds"], "%.3f s").c_str(),
+                Figure(wait["steps"], "%.0f").c_str(),
+                Figure(wait["total_seconds"], "%.1f s").c_str());
+  }
 }
 
 }  // namespace weft::cli

@@ -37,6 +37,9 @@ struct RunOutcome {
 nlohmann::json BuildReport(const RunConfig& config, const RunOutcome& outcome);
 // The picture: reward per step, and delta bytes per version against a full checkpoint.
 std::string ReportSvg(const nlohmann::json& report);
+// report.html: the figures, the regions' publication to ready and the picture, on one page (as
+// `weft sim` writes its own).
+std::string ReportHtml(const nlohmann::json& report);
 // The summary on standard output.
 void PrintSummary(const RunConfig& config, const nlohmann::json& report);
 

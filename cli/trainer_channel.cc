@@ -169,7 +169,8 @@ Result<Json> CheckProgress(const Json& progress) {
          {"groups", "samples", "max_lag", "delta_bytes", "keyframe_bytes", "changed_elements"}) {
       WEFT_RETURN_IF_ERROR(CopyCount(step, record, key, where));
     }
-    for (const char* key : {"mean_lag", "density", "mean_ratio", "truncated", "seconds"})
+    for (const char* key :
+         {"mean_lag", "density", "mean_ratio", "truncated", "seconds", "wait_seconds"})
       WEFT_RETURN_IF_ERROR(CopyNumber(step, record, key, where));
     checked["steps"].push_back(std::move(record));
   }

@@ -94,7 +94,8 @@ Json TrainerSummary::ToJson() const {
                        {"density", r.density},
                        {"mean_ratio", r.mean_ratio},
                        {"truncated", r.truncated},
-                       {"seconds", r.seconds}});
+                       {"seconds", r.seconds},
+                       {"wait_seconds", r.wait_seconds}});
   }
   return Json{{"phase", phase},
               {"warmup_step", warmup_step},
@@ -251,8 +252,11 @@ Result<TrainerSummary> RunExampleTrainer(
     while (groups.size() < per_step) {
       const size_t wanted =
           (per_step - groups.size()) * static_cast<size_t>(options.samples_per_prompt);
-      WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::Delivered> batch,
-                            batches.NextBatch(wanted, version, std::chrono::milliseconds(2000)));
+      const Clock::time_point asked = Clock::now();
+      Result<std::vector<orchestrator::Delivered>> taken =
+          batches.NextBatch(wanted, version, std::chrono::milliseconds(2000));
+      record.wait_seconds += std::chrono::duration<double>(Clock::now() - asked).count();
+      WEFT_ASSIGN_OR_RETURN(std::vector<orchestrator::Delivered> batch, std::move(taken));
       if (batch.empty()) {
         // Nothing came: the work for this step may have been dropped as stale. Queue what is
         // missing.
@@ -299,8 +303,10 @@ Result<TrainerSummary> RunExampleTrainer(
     record.mean_ratio = stats.mean_ratio;
     record.truncated = stats.truncated;
     // Publish the new version.
+    const Clock::time_point publishing = Clock::now();
     WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest,
                           publisher->Publish(layout.Master(weights)));
+    const double publish_seconds = std::chrono::duration<double>(Clock::now() - publishing).count();
     record.changed_elements = publisher->last_stats().changed_elements;
     record.density = publisher->last_stats().density();
     version = manifest.version;
@@ -311,8 +317,8 @@ Result<TrainerSummary> RunExampleTrainer(
     for (const policy_store::SkipDelta& skip : manifest.skips)
       summary.bytes_published += skip.blob.bytes;
     ++summary.versions_published;
-    WEFT_RETURN_IF_ERROR(client.AnnounceVersion(version).WithContext("announcing version " +
-                                                                     std::to_string(version)));
+    WEFT_RETURN_IF_ERROR(client.AnnounceVersion(version, publish_seconds)
+                             .WithContext("announcing version " + std::to_string(version)));
     record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     summary.steps.push_back(record);
     summary.groups_stale_delivered = batches.staleness().stale_delivered;

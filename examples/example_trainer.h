@@ -81,10 +81,11 @@ struct StepRecord {
   uint64_t delta_bytes = 0;     // this version's delta blob
   uint64_t keyframe_bytes = 0;  // ... and its keyframe, if it has one
   uint64_t changed_elements = 0;
-  double density = 0;     // changed served elements / all served elements
-  double mean_ratio = 0;  // importance ratio pi/mu over the batch's tokens
-  double truncated = 0;   // fraction of tokens whose ratio was truncated
-  double seconds = 0;     // since the RL phase began
+  double density = 0;       // changed served elements / all served elements
+  double mean_ratio = 0;    // importance ratio pi/mu over the batch's tokens
+  double truncated = 0;     // fraction of tokens whose ratio was truncated
+  double seconds = 0;       // since the RL phase began
+  double wait_seconds = 0;  // in next_batch, waiting for the step's trajectories
 };
 
 struct TrainerSummary {

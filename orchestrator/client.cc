@@ -141,9 +141,11 @@ Status OrchestratorClient::Deregister(const std::string& cluster) {
       .status();
 }
 
-Status OrchestratorClient::AnnounceVersion(uint64_t version) {
-  return Acknowledged(Call("POST", "/v1/versions", wire::EncodeAnnouncement(version), true),
-                      "announcing version " + std::to_string(version));
+Status OrchestratorClient::AnnounceVersion(uint64_t version,
+                                           std::optional<double> publish_seconds) {
+  return Acknowledged(
+      Call("POST", "/v1/versions", wire::EncodeAnnouncement(version, publish_seconds), true),
+      "announcing version " + std::to_string(version));
 }
 
 Result<std::vector<uint64_t>> OrchestratorClient::AddJobs(
@@ -179,9 +181,16 @@ Result<std::vector<uint64_t>> OrchestratorClient::SendJobs(const std::vector<Job
 Status OrchestratorClient::AcknowledgeBatches() {
   MutexLock lock(batch_mutex_);
   if (last_batch_ == 0) return Status::Ok();
-  const wire::BatchRequest request{0, std::chrono::milliseconds(0), last_batch_};
-  return Acknowledged(Call("POST", "/v1/batches", wire::Encode(request), true),
-                      "acknowledging batch " + std::to_string(last_batch_));
+  const wire::BatchRequest request{0, std::chrono::milliseconds(0), last_batch_, waited_};
+  Status acknowledged = Acknowledged(Call("POST", "/v1/batches", wire::Encode(request), true),
+                                     "acknowledging batch " + std::to_string(last_batch_));
+  if (acknowledged.ok()) waited_.reset();
+  return acknowledged;
+}
+
+void OrchestratorClient::ReportWait(double seconds) {
+  MutexLock lock(batch_mutex_);
+  waited_ = seconds;
 }
 
 Result<std::vector<Delivered>> OrchestratorClient::TakeBatch(uint32_t max,
@@ -189,10 +198,11 @@ Result<std::vector<Delivered>> OrchestratorClient::TakeBatch(uint32_t max,
   // One batch at a time per client: the acknowledgement is the last one received. Repeating the
   // request is safe (an unacknowledged batch is simply handed out again).
   MutexLock lock(batch_mutex_);
-  wire::BatchRequest request{max, wait, std::nullopt};
+  wire::BatchRequest request{max, wait, std::nullopt, waited_};
   if (last_batch_ != 0) request.ack = last_batch_;
   WEFT_ASSIGN_OR_RETURN(std::string answer,
                         Call("POST", "/v1/batches", wire::Encode(request), true, wait));
+  waited_.reset();  // (a repeat of the request after a lost answer may report it twice)
   WEFT_ASSIGN_OR_RETURN(Batch batch, Answer(wire::DecodeBatch(answer), "taking a batch"));
   if (batch.id == 0 || batch.id <= last_batch_) return std::vector<Delivered>();  // nothing new
   last_batch_ = batch.id;

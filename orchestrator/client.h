@@ -59,7 +59,8 @@ class OrchestratorClient : public ClusterApi {
   Status Deregister(const std::string& cluster) override;
 
   // Trainers.
-  Status AnnounceVersion(uint64_t version);
+  // `publish_seconds`: how long publishing it took, for the orchestrator's measurements.
+  Status AnnounceVersion(uint64_t version, std::optional<double> publish_seconds = std::nullopt);
   // Each prompt is JSON (text or token ids) with its number of samples.
   Result<std::vector<uint64_t>> AddJobs(
       const std::vector<std::pair<nlohmann::json, uint32_t>>& prompts);
@@ -74,6 +75,9 @@ class OrchestratorClient : public ClusterApi {
   Result<std::vector<Delivered>> TakeBatch(uint32_t max, std::chrono::milliseconds wait);
   // Acknowledges the last batch received without taking another (a trainer that is done).
   Status AcknowledgeBatches();
+  // How long the trainer's last call for a batch waited for data: sent with the next batch
+  // request (or acknowledgement), for the orchestrator's measurements.
+  void ReportWait(double seconds);
 
   // GET /v1/status, decoded (an answer that is not a status page is kDataLoss).
   Result<wire::StatusPage> GetStatus();
@@ -97,7 +101,8 @@ class OrchestratorClient : public ClusterApi {
   std::map<std::string, std::string> cluster_tokens_ GUARDED_BY(tokens_mutex_);
   HttpClient client_;
   Mutex batch_mutex_;
-  uint64_t last_batch_ GUARDED_BY(batch_mutex_) = 0;  // the newest batch received (0: none)
+  uint64_t last_batch_ GUARDED_BY(batch_mutex_) = 0;       // the newest batch received (0: none)
+  std::optional<double> waited_ GUARDED_BY(batch_mutex_);  // a wait not reported yet
 };
 
 }  // namespace weft::orchestrator

@@ -41,6 +41,7 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
                                   "compact_after",
                                   "max_connections",
                                   "dataset_max_line",
+                                  "metrics_cluster_limit",
                                   "dataset_max_bytes"};
     keys.insert(CoreConfigKeys().begin(), CoreConfigKeys().end());
     return keys;
@@ -102,6 +103,8 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
                            "MiB (a journal record holds at most " +
                            std::to_string(Journal::kMaxRecordBytes >> 20) + "MiB)");
   }
+  WEFT_RETURN_IF_ERROR(check(
+      ReadUnsigned(o, where, "metrics_cluster_limit", &config.service.metrics_cluster_limit)));
   WEFT_RETURN_IF_ERROR(
       check(ReadBytes(o, where, "compact_after", &config.durable.compact_after_bytes)));
   if (config.durable.compact_after_bytes < 4096)
@@ -118,7 +121,9 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
   }
   if (const YAML::Node tokens = o["tokens"]) {
     WEFT_RETURN_IF_ERROR(
-        check(CheckKeys(tokens, where + ".tokens", {"worker", "trainer", "admin"})));
+        check(CheckKeys(tokens, where + ".tokens", {"worker", "trainer", "admin", "viewer"})));
+    WEFT_RETURN_IF_ERROR(
+        check(ReadString(tokens, where + ".tokens", "viewer", &config.service.viewer_token)));
     WEFT_RETURN_IF_ERROR(
         check(ReadString(tokens, where + ".tokens", "worker", &config.service.worker_token)));
     WEFT_RETURN_IF_ERROR(
@@ -128,19 +133,21 @@ Result<OrchestratorConfig> ParseOrchestratorConfig(const YAML::Node& root, const
   }
   for (auto [variable, token] : {std::pair{"WEFT_WORKER_TOKEN", &config.service.worker_token},
                                  std::pair{"WEFT_TRAINER_TOKEN", &config.service.trainer_token},
-                                 std::pair{"WEFT_ADMIN_TOKEN", &config.service.admin_token}}) {
+                                 std::pair{"WEFT_ADMIN_TOKEN", &config.service.admin_token},
+                                 std::pair{"WEFT_VIEWER_TOKEN", &config.service.viewer_token}}) {
     if (const char* value = std::getenv(variable)) *token = value;
   }
   if (!all_tokens) {
     const std::string* tokens[] = {&config.service.worker_token, &config.service.trainer_token,
-                                   &config.service.admin_token};
-    for (int i = 0; i < 3; ++i) {
-      for (int j = i + 1; j < 3; ++j) {
+                                   &config.service.admin_token, &config.service.viewer_token};
+    for (int i = 0; i < 4; ++i) {
+      for (int j = i + 1; j < 4; ++j) {
         if (!tokens[i]->empty() && *tokens[i] == *tokens[j]) {
-          return InvalidArgument(file +
-                                 "orchestrator.tokens: the worker, trainer and admin tokens must "
-                                 "all be different (a role whose token is another's would have "
-                                 "that role's rights)");
+          return InvalidArgument(
+              file +
+              "orchestrator.tokens: the worker, trainer, admin and viewer "
+              "tokens must all be different (a role whose token is another's would have "
+              "that role's rights)");
         }
       }
     }

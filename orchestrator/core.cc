@@ -58,6 +58,8 @@ Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster,
   }
   c->last_heartbeat = now;
   c->ready_version = ready_version;
+  if (ready_version && observer_ != nullptr)
+    observer_->Proved(now, cluster, c->region, *ready_version);
   if (ready_version) c->max_ready_version = std::max(c->max_ready_version, *ready_version);
   for (uint64_t job : c->jobs) jobs_[job].deadline = now + config_.lease_duration;
   return Status::Ok();
@@ -76,6 +78,7 @@ Status OrchestratorCore::Drain(Micros now, const std::string& cluster,
     if (!c->jobs.count(job))
       return InvalidArgument("cluster " + cluster + " does not hold a lease on " + JobName(job));
   }
+  if (stop_leasing && !c->draining && observer_ != nullptr) observer_->Left(now, cluster);
   if (stop_leasing) c->draining = true;
   c->last_heartbeat = now;
   for (uint64_t job : handed) {
@@ -93,6 +96,7 @@ Status OrchestratorCore::Deregister(Micros now, const std::string& cluster) {
     Requeue(job);
     ++counters_.leases_handed_back;
   }
+  if (!c->gone && observer_ != nullptr) observer_->Left(now, cluster);
   c->gone = true;
   c->ready_version.reset();
   c->last_heartbeat = now;
@@ -313,8 +317,10 @@ Status OrchestratorCore::AnnounceVersion(Micros now, uint64_t version) {
     return InvalidArgument("version " + std::to_string(version) + " is older than the announced " +
                            std::to_string(*latest_));
   }
+  const bool newer = !latest_ || version > *latest_;
   latest_ = version;
   Progress(now);
+  if (newer && observer_ != nullptr) observer_->Announced(now, version, *this);
   return Status::Ok();
 }
 
@@ -356,6 +362,7 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
         if (config_.stale_policy == StalePolicy::kDrop) {
           ++counters_.dropped_stale;
           --outstanding_items_;
+          Observe(now, d.group, true);
           continue;
         }
         ++counters_.delivered_stale;
@@ -376,9 +383,11 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
     d.stale = d.group.version_start < admissible_version();
     if (d.stale && config_.stale_policy == StalePolicy::kDrop) {
       ++counters_.dropped_stale;
+      Observe(now, d.group, true);
       continue;
     }
     ++(d.stale ? counters_.delivered_stale : counters_.delivered_fresh);
+    Observe(now, d.group, false);
     batch.items.push_back(std::move(d));
   }
   if (!batch.items.empty()) {
@@ -389,6 +398,14 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
     Progress(now);
   }
   return batch;
+}
+
+void OrchestratorCore::Observe(Micros now, const TrajectoryGroup& group, bool dropped) const {
+  if (observer_ == nullptr) return;
+  auto found = clusters_.find(group.cluster);
+  const uint64_t latest = latest_.value_or(0);
+  observer_->Taken(now, found != clusters_.end() ? found->second.region : std::string(),
+                   latest > group.version_start ? latest - group.version_start : 0, dropped);
 }
 
 bool OrchestratorCore::Tick(Micros now) {
@@ -409,6 +426,7 @@ bool OrchestratorCore::Tick(Micros now) {
       Requeue(job);
       ++counters_.leases_expired;
     }
+    if (observer_ != nullptr) observer_->Left(now, id);
     c.gone = true;
     c.ready_version.reset();
     ++counters_.clusters_lost;

@@ -88,9 +88,32 @@ struct Counters {
   uint64_t clusters_lost = 0;
 };
 
+class OrchestratorCore;
+
+// Told of the core's events as it decides them, for measurements (orchestrator/measurements.h).
+// Called inside the event: it must not call back into the core but through the view it is given.
+// An observer is not part of the core's state: snapshots and journal replay do not carry it.
+class CoreObserver {
+ public:
+  virtual ~CoreObserver() = default;
+  // A newer version was announced (not a repeat of the latest).
+  virtual void Announced(Micros now, uint64_t version, const OrchestratorCore& core) = 0;
+  // The cluster proved it is ready at `version` (every heartbeat that says so).
+  virtual void Proved(Micros now, const std::string& cluster, const std::string& region,
+                      uint64_t version) = 0;
+  // The cluster stopped counting for readiness: it drained, left or was lost.
+  virtual void Left(Micros now, const std::string& cluster) = 0;
+  // A buffered trajectory group from `region` was taken for the trainer with this lag (latest
+  // version minus its version_start): delivered, or dropped as stale.
+  virtual void Taken(Micros now, const std::string& region, uint64_t lag, bool dropped) = 0;
+};
+
 class OrchestratorCore {
  public:
   explicit OrchestratorCore(CoreConfig config) : config_(config) {}
+
+  // The observer of the events from now on (nullptr: none); it must outlive the core's use of it.
+  void set_observer(CoreObserver* observer) { observer_ = observer; }
 
   // --- Clusters ---
   // Registers (or re-registers after a restart: leases it held stay until they expire).
@@ -202,6 +225,8 @@ class OrchestratorCore {
   // gives it up after max_attempts.
   void Requeue(uint64_t job);
   void Progress(Micros now) { last_progress_ = now; }
+  // Tells the observer (if any) that `group` was taken for the trainer.
+  void Observe(Micros now, const TrajectoryGroup& group, bool dropped) const;
 
   CoreConfig config_;
   std::optional<uint64_t> latest_;
@@ -220,6 +245,7 @@ class OrchestratorCore {
   uint64_t capacity_sum_ = 0;  // of every cluster in clusters_
   Counters counters_;
   Micros last_progress_ = 0;
+  CoreObserver* observer_ = nullptr;
 };
 
 }  // namespace weft::orchestrator

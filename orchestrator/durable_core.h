@@ -68,6 +68,12 @@ class DurableCore {
     MutexLock lock(mutex_);
     return read(static_cast<const OrchestratorCore&>(core_));
   }
+  // Tells `observer` (nullptr: nobody) of the events from now on (OrchestratorCore::set_observer);
+  // its calls come under the core's lock. Set after Open: replayed events are not observed.
+  void SetObserver(CoreObserver* observer) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    core_.set_observer(observer);
+  }
   uint64_t events_replayed() const { return replayed_; }
   // Whether Open() found nothing to restore (no snapshot, no journaled event).
   bool fresh() const { return fresh_; }

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <list>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -17,6 +18,9 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/names.h"
+#include "common/prometheus.h"
+#include "orchestrator/dashboard.h"
+#include "orchestrator/measurements.h"
 #include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
@@ -28,7 +32,7 @@ using http::Request;
 using http::Responder;
 using http::Response;
 
-enum class Role { kNone, kWorker, kTrainer, kAdmin };
+enum class Role { kNone, kViewer, kWorker, kTrainer, kAdmin };
 
 // A long poll waiting for leases or a batch.
 struct Waiter {
@@ -40,23 +44,6 @@ struct Waiter {
   Request request;  // for the answer's HTTP version
   Responder respond;
 };
-
-// A Prometheus label value: backslash, double quote and line feed escaped, as the text format
-// requires (names are checked on registration; this keeps the format whatever a name holds).
-std::string LabelValue(std::string_view value) {
-  std::string out;
-  for (char c : value) {
-    if (c == '\\' || c == '"') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 // What the orchestrator keeps of a cluster's token: its SHA-256, in hex.
 std::string CredentialOf(std::string_view token) {
@@ -84,7 +71,7 @@ struct Endpoint {
 
 Endpoint Classify(std::string_view target) {
   static constexpr std::string_view kClusters = "/v1/clusters";
-  if (target == "/livez" || target == "/readyz" || target == "/metrics")
+  if (target == "/livez" || target == "/readyz" || target == "/metrics" || target == "/ui")
     return {Endpoint::kProbe, "", "", "GET, HEAD"};
   if (target == "/v1/status") return {Endpoint::kStatus, "", "", "GET, HEAD"};
   if (target == kClusters) return {Endpoint::kRegister, "", "", "POST"};
@@ -124,7 +111,11 @@ struct OrchestratorService::Impl {
         admin_token(this->options.admin_token),
         worker_token(this->options.worker_token),
         trainer_token(this->options.trainer_token),
-        env(this->options.env ? *this->options.env : Env::Default()) {}
+        viewer_token(this->options.viewer_token),
+        env(this->options.env ? *this->options.env : Env::Default()) {
+    core.SetObserver(&measurements);
+  }
+  ~Impl() { core.SetObserver(nullptr); }
   // The core's time: the Env's wall clock.
   Micros Now() const { return env.WallMicros(); }
 
@@ -134,6 +125,7 @@ struct OrchestratorService::Impl {
     if (admin_token.Matches(given)) return Role::kAdmin;
     if (worker_token.Matches(given)) return Role::kWorker;
     if (trainer_token.Matches(given)) return Role::kTrainer;
+    if (!options.viewer_token.empty() && viewer_token.Matches(given)) return Role::kViewer;
     return Role::kNone;
   }
 
@@ -173,7 +165,9 @@ struct OrchestratorService::Impl {
 
   DurableCore& core;
   ServiceOptions options;
-  const http::TokenDigest admin_token, worker_token, trainer_token;  // options' tokens, hashed once
+  // The options' tokens, hashed once.
+  const http::TokenDigest admin_token, worker_token, trainer_token, viewer_token;
+  Measurements measurements;
   Env& env;
   std::unique_ptr<http::HttpServer> server;
   std::atomic<const http::HttpServer*> started{nullptr};  // `server`, for /metrics once set
@@ -230,10 +224,13 @@ void OrchestratorService::Impl::Poll() {
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_tick) {
-      weft::Status ticked = core.Tick(Now());
+      const Micros tick_time = Now();
+      weft::Status ticked = core.Tick(tick_time);
       if (!ticked.ok()) {
         WEFT_LOG(kError) << "orchestrator tick failed: " << ticked.message();
       }
+      measurements.Sample(tick_time,
+                          core.Inspect([](const OrchestratorCore& c) { return c.counters(); }));
       next_tick = now + options.tick_interval;
       if (!compacting.load() && core.NeedsCompaction()) {
         if (compactor.joinable()) compactor.join();
@@ -320,7 +317,8 @@ std::optional<Response> OrchestratorService::Impl::Admit(const http::RequestHead
       if (role == Role::kNone) {
         return http::ErrorResponse(
             header, bhttp::status::unauthorized,
-            "this endpoint needs a worker, trainer or admin token (Authorization: Bearer ...)");
+            "this endpoint needs a viewer, worker, trainer or admin token (Authorization: Bearer "
+            "...)");
       }
       break;
     case Endpoint::kRegister:
@@ -385,6 +383,15 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
   auto error = [&](const weft::Status& status) { return http::ErrorResponse(request, status); };
   auto ok = [&](const Json& body) { return http::JsonResponse(request, bhttp::status::ok, body); };
   if (target == "/livez") return ok(Json{{"ok", true}});
+  if (target == "/ui") {
+    Response response(bhttp::status::ok, request.version());
+    response.set(bhttp::field::content_type, "text/html; charset=utf-8");
+    response.set(bhttp::field::cache_control, "no-store");
+    const std::string_view page = DashboardPage();
+    response.body().assign(page.begin(), page.end());
+    response.prepare_payload();
+    return response;
+  }
   if (target == "/readyz")
     return ok(Json{{"ready", true}, {"events_replayed", core.events_replayed()}});
   if (target == "/metrics") {
@@ -453,6 +460,9 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
         weft::Status done = core.Heartbeat(now, id, h->ready_version);
         if (!done.ok()) return error(done);
         if (h->sync) {
+          const std::optional<ClusterView> view =
+              core.Inspect([&](const OrchestratorCore& c) { return c.cluster(id); });
+          if (view) measurements.Synced(id, view->region, *h->sync);
           MutexLock lock(sync_mutex);
           sync_reports[id] = std::move(*h->sync);
         }
@@ -490,10 +500,12 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       return http::ErrorResponse(request, bhttp::status::not_found, "no such endpoint: " + target);
   }
   if (target == "/v1/versions") {
-    Result<uint64_t> version = wire::DecodeAnnouncement(body);
+    std::optional<double> publish_seconds;
+    Result<uint64_t> version = wire::DecodeAnnouncement(body, &publish_seconds);
     if (!version.ok()) return error(version.status());
     weft::Status done = core.AnnounceVersion(now, *version);
     if (!done.ok()) return error(done);
+    if (publish_seconds) measurements.Published(*version, *publish_seconds);
     Wake();
     return answer(wire::EncodeAnnouncement(*version));
   }
@@ -507,6 +519,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
   }
   Result<wire::BatchRequest> r = wire::DecodeBatchRequest(body);
   if (!r.ok()) return error(r.status());
+  if (r->waited_seconds) measurements.TrainerWaited(*r->waited_seconds);
   // The acknowledgement takes effect even if the poll then waits.
   Result<Batch> batch = core.TakeBatch(now, r->max, r->ack);
   if (!batch.ok()) return error(batch.status());
@@ -558,6 +571,11 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
       }
       ++region.clusters;
       region.leases += v.leases;
+      region.accepted += v.completed;
+      if (!v.gone && !v.draining) {
+        region.capacity += v.capacity;
+        region.busy += v.leases;
+      }
       if (!v.gone && v.ready_version) {
         ++region.ready;
         if (!region.newest_ready_version || *region.newest_ready_version < *v.ready_version)
@@ -587,6 +605,13 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
     page.buffered_by_version_start = c.buffered_versions();
     page.journal = {core.journal().records(), core.journal().syncs(), core.journal().size(),
                     core.generation(),        core.compactions(),     c.remembered_done()};
+    for (auto& [name, region] : page.regions) {
+      region.utilisation = region.capacity > 0
+                               ? std::min(1.0, static_cast<double>(region.busy) /
+                                                   static_cast<double>(region.capacity))
+                               : 0.0;
+    }
+    measurements.Fill(&page);
     return page;
   });
 }
@@ -594,6 +619,7 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
 std::string OrchestratorService::Impl::Metrics() const {
   std::ostringstream out;
   out.precision(15);  // counters past a million as integers, not 1.23457e+06
+  std::set<std::string> shown;
   core.Inspect([&](const OrchestratorCore& c) {
     const Counters& n = c.counters();
     auto metric = [&](const char* name, const char* type, const char* help, double value) {
@@ -634,11 +660,29 @@ std::string OrchestratorService::Impl::Metrics() const {
     out << "# HELP weft_orchestrator_cluster_ready_version The version each cluster proved it "
            "serves (-1: none).\n"
         << "# TYPE weft_orchestrator_cluster_ready_version gauge\n";
+    // Per-cluster series for the first metrics_cluster_limit clusters (by id) that are not gone.
+    uint64_t omitted = 0;
     for (const ClusterView& v : c.clusters()) {
-      out << "weft_orchestrator_cluster_ready_version{cluster=\"" << LabelValue(v.id)
-          << "\",region=\"" << LabelValue(v.region) << "\"} "
+      if (v.gone) continue;
+      if (shown.size() < options.metrics_cluster_limit) {
+        shown.insert(v.id);
+      } else {
+        ++omitted;
+      }
+    }
+    metric("cluster_series_omitted", "gauge",
+           "Clusters past orchestrator.metrics_cluster_limit, left out of the per-cluster series "
+           "(the per-region series count them).",
+           static_cast<double>(omitted));
+    for (const ClusterView& v : c.clusters()) {
+      if (!shown.count(v.id)) continue;
+      out << "weft_orchestrator_cluster_ready_version{cluster=\"" << prometheus::LabelValue(v.id)
+          << "\",region=\"" << prometheus::LabelValue(v.region) << "\"} "
           << (v.ready_version && !v.gone ? static_cast<double>(*v.ready_version) : -1) << "\n";
     }
+    std::string measured;
+    measurements.Metrics(measured, c);
+    out << measured;
     return 0;
   });
   MutexLock lock(sync_mutex);
@@ -661,16 +705,26 @@ std::string OrchestratorService::Impl::Metrics() const {
     out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
         << name << (counter ? " counter\n" : " gauge\n");
     for (const auto& [cluster, report] : sync_reports) {
-      out << "weft_orchestrator_" << name << "{cluster=\"" << LabelValue(cluster) << "\"} "
-          << report.*field << "\n";
+      if (!shown.count(cluster)) continue;
+      out << "weft_orchestrator_" << name << "{cluster=\"" << prometheus::LabelValue(cluster)
+          << "\"} " << report.*field << "\n";
     }
   }
   out << "# HELP weft_orchestrator_cluster_paused_seconds_total Time the engine replicas of each "
          "cluster spent paused for weight loads, summed over its replicas.\n"
          "# TYPE weft_orchestrator_cluster_paused_seconds_total counter\n";
   for (const auto& [cluster, report] : sync_reports) {
-    out << "weft_orchestrator_cluster_paused_seconds_total{cluster=\"" << LabelValue(cluster)
-        << "\"} " << report.paused_ms_total / 1000.0 << "\n";
+    if (!shown.count(cluster)) continue;
+    out << "weft_orchestrator_cluster_paused_seconds_total{cluster=\""
+        << prometheus::LabelValue(cluster) << "\"} " << report.paused_ms_total / 1000.0 << "\n";
+  }
+  out << "# HELP weft_orchestrator_cluster_max_pause_seconds The longest pause for a weight load "
+         "each cluster's engine took (as it last reported).\n"
+         "# TYPE weft_orchestrator_cluster_max_pause_seconds gauge\n";
+  for (const auto& [cluster, report] : sync_reports) {
+    if (!shown.count(cluster)) continue;
+    out << "weft_orchestrator_cluster_max_pause_seconds{cluster=\""
+        << prometheus::LabelValue(cluster) << "\"} " << report.max_pause_ms / 1000.0 << "\n";
   }
   // Each replica, as its cluster last reported it.
   auto replica_metric = [&](const char* name, const char* type, const char* help,
@@ -678,9 +732,10 @@ std::string OrchestratorService::Impl::Metrics() const {
     out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
         << name << " " << type << "\n";
     for (const auto& [cluster, report] : sync_reports) {
+      if (!shown.count(cluster)) continue;
       for (const ReplicaReport& r : report.replicas) {
-        out << "weft_orchestrator_" << name << "{cluster=\"" << LabelValue(cluster)
-            << "\",replica=\"" << LabelValue(r.url) << "\"} " << value(r) << "\n";
+        out << "weft_orchestrator_" << name << "{cluster=\"" << prometheus::LabelValue(cluster)
+            << "\",replica=\"" << prometheus::LabelValue(r.url) << "\"} " << value(r) << "\n";
       }
     }
   };
@@ -716,6 +771,13 @@ Status CheckTokens(const ServiceOptions& options) {
     return InvalidArgument(
         "the worker, trainer and admin tokens must all be different (a role whose token is "
         "another's would have that role's rights)");
+  }
+  if (!options.viewer_token.empty() && (options.viewer_token == options.worker_token ||
+                                        options.viewer_token == options.trainer_token ||
+                                        options.viewer_token == options.admin_token)) {
+    return InvalidArgument(
+        "the viewer token must differ from the worker, trainer and admin tokens (a viewer would "
+        "have that role's rights)");
   }
   return Status::Ok();
 }

@@ -5,8 +5,10 @@
 // over, and ticks the core so leases and silent clusters expire.
 //
 // Roles: the worker token may register clusters, heartbeat, lease, submit and drain; the trainer
-// token may announce versions, add jobs and take batches; the admin token may do everything.
-// /v1/status needs any of them; /metrics, /livez and /readyz need none. Thread-safe.
+// token may announce versions, add jobs and take batches; the admin token may do everything; the
+// optional viewer token may read /v1/status only. /v1/status needs any of them; /metrics, /livez,
+// /readyz and the dashboard page /ui (which holds no data: it reads /v1/status with the token
+// its user gives it) need none. Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -41,6 +43,10 @@ struct ServiceOptions {
   http::ServerOptions server = DefaultServerOptions();
   std::string run_id = "run";
   std::string worker_token, trainer_token, admin_token;
+  std::string viewer_token;  // optional: reads /v1/status and nothing else (the dashboard's)
+  // Per-cluster series on /metrics for at most this many clusters (by id); the regions' series
+  // cover every cluster.
+  uint64_t metrics_cluster_limit = 256;
   std::chrono::milliseconds tick_interval{100};
   std::chrono::milliseconds max_wait{30000};  // the longest a long poll may wait
   uint64_t max_staleness = 0;                 // for the status page (the core enforces it)

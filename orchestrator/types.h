@@ -4,6 +4,7 @@
 // receives them. Nothing here depends on the core, the service or HTTP.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -99,6 +100,11 @@ struct ReplicaReport {
 // What a worker reports of its weight sync with each heartbeat ("sync" in docs/api.md): counters
 // since the worker started. The service keeps the last report of each cluster for /v1/status (per
 // cluster and summed per region) and /metrics.
+// The upper bounds, in seconds, of the buckets in which a worker counts its engine's pauses for
+// weight loads (SyncReport::pause_counts; one more bucket for longer ones).
+inline constexpr std::array<double, 13> kPauseBoundsSeconds = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+
 struct SyncReport {
   uint64_t bytes_downloaded =
       0;                        // blob bytes fetched from the store or relay, initial load included
@@ -114,7 +120,11 @@ struct SyncReport {
   uint64_t ready_replicas = 0;             // ... of which can serve now
   uint64_t loading_replicas = 0;           // ... of which are paused for a load now
   double paused_ms_total = 0;              // time its replicas spent paused for loads, summed
-  std::vector<ReplicaReport> replicas;     // each replica (a cluster's own; not in a region's sum)
+  // The commits' pauses, counted per bucket of kPauseBoundsSeconds (empty: not reported), and
+  // their sum.
+  std::vector<uint64_t> pause_counts;
+  double pause_sum_ms = 0;
+  std::vector<ReplicaReport> replicas;  // each replica (a cluster's own; not in a region's sum)
 
   // Adds `other`'s counters and replica counts (a region's sum; the per-replica list is not
   // carried); the pause is the larger of the two.
@@ -131,6 +141,10 @@ inline void SyncReport::Add(const SyncReport& other) {
   ready_replicas += other.ready_replicas;
   loading_replicas += other.loading_replicas;
   paused_ms_total += other.paused_ms_total;
+  if (pause_counts.size() < other.pause_counts.size())
+    pause_counts.resize(other.pause_counts.size());
+  for (size_t i = 0; i < other.pause_counts.size(); ++i) pause_counts[i] += other.pause_counts[i];
+  pause_sum_ms += other.pause_sum_ms;
   max_pause_ms = max_pause_ms > other.max_pause_ms ? max_pause_ms : other.max_pause_ms;
 }
 

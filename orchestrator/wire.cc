@@ -15,6 +15,7 @@ namespace {
 using Json = nlohmann::json;
 
 Json Optional(const std::optional<uint64_t>& value) { return value ? Json(*value) : Json(nullptr); }
+Json Optional(const std::optional<double>& value) { return value ? Json(*value) : Json(nullptr); }
 
 // Members of the objects at one depth that are passed on as text: checked by the parser but left
 // out of the tree, so that the caller cuts their text out instead (json_text).
@@ -194,6 +195,10 @@ Json SyncReportJson(const SyncReport& r) {
            {"first_version", Optional(r.first_version)},
            {"newest_version", Optional(r.newest_version)},
            {"digest", r.digest}};
+  if (!r.pause_counts.empty()) {
+    out["pause_counts"] = r.pause_counts;
+    out["pause_sum_ms"] = r.pause_sum_ms;
+  }
   if (!r.replicas.empty()) {
     Json& list = out["replicas"] = Json::array();
     for (const ReplicaReport& e : r.replicas) {
@@ -255,11 +260,11 @@ Result<ReplicaReport> DecodeReplicaReport(const Json& json, const std::string& w
 
 Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) {
   SyncReport r;
-  WEFT_RETURN_IF_ERROR(
-      CheckFields(json, where, {},
-                  {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits",
-                   "engine_replicas", "ready_replicas", "loading_replicas", "max_pause_ms",
-                   "paused_ms_total", "first_version", "newest_version", "digest", "replicas"}));
+  WEFT_RETURN_IF_ERROR(CheckFields(
+      json, where, {},
+      {"bytes_downloaded", "pulls", "keyframe_pulls", "digest_mismatches", "commits",
+       "engine_replicas", "ready_replicas", "loading_replicas", "max_pause_ms", "paused_ms_total",
+       "first_version", "newest_version", "digest", "replicas", "pause_counts", "pause_sum_ms"}));
   if (json.contains("digest")) {
     Result<std::string> digest = GetString(json, "digest", where);
     if (!digest.ok() || digest->size() > 64 || !IsLowerHex(*digest)) {
@@ -286,6 +291,18 @@ Result<SyncReport> DecodeSyncReport(const Json& json, const std::string& where) 
   }
   WEFT_RETURN_IF_ERROR(ReadMilliseconds(json, "max_pause_ms", where, &r.max_pause_ms));
   WEFT_RETURN_IF_ERROR(ReadMilliseconds(json, "paused_ms_total", where, &r.paused_ms_total));
+  WEFT_RETURN_IF_ERROR(ReadMilliseconds(json, "pause_sum_ms", where, &r.pause_sum_ms));
+  if (json.contains("pause_counts")) {
+    const Json& counts = json["pause_counts"];
+    const size_t buckets = kPauseBoundsSeconds.size() + 1;
+    if (!counts.is_array() || counts.size() != buckets ||
+        !std::all_of(counts.begin(), counts.end(),
+                     [](const Json& c) { return c.is_number_unsigned(); })) {
+      return InvalidArgument(where + ".pause_counts is not a list of " + std::to_string(buckets) +
+                             " counts");
+    }
+    for (const Json& c : counts) r.pause_counts.push_back(c.get<uint64_t>());
+  }
   if (json.contains("replicas")) {
     const Json& list = json["replicas"];
     if (!list.is_array() || list.size() > kMaxReplicas) {
@@ -453,11 +470,32 @@ Result<SubmitResult> DecodeSubmitResult(std::string_view answer) {
   return InvalidArgument("unexpected result " + result->dump());
 }
 
-std::string EncodeAnnouncement(uint64_t version) { return Json{{"version", version}}.dump(); }
+namespace {
 
-Result<uint64_t> DecodeAnnouncement(std::string_view body) {
+// A non-negative number of seconds at `field`, when there and not null.
+Result<std::optional<double>> GetOptionalSeconds(const Json& json, const char* field,
+                                                 const std::string& where) {
+  if (!json.contains(field) || json[field].is_null()) return std::optional<double>();
+  const Json& value = json[field];
+  if (!value.is_number() || !(value.get<double>() >= 0) || !std::isfinite(value.get<double>()))
+    return InvalidArgument(where + "." + field + " is not a non-negative number of seconds");
+  return std::optional<double>(value.get<double>());
+}
+
+}  // namespace
+
+std::string EncodeAnnouncement(uint64_t version, std::optional<double> publish_seconds) {
+  Json json{{"version", version}};
+  if (publish_seconds) json["publish_seconds"] = *publish_seconds;
+  return json.dump();
+}
+
+Result<uint64_t> DecodeAnnouncement(std::string_view body, std::optional<double>* publish_seconds) {
   WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body));
-  WEFT_RETURN_IF_ERROR(CheckFields(json, "version", {"version"}));
+  WEFT_RETURN_IF_ERROR(CheckFields(json, "version", {"version"}, {"publish_seconds"}));
+  WEFT_ASSIGN_OR_RETURN(std::optional<double> seconds,
+                        GetOptionalSeconds(json, "publish_seconds", "announcement"));
+  if (publish_seconds != nullptr) *publish_seconds = seconds;
   return GetBounded(json, "version", "version", 0, kMaxVersion);
 }
 
@@ -530,14 +568,17 @@ Result<std::vector<uint64_t>> DecodeJobIds(std::string_view answer) {
 }
 
 std::string Encode(const BatchRequest& r) {
-  return Json{{"max", r.max}, {"wait_ms", r.wait.count()}, {"ack", Optional(r.ack)}}.dump();
+  Json json{{"max", r.max}, {"wait_ms", r.wait.count()}, {"ack", Optional(r.ack)}};
+  if (r.waited_seconds) json["waited_seconds"] = *r.waited_seconds;
+  return json.dump();
 }
 
 Result<BatchRequest> DecodeBatchRequest(std::string_view body) {
   WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body));
   const std::string where = "batches";
-  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {}, {"max", "wait_ms", "ack"}));
+  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {}, {"max", "wait_ms", "ack", "waited_seconds"}));
   BatchRequest r;
+  WEFT_ASSIGN_OR_RETURN(r.waited_seconds, GetOptionalSeconds(json, "waited_seconds", where));
   WEFT_RETURN_IF_ERROR(ReadPoll(json, where, 0, &r.max, &r.wait));
   if (json.contains("ack")) {
     Result<std::optional<uint64_t>> ack = GetOptionalVersion(json, "ack", where);
@@ -677,11 +718,38 @@ std::string Encode(const StatusPage& page) {
                      {"ready", r.ready},
                      {"leases", r.leases},
                      {"newest_ready_version", Optional(r.newest_ready_version)},
-                     {"sync", SyncReportJson(r.sync)}};
+                     {"sync", SyncReportJson(r.sync)},
+                     {"capacity", r.capacity},
+                     {"busy", r.busy},
+                     {"utilisation", r.utilisation},
+                     {"accepted", r.accepted},
+                     {"delivered", r.delivered},
+                     {"dropped_stale", r.dropped_stale}};
   }
-  Json histogram = Json::object();
-  for (const auto& [version, count] : page.buffered_by_version_start)
-    histogram[std::to_string(version)] = count;
+  auto histogram_json = [](const std::map<uint64_t, uint64_t>& histogram) {
+    Json json = Json::object();
+    for (const auto& [key, count] : histogram) json[std::to_string(key)] = count;
+    return json;
+  };
+  Json versions = Json::array();
+  for (const StatusPage::Version& v : page.versions) {
+    Json readiness = Json::object();
+    for (const auto& [name, r] : v.regions) {
+      readiness[name] = {{"population", r.population},
+                         {"ready", r.ready},
+                         {"ready_50_seconds", Optional(r.ready_50_seconds)},
+                         {"ready_90_seconds", Optional(r.ready_90_seconds)},
+                         {"ready_100_seconds", Optional(r.ready_100_seconds)},
+                         {"missed", Optional(r.missed)},
+                         {"sync_bytes", r.sync_bytes}};
+    }
+    versions.push_back({{"version", v.version},
+                        {"announced_at", v.announced_at},
+                        {"publish_seconds", Optional(v.publish_seconds)},
+                        {"regions", std::move(readiness)}});
+  }
+  const StatusPage::Trainer& trainer = page.trainer;
+  const StatusPage::Rates& rates = page.rates;
   const StatusPage::JobCounts& j = page.jobs;
   const StatusPage::LeaseCounts& l = page.leases;
   const StatusPage::TrajectoryCounts& t = page.trajectories;
@@ -714,7 +782,7 @@ std::string Encode(const StatusPage& page) {
         {"dropped_stale", t.dropped_stale}}},
       {"batches",
        {{"delivered", page.batches.delivered}, {"redelivered", page.batches.redelivered}}},
-      {"buffered_by_version_start", std::move(histogram)},
+      {"buffered_by_version_start", histogram_json(page.buffered_by_version_start)},
       {"clusters", std::move(clusters)},
       {"regions", std::move(regions)},
       {"alerts", page.alerts},
@@ -724,7 +792,20 @@ std::string Encode(const StatusPage& page) {
         {"bytes", journal.bytes},
         {"generation", journal.generation},
         {"compactions", journal.compactions},
-        {"remembered_done", journal.remembered_done}}}};
+        {"remembered_done", journal.remembered_done}}},
+      {"versions", std::move(versions)},
+      {"trainer",
+       {{"steps_reported", trainer.steps_reported},
+        {"wait_seconds_total", trainer.wait_seconds_total},
+        {"recent_wait_seconds", trainer.recent_wait_seconds},
+        {"publishes_reported", trainer.publishes_reported},
+        {"publish_seconds_total", trainer.publish_seconds_total}}},
+      {"rates",
+       {{"window_seconds", rates.window_seconds},
+        {"accepted_per_s", rates.accepted_per_s},
+        {"delivered_per_s", rates.delivered_per_s},
+        {"leases_per_s", rates.leases_per_s}}},
+      {"staleness", histogram_json(page.staleness)}};
   // As any answer of the service: a byte that is not UTF-8 is replaced, never thrown over.
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -756,6 +837,74 @@ Result<double> GetNumber(const Json& object, const std::string& field, const std
   return value.get<double>();
 }
 
+// The members of `object` named in `fields`, every one of them a number, and no other member.
+Status ReadNumbers(const Json& object, const std::string& where,
+                   std::initializer_list<std::pair<const char*, double*>> fields) {
+  std::set<std::string> names;
+  for (const auto& [name, value] : fields) names.insert(name);
+  WEFT_RETURN_IF_ERROR(CheckFields(object, where, names));
+  for (const auto& [name, value] : fields) {
+    WEFT_ASSIGN_OR_RETURN(*value, GetNumber(object, name, where));
+  }
+  return Status::Ok();
+}
+
+Result<std::optional<double>> GetOptionalNumber(const Json& object, const std::string& field,
+                                                const std::string& where) {
+  if (object.at(field).is_null()) return std::optional<double>();
+  WEFT_ASSIGN_OR_RETURN(double value, GetNumber(object, field, where));
+  return std::optional<double>(value);
+}
+
+Result<std::optional<uint64_t>> GetOptionalCount(const Json& object, const std::string& field,
+                                                 const std::string& where) {
+  if (object.at(field).is_null()) return std::optional<uint64_t>();
+  WEFT_ASSIGN_OR_RETURN(uint64_t value, GetUnsigned(object, field, where));
+  return std::optional<uint64_t>(value);
+}
+
+// An object of counts keyed by version numbers (or lags), into `out`.
+Status ReadVersionHistogram(const Json& histogram, const std::string& where,
+                            std::map<uint64_t, uint64_t>* out) {
+  if (!histogram.is_object()) return InvalidArgument(where + " is not an object");
+  for (const auto& [key, count] : histogram.items()) {
+    const bool version = !key.empty() && key.size() <= 16 &&
+                         key.find_first_not_of("0123456789") == std::string::npos &&
+                         (key == "0" || key[0] != '0') && std::stoull(key) <= kMaxVersion;
+    if (!version) return InvalidArgument(where + " has a key that is not a version");
+    WEFT_ASSIGN_OR_RETURN((*out)[std::stoull(key)], GetUnsigned(histogram, key, where));
+  }
+  return Status::Ok();
+}
+
+Result<StatusPage::Version> DecodeStatusVersion(const Json& json, const std::string& where) {
+  if (!json.is_object()) return InvalidArgument(where + " is not an object");
+  WEFT_RETURN_IF_ERROR(
+      CheckFields(json, where, {"version", "announced_at", "publish_seconds", "regions"}));
+  StatusPage::Version v;
+  WEFT_ASSIGN_OR_RETURN(v.version, GetBounded(json, "version", where, 0, kMaxVersion));
+  WEFT_ASSIGN_OR_RETURN(v.announced_at, GetNumber(json, "announced_at", where));
+  WEFT_ASSIGN_OR_RETURN(v.publish_seconds, GetOptionalNumber(json, "publish_seconds", where));
+  const Json& regions = json["regions"];
+  if (!regions.is_object()) return InvalidArgument(where + ".regions is not an object");
+  for (const auto& [name, region] : regions.items()) {
+    const std::string at = where + ".regions." + name;
+    if (!region.is_object()) return InvalidArgument(at + " is not an object");
+    WEFT_RETURN_IF_ERROR(CheckFields(region, at,
+                                     {"population", "ready", "ready_50_seconds", "ready_90_seconds",
+                                      "ready_100_seconds", "missed", "sync_bytes"}));
+    StatusPage::Readiness& r = v.regions[name];
+    WEFT_ASSIGN_OR_RETURN(r.population, GetUnsigned(region, "population", at));
+    WEFT_ASSIGN_OR_RETURN(r.ready, GetUnsigned(region, "ready", at));
+    WEFT_ASSIGN_OR_RETURN(r.ready_50_seconds, GetOptionalNumber(region, "ready_50_seconds", at));
+    WEFT_ASSIGN_OR_RETURN(r.ready_90_seconds, GetOptionalNumber(region, "ready_90_seconds", at));
+    WEFT_ASSIGN_OR_RETURN(r.ready_100_seconds, GetOptionalNumber(region, "ready_100_seconds", at));
+    WEFT_ASSIGN_OR_RETURN(r.missed, GetOptionalCount(region, "missed", at));
+    WEFT_ASSIGN_OR_RETURN(r.sync_bytes, GetUnsigned(region, "sync_bytes", at));
+  }
+  return v;
+}
+
 Result<StatusPage::Cluster> DecodeStatusCluster(const Json& json, const std::string& where) {
   WEFT_RETURN_IF_ERROR(CheckFields(json, where,
                                    {"id", "region", "capacity", "ready_version", "state", "leases",
@@ -782,8 +931,16 @@ Result<StatusPage::Cluster> DecodeStatusCluster(const Json& json, const std::str
 
 Result<StatusPage::Region> DecodeStatusRegion(const Json& json, const std::string& where) {
   WEFT_RETURN_IF_ERROR(
-      CheckFields(json, where, {"clusters", "ready", "leases", "newest_ready_version", "sync"}));
+      CheckFields(json, where,
+                  {"clusters", "ready", "leases", "newest_ready_version", "sync", "capacity",
+                   "busy", "utilisation", "accepted", "delivered", "dropped_stale"}));
   StatusPage::Region r;
+  WEFT_ASSIGN_OR_RETURN(r.capacity, GetUnsigned(json, "capacity", where));
+  WEFT_ASSIGN_OR_RETURN(r.busy, GetUnsigned(json, "busy", where));
+  WEFT_ASSIGN_OR_RETURN(r.utilisation, GetNumber(json, "utilisation", where));
+  WEFT_ASSIGN_OR_RETURN(r.accepted, GetUnsigned(json, "accepted", where));
+  WEFT_ASSIGN_OR_RETURN(r.delivered, GetUnsigned(json, "delivered", where));
+  WEFT_ASSIGN_OR_RETURN(r.dropped_stale, GetUnsigned(json, "dropped_stale", where));
   WEFT_ASSIGN_OR_RETURN(r.clusters, GetUnsigned(json, "clusters", where));
   WEFT_ASSIGN_OR_RETURN(r.ready, GetUnsigned(json, "ready", where));
   WEFT_ASSIGN_OR_RETURN(r.leases, GetUnsigned(json, "leases", where));
@@ -797,11 +954,11 @@ Result<StatusPage::Region> DecodeStatusRegion(const Json& json, const std::strin
 
 Result<StatusPage> DecodeStatusPage(std::string_view answer, const std::string& where) {
   WEFT_ASSIGN_OR_RETURN(Json json, ParseObject(answer, where));
-  WEFT_RETURN_IF_ERROR(
-      CheckFields(json, where,
-                  {"run", "latest_version", "admissible_version", "max_staleness", "jobs", "leases",
-                   "clusters_lost", "trajectories", "batches", "buffered_by_version_start",
-                   "clusters", "regions", "alerts", "journal"}));
+  WEFT_RETURN_IF_ERROR(CheckFields(
+      json, where,
+      {"run", "latest_version", "admissible_version", "max_staleness", "jobs", "leases",
+       "clusters_lost", "trajectories", "batches", "buffered_by_version_start", "clusters",
+       "regions", "alerts", "journal", "versions", "trainer", "rates", "staleness"}));
   StatusPage page;
   WEFT_ASSIGN_OR_RETURN(page.run, GetString(json, "run", where));
   WEFT_ASSIGN_OR_RETURN(page.latest_version, GetOptionalVersion(json, "latest_version", where));
@@ -834,17 +991,45 @@ Result<StatusPage> DecodeStatusPage(std::string_view answer, const std::string& 
   WEFT_RETURN_IF_ERROR(ReadCounts(
       json["batches"], where + ".batches",
       {{"delivered", &page.batches.delivered}, {"redelivered", &page.batches.redelivered}}));
-  const Json& histogram = json["buffered_by_version_start"];
-  const std::string histogram_where = where + ".buffered_by_version_start";
-  if (!histogram.is_object()) return InvalidArgument(histogram_where + " is not an object");
-  for (const auto& [key, count] : histogram.items()) {
-    const bool version = !key.empty() && key.size() <= 16 &&
-                         key.find_first_not_of("0123456789") == std::string::npos &&
-                         (key == "0" || key[0] != '0') && std::stoull(key) <= kMaxVersion;
-    if (!version) return InvalidArgument(histogram_where + " has a key that is not a version");
-    WEFT_ASSIGN_OR_RETURN(page.buffered_by_version_start[std::stoull(key)],
-                          GetUnsigned(histogram, key, histogram_where));
+  WEFT_RETURN_IF_ERROR(ReadVersionHistogram(json["buffered_by_version_start"],
+                                            where + ".buffered_by_version_start",
+                                            &page.buffered_by_version_start));
+  WEFT_RETURN_IF_ERROR(
+      ReadVersionHistogram(json["staleness"], where + ".staleness", &page.staleness));
+  const Json& versions = json["versions"];
+  if (!versions.is_array()) return InvalidArgument(where + ".versions is not an array");
+  for (size_t i = 0; i < versions.size(); ++i) {
+    WEFT_ASSIGN_OR_RETURN(
+        StatusPage::Version version,
+        DecodeStatusVersion(versions[i], where + ".versions[" + std::to_string(i) + "]"));
+    page.versions.push_back(std::move(version));
   }
+  const Json& trainer = json["trainer"];
+  const std::string trainer_where = where + ".trainer";
+  if (!trainer.is_object()) return InvalidArgument(trainer_where + " is not an object");
+  WEFT_RETURN_IF_ERROR(CheckFields(trainer, trainer_where,
+                                   {"steps_reported", "wait_seconds_total", "recent_wait_seconds",
+                                    "publishes_reported", "publish_seconds_total"}));
+  WEFT_ASSIGN_OR_RETURN(page.trainer.steps_reported,
+                        GetUnsigned(trainer, "steps_reported", trainer_where));
+  WEFT_ASSIGN_OR_RETURN(page.trainer.wait_seconds_total,
+                        GetNumber(trainer, "wait_seconds_total", trainer_where));
+  WEFT_ASSIGN_OR_RETURN(page.trainer.publishes_reported,
+                        GetUnsigned(trainer, "publishes_reported", trainer_where));
+  WEFT_ASSIGN_OR_RETURN(page.trainer.publish_seconds_total,
+                        GetNumber(trainer, "publish_seconds_total", trainer_where));
+  const Json& waits = trainer["recent_wait_seconds"];
+  if (!waits.is_array() ||
+      !std::all_of(waits.begin(), waits.end(), [](const Json& w) { return w.is_number(); }))
+    return InvalidArgument(trainer_where + ".recent_wait_seconds is not an array of numbers");
+  for (const Json& w : waits) page.trainer.recent_wait_seconds.push_back(w.get<double>());
+  if (!json["rates"].is_object()) return InvalidArgument(where + ".rates is not an object");
+  StatusPage::Rates& rates = page.rates;
+  WEFT_RETURN_IF_ERROR(ReadNumbers(json["rates"], where + ".rates",
+                                   {{"window_seconds", &rates.window_seconds},
+                                    {"accepted_per_s", &rates.accepted_per_s},
+                                    {"delivered_per_s", &rates.delivered_per_s},
+                                    {"leases_per_s", &rates.leases_per_s}}));
   const Json& clusters = json["clusters"];
   if (!clusters.is_array()) return InvalidArgument(where + ".clusters is not an array");
   for (size_t i = 0; i < clusters.size(); ++i) {

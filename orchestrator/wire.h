@@ -91,8 +91,12 @@ Status ReadGroupFields(const nlohmann::json& object, const std::string& where,
                        TrajectoryGroup* group);
 
 // POST /v1/versions
-std::string EncodeAnnouncement(uint64_t version);
-Result<uint64_t> DecodeAnnouncement(std::string_view body);
+// {"version": v, "publish_seconds": s}: the trainer may say how long publishing it took (a
+// non-negative number; absent or null: not said), which the orchestrator measures.
+std::string EncodeAnnouncement(uint64_t version,
+                               std::optional<double> publish_seconds = std::nullopt);
+Result<uint64_t> DecodeAnnouncement(std::string_view body,
+                                    std::optional<double>* publish_seconds = nullptr);
 
 // POST /v1/jobs (samples 1 to 4096 each, at most 100000 jobs), and the ids of the jobs added. A
 // job's "metadata" (optional; null is none) is any JSON value of at most kMaxJobMetadataBytes of
@@ -112,6 +116,9 @@ struct BatchRequest {
   uint32_t max = 64;  // 0 to 100000; 0 only acknowledges
   std::chrono::milliseconds wait{0};
   std::optional<uint64_t> ack;  // the newest batch the trainer has received
+  // How long the trainer's previous next_batch call waited for data, in seconds (a non-negative
+  // number; absent or null: not reported), which the orchestrator measures.
+  std::optional<double> waited_seconds;
 };
 std::string Encode(const BatchRequest& request);
 Result<BatchRequest> DecodeBatchRequest(std::string_view body);
@@ -151,6 +158,39 @@ struct StatusPage {
     uint64_t clusters = 0, ready = 0, leases = 0;
     std::optional<uint64_t> newest_ready_version;
     SyncReport sync;  // its clusters' reports summed (SyncReport::Add; no replicas)
+    // Slots of its clusters neither draining nor gone, the leases they hold, and their ratio.
+    uint64_t capacity = 0, busy = 0;
+    double utilisation = 0;
+    // Trajectory groups: accepted from its clusters (all time), and, since the orchestrator
+    // started, delivered to the trainer and dropped as stale.
+    uint64_t accepted = 0, delivered = 0, dropped_stale = 0;
+  };
+  // Publication to ready of one version in one region (Measurements, orchestrator/measurements.h).
+  struct Readiness {
+    uint64_t population = 0;  // clusters that could get ready when it was announced, still there
+    uint64_t ready = 0;       // ... of which proved it (or a newer version)
+    // Seconds from the announce until half, 90% and all of the population proved it (null: not
+    // yet, or never).
+    std::optional<double> ready_50_seconds, ready_90_seconds, ready_100_seconds;
+    std::optional<uint64_t> missed;  // not ready when the next version came (null: still latest)
+    uint64_t sync_bytes = 0;  // weights its clusters downloaded from this announce to the next
+  };
+  struct Version {
+    uint64_t version = 0;
+    double announced_at = 0;                   // Unix seconds
+    std::optional<double> publish_seconds;     // as the trainer reported it (null: not reported)
+    std::map<std::string, Readiness> regions;  // by name
+  };
+  struct Trainer {
+    uint64_t steps_reported = 0;  // next_batch calls whose wait the trainer reported
+    double wait_seconds_total = 0;
+    std::vector<double> recent_wait_seconds;  // the latest steps', oldest first
+    uint64_t publishes_reported = 0;
+    double publish_seconds_total = 0;
+  };
+  struct Rates {
+    double window_seconds = 0;  // what the rates are measured over (0: not yet)
+    double accepted_per_s = 0, delivered_per_s = 0, leases_per_s = 0;
   };
   struct Journal {
     uint64_t records = 0, syncs = 0, bytes = 0, generation = 0, compactions = 0;
@@ -171,6 +211,10 @@ struct StatusPage {
   std::map<std::string, Region> regions;  // by name
   std::vector<std::string> alerts;
   Journal journal;
+  std::vector<Version> versions;  // the latest announced, oldest first
+  Trainer trainer;
+  Rates rates;
+  std::map<uint64_t, uint64_t> staleness;  // lag -> trajectory groups delivered since the start
 };
 std::string Encode(const StatusPage& page);
 // Checked strictly, as a request is (its readers come with the orchestrator they read): the body an

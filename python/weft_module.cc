@@ -312,11 +312,11 @@ class PyOrchestrator {
                  const std::string& ca_file)
       : client_(url, token, ClientOptions(deadline_s, ca_file)) {}
 
-  void Announce(uint64_t version) {
+  void Announce(uint64_t version, std::optional<double> publish_seconds) {
     Status announced = Status::Ok();
     {
       py::gil_scoped_release release;
-      announced = client_.AnnounceVersion(version);
+      announced = client_.AnnounceVersion(version, publish_seconds);
     }
     Check(announced);
   }
@@ -466,7 +466,8 @@ PYBIND11_MODULE(_weft, m) {
   py::class_<PyOrchestrator>(m, "Orchestrator")
       .def(py::init<const std::string&, const std::string&, double, const std::string&>(),
            py::arg("url"), py::arg("token"), py::arg("deadline"), py::arg("ca_file"))
-      .def("announce", &PyOrchestrator::Announce)
+      .def("announce", &PyOrchestrator::Announce, py::arg("version"),
+           py::arg("publish_seconds") = py::none())
       .def("add_jobs", &PyOrchestrator::AddJobs)
       .def("status", &PyOrchestrator::GetStatus);
 

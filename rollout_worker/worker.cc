@@ -220,6 +220,15 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
     report_.newest_version = version;
     report_.digest = sink_.StateDigest();
     report_.max_pause_ms = std::max(report_.max_pause_ms, static_cast<double>(*pause) / 1000.0);
+    // The pause in its bucket (the orchestrator's histogram of pauses per region).
+    if (report_.pause_counts.empty())
+      report_.pause_counts.assign(orchestrator::kPauseBoundsSeconds.size() + 1, 0);
+    size_t bucket = 0;
+    while (bucket < orchestrator::kPauseBoundsSeconds.size() &&
+           static_cast<double>(*pause) / 1e6 > orchestrator::kPauseBoundsSeconds[bucket])
+      ++bucket;
+    ++report_.pause_counts[bucket];
+    report_.pause_sum_ms += static_cast<double>(*pause) / 1000.0;
   }
   WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << version << " (pause "
                   << *pause << " us)";

@@ -142,6 +142,15 @@ std::string CountLabel(double n) { return Fixed(n, 0); }
 
 }  // namespace
 
+std::pair<nlohmann::json, nlohmann::json> MedianAndWorst(std::vector<double> values) {
+  if (values.empty()) return {nullptr, nullptr};
+  std::sort(values.begin(), values.end());
+  auto finite = [](double x) {
+    return std::isinf(x) ? nlohmann::json(nullptr) : nlohmann::json(x);
+  };
+  return {finite(values[values.size() / 2]), finite(values.back())};
+}
+
 std::string SummaryText(const Json& report) {
   std::ostringstream out;
   const Json& t = report["trainer"];

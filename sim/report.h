@@ -5,9 +5,14 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace weft::sim {
+
+// The median and the worst of per-version figures (seconds; infinity: never), as report.json
+// gives them (null: never): publication to ready in `weft sim`'s report and in `weft run`'s.
+std::pair<nlohmann::json, nlohmann::json> MedianAndWorst(std::vector<double> values);
 
 std::string SummaryText(const nlohmann::json& report);
 std::string ReportSvg(const nlohmann::json& report);

@@ -2,6 +2,8 @@
 // or at its failure; sim/report.h renders it.
 #include "sim/simulation.h"
 
+#include "sim/report.h"
+
 #include <cmath>
 #include <limits>
 #include <map>
@@ -18,10 +20,6 @@ double ReadyAfter(std::vector<Micros>& sorted, uint32_t population, double q) {
                                  : std::numeric_limits<double>::infinity();
 }
 
-nlohmann::json Finite(double x) {
-  return std::isinf(x) ? nlohmann::json(nullptr) : nlohmann::json(x);
-}
-
 // A lag histogram as a JSON object (lags as keys).
 nlohmann::json HistogramJson(const std::map<uint64_t, uint64_t>& histogram) {
   nlohmann::json out = nlohmann::json::object();
@@ -29,16 +27,10 @@ nlohmann::json HistogramJson(const std::map<uint64_t, uint64_t>& histogram) {
   return out;
 }
 
-// The median and the worst over versions, "never" (infinite) counting as the longest.
-std::pair<nlohmann::json, nlohmann::json> MedianAndWorst(std::vector<double> values) {
-  if (values.empty()) return {nullptr, nullptr};
-  std::sort(values.begin(), values.end());
-  return {Finite(values[values.size() / 2]), Finite(values.back())};
-}
-
 }  // namespace
 
 nlohmann::json Simulation::Report() {
+  using weft::sim::MedianAndWorst;
   nlohmann::json report;
   const Counters& k = core_.counters();
   const double duration = Seconds(now_);

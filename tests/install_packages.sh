@@ -18,11 +18,11 @@ done
 say "installing ${missing[*]}"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-if ! DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
+if ! DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=300 -y --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
   if grep -qE 'Unable to locate package|has no installation candidate|Failed to fetch|404 +Not Found' "$log"; then
     say "apt-get install failed for lack of package lists; running apt-get update"
     apt-get update -qq >"$log" 2>&1 || { cat "$log" >&2; die "apt-get update failed"; }
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1 ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=300 -y --no-install-recommends "${missing[@]}" >"$log" 2>&1 ||
       { tail -n 30 "$log" >&2; die "apt-get install ${missing[*]} failed"; }
   else
     tail -n 30 "$log" >&2

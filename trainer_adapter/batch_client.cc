@@ -35,7 +35,14 @@ Result<std::vector<orchestrator::Delivered>> BatchClient::Take(size_t want, bool
                                                                uint64_t trainer_version,
                                                                std::chrono::milliseconds wait) {
   using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + wait;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + wait;
+  // The trainer waited for this call's data as long as it took: reported with the next request.
+  struct Report {
+    orchestrator::OrchestratorClient& client;
+    Clock::time_point start;
+    ~Report() { client.ReportWait(std::chrono::duration<double>(Clock::now() - start).count()); }
+  } report{client_, start};
   std::vector<orchestrator::Delivered> groups;
   size_t held = 0;
   while (held < want) {

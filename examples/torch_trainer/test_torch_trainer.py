@@ -627,7 +627,8 @@ class FakeWeft:
             def __init__(self, url: str, token: str, deadline: float) -> None:
                 pass
 
-            def announce(self, version: int) -> None:
+            def announce(self, version: int, publish_seconds: float | None = None) -> None:
+                assert publish_seconds is None or publish_seconds >= 0
                 fake.announced.append(version)
 
             def add_jobs(self, prompts: list, samples: int) -> list[int]:

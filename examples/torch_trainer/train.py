@@ -286,6 +286,7 @@ class StepRecord:
     mean_ratio: float = 0.0  # importance ratio pi/mu over the batch's tokens
     truncated: float = 0.0  # fraction of tokens whose ratio was truncated
     seconds: float = 0.0  # since the RL phase began
+    wait_seconds: float = 0.0  # in next_batch, waiting for the step's trajectories
 
 
 @dataclass
@@ -421,6 +422,7 @@ class Trainer:
         eval_rng = random.Random(t.seed ^ 0xE7A1)
         self.eval_problems = [self.task.problem(eval_rng) for _ in range(t.eval_problems)]
         self.summary = TrainerSummary(warmup_steps=t.warmup.steps, steps_total=t.steps)
+        self.waited = 0.0  # the current step's time in next_batch
         self.summary.parameters = sum(p.numel() for p in self.model.parameters())
         self.summary.random_policy_reward = sum(
             self.task.random_policy_reward(p) for p in self.eval_problems) / len(self.eval_problems)
@@ -470,7 +472,8 @@ class Trainer:
             groups, lags = self.take_groups(batches, version, step)
             record = StepRecord(step=step, groups=len(groups),
                                 samples=sum(len(g.samples) for g in groups),
-                                max_lag=max(lags), mean_lag=sum(lags) / len(lags))
+                                max_lag=max(lags), mean_lag=sum(lags) / len(lags),
+                                wait_seconds=self.waited)
             rewards = sum(s.reward for g in groups for s in g.samples)
             record.reward = rewards / record.samples if record.samples else 0.0
             stats = policy_gradient_step(self.model, optimizer, groups, rules, version)
@@ -478,6 +481,7 @@ class Trainer:
             if stats.masked_tokens:
                 log(f"step {step}: {stats.masked_tokens} of {stats.tokens} tokens older than "
                     f"version {version - self.settings.max_staleness} got no weight")
+            publishing = time.monotonic()
             try:
                 published = publisher.publish(self.model.state_dict())
             except self.weft.Error as e:
@@ -490,7 +494,7 @@ class Trainer:
                                                        published.density)
             self.summary.bytes_published += published.bytes_written
             self.summary.versions_published += 1
-            self.announce(version)
+            self.announce(version, time.monotonic() - publishing)
             record.seconds = time.monotonic() - started
             self.summary.steps.append(record)
             staleness = batches.staleness
@@ -518,9 +522,9 @@ class Trainer:
             if step % WARMUP_REPORT_EVERY == 0 or step == t.warmup.steps:
                 self.progress(self.summary)
 
-    def announce(self, version: int) -> None:
+    def announce(self, version: int, publish_seconds: float | None = None) -> None:
         try:
-            self.orchestrator.announce(version)
+            self.orchestrator.announce(version, publish_seconds)
         except self.weft.Error as e:
             raise RuntimeError(f"announcing version {version}: {e}") from e
 
@@ -559,12 +563,16 @@ class Trainer:
         groups: list[Group] = []
         lags: list[int] = []
         last_arrival = time.monotonic()
+        self.waited = 0.0
         while len(groups) < t.prompts_per_step:
+            asked = time.monotonic()
             try:
                 received = batches.next_batch(groups=t.prompts_per_step - len(groups),
                                               trainer_version=version, timeout=BATCH_TIMEOUT_S)
             except self.weft.Error as e:
                 raise RuntimeError(f"taking a batch at step {step}: {e}") from e
+            finally:
+                self.waited += time.monotonic() - asked
             if received:
                 last_arrival = time.monotonic()
             else:

@@ -36,9 +36,14 @@ class Orchestrator:
         self._native = _weft.Orchestrator(url=url, token=token, deadline=float(deadline),
                                           ca_file=ca_file or "")
 
-    def announce(self, version: int) -> None:
-        """Announces a published version: workers move to it, and leases follow the bound."""
-        self._native.announce(int(version))
+    def announce(self, version: int, publish_seconds: Optional[float] = None) -> None:
+        """Announces a published version: workers move to it, and leases follow the bound.
+
+        ``publish_seconds``, how long publishing it took, feeds the orchestrator's measurements
+        (``weft_orchestrator_publish_seconds``).
+        """
+        self._native.announce(int(version),
+                              None if publish_seconds is None else float(publish_seconds))
 
     def add_jobs(self, prompts: Sequence[Any], samples: int = 1,
                  metadata: Any = None) -> List[int]:

@@ -183,6 +183,13 @@ TEST_CASE("wire: every request and answer survives a round trip") {
   CHECK(DecodeDrain("{}").value().empty());
   CHECK(DecodeSubmitResult(Encode(SubmitResult::kDuplicate)).value() == SubmitResult::kDuplicate);
   CHECK(DecodeAnnouncement(EncodeAnnouncement(12)).value() == 12);
+  std::optional<double> publish_seconds;
+  CHECK(DecodeAnnouncement(EncodeAnnouncement(13, 0.25), &publish_seconds).value() == 13);
+  CHECK(publish_seconds == 0.25);
+  CHECK(DecodeAnnouncement(R"({"version":1,"publish_seconds":null})", &publish_seconds).ok());
+  CHECK(!publish_seconds);
+  CHECK(DecodeAnnouncement(R"({"version":1,"publish_seconds":-1})").status().message() ==
+        "announcement.publish_seconds is not a non-negative number of seconds");
   Result<std::vector<JobSpec>> jobs = DecodeJobs(EncodeJobs({{"\"a\"", 2}, {"[1, 2]", 1}}));
   REQUIRE(jobs.ok());
   CHECK((*jobs)[0].prompt == "\"a\"");
@@ -190,11 +197,18 @@ TEST_CASE("wire: every request and answer survives a round trip") {
   CHECK((*jobs)[1].prompt == "[1,2]");  // kept as the parser prints it
   CHECK(DecodeJobIds(EncodeJobIds({9, 10})).value() == std::vector<uint64_t>{9, 10});
 
-  Result<BatchRequest> br = DecodeBatchRequest(Encode(BatchRequest{0, std::chrono::seconds(3), 6}));
+  Result<BatchRequest> br =
+      DecodeBatchRequest(Encode(BatchRequest{0, std::chrono::seconds(3), 6, std::nullopt}));
   REQUIRE(br.ok());
   CHECK(br->max == 0);
   CHECK(br->wait.count() == 0);  // an acknowledgement does not wait
   CHECK(br->ack == 6);
+  CHECK(!br->waited_seconds);
+  br = DecodeBatchRequest(Encode(BatchRequest{4, std::chrono::seconds(1), std::nullopt, 1.5}));
+  REQUIRE(br.ok());
+  CHECK(br->waited_seconds == 1.5);
+  CHECK(DecodeBatchRequest(R"({"max":1,"waited_seconds":"soon"})").status().message() ==
+        "batches.waited_seconds is not a non-negative number of seconds");
 }
 
 TEST_CASE("wire: a batch hands every group its own samples, as they were submitted") {
@@ -404,6 +418,26 @@ StatusPage FullStatusPage() {
   page.regions["us"] = {1, 0, 0, std::nullopt, SyncReport{}};
   page.alerts = {"no version announced for 5m"};
   page.journal = {100, 40, 4096, 2, 1, 30};
+  StatusPage::Region& eu = page.regions["eu"];
+  eu.capacity = 4;
+  eu.busy = 2;
+  eu.utilisation = 0.5;
+  eu.accepted = 17;
+  eu.delivered = 20;
+  eu.dropped_stale = 4;
+  StatusPage::Version& v11 = page.versions.emplace_back();
+  v11.version = 11;
+  v11.announced_at = 1764820000.5;
+  v11.publish_seconds = 0.75;
+  v11.regions["eu"] = {1, 1, 0.25, 0.25, 0.25, 0, 1024};
+  v11.regions["us"] = {1, 0, std::nullopt, std::nullopt, std::nullopt, 1, 0};
+  StatusPage::Version& v12 = page.versions.emplace_back();
+  v12.version = 12;
+  v12.announced_at = 1764820002.5;
+  v12.regions["eu"] = {1, 0, std::nullopt, std::nullopt, std::nullopt, std::nullopt, 0};
+  page.trainer = {3, 1.5, {0.25, 0.5, 0.75}, 2, 1.25};
+  page.rates = {10, 2.5, 2, 3};
+  page.staleness = {{0, 15}, {1, 5}};
   return page;
 }
 
@@ -436,7 +470,16 @@ TEST_CASE("wire: the status page survives a round trip, in the shape docs/api.md
   CHECK(keys == std::set<std::string>{"run", "latest_version", "admissible_version",
                                       "max_staleness", "jobs", "leases", "clusters_lost",
                                       "trajectories", "batches", "buffered_by_version_start",
-                                      "clusters", "regions", "alerts", "journal"});
+                                      "clusters", "regions", "alerts", "journal", "versions",
+                                      "trainer", "rates", "staleness"});
+  REQUIRE(back->versions.size() == 2);
+  CHECK(back->versions[0].regions.at("eu").ready_90_seconds == 0.25);
+  CHECK(back->versions[0].regions.at("us").missed == 1);
+  CHECK(!back->versions[1].publish_seconds);
+  CHECK(back->trainer.recent_wait_seconds == std::vector<double>{0.25, 0.5, 0.75});
+  CHECK(back->rates.delivered_per_s == 2);
+  CHECK(back->staleness == page.staleness);
+  CHECK(back->regions.at("eu").utilisation == 0.5);
   CHECK(json["buffered_by_version_start"] == Json{{"7", 2}, {"11", 3}});
   CHECK(json["clusters"][1] == Json{{"id", "us-1"},
                                     {"region", "us"},
