@@ -54,5 +54,6 @@ void RegisterTrain(CLI::App& app, Action* action);
 void RegisterRun(CLI::App& app, Action* action);
 void RegisterSim(CLI::App& app, Action* action);
 void RegisterDeploy(CLI::App& app, Action* action);
+void RegisterStatus(CLI::App& app, Action* action);
 
 }  // namespace weft::cli

@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
   weft::cli::RegisterRun(app, &action);
   weft::cli::RegisterDeploy(app, &action);
   weft::cli::RegisterSim(app, &action);
+  weft::cli::RegisterStatus(app, &action);
   weft::cli::RegisterWorker(app, &action);
   weft::cli::RegisterTrain(app, &action);
   try {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "cli/builtins.h"
 #include "cli/commands.h"
@@ -239,6 +240,8 @@ Status RunRun(const std::string& config_path) {
   std::string failure;
   bool interrupted = false;
   std::optional<orchestrator::wire::StatusPage> status;  // the last the orchestrator gave
+  // Every version any status page listed, by number (the page lists only the latest few).
+  std::map<uint64_t, orchestrator::wire::StatusPage::Version> versions;
   ProgressReader progress(progress_path);
   while (true) {
     if (stop.WaitFor(std::chrono::milliseconds(250))) {
@@ -277,7 +280,10 @@ Status RunRun(const std::string& config_path) {
     if (Clock::now() - last_line >= std::chrono::seconds(tty ? 1 : 5)) {
       last_line = Clock::now();
       Result<orchestrator::wire::StatusPage> s = status_client.GetStatus();
-      if (s.ok()) status = std::move(*s);
+      if (s.ok()) {
+        for (const auto& v : s->versions) versions[v.version] = v;
+        status = std::move(*s);
+      }
       progress.Read();
       std::string line = ProgressLine(progress.last(), s.ok() ? &*status : nullptr, config);
       if (!progress.problem().empty()) line += " | " + progress.problem();
@@ -300,6 +306,13 @@ Status RunRun(const std::string& config_path) {
                                                 config.orchestrator.service.admin_token, patient);
   if (Result<orchestrator::wire::StatusPage> s = final_client.GetStatus(); s.ok())
     status = std::move(*s);
+  if (status) {
+    // Every version seen along the way (the page lists the latest few): the report's
+    // publication to ready covers the whole run.
+    for (const auto& v : status->versions) versions[v.version] = v;
+    status->versions.clear();
+    for (auto& [number, v] : versions) status->versions.push_back(std::move(v));
+  }
   Json relays = Json::object();
   for (const RegionConfig& r : config.regions) {
     HttpClient relay("http://" + r.relay_listen, quick);

@@ -295,12 +295,6 @@ std::string ReportSvg(const Json& report) {
   return svg.str();
 }
 
-namespace {
-
-// Each region as the run saw it: publication to 50/90/100% ready, as `weft sim` reports it (the
-// median and the worst over the versions whose population was not empty, from the orchestrator's
-// last /v1/status; null: never), its trajectories and its weight bytes (downloaded by its
-// workers; fetched over the WAN by its relay).
 Json RegionsReport(const orchestrator::wire::StatusPage* status, const Json& relays) {
   Json regions = Json::array();
   if (status == nullptr) return regions;
@@ -311,6 +305,7 @@ Json RegionsReport(const orchestrator::wire::StatusPage* status, const Json& rel
       auto found = v.regions.find(name);
       if (found == v.regions.end() || found->second.population == 0) continue;
       const orchestrator::wire::StatusPage::Readiness& r = found->second;
+      if (!r.missed && !r.ready_100_seconds) continue;  // the latest, still under way
       ++versions;
       missed += r.missed.value_or(0);
       const std::optional<double>* fractions[3] = {&r.ready_50_seconds, &r.ready_90_seconds,
@@ -345,6 +340,8 @@ Json RegionsReport(const orchestrator::wire::StatusPage* status, const Json& rel
   }
   return regions;
 }
+
+namespace {
 
 // The trainer's wait for trajectories: per step from its progress file when it reports it (the
 // built-in trainer does), else what the orchestrator was told (its latest steps only).

@@ -34,6 +34,14 @@ struct RunOutcome {
   std::map<std::string, int> restarts;  // process name -> restarts, for those restarted
 };
 
+// Each region as a status page shows it: publication to 50/90/100% ready, as `weft sim` reports
+// it (the median and the worst over the versions listed whose population was not empty, but the
+// latest while it is still under way; null: never), its trajectories and its weight bytes
+// (downloaded by its workers; fetched over the WAN by its relay, from `relays`: region -> the
+// relay's /v1/stats, when known).
+nlohmann::json RegionsReport(const orchestrator::wire::StatusPage* status,
+                             const nlohmann::json& relays);
+
 nlohmann::json BuildReport(const RunConfig& config, const RunOutcome& outcome);
 // The picture: reward per step, and delta bytes per version against a full checkpoint.
 std::string ReportSvg(const nlohmann::json& report);
