@@ -300,41 +300,28 @@ Json RegionsReport(const orchestrator::wire::StatusPage* status, const Json& rel
   if (status == nullptr) return regions;
   for (const auto& [name, region] : status->regions) {
     std::vector<double> after[3];
-    uint64_t versions = 0, never_full = 0, missed = 0;
+    uint64_t missed = 0;
     for (const orchestrator::wire::StatusPage::Version& v : status->versions) {
       auto found = v.regions.find(name);
       if (found == v.regions.end() || found->second.population == 0) continue;
       const orchestrator::wire::StatusPage::Readiness& r = found->second;
       if (!r.missed && !r.ready_100_seconds) continue;  // the latest, still under way
-      ++versions;
       missed += r.missed.value_or(0);
       const std::optional<double>* fractions[3] = {&r.ready_50_seconds, &r.ready_90_seconds,
                                                    &r.ready_100_seconds};
       for (int i = 0; i < 3; ++i)
         after[i].push_back(fractions[i]->value_or(std::numeric_limits<double>::infinity()));
-      if (!r.ready_100_seconds) ++never_full;
     }
-    const auto [p50, p50_worst] = sim::MedianAndWorst(after[0]);
-    const auto [p90, p90_worst] = sim::MedianAndWorst(after[1]);
-    const auto [p100, p100_worst] = sim::MedianAndWorst(after[2]);
+    Json ready = sim::ReadyAfterPublication(after);
+    ready["clusters_missed"] = missed;
     const Json relay = relays.is_object() && relays.contains(name) ? relays[name] : Json();
     regions.push_back(
         {{"name", name},
-         {"clusters_at_end", region.clusters},
-         {"rollout_utilisation_at_end", region.utilisation},
+         {"clusters_registered", region.clusters},
          {"groups_accepted", region.accepted},
          {"groups_delivered", region.delivered},
          {"groups_dropped_stale", region.dropped_stale},
-         {"ready_after_publication",
-          {{"versions", versions},
-           {"p50_median", p50},
-           {"p90_median", p90},
-           {"p100_median", p100},
-           {"p50_worst", p50_worst},
-           {"p90_worst", p90_worst},
-           {"p100_worst", p100_worst},
-           {"versions_never_fully_ready", never_full},
-           {"clusters_missed", missed}}},
+         {"ready_after_publication", std::move(ready)},
          {"sync_bytes", region.sync.bytes_downloaded},
          {"wan_bytes", relay.is_object() ? relay.value("upstream_bytes", Json()) : Json()}});
   }
@@ -344,7 +331,7 @@ Json RegionsReport(const orchestrator::wire::StatusPage* status, const Json& rel
 namespace {
 
 // The trainer's wait for trajectories: per step from its progress file when it reports it (the
-// built-in trainer does), else what the orchestrator was told (its latest steps only).
+// built-in trainer does), else what the orchestrator was told (its latest batch calls only).
 Json TrainerWait(const Json& per_step, const orchestrator::wire::StatusPage* status) {
   Json waits = Json::array();
   for (const Json& s : per_step)
@@ -352,7 +339,7 @@ Json TrainerWait(const Json& per_step, const orchestrator::wire::StatusPage* sta
   std::string source = "trainer";
   double total = 0;
   if (waits.empty() && status != nullptr) {
-    source = "orchestrator (latest steps)";
+    source = "orchestrator (latest batch calls)";
     for (double w : status->trainer.recent_wait_seconds) waits.push_back(w);
   }
   for (const Json& w : waits) total += w.get<double>();

@@ -1,7 +1,8 @@
 // Prometheus text exposition (format 0.0.4): metric families with their HELP and TYPE lines,
 // samples with escaped label values, and histograms with fixed bucket bounds (cumulative
-// `_bucket{le=...}` lines, `_sum`, `_count`). Used by every /metrics of weft; the names and units
-// follow Prometheus's conventions (base units, `_total` for counters), which the callers choose.
+// `_bucket{le=...}` lines, `_sum`, `_count`). The orchestrator's /metrics is written with it; the
+// names and units follow Prometheus's conventions (base units, `_total` for counters), which the
+// callers choose.
 #pragma once
 
 #include <cstdint>

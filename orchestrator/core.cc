@@ -362,7 +362,7 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
         if (config_.stale_policy == StalePolicy::kDrop) {
           ++counters_.dropped_stale;
           --outstanding_items_;
-          Observe(now, d.group, true);
+          Observe(now, d.group, true, true);
           continue;
         }
         ++counters_.delivered_stale;
@@ -400,12 +400,14 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
   return batch;
 }
 
-void OrchestratorCore::Observe(Micros now, const TrajectoryGroup& group, bool dropped) const {
+void OrchestratorCore::Observe(Micros now, const TrajectoryGroup& group, bool dropped,
+                               bool redelivered) const {
   if (observer_ == nullptr) return;
   auto found = clusters_.find(group.cluster);
   const uint64_t latest = latest_.value_or(0);
   observer_->Taken(now, found != clusters_.end() ? found->second.region : std::string(),
-                   latest > group.version_start ? latest - group.version_start : 0, dropped);
+                   latest > group.version_start ? latest - group.version_start : 0, dropped,
+                   redelivered);
 }
 
 bool OrchestratorCore::Tick(Micros now) {

@@ -104,8 +104,10 @@ class CoreObserver {
   // The cluster stopped counting for readiness: it drained, left or was lost.
   virtual void Left(Micros now, const std::string& cluster) = 0;
   // A buffered trajectory group from `region` was taken for the trainer with this lag (latest
-  // version minus its version_start): delivered, or dropped as stale.
-  virtual void Taken(Micros now, const std::string& region, uint64_t lag, bool dropped) = 0;
+  // version minus its version_start): delivered, or dropped as stale (`redelivered`: when a batch
+  // the trainer did not acknowledge is handed out again, so it no longer counts as delivered).
+  virtual void Taken(Micros now, const std::string& region, uint64_t lag, bool dropped,
+                     bool redelivered) = 0;
 };
 
 class OrchestratorCore {
@@ -226,7 +228,8 @@ class OrchestratorCore {
   void Requeue(uint64_t job);
   void Progress(Micros now) { last_progress_ = now; }
   // Tells the observer (if any) that `group` was taken for the trainer.
-  void Observe(Micros now, const TrajectoryGroup& group, bool dropped) const;
+  void Observe(Micros now, const TrajectoryGroup& group, bool dropped,
+               bool redelivered = false) const;
 
   CoreConfig config_;
   std::optional<uint64_t> latest_;

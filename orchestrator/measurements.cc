@@ -94,11 +94,19 @@ void Measurements::Retire(const VersionRecord& record) {
   }
 }
 
-void Measurements::Taken(Micros, const std::string& region, uint64_t lag, bool dropped) {
+void Measurements::Taken(Micros, const std::string& region, uint64_t lag, bool dropped,
+                         bool redelivered) {
   MutexLock lock(mutex_);
   RegionFigures& figures = regions_[region];
   if (dropped) {
     ++figures.dropped_stale;
+    // Delivered before in a batch the trainer never acknowledged: no longer counted delivered
+    // (the staleness histogram keeps it: a histogram's counts only grow).
+    if (redelivered) {
+      if (figures.delivered > 0) --figures.delivered;
+      if (auto found = staleness_.find(lag); found != staleness_.end() && found->second > 0)
+        --found->second;
+    }
     return;
   }
   ++figures.delivered;
@@ -115,9 +123,12 @@ void Measurements::TrainerWaited(double seconds) {
 
 void Measurements::Published(uint64_t version, double seconds) {
   MutexLock lock(mutex_);
+  for (VersionRecord& record : versions_) {
+    if (record.version != version) continue;
+    if (record.publish_seconds) return;  // an announcement repeated (its answer was lost)
+    record.publish_seconds = seconds;
+  }
   publish_.Observe(seconds);
-  for (VersionRecord& record : versions_)
-    if (record.version == version) record.publish_seconds = seconds;
 }
 
 void Measurements::Synced(const std::string& cluster, const std::string& region,
@@ -223,21 +234,24 @@ void Measurements::Metrics(std::string& out, const OrchestratorCore& core) const
     s.busy += c.leases;
   }
   const std::string p = "weft_orchestrator_";
-  Family(out, p + "region_capacity_slots", "gauge",
-         "Job slots of the region's clusters that neither drain nor are gone.");
-  for (const auto& [region, s] : slots)
-    Sample(out, p + "region_capacity_slots", {{"region", region}}, static_cast<double>(s.capacity));
-  Family(out, p + "region_busy_slots", "gauge", "Leases the region's clusters hold.");
-  for (const auto& [region, s] : slots)
-    Sample(out, p + "region_busy_slots", {{"region", region}}, static_cast<double>(s.busy));
-  Family(out, p + "region_utilisation_ratio", "gauge",
-         "Busy slots over capacity in the region (0 to 1).");
-  for (const auto& [region, s] : slots) {
-    Sample(out, p + "region_utilisation_ratio", {{"region", region}},
-           s.capacity > 0
-               ? std::min(1.0, static_cast<double>(s.busy) / static_cast<double>(s.capacity))
-               : 0.0);
-  }
+  // A family with one sample per region of `by_region`, of value(its entry).
+  auto per_region = [&](const auto& by_region, const std::string& name, const char* type,
+                        const char* help, auto value) {
+    Family(out, p + name, type, help);
+    for (const auto& [region, entry] : by_region)
+      Sample(out, p + name, {{"region", region}}, static_cast<double>(value(entry)));
+  };
+  per_region(slots, "region_capacity_slots", "gauge",
+             "Job slots of the region's clusters that neither drain nor are gone.",
+             [](const Slots& s) { return s.capacity; });
+  per_region(slots, "region_busy_slots", "gauge", "Leases the region's clusters hold.",
+             [](const Slots& s) { return s.busy; });
+  per_region(slots, "region_utilisation_ratio", "gauge",
+             "Busy slots over capacity in the region (0 to 1).", [](const Slots& s) {
+               return s.capacity > 0 ? std::min(1.0, static_cast<double>(s.busy) /
+                                                         static_cast<double>(s.capacity))
+                                     : 0.0;
+             });
   Family(out, p + "region_clusters", "gauge",
          "The region's clusters by state (syncing, ready, draining; gone ones are not counted).");
   static constexpr const char* kStates[3] = {"syncing", "ready", "draining"};
@@ -245,10 +259,9 @@ void Measurements::Metrics(std::string& out, const OrchestratorCore& core) const
     for (int i = 0; i < 3; ++i)
       Sample(out, p + "region_clusters", {{"region", region}, {"state", kStates[i]}},
              static_cast<double>(s.states[i]));
-  Family(out, p + "region_accepted_total", "counter",
-         "Trajectory groups accepted from the region's clusters.");
-  for (const auto& [region, s] : slots)
-    Sample(out, p + "region_accepted_total", {{"region", region}}, static_cast<double>(s.accepted));
+  per_region(slots, "region_accepted_total", "counter",
+             "Trajectory groups accepted from the region's clusters.",
+             [](const Slots& s) { return s.accepted; });
 
   MutexLock lock(mutex_);
   Family(out, p + "publication_to_ready_seconds", "histogram",
@@ -267,31 +280,23 @@ void Measurements::Metrics(std::string& out, const OrchestratorCore& core) const
       Sample(out, p + "publication_unreached_total",
              {{"region", region}, {"fraction", FractionLabel(i)}},
              static_cast<double>(f.unreached[i]));
-  Family(out, p + "publication_missed_clusters_total", "counter",
-         "Clusters that had not proved a version when the next one was announced.");
-  for (const auto& [region, f] : regions_)
-    Sample(out, p + "publication_missed_clusters_total", {{"region", region}},
-           static_cast<double>(f.missed));
+  per_region(regions_, "publication_missed_clusters_total", "counter",
+             "Clusters that had not proved a version when the next one was announced.",
+             [](const RegionFigures& f) { return f.missed; });
   Family(out, p + "delivered_staleness_versions", "histogram",
          "Versions between the latest and the oldest a delivered trajectory group used.");
   for (const auto& [region, f] : regions_)
     prometheus::HistogramSamples(out, p + "delivered_staleness_versions", {{"region", region}},
                                  f.staleness);
-  Family(out, p + "region_delivered_total", "counter",
-         "Trajectory groups from the region delivered to the trainer.");
-  for (const auto& [region, f] : regions_)
-    Sample(out, p + "region_delivered_total", {{"region", region}},
-           static_cast<double>(f.delivered));
-  Family(out, p + "region_dropped_stale_total", "counter",
-         "Trajectory groups from the region dropped as older than the staleness bound.");
-  for (const auto& [region, f] : regions_)
-    Sample(out, p + "region_dropped_stale_total", {{"region", region}},
-           static_cast<double>(f.dropped_stale));
-  Family(out, p + "region_sync_bytes_total", "counter",
-         "Weight bytes the region's workers downloaded, as they report it.");
-  for (const auto& [region, f] : regions_)
-    Sample(out, p + "region_sync_bytes_total", {{"region", region}},
-           static_cast<double>(f.sync_bytes));
+  per_region(regions_, "region_delivered_total", "counter",
+             "Trajectory groups from the region delivered to the trainer.",
+             [](const RegionFigures& f) { return f.delivered; });
+  per_region(regions_, "region_dropped_stale_total", "counter",
+             "Trajectory groups from the region dropped as older than the staleness bound.",
+             [](const RegionFigures& f) { return f.dropped_stale; });
+  per_region(regions_, "region_sync_bytes_total", "counter",
+             "Weight bytes the region's workers downloaded, as they report it.",
+             [](const RegionFigures& f) { return f.sync_bytes; });
   Family(out, p + "engine_pause_seconds", "histogram",
          "Pauses of the region's engines for weight loads, as their workers report them.");
   for (const auto& [region, f] : regions_)

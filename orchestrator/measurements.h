@@ -57,7 +57,8 @@ class Measurements : public CoreObserver {
   void Proved(Micros now, const std::string& cluster, const std::string& region,
               uint64_t version) override;
   void Left(Micros now, const std::string& cluster) override;
-  void Taken(Micros now, const std::string& region, uint64_t lag, bool dropped) override;
+  void Taken(Micros now, const std::string& region, uint64_t lag, bool dropped,
+             bool redelivered) override;
 
   // The trainer's reports: one next_batch call's wait; a version's publish time.
   void TrainerWaited(double seconds);

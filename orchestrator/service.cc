@@ -657,9 +657,6 @@ std::string OrchestratorService::Impl::Metrics() const {
            static_cast<double>(n.delivered_fresh + n.delivered_stale));
     metric("clusters_lost_total", "counter", "Clusters declared lost for missing heartbeats.",
            static_cast<double>(n.clusters_lost));
-    out << "# HELP weft_orchestrator_cluster_ready_version The version each cluster proved it "
-           "serves (-1: none).\n"
-        << "# TYPE weft_orchestrator_cluster_ready_version gauge\n";
     // Per-cluster series for the first metrics_cluster_limit clusters (by id) that are not gone.
     uint64_t omitted = 0;
     for (const ClusterView& v : c.clusters()) {
@@ -674,6 +671,9 @@ std::string OrchestratorService::Impl::Metrics() const {
            "Clusters past orchestrator.metrics_cluster_limit, left out of the per-cluster series "
            "(the per-region series count them).",
            static_cast<double>(omitted));
+    out << "# HELP weft_orchestrator_cluster_ready_version The version each cluster proved it "
+           "serves (-1: none).\n"
+        << "# TYPE weft_orchestrator_cluster_ready_version gauge\n";
     for (const ClusterView& v : c.clusters()) {
       if (!shown.count(v.id)) continue;
       out << "weft_orchestrator_cluster_ready_version{cluster=\"" << prometheus::LabelValue(v.id)

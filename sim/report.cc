@@ -142,13 +142,26 @@ std::string CountLabel(double n) { return Fixed(n, 0); }
 
 }  // namespace
 
-std::pair<nlohmann::json, nlohmann::json> MedianAndWorst(std::vector<double> values) {
-  if (values.empty()) return {nullptr, nullptr};
-  std::sort(values.begin(), values.end());
-  auto finite = [](double x) {
-    return std::isinf(x) ? nlohmann::json(nullptr) : nlohmann::json(x);
+nlohmann::json ReadyAfterPublication(const std::vector<double> (&after)[3]) {
+  // The median and the worst over versions, "never" (infinite) counting as the longest.
+  auto median_and_worst = [](std::vector<double> values) -> std::pair<Json, Json> {
+    if (values.empty()) return {nullptr, nullptr};
+    std::sort(values.begin(), values.end());
+    auto finite = [](double x) { return std::isinf(x) ? Json(nullptr) : Json(x); };
+    return {finite(values[values.size() / 2]), finite(values.back())};
   };
-  return {finite(values[values.size() / 2]), finite(values.back())};
+  const auto [p50, p50_worst] = median_and_worst(after[0]);
+  const auto [p90, p90_worst] = median_and_worst(after[1]);
+  const auto [p100, p100_worst] = median_and_worst(after[2]);
+  return {{"versions", after[2].size()},
+          {"p50_median", p50},
+          {"p90_median", p90},
+          {"p100_median", p100},
+          {"p50_worst", p50_worst},
+          {"p90_worst", p90_worst},
+          {"p100_worst", p100_worst},
+          {"versions_never_fully_ready", std::count_if(after[2].begin(), after[2].end(),
+                                                       [](double x) { return std::isinf(x); })}};
 }
 
 std::string SummaryText(const Json& report) {

@@ -5,14 +5,15 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace weft::sim {
 
-// The median and the worst of per-version figures (seconds; infinity: never), as report.json
-// gives them (null: never): publication to ready in `weft sim`'s report and in `weft run`'s.
-std::pair<nlohmann::json, nlohmann::json> MedianAndWorst(std::vector<double> values);
+// A region's "ready_after_publication" in report.json, `weft sim`'s and `weft run`'s alike: from
+// each version's seconds from publication to 50%, 90% and 100% of the region's clusters ready
+// (infinity: never), the number of versions, the median and the worst over them of each (null:
+// never) and the versions never fully ready.
+nlohmann::json ReadyAfterPublication(const std::vector<double> (&after)[3]);
 
 std::string SummaryText(const nlohmann::json& report);
 std::string ReportSvg(const nlohmann::json& report);

@@ -30,7 +30,6 @@ nlohmann::json HistogramJson(const std::map<uint64_t, uint64_t>& histogram) {
 }  // namespace
 
 nlohmann::json Simulation::Report() {
-  using weft::sim::MedianAndWorst;
   nlohmann::json report;
   const Counters& k = core_.counters();
   const double duration = Seconds(now_);
@@ -74,21 +73,15 @@ nlohmann::json Simulation::Report() {
     // before reaching it) being ready at that version or newer: the median and the worst over
     // versions (null: never reached within the run).
     std::vector<double> after[3];
-    uint64_t versions = 0, never_full = 0;
     for (uint64_t v = 0; v < ready_delays_.size(); ++v) {
       const uint32_t population = ready_population_[v][r];
       if (population == 0) continue;
-      ++versions;
       std::vector<Micros> sorted = ready_delays_[v][r];
       std::sort(sorted.begin(), sorted.end());
       after[0].push_back(ReadyAfter(sorted, population, 0.5));
       after[1].push_back(ReadyAfter(sorted, population, 0.9));
       after[2].push_back(ReadyAfter(sorted, population, 1.0));
-      if (std::isinf(after[2].back())) ++never_full;
     }
-    const auto [p50, p50_worst] = MedianAndWorst(after[0]);
-    const auto [p90, p90_worst] = MedianAndWorst(after[1]);
-    const auto [p100, p100_worst] = MedianAndWorst(after[2]);
     const double full_checkpoints_relay =
         static_cast<double>(s.versions_pulled.size()) * keyframe_bytes_;
     const double full_checkpoints_direct = static_cast<double>(s.pulls) * keyframe_bytes_;
@@ -104,15 +97,7 @@ nlohmann::json Simulation::Report() {
         {"groups_delivered_stale", s.delivered_stale},
         {"submissions_refused", s.rejected},
         {"staleness", HistogramJson(s.lag)},
-        {"ready_after_publication",
-         {{"versions", versions},
-          {"p50_median", p50},
-          {"p90_median", p90},
-          {"p100_median", p100},
-          {"p50_worst", p50_worst},
-          {"p90_worst", p90_worst},
-          {"p100_worst", p100_worst},
-          {"versions_never_fully_ready", never_full}}},
+        {"ready_after_publication", ReadyAfterPublication(after)},
         {"wan_bytes", s.wan_bytes},
         {"wan_bytes_with_relay", s.unique_blob_bytes},
         {"wan_bytes_without_relay", s.downloaded_bytes},

@@ -21,8 +21,8 @@ broken=0
 
 # ---- Includes ----------------------------------------------------------------------------------
 client='orchestrator/(types|wire|cluster_api|client)[.]h'
-core='orchestrator/(types|wire|core|journal|durable_core)[.]h'
-plain='common/(status|logging|byte_io|concurrent|env|file_util|hex|json_fields|json_text|mem_env|mutex|names|parallel|units|yaml_fields)[.]h'
+core='orchestrator/(types|wire|core|journal|durable_core|measurements)[.]h'
+plain='common/(status|logging|byte_io|concurrent|env|file_util|hex|json_fields|json_text|mem_env|mutex|names|parallel|prometheus|units|yaml_fields)[.]h'
 libraries='common|sync|policy_store|orchestrator|rollout_worker|trainer_adapter|examples|sim'
 # file pattern <TAB> the headers its files may reach (first matching pattern wins).
 rules="^common/http_	^common/
@@ -30,7 +30,7 @@ rules="^common/http_	^common/
 ^sync/	^(common|sync)/
 ^policy_store/	^(common|sync|policy_store)/
 ^orchestrator/(types|wire|cluster_api|client)[.]	^(common/(status|logging|byte_io|hex|json_fields|json_text|mutex|names|http_client)[.]h|$client)\$
-^orchestrator/(core|snapshot|journal|durable_core)[.]	^(common/(status|logging|byte_io|env|file_util|json_fields|json_text|mutex|names)[.]h|$core)\$
+^orchestrator/(core|snapshot|journal|durable_core|measurements)[.]	^(common/(status|logging|byte_io|env|file_util|json_fields|json_text|mutex|names|prometheus)[.]h|$core)\$
 ^orchestrator/	^(common|orchestrator)/
 ^rollout_worker/worker_core[.]	^($plain|orchestrator/(types|wire|cluster_api)[.]h|rollout_worker/worker_core[.]h)\$
 ^rollout_worker/	^((common|sync|policy_store|rollout_worker)/|$client\$)
