@@ -100,13 +100,9 @@ void Measurements::Taken(Micros, const std::string& region, uint64_t lag, bool d
   RegionFigures& figures = regions_[region];
   if (dropped) {
     ++figures.dropped_stale;
-    // Delivered before in a batch the trainer never acknowledged: no longer counted delivered
-    // (the staleness histogram keeps it: a histogram's counts only grow).
-    if (redelivered) {
-      if (figures.delivered > 0) --figures.delivered;
-      if (auto found = staleness_.find(lag); found != staleness_.end() && found->second > 0)
-        --found->second;
-    }
+    // Delivered before in a batch the trainer never acknowledged: no longer counted delivered.
+    // (The staleness figures keep it, at the lag it was delivered at: a histogram only grows.)
+    if (redelivered && figures.delivered > 0) --figures.delivered;
     return;
   }
   ++figures.delivered;

@@ -157,6 +157,44 @@ TEST_CASE("measurements: staleness of what the trainer takes, reports, throughpu
   CHECK(Value(text, "weft_orchestrator_publish_seconds_bucket{le=\"0.25\"}") == 1);
 }
 
+TEST_CASE(
+    "measurements: a group delivered, not acknowledged and dropped when handed out again "
+    "counts as dropped, not delivered") {
+  CoreConfig config;
+  config.max_staleness = 1;
+  OrchestratorCore core(config);
+  Measurements m;
+  core.set_observer(&m);
+  REQUIRE(core.Register(0, "a", "eu", 4).ok());
+  REQUIRE(core.AnnounceVersion(0, 0).ok());
+  REQUIRE(core.Heartbeat(0, "a", 0).ok());
+  core.AddJobs(0, {{"\"p\"", 1}});
+  auto leases = core.RequestLeases(0, "a", 1);
+  REQUIRE(leases.ok());
+  REQUIRE(leases->size() == 1);
+  TrajectoryGroup g;
+  g.job = (*leases)[0].job;
+  g.attempt = (*leases)[0].attempt;
+  g.cluster = "a";
+  g.segments = {{0, 0}};
+  g.tokens = 1;
+  g.trajectories = "{}";
+  REQUIRE(core.Submit(1, g).ok());
+  CHECK(core.TakeBatch(1, 1).items.size() == 1);  // delivered at lag 0, never acknowledged
+  REQUIRE(core.AnnounceVersion(2, 2).ok());
+  const Batch again = core.TakeBatch(2, 1);  // handed out again: now past the bound
+  CHECK(again.redelivered);
+  CHECK(again.items.empty());
+  CHECK(core.counters().delivered_fresh == 0);
+  CHECK(core.counters().dropped_stale == 1);
+  wire::StatusPage page;
+  page.regions["eu"];
+  m.Fill(&page);
+  CHECK(page.regions.at("eu").delivered == 0);
+  CHECK(page.regions.at("eu").dropped_stale == 1);
+  CHECK(page.staleness == std::map<uint64_t, uint64_t>{{0, 1}});  // as it was delivered
+}
+
 TEST_CASE("prometheus: histogram lines are cumulative and label values escaped") {
   const double bounds[] = {1, 2};
   prometheus::Histogram h(bounds);
