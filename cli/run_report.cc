@@ -85,6 +85,10 @@ std::string Figure(const Json& value, const char* format, double scale = 1.0) {
 
 }  // namespace
 
+std::string SecondsOrNever(const Json& value, const char* format) {
+  return value.is_number() ? Figure(value, format) : "never";
+}
+
 std::string ProgressLine(const Json& trainer, const orchestrator::wire::StatusPage* status,
                          const RunConfig& config) {
   std::ostringstream line;
@@ -377,12 +381,7 @@ std::string ReportHtml(const Json& report) {
                   : value.is_string() ? value.get<std::string>()
                                       : value.dump());
   };
-  auto seconds = [](const Json& value) {
-    if (!value.is_number()) return std::string("never");
-    char out[32];
-    std::snprintf(out, sizeof(out), "%.3f s", value.get<double>());
-    return std::string(out);
-  };
+  auto seconds = [](const Json& value) { return SecondsOrNever(value, "%.3f s"); };
   std::ostringstream html;
   const std::string run = report.value("run", std::string());
   html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>weft run: " << escape(run)
@@ -566,9 +565,7 @@ void PrintSummary(const RunConfig& config, const Json& report) {
       Megabytes(static_cast<double>(report["bytes_wan"].get<uint64_t>())).c_str());
   for (const Json& r : report.value("regions", Json::array())) {
     const Json& q = r["ready_after_publication"];
-    auto after = [&](const char* key) {
-      return q[key].is_number() ? Figure(q[key], "%.2f s") : "never";
-    };
+    auto after = [&](const char* key) { return SecondsOrNever(q[key]); };
     std::printf(
         "  ready %-11s 50%% %s, 90%% %s, 100%% %s after publication (median of %s versions; worst "
         "100%% %s)\n",

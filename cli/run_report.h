@@ -42,6 +42,10 @@ struct RunOutcome {
 nlohmann::json RegionsReport(const orchestrator::wire::StatusPage* status,
                              const nlohmann::json& relays);
 
+// Seconds as the reports and `weft status` print them ("0.18 s"), or "never" for null (a fraction
+// of a region never ready).
+std::string SecondsOrNever(const nlohmann::json& value, const char* format = "%.2f s");
+
 nlohmann::json BuildReport(const RunConfig& config, const RunOutcome& outcome);
 // The picture: reward per step, and delta bytes per version against a full checkpoint.
 std::string ReportSvg(const nlohmann::json& report);

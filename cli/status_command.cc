@@ -16,13 +16,6 @@ namespace {
 using orchestrator::wire::StatusPage;
 using Json = nlohmann::json;
 
-std::string Seconds(const Json& value) {
-  if (!value.is_number()) return "never";
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.2f s", value.get<double>());
-  return text;
-}
-
 std::string Fixed(double value, const char* format) {
   char text[48];
   std::snprintf(text, sizeof(text), format, value);
@@ -90,10 +83,10 @@ std::string Summary(const std::string& url, const StatusPage& s) {
                   "%-15s %3llu/%-3llu %3.0f%%  %-9s %-9s %-9s (%llu versions; %s)\n", name.c_str(),
                   static_cast<unsigned long long>(region.ready),
                   static_cast<unsigned long long>(region.clusters), 100 * region.utilisation,
-                  Seconds(q["p50_median"]).c_str(), Seconds(q["p90_median"]).c_str(),
-                  Seconds(q["p100_median"]).c_str(),
+                  SecondsOrNever(q["p50_median"]).c_str(), SecondsOrNever(q["p90_median"]).c_str(),
+                  SecondsOrNever(q["p100_median"]).c_str(),
                   static_cast<unsigned long long>(q["versions"].get<uint64_t>()),
-                  Seconds(q["p100_worst"]).c_str());
+                  SecondsOrNever(q["p100_worst"]).c_str());
     out += line;
   }
   out += "\nalerts      ";

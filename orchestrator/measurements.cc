@@ -18,6 +18,20 @@ const char* FractionLabel(int i) { return i == 0 ? "0.5" : i == 1 ? "0.9" : "1";
 
 }  // namespace
 
+std::map<std::string, RegionSlots> SlotsByRegion(const std::vector<ClusterView>& clusters) {
+  std::map<std::string, RegionSlots> slots;
+  for (const ClusterView& c : clusters) {
+    RegionSlots& s = slots[c.region];
+    s.accepted += c.completed;
+    if (c.gone) continue;
+    ++s.states[c.draining ? 2 : c.ready_version ? 1 : 0];
+    if (c.draining) continue;
+    s.capacity += c.capacity;
+    s.busy += c.leases;
+  }
+  return slots;
+}
+
 void Measurements::Announced(Micros now, uint64_t version, const OrchestratorCore& core) {
   VersionRecord record;
   record.version = version;
@@ -214,21 +228,7 @@ void Measurements::Metrics(std::string& out, const OrchestratorCore& core) const
   using prometheus::Family;
   using prometheus::Labels;
   using prometheus::Sample;
-  // The regions' clusters and slots, from the core.
-  struct Slots {
-    uint64_t capacity = 0, busy = 0, accepted = 0;
-    uint64_t states[3] = {0, 0, 0};  // syncing, ready, draining
-  };
-  std::map<std::string, Slots> slots;
-  for (const ClusterView& c : core.clusters()) {
-    Slots& s = slots[c.region];
-    s.accepted += c.completed;
-    if (c.gone) continue;
-    ++s.states[c.draining ? 2 : c.ready_version ? 1 : 0];
-    if (c.draining) continue;
-    s.capacity += c.capacity;
-    s.busy += c.leases;
-  }
+  const std::map<std::string, RegionSlots> slots = SlotsByRegion(core.clusters());
   const std::string p = "weft_orchestrator_";
   // A family with one sample per region of `by_region`, of value(its entry).
   auto per_region = [&](const auto& by_region, const std::string& name, const char* type,
@@ -239,15 +239,12 @@ void Measurements::Metrics(std::string& out, const OrchestratorCore& core) const
   };
   per_region(slots, "region_capacity_slots", "gauge",
              "Job slots of the region's clusters that neither drain nor are gone.",
-             [](const Slots& s) { return s.capacity; });
+             [](const RegionSlots& s) { return s.capacity; });
   per_region(slots, "region_busy_slots", "gauge", "Leases the region's clusters hold.",
-             [](const Slots& s) { return s.busy; });
+             [](const RegionSlots& s) { return s.busy; });
   per_region(slots, "region_utilisation_ratio", "gauge",
-             "Busy slots over capacity in the region (0 to 1).", [](const Slots& s) {
-               return s.capacity > 0 ? std::min(1.0, static_cast<double>(s.busy) /
-                                                         static_cast<double>(s.capacity))
-                                     : 0.0;
-             });
+             "Busy slots over capacity in the region (0 to 1).",
+             [](const RegionSlots& s) { return s.utilisation(); });
   Family(out, p + "region_clusters", "gauge",
          "The region's clusters by state (syncing, ready, draining; gone ones are not counted).");
   static constexpr const char* kStates[3] = {"syncing", "ready", "draining"};
@@ -257,7 +254,7 @@ void Measurements::Metrics(std::string& out, const OrchestratorCore& core) const
              static_cast<double>(s.states[i]));
   per_region(slots, "region_accepted_total", "counter",
              "Trajectory groups accepted from the region's clusters.",
-             [](const Slots& s) { return s.accepted; });
+             [](const RegionSlots& s) { return s.accepted; });
 
   MutexLock lock(mutex_);
   Family(out, p + "publication_to_ready_seconds", "histogram",

@@ -19,6 +19,7 @@
 // when the orchestrator restarts, as Prometheus expects of counters. Thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -40,6 +41,20 @@ struct MeasurementsOptions {
   size_t recent_steps = 64;         // the trainer's latest waits kept for /v1/status
   Micros rate_window = 10'000'000;  // throughput is measured over this much of the recent past
 };
+
+// A region's job slots as the core sees them: those of its clusters that neither drain nor are
+// gone, and the leases those hold; the groups its clusters had accepted; its clusters by state
+// (gone ones not counted). Both /metrics and /v1/status show them.
+struct RegionSlots {
+  uint64_t capacity = 0, busy = 0, accepted = 0;
+  uint64_t states[3] = {0, 0, 0};  // syncing, ready, draining
+  // Busy slots over capacity (0 to 1; 0 without capacity).
+  double utilisation() const {
+    return capacity > 0 ? std::min(1.0, static_cast<double>(busy) / static_cast<double>(capacity))
+                        : 0.0;
+  }
+};
+std::map<std::string, RegionSlots> SlotsByRegion(const std::vector<ClusterView>& clusters);
 
 class Measurements : public CoreObserver {
  public:

@@ -545,7 +545,8 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
     wire::StatusPage page;
     std::map<uint64_t, std::map<std::string, std::string>>
         digests;  // version -> digest -> a cluster
-    for (const ClusterView& v : c.clusters()) {
+    const std::vector<ClusterView> views = c.clusters();
+    for (const ClusterView& v : views) {
       wire::StatusPage::Cluster& cluster = page.clusters.emplace_back();
       cluster.id = v.id;
       cluster.region = v.region;
@@ -571,11 +572,6 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
       }
       ++region.clusters;
       region.leases += v.leases;
-      region.accepted += v.completed;
-      if (!v.gone && !v.draining) {
-        region.capacity += v.capacity;
-        region.busy += v.leases;
-      }
       if (!v.gone && v.ready_version) {
         ++region.ready;
         if (!region.newest_ready_version || *region.newest_ready_version < *v.ready_version)
@@ -605,11 +601,12 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
     page.buffered_by_version_start = c.buffered_versions();
     page.journal = {core.journal().records(), core.journal().syncs(), core.journal().size(),
                     core.generation(),        core.compactions(),     c.remembered_done()};
-    for (auto& [name, region] : page.regions) {
-      region.utilisation = region.capacity > 0
-                               ? std::min(1.0, static_cast<double>(region.busy) /
-                                                   static_cast<double>(region.capacity))
-                               : 0.0;
+    for (const auto& [name, slots] : SlotsByRegion(views)) {
+      wire::StatusPage::Region& region = page.regions[name];
+      region.capacity = slots.capacity;
+      region.busy = slots.busy;
+      region.utilisation = slots.utilisation();
+      region.accepted = slots.accepted;
     }
     measurements.Fill(&page);
     return page;
@@ -710,21 +707,23 @@ std::string OrchestratorService::Impl::Metrics() const {
           << "\"} " << report.*field << "\n";
     }
   }
-  out << "# HELP weft_orchestrator_cluster_paused_seconds_total Time the engine replicas of each "
-         "cluster spent paused for weight loads, summed over its replicas.\n"
-         "# TYPE weft_orchestrator_cluster_paused_seconds_total counter\n";
-  for (const auto& [cluster, report] : sync_reports) {
-    if (!shown.count(cluster)) continue;
-    out << "weft_orchestrator_cluster_paused_seconds_total{cluster=\""
-        << prometheus::LabelValue(cluster) << "\"} " << report.paused_ms_total / 1000.0 << "\n";
-  }
-  out << "# HELP weft_orchestrator_cluster_max_pause_seconds The longest pause for a weight load "
-         "each cluster's engine took (as it last reported).\n"
-         "# TYPE weft_orchestrator_cluster_max_pause_seconds gauge\n";
-  for (const auto& [cluster, report] : sync_reports) {
-    if (!shown.count(cluster)) continue;
-    out << "weft_orchestrator_cluster_max_pause_seconds{cluster=\""
-        << prometheus::LabelValue(cluster) << "\"} " << report.max_pause_ms / 1000.0 << "\n";
+  // Milliseconds each shown cluster reported, in seconds.
+  for (auto [name, type, help, field] :
+       {std::tuple{"cluster_paused_seconds_total", "counter",
+                   "Time the engine replicas of each cluster spent paused for weight loads, "
+                   "summed over its replicas.",
+                   &SyncReport::paused_ms_total},
+        std::tuple{"cluster_max_pause_seconds", "gauge",
+                   "The longest pause for a weight load each cluster's engine took (as it last "
+                   "reported).",
+                   &SyncReport::max_pause_ms}}) {
+    out << "# HELP weft_orchestrator_" << name << " " << help << "\n# TYPE weft_orchestrator_"
+        << name << " " << type << "\n";
+    for (const auto& [cluster, report] : sync_reports) {
+      if (!shown.count(cluster)) continue;
+      out << "weft_orchestrator_" << name << "{cluster=\"" << prometheus::LabelValue(cluster)
+          << "\"} " << report.*field / 1000.0 << "\n";
+    }
   }
   // Each replica, as its cluster last reported it.
   auto replica_metric = [&](const char* name, const char* type, const char* help,

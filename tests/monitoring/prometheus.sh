@@ -121,13 +121,16 @@ cmd_start() {
   done
   [[ -n $pid ]] || die "the server did not start (DIR kept: $d)"
   local deadline=$((SECONDS + ${PROMETHEUS_START_TIMEOUT:-60}))
+  # Stops the server that died or ran out of time, showing its log, and says why.
+  give_up_unless_alive() {
+    if kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); then return; fi
+    tail -n 30 "$d/prometheus.log" >&2 2>/dev/null
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$d/prometheus.pid"
+    die "$1 (DIR kept: $d)"
+  }
   until curl -fsS -m 2 -o /dev/null "http://127.0.0.1:$port/-/ready" 2>/dev/null; do
-    if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
-      tail -n 30 "$d/prometheus.log" >&2 2>/dev/null
-      kill -KILL "$pid" 2>/dev/null || true
-      rm -f "$d/prometheus.pid"
-      die "the server did not become ready on 127.0.0.1:$port (DIR kept: $d)"
-    fi
+    give_up_unless_alive "the server did not become ready on 127.0.0.1:$port"
     sleep 0.1
   done
   # Ready, but it starts scraping a few seconds later (when target discovery first reports): wait
@@ -135,12 +138,7 @@ cmd_start() {
   local targets=$#
   until [[ $(curl -fsS -m 2 "http://127.0.0.1:$port/api/v1/targets" 2>/dev/null |
     jq '[.data.activeTargets[] | select(.lastScrape | startswith("0001") | not)] | length' 2>/dev/null) == "$targets" ]]; do
-    if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
-      tail -n 30 "$d/prometheus.log" >&2 2>/dev/null
-      kill -KILL "$pid" 2>/dev/null || true
-      rm -f "$d/prometheus.pid"
-      die "the server did not scrape its $targets targets (DIR kept: $d)"
-    fi
+    give_up_unless_alive "the server did not scrape its $targets targets"
     sleep 0.2
   done
   if [[ -n ${PROMETHEUS_OWNER_PID:-} ]]; then

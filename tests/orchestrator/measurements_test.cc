@@ -19,6 +19,18 @@ double Value(const std::string& text, const std::string& series) {
   return std::stod(text.substr(at + series.size() + 2));
 }
 
+// Cluster a's group for `lease`, generated at version 0.
+TrajectoryGroup GroupAtVersion0(const Lease& lease) {
+  TrajectoryGroup g;
+  g.job = lease.job;
+  g.attempt = lease.attempt;
+  g.cluster = "a";
+  g.segments = {{0, 0}};
+  g.tokens = 1;
+  g.trajectories = "{}";
+  return g;
+}
+
 TEST_CASE(
     "measurements: publication to 50/90/100% ready per region, as clusters prove, leave "
     "and miss versions") {
@@ -95,14 +107,7 @@ TEST_CASE("measurements: staleness of what the trainer takes, reports, throughpu
   REQUIRE(leases.ok());
   REQUIRE(leases->size() == 2);
   for (const Lease& lease : *leases) {
-    TrajectoryGroup g;
-    g.job = lease.job;
-    g.attempt = lease.attempt;
-    g.cluster = "a";
-    g.segments = {{0, 0}};
-    g.tokens = 1;
-    g.trajectories = "{}";
-    REQUIRE(core.Submit(kSecond, g).ok());
+    REQUIRE(core.Submit(kSecond, GroupAtVersion0(lease)).ok());
   }
   REQUIRE(core.AnnounceVersion(kSecond, 1).ok());
   CHECK(core.TakeBatch(kSecond, 1).items.size() == 1);  // lag 1: delivered
@@ -172,14 +177,7 @@ TEST_CASE(
   auto leases = core.RequestLeases(0, "a", 1);
   REQUIRE(leases.ok());
   REQUIRE(leases->size() == 1);
-  TrajectoryGroup g;
-  g.job = (*leases)[0].job;
-  g.attempt = (*leases)[0].attempt;
-  g.cluster = "a";
-  g.segments = {{0, 0}};
-  g.tokens = 1;
-  g.trajectories = "{}";
-  REQUIRE(core.Submit(1, g).ok());
+  REQUIRE(core.Submit(1, GroupAtVersion0((*leases)[0])).ok());
   CHECK(core.TakeBatch(1, 1).items.size() == 1);  // delivered at lag 0, never acknowledged
   REQUIRE(core.AnnounceVersion(2, 2).ok());
   const Batch again = core.TakeBatch(2, 1);  // handed out again: now past the bound
