@@ -126,7 +126,8 @@ Figures Measure(bool push, const Settings& settings, DirectoryStore& origin,
   std::this_thread::sleep_for(std::chrono::duration<double>(settings.idle));
   const double idle = Seconds(idle_start);
   // (Each count includes the /metrics read that took it.)
-  figures.relay_per_s = static_cast<double>(Answers(relay_url, "weft_relay") - relay_before - 1) / idle;
+  figures.relay_per_s =
+      static_cast<double>(Answers(relay_url, "weft_relay") - relay_before - 1) / idle;
   figures.store_per_s =
       static_cast<double>(Answers(store_url, "weft_store_server") - store_before - 1) / idle;
 
@@ -134,8 +135,7 @@ Figures Measure(bool push, const Settings& settings, DirectoryStore& origin,
   for (int v = 0; v < versions; ++v) {
     const uint64_t version = first + 1 + static_cast<uint64_t>(v);
     published[v] = Seconds(zero);
-    Check(origin.CompareAndSwap(key, VersionText(version - 1), VersionText(version)),
-          "publishing");
+    Check(origin.CompareAndSwap(key, VersionText(version - 1), VersionText(version)), "publishing");
     std::this_thread::sleep_for(std::chrono::duration<double>(settings.every));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -213,10 +213,10 @@ int main(int argc, char** argv) {
   Check(relay.status(), "starting the relay");
   const std::string relay_url = "http://127.0.0.1:" + std::to_string((*relay)->port());
 
-  std::printf("%d readers on a relay %d ms from the store; %.0f s idle, then %d versions %.2f s "
-              "apart\n",
-              settings.readers, settings.latency_ms, settings.idle, settings.versions,
-              settings.every);
+  std::printf(
+      "%d readers on a relay %d ms from the store; %.0f s idle, then %d versions %.2f s "
+      "apart\n",
+      settings.readers, settings.latency_ms, settings.idle, settings.versions, settings.every);
   const Figures poll = Measure(false, settings, **origin, store_url, relay_url, 0);
   const Figures push = Measure(true, settings, **origin, store_url, relay_url,
                                static_cast<uint64_t>(settings.versions));

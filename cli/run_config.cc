@@ -223,9 +223,9 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   }
 
   if (const YAML::Node w = root["worker"]) {
-    WEFT_RETURN_IF_ERROR(CheckKeys(
-        w, "worker",
-        {"engine", "capacity", "threads", "temperature", "top_p", "heartbeat", "spill_dir"}));
+    WEFT_RETURN_IF_ERROR(CheckKeys(w, "worker",
+                                   {"engine", "capacity", "threads", "temperature", "top_p",
+                                    "heartbeat", "spill_dir", "new_versions"}));
     WEFT_RETURN_IF_ERROR(ReadString(w, "worker", "engine", &c.worker.engine));
     WEFT_RETURN_IF_ERROR(ReadString(w, "worker", "spill_dir", &c.worker.spill_dir));
     int capacity = static_cast<int>(c.worker.capacity);
@@ -239,6 +239,13 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     c.worker.heartbeat = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat);
     if (c.worker.heartbeat.count() < 10)
       return InvalidArgument("worker.heartbeat must be at least 10ms");
+    std::string new_versions = c.worker.push ? "push" : "poll";
+    WEFT_RETURN_IF_ERROR(ReadString(w, "worker", "new_versions", &new_versions));
+    if (new_versions != "push" && new_versions != "poll") {
+      return InvalidArgument("worker.new_versions must be push or poll, not '" + new_versions +
+                             "'");
+    }
+    c.worker.push = new_versions == "push";
   }
 
   TrainerSettings& t = c.trainer;

@@ -40,6 +40,9 @@ struct WorkerSettings {
   double temperature = 1.0;
   double top_p = 1.0;
   std::chrono::milliseconds heartbeat{1000};
+  // new_versions: push (wait on the store's latest with a long poll where the store supports it)
+  // or poll (read it every 100 ms).
+  bool push = true;
   // Where a worker keeps the deltas of a catch-up too large to hold beside its copy (empty: the
   // temporary directory, TMPDIR): a local disk, not a memory file system.
   std::string spill_dir;

@@ -99,6 +99,7 @@ Status RunWorker(const WorkerFlags& flags) {
   options.run_id = config.run_id;
   options.capacity = config.worker.capacity;
   options.heartbeat_interval = config.worker.heartbeat;
+  options.push = config.worker.push;
   if (!config.worker.spill_dir.empty()) options.spill_dir = config.worker.spill_dir;
   options.sampling.temperature = static_cast<float>(config.worker.temperature);
   options.sampling.top_p = static_cast<float>(config.worker.top_p);

@@ -261,6 +261,15 @@ size_t CollectHeader(char* data, size_t size, size_t count, void* user) {
   return size * count;
 }
 
+// The flags that stop a request under way: the client's and the request's own.
+struct Cancels {
+  const std::atomic<bool>* client = nullptr;
+  const std::atomic<bool>* request = nullptr;
+  bool Set() const {
+    return (client != nullptr && client->load()) || (request != nullptr && request->load());
+  }
+};
+
 // One libcurl handle per thread, reset before each use: its connection cache keeps connections to
 // the server alive between requests.
 CURL* ThreadHandle() {
@@ -342,12 +351,15 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
     transfer.window_length = request.range->second;
   }
   std::string etag;  // of the part of the object delivered, for a resumed GET
+  const Cancels cancels{options_.cancel.get(), request.cancel};
   int attempt = 0;
   while (true) {
     ++attempt;
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) break;
+    if (request.cancel != nullptr && request.cancel->load())
+      return Unavailable(method + " " + url + ": cancelled by its caller");
     if (options_.cancel && options_.cancel->load())
       return Unavailable(method + " " + url + ": cancelled (the client is closing)");
     CURL* curl = ThreadHandle();
@@ -393,14 +405,15 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                      std::max(1L, static_cast<long>(options_.stall_timeout.count() / 1000)));
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    if (options_.cancel) {
+    if (options_.cancel || request.cancel != nullptr) {
       // Asked about at least once a second, with or without bytes moving.
       curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-      curl_easy_setopt(curl, CURLOPT_XFERINFODATA, options_.cancel.get());
+      curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &cancels);
       curl_easy_setopt(
           curl, CURLOPT_XFERINFOFUNCTION,
-          +[](void* cancel, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
-            return static_cast<const std::atomic<bool>*>(cancel)->load() ? 1 : 0;
+          +[](void* data, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+            const Cancels& flags = *static_cast<const Cancels*>(data);
+            return flags.Set() ? 1 : 0;
           });
     }
     // Loopback never goes through a proxy, whatever the environment says; other hosts honour
@@ -453,6 +466,8 @@ Result<HttpReply> HttpClient::Request(const HttpRequest& request) {
       return Unavailable(method + " " + url + ": " + curl_easy_strerror(code) +
                          (options_.ca_file.empty() ? "" : " (CA file " + options_.ca_file + ")"));
     }
+    if (code == CURLE_ABORTED_BY_CALLBACK && request.cancel != nullptr && request.cancel->load())
+      return Unavailable(method + " " + url + ": cancelled by its caller");
     if (code == CURLE_ABORTED_BY_CALLBACK)
       return Unavailable(method + " " + url + ": cancelled (the client is closing)");
     if (code != CURLE_OK) {

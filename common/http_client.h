@@ -104,6 +104,9 @@ struct HttpRequest {
   // A successful GET whose body would be larger is refused (kInvalidArgument) as soon as its
   // Content-Length or its bytes say so, without reading the rest.
   uint64_t max_body_bytes = UINT64_MAX;
+  // This request only (beside HttpClientOptions::cancel): once it holds true, the request stops
+  // within about a second with kUnavailable (a long poll its caller no longer needs).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // At most this much is reserved up front for a body from its Content-Length; a larger body grows as

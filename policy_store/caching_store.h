@@ -108,6 +108,12 @@ class CachingStore : public ObjectStore {
   Status Delete(const std::string& key) override EXCLUDES(mutex_);
   Result<std::unique_ptr<ObjectWriter>> NewImmutableWriter(const std::string& key) override;
   std::string Describe() const override;
+  // The objects that change are never cached: watched upstream.
+  Result<ObjectWatch> WaitForChange(const std::string& key, const std::optional<std::string>& known,
+                                    std::chrono::milliseconds wait,
+                                    const std::atomic<bool>* cancel = nullptr) override {
+    return upstream_.WaitForChange(key, known, wait, cancel);
+  }
 
   ObjectStore& upstream() const { return upstream_; }
   CacheStats stats() const EXCLUDES(mutex_);

@@ -1,12 +1,18 @@
 #include "policy_store/directory_store.h"
 
+#include <poll.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <optional>
 #include <string_view>
 
 #include "common/byte_io.h"
+#include "common/mutex.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
@@ -21,6 +27,51 @@ constexpr uint64_t kPieceBytes = uint64_t{1} << 20;
 
 // No key is longer (ValidateKey): List goes no deeper, which also ends a loop of symbolic links.
 constexpr size_t kMaxKeyBytes = 512;
+
+// Every compare-and-swap of a directory store in this process moves this generation on and wakes
+// the watchers (WaitForChange), whatever Env holds the files.
+struct SwapSignal {
+  Mutex mutex;
+  std::condition_variable changed;
+  uint64_t generation GUARDED_BY(mutex) = 0;
+};
+SwapSignal& Swaps() {
+  static SwapSignal* signal = new SwapSignal;
+  return *signal;
+}
+
+// Changes to the files of one directory of the machine, seen through inotify (writers in other
+// processes: a trainer publishing into the directory a store server serves). Invalid when inotify
+// cannot watch it (the directory does not exist yet, no watches left).
+class DirectoryEvents {
+ public:
+  explicit DirectoryEvents(const std::string& directory)
+      : fd_(inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {
+    if (fd_ >= 0 &&
+        inotify_add_watch(fd_, directory.c_str(),
+                          IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MODIFY) < 0) {
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~DirectoryEvents() {
+    if (fd_ >= 0) close(fd_);
+  }
+  DirectoryEvents(const DirectoryEvents&) = delete;
+  DirectoryEvents& operator=(const DirectoryEvents&) = delete;
+  bool valid() const { return fd_ >= 0; }
+  // Waits up to `wait` for an event, and drains those that came.
+  void Wait(std::chrono::milliseconds wait) {
+    pollfd watched{fd_, POLLIN, 0};
+    if (poll(&watched, 1, static_cast<int>(wait.count())) <= 0) return;
+    alignas(inotify_event) char buffer[4096];
+    while (read(fd_, buffer, sizeof buffer) > 0) {
+    }
+  }
+
+ private:
+  int fd_;
+};
 
 std::string ShownValue(std::string_view value) {
   const bool printable = std::all_of(value.begin(), value.end(),
@@ -385,7 +436,61 @@ Status DirectoryStore::CompareAndSwap(const std::string& key, std::optional<std:
   const std::span<const uint8_t> parts[] = {TextBytes(desired)};
   const Status written = env_.WriteAtomic(path, parts);
   if (!written.ok()) return Hidden(root_, key, written);
+  SwapSignal& swaps = Swaps();
+  {
+    MutexLock signal(swaps.mutex);
+    ++swaps.generation;
+  }
+  swaps.changed.notify_all();
   return Status::Ok();
+}
+
+Result<ObjectWatch> DirectoryStore::WaitForChange(const std::string& key,
+                                                  const std::optional<std::string>& known,
+                                                  std::chrono::milliseconds wait,
+                                                  const std::atomic<bool>* cancel) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + wait;
+  // Writers in other processes are seen through inotify where the files are the machine's; the
+  // swaps of this process through their signal. Either way the object is read again at least every
+  // kRecheck, so that an event missed (a directory created meanwhile) costs that much at most.
+  constexpr std::chrono::milliseconds kRecheck(100);
+  std::optional<DirectoryEvents> events;
+  if (&env_ == &Env::Default()) {
+    const std::string path = PathOf(key);
+    events.emplace(path.substr(0, path.rfind('/')));
+  }
+  SwapSignal& swaps = Swaps();
+  while (true) {
+    uint64_t generation;
+    {
+      MutexLock signal(swaps.mutex);
+      generation = swaps.generation;
+    }
+    std::optional<std::string> value;
+    Result<std::vector<uint8_t>> bytes = Get(key);
+    if (bytes.ok()) {
+      if (bytes->size() > kMaxWatchedBytes) return WatchedTooLarge(key, bytes->size());
+      value.emplace(bytes->begin(), bytes->end());
+    } else if (bytes.status().code() != StatusCode::kNotFound) {
+      return bytes.status();
+    }
+    if (value != known) return ObjectWatch{std::move(value), true};
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return ObjectWatch{std::move(value), true};
+    if (cancel != nullptr && cancel->load()) return Unavailable(key + ": watch cancelled");
+    const auto nap = std::min<std::chrono::milliseconds>(
+        kRecheck, std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+    if (events && events->valid()) {
+      events->Wait(nap);
+    } else {
+      MutexLock signal(swaps.mutex);
+      swaps.changed.wait_for(signal.native(), nap, [&]() REQUIRES(swaps.mutex) {
+        return swaps.generation != generation;
+      });
+    }
+  }
 }
 
 Status DirectoryStore::Delete(const std::string& key) {

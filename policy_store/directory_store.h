@@ -47,6 +47,11 @@ class DirectoryStore : public ObjectStore {
   Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                         const std::string& desired) override;
   Status Delete(const std::string& key) override;
+  // Waits for the file to change: writers in other processes are seen through inotify (the
+  // machine's files), those of this process at once; the file is read again at least every 100 ms.
+  Result<ObjectWatch> WaitForChange(const std::string& key, const std::optional<std::string>& known,
+                                    std::chrono::milliseconds wait,
+                                    const std::atomic<bool>* cancel = nullptr) override;
   Result<std::unique_ptr<ObjectWriter>> NewImmutableWriter(const std::string& key) override;
   std::string Describe() const override { return "dir:" + root_; }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/byte_io.h"
+#include "policy_store/manifest.h"
 
 namespace weft::policy_store {
 namespace {
@@ -105,6 +106,35 @@ Result<uint64_t> HttpStore::ReadTo(const std::string& key, uint64_t first, uint6
     return reply.delivered;
   }
   return DeliveredRange(reply, first, request.range->second, what);
+}
+
+Result<ObjectWatch> HttpStore::WaitForChange(const std::string& key,
+                                             const std::optional<std::string>& known,
+                                             std::chrono::milliseconds wait,
+                                             const std::atomic<bool>* cancel) {
+  WEFT_RETURN_IF_ERROR(ValidateKey(key));
+  HttpRequest request;
+  request.path = "/v1/objects/" + key;
+  // A long poll (docs/api.md, "Waiting for a change"): whole seconds, short enough that the
+  // client's stall timeout never ends a wait that is going as it should.
+  const int64_t longest = std::max<int64_t>(0, client_.options().stall_timeout.count() / 1000 - 5);
+  const int64_t seconds = std::min<int64_t>(
+      std::min<int64_t>(longest, kMaxWaitSeconds),
+      std::chrono::ceil<std::chrono::seconds>(std::max(wait, std::chrono::milliseconds(0)))
+          .count());
+  request.headers.push_back("Prefer: wait=" + std::to_string(seconds));
+  if (known) request.headers.push_back("If-None-Match: \"" + Sha256Hex(TextBytes(*known)) + "\"");
+  request.cancel = cancel;
+  request.max_body_bytes = kMaxWatchedBytes;
+  WEFT_ASSIGN_OR_RETURN(Reply reply, client_.Request(request));
+  const bool waited = reply.Header("preference-applied").rfind("wait=", 0) == 0;
+  if (reply.status == 304) {
+    if (!known) return DataLoss("GET " + client_.base_url() + request.path + ": 304 for no ETag");
+    return ObjectWatch{known, waited};
+  }
+  if (reply.status == 404) return ObjectWatch{std::nullopt, waited};
+  WEFT_RETURN_IF_ERROR(StatusOfReply(reply, "GET " + client_.base_url() + request.path));
+  return ObjectWatch{std::string(reply.body.begin(), reply.body.end()), waited};
 }
 
 Result<bool> HttpStore::Exists(const std::string& key) {

@@ -34,6 +34,9 @@ Result<ObjectRange> RangeOfReply(HttpReply reply, uint64_t first, uint64_t lengt
 Result<uint64_t> DeliveredRange(const HttpReply& reply, uint64_t first, uint64_t length,
                                 const std::string& what);
 
+// The longest wait a store server grants a long poll on an object that changes (Prefer: wait=N).
+inline constexpr int64_t kMaxWaitSeconds = 30;
+
 class HttpStore : public ObjectStore {
  public:
   // `base_url` like "http://127.0.0.1:8080" (no trailing slash).
@@ -50,6 +53,13 @@ class HttpStore : public ObjectStore {
   bool ReadsRanges() const override { return true; }
   BlobReads blob_reads() const override { return reads_; }
   Result<bool> Exists(const std::string& key) override;
+  // A long poll (Prefer: wait=N with the ETag of `known`): it waits where the server supports it
+  // (a store server or relay), and says it did not where the answer came at once (another server,
+  // a plain HTTP cache). Waits are whole seconds, at most kMaxWaitSeconds and 5 s less than the
+  // client's stall timeout.
+  Result<ObjectWatch> WaitForChange(const std::string& key, const std::optional<std::string>& known,
+                                    std::chrono::milliseconds wait,
+                                    const std::atomic<bool>* cancel = nullptr) override;
   Result<std::vector<std::string>> List(const std::string& prefix) override;
   Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override;
   Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,

@@ -27,9 +27,7 @@ std::string_view Trimmed(std::string_view text) {
   return text;
 }
 
-std::string EtagOf(const std::string& value) {
-  return "\"" + Sha256Hex(TextBytes(value)) + "\"";
-}
+std::string EtagOf(const std::string& value) { return "\"" + Sha256Hex(TextBytes(value)) + "\""; }
 
 }  // namespace
 
@@ -82,11 +80,11 @@ Response LongPolls::AnswerOf(const Key& state, const std::string& key, const Pol
   if (expired && !state.error.ok()) {
     answer = weft::http::ErrorResponse(poll.request, state.error);
   } else if (!state.value) {
-    answer = weft::http::ErrorResponse(poll.request, http::status::not_found,
-                                       "no such object: " + key);
+    answer =
+        weft::http::ErrorResponse(poll.request, http::status::not_found, "no such object: " + key);
   } else {
-    answer = Response(expired ? http::status::not_modified : http::status::ok,
-                      poll.request.version());
+    answer =
+        Response(expired ? http::status::not_modified : http::status::ok, poll.request.version());
     answer.set(http::field::etag, state.etag);
     answer.set(http::field::cache_control, "no-cache");
     if (!expired) {
@@ -104,8 +102,8 @@ void LongPolls::Give(std::vector<Answer>& answers) {
   answers.clear();
 }
 
-void LongPolls::Add(const RequestHeader& request, const std::string& key,
-                    std::chrono::seconds wait, weft::http::Responder respond) {
+void LongPolls::Add(const RequestHeader& request, const std::string& key, std::chrono::seconds wait,
+                    weft::http::Responder respond) {
   Poll poll{request, std::nullopt, wait, Clock::now() + wait, std::move(respond)};
   if (request.count(http::field::if_none_match) > 0)
     poll.etag = std::string(request[http::field::if_none_match]);
@@ -141,9 +139,8 @@ void LongPolls::Watch(std::string key) {
   while (!stopping_.load()) {
     // The first call reads the key (a wait of nothing: whatever it holds differs from nothing we
     // know), the next ones wait for it to change from what was read.
-    Result<ObjectWatch> got =
-        backend_.WaitForChange(key, value, have ? kWatchRound : std::chrono::milliseconds(0),
-                               &stopping_);
+    Result<ObjectWatch> got = backend_.WaitForChange(
+        key, value, have ? kWatchRound : std::chrono::milliseconds(0), &stopping_);
     backend_calls_.fetch_add(1);
     std::vector<Answer> answers;
     bool done = false;
@@ -235,9 +232,9 @@ void LongPolls::Stop() {
     stopping_.store(true);
     for (auto& [key, state] : keys_) {
       for (Poll& poll : state.polls) {
-        answers.push_back({poll.respond,
-                           weft::http::ErrorResponse(poll.request, http::status::service_unavailable,
-                                                     "the server is stopping")});
+        answers.push_back({poll.respond, weft::http::ErrorResponse(
+                                             poll.request, http::status::service_unavailable,
+                                             "the server is stopping")});
       }
       state.polls.clear();
     }

@@ -177,6 +177,23 @@ Status SpanTarget::Write(std::span<const uint8_t> bytes) {
   return Status::Ok();
 }
 
+Result<ObjectWatch> ObjectStore::WaitForChange(const std::string& key,
+                                               const std::optional<std::string>& known,
+                                               std::chrono::milliseconds wait,
+                                               const std::atomic<bool>* cancel) {
+  Result<std::vector<uint8_t>> bytes = Get(key);
+  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) return ObjectWatch{};
+  if (!bytes.ok()) return bytes.status();
+  if (bytes->size() > kMaxWatchedBytes) return WatchedTooLarge(key, bytes->size());
+  return ObjectWatch{std::string(bytes->begin(), bytes->end()), false};
+}
+
+Status WatchedTooLarge(const std::string& key, uint64_t size) {
+  return InvalidArgument(key + " holds " + std::to_string(size) +
+                         " bytes: only pointers of at most " + std::to_string(kMaxWatchedBytes) +
+                         " bytes are watched for changes");
+}
+
 Result<std::unique_ptr<ObjectReader>> ObjectStore::OpenRead(const std::string& key) {
   WEFT_ASSIGN_OR_RETURN(ObjectRange probe, GetRange(key, 0, 1));
   return std::unique_ptr<ObjectReader>(new RangeReader(*this, key, probe.object_size, !Local()));

@@ -19,6 +19,7 @@
 // ".." segments, at most 512 bytes (ValidateKey). Implementations are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -89,6 +90,18 @@ class ObjectReader {
 
 using OpenDone = std::function<void(Result<std::unique_ptr<ObjectReader>>)>;
 
+// What ObjectStore::WaitForChange found.
+struct ObjectWatch {
+  std::optional<std::string> value;  // what the object holds (nullopt: it is absent)
+  // Whether the store waited for a change (it pushes). False: it answered at once, and the caller
+  // asks again when it wants to know (it polls).
+  bool waited = false;
+};
+
+// A watched object (a run's `latest` pointer) larger than this is refused: it is a pointer, not
+// data.
+inline constexpr uint64_t kMaxWatchedBytes = 64 * 1024;
+
 // How readers fetch a store's blobs (blob_fetch.h): in parts of `part_bytes`, up to `parallel`
 // requests at once. A store's URI can set both (docs/store.md); these are the defaults.
 struct BlobReads {
@@ -150,6 +163,16 @@ class ObjectStore {
   virtual Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) = 0;
   virtual Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
                                 const std::string& desired) = 0;
+  // Watches an object that changes (a run's `latest` pointer, IsMutableKey): returns what `key`
+  // holds as soon as it holds something other than `known` (nullopt: absent), or when `wait` has
+  // passed (then `known`, unchanged), or kUnavailable once `cancel` (when given) holds true. A
+  // store that pushes (a store server or relay that supports waiting, a directory) waits; the
+  // default reads the object once and says it did not wait (ObjectWatch::waited), and the caller
+  // polls. An object larger than kMaxWatchedBytes is kInvalidArgument.
+  virtual Result<ObjectWatch> WaitForChange(const std::string& key,
+                                            const std::optional<std::string>& known,
+                                            std::chrono::milliseconds wait,
+                                            const std::atomic<bool>* cancel = nullptr);
   // Removes an object; deleting a missing key succeeds (retention may be retried).
   virtual Status Delete(const std::string& key) = 0;
   // Starts writing an immutable object in pieces. The default stages the pieces in a temporary
@@ -184,6 +207,9 @@ class SpanTarget : public BodyTarget {
 };
 
 Status ValidateKey(const std::string& key);
+
+// The error for a watched object larger than kMaxWatchedBytes.
+Status WatchedTooLarge(const std::string& key, uint64_t size);
 
 // The range_size (at least 4KiB) and parallel (1 to 64) options of a store URI, where given, into
 // `reads`; errors name `where` (the store) and the option.

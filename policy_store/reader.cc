@@ -123,6 +123,21 @@ Status CheckAgainstManifest(const sync::ServedModel& model, const Manifest& mani
 
 Result<uint64_t> StoreReader::Latest() { return ReadLatest(store_, run_id_); }
 
+Result<StoreReader::LatestWatch> StoreReader::WatchLatest(std::chrono::milliseconds wait,
+                                                          const std::atomic<bool>* cancel) {
+  const std::string key = LatestKey(run_id_);
+  WEFT_ASSIGN_OR_RETURN(
+      ObjectWatch watched,
+      store_.WaitForChange(key, latest_seen_ ? *latest_seen_ : std::nullopt,
+                           latest_seen_ ? wait : std::chrono::milliseconds(0), cancel));
+  latest_seen_ = watched.value;
+  LatestWatch latest{std::nullopt, watched.waited};
+  if (!watched.value) return latest;
+  latest.version = ParseVersionText(*watched.value);
+  if (!latest.version) return DataLoss(key + " does not hold a version number");
+  return latest;
+}
+
 Result<Manifest> StoreReader::GetManifest(uint64_t version) {
   return ReadManifest(store_, run_id_, version);
 }

@@ -74,6 +74,18 @@ class StoreReader {
 
   // The latest complete version; kNotFound when the run has none.
   Result<uint64_t> Latest();
+  // What WatchLatest found: the latest version (nullopt: the run has none), and whether the store
+  // waited for it to change (false: it cannot push, and the caller polls).
+  struct LatestWatch {
+    std::optional<uint64_t> version;
+    bool waited = false;
+  };
+  // The latest version once `latest` holds other than what the last call saw, or once `wait` has
+  // passed (the first call reads it at once): a long poll of stores that push
+  // (ObjectStore::WaitForChange), a read of those that do not. kUnavailable once `cancel` (when
+  // given) holds true; kDataLoss when `latest` does not hold a version number.
+  Result<LatestWatch> WatchLatest(std::chrono::milliseconds wait,
+                                  const std::atomic<bool>* cancel = nullptr);
   Result<Manifest> GetManifest(uint64_t version);
   // Versions with a manifest, ascending.
   Result<std::vector<uint64_t>> Versions();
@@ -125,6 +137,8 @@ class StoreReader {
 
   ObjectStore& store_;
   std::string run_id_;
+  // What WatchLatest last saw `latest` hold (nullopt: absent), once it has read it.
+  std::optional<std::optional<std::string>> latest_seen_;
   int threads_;
   FetchOptions fetch_;
   bool drop_copy_for_keyframe_ = false;

@@ -16,6 +16,8 @@
 #include "common/http_server.h"
 #include "common/json_fields.h"
 #include "common/mutex.h"
+#include "policy_store/http_store.h"
+#include "policy_store/long_poll.h"
 #include "policy_store/manifest.h"
 
 namespace weft::policy_store {
@@ -93,6 +95,8 @@ struct Shared {
   ObjectStore& backend;
   StoreServerOptions options;
   Counters counters;
+  // GETs of the objects that change that wait for a change (Prefer: wait=N).
+  LongPolls polls{backend};
   // The HTTP server, once started (its connection counts are in /metrics).
   std::atomic<const weft::http::HttpServer*> server{nullptr};
   // Backend calls under way off the I/O threads: Stop() waits for them, since they use the
@@ -518,6 +522,14 @@ std::string MetricsText(const Shared& shared) {
   text += "# HELP " + prefix + "_object_streams Object bodies being sent now.\n# TYPE " + prefix +
           "_object_streams gauge\n" + prefix + "_object_streams " +
           std::to_string(shared.counters.streams.load()) + "\n";
+  text += "# HELP " + prefix +
+          "_long_polls Requests waiting for a change of an object (Prefer: wait).\n# TYPE " +
+          prefix + "_long_polls gauge\n" + prefix + "_long_polls " +
+          std::to_string(shared.polls.waiting()) + "\n";
+  text += "# HELP " + prefix +
+          "_watch_calls_total Reads and watches of the backend made for the long polls.\n# TYPE " +
+          prefix + "_watch_calls_total counter\n" + prefix + "_watch_calls_total " +
+          std::to_string(shared.polls.backend_calls()) + "\n";
   if (const weft::http::HttpServer* server = shared.server.load())
     text += weft::http::ConnectionMetrics(prefix, server->connection_stats());
   if (shared.options.metrics) text += shared.options.metrics();
@@ -561,6 +573,13 @@ void Handle(const SharedPtr& shared, const Request& request, const weft::http::R
           if (!status.ok()) return respond(ErrorResponse(request, status));
           respond(JsonResponse(request, http::status::ok, Json{{"key", target.key}}));
         });
+      }
+      if (request.method() == http::verb::get && IsMutableKey(target.key)) {
+        // A long poll: answered when the object changes (docs/api.md, "Waiting for a change").
+        Result<std::optional<std::chrono::seconds>> wait =
+            PreferredWait(request, std::chrono::seconds(kMaxWaitSeconds));
+        if (!wait.ok()) return respond(ErrorResponse(request, wait.status()));
+        if (*wait) return shared->polls.Add(request, target.key, **wait, respond);
       }
       if (request.method() == http::verb::get || request.method() == http::verb::head)
         return ServeObject(shared, request, target.key, respond);
@@ -637,6 +656,7 @@ uint16_t StoreServer::port() const { return impl_->server->port(); }
 void StoreServer::Stop() {
   if (!impl_ || !impl_->server) return;
   impl_->server->Stop();
+  impl_->shared->polls.Stop();
   // The backend calls under way end within their deadlines; the backend must outlive them.
   Shared& shared = *impl_->shared;
   MutexLock lock(shared.mutex);

@@ -63,6 +63,7 @@ void RolloutWorker::Stop() {
     MutexLock lock(mutex_);
     stop_ = true;
   }
+  WakeSync();
   changed_.notify_all();
 }
 
@@ -87,15 +88,62 @@ std::optional<uint64_t> RolloutWorker::ready_version() const {
   return core_.ready();
 }
 
+namespace {
+
+// The store's latest version read plainly, as a watch that did not wait.
+Result<policy_store::StoreReader::LatestWatch> ReadLatest(policy_store::StoreReader& reader) {
+  Result<uint64_t> latest = reader.Latest();
+  if (!latest.ok() && latest.status().code() == StatusCode::kNotFound)
+    return policy_store::StoreReader::LatestWatch{};
+  if (!latest.ok()) return latest.status();
+  return policy_store::StoreReader::LatestWatch{*latest, false};
+}
+
+}  // namespace
+
 void RolloutWorker::SyncLoop() {
   policy_store::StoreReader reader(store_, options_.run_id, options_.sync_threads);
   // The engine keeps its own weights: a copy that must be rebuilt from a keyframe is dropped
   // first, so that a worker back from an outage needs the memory of one copy, not two.
   reader.DropCopyForKeyframe(true);
   reader.SpillDeltas(options_.spill_dir);
-  do {
-    SyncOnce(reader);
-  } while (!Sleep(options_.sync_interval));
+  bool watch = false;  // the next round waits for the store's latest to change
+  while (true) {
+    std::chrono::milliseconds wait(0);
+    if (watch) {
+      // Not past the next full check of the copy.
+      wait = options_.push_wait;
+      if (held_ && verified_) {
+        const WorkerCore::Micros due =
+            *verified_ +
+            std::chrono::duration_cast<std::chrono::microseconds>(options_.verify_interval).count();
+        wait =
+            std::min(wait, std::chrono::milliseconds(std::max<int64_t>(0, (due - Now()) / 1000)));
+      }
+    }
+    // With push off, a plain read of `latest` (no wait asked for) every sync_interval.
+    Result<policy_store::StoreReader::LatestWatch> watched =
+        options_.push ? reader.WatchLatest(wait, &wake_sync_) : ReadLatest(reader);
+    // A wake from here on cancels the next wait, not a round that has not run yet.
+    const bool woken = wake_sync_.exchange(false);
+    {
+      MutexLock lock(mutex_);
+      if (stop_) return;
+    }
+    if (!watched.ok() && woken) watched = reader.WatchLatest(std::chrono::milliseconds(0));
+    Result<uint64_t> latest = NotFound("the run has no published version");
+    if (!watched.ok()) {
+      latest = watched.status();
+    } else if (watched->version) {
+      latest = *watched->version;
+    }
+    SyncOnce(reader, latest);
+    {
+      MutexLock lock(mutex_);
+      watch = options_.push && watched.ok() && watched->waited && core_.CaughtUp(watched->version);
+    }
+    if (!watch && Sleep(options_.sync_interval)) return;
+  }
 }
 
 void RolloutWorker::CheckEngine() {
@@ -111,6 +159,7 @@ void RolloutWorker::CheckEngine() {
     report_.paused_ms_total = health.paused_ms_total;
     report_.replicas = health.each;
   }
+  if (change != WorkerCore::Change::kNone) WakeSync();  // a load may be due, or none
   if (change == WorkerCore::Change::kLost) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster << ": the engine cannot serve ("
                        << health.detail << "); not ready until it can";
@@ -123,7 +172,7 @@ void RolloutWorker::CheckEngine() {
   }
 }
 
-void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
+void RolloutWorker::SyncOnce(policy_store::StoreReader& reader, const Result<uint64_t>& latest) {
   CheckEngine();
   // The proof, every verify_interval: the bytes held hash, recomputed in full, to the digests of
   // the version claimed. (Pulls keep the digests current in O(changed) and check them against
@@ -145,7 +194,6 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
       sink_.Drop();
     }
   }
-  Result<uint64_t> latest = reader.Latest();
   if (!latest.ok()) {
     if (latest.status().code() != StatusCode::kNotFound) {
       WEFT_LOG(kWarning) << "cluster " << options_.cluster
@@ -161,6 +209,7 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
   if (target) {
     // In place, in O(changed elements): the pull checks every blob and digest and leaves the copy
     // as it was on any error.
+    const WorkerCore::Micros pull_started = Now();
     Result<policy_store::PullReport> pulled =
         sink_.Pull(reader, *latest, held_ ? &*held_ : nullptr);
     if (!pulled.ok()) {
@@ -182,7 +231,8 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader) {
       return;
     }
     WEFT_LOG(kInfo) << "cluster " << options_.cluster << " pulled version " << *latest << " ("
-                    << pulled->bytes_downloaded << " bytes: " << pulled->path
+                    << pulled->bytes_downloaded << " bytes in "
+                    << static_cast<double>(Now() - pull_started) / 1e6 << " s: " << pulled->path
                     << ", digests verified)";
     MutexLock lock(mutex_);
     held_ = std::move(pulled->manifest);

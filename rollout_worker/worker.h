@@ -53,7 +53,13 @@ struct WorkerOptions {
   uint32_t capacity = 1;  // jobs generated at once per engine replica
   Sampling sampling;  // temperature, top_p, max_tokens, stop token (the seed comes from the job)
   std::chrono::milliseconds heartbeat_interval{1000};
-  std::chrono::milliseconds sync_interval{100};  // how often the store's latest version is checked
+  // How new versions are learnt: with `push`, the store's latest version is watched with a long
+  // poll of up to `push_wait` (ObjectStore::WaitForChange) while the worker has nothing left to
+  // do, where the store supports it (a store server, a relay); otherwise, and with push off, it is
+  // read every `sync_interval`.
+  bool push = true;
+  std::chrono::milliseconds push_wait{10000};
+  std::chrono::milliseconds sync_interval{100};
   // How often the served copy's digests are recomputed in full from its bytes (a pull keeps them
   // current incrementally and checks them against the manifest).
   std::chrono::milliseconds verify_interval{5000};
@@ -120,7 +126,9 @@ class RolloutWorker {
   // (WorkerCore::BackOffLeasing). Returns the wait.
   std::chrono::milliseconds BackOffLeasing();
   // One round of the sync loop.
-  void SyncOnce(policy_store::StoreReader& reader);
+  void SyncOnce(policy_store::StoreReader& reader, const Result<uint64_t>& latest);
+  // Wakes the sync loop from its wait for a new version (the engine's health changed, the stop).
+  void WakeSync() { wake_sync_.store(true); }
   void SendHeartbeat();
   // Generates, scores and submits one leased job.
   void RunJob(const orchestrator::Lease& lease);
@@ -148,6 +156,7 @@ class RolloutWorker {
   std::optional<policy_store::Manifest> held_;  // the manifest of the version the sink holds
   // When the sink's copy was last proved (the Env's monotonic clock); none: in the next round.
   std::optional<WorkerCore::Micros> verified_;
+  std::atomic<bool> wake_sync_{false};  // cancels the sync loop's wait for a new version
   // Shared:
   orchestrator::SyncReport report_ GUARDED_BY(mutex_);
   WorkerStats stats_ GUARDED_BY(mutex_);

@@ -57,6 +57,13 @@ class WorkerCore {
   // The copy no longer matches the version claimed (a full digest check failed): nothing held and
   // not ready, until a keyframe is pulled and loaded.
   void CopyCorrupted();
+  // Whether the sync has nothing to do until the store's latest version moves on from `latest`
+  // (none: the run has none yet): the copy is as new, and the engine was given it as it is. The
+  // worker then waits for the store to change rather than reading it again and again.
+  bool CaughtUp(std::optional<uint64_t> latest) const {
+    if (!latest) return true;
+    return !PullTarget(*latest) && engine_current_;
+  }
   // Whether to give the engine the copy now: one is held, the engine was not given it as it is,
   // and no failed load is being backed off.
   bool ShouldLoad(Micros now) const;

@@ -120,9 +120,7 @@ TEST_CASE("long polls: a store server answers when the object changes, 304 when 
   std::thread outside([&] {
     std::this_thread::sleep_for(milliseconds(300));
     const std::string path = served.root + "/" + key;
-    {
-      std::ofstream(path + ".new") << "3\n";
-    }
+    { std::ofstream(path + ".new") << "3\n"; }
     std::filesystem::rename(path + ".new", path);
   });
   start = Clock::now();
@@ -133,8 +131,9 @@ TEST_CASE("long polls: a store server answers when the object changes, 304 when 
   CHECK(SecondsSince(start) < 4);
 
   // Bad waits are refused; immutable objects are served as ever, without waiting.
-  CHECK(weft::testing::Raw(served.url + "/v1/objects/" + key, "GET", {"Prefer: wait=soon"})
-            .status == 400);
+  CHECK(
+      weft::testing::Raw(served.url + "/v1/objects/" + key, "GET", {"Prefer: wait=soon"}).status ==
+      400);
   REQUIRE(served.backend->PutImmutable("blobs/x", TextBytes("x")).ok());
   start = Clock::now();
   const auto immutable =
@@ -247,8 +246,8 @@ TEST_CASE("long polls: a directory store wakes on a swap of this process, and wa
   CHECK(SecondsSince(start) < 4);
 
   // A pointer too large to be one is refused.
-  REQUIRE(store->CompareAndSwap(key, std::string("1\n"), std::string(kMaxWatchedBytes + 1, 'x'))
-              .ok());
+  REQUIRE(
+      store->CompareAndSwap(key, std::string("1\n"), std::string(kMaxWatchedBytes + 1, 'x')).ok());
   CHECK(store->WaitForChange(key, std::nullopt, milliseconds(0)).status().code() ==
         StatusCode::kInvalidArgument);
   std::filesystem::remove_all(root);
