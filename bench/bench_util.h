@@ -6,11 +6,15 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/concurrent.h"
@@ -28,6 +32,38 @@ inline void Check(const Status& status, const char* what) {
                status.message().c_str());
   std::exit(1);
 }
+
+// The process's anonymous resident memory now, in bytes (RssAnon of /proc/self/status).
+inline uint64_t AnonymousResident() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
+  }
+  return 0;
+}
+
+// Samples AnonymousResident every 2 ms while it lives; peak() is the largest seen.
+class PeakSampler {
+ public:
+  PeakSampler()
+      : thread_([this] {
+          while (!stop_) {
+            peak_ = std::max<uint64_t>(peak_, AnonymousResident());
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+        }) {}
+  ~PeakSampler() {
+    stop_ = true;
+    thread_.join();
+  }
+  uint64_t peak() const { return std::max<uint64_t>(peak_, AnonymousResident()); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> peak_{0};
+  std::thread thread_;
+};
 
 inline double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

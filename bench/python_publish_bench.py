@@ -10,7 +10,9 @@ file. Then, on those same versions:
                 memory before each publish is timed;
   - torch.save: the BF16 copy a trainer would otherwise write for its engines, cast and saved.
 
-Goal: python <= 1.1x c++. Run from the repository root after ./setup.sh:
+Goal: python <= 1.1x c++. It also prints the peak anonymous memory of each Python publish above
+what the process held before it, against the served model plus the delta (goal: at most 1.1x).
+Run from the repository root after ./setup.sh:
 
     /usr/bin/python3 bench/python_publish_bench.py [--params 100e6] [--versions 4] [--threads 2]
 """
@@ -26,6 +28,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 # torch's OpenMP threads busy-wait after every parallel operation; on a small machine they would
@@ -78,6 +81,42 @@ def read_into(path: pathlib.Path, tensors: dict) -> None:
         t.copy_(torch.frombuffer(body[begin:end], dtype=torch.float32).view(t.shape))
 
 
+def anonymous_bytes() -> int:
+    """This process's anonymous resident memory (RssAnon of /proc/self/status), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakAnonymous:
+    """The peak of anonymous memory above what the process held at the start of a ``with``,
+    sampled every 2 ms by a thread (the publisher releases the GIL while it works)."""
+
+    def __enter__(self):
+        self.before = anonymous_bytes()
+        self.peak = self.before
+        self._stop = False
+        self._thread = threading.Thread(target=self._sample)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop:
+            self.peak = max(self.peak, anonymous_bytes())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc) -> None:
+        self._stop = True
+        self._thread.join()
+        self.peak = max(self.peak, anonymous_bytes())
+
+    @property
+    def above(self) -> int:
+        return self.peak - self.before
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, default=100e6)
@@ -116,9 +155,11 @@ def main() -> int:
         for v, f in enumerate(files):
             read_into(f, model)
             started = time.perf_counter()
-            result = publisher.start(model) if v == 0 else publisher.publish(model)
+            with PeakAnonymous() as memory:
+                result = publisher.start(model) if v == 0 else publisher.publish(model)
             py_rows.append({"seconds": time.perf_counter() - started,
-                            "bytes_written": result.bytes_written, "density": result.density})
+                            "bytes_written": result.bytes_written, "density": result.density,
+                            "above": memory.above})
 
         # torch.save of the BF16 copy.
         save_rows = []
@@ -144,6 +185,18 @@ def main() -> int:
             print(f"deltas (versions 1-{args.versions - 1}): python {py:.3f} s, c++ {cc:.3f} s, "
                   f"ratio {py / cc:.3f} (goal <= 1.1); torch.save of the BF16 copy {sv:.3f} s "
                   f"({sv / py:.2f}x python's time)")
+        # Memory: a publish holds the served copy (kept from the last call) and takes its peak
+        # above that; the goal is the served model plus the delta plus 10%.
+        served = params * 2
+        print(f"memory (served BF16 {served / 1e9:.3f} GB): start peaked "
+              f"{py_rows[0]['above'] / 1e9:.3f} GB above the masters "
+              f"({py_rows[0]['above'] / served:.2f}x the served model)")
+        for v in later:
+            p = py_rows[v]
+            held = served + p["above"]
+            print(f"  version {v}: served + publish peak {held / 1e9:.3f} GB = "
+                  f"{held / (served + p['bytes_written']):.3f}x (served + delta "
+                  f"{(served + p['bytes_written']) / 1e9:.3f} GB); goal <= 1.1x")
         same = all(p["bytes_written"] == c["bytes_written"] for p, c in zip(py_rows, cpp_rows))
         print("python and c++ wrote the same bytes: " + ("yes" if same else "NO"))
         return 0 if same else 1

@@ -41,6 +41,7 @@ namespace {
 using namespace weft;
 using bench::Check;
 using bench::Clock;
+using bench::PeakSampler;
 using bench::Seconds;
 
 struct Options {
@@ -48,38 +49,6 @@ struct Options {
   int versions = 3;
   int threads = 2;
   std::string dir = "/tmp/weft-sink-bench";
-};
-
-// The process's anonymous resident memory now, in bytes (RssAnon of /proc/self/status).
-uint64_t AnonymousResident() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
-  }
-  return 0;
-}
-
-// Samples AnonymousResident every 2 ms while it lives; peak() is the largest seen.
-class PeakSampler {
- public:
-  PeakSampler()
-      : thread_([this] {
-          while (!stop_) {
-            peak_ = std::max<uint64_t>(peak_, AnonymousResident());
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          }
-        }) {}
-  ~PeakSampler() {
-    stop_ = true;
-    thread_.join();
-  }
-  uint64_t peak() const { return std::max<uint64_t>(peak_, AnonymousResident()); }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> peak_{0};
-  std::thread thread_;
 };
 
 // Tensors of 4096 x 4096, as many as the size asks (at least one).

@@ -96,10 +96,14 @@ std::vector<ManifestTensor> ManifestTensors(const sync::ServedModel& model) {
   return tensors;
 }
 
-// A keyframe of `model` in one blob, written.
+// A keyframe of `model` in one blob, written from the model's tensors as they are (the blob's
+// bytes are never gathered in memory: a publisher holds one copy of the model, not two).
 Result<std::vector<BlobRef>> PutKeyframe(ObjectStore& store, const sync::ServedModel& model) {
-  WEFT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, KeyframeBytes(model));
-  WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlob(store, bytes));
+  const std::vector<sync::TensorToWrite> tensors = model.AsTensorsToWrite();
+  WEFT_ASSIGN_OR_RETURN(sync::SafetensorsLayout layout, sync::PlanSafetensors(tensors, {}));
+  std::vector<std::span<const uint8_t>> pieces{layout.header};
+  for (size_t i : layout.order) pieces.push_back(tensors[i].data);
+  WEFT_ASSIGN_OR_RETURN(BlobRef blob, PutBlobPieces(store, pieces));
   return std::vector<BlobRef>{blob};
 }
 

@@ -21,6 +21,28 @@ Result<BlobRef> PutBlob(ObjectStore& store, std::span<const uint8_t> bytes) {
   return blob;
 }
 
+Result<BlobRef> PutBlobPieces(ObjectStore& store,
+                              std::span<const std::span<const uint8_t>> pieces) {
+  Sha256 hash;
+  uint64_t bytes = 0;
+  for (std::span<const uint8_t> piece : pieces) {
+    hash.Update(piece);
+    bytes += piece.size();
+  }
+  BlobRef blob{hash.HexDigest(), bytes};
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer,
+                        store.NewImmutableWriter(BlobKey(blob.sha256)));
+  // A bounded piece at a time: a writer that stages what it is given holds no more than that.
+  constexpr size_t kWriteBytes = size_t{16} << 20;
+  for (std::span<const uint8_t> piece : pieces) {
+    for (size_t at = 0; at < piece.size(); at += kWriteBytes)
+      WEFT_RETURN_IF_ERROR(
+          writer->Write(piece.subspan(at, std::min(kWriteBytes, piece.size() - at))));
+  }
+  WEFT_RETURN_IF_ERROR(writer->Commit().status());
+  return blob;
+}
+
 Result<std::vector<uint8_t>> FetchVerifiedBlob(ObjectStore& store, const BlobRef& blob,
                                                const std::string& what) {
   BytesSink sink(blob.bytes);

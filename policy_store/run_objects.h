@@ -20,6 +20,9 @@ namespace weft::policy_store {
 
 // Writes `bytes` as blobs/<sha256> (immutable: writing the same bytes again succeeds).
 Result<BlobRef> PutBlob(ObjectStore& store, std::span<const uint8_t> bytes);
+// The same for a blob made of `pieces` one after another, never joined in memory: hashed in a
+// first pass, then streamed to the store (ObjectStore::NewImmutableWriter).
+Result<BlobRef> PutBlobPieces(ObjectStore& store, std::span<const std::span<const uint8_t>> pieces);
 
 // A blob's bytes, checked against its size and SHA-256 (FetchBlobs: in parts, several at once,
 // hashed as they arrive). A copy that fails the check is reported and fetched again (three

@@ -86,6 +86,39 @@ std::vector<TensorBytes> ServedModel::AsTensorBytes() const {
 
 Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
                                        const CodecOptions& options, uint64_t* changed) {
+  // Everything that could refuse the update is checked before any tensor is written: the update
+  // is all or nothing, so that a caller updating its only copy never holds half a version.
+  if (options.chunk_log2 < kMinChunkLog2 || options.chunk_log2 > kMaxChunkLog2) {
+    return InvalidArgument("chunk size 2^" + std::to_string(options.chunk_log2) + " outside 2^" +
+                           std::to_string(kMinChunkLog2) + "..2^" + std::to_string(kMaxChunkLog2));
+  }
+  if (!IsServingFormat(plan_.dtype)) {
+    return InvalidArgument("the serving format is not BF16, F16 or FP8: " +
+                           std::string(Info(plan_.dtype).safetensors_name));
+  }
+  std::set<std::string> seen;
+  for (const MasterTensor& m : master) {
+    const Tensor* values = Find(m.name);
+    if (values == nullptr || values->spec.shape != m.shape || values->spec.dtype != plan_.dtype) {
+      return InvalidArgument("master tensor '" + m.name + "' is not served by this model");
+    }
+    if (!seen.insert(m.name).second)
+      return InvalidArgument("master tensor '" + m.name + "' is given twice");
+    if (m.weights.size() != values->spec.element_count()) {
+      return InvalidArgument("master tensor '" + m.name + "' has " +
+                             std::to_string(m.weights.size()) + " values for a shape of " +
+                             std::to_string(values->spec.element_count()));
+    }
+    if (is_fp8()) {
+      const Tensor* scale = Find(ScaleTensorName(m.name));
+      const BlockScaling scaling = ScalingForShape(m.shape, plan_.fp8_block);
+      if (scale == nullptr || scale->bytes.size() != 4 * scaling.scale_count() ||
+          scaling.rows * scaling.cols != m.weights.size()) {
+        return InvalidArgument("master tensor '" + m.name +
+                               "': its FP8 scales are not served as its shape needs");
+      }
+    }
+  }
   ModelDelta delta;
   uint64_t changed_total = 0;
   for (const MasterTensor& m : master) {

@@ -152,7 +152,9 @@ class ServedModel {
   std::vector<TensorBytes> AsTensorBytes() const;
 
   // Moves every served tensor to the new master weights (same names and shapes as FromMaster)
-  // and returns the delta from the previous state.
+  // and returns the delta from the previous state. All or nothing: what could refuse the update
+  // (an unknown tensor, a shape, a count of values, a chunk size) is checked before any tensor is
+  // written, so an error leaves the model as it was.
   // `changed` (when given) receives the number of served elements (scales included) that changed.
   Result<ModelDelta> Update(const std::vector<MasterTensor>& master, const CodecOptions& options,
                             uint64_t* changed = nullptr);

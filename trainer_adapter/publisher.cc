@@ -87,17 +87,38 @@ Result<policy_store::Manifest> Publisher::PublishServed(const sync::ServedModel&
 }
 
 Result<policy_store::Manifest> Publisher::Publish(const std::vector<sync::MasterTensor>& master) {
-  // Work on a copy of the served state so that a failed publish leaves this publisher able to
-  // retry from the version it last published.
   const auto started = Clock::now();
-  sync::ServedModel next = served_;
   PublishStats stats;
-  WEFT_ASSIGN_OR_RETURN(sync::ModelDelta delta,
-                        next.Update(master, options_.codec, &stats.changed_elements));
-  WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest,
-                        PublishServed(next, &delta, &stats.bytes_written));
-  served_ = std::move(next);
-  last_ = std::move(manifest);
+  // In place: the only served copy moves to the new weights (all or nothing). The version goes
+  // out as the delta from the last version published: this step's, after a failed publish that
+  // one's squashed with it.
+  WEFT_ASSIGN_OR_RETURN(sync::ModelDelta step,
+                        served_.Update(master, options_.codec, &stats.changed_elements));
+  sync::ModelDelta delta;
+  if (pending_ && stats.changed_elements == 0) {
+    // The same weights again (a retry): the same delta, so that a version the failed publish
+    // wrote in part is completed with the same bytes.
+    delta = std::move(*pending_);
+  } else if (pending_) {
+    Result<sync::ModelDelta> squashed =
+        sync::SquashModelDeltas(*pending_, step, options_.codec.threads);
+    if (!squashed.ok()) {
+      return InvalidArgument(
+          "cannot squash this step onto the delta of the publish that failed (publish the same "
+          "tensors as it did): " +
+          squashed.status().message());
+    }
+    delta = std::move(squashed).value();
+  } else {
+    delta = std::move(step);
+  }
+  Result<policy_store::Manifest> manifest = PublishServed(served_, &delta, &stats.bytes_written);
+  if (!manifest.ok()) {
+    pending_ = std::move(delta);
+    return manifest.status();
+  }
+  pending_.reset();
+  last_ = std::move(manifest).value();
   stats.version = last_.version;
   stats.elements = served_.element_count();
   stats.seconds = SecondsSince(started);

@@ -11,11 +11,19 @@
 // the parts into the version and publishes it (CommitShards), and every rank returns once the
 // version is visible, so all ranks go through Publish in step.
 //
+// Memory: the publisher holds one served copy, updated in place (ServedModel::Update), the delta
+// of the version being published, and the keyframe streamed from the copy when one is due. A
+// publish that fails keeps its delta: the next publishes the version again from the last version
+// published, that delta squashed with its own, so the publisher can always retry without a
+// second copy of the model (served() then holds the weights of the attempt, not the last version
+// published).
+//
 // One publisher per run (per rank); not thread-safe.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +97,8 @@ class Publisher {
   PublisherOptions options_;
   policy_store::RecentDeltas recent_;
   PublishStats stats_;
+  // The delta from the last version published to served_, kept from a publish that failed.
+  std::optional<sync::ModelDelta> pending_;
 };
 
 }  // namespace weft::trainer_adapter

@@ -9,6 +9,7 @@
 
 #include "examples/synthetic_adam.h"
 #include "policy_store/directory_store.h"
+#include "policy_store/forwarding_store.h"
 #include "policy_store/http_store.h"
 #include "policy_store/reader.h"
 #include "policy_store/retention.h"
@@ -101,6 +102,70 @@ TEST_CASE("publisher: every version a delta of the served state, proven by its d
   CHECK(!(*publisher)->Publish({{"other", {3}, std::vector<float>(3)}}).ok());
   f.adam.Step(1);
   CHECK((*publisher)->Publish(f.Master())->version == 7);
+}
+
+// Fails every write while `failing` holds.
+class FailingStore : public policy_store::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  Status PutImmutable(const std::string& key, std::span<const uint8_t> bytes) override {
+    if (failing) return Unavailable("the store is down");
+    return inner().PutImmutable(key, bytes);
+  }
+  Status CompareAndSwap(const std::string& key, std::optional<std::string> expected,
+                        const std::string& desired) override {
+    if (failing) return Unavailable("the store is down");
+    return inner().CompareAndSwap(key, std::move(expected), desired);
+  }
+  bool failing = false;
+};
+
+TEST_CASE("publisher: a failed publish is retried from the last version published, in place") {
+  Fixture f;
+  FailingStore store(*f.store);
+  auto publisher =
+      std::move(Publisher::Start(store, "r", f.Master(), sync::ServingPlan{}, Options(100)))
+          .value();
+  StoreReader reader(*f.store, "r", 1);
+  sync::ServedModel copy;
+  REQUIRE(reader.Pull(0, std::nullopt, &copy).ok());
+
+  // Down for one publish, retried with the same weights: the same version, as if nothing failed.
+  f.adam.Step(1);
+  store.failing = true;
+  Result<policy_store::Manifest> failed = publisher->Publish(f.Master());
+  CHECK(failed.status().code() == StatusCode::kUnavailable);
+  CHECK(publisher->last().version == 0);
+  CHECK(*reader.Latest() == 0);
+  store.failing = false;
+  REQUIRE(publisher->Publish(f.Master()).ok());
+  CHECK(publisher->last().version == 1);
+  REQUIRE(reader.Pull(1, 0, &copy).ok());
+  CHECK(SameBytes(copy, publisher->served()));
+
+  // Down for two steps' publishes: the third goes out as one version from the last published,
+  // the three steps' deltas squashed.
+  for (int step = 0; step < 2; ++step) {
+    f.adam.Step(1);
+    store.failing = true;
+    CHECK(!publisher->Publish(f.Master()).ok());
+  }
+  store.failing = false;
+  f.adam.Step(1);
+  REQUIRE(publisher->Publish(f.Master()).ok());
+  CHECK(publisher->last().version == 2);
+  REQUIRE(reader.Pull(2, 1, &copy).ok());
+  CHECK(SameBytes(copy, publisher->served()));
+  // And the served copy is the masters' conversion, as a fresh start would make it.
+  auto fresh = sync::ServedModel::FromMaster(f.Master(), sync::ServingPlan{}, 1);
+  REQUIRE(fresh.ok());
+  CHECK(SameBytes(*fresh, publisher->served()));
+
+  // A publish refused before anything changes (a tensor it does not serve) leaves it as it was.
+  std::vector<sync::MasterTensor> wrong = f.Master();
+  wrong.back().name = "unknown";
+  CHECK(publisher->Publish(wrong).status().code() == StatusCode::kInvalidArgument);
+  CHECK(SameBytes(*fresh, publisher->served()));
 }
 
 TEST_CASE("publisher: a second publisher of the same run gets a conflict") {
