@@ -428,7 +428,7 @@ Status DurableCore::Compact() {
   return Status::Ok();
 }
 
-Status DurableCore::Record(Event event, Outcome* outcome, bool wait) {
+Status DurableCore::Record(Event event, Outcome* outcome, bool wait, Durable durable) {
   uint64_t sequence = 0;
   {
     MutexLock lock(mutex_);
@@ -436,10 +436,14 @@ Status DurableCore::Record(Event event, Outcome* outcome, bool wait) {
     // A refused request changes nothing: what the journal would not take is refused first.
     WEFT_RETURN_IF_ERROR(journal_->Admits(text.size()));
     WEFT_RETURN_IF_ERROR(Apply(std::move(event), outcome));
+    if (durable) {
+      // Nothing new: what it saw (a duplicate's original) must be durable before the answer.
+      return outcome->changed ? journal_->EnqueueThen(std::move(text), std::move(durable))
+                              : journal_->WhenDurable(std::move(durable));
+    }
     if (outcome->changed) {
       WEFT_ASSIGN_OR_RETURN(sequence, journal_->Enqueue(std::move(text)));
     } else {
-      // Nothing new, but what it saw (a duplicate's original) must be durable.
       sequence = journal_->records();
     }
   }
@@ -448,34 +452,25 @@ Status DurableCore::Record(Event event, Outcome* outcome, bool wait) {
 
 void DurableCore::SubmitAsync(Micros now, TrajectoryGroup group,
                               std::function<void(Result<SubmitResult>)> done) {
-  Event event{now, events::Submit{std::move(group)}};
-  Outcome out;
-  Status status;
-  {
-    MutexLock lock(mutex_);
-    std::string text = EventText(event);
-    status = journal_->Admits(text.size());
-    if (status.ok()) status = Apply(std::move(event), &out);
-    if (status.ok()) {
-      auto answer = [done, result = out.submit](Status durable) {
-        if (durable.ok()) {
-          done(result);
-        } else {
-          done(durable);
-        }
-      };
-      status = out.changed ? journal_->EnqueueThen(std::move(text), answer)
-                           : journal_->WhenDurable(answer);
-      if (status.ok()) return;
-    }
-  }
-  done(status);
+  // The outcome is filled in before the callback can run (the event is applied before it is
+  // queued), and read by it.
+  auto out = std::make_shared<Outcome>();
+  Status status = Record({now, events::Submit{std::move(group)}}, out.get(), false,
+                         [done, out](Status durable) {
+                           if (durable.ok()) {
+                             done(out->submit);
+                           } else {
+                             done(durable);
+                           }
+                         });
+  if (!status.ok()) done(status);
 }
 
 Status DurableCore::Register(Micros now, const std::string& cluster, const std::string& region,
-                             uint32_t capacity, const std::string& credential) {
+                             uint32_t capacity, const std::string& credential, Durable durable) {
   Outcome out;
-  return Record({now, events::Register{cluster, region, capacity, credential}}, &out);
+  return Record({now, events::Register{cluster, region, capacity, credential}}, &out, true,
+                std::move(durable));
 }
 
 Status DurableCore::Heartbeat(Micros now, const std::string& cluster,
@@ -485,14 +480,14 @@ Status DurableCore::Heartbeat(Micros now, const std::string& cluster,
 }
 
 Status DurableCore::Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs,
-                          bool stop_leasing) {
+                          bool stop_leasing, Durable durable) {
   Outcome out;
-  return Record({now, events::Drain{cluster, jobs, stop_leasing}}, &out);
+  return Record({now, events::Drain{cluster, jobs, stop_leasing}}, &out, true, std::move(durable));
 }
 
-Status DurableCore::Deregister(Micros now, const std::string& cluster) {
+Status DurableCore::Deregister(Micros now, const std::string& cluster, Durable durable) {
   Outcome out;
-  return Record({now, events::Deregister{cluster}}, &out);
+  return Record({now, events::Deregister{cluster}}, &out, true, std::move(durable));
 }
 
 Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::string& cluster,
@@ -508,26 +503,29 @@ Result<SubmitResult> DurableCore::Submit(Micros now, TrajectoryGroup group) {
   return out.submit;
 }
 
-Status DurableCore::AnnounceVersion(Micros now, uint64_t version) {
+Status DurableCore::AnnounceVersion(Micros now, uint64_t version, Durable durable) {
   Outcome out;
-  return Record({now, events::Announce{version}}, &out);
+  return Record({now, events::Announce{version}}, &out, true, std::move(durable));
 }
 
-Result<std::vector<uint64_t>> DurableCore::AddJobs(Micros now, const std::vector<JobSpec>& jobs) {
+Result<std::vector<uint64_t>> DurableCore::AddJobs(Micros now, const std::vector<JobSpec>& jobs,
+                                                   Durable durable) {
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record({now, events::Jobs{jobs}}, &out));
+  WEFT_RETURN_IF_ERROR(Record({now, events::Jobs{jobs}}, &out, true, std::move(durable)));
   return std::move(out.jobs);
 }
 
-Result<Batch> DurableCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack) {
+Result<Batch> DurableCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack,
+                                     Durable durable) {
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record({now, events::TakeBatch{max, ack}}, &out));
+  WEFT_RETURN_IF_ERROR(Record({now, events::TakeBatch{max, ack}}, &out, true, std::move(durable)));
   return std::move(out.batch);
 }
 
-Status DurableCore::Tick(Micros now) {
+Status DurableCore::Tick(Micros now, bool wait) {
   Outcome out;
-  WEFT_RETURN_IF_ERROR(Record({now, events::Tick{}}, &out));
+  WEFT_RETURN_IF_ERROR(Record({now, events::Tick{}}, &out, wait));
+  if (!wait) return Status::Ok();
   // Lease grants and heartbeats not yet on disk get there now, even when nothing else is written.
   return journal_->Wait(journal_->records());
 }

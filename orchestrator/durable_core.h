@@ -2,15 +2,17 @@
 //
 // Every event that changes the core is applied under a lock, queued to the journal in the same
 // order (docs/formats.md section 7, with the events' JSON), and acknowledged only once the journal
-// has it on disk; concurrent events share syncs. Lease grants and heartbeats are the exception:
-// they are journaled in order but answered without waiting for the disk (any later acknowledged
-// event makes them durable too). A crash can lose the last of them; the effect is that of a lease
-// never granted (its worker's result is refused and the job is leased again) or of a heartbeat
-// never sent, never a lost or doubled trajectory. Open() replays the journal into a fresh core, so
-// after a crash the core is exactly as it was after the last acknowledged event (the core is
-// deterministic and every event carries its time). Events the core refuses change nothing but a
-// counter and are not journaled (so the counts of rejected and duplicate submissions start again
-// from the last snapshot after a restart); a Tick is journaled only when it expired something.
+// has it on disk; concurrent events share syncs. A caller that must not wait (a server thread)
+// passes a `Durable` callback and answers from it, on the journal's thread. Lease grants and
+// heartbeats are the exception: they are journaled in order but answered without waiting for the
+// disk (any later acknowledged event makes them durable too). A crash can lose the last of them;
+// the effect is that of a lease never granted (its worker's result is refused and the job is leased
+// again) or of a heartbeat never sent, never a lost or doubled trajectory. Open() replays the
+// journal into a fresh core, so after a crash the core is exactly as it was after the last
+// acknowledged event (the core is deterministic and every event carries its time). Events the core
+// refuses change nothing but a counter and are not journaled (so the counts of rejected and
+// duplicate submissions start again from the last snapshot after a restart); a Tick is journaled
+// only when it expired something.
 //
 // Compaction keeps the journal from growing without bound: Compact() (called from outside, off
 // the request path, when NeedsCompaction()) writes the core's snapshot for a new generation and
@@ -44,12 +46,21 @@ class DurableCore {
   static Result<std::unique_ptr<DurableCore>> Open(const std::string& journal_path,
                                                    const CoreConfig& config, Options options);
 
+  // Called once an event is on disk, with the failure that kept it off: on the journal's thread
+  // (or at once, on the caller's, when everything queued is durable already). It must be quick and
+  // must not call into the core or the journal.
+  using Durable = std::function<void(Status)>;
+
+  // Each event returns once the core has applied it and the journal has it on disk, or, given
+  // `durable`, as soon as the core has applied it: its result is then the answer to give once
+  // `durable` is called with Ok (group commit without a thread waiting on the disk). An event the
+  // core refuses returns its error, and `durable` is never called.
   Status Register(Micros now, const std::string& cluster, const std::string& region,
-                  uint32_t capacity, const std::string& credential = "");
+                  uint32_t capacity, const std::string& credential = "", Durable durable = nullptr);
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
   Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs,
-               bool stop_leasing = true);
-  Status Deregister(Micros now, const std::string& cluster);
+               bool stop_leasing = true, Durable durable = nullptr);
+  Status Deregister(Micros now, const std::string& cluster, Durable durable = nullptr);
   Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max,
                                            uint64_t request = 0);
   Result<SubmitResult> Submit(Micros now, TrajectoryGroup group);
@@ -57,10 +68,14 @@ class DurableCore {
   // thread; it must be quick), or at once when the core refuses the submission.
   void SubmitAsync(Micros now, TrajectoryGroup group,
                    std::function<void(Result<SubmitResult>)> done);
-  Status AnnounceVersion(Micros now, uint64_t version);
-  Result<std::vector<uint64_t>> AddJobs(Micros now, const std::vector<JobSpec>& jobs);
-  Result<Batch> TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack = std::nullopt);
-  Status Tick(Micros now);
+  Status AnnounceVersion(Micros now, uint64_t version, Durable durable = nullptr);
+  Result<std::vector<uint64_t>> AddJobs(Micros now, const std::vector<JobSpec>& jobs,
+                                        Durable durable = nullptr);
+  Result<Batch> TakeBatch(Micros now, size_t max, std::optional<uint64_t> ack = std::nullopt,
+                          Durable durable = nullptr);
+  // Expires what is due. With `wait`, returns once it and every lease grant and heartbeat before
+  // it are on disk; without, the journal's thread gets them there (it syncs whatever is queued).
+  Status Tick(Micros now, bool wait = true);
 
   // Runs `read` on the core under the lock (status pages, metrics, tests).
   template <typename Read>
@@ -110,8 +125,9 @@ class DurableCore {
   static Result<Event> ParseEvent(std::string_view text);
   // Applies the event to the core (replay and live events alike), filling in its results.
   Status Apply(Event event, Outcome* outcome) REQUIRES(mutex_);
-  // Applies, and when the core accepted it, journals it and (when `wait`) waits for the disk.
-  Status Record(Event event, Outcome* outcome, bool wait = true);
+  // Applies, and when the core accepted it, journals it and (when `wait`) waits for the disk; given
+  // `durable`, calls it once the disk has the event instead of waiting.
+  Status Record(Event event, Outcome* outcome, bool wait = true, Durable durable = nullptr);
 
   const std::string base_;
   const Options options_;

@@ -8,6 +8,8 @@
 #include <condition_variable>
 #include <list>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -43,6 +45,52 @@ struct Waiter {
   std::chrono::steady_clock::time_point deadline;
   Request request;  // for the answer's HTTP version
   Responder respond;
+};
+
+// The answer to a request whose event the core applied at once and the journal makes durable
+// later (group commit): sent once both the answer and the journal's word are in, the answer, or
+// the error that kept the event off the disk. An answer never given (a long poll that goes on
+// waiting) is never sent.
+class DurableAnswer : public std::enable_shared_from_this<DurableAnswer> {
+ public:
+  explicit DurableAnswer(const http::RequestHeader& request) : request_(request) {}
+  // What the journal calls once the event is on disk.
+  DurableCore::Durable OnDurable() {
+    return [self = shared_from_this()](weft::Status durable) {
+      self->Settle(nullptr, std::nullopt, std::move(durable));
+    };
+  }
+  // The answer and where it goes.
+  void Answer(Responder respond, Response answer) {
+    Settle(std::move(respond), std::move(answer), std::nullopt);
+  }
+
+ private:
+  void Settle(Responder respond, std::optional<Response> answer,
+              std::optional<weft::Status> durable) EXCLUDES(mutex_) {
+    Responder send;
+    Response response;
+    {
+      MutexLock lock(mutex_);
+      if (respond) {
+        respond_ = std::move(respond);
+        answer_ = std::move(answer);
+      }
+      if (durable) durable_ = std::move(durable);
+      if (!respond_ || !durable_ || sent_) return;
+      sent_ = true;
+      send = std::move(respond_);
+      response = durable_->ok() ? std::move(*answer_) : http::ErrorResponse(request_, *durable_);
+    }
+    send(std::move(response));
+  }
+
+  const http::RequestHeader request_;
+  Mutex mutex_;
+  Responder respond_ GUARDED_BY(mutex_);
+  std::optional<Response> answer_ GUARDED_BY(mutex_);
+  std::optional<weft::Status> durable_ GUARDED_BY(mutex_);
+  bool sent_ GUARDED_BY(mutex_) = false;
 };
 
 // What the orchestrator keeps of a cluster's token: its SHA-256, in hex.
@@ -189,13 +237,17 @@ struct OrchestratorService::Impl {
 bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
   const Micros now = Now();
   if (waiter.batch) {
-    Result<Batch> batch = core.TakeBatch(now, waiter.max);
+    // Answered once durable, from the journal's thread: this thread serves the other polls.
+    auto pending = std::make_shared<DurableAnswer>(waiter.request);
+    Result<Batch> batch = core.TakeBatch(now, waiter.max, std::nullopt, pending->OnDurable());
     if (!batch.ok()) {
       waiter.respond(http::ErrorResponse(waiter.request, batch.status()));
       return true;
     }
     if (batch->items.empty() && !expired) return false;
-    waiter.respond(http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::Encode(*batch)));
+    pending->Answer(
+        std::move(waiter.respond),
+        http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::Encode(*batch)));
     return true;
   }
   Result<std::vector<Lease>> leases =
@@ -225,7 +277,8 @@ void OrchestratorService::Impl::Poll() {
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_tick) {
       const Micros tick_time = Now();
-      weft::Status ticked = core.Tick(tick_time);
+      // (Without waiting for the disk: the journal's thread syncs what the tick queued.)
+      weft::Status ticked = core.Tick(tick_time, false);
       if (!ticked.ok()) {
         WEFT_LOG(kError) << "orchestrator tick failed: " << ticked.message();
       }
@@ -420,14 +473,21 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     if (!path_cluster) {
       if (auto refused = MayActFor(request, role, group->cluster)) return *refused;
     }
-    // Answered from the journal's thread once durable: no server thread waits on the disk.
-    // (A job done moves from leased to buffered: no admission room opens, no poll to wake.)
+    // Answered once durable, from the journal's thread. (A job done moves from leased to
+    // buffered: no admission room opens, no poll to wake.)
     core.SubmitAsync(
         now, std::move(*group),
         [request, reply = std::move(*respond)](Result<SubmitResult> result) {
           if (!result.ok()) return reply(http::ErrorResponse(request, result.status()));
           reply(http::JsonTextResponse(request, bhttp::status::ok, wire::Encode(*result)));
         });
+    *respond = nullptr;
+    return Response();
+  };
+  // Every event is answered once durable, from the journal's thread (group commit): no server
+  // thread waits on the disk. `pending` was given to the core with the event.
+  auto once_durable = [&](const std::shared_ptr<DurableAnswer>& pending, Response answer) {
+    pending->Answer(std::move(*respond), std::move(answer));
     *respond = nullptr;
     return Response();
   };
@@ -438,21 +498,25 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       if (!r.ok()) return error(r.status());
       Result<std::string> token = NewClusterToken();
       if (!token.ok()) return error(token.status());
-      weft::Status done =
-          core.Register(now, r->cluster, r->region, r->capacity, CredentialOf(*token));
+      auto pending = std::make_shared<DurableAnswer>(request);
+      weft::Status done = core.Register(now, r->cluster, r->region, r->capacity,
+                                        CredentialOf(*token), pending->OnDurable());
       if (!done.ok()) return error(done);
       Wake();
-      return answer(
-          wire::Encode(wire::ClusterAnswer{r->cluster, wire::ClusterEvent::kRegistered, *token}));
+      return once_durable(pending, answer(wire::Encode(wire::ClusterAnswer{
+                                       r->cluster, wire::ClusterEvent::kRegistered, *token})));
     }
     case Endpoint::kCluster: {
       const std::string& id = endpoint.cluster;
       const std::string& action = endpoint.action;
       if (action.empty()) {
-        weft::Status done = core.Deregister(now, id);
+        auto pending = std::make_shared<DurableAnswer>(request);
+        weft::Status done = core.Deregister(now, id, pending->OnDurable());
         if (!done.ok()) return error(done);
         Wake();
-        return answer(wire::Encode(wire::ClusterAnswer{id, wire::ClusterEvent::kDeregistered, ""}));
+        return once_durable(
+            pending,
+            answer(wire::Encode(wire::ClusterAnswer{id, wire::ClusterEvent::kDeregistered, ""})));
       }
       if (action == "heartbeat") {
         Result<wire::Heartbeat> h = wire::DecodeHeartbeat(body);
@@ -486,11 +550,14 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       Result<std::vector<uint64_t>> jobs = wire::DecodeDrain(body);
       if (!jobs.ok()) return error(jobs.status());
       const bool drain = action == "drain";
-      weft::Status done = core.Drain(now, id, *jobs, drain);
+      auto pending = std::make_shared<DurableAnswer>(request);
+      weft::Status done = core.Drain(now, id, *jobs, drain, pending->OnDurable());
       if (!done.ok()) return error(done);
       Wake();
-      return answer(wire::Encode(wire::ClusterAnswer{
-          id, drain ? wire::ClusterEvent::kDraining : wire::ClusterEvent::kReleased, ""}));
+      return once_durable(
+          pending,
+          answer(wire::Encode(wire::ClusterAnswer{
+              id, drain ? wire::ClusterEvent::kDraining : wire::ClusterEvent::kReleased, ""})));
     }
     case Endpoint::kSubmissions:
       return submit(std::nullopt);
@@ -503,29 +570,32 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     std::optional<double> publish_seconds;
     Result<uint64_t> version = wire::DecodeAnnouncement(body, &publish_seconds);
     if (!version.ok()) return error(version.status());
-    weft::Status done = core.AnnounceVersion(now, *version);
+    auto pending = std::make_shared<DurableAnswer>(request);
+    weft::Status done = core.AnnounceVersion(now, *version, pending->OnDurable());
     if (!done.ok()) return error(done);
     if (publish_seconds) measurements.Published(*version, *publish_seconds);
     Wake();
-    return answer(wire::EncodeAnnouncement(*version));
+    return once_durable(pending, answer(wire::EncodeAnnouncement(*version)));
   }
   if (target == "/v1/jobs") {
     Result<std::vector<JobSpec>> jobs = wire::DecodeJobs(body);
     if (!jobs.ok()) return error(jobs.status());
-    Result<std::vector<uint64_t>> ids = core.AddJobs(now, *jobs);
+    auto pending = std::make_shared<DurableAnswer>(request);
+    Result<std::vector<uint64_t>> ids = core.AddJobs(now, *jobs, pending->OnDurable());
     if (!ids.ok()) return error(ids.status());
     Wake();
-    return answer(wire::EncodeJobIds(*ids));
+    return once_durable(pending, answer(wire::EncodeJobIds(*ids)));
   }
   Result<wire::BatchRequest> r = wire::DecodeBatchRequest(body);
   if (!r.ok()) return error(r.status());
   if (r->waited_seconds) measurements.TrainerWaited(*r->waited_seconds);
   // The acknowledgement takes effect even if the poll then waits.
-  Result<Batch> batch = core.TakeBatch(now, r->max, r->ack);
+  auto pending = std::make_shared<DurableAnswer>(request);
+  Result<Batch> batch = core.TakeBatch(now, r->max, r->ack, pending->OnDurable());
   if (!batch.ok()) return error(batch.status());
   if (!batch->items.empty() || r->wait.count() == 0) {
     Wake();  // admission room freed
-    return answer(wire::Encode(*batch));
+    return once_durable(pending, answer(wire::Encode(*batch)));
   }
   Park({true, "", r->max, 0, std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait),
         request, std::move(*respond)});

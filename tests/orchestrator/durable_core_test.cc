@@ -5,10 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -85,6 +87,55 @@ TEST_CASE("durable core: a reopened journal rebuilds exactly the state that was 
   config.lease_duration = 100;
   auto reopened = std::move(DurableCore::Open(path, config)).value();
   CHECK(reopened->events_replayed() > 5);
+  CHECK(Picture(*reopened) == before);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("durable core: events answered from the journal's thread once durable") {
+  const std::string path = TempPath("durable_callbacks");
+  std::string before;
+  {
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    std::mutex mutex;
+    std::condition_variable done;
+    std::vector<std::string> heard;
+    auto note = [&](const std::string& what) {
+      return [&, what](Status status) {
+        std::lock_guard<std::mutex> lock(mutex);
+        heard.push_back(what + (status.ok() ? "" : ": " + status.message()));
+        done.notify_all();
+      };
+    };
+    // Each returns its result at once and calls back once its record is on disk.
+    REQUIRE(durable->AnnounceVersion(0, 1, note("announce")).ok());
+    REQUIRE(durable->Register(0, "a", "eu", 2, "", note("register")).ok());
+    REQUIRE(durable->Heartbeat(1, "a", 1).ok());
+    Result<std::vector<uint64_t>> jobs = durable->AddJobs(2, {{"p", 1}, {"q", 1}}, note("jobs"));
+    REQUIRE(jobs.ok());
+    CHECK(jobs->size() == 2);
+    auto leases = std::move(durable->RequestLeases(3, "a", 2)).value();
+    REQUIRE(leases.size() == 2);
+    REQUIRE(durable->Submit(4, Make(leases[0], "a", 1)).ok());
+    Result<Batch> batch = durable->TakeBatch(5, 4, std::nullopt, note("batch"));
+    REQUIRE(batch.ok());
+    CHECK(batch->items.size() == 1);
+    REQUIRE(durable->Drain(6, "a", {leases[1].job}, true, note("drain")).ok());
+    // A refused event calls nothing back.
+    CHECK(!durable->Drain(7, "nobody", {}, true, note("refused")).ok());
+    REQUIRE(durable->Deregister(8, "a", note("deregister")).ok());
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      REQUIRE(done.wait_for(lock, std::chrono::seconds(10), [&] { return heard.size() >= 6; }));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(mutex);
+    CHECK(std::set<std::string>(heard.begin(), heard.end()) ==
+          std::set<std::string>{"announce", "register", "jobs", "batch", "drain", "deregister"});
+    CHECK(heard.size() == 6);
+    before = Picture(*durable);
+  }
+  // What was called back as durable is in the journal.
+  auto reopened = std::move(DurableCore::Open(path, CoreConfig{})).value();
   CHECK(Picture(*reopened) == before);
   std::filesystem::remove(path);
 }
