@@ -282,10 +282,20 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader, const Result<uin
   }
   WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << version << " (pause "
                   << *pause << " us)";
-  SendHeartbeat();  // the orchestrator learns at once that this cluster is ready at the new version
+  // The orchestrator learns at once that this cluster is ready at the new version. A version the
+  // store told of before the trainer announced it is claimed again every 20 ms until it is
+  // announced (for a heartbeat period at most), not only at the next heartbeat: meanwhile the
+  // cluster counts as not ready.
+  constexpr std::chrono::milliseconds kClaimAgain(20);
+  bool unannounced = SendHeartbeat();
+  for (auto waited = kClaimAgain; unannounced && waited < options_.heartbeat_interval;
+       waited += kClaimAgain) {
+    if (Sleep(kClaimAgain)) return;
+    unannounced = SendHeartbeat(true);
+  }
 }
 
-void RolloutWorker::SendHeartbeat() {
+bool RolloutWorker::SendHeartbeat(bool quiet) {
   std::optional<uint64_t> ready;
   orchestrator::SyncReport report;
   {
@@ -301,20 +311,21 @@ void RolloutWorker::SendHeartbeat() {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster
                        << " is unknown to the orchestrator; registering again";
   }
-  if (outcome.unannounced) {
+  if (outcome.unannounced && !quiet) {
     WEFT_LOG(kInfo) << "cluster " << options_.cluster << ": version " << *ready
                     << " is not announced yet; heartbeat without it";
   }
   if (!outcome.status.ok()) {
     WEFT_LOG(kWarning) << "cluster " << options_.cluster
                        << ": heartbeat failed: " << outcome.status.message();
-    return;
+    return false;
   }
   {
     MutexLock lock(mutex_);
     core_.Acknowledged(outcome.acknowledged);
   }
   changed_.notify_all();
+  return outcome.unannounced;
 }
 
 void RolloutWorker::HeartbeatLoop() {

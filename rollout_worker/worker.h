@@ -129,7 +129,9 @@ class RolloutWorker {
   void SyncOnce(policy_store::StoreReader& reader, const Result<uint64_t>& latest);
   // Wakes the sync loop from its wait for a new version (the engine's health changed, the stop).
   void WakeSync() { wake_sync_.store(true); }
-  void SendHeartbeat();
+  // Returns whether the version claimed was not announced yet (sent without it); quiet: without
+  // logging that.
+  bool SendHeartbeat(bool quiet = false);
   // Generates, scores and submits one leased job.
   void RunJob(const orchestrator::Lease& lease);
   // Waits until `stop_` or `period` has passed; returns whether stopping.

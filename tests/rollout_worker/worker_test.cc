@@ -136,6 +136,51 @@ bool WaitFor(const std::function<bool()>& condition,
   return false;
 }
 
+TEST_CASE("rollout worker: a version served before its announcement is claimed once announced") {
+  // The store tells the worker of version 1 (pushed) before the trainer announces it: the worker
+  // serves it but cannot claim it, so the cluster is not ready; once announced, the worker claims
+  // it within moments, not at its next heartbeat (5 s away here).
+  const std::string store_dir = testing::TempPath("worker_unannounced");
+  testing::RunningOrchestrator o;
+  HttpClientOptions quick;
+  quick.deadline = std::chrono::milliseconds(10000);
+  OrchestratorClient trainer(o.url, "t-token", quick), worker_client(o.url, "w-token", quick);
+  const examples::ArithmeticTask task(1);
+  const examples::TinyLmConfig model = SmallModel(task);
+  const examples::TinyLmLayout layout(model);
+  std::vector<float> weights = layout.Initialize(3);
+  auto store = NewStore(store_dir);
+  auto publisher = PublishPolicy(*store, layout);
+  REQUIRE(trainer.AnnounceVersion(0).ok());
+  examples::EmbeddedEngine engine(model, 1);
+  const examples::ArithmeticVerifier verifier(task);
+  RolloutWorker worker(
+      SmallWorker(1, std::chrono::milliseconds(5000), std::chrono::milliseconds(200)),
+      worker_client, *store, engine, verifier);
+  Status ran = Internal("not finished");
+  std::thread running([&] { ran = worker.Run(); });
+  auto claimed = [&] {
+    Result<orchestrator::wire::StatusPage> status = trainer.GetStatus();
+    return status.ok() && !status->clusters.empty() ? status->clusters.at(0).ready_version
+                                                    : std::nullopt;
+  };
+  REQUIRE(WaitFor([&] { return claimed() == std::optional<uint64_t>(0); }));
+  for (float& w : weights) w *= 1.01f;
+  REQUIRE(publisher->Publish(layout.Master(weights)).ok());
+  REQUIRE(WaitFor([&] { return engine.version() == std::optional<uint64_t>(1); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(!claimed());  // serving an unannounced version: not ready
+  REQUIRE(trainer.AnnounceVersion(1).ok());
+  const auto announced = std::chrono::steady_clock::now();
+  REQUIRE(WaitFor([&] { return claimed() == std::optional<uint64_t>(1); },
+                  std::chrono::milliseconds(4000)));
+  CHECK(std::chrono::steady_clock::now() - announced < std::chrono::milliseconds(2000));
+  worker.Stop();
+  running.join();
+  CHECK(ran.ok());
+  std::filesystem::remove_all(store_dir);
+}
+
 TEST_CASE(
     "rollout worker: syncs, proves its version, generates, submits; re-syncs after a digest "
     "mismatch; drains") {
