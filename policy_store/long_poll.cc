@@ -102,9 +102,9 @@ void LongPolls::Give(std::vector<Answer>& answers) {
   answers.clear();
 }
 
-void LongPolls::Add(const RequestHeader& request, const std::string& key, std::chrono::seconds wait,
-                    weft::http::Responder respond) {
-  Poll poll{request, std::nullopt, wait, Clock::now() + wait, std::move(respond)};
+bool LongPolls::Add(const RequestHeader& request, const std::string& key, std::chrono::seconds wait,
+                    const weft::http::Responder& respond) {
+  Poll poll{request, std::nullopt, wait, Clock::now() + wait, respond};
   if (request.count(http::field::if_none_match) > 0)
     poll.etag = std::string(request[http::field::if_none_match]);
   std::vector<Answer> answers;
@@ -115,14 +115,16 @@ void LongPolls::Add(const RequestHeader& request, const std::string& key, std::c
                          weft::http::ErrorResponse(request, http::status::service_unavailable,
                                                    "the server is stopping")});
     } else {
-      Key& state = keys_[key];
+      auto found = keys_.find(key);
+      // A key not watched yet needs a thread: past the limit, the request is served as a plain GET.
+      if (found == keys_.end() && keys_.size() >= kMaxWatchedKeys) return false;
+      Key& state = found != keys_.end() ? found->second : keys_[key];
       if (state.known && state.error.ok() && Differs(state, poll)) {
         answers.push_back({poll.respond, AnswerOf(state, key, poll, false)});
       } else {
+        const bool watched = found != keys_.end();
         state.polls.push_back(std::move(poll));
-        if (!state.watching) {
-          state.watching = true;
-          state.known = false;
+        if (!watched) {
           ++watchers_;
           std::thread([this, key] { Watch(key); }).detach();
         }
@@ -131,6 +133,7 @@ void LongPolls::Add(const RequestHeader& request, const std::string& key, std::c
     }
   }
   Give(answers);
+  return true;
 }
 
 void LongPolls::Watch(std::string key) {
@@ -169,8 +172,8 @@ void LongPolls::Watch(std::string key) {
         WEFT_LOG(kWarning) << "watching " << key << ": " << got.status().message();
       }
       if (state.polls.empty() || stopping_.load()) {
-        state.watching = false;
-        state.known = false;
+        // Forgotten, polls and all (Stop answers them first).
+        keys_.erase(key);
         done = true;
       }
       changed_.notify_all();

@@ -35,6 +35,9 @@ Result<std::optional<std::chrono::seconds>> PreferredWait(const weft::http::Requ
 
 class LongPolls {
  public:
+  // Keys watched at once at most (a run's `latest` and its readers' pins).
+  static constexpr size_t kMaxWatchedKeys = 64;
+
   explicit LongPolls(ObjectStore& backend,
                      std::chrono::milliseconds poll_interval = std::chrono::milliseconds(100));
   ~LongPolls();
@@ -42,9 +45,11 @@ class LongPolls {
   LongPolls& operator=(const LongPolls&) = delete;
 
   // Takes a GET of `key` that asked to wait `wait`: it is answered through `respond` at once when
-  // the value it holds is not the key's, or when that changes, or when the wait ends.
-  void Add(const weft::http::RequestHeader& request, const std::string& key,
-           std::chrono::seconds wait, weft::http::Responder respond) EXCLUDES(mutex_);
+  // the value it holds is not the key's, or when that changes, or when the wait ends. False (the
+  // request not taken: the caller serves it as a plain GET) when kMaxWatchedKeys other keys are
+  // watched already, so that requests for many keys cannot start a thread each.
+  bool Add(const weft::http::RequestHeader& request, const std::string& key,
+           std::chrono::seconds wait, const weft::http::Responder& respond) EXCLUDES(mutex_);
   // Answers every poll still waiting with 503 and waits for the watching threads to end (within
   // about a second: a watch of a remote backend is cancelled). Add() afterwards answers 503.
   void Stop() EXCLUDES(mutex_);
@@ -62,9 +67,9 @@ class LongPolls {
     Clock::time_point deadline;
     weft::http::Responder respond;
   };
+  // A key with polls, watched by a thread (forgotten when its watch ends).
   struct Key {
-    bool watching = false;  // a thread watches it
-    bool known = false;     // `value` has been read since the watch started
+    bool known = false;  // `value` has been read since the watch started
     std::optional<std::string> value;
     std::string etag;  // of `value`, when it holds one
     Status error;      // of the backend's last answer

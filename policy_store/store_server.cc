@@ -579,7 +579,7 @@ void Handle(const SharedPtr& shared, const Request& request, const weft::http::R
         Result<std::optional<std::chrono::seconds>> wait =
             PreferredWait(request, std::chrono::seconds(kMaxWaitSeconds));
         if (!wait.ok()) return respond(ErrorResponse(request, wait.status()));
-        if (*wait) return shared->polls.Add(request, target.key, **wait, respond);
+        if (*wait && shared->polls.Add(request, target.key, **wait, respond)) return;
       }
       if (request.method() == http::verb::get || request.method() == http::verb::head)
         return ServeObject(shared, request, target.key, respond);

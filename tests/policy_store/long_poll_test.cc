@@ -210,6 +210,35 @@ TEST_CASE("long polls: a relay holds one upstream watch for all its readers") {
   std::filesystem::remove_all(options.cache_dir);
 }
 
+TEST_CASE("long polls: at most kMaxWatchedKeys keys are watched at once; the rest are plain GETs") {
+  const std::string root = TempRoot("long_poll_keys");
+  auto store = std::move(DirectoryStore::Open(root)).value();
+  std::atomic<int> answered{0}, unavailable{0};
+  weft::http::Responder respond([&](weft::http::Response response) {
+    ++answered;
+    if (response.result() == boost::beast::http::status::service_unavailable) ++unavailable;
+  });
+  {
+    LongPolls polls(*store);
+    weft::http::RequestHeader request;
+    for (size_t i = 0; i < LongPolls::kMaxWatchedKeys; ++i) {
+      CHECK(polls.Add(request, "runs/r/pins/holder" + std::to_string(i), std::chrono::seconds(20),
+                      respond));
+    }
+    // Another poll of a watched key is taken; a new key is not.
+    CHECK(polls.Add(request, "runs/r/pins/holder0", std::chrono::seconds(20), respond));
+    CHECK(!polls.Add(request, "runs/r/pins/one-too-many", std::chrono::seconds(20), respond));
+    CHECK(polls.waiting() == LongPolls::kMaxWatchedKeys + 1);
+    CHECK(answered == 0);  // absent, and still absent: they wait
+    const Clock::time_point start = Clock::now();
+    polls.Stop();
+    CHECK(SecondsSince(start) < 4);
+  }
+  CHECK(answered == static_cast<int>(LongPolls::kMaxWatchedKeys) + 1);
+  CHECK(unavailable == answered);
+  std::filesystem::remove_all(root);
+}
+
 TEST_CASE("long polls: a directory store wakes on a swap of this process, and waits its wait") {
   const std::string root = TempRoot("long_poll_dir");
   auto store = std::move(DirectoryStore::Open(root)).value();
