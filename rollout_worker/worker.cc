@@ -296,6 +296,10 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader, const Result<uin
 }
 
 bool RolloutWorker::SendHeartbeat(bool quiet) {
+  // One at a time, so that the orchestrator receives the cumulative counters in the order they
+  // were taken: an older report arriving after a newer one would look like a restarted worker
+  // and be counted again.
+  MutexLock sending(heartbeat_mutex_);
   std::optional<uint64_t> ready;
   orchestrator::SyncReport report;
   {

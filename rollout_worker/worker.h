@@ -150,6 +150,8 @@ class RolloutWorker {
 
   mutable Mutex mutex_;
   std::condition_variable changed_;
+  // Held while a heartbeat is taken and sent (never while waiting for mutex_ elsewhere).
+  Mutex heartbeat_mutex_;
   bool stop_ GUARDED_BY(mutex_) = false;
   // The decisions: what is held and ready, engine loads, lease slots and backoffs, what the
   // orchestrator acknowledged.

@@ -453,6 +453,79 @@ struct InProcessRun {
   const examples::ArithmeticVerifier verifier;
 };
 
+// Forwards to another ClusterApi, holding each heartbeat a while and recording how many were in
+// flight at once and whether their counters ever went backwards.
+class HeartbeatWatch : public ClusterApi {
+ public:
+  explicit HeartbeatWatch(ClusterApi& inner) : inner_(inner) {}
+  Status Register(const std::string& cluster, const std::string& region,
+                  uint32_t capacity) override {
+    return inner_.Register(cluster, region, capacity);
+  }
+  Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
+                   const SyncReport* sync) override {
+    const int now = ++in_flight_;
+    int seen = most_.load();
+    while (now > seen && !most_.compare_exchange_weak(seen, now)) {
+    }
+    if (sync != nullptr) {
+      const uint64_t pulls = sync->pulls;
+      if (pulls < last_pulls_.exchange(pulls)) backwards_ = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    Status status = inner_.Heartbeat(cluster, ready_version, sync);
+    --in_flight_;
+    return status;
+  }
+  Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max,
+                                           std::chrono::milliseconds wait) override {
+    return inner_.RequestLeases(cluster, max, wait);
+  }
+  Result<SubmitResult> Submit(const TrajectoryGroup& group) override {
+    return inner_.Submit(group);
+  }
+  Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) override {
+    return inner_.Drain(cluster, jobs);
+  }
+  Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs) override {
+    return inner_.Release(cluster, jobs);
+  }
+  Status Deregister(const std::string& cluster) override { return inner_.Deregister(cluster); }
+
+  int most() const { return most_.load(); }
+  bool backwards() const { return backwards_.load(); }
+
+ private:
+  ClusterApi& inner_;
+  std::atomic<int> in_flight_{0}, most_{0};
+  std::atomic<uint64_t> last_pulls_{0};
+  std::atomic<bool> backwards_{false};
+};
+
+TEST_CASE("rollout worker: one heartbeat at a time, its counters in order") {
+  // The heartbeat loop and the sync loop (after each commit) both send heartbeats: were they to
+  // overlap, an older report could reach the orchestrator after a newer one and look like a
+  // restarted worker, its bytes counted twice.
+  InProcessRun run("worker_heartbeat_order");
+  HeartbeatWatch api(run.api);
+  RolloutWorker worker(SmallWorker(1, std::chrono::milliseconds(10), std::chrono::milliseconds(50)),
+                       api, *run.store, run.engine, run.verifier);
+  Status ran = Internal("not finished");
+  std::thread running([&] { ran = worker.Run(); });
+  std::vector<float> weights = run.layout.Initialize(3);
+  for (uint64_t v = 1; v <= 8; ++v) {
+    for (float& w : weights) w *= 1.01f;
+    REQUIRE(run.publisher->Publish(run.layout.Master(weights)).ok());
+    REQUIRE(run.core->AnnounceVersion(WallMicros(), v).ok());
+    REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(v); }));
+  }
+  worker.Stop();
+  running.join();
+  CHECK(ran.ok());
+  CHECK(api.most() == 1);
+  CHECK(!api.backwards());
+}
+
 TEST_CASE("rollout worker in process: the real worker against a core on an in-memory disk") {
   InProcessRun run("worker_in_process_store");
   DurableCore* core = run.core.get();
