@@ -136,41 +136,61 @@ bool WaitFor(const std::function<bool()>& condition,
   return false;
 }
 
+// Run r over HTTP: an orchestrator in a process of its own, the trainer's and the worker's
+// clients, and the policy (seed 3) published as version 0, announced, in a fresh directory store.
+struct HttpRun {
+  explicit HttpRun(const std::string& name)
+      : store_dir(testing::TempPath(name)),
+        trainer(o.url, "t-token", Quick()),
+        worker_client(o.url, "w-token", Quick()),
+        model(SmallModel(task)),
+        layout(model),
+        store(NewStore(store_dir)),
+        publisher(PublishPolicy(*store, layout)) {
+    REQUIRE(trainer.AnnounceVersion(0).ok());
+  }
+  ~HttpRun() { std::filesystem::remove_all(store_dir); }
+  static HttpClientOptions Quick() {
+    HttpClientOptions quick;
+    quick.deadline = std::chrono::milliseconds(10000);
+    return quick;
+  }
+
+  const std::string store_dir;
+  testing::RunningOrchestrator o;
+  OrchestratorClient trainer, worker_client;
+  const examples::ArithmeticTask task{1};
+  const examples::TinyLmConfig model;
+  const examples::TinyLmLayout layout;
+  std::unique_ptr<policy_store::ObjectStore> store;
+  std::unique_ptr<trainer_adapter::Publisher> publisher;
+};
+
 TEST_CASE("rollout worker: a version served before its announcement is claimed once announced") {
   // The store tells the worker of version 1 (pushed) before the trainer announces it: the worker
   // serves it but cannot claim it, so the cluster is not ready; once announced, the worker claims
   // it within moments, not at its next heartbeat (5 s away here).
-  const std::string store_dir = testing::TempPath("worker_unannounced");
-  testing::RunningOrchestrator o;
-  HttpClientOptions quick;
-  quick.deadline = std::chrono::milliseconds(10000);
-  OrchestratorClient trainer(o.url, "t-token", quick), worker_client(o.url, "w-token", quick);
-  const examples::ArithmeticTask task(1);
-  const examples::TinyLmConfig model = SmallModel(task);
-  const examples::TinyLmLayout layout(model);
-  std::vector<float> weights = layout.Initialize(3);
-  auto store = NewStore(store_dir);
-  auto publisher = PublishPolicy(*store, layout);
-  REQUIRE(trainer.AnnounceVersion(0).ok());
-  examples::EmbeddedEngine engine(model, 1);
-  const examples::ArithmeticVerifier verifier(task);
+  HttpRun run("worker_unannounced");
+  std::vector<float> weights = run.layout.Initialize(3);
+  examples::EmbeddedEngine engine(run.model, 1);
+  const examples::ArithmeticVerifier verifier(run.task);
   RolloutWorker worker(
       SmallWorker(1, std::chrono::milliseconds(5000), std::chrono::milliseconds(200)),
-      worker_client, *store, engine, verifier);
+      run.worker_client, *run.store, engine, verifier);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
   auto claimed = [&] {
-    Result<orchestrator::wire::StatusPage> status = trainer.GetStatus();
+    Result<orchestrator::wire::StatusPage> status = run.trainer.GetStatus();
     return status.ok() && !status->clusters.empty() ? status->clusters.at(0).ready_version
                                                     : std::nullopt;
   };
   REQUIRE(WaitFor([&] { return claimed() == std::optional<uint64_t>(0); }));
   for (float& w : weights) w *= 1.01f;
-  REQUIRE(publisher->Publish(layout.Master(weights)).ok());
+  REQUIRE(run.publisher->Publish(run.layout.Master(weights)).ok());
   REQUIRE(WaitFor([&] { return engine.version() == std::optional<uint64_t>(1); }));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(!claimed());  // serving an unannounced version: not ready
-  REQUIRE(trainer.AnnounceVersion(1).ok());
+  REQUIRE(run.trainer.AnnounceVersion(1).ok());
   const auto announced = std::chrono::steady_clock::now();
   REQUIRE(WaitFor([&] { return claimed() == std::optional<uint64_t>(1); },
                   std::chrono::milliseconds(4000)));
@@ -178,43 +198,30 @@ TEST_CASE("rollout worker: a version served before its announcement is claimed o
   worker.Stop();
   running.join();
   CHECK(ran.ok());
-  std::filesystem::remove_all(store_dir);
 }
 
 TEST_CASE(
     "rollout worker: syncs, proves its version, generates, submits; re-syncs after a digest "
     "mismatch; drains") {
-  const std::string store_dir = testing::TempPath("worker_store");
-  testing::RunningOrchestrator o;
-  const std::string url = o.url;
-  HttpClientOptions quick;
-  quick.deadline = std::chrono::milliseconds(10000);
-  OrchestratorClient trainer(url, "t-token", quick), worker_client(url, "w-token", quick);
-
   // The policy, published as version 0.
-  const examples::ArithmeticTask task(1);
-  const examples::TinyLmConfig model = SmallModel(task);
-  const examples::TinyLmLayout layout(model);
-  std::vector<float> weights = layout.Initialize(3);
-  auto store = NewStore(store_dir);
-  auto publisher = PublishPolicy(*store, layout);
-  REQUIRE(trainer.AnnounceVersion(0).ok());
+  HttpRun run("worker_store");
+  std::vector<float> weights = run.layout.Initialize(3);
 
-  examples::EmbeddedEngine engine(model, 1);
-  const examples::ArithmeticVerifier verifier(task);
+  examples::EmbeddedEngine engine(run.model, 1);
+  const examples::ArithmeticVerifier verifier(run.task);
   WorkerOptions options =
       SmallWorker(2, std::chrono::milliseconds(100), std::chrono::milliseconds(200));
   options.verify_interval = std::chrono::milliseconds(50);
-  GatedStore view(*store);
+  GatedStore view(*run.store);
   HostWeightSink sink(engine);
-  RolloutWorker worker(options, worker_client, view, engine, verifier, &sink);
+  RolloutWorker worker(options, run.worker_client, view, engine, verifier, &sink);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
 
   REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
   CHECK(engine.version() == 0);
-  REQUIRE(trainer.AddJobs({{Json("1+2="), 3}, {Json("4+4="), 3}}).ok());
-  trainer_adapter::BatchClient batches(trainer, 2);
+  REQUIRE(run.trainer.AddJobs({{Json("1+2="), 3}, {Json("4+4="), 3}}).ok());
+  trainer_adapter::BatchClient batches(run.trainer, 2);
   std::vector<orchestrator::Delivered> groups;
   REQUIRE(WaitFor([&] {
     auto more = batches.NextBatch(6, 0, std::chrono::milliseconds(200));
@@ -237,8 +244,8 @@ TEST_CASE(
 
   // A new version: the worker pulls the delta, proves it and says so.
   for (float& w : weights) w *= 1.01f;
-  REQUIRE(publisher->Publish(layout.Master(weights)).ok());
-  REQUIRE(trainer.AnnounceVersion(1).ok());
+  REQUIRE(run.publisher->Publish(run.layout.Master(weights)).ok());
+  REQUIRE(run.trainer.AnnounceVersion(1).ok());
   REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(1); }));
   SyncReport report = worker.sync_report();
   CHECK(report.pulls == 2);
@@ -258,7 +265,7 @@ TEST_CASE(
   CHECK(worker.sync_report().keyframe_pulls == 2);
   // The orchestrator shows the counters it was sent.
   REQUIRE(WaitFor([&] {
-    auto status = trainer.GetStatus();
+    auto status = run.trainer.GetStatus();
     return status.ok() && status->regions["eu"].sync.digest_mismatches == 1;
   }));
 
@@ -271,18 +278,18 @@ TEST_CASE(
   view.frozen = true;
   for (uint64_t v = 2; v <= 3; ++v) {
     for (float& w : weights) w *= 1.01f;
-    REQUIRE(publisher->Publish(layout.Master(weights)).ok());
-    REQUIRE(trainer.AnnounceVersion(v).ok());
+    REQUIRE(run.publisher->Publish(run.layout.Master(weights)).ok());
+    REQUIRE(run.trainer.AnnounceVersion(v).ok());
   }
   std::set<std::string> keyframes;  // every keyframe blob a pull of version 3 could start from
   for (uint64_t v = 0; v <= 3; ++v) {
-    Result<policy_store::Manifest> manifest = policy_store::ReadManifest(*store, "r", v);
+    Result<policy_store::Manifest> manifest = policy_store::ReadManifest(*run.store, "r", v);
     if (!manifest.ok()) continue;
     for (const policy_store::BlobRef& part : manifest->keyframe)
       keyframes.insert(policy_store::BlobKey(part.sha256));
   }
   REQUIRE(!keyframes.empty());
-  REQUIRE(store->Delete(policy_store::ManifestKey("r", 2)).ok());
+  REQUIRE(run.store->Delete(policy_store::ManifestKey("r", 2)).ok());
   view.Damage(keyframes, true);
   const uint64_t keyframe_pulls = worker.sync_report().keyframe_pulls;
   view.frozen = false;
@@ -297,13 +304,12 @@ TEST_CASE(
   worker.Stop();
   running.join();
   CHECK(ran.ok());
-  auto status = trainer.GetStatus().value();
+  auto status = run.trainer.GetStatus().value();
   REQUIRE(status.clusters.size() == 1);
   CHECK(status.clusters[0].state == "gone");
   CHECK(status.jobs.leased == 0);
   CHECK(worker.stats().jobs == 2);
   CHECK(worker.stats().samples == 6);
-  std::filesystem::remove_all(store_dir);
 }
 
 // The embedded engine behind two pretend replicas whose readiness the test sets, and which can
@@ -340,56 +346,46 @@ class SwitchableEngine : public Engine {
 TEST_CASE(
     "rollout worker: capacity per replica; an engine that is down makes it not ready and its jobs "
     "go back at once") {
-  const std::string store_dir = testing::TempPath("worker_replicas_store");
-  testing::RunningOrchestrator o;
-  HttpClientOptions quick;
-  quick.deadline = std::chrono::milliseconds(10000);
-  OrchestratorClient trainer(o.url, "t-token", quick), worker_client(o.url, "w-token", quick);
-  const examples::ArithmeticTask task(1);
-  const examples::TinyLmConfig model = SmallModel(task);
-  const examples::TinyLmLayout layout(model);
-  auto store = NewStore(store_dir);
-  auto publisher = PublishPolicy(*store, layout);
-  REQUIRE(trainer.AnnounceVersion(0).ok());
-  examples::EmbeddedEngine embedded(model, 1);
+  HttpRun run("worker_replicas_store");
+  examples::EmbeddedEngine embedded(run.model, 1);
   SwitchableEngine engine(embedded);
-  const examples::ArithmeticVerifier verifier(task);
+  const examples::ArithmeticVerifier verifier(run.task);
   const WorkerOptions options =
       SmallWorker(3, std::chrono::milliseconds(100), std::chrono::milliseconds(200));
-  RolloutWorker worker(options, worker_client, *store, engine, verifier);
+  RolloutWorker worker(options, run.worker_client, *run.store, engine, verifier);
   Status ran = Internal("not finished");
   std::thread running([&] { ran = worker.Run(); });
   REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
   // It registered 3 jobs per replica.
-  CHECK(trainer.GetStatus().value().clusters.at(0).capacity == 6);
+  CHECK(run.trainer.GetStatus().value().clusters.at(0).capacity == 6);
 
   // No replica ready: not ready (the orchestrator hears it), and no lease is taken.
   engine.ready = 0;
   REQUIRE(WaitFor([&] { return !worker.ready_version(); }));
-  REQUIRE(WaitFor([&] { return !trainer.GetStatus().value().clusters.at(0).ready_version; }));
+  REQUIRE(WaitFor([&] { return !run.trainer.GetStatus().value().clusters.at(0).ready_version; }));
   // The status shows its replicas, none ready.
   REQUIRE(WaitFor([&] {
-    const std::optional<SyncReport> sync = trainer.GetStatus().value().clusters.at(0).sync;
+    const std::optional<SyncReport> sync = run.trainer.GetStatus().value().clusters.at(0).sync;
     return sync && sync->engine_replicas == 2 && sync->ready_replicas == 0;
   }));
-  REQUIRE(trainer.AddJobs({{Json("1+2="), 2}}).ok());
+  REQUIRE(run.trainer.AddJobs({{Json("1+2="), 2}}).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  CHECK(trainer.GetStatus().value().jobs.leased == 0);
+  CHECK(run.trainer.GetStatus().value().jobs.leased == 0);
 
   // Ready again, but generation fails as unavailable: each lease goes back at once.
   engine.failing = true;
   engine.ready = 2;
   REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
-  REQUIRE(WaitFor([&] { return trainer.GetStatus().value().leases.handed_back >= 1; }));
+  REQUIRE(WaitFor([&] { return run.trainer.GetStatus().value().leases.handed_back >= 1; }));
   // (The worker counts it once the orchestrator's answer is back.)
   CHECK(WaitFor([&] { return worker.stats().handed_back >= 1; }));
   // Backing off, it does not use up the job's attempts meanwhile.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  CHECK(trainer.GetStatus().value().jobs.given_up == 0);
-  CHECK(trainer.GetStatus().value().leases.handed_back <= 4);
+  CHECK(run.trainer.GetStatus().value().jobs.given_up == 0);
+  CHECK(run.trainer.GetStatus().value().leases.handed_back <= 4);
   // The engine answers again: the job completes.
   engine.failing = false;
-  trainer_adapter::BatchClient batches(trainer, 2);
+  trainer_adapter::BatchClient batches(run.trainer, 2);
   std::vector<orchestrator::Delivered> groups;
   REQUIRE(WaitFor([&] {
     auto more = batches.NextBatch(2, 0, std::chrono::milliseconds(200));
@@ -403,18 +399,17 @@ TEST_CASE(
   // and is given up after the last; held, its lease would be renewed by every heartbeat and the
   // job would never end.
   const uint64_t before = worker.stats().handed_back;
-  REQUIRE(trainer.AddJobs({{Json(42), 1}}).ok());
-  CHECK(WaitFor([&] { return trainer.GetStatus().value().jobs.given_up == 1; }));
+  REQUIRE(run.trainer.AddJobs({{Json(42), 1}}).ok());
+  CHECK(WaitFor([&] { return run.trainer.GetStatus().value().jobs.given_up == 1; }));
   // The worker counts a hand-back when the orchestrator's answer reaches it, which can be after
   // the orchestrator has already leased the next attempt to another of its job threads (and, on
   // the last, given the job up): wait for the answers, then check none was counted twice.
   CHECK(WaitFor([&] { return worker.stats().handed_back >= before + 5; }));
   CHECK(worker.stats().handed_back == before + 5);  // max_attempts
-  CHECK(trainer.GetStatus().value().jobs.leased == 0);
+  CHECK(run.trainer.GetStatus().value().jobs.leased == 0);
   worker.Stop();
   running.join();
   CHECK(ran.ok());
-  std::filesystem::remove_all(store_dir);
 }
 
 // The pieces of a run in one process, with no HTTP and no journal file: a core that journals to a
