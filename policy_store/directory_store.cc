@@ -468,14 +468,7 @@ Result<ObjectWatch> DirectoryStore::WaitForChange(const std::string& key,
       MutexLock signal(swaps.mutex);
       generation = swaps.generation;
     }
-    std::optional<std::string> value;
-    Result<std::vector<uint8_t>> bytes = Get(key);
-    if (bytes.ok()) {
-      if (bytes->size() > kMaxWatchedBytes) return WatchedTooLarge(key, bytes->size());
-      value.emplace(bytes->begin(), bytes->end());
-    } else if (bytes.status().code() != StatusCode::kNotFound) {
-      return bytes.status();
-    }
+    WEFT_ASSIGN_OR_RETURN(std::optional<std::string> value, ReadWatched(*this, key));
     if (value != known) return ObjectWatch{std::move(value), true};
     const Clock::time_point now = Clock::now();
     if (now >= deadline) return ObjectWatch{std::move(value), true};

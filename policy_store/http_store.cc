@@ -108,6 +108,8 @@ Result<uint64_t> HttpStore::ReadTo(const std::string& key, uint64_t first, uint6
   return DeliveredRange(reply, first, request.range->second, what);
 }
 
+std::string ObjectEtag(std::string_view bytes) { return "\"" + Sha256Hex(TextBytes(bytes)) + "\""; }
+
 Result<ObjectWatch> HttpStore::WaitForChange(const std::string& key,
                                              const std::optional<std::string>& known,
                                              std::chrono::milliseconds wait,
@@ -123,7 +125,7 @@ Result<ObjectWatch> HttpStore::WaitForChange(const std::string& key,
       std::chrono::ceil<std::chrono::seconds>(std::max(wait, std::chrono::milliseconds(0)))
           .count());
   request.headers.push_back("Prefer: wait=" + std::to_string(seconds));
-  if (known) request.headers.push_back("If-None-Match: \"" + Sha256Hex(TextBytes(*known)) + "\"");
+  if (known) request.headers.push_back("If-None-Match: " + ObjectEtag(*known));
   request.cancel = cancel;
   request.max_body_bytes = kMaxWatchedBytes;
   WEFT_ASSIGN_OR_RETURN(Reply reply, client_.Request(request));

@@ -37,6 +37,10 @@ Result<uint64_t> DeliveredRange(const HttpReply& reply, uint64_t first, uint64_t
 // The longest wait a store server grants a long poll on an object that changes (Prefer: wait=N).
 inline constexpr int64_t kMaxWaitSeconds = 30;
 
+// The ETag a store server gives an object other than a blob (docs/api.md): the SHA-256 of its
+// bytes in hex, in quotes.
+std::string ObjectEtag(std::string_view bytes);
+
 class HttpStore : public ObjectStore {
  public:
   // `base_url` like "http://127.0.0.1:8080" (no trailing slash).

@@ -4,9 +4,8 @@
 #include <thread>
 #include <utility>
 
-#include "common/byte_io.h"
 #include "common/logging.h"
-#include "policy_store/manifest.h"
+#include "policy_store/http_store.h"
 
 namespace weft::policy_store {
 namespace {
@@ -26,8 +25,6 @@ std::string_view Trimmed(std::string_view text) {
   while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
   return text;
 }
-
-std::string EtagOf(const std::string& value) { return "\"" + Sha256Hex(TextBytes(value)) + "\""; }
 
 }  // namespace
 
@@ -154,7 +151,7 @@ void LongPolls::Watch(std::string key) {
         value = got->value;
         have = true;
         state.value = value;
-        state.etag = value ? EtagOf(*value) : std::string();
+        state.etag = value ? ObjectEtag(*value) : std::string();
         state.error = Status::Ok();
         state.known = true;
         std::vector<Poll> still;

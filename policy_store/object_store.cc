@@ -181,17 +181,21 @@ Result<ObjectWatch> ObjectStore::WaitForChange(const std::string& key,
                                                const std::optional<std::string>& known,
                                                std::chrono::milliseconds wait,
                                                const std::atomic<bool>* cancel) {
-  Result<std::vector<uint8_t>> bytes = Get(key);
-  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) return ObjectWatch{};
-  if (!bytes.ok()) return bytes.status();
-  if (bytes->size() > kMaxWatchedBytes) return WatchedTooLarge(key, bytes->size());
-  return ObjectWatch{std::string(bytes->begin(), bytes->end()), false};
+  WEFT_ASSIGN_OR_RETURN(std::optional<std::string> value, ReadWatched(*this, key));
+  return ObjectWatch{std::move(value), false};
 }
 
-Status WatchedTooLarge(const std::string& key, uint64_t size) {
-  return InvalidArgument(key + " holds " + std::to_string(size) +
-                         " bytes: only pointers of at most " + std::to_string(kMaxWatchedBytes) +
-                         " bytes are watched for changes");
+Result<std::optional<std::string>> ReadWatched(ObjectStore& store, const std::string& key) {
+  Result<std::vector<uint8_t>> bytes = store.Get(key);
+  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound)
+    return std::optional<std::string>();
+  if (!bytes.ok()) return bytes.status();
+  if (bytes->size() > kMaxWatchedBytes) {
+    return InvalidArgument(key + " holds " + std::to_string(bytes->size()) +
+                           " bytes: only pointers of at most " + std::to_string(kMaxWatchedBytes) +
+                           " bytes are watched for changes");
+  }
+  return std::optional<std::string>(std::in_place, bytes->begin(), bytes->end());
 }
 
 Result<std::unique_ptr<ObjectReader>> ObjectStore::OpenRead(const std::string& key) {

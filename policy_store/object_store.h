@@ -208,8 +208,9 @@ class SpanTarget : public BodyTarget {
 
 Status ValidateKey(const std::string& key);
 
-// The error for a watched object larger than kMaxWatchedBytes.
-Status WatchedTooLarge(const std::string& key, uint64_t size);
+// What a watched object holds now (nullopt: absent), read with Get; kInvalidArgument when it is
+// larger than kMaxWatchedBytes. What ObjectStore::WaitForChange compares.
+Result<std::optional<std::string>> ReadWatched(ObjectStore& store, const std::string& key);
 
 // The range_size (at least 4KiB) and parallel (1 to 64) options of a store URI, where given, into
 // `reads`; errors name `where` (the store) and the option.
