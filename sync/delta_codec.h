@@ -50,6 +50,8 @@ inline constexpr uint16_t kDeltaFormatVersion = 2;
 inline constexpr uint16_t kPlainDeltaFormatVersion = 1;
 inline constexpr int kMinChunkLog2 = 10;
 inline constexpr int kMaxChunkLog2 = 26;
+// Ok when 2^chunk_log2 is a chunk size the format allows, else kInvalidArgument saying so.
+Status CheckChunkLog2(int chunk_log2);
 inline constexpr int kDefaultChunkLog2 = 20;
 inline constexpr size_t kMaxTensorNameBytes = 1024;
 inline constexpr int kMaxRank = 8;

@@ -38,14 +38,6 @@ namespace {
 // Elements converted at a time in the fused path: small enough to stay in L1.
 constexpr uint64_t kFusedBlock = 4096;
 
-Status CheckChunkLog2(int chunk_log2) {
-  if (chunk_log2 < kMinChunkLog2 || chunk_log2 > kMaxChunkLog2) {
-    return InvalidArgument("chunk size 2^" + std::to_string(chunk_log2) + " outside 2^" +
-                           std::to_string(kMinChunkLog2) + "..2^" + std::to_string(kMaxChunkLog2));
-  }
-  return Status::Ok();
-}
-
 // ---- Applying ----------------------------------------------------------------------------------
 //
 // Prepare decodes a chunk's changes, loads the old value of each changed element, forms its new
@@ -586,6 +578,14 @@ void CommitTensors(std::span<const PreparedTensorDelta* const> prepared,
 }
 
 }  // namespace
+
+Status CheckChunkLog2(int chunk_log2) {
+  if (chunk_log2 < kMinChunkLog2 || chunk_log2 > kMaxChunkLog2) {
+    return InvalidArgument("chunk size 2^" + std::to_string(chunk_log2) + " outside 2^" +
+                           std::to_string(kMinChunkLog2) + "..2^" + std::to_string(kMaxChunkLog2));
+  }
+  return Status::Ok();
+}
 
 namespace detail {
 

@@ -88,10 +88,7 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
                                        const CodecOptions& options, uint64_t* changed) {
   // Everything that could refuse the update is checked before any tensor is written: the update
   // is all or nothing, so that a caller updating its only copy never holds half a version.
-  if (options.chunk_log2 < kMinChunkLog2 || options.chunk_log2 > kMaxChunkLog2) {
-    return InvalidArgument("chunk size 2^" + std::to_string(options.chunk_log2) + " outside 2^" +
-                           std::to_string(kMinChunkLog2) + "..2^" + std::to_string(kMaxChunkLog2));
-  }
+  WEFT_RETURN_IF_ERROR(CheckChunkLog2(options.chunk_log2));
   if (!IsServingFormat(plan_.dtype)) {
     return InvalidArgument("the serving format is not BF16, F16 or FP8: " +
                            std::string(Info(plan_.dtype).safetensors_name));
@@ -122,10 +119,7 @@ Result<ModelDelta> ServedModel::Update(const std::vector<MasterTensor>& master,
   ModelDelta delta;
   uint64_t changed_total = 0;
   for (const MasterTensor& m : master) {
-    Tensor* values = FindMutable(m.name);
-    if (values == nullptr || values->spec.shape != m.shape) {
-      return InvalidArgument("master tensor '" + m.name + "' is not served by this model");
-    }
+    Tensor* values = FindMutable(m.name);  // (found, of its shape: checked above)
     ServeFormat format{plan_.dtype, plan_.saturation, nullptr, {}};
     BlockScaling scaling;
     std::vector<float> scales;
