@@ -60,6 +60,10 @@ struct Case {
   double density = 0, weft_bits = 0, context_bits = 0, index_bits = 0, zstd_bits = 0,
          floor_bits = 0, context_floor_bits = 0;
   double stream_ratio = 0;  // context / plain, the coded streams alone (no headers)
+  // Fixed costs of the context-mode delta, in bytes: all headers (file, tensors, chunks), and of
+  // them the tensor names, the tensors' base and result digests and the checksums.
+  uint64_t tensors = 0, header_bytes = 0, name_bytes = 0, digest_bytes = 0, checksum_bytes = 0;
+  double floor_bytes = 0;
   uint64_t changes = 0, elements = 0;
   bool selected = false;  // some benchmark of this case ran
   bool timed = true;      // false: sizes only
@@ -167,6 +171,16 @@ void MeasureSizes(Case& c, const ServedModel& before_model, const ServedModel& a
   const DeltaStats plain = ComputeStats(c.forward), context = ComputeStats(c.forward_context);
   c.stream_ratio = static_cast<double>(context.total_bytes - context.header_bytes) /
                    static_cast<double>(plain.total_bytes - plain.header_bytes);
+  c.floor_bytes = floor_total / 8;
+  c.header_bytes = context.header_bytes;
+  for (const TensorDelta& t : c.forward_context.tensors) {
+    ++c.tensors;
+    c.name_bytes += t.spec.name.size();
+    c.digest_bytes += 2 * sizeof(Digest);
+    c.checksum_bytes += 8;  // the header's
+    for (const DeltaChunk& chunk : t.chunks)
+      c.checksum_bytes += chunk.mode == ChunkMode::kUnchanged ? 0 : 8;
+  }
   std::vector<uint8_t> x(c.before_bytes.size());
   for (size_t i = 0; i < x.size(); ++i) x[i] = c.before_bytes[i] ^ c.after_bytes[i];
   std::vector<uint8_t> out(ZSTD_compressBound(x.size()));
@@ -428,6 +442,25 @@ void PrintSummary(const Collector& collector) {
                 c->name.c_str(), 100 * c->density, c->weft_bits, c->context_bits, c->index_bits,
                 c->zstd_bits, c->floor_bits, c->context_floor_bits, c->weft_bits / c->floor_bits,
                 c->zstd_bits / c->weft_bits, c->context_bits / c->weft_bits, c->stream_ratio);
+  }
+  std::printf(
+      "\nFixed costs of the context-mode delta (bytes): headers of the file, tensors and chunks, "
+      "and of them the names, the digests (base and result, 32 per tensor) and the checksums; "
+      "streams/floor leaves the headers out\n");
+  std::printf("%-22s %7s %9s %8s %8s %9s %9s %10s %9s %13s\n", "case", "tensors", "floor",
+              "headers", "names", "digests", "checksums", "hdr/tensor", "hdr/floor",
+              "streams/floor");
+  for (const auto& c : *g_cases) {
+    if (!c->selected) continue;
+    const double streams = c->context_bits * c->changes / 8 - c->header_bytes;
+    std::printf("%-22s %7llu %9.0f %8llu %8llu %9llu %9llu %10.1f %8.3fx %12.3fx\n",
+                c->name.c_str(), static_cast<unsigned long long>(c->tensors), c->floor_bytes,
+                static_cast<unsigned long long>(c->header_bytes),
+                static_cast<unsigned long long>(c->name_bytes),
+                static_cast<unsigned long long>(c->digest_bytes),
+                static_cast<unsigned long long>(c->checksum_bytes),
+                static_cast<double>(c->header_bytes) / c->tensors, c->header_bytes / c->floor_bytes,
+                streams / c->floor_bytes);
   }
   std::printf(
       "\nTimes: milliseconds per step (real time), ratios against baselines measured in this "
