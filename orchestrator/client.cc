@@ -98,12 +98,12 @@ Status OrchestratorClient::Heartbeat(const std::string& cluster,
       .status();
 }
 
-Result<std::vector<Lease>> OrchestratorClient::RequestLeases(const std::string& cluster,
-                                                             uint32_t max,
-                                                             std::chrono::milliseconds wait) {
+Result<LeaseAnswer> OrchestratorClient::RequestLeases(const std::string& cluster, uint32_t max,
+                                                      std::chrono::milliseconds wait,
+                                                      std::optional<uint64_t> known_version) {
   // One id for every try of this call: a retry after a lost answer gets the same leases back.
   thread_local std::mt19937_64 ids(std::random_device{}());
-  const wire::LeaseRequest request{max, wait, (ids() >> 1) | 1};
+  const wire::LeaseRequest request{max, wait, (ids() >> 1) | 1, known_version};
   const std::string token = TokenFor(cluster);
   WEFT_ASSIGN_OR_RETURN(std::string answer, Call("POST", "/v1/clusters/" + cluster + "/leases",
                                                  wire::Encode(request), true, wait, &token));

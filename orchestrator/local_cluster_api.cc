@@ -17,13 +17,18 @@ Status LocalClusterApi::Heartbeat(const std::string& cluster, std::optional<uint
   return Status::Ok();
 }
 
-Result<std::vector<Lease>> LocalClusterApi::RequestLeases(const std::string& cluster, uint32_t max,
-                                                          std::chrono::milliseconds wait) {
+Result<LeaseAnswer> LocalClusterApi::RequestLeases(const std::string& cluster, uint32_t max,
+                                                   std::chrono::milliseconds wait,
+                                                   std::optional<uint64_t> known_version) {
   const int64_t until = env_.MonotonicMicros() + wait.count() * 1000;
   while (true) {
-    WEFT_ASSIGN_OR_RETURN(std::vector<Lease> leases,
-                          core_.RequestLeases(env_.WallMicros(), cluster, max));
-    if (!leases.empty() || env_.MonotonicMicros() >= until) return leases;
+    LeaseAnswer answer;
+    WEFT_ASSIGN_OR_RETURN(answer.leases, core_.RequestLeases(env_.WallMicros(), cluster, max));
+    answer.latest_version =
+        core_.Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
+    const bool newer =
+        known_version && answer.latest_version && *answer.latest_version > *known_version;
+    if (!answer.leases.empty() || newer || env_.MonotonicMicros() >= until) return answer;
     env_.SleepFor(poll_);
   }
 }

@@ -42,6 +42,8 @@ struct Waiter {
   std::string cluster;
   uint32_t max = 0;
   uint64_t lease_request = 0;  // a lease request's id (0: none)
+  // Leases: the newest version the worker has heard of; a newer one announced ends the wait.
+  std::optional<uint64_t> known_version;
   std::chrono::steady_clock::time_point deadline;
   Request request;  // for the answer's HTTP version
   Responder respond;
@@ -210,6 +212,13 @@ struct OrchestratorService::Impl {
   void Poll() EXCLUDES(mutex);
   // One try at a waiter: true when it was answered.
   bool Try(Waiter& waiter, bool expired);
+  // Leases for a cluster, with the latest version announced.
+  Result<LeaseAnswer> Leases(Micros now, const std::string& cluster, uint32_t max,
+                             uint64_t request);
+  // Whether `answer` tells of a version newer than the one the worker knows.
+  static bool Newer(const LeaseAnswer& answer, std::optional<uint64_t> known) {
+    return known && answer.latest_version && *answer.latest_version > *known;
+  }
 
   DurableCore& core;
   ServiceOptions options;
@@ -250,16 +259,24 @@ bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
         http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::Encode(*batch)));
     return true;
   }
-  Result<std::vector<Lease>> leases =
-      core.RequestLeases(now, waiter.cluster, waiter.max, waiter.lease_request);
+  Result<LeaseAnswer> leases = Leases(now, waiter.cluster, waiter.max, waiter.lease_request);
   if (!leases.ok()) {
     waiter.respond(http::ErrorResponse(waiter.request, leases.status()));
     return true;
   }
-  if (leases->empty() && !expired) return false;
+  if (leases->leases.empty() && !expired && !Newer(*leases, waiter.known_version)) return false;
   waiter.respond(
       http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::EncodeLeases(*leases)));
   return true;
+}
+
+Result<LeaseAnswer> OrchestratorService::Impl::Leases(Micros now, const std::string& cluster,
+                                                      uint32_t max, uint64_t request) {
+  LeaseAnswer answer;
+  WEFT_ASSIGN_OR_RETURN(answer.leases, core.RequestLeases(now, cluster, max, request));
+  answer.latest_version =
+      core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
+  return answer;
 }
 
 void OrchestratorService::Impl::Poll() {
@@ -299,12 +316,14 @@ void OrchestratorService::Impl::Poll() {
     }
     // Only waiters that could get something now (or whose wait is over) are tried: a try costs a
     // journaled core event, and a thousand parked workers must not cost a thousand per wake.
-    const auto [queued, deliverable] = core.Inspect([](const OrchestratorCore& c) {
-      return std::make_pair(c.queued_jobs() > 0, c.buffered() > 0 || c.outstanding() > 0);
+    const auto [queued, deliverable, latest] = core.Inspect([](const OrchestratorCore& c) {
+      return std::make_tuple(c.queued_jobs() > 0, c.buffered() > 0 || c.outstanding() > 0,
+                             c.latest_version());
     });
     for (auto it = batch.begin(); it != batch.end();) {
       const bool expired = now >= it->deadline;
-      if (!expired && !(it->batch ? deliverable : queued)) {
+      const bool announced = it->known_version && latest && *latest > *it->known_version;
+      if (!expired && !(it->batch ? deliverable : (queued || announced))) {
         ++it;
         continue;
       }
@@ -536,10 +555,11 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       if (action == "leases") {
         Result<wire::LeaseRequest> r = wire::DecodeLeaseRequest(body);
         if (!r.ok()) return error(r.status());
-        Result<std::vector<Lease>> leases = core.RequestLeases(now, id, r->max, r->request);
+        Result<LeaseAnswer> leases = Leases(now, id, r->max, r->request);
         if (!leases.ok()) return error(leases.status());
-        if (!leases->empty() || r->wait.count() == 0) return answer(wire::EncodeLeases(*leases));
-        Park({false, id, r->max, r->request,
+        if (!leases->leases.empty() || r->wait.count() == 0 || Newer(*leases, r->known_version))
+          return answer(wire::EncodeLeases(*leases));
+        Park({false, id, r->max, r->request, r->known_version,
               std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
               std::move(*respond)});
         *respond = nullptr;
@@ -597,8 +617,9 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     Wake();  // admission room freed
     return once_durable(pending, answer(wire::Encode(*batch)));
   }
-  Park({true, "", r->max, 0, std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait),
-        request, std::move(*respond)});
+  Park({true, "", r->max, 0, std::nullopt,
+        std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
+        std::move(*respond)});
   *respond = nullptr;
   return Response();
 }

@@ -57,6 +57,14 @@ struct Lease {
   std::string metadata = {};  // the job's metadata as JSON text (JobSpec), "" when it has none
 };
 
+// What a lease request is answered with: the leases granted, and the newest version the trainer
+// has announced (nullopt: none yet), so that a worker hears of a new version from the long poll it
+// holds anyway.
+struct LeaseAnswer {
+  std::vector<Lease> leases;
+  std::optional<uint64_t> latest_version;
+};
+
 // A job as the trainer adds it.
 struct JobSpec {
   std::string prompt;    // JSON text: a string or token ids (any JSON the task understands)

@@ -340,24 +340,29 @@ Result<Heartbeat> DecodeHeartbeat(std::string_view body) {
 std::string Encode(const LeaseRequest& r) {
   Json body = {{"max", r.max}, {"wait_ms", r.wait.count()}};
   if (r.request != 0) body["request"] = r.request;
+  if (r.known_version) body["known_version"] = *r.known_version;
   return body.dump();
 }
 
 Result<LeaseRequest> DecodeLeaseRequest(std::string_view body) {
   WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body));
   const std::string where = "leases";
-  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {}, {"max", "wait_ms", "request"}));
+  WEFT_RETURN_IF_ERROR(
+      CheckFields(json, where, {}, {"max", "wait_ms", "request", "known_version"}));
   LeaseRequest r;
   WEFT_RETURN_IF_ERROR(ReadPoll(json, where, 1, &r.max, &r.wait));
   if (json.contains("request")) {
     WEFT_ASSIGN_OR_RETURN(r.request, GetUnsigned(json, "request", where));
   }
+  if (json.contains("known_version")) {
+    WEFT_ASSIGN_OR_RETURN(r.known_version, GetOptionalVersion(json, "known_version", where));
+  }
   return r;
 }
 
-std::string EncodeLeases(const std::vector<Lease>& leases) {
+std::string EncodeLeases(const LeaseAnswer& answer) {
   Json list = Json::array();
-  for (const Lease& l : leases) {
+  for (const Lease& l : answer.leases) {
     list.push_back({{"job", l.job},
                     {"attempt", l.attempt},
                     {"deadline_us", l.deadline},
@@ -366,14 +371,21 @@ std::string EncodeLeases(const std::vector<Lease>& leases) {
                     {"samples", l.samples}});
     if (!l.metadata.empty()) list.back()["metadata"] = Json::parse(l.metadata);
   }
-  return Json{{"leases", list}}.dump();
+  Json body = {{"leases", list}};
+  if (answer.latest_version) body["latest_version"] = *answer.latest_version;
+  return body.dump();
 }
 
-Result<std::vector<Lease>> DecodeLeases(std::string_view answer) {
-  WEFT_ASSIGN_OR_RETURN(Json json, ParseAnswer(answer));
+Result<LeaseAnswer> DecodeLeases(std::string_view text) {
+  WEFT_ASSIGN_OR_RETURN(Json json, ParseAnswer(text));
   WEFT_ASSIGN_OR_RETURN(const Json* list, Field(json, "leases"));
   if (!list->is_array()) return InvalidArgument("'leases' is not an array");
-  std::vector<Lease> leases;
+  LeaseAnswer answer;
+  if (json.contains("latest_version")) {
+    WEFT_ASSIGN_OR_RETURN(answer.latest_version,
+                          GetOptionalVersion(json, "latest_version", "leases answer"));
+  }
+  std::vector<Lease>& leases = answer.leases;
   try {
     for (const Json& l : *list) {
       leases.push_back({l.at("job").get<uint64_t>(), l.at("attempt").get<uint32_t>(),
@@ -385,7 +397,7 @@ Result<std::vector<Lease>> DecodeLeases(std::string_view answer) {
   } catch (const Json::exception& error) {
     return InvalidArgument(std::string("malformed lease: ") + error.what());
   }
-  return leases;
+  return answer;
 }
 
 std::string EncodeDrain(const std::vector<uint64_t>& jobs) { return Json{{"jobs", jobs}}.dump(); }

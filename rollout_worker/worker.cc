@@ -73,6 +73,31 @@ bool RolloutWorker::Sleep(std::chrono::milliseconds period) {
   return stop_;
 }
 
+void RolloutWorker::WakeSync() {
+  {
+    // Under the lock, so that SleepForSync cannot miss it between its check and its wait.
+    MutexLock lock(mutex_);
+    wake_sync_.store(true);
+  }
+  changed_.notify_all();
+}
+
+bool RolloutWorker::Heard(uint64_t version) {
+  const auto v = static_cast<int64_t>(version);
+  int64_t seen = heard_version_.load();
+  while (v > seen) {
+    if (heard_version_.compare_exchange_weak(seen, v)) return true;
+  }
+  return false;
+}
+
+bool RolloutWorker::SleepForSync(std::chrono::milliseconds period) {
+  MutexLock lock(mutex_);
+  changed_.wait_for(lock.native(), period,
+                    [this]() REQUIRES(mutex_) { return stop_ || wake_sync_.load(); });
+  return stop_;
+}
+
 orchestrator::SyncReport RolloutWorker::sync_report() const {
   MutexLock lock(mutex_);
   return report_;
@@ -136,13 +161,14 @@ void RolloutWorker::SyncLoop() {
       latest = watched.status();
     } else if (watched->version) {
       latest = *watched->version;
+      Heard(*watched->version);
     }
     SyncOnce(reader, latest);
     {
       MutexLock lock(mutex_);
       watch = options_.push && watched.ok() && watched->waited && core_.CaughtUp(watched->version);
     }
-    if (!watch && Sleep(options_.sync_interval)) return;
+    if (!watch && SleepForSync(options_.sync_interval)) return;
   }
 }
 
@@ -354,15 +380,21 @@ void RolloutWorker::JobLoop(uint32_t slot) {
       if (Sleep(std::chrono::milliseconds(100))) return;
       continue;
     }
-    Result<std::vector<orchestrator::Lease>> leases =
-        orchestrator_.RequestLeases(options_.cluster, 1, options_.lease_wait);
-    if (!leases.ok()) {
+    // The poll also ends when the trainer announces a version newer than any this worker has
+    // heard of: the sync loop then reads the store's `latest` at once, whether or not the store
+    // pushes.
+    const int64_t heard = heard_version_.load();
+    Result<orchestrator::LeaseAnswer> answer =
+        orchestrator_.RequestLeases(options_.cluster, 1, options_.lease_wait,
+                                    heard < 0 ? std::nullopt : std::optional<uint64_t>(heard));
+    if (!answer.ok()) {
       WEFT_LOG(kWarning) << "cluster " << options_.cluster
-                         << ": lease request failed: " << leases.status().message();
+                         << ": lease request failed: " << answer.status().message();
       if (Sleep(std::chrono::milliseconds(500))) return;
       continue;
     }
-    for (const orchestrator::Lease& lease : *leases) {
+    if (answer->latest_version && Heard(*answer->latest_version)) WakeSync();
+    for (const orchestrator::Lease& lease : answer->leases) {
       {
         MutexLock lock(mutex_);
         if (stop_) {

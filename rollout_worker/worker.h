@@ -127,8 +127,14 @@ class RolloutWorker {
   std::chrono::milliseconds BackOffLeasing();
   // One round of the sync loop.
   void SyncOnce(policy_store::StoreReader& reader, const Result<uint64_t>& latest);
-  // Wakes the sync loop from its wait for a new version (the engine's health changed, the stop).
-  void WakeSync() { wake_sync_.store(true); }
+  // Wakes the sync loop from its wait for a new version (the engine's health changed, the stop, a
+  // version announced).
+  void WakeSync() EXCLUDES(mutex_);
+  // Records a version heard of; true when it is newer than any heard before.
+  bool Heard(uint64_t version);
+  // The sync loop's wait between reads of `latest` where the store cannot push: until `period`
+  // has passed, WakeSync() or the stop. Returns whether stopping.
+  bool SleepForSync(std::chrono::milliseconds period) EXCLUDES(mutex_);
   // Returns whether the version claimed was not announced yet (sent without it); quiet: without
   // logging that.
   bool SendHeartbeat(bool quiet = false);
@@ -161,6 +167,8 @@ class RolloutWorker {
   // When the sink's copy was last proved (the Env's monotonic clock); none: in the next round.
   std::optional<WorkerCore::Micros> verified_;
   std::atomic<bool> wake_sync_{false};  // cancels the sync loop's wait for a new version
+  // The newest version heard of, from the store's `latest` or from a lease answer (-1: none).
+  std::atomic<int64_t> heard_version_{-1};
   // Shared:
   orchestrator::SyncReport report_ GUARDED_BY(mutex_);
   WorkerStats stats_ GUARDED_BY(mutex_);

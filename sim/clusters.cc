@@ -209,11 +209,13 @@ void Simulation::AskForLeases(ClusterState& c) {
   const uint32_t free = leasable - std::min<uint32_t>(leasable, c.running.size());
   if (free == 0) return Unpark(c);
   const uint64_t admissible = core_.admissible_version();
-  Result<std::vector<Lease>> leases = api_.RequestLeases(c.id, free, std::chrono::milliseconds(0));
-  if (!leases.ok()) {
-    if (leases.status().code() == StatusCode::kNotFound) c.registered = false;
+  Result<orchestrator::LeaseAnswer> answer =
+      api_.RequestLeases(c.id, free, std::chrono::milliseconds(0), std::nullopt);
+  if (!answer.ok()) {
+    if (answer.status().code() == StatusCode::kNotFound) c.registered = false;
     return Unpark(c);
   }
+  const std::vector<Lease>* leases = &answer->leases;
   if (!leases->empty()) {
     // Leases go only to clusters ready at an admissible version, within their capacity.
     const std::optional<uint64_t> ready = c.worker.ready();

@@ -36,18 +36,21 @@ Status Simulation::Api::Heartbeat(const std::string& cluster, std::optional<uint
   return s;
 }
 
-Result<std::vector<Lease>> Simulation::Api::RequestLeases(const std::string& cluster, uint32_t max,
-                                                          std::chrono::milliseconds) {
+Result<orchestrator::LeaseAnswer> Simulation::Api::RequestLeases(const std::string& cluster,
+                                                                 uint32_t max,
+                                                                 std::chrono::milliseconds,
+                                                                 std::optional<uint64_t>) {
   Simulation& sim = sim_;
   const uint32_t index = Cluster(cluster).index;
   Result<std::vector<Lease>> leases =
       sim.Timed([&] { return sim.core_.RequestLeases(sim.now_, cluster, max); });
-  if (leases.ok() && !leases->empty()) {
+  if (!leases.ok()) return leases.status();
+  if (!leases->empty()) {
     Call call{Call::kLeases, sim.now_, index, max};
     call.granted = leases->size();
     sim.Log(std::move(call), false);
   }
-  return leases;
+  return orchestrator::LeaseAnswer{std::move(*leases), sim.core_.latest_version()};
 }
 
 Result<SubmitResult> Simulation::Api::Submit(const TrajectoryGroup& group) {

@@ -164,20 +164,29 @@ TEST_CASE("wire: every request and answer survives a round trip") {
   CHECK(!DecodeHeartbeat(Encode(Heartbeat{})).value().ready_version.has_value());
 
   Result<LeaseRequest> lr =
-      DecodeLeaseRequest(Encode(LeaseRequest{3, std::chrono::milliseconds(250), 77}));
+      DecodeLeaseRequest(Encode(LeaseRequest{3, std::chrono::milliseconds(250), 77, 12}));
   REQUIRE(lr.ok());
   CHECK(lr->max == 3);
   CHECK(lr->wait.count() == 250);
   CHECK(lr->request == 77);
+  CHECK(lr->known_version == 12u);
+  CHECK(!DecodeLeaseRequest(R"({"max":1})").value().known_version);
+  CHECK(DecodeLeaseRequest(R"({"known_version":-1})").status().message() ==
+        "leases.known_version is not a version (0 to " + std::to_string(kMaxVersion) + ") or null");
 
-  std::vector<Lease> leases = {{1, 1, 1000, 4, "\"1+1=\"", 8}, {2, 3, 2000, 5, "[1,2]", 1}};
-  Result<std::vector<Lease>> back = DecodeLeases(EncodeLeases(leases));
-  REQUIRE(back.ok());
+  LeaseAnswer leases{{{1, 1, 1000, 4, "\"1+1=\"", 8}, {2, 3, 2000, 5, "[1,2]", 1}}, 9};
+  Result<LeaseAnswer> answer = DecodeLeases(EncodeLeases(leases));
+  REQUIRE(answer.ok());
+  CHECK(answer->latest_version == 9u);
+  const std::vector<Lease>* back = &answer->leases;
   REQUIRE(back->size() == 2);
   CHECK((*back)[1].prompt == "[1,2]");
   CHECK((*back)[1].attempt == 3);
   CHECK((*back)[0].deadline == 1000);
   CHECK((*back)[0].samples == 8);
+  // No version announced yet: no field, and none read back.
+  CHECK(EncodeLeases({}) == R"({"leases":[]})");
+  CHECK(!DecodeLeases(R"({"leases":[]})").value().latest_version);
 
   CHECK(DecodeDrain(EncodeDrain({4, 5})).value() == std::vector<uint64_t>{4, 5});
   CHECK(DecodeDrain("{}").value().empty());

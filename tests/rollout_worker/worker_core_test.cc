@@ -164,8 +164,9 @@ class ScriptedApi : public orchestrator::ClusterApi {
     calls.push_back("heartbeat " + cluster + " " + (ready ? std::to_string(*ready) : "-"));
     return Next(heartbeats);
   }
-  Result<std::vector<orchestrator::Lease>> RequestLeases(const std::string&, uint32_t,
-                                                         std::chrono::milliseconds) override {
+  Result<orchestrator::LeaseAnswer> RequestLeases(const std::string&, uint32_t,
+                                                  std::chrono::milliseconds,
+                                                  std::optional<uint64_t>) override {
     return Internal("not scripted");
   }
   Result<orchestrator::SubmitResult> Submit(const orchestrator::TrajectoryGroup&) override {

@@ -166,6 +166,35 @@ struct HttpRun {
   std::unique_ptr<trainer_adapter::Publisher> publisher;
 };
 
+TEST_CASE("rollout worker: without push, a version announced is heard of from the lease poll") {
+  // The worker reads the store's `latest` every 30 s only (push off, as for a store that cannot
+  // push), but its lease poll ends when the trainer announces a version newer than any it knows,
+  // and it pulls that version at once.
+  HttpRun run("worker_hears_announcement");
+  std::vector<float> weights = run.layout.Initialize(3);
+  examples::EmbeddedEngine engine(run.model, 1);
+  const examples::ArithmeticVerifier verifier(run.task);
+  WorkerOptions options =
+      SmallWorker(1, std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
+  options.push = false;
+  options.sync_interval = std::chrono::milliseconds(30000);
+  RolloutWorker worker(options, run.worker_client, *run.store, engine, verifier);
+  Status ran = Internal("not finished");
+  std::thread running([&] { ran = worker.Run(); });
+  REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the lease poll is parked
+  for (float& w : weights) w *= 1.01f;
+  REQUIRE(run.publisher->Publish(run.layout.Master(weights)).ok());
+  REQUIRE(run.trainer.AnnounceVersion(1).ok());
+  const auto announced = std::chrono::steady_clock::now();
+  REQUIRE(WaitFor([&] { return engine.version() == std::optional<uint64_t>(1); },
+                  std::chrono::milliseconds(10000)));
+  CHECK(std::chrono::steady_clock::now() - announced < std::chrono::milliseconds(3000));
+  worker.Stop();
+  running.join();
+  CHECK(ran.ok());
+}
+
 TEST_CASE("rollout worker: a version served before its announcement is claimed once announced") {
   // The store tells the worker of version 1 (pushed) before the trainer announces it: the worker
   // serves it but cannot claim it, so the cluster is not ready; once announced, the worker claims
@@ -472,9 +501,10 @@ class HeartbeatWatch : public ClusterApi {
     --in_flight_;
     return status;
   }
-  Result<std::vector<Lease>> RequestLeases(const std::string& cluster, uint32_t max,
-                                           std::chrono::milliseconds wait) override {
-    return inner_.RequestLeases(cluster, max, wait);
+  Result<orchestrator::LeaseAnswer> RequestLeases(const std::string& cluster, uint32_t max,
+                                                  std::chrono::milliseconds wait,
+                                                  std::optional<uint64_t> known) override {
+    return inner_.RequestLeases(cluster, max, wait, known);
   }
   Result<SubmitResult> Submit(const TrajectoryGroup& group) override {
     return inner_.Submit(group);

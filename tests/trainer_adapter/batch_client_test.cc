@@ -31,8 +31,9 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
                         {nlohmann::json("2+2="), 2},
                         {nlohmann::json("3+3="), 2}})
               .ok());
-  auto leases = worker.RequestLeases("c", 3, std::chrono::milliseconds(1000));
-  REQUIRE(leases.ok());
+  auto answer = worker.RequestLeases("c", 3, std::chrono::milliseconds(1000), std::nullopt);
+  REQUIRE(answer.ok());
+  const std::vector<Lease>* leases = &answer->leases;
   REQUIRE(leases->size() == 3);
   auto submit = [&](const Lease& lease, uint64_t version) {
     TrajectoryGroup s;
@@ -84,8 +85,9 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
   }
   // Counted in groups: exactly the groups asked for, the rest at the next call.
   REQUIRE(trainer.AddJobs({{nlohmann::json("4+4="), 2}, {nlohmann::json("5+5="), 2}}).ok());
-  auto more = worker.RequestLeases("c", 2, std::chrono::milliseconds(1000));
-  REQUIRE(more.ok());
+  auto more_answer = worker.RequestLeases("c", 2, std::chrono::milliseconds(1000), std::nullopt);
+  REQUIRE(more_answer.ok());
+  const std::vector<Lease>* more = &more_answer->leases;
   REQUIRE(more->size() == 2);
   REQUIRE(submit((*more)[0], 2).ok());
   REQUIRE(submit((*more)[1], 2).ok());
