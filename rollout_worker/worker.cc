@@ -91,10 +91,18 @@ bool RolloutWorker::Heard(uint64_t version) {
   return false;
 }
 
+void RolloutWorker::HintSync() {
+  {
+    MutexLock lock(mutex_);
+    hinted_ = true;
+  }
+  changed_.notify_all();
+}
+
 bool RolloutWorker::SleepForSync(std::chrono::milliseconds period) {
   MutexLock lock(mutex_);
   changed_.wait_for(lock.native(), period,
-                    [this]() REQUIRES(mutex_) { return stop_ || wake_sync_.load(); });
+                    [this]() REQUIRES(mutex_) { return stop_ || hinted_ || wake_sync_.load(); });
   return stop_;
 }
 
@@ -145,6 +153,10 @@ void RolloutWorker::SyncLoop() {
         wait =
             std::min(wait, std::chrono::milliseconds(std::max<int64_t>(0, (due - Now()) / 1000)));
       }
+    }
+    {
+      MutexLock lock(mutex_);
+      hinted_ = false;  // this round reads `latest`
     }
     // With push off, a plain read of `latest` (no wait asked for) every sync_interval.
     Result<policy_store::StoreReader::LatestWatch> watched =
@@ -381,8 +393,7 @@ void RolloutWorker::JobLoop(uint32_t slot) {
       continue;
     }
     // The poll also ends when the trainer announces a version newer than any this worker has
-    // heard of: the sync loop then reads the store's `latest` at once, whether or not the store
-    // pushes.
+    // heard of: a sync loop that polls the store then reads its `latest` at once (HintSync).
     const int64_t heard = heard_version_.load();
     Result<orchestrator::LeaseAnswer> answer =
         orchestrator_.RequestLeases(options_.cluster, 1, options_.lease_wait,
@@ -393,7 +404,7 @@ void RolloutWorker::JobLoop(uint32_t slot) {
       if (Sleep(std::chrono::milliseconds(500))) return;
       continue;
     }
-    if (answer->latest_version && Heard(*answer->latest_version)) WakeSync();
+    if (answer->latest_version && Heard(*answer->latest_version)) HintSync();
     for (const orchestrator::Lease& lease : answer->leases) {
       {
         MutexLock lock(mutex_);

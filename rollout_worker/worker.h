@@ -56,7 +56,7 @@ struct WorkerOptions {
   // How new versions are learnt: with `push`, the store's latest version is watched with a long
   // poll of up to `push_wait` (ObjectStore::WaitForChange) while the worker has nothing left to
   // do, where the store supports it (a store server, a relay); otherwise, and with push off, it is
-  // read every `sync_interval`.
+  // read every `sync_interval`, and at once when a lease answer tells of a newer version announced.
   bool push = true;
   std::chrono::milliseconds push_wait{10000};
   std::chrono::milliseconds sync_interval{100};
@@ -127,13 +127,18 @@ class RolloutWorker {
   std::chrono::milliseconds BackOffLeasing();
   // One round of the sync loop.
   void SyncOnce(policy_store::StoreReader& reader, const Result<uint64_t>& latest);
-  // Wakes the sync loop from its wait for a new version (the engine's health changed, the stop, a
-  // version announced).
+  // Wakes the sync loop from its wait for a new version, a long poll of the store included (the
+  // engine's health changed, the stop).
   void WakeSync() EXCLUDES(mutex_);
   // Records a version heard of; true when it is newer than any heard before.
   bool Heard(uint64_t version);
-  // The sync loop's wait between reads of `latest` where the store cannot push: until `period`
-  // has passed, WakeSync() or the stop. Returns whether stopping.
+  // A version announced that the worker had not heard of: ends the sync loop's wait between reads
+  // of `latest` (push off, or a store that cannot push), not a long poll of a store that pushes:
+  // that store tells of it as soon (cancelling the poll to read again was measured to cost 20 to
+  // 60 ms).
+  void HintSync() EXCLUDES(mutex_);
+  // The sync loop's wait between reads of `latest`: until `period` has passed, WakeSync(),
+  // HintSync() or the stop. Returns whether stopping.
   bool SleepForSync(std::chrono::milliseconds period) EXCLUDES(mutex_);
   // Returns whether the version claimed was not announced yet (sent without it); quiet: without
   // logging that.
@@ -159,6 +164,7 @@ class RolloutWorker {
   // Held while a heartbeat is taken and sent (never while waiting for mutex_ elsewhere).
   Mutex heartbeat_mutex_;
   bool stop_ GUARDED_BY(mutex_) = false;
+  bool hinted_ GUARDED_BY(mutex_) = false;  // HintSync() since the sync loop's last round began
   // The decisions: what is held and ready, engine loads, lease slots and backoffs, what the
   // orchestrator acknowledged.
   WorkerCore core_ GUARDED_BY(mutex_);
