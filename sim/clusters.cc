@@ -103,17 +103,22 @@ void Simulation::Heartbeat(ClusterState& c, bool reschedule) {
   AskForLeases(c);
 }
 
-void Simulation::ScheduleSyncCheck(ClusterState& c, Micros delay) {
+void Simulation::ScheduleSyncCheck(ClusterState& c, Micros delay, bool pushed) {
   if (c.sync_scheduled || c.pulling) return;
   c.sync_scheduled = true;
+  c.latest_pushed = pushed;
   const Micros within =
-      static_cast<Micros>(c.rng.Below(static_cast<uint64_t>(config_.cluster.sync_interval)));
+      config_.cluster.push
+          ? 0
+          : static_cast<Micros>(c.rng.Below(static_cast<uint64_t>(config_.cluster.sync_interval)));
   At(now_ + within + delay, Ev::kSyncCheck, c.index, c.epoch);
 }
 
 void Simulation::SyncCheck(ClusterState& c) {
   const uint32_t index = c.index;
   c.sync_scheduled = false;
+  const bool pushed = c.latest_pushed;
+  c.latest_pushed = false;
   if (!c.up || c.pulling || !store_latest_) return;
   if (!c.worker.PullTarget(*store_latest_)) return;
   RegionState& region = regions_[c.region];
@@ -126,9 +131,11 @@ void Simulation::SyncCheck(ClusterState& c) {
   const uint64_t target = *store_latest_;
   const Plan& plan = PlanFor(c.worker.held(), target);
   if (!failure_.ok()) return;
-  // `latest`, then the manifests (16 at a time), each a round trip; then the blobs in turn.
+  // `latest` (unless pushed), then the manifests (16 at a time), each a round trip; then the blobs
+  // in turn.
   const Micros rtt = 2 * region.config.latency;
-  const Micros t = now_ + rtt + rtt * static_cast<Micros>((plan.manifests + 15) / 16);
+  const Micros t =
+      now_ + (pushed ? 0 : rtt) + rtt * static_cast<Micros>((plan.manifests + 15) / 16);
   c.pull_plan = &plan;
   c.pull_next = 0;
   ++region.stats.pulls;
@@ -169,8 +176,11 @@ void Simulation::Commit(ClusterState& c) {
   c.ready_counted = v;
   Heartbeat(c, false);
   if (store_latest_ && *store_latest_ > v && !c.sync_scheduled) {
+    // Pushed: the long poll the worker makes next is answered at once, `latest` having changed.
     c.sync_scheduled = true;
-    At(now_ + config_.cluster.sync_interval, Ev::kSyncCheck, index, c.epoch);
+    c.latest_pushed = config_.cluster.push;
+    At(now_ + (config_.cluster.push ? 0 : config_.cluster.sync_interval), Ev::kSyncCheck, index,
+       c.epoch);
   }
 }
 

@@ -370,10 +370,18 @@ Status ParseGeneration(const Reader& r, const YAML::Node& n, GenerationConfig* g
 Status ParseClusters(const Reader& r, const YAML::Node& n, ClusterConfig* cluster) {
   if (!n) return Status::Ok();
   const std::string where = "clusters";
-  WEFT_RETURN_IF_ERROR(r.Keys(
-      n, where,
-      {"heartbeat", "sync_interval", "lease_wait", "crash_rate", "restart_after", "preloaded"}));
+  WEFT_RETURN_IF_ERROR(r.Keys(n, where,
+                              {"heartbeat", "new_versions", "sync_interval", "lease_wait",
+                               "crash_rate", "restart_after", "preloaded"}));
   WEFT_RETURN_IF_ERROR(r.Bool(n, where, "preloaded", &cluster->preloaded));
+  if (n["new_versions"]) {
+    std::string mode;
+    WEFT_RETURN_IF_ERROR(r.Wrap(ReadString(n, where, "new_versions", &mode)));
+    if (mode != "push" && mode != "poll")
+      return r.Error(where + ".new_versions", n["new_versions"],
+                     "'" + mode + "' is not push or poll");
+    cluster->push = mode == "push";
+  }
   WEFT_RETURN_IF_ERROR(r.Duration(n, where, "heartbeat", &cluster->heartbeat));
   WEFT_RETURN_IF_ERROR(r.Duration(n, where, "sync_interval", &cluster->sync_interval));
   WEFT_RETURN_IF_ERROR(r.Duration(n, where, "lease_wait", &cluster->lease_wait));

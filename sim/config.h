@@ -73,7 +73,11 @@ struct GenerationConfig {
 
 struct ClusterConfig {
   Micros heartbeat = 5'000'000;
-  Micros sync_interval = 100'000;  // how often a cluster looks for a newer version
+  // How a cluster hears of a new version: pushed (the worker's default: its long poll at the relay,
+  // or at the store without one, answered once the store's answer crosses the region's link), or
+  // by reading `latest` every sync_interval.
+  bool push = true;
+  Micros sync_interval = 100'000;  // with push off: how often a cluster looks for a newer version
   Micros lease_wait = 2'000'000;   // a cluster that got nothing asks again after this
   double crash_rate = 0;           // crashes per cluster-hour (no notice)
   Micros restart_after = 300'000'000;

@@ -174,6 +174,7 @@ struct ClusterState {
   const Plan* pull_plan = nullptr;  // the blobs of the pull in progress
   size_t pull_next = 0;             // the next of them to fetch
   bool sync_scheduled = false;
+  bool latest_pushed = false;           // the scheduled sync check holds `latest` (pushed to it)
   std::map<uint64_t, Running> running;  // by run number
   uint64_t next_run = 1;
   std::vector<TrajectoryGroup> pending;  // finished, not yet answered
@@ -319,9 +320,10 @@ class Simulation {
   // Adds the cluster's slot time since it came up, and its running jobs' time, to its region's.
   void CountSlotTime(const ClusterState& c);
   void Heartbeat(ClusterState& c, bool reschedule);
-  // Unless a sync check is scheduled or a pull is under way: one at a random point within
-  // sync_interval, after `delay`.
-  void ScheduleSyncCheck(ClusterState& c, Micros delay);
+  // Unless a sync check is scheduled or a pull is under way: one after `delay`, and with push off
+  // at a random point within sync_interval after that. `pushed`: the cluster holds the store's
+  // `latest` already (a long poll's answer), so its pull does not read it first.
+  void ScheduleSyncCheck(ClusterState& c, Micros delay, bool pushed = false);
   void SyncCheck(ClusterState& c);
   void Commit(ClusterState& c);
   void AskForLeases(ClusterState& c);

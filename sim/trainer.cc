@@ -109,7 +109,14 @@ void Simulation::Published(uint64_t version) {
       Commit(c);
       continue;
     }
-    ScheduleSyncCheck(c, 2 * regions_[c.region].config.latency);  // and a round trip to see it
+    // Pushed: the store's answer to the long poll crosses the region's link once, `latest` in it.
+    // Polled: a round trip to see it.
+    const Micros latency = regions_[c.region].config.latency;
+    if (config_.cluster.push) {
+      ScheduleSyncCheck(c, latency, true);
+    } else {
+      ScheduleSyncCheck(c, 2 * latency);
+    }
   }
   if (config_.trainer.steps != 0 && step_ >= config_.trainer.steps) {
     phase_ = Phase::kDone;

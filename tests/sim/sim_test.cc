@@ -67,6 +67,9 @@ TEST_CASE("sim: a relay keeps what the relay's cache index keeps; larger blobs c
   SimConfig config = Load("small.yaml");
   // Room for a few deltas (a few MB each) but not for a keyframe (200 MB of BF16 values).
   for (RegionConfig& region : config.regions) region.relay_cache = uint64_t{20} << 20;
+  // Polled, so that a region's clusters ask at different times and the later ones find what the
+  // first fetched (pushed, they all ask at once and wait for the same fetch: misses all).
+  config.cluster.push = false;
   const SimResult result = Simulate(config);
   REQUIRE_MESSAGE(result.failure.ok(), result.failure.message());
   for (const auto& region : result.report["regions"]) {
@@ -77,6 +80,25 @@ TEST_CASE("sim: a relay keeps what the relay's cache index keeps; larger blobs c
     // Keyframes pass through, once per cluster; deltas cross once while held.
     CHECK(region["wan_bytes"].get<double>() > region["wan_bytes_with_relay"].get<double>());
     CHECK(region["wan_bytes"].get<double>() < region["wan_bytes_without_relay"].get<double>());
+  }
+}
+
+TEST_CASE("sim: pushed versions are ready sooner than polled ones, by about half a poll") {
+  SimConfig config = Load("small.yaml");
+  config.cluster.sync_interval = 2'000'000;  // polled every 2 s: a mean wait of 1 s
+  const SimResult pushed = Simulate(config);
+  config.cluster.push = false;
+  const SimResult polled = Simulate(config);
+  REQUIRE_MESSAGE(pushed.failure.ok(), pushed.failure.message());
+  REQUIRE_MESSAGE(polled.failure.ok(), polled.failure.message());
+  for (size_t r = 0; r < pushed.report["regions"].size(); ++r) {
+    const auto& push = pushed.report["regions"][r]["ready_after_publication"];
+    const auto& poll = polled.report["regions"][r]["ready_after_publication"];
+    CAPTURE(push.dump());
+    CAPTURE(poll.dump());
+    const double gained = poll["p50_median"].get<double>() - push["p50_median"].get<double>();
+    CHECK(gained > 0.4);
+    CHECK(gained < 2.5);
   }
 }
 
@@ -157,6 +179,11 @@ TEST_CASE("sim: configuration errors name the file, the key and the line") {
   CHECK_MESSAGE(e.find("partition needs a duration") != std::string::npos, e);
   e = error_of(region + "faults:\n  - {kind: flood, at: 1m}\n");
   CHECK_MESSAGE(e.find("'flood' is not orchestrator_crash") != std::string::npos, e);
+  e = error_of(region + "clusters: {new_versions: sometimes}\n");
+  CHECK_MESSAGE(e.find("clusters.new_versions: 'sometimes' is not push or poll (line 3)") !=
+                    std::string::npos,
+                e);
+  CHECK(error_of(region + "clusters: {new_versions: poll}\n") == "(accepted)");
   e = error_of(region + "model: {format: fp4}\n");
   CHECK_MESSAGE(e.find("model.format: 'fp4' is not bf16 or fp8 (line 3)") != std::string::npos, e);
   e = error_of(region + "orchestrator: {dispatch: random}\n");
