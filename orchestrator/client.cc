@@ -99,11 +99,10 @@ Status OrchestratorClient::Heartbeat(const std::string& cluster,
 }
 
 Result<LeaseAnswer> OrchestratorClient::RequestLeases(const std::string& cluster, uint32_t max,
-                                                      std::chrono::milliseconds wait,
-                                                      std::optional<uint64_t> known_version) {
+                                                      std::chrono::milliseconds wait) {
   // One id for every try of this call: a retry after a lost answer gets the same leases back.
   thread_local std::mt19937_64 ids(std::random_device{}());
-  const wire::LeaseRequest request{max, wait, (ids() >> 1) | 1, known_version};
+  const wire::LeaseRequest request{max, wait, (ids() >> 1) | 1};
   const std::string token = TokenFor(cluster);
   WEFT_ASSIGN_OR_RETURN(std::string answer, Call("POST", "/v1/clusters/" + cluster + "/leases",
                                                  wire::Encode(request), true, wait, &token));

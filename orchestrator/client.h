@@ -52,8 +52,7 @@ class OrchestratorClient : public ClusterApi {
   Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
                    const SyncReport* sync = nullptr) override;
   Result<LeaseAnswer> RequestLeases(const std::string& cluster, uint32_t max,
-                                    std::chrono::milliseconds wait,
-                                    std::optional<uint64_t> known_version) override;
+                                    std::chrono::milliseconds wait) override;
   Result<SubmitResult> Submit(const TrajectoryGroup& group) override;
   Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs = {}) override;
   Status Release(const std::string& cluster, const std::vector<uint64_t>& jobs = {}) override;

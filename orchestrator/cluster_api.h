@@ -26,11 +26,10 @@ class ClusterApi {
   // `sync`: the worker's weight-sync counters, shown in /v1/status.
   virtual Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
                            const SyncReport* sync = nullptr) = 0;
-  // Waits up to `wait` for at least one lease (zero: answer at once) or, when `known_version` is
-  // given, until the trainer announces a version newer than it (then answered without a lease).
+  // Waits up to `wait` for at least one lease (zero: answer at once). The answer also tells the
+  // latest version announced.
   virtual Result<LeaseAnswer> RequestLeases(const std::string& cluster, uint32_t max,
-                                            std::chrono::milliseconds wait,
-                                            std::optional<uint64_t> known_version) = 0;
+                                            std::chrono::milliseconds wait) = 0;
   // `group.trajectories` is the samples' JSON text (docs/api.md, "Trajectories").
   virtual Result<SubmitResult> Submit(const TrajectoryGroup& group) = 0;
   // Hands the listed leases back (all when empty) and takes no more.

@@ -18,17 +18,14 @@ Status LocalClusterApi::Heartbeat(const std::string& cluster, std::optional<uint
 }
 
 Result<LeaseAnswer> LocalClusterApi::RequestLeases(const std::string& cluster, uint32_t max,
-                                                   std::chrono::milliseconds wait,
-                                                   std::optional<uint64_t> known_version) {
+                                                   std::chrono::milliseconds wait) {
   const int64_t until = env_.MonotonicMicros() + wait.count() * 1000;
   while (true) {
     LeaseAnswer answer;
     WEFT_ASSIGN_OR_RETURN(answer.leases, core_.RequestLeases(env_.WallMicros(), cluster, max));
     answer.latest_version =
         core_.Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
-    const bool newer =
-        known_version && answer.latest_version && *answer.latest_version > *known_version;
-    if (!answer.leases.empty() || newer || env_.MonotonicMicros() >= until) return answer;
+    if (!answer.leases.empty() || env_.MonotonicMicros() >= until) return answer;
     env_.SleepFor(poll_);
   }
 }

@@ -42,8 +42,6 @@ struct Waiter {
   std::string cluster;
   uint32_t max = 0;
   uint64_t lease_request = 0;  // a lease request's id (0: none)
-  // Leases: the newest version the worker has heard of; a newer one announced ends the wait.
-  std::optional<uint64_t> known_version;
   std::chrono::steady_clock::time_point deadline;
   Request request;  // for the answer's HTTP version
   Responder respond;
@@ -215,10 +213,6 @@ struct OrchestratorService::Impl {
   // Leases for a cluster, with the latest version announced.
   Result<LeaseAnswer> Leases(Micros now, const std::string& cluster, uint32_t max,
                              uint64_t request);
-  // Whether `answer` tells of a version newer than the one the worker knows.
-  static bool Newer(const LeaseAnswer& answer, std::optional<uint64_t> known) {
-    return known && answer.latest_version && *answer.latest_version > *known;
-  }
 
   DurableCore& core;
   ServiceOptions options;
@@ -264,7 +258,7 @@ bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
     waiter.respond(http::ErrorResponse(waiter.request, leases.status()));
     return true;
   }
-  if (leases->leases.empty() && !expired && !Newer(*leases, waiter.known_version)) return false;
+  if (leases->leases.empty() && !expired) return false;
   waiter.respond(
       http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::EncodeLeases(*leases)));
   return true;
@@ -316,14 +310,12 @@ void OrchestratorService::Impl::Poll() {
     }
     // Only waiters that could get something now (or whose wait is over) are tried: a try costs a
     // journaled core event, and a thousand parked workers must not cost a thousand per wake.
-    const auto [queued, deliverable, latest] = core.Inspect([](const OrchestratorCore& c) {
-      return std::make_tuple(c.queued_jobs() > 0, c.buffered() > 0 || c.outstanding() > 0,
-                             c.latest_version());
+    const auto [queued, deliverable] = core.Inspect([](const OrchestratorCore& c) {
+      return std::make_pair(c.queued_jobs() > 0, c.buffered() > 0 || c.outstanding() > 0);
     });
     for (auto it = batch.begin(); it != batch.end();) {
       const bool expired = now >= it->deadline;
-      const bool announced = it->known_version && latest && *latest > *it->known_version;
-      if (!expired && !(it->batch ? deliverable : (queued || announced))) {
+      if (!expired && !(it->batch ? deliverable : queued)) {
         ++it;
         continue;
       }
@@ -557,9 +549,9 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
         if (!r.ok()) return error(r.status());
         Result<LeaseAnswer> leases = Leases(now, id, r->max, r->request);
         if (!leases.ok()) return error(leases.status());
-        if (!leases->leases.empty() || r->wait.count() == 0 || Newer(*leases, r->known_version))
+        if (!leases->leases.empty() || r->wait.count() == 0)
           return answer(wire::EncodeLeases(*leases));
-        Park({false, id, r->max, r->request, r->known_version,
+        Park({false, id, r->max, r->request,
               std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
               std::move(*respond)});
         *respond = nullptr;
@@ -617,9 +609,8 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
     Wake();  // admission room freed
     return once_durable(pending, answer(wire::Encode(*batch)));
   }
-  Park({true, "", r->max, 0, std::nullopt,
-        std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait), request,
-        std::move(*respond)});
+  Park({true, "", r->max, 0, std::chrono::steady_clock::now() + std::min(r->wait, options.max_wait),
+        request, std::move(*respond)});
   *respond = nullptr;
   return Response();
 }

@@ -340,22 +340,17 @@ Result<Heartbeat> DecodeHeartbeat(std::string_view body) {
 std::string Encode(const LeaseRequest& r) {
   Json body = {{"max", r.max}, {"wait_ms", r.wait.count()}};
   if (r.request != 0) body["request"] = r.request;
-  if (r.known_version) body["known_version"] = *r.known_version;
   return body.dump();
 }
 
 Result<LeaseRequest> DecodeLeaseRequest(std::string_view body) {
   WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body));
   const std::string where = "leases";
-  WEFT_RETURN_IF_ERROR(
-      CheckFields(json, where, {}, {"max", "wait_ms", "request", "known_version"}));
+  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {}, {"max", "wait_ms", "request"}));
   LeaseRequest r;
   WEFT_RETURN_IF_ERROR(ReadPoll(json, where, 1, &r.max, &r.wait));
   if (json.contains("request")) {
     WEFT_ASSIGN_OR_RETURN(r.request, GetUnsigned(json, "request", where));
-  }
-  if (json.contains("known_version")) {
-    WEFT_ASSIGN_OR_RETURN(r.known_version, GetOptionalVersion(json, "known_version", where));
   }
   return r;
 }

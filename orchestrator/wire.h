@@ -67,9 +67,6 @@ struct LeaseRequest {
   uint32_t max = 1;                   // 1 to 100000
   std::chrono::milliseconds wait{0};  // a long poll (capped at an hour)
   uint64_t request = 0;               // the worker's id for this request (0: none)
-  // The newest version the worker has heard of: a long poll ends (without a lease) once a newer
-  // one is announced. Nullopt: it does not.
-  std::optional<uint64_t> known_version;
 };
 std::string Encode(const LeaseRequest& request);
 Result<LeaseRequest> DecodeLeaseRequest(std::string_view body);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/logging.h"
@@ -320,14 +321,31 @@ void RolloutWorker::SyncOnce(policy_store::StoreReader& reader, const Result<uin
   }
   WEFT_LOG(kInfo) << "cluster " << options_.cluster << " serves version " << version << " (pause "
                   << *pause << " us)";
-  // The orchestrator learns at once that this cluster is ready at the new version. A version the
-  // store told of before the trainer announced it is claimed again every 20 ms until it is
-  // announced (for a heartbeat period at most), not only at the next heartbeat: meanwhile the
-  // cluster counts as not ready.
+  // The orchestrator learns at once that this cluster is ready at the new version, from the
+  // heartbeat thread (ClaimVersion), while this one goes on to the next version: a heartbeat is a
+  // round trip to the orchestrator, and claims may take several. Once stopping (the heartbeat
+  // thread may be gone), it is claimed from here.
+  bool stopping = false;
+  {
+    MutexLock lock(mutex_);
+    stopping = stop_;
+    claim_due_ = !stopping;
+  }
+  if (stopping) {
+    SendHeartbeat();
+    return;
+  }
+  changed_.notify_all();
+}
+
+void RolloutWorker::ClaimVersion() {
+  // A version the store told of before the trainer announced it is claimed again every 20 ms
+  // until it is announced (for a heartbeat period at most), not only at the next heartbeat:
+  // meanwhile the cluster counts as not ready.
   constexpr std::chrono::milliseconds kClaimAgain(20);
+  const auto until = std::chrono::steady_clock::now() + options_.heartbeat_interval;
   bool unannounced = SendHeartbeat();
-  for (auto waited = kClaimAgain; unannounced && waited < options_.heartbeat_interval;
-       waited += kClaimAgain) {
+  while (unannounced && std::chrono::steady_clock::now() < until) {
     if (Sleep(kClaimAgain)) return;
     unannounced = SendHeartbeat(true);
   }
@@ -371,8 +389,26 @@ bool RolloutWorker::SendHeartbeat(bool quiet) {
 }
 
 void RolloutWorker::HeartbeatLoop() {
-  // Readiness follows the engine here too: the sync loop may be busy in a long stage or commit.
-  while (!Sleep(options_.heartbeat_interval)) {
+  while (true) {
+    bool claim = false, stopping = false;
+    {
+      MutexLock lock(mutex_);
+      changed_.wait_for(lock.native(), options_.heartbeat_interval,
+                        [this]() REQUIRES(mutex_) { return stop_ || claim_due_; });
+      claim = std::exchange(claim_due_, false);
+      stopping = stop_;
+    }
+    if (stopping) {
+      // A version committed just before the stop is still claimed at once, as the sync loop did
+      // when it claimed versions itself.
+      if (claim) SendHeartbeat();
+      return;
+    }
+    if (claim) {
+      ClaimVersion();
+      continue;
+    }
+    // Readiness follows the engine here too: the sync loop may be busy in a long stage or commit.
     CheckEngine();
     SendHeartbeat();
   }
@@ -392,18 +428,16 @@ void RolloutWorker::JobLoop(uint32_t slot) {
       if (Sleep(std::chrono::milliseconds(100))) return;
       continue;
     }
-    // The poll also ends when the trainer announces a version newer than any this worker has
-    // heard of: a sync loop that polls the store then reads its `latest` at once (HintSync).
-    const int64_t heard = heard_version_.load();
     Result<orchestrator::LeaseAnswer> answer =
-        orchestrator_.RequestLeases(options_.cluster, 1, options_.lease_wait,
-                                    heard < 0 ? std::nullopt : std::optional<uint64_t>(heard));
+        orchestrator_.RequestLeases(options_.cluster, 1, options_.lease_wait);
     if (!answer.ok()) {
       WEFT_LOG(kWarning) << "cluster " << options_.cluster
                          << ": lease request failed: " << answer.status().message();
       if (Sleep(std::chrono::milliseconds(500))) return;
       continue;
     }
+    // The answer tells of the latest version announced: one newer than any this worker has heard
+    // of, and a sync loop that polls the store reads its `latest` at once (HintSync).
     if (answer->latest_version && Heard(*answer->latest_version)) HintSync();
     for (const orchestrator::Lease& lease : answer->leases) {
       {

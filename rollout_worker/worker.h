@@ -5,12 +5,14 @@
 //     place along the cheapest path (policy_store::StoreReader: plan, fetch through the region's
 //     relay, verify every blob, apply in O(changed elements) with every digest checked against
 //     the manifest; on error the copy is as it was, or empty), stages it in the engine while
-//     generation goes on, commits it (the short pause), and reports the version in a heartbeat at
-//     once. Every `verify_interval` it also recomputes every digest of its copy from the bytes
-//     themselves; should they ever disagree with the manifest, it counts a digest mismatch, stops
-//     claiming the version and re-syncs from a keyframe.
+//     generation goes on, commits it (the short pause), and has the heartbeat thread report the
+//     version at once while it goes on to the next. Every `verify_interval` it also recomputes
+//     every digest of its copy from the bytes themselves; should they ever disagree with the
+//     manifest, it counts a digest mismatch, stops claiming the version and re-syncs from a
+//     keyframe.
 //   - heartbeats: proof of life with the version proved ready and the sync counters, every
-//     `heartbeat_interval`.
+//     `heartbeat_interval`, and at once after each commit (a version not announced yet is claimed
+//     again every 20 ms, for a heartbeat period at most).
 //   - jobs (`capacity` per engine replica that is ready): lease one job (long poll), generate its
 //     samples with the engine, score them with the task (or leave the reward to the trainer), and
 //     submit them with token ids, text, behaviour logprobs, rewards, version_start, version_end and
@@ -143,6 +145,8 @@ class RolloutWorker {
   // Returns whether the version claimed was not announced yet (sent without it); quiet: without
   // logging that.
   bool SendHeartbeat(bool quiet = false);
+  // On the heartbeat thread, after the sync loop committed a version (claim_due_): claims it.
+  void ClaimVersion();
   // Generates, scores and submits one leased job.
   void RunJob(const orchestrator::Lease& lease);
   // Waits until `stop_` or `period` has passed; returns whether stopping.
@@ -164,7 +168,8 @@ class RolloutWorker {
   // Held while a heartbeat is taken and sent (never while waiting for mutex_ elsewhere).
   Mutex heartbeat_mutex_;
   bool stop_ GUARDED_BY(mutex_) = false;
-  bool hinted_ GUARDED_BY(mutex_) = false;  // HintSync() since the sync loop's last round began
+  bool hinted_ GUARDED_BY(mutex_) = false;     // HintSync() since the sync loop's last round began
+  bool claim_due_ GUARDED_BY(mutex_) = false;  // a version committed, not claimed yet
   // The decisions: what is held and ready, engine loads, lease slots and backoffs, what the
   // orchestrator acknowledged.
   WorkerCore core_ GUARDED_BY(mutex_);

@@ -220,7 +220,7 @@ void Simulation::AskForLeases(ClusterState& c) {
   if (free == 0) return Unpark(c);
   const uint64_t admissible = core_.admissible_version();
   Result<orchestrator::LeaseAnswer> answer =
-      api_.RequestLeases(c.id, free, std::chrono::milliseconds(0), std::nullopt);
+      api_.RequestLeases(c.id, free, std::chrono::milliseconds(0));
   if (!answer.ok()) {
     if (answer.status().code() == StatusCode::kNotFound) c.registered = false;
     return Unpark(c);

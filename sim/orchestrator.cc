@@ -38,8 +38,7 @@ Status Simulation::Api::Heartbeat(const std::string& cluster, std::optional<uint
 
 Result<orchestrator::LeaseAnswer> Simulation::Api::RequestLeases(const std::string& cluster,
                                                                  uint32_t max,
-                                                                 std::chrono::milliseconds,
-                                                                 std::optional<uint64_t>) {
+                                                                 std::chrono::milliseconds) {
   Simulation& sim = sim_;
   const uint32_t index = Cluster(cluster).index;
   Result<std::vector<Lease>> leases =

@@ -285,8 +285,7 @@ class Simulation {
     Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
                      const orchestrator::SyncReport* sync) override;
     Result<orchestrator::LeaseAnswer> RequestLeases(const std::string& cluster, uint32_t max,
-                                                    std::chrono::milliseconds wait,
-                                                    std::optional<uint64_t> known_version) override;
+                                                    std::chrono::milliseconds wait) override;
     Result<SubmitResult> Submit(const TrajectoryGroup& group) override;
     Status Drain(const std::string& cluster, const std::vector<uint64_t>& jobs) override {
       return HandBack(cluster, jobs, true);

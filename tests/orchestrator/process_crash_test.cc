@@ -89,7 +89,7 @@ TEST_CASE(
         const std::string id = "worker" + std::to_string(w);
         if (!client.Register(id, "eu", 8).ok() || !client.Heartbeat(id, 0).ok()) return;
         while (!stop) {
-          auto answer = client.RequestLeases(id, 8, std::chrono::milliseconds(100), std::nullopt);
+          auto answer = client.RequestLeases(id, 8, std::chrono::milliseconds(100));
           if (!answer.ok()) continue;  // killed, or a lease lost with it
           for (const Lease& lease : answer->leases) {
             TrajectoryGroup s;

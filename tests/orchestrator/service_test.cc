@@ -237,7 +237,7 @@ TEST_CASE("orchestrator API over TLS: a client trusting the certificate works; t
   REQUIRE(worker.Register("c1", "eu", 2).ok());
   REQUIRE(worker.Heartbeat("c1", 0).ok());
   REQUIRE(trainer.AddJobs({{Json("1+1="), 1}}).ok());
-  auto leases = worker.RequestLeases("c1", 2, std::chrono::milliseconds(2000), std::nullopt);
+  auto leases = worker.RequestLeases("c1", 2, std::chrono::milliseconds(2000));
   REQUIRE_MESSAGE(leases.ok(), leases.status().ToString());
   CHECK(leases->leases.size() == 1);
   auto status = trainer.GetStatus();
@@ -272,47 +272,39 @@ TEST_CASE("orchestrator API: a lease request repeated with its id gets the same 
 }
 
 TEST_CASE(
-    "orchestrator API: an announcement ends the lease polls of workers that know an older "
-    "version") {
+    "orchestrator API: lease answers tell the latest version; an announcement leaves parked polls "
+    "in their place") {
   Running o;
-  REQUIRE(o.Post("t-token", "/v1/versions", {{"version", 3}}).first == 200);
   REQUIRE(o.Post("w-token", "/v1/clusters", {{"cluster", "c1"}, {"region", "eu"}, {"capacity", 4}})
               .first == 200);
+  auto none = o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"max", 1}});
+  REQUIRE(none.first == 200);
+  CHECK(!none.second.contains("latest_version"));  // nothing announced yet
+  REQUIRE(o.Post("t-token", "/v1/versions", {{"version", 3}}).first == 200);
   REQUIRE(o.Post(o.As("c1"), "/v1/clusters/c1/heartbeat", {{"ready_version", 3}}).first == 200);
-  // Already behind: answered at once, without a lease, with the latest version.
-  auto behind =
-      o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"wait_ms", 5000}, {"known_version", 2}});
-  REQUIRE(behind.first == 200);
-  CHECK(behind.second["leases"].empty());
-  CHECK(behind.second["latest_version"] == 3);
-  // Up to date, or not saying: each waits, and only the first is answered by the announcement.
-  auto t0 = std::chrono::steady_clock::now();
-  auto seconds = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  std::pair<int, Json> knowing, silent;
-  double knowing_seconds = 0, silent_seconds = 0;
-  std::thread a([&] {
-    knowing =
-        o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"wait_ms", 5000}, {"known_version", 3}});
-    knowing_seconds = seconds();
-  });
-  std::thread b([&] {
-    silent = o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"wait_ms", 1500}});
-    silent_seconds = seconds();
+  auto now = o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"max", 1}});
+  REQUIRE(now.first == 200);
+  CHECK(now.second["leases"].empty());
+  CHECK(now.second["latest_version"] == 3);
+  // A parked poll is not ended by the announcement (answering it without a lease would send its
+  // worker to the back of the queue just before the step's jobs arrive); it is answered with the
+  // job added later, and tells of the new version then.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::pair<int, Json> parked;
+  double answered_after = 0;
+  std::thread poll([&] {
+    parked = o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"wait_ms", 5000}});
+    answered_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   REQUIRE(o.Post("t-token", "/v1/versions", {{"version", 4}}).first == 200);
-  a.join();
-  b.join();
-  REQUIRE(knowing.first == 200);
-  CHECK(knowing.second["leases"].empty());
-  CHECK(knowing.second["latest_version"] == 4);
-  CHECK(knowing_seconds < 1.2);  // the announcement, not the wait, ended it
-  REQUIRE(silent.first == 200);
-  CHECK(silent.second["leases"].empty());
-  CHECK(silent_seconds >= 1.4);  // without known_version the poll ran its course
-  CHECK(o.Post(o.As("c1"), "/v1/clusters/c1/leases", {{"known_version", "x"}}).first == 400);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(o.Post("t-token", "/v1/jobs", {{"prompts", {{{"prompt", "a"}}}}}).first == 200);
+  poll.join();
+  REQUIRE(parked.first == 200);
+  CHECK(parked.second["leases"].size() == 1);
+  CHECK(parked.second["latest_version"] == 4);
+  CHECK(answered_after >= 0.55);
 }
 
 TEST_CASE("orchestrator API: tokens and roles, malformed and oversized requests") {
@@ -682,7 +674,7 @@ TEST_CASE(
     auto ids = trainer.AddJobs({{Json("hello"), 2}, {Json::array({1, 2}), 1}});
     REQUIRE(ids.ok());
     CHECK(ids->size() == 2);
-    auto answer = worker.RequestLeases("c1", 2, std::chrono::milliseconds(2000), std::nullopt);
+    auto answer = worker.RequestLeases("c1", 2, std::chrono::milliseconds(2000));
     REQUIRE(answer.ok());
     CHECK(answer->latest_version == 7u);
     const std::vector<Lease>* leases = &answer->leases;

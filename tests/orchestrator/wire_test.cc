@@ -164,15 +164,11 @@ TEST_CASE("wire: every request and answer survives a round trip") {
   CHECK(!DecodeHeartbeat(Encode(Heartbeat{})).value().ready_version.has_value());
 
   Result<LeaseRequest> lr =
-      DecodeLeaseRequest(Encode(LeaseRequest{3, std::chrono::milliseconds(250), 77, 12}));
+      DecodeLeaseRequest(Encode(LeaseRequest{3, std::chrono::milliseconds(250), 77}));
   REQUIRE(lr.ok());
   CHECK(lr->max == 3);
   CHECK(lr->wait.count() == 250);
   CHECK(lr->request == 77);
-  CHECK(lr->known_version == 12u);
-  CHECK(!DecodeLeaseRequest(R"({"max":1})").value().known_version);
-  CHECK(DecodeLeaseRequest(R"({"known_version":-1})").status().message() ==
-        "leases.known_version is not a version (0 to " + std::to_string(kMaxVersion) + ") or null");
 
   LeaseAnswer leases{{{1, 1, 1000, 4, "\"1+1=\"", 8}, {2, 3, 2000, 5, "[1,2]", 1}}, 9};
   Result<LeaseAnswer> answer = DecodeLeases(EncodeLeases(leases));

@@ -165,8 +165,7 @@ class ScriptedApi : public orchestrator::ClusterApi {
     return Next(heartbeats);
   }
   Result<orchestrator::LeaseAnswer> RequestLeases(const std::string&, uint32_t,
-                                                  std::chrono::milliseconds,
-                                                  std::optional<uint64_t>) override {
+                                                  std::chrono::milliseconds) override {
     return Internal("not scripted");
   }
   Result<orchestrator::SubmitResult> Submit(const orchestrator::TrajectoryGroup&) override {

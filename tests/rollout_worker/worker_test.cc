@@ -166,10 +166,10 @@ struct HttpRun {
   std::unique_ptr<trainer_adapter::Publisher> publisher;
 };
 
-TEST_CASE("rollout worker: without push, a version announced is heard of from the lease poll") {
+TEST_CASE("rollout worker: without push, a version announced is heard of from a lease answer") {
   // The worker reads the store's `latest` every 30 s only (push off, as for a store that cannot
-  // push), but its lease poll ends when the trainer announces a version newer than any it knows,
-  // and it pulls that version at once.
+  // push), but the answer to its lease poll, the job of the trainer's next step, tells of the
+  // version announced before it, and the worker pulls that version at once.
   HttpRun run("worker_hears_announcement");
   std::vector<float> weights = run.layout.Initialize(3);
   examples::EmbeddedEngine engine(run.model, 1);
@@ -187,6 +187,7 @@ TEST_CASE("rollout worker: without push, a version announced is heard of from th
   REQUIRE(run.publisher->Publish(run.layout.Master(weights)).ok());
   REQUIRE(run.trainer.AnnounceVersion(1).ok());
   const auto announced = std::chrono::steady_clock::now();
+  REQUIRE(run.trainer.AddJobs({{Json("1+1="), 1}}).ok());
   REQUIRE(WaitFor([&] { return engine.version() == std::optional<uint64_t>(1); },
                   std::chrono::milliseconds(10000)));
   CHECK(std::chrono::steady_clock::now() - announced < std::chrono::milliseconds(3000));
@@ -502,9 +503,8 @@ class HeartbeatWatch : public ClusterApi {
     return status;
   }
   Result<orchestrator::LeaseAnswer> RequestLeases(const std::string& cluster, uint32_t max,
-                                                  std::chrono::milliseconds wait,
-                                                  std::optional<uint64_t> known) override {
-    return inner_.RequestLeases(cluster, max, wait, known);
+                                                  std::chrono::milliseconds wait) override {
+    return inner_.RequestLeases(cluster, max, wait);
   }
   Result<SubmitResult> Submit(const TrajectoryGroup& group) override {
     return inner_.Submit(group);

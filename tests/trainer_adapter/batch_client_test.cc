@@ -31,7 +31,7 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
                         {nlohmann::json("2+2="), 2},
                         {nlohmann::json("3+3="), 2}})
               .ok());
-  auto answer = worker.RequestLeases("c", 3, std::chrono::milliseconds(1000), std::nullopt);
+  auto answer = worker.RequestLeases("c", 3, std::chrono::milliseconds(1000));
   REQUIRE(answer.ok());
   const std::vector<Lease>* leases = &answer->leases;
   REQUIRE(leases->size() == 3);
@@ -85,7 +85,7 @@ TEST_CASE("batch client: groups until enough samples, with the staleness the tra
   }
   // Counted in groups: exactly the groups asked for, the rest at the next call.
   REQUIRE(trainer.AddJobs({{nlohmann::json("4+4="), 2}, {nlohmann::json("5+5="), 2}}).ok());
-  auto more_answer = worker.RequestLeases("c", 2, std::chrono::milliseconds(1000), std::nullopt);
+  auto more_answer = worker.RequestLeases("c", 2, std::chrono::milliseconds(1000));
   REQUIRE(more_answer.ok());
   const std::vector<Lease>* more = &more_answer->leases;
   REQUIRE(more->size() == 2);
