@@ -497,6 +497,14 @@ Result<std::vector<Lease>> DurableCore::RequestLeases(Micros now, const std::str
   return std::move(out.leases);
 }
 
+Result<LeaseAnswer> DurableCore::AnswerLeaseRequest(Micros now, const std::string& cluster,
+                                                    uint32_t max, uint64_t request) {
+  LeaseAnswer answer;
+  WEFT_ASSIGN_OR_RETURN(answer.leases, RequestLeases(now, cluster, max, request));
+  answer.latest_version = Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
+  return answer;
+}
+
 Result<SubmitResult> DurableCore::Submit(Micros now, TrajectoryGroup group) {
   Outcome out;
   WEFT_RETURN_IF_ERROR(Record({now, events::Submit{std::move(group)}}, &out));

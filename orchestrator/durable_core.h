@@ -63,6 +63,9 @@ class DurableCore {
   Status Deregister(Micros now, const std::string& cluster, Durable durable = nullptr);
   Result<std::vector<Lease>> RequestLeases(Micros now, const std::string& cluster, uint32_t max,
                                            uint64_t request = 0);
+  // RequestLeases as a lease request is answered: with the latest version announced.
+  Result<LeaseAnswer> AnswerLeaseRequest(Micros now, const std::string& cluster, uint32_t max,
+                                         uint64_t request = 0);
   Result<SubmitResult> Submit(Micros now, TrajectoryGroup group);
   // The same without blocking: `done` is called once the answer is durable (on the journal's
   // thread; it must be quick), or at once when the core refuses the submission.

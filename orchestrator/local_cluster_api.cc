@@ -21,10 +21,8 @@ Result<LeaseAnswer> LocalClusterApi::RequestLeases(const std::string& cluster, u
                                                    std::chrono::milliseconds wait) {
   const int64_t until = env_.MonotonicMicros() + wait.count() * 1000;
   while (true) {
-    LeaseAnswer answer;
-    WEFT_ASSIGN_OR_RETURN(answer.leases, core_.RequestLeases(env_.WallMicros(), cluster, max));
-    answer.latest_version =
-        core_.Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
+    WEFT_ASSIGN_OR_RETURN(LeaseAnswer answer,
+                          core_.AnswerLeaseRequest(env_.WallMicros(), cluster, max));
     if (!answer.leases.empty() || env_.MonotonicMicros() >= until) return answer;
     env_.SleepFor(poll_);
   }

@@ -210,9 +210,6 @@ struct OrchestratorService::Impl {
   void Poll() EXCLUDES(mutex);
   // One try at a waiter: true when it was answered.
   bool Try(Waiter& waiter, bool expired);
-  // Leases for a cluster, with the latest version announced.
-  Result<LeaseAnswer> Leases(Micros now, const std::string& cluster, uint32_t max,
-                             uint64_t request);
 
   DurableCore& core;
   ServiceOptions options;
@@ -253,7 +250,8 @@ bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
         http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::Encode(*batch)));
     return true;
   }
-  Result<LeaseAnswer> leases = Leases(now, waiter.cluster, waiter.max, waiter.lease_request);
+  Result<LeaseAnswer> leases =
+      core.AnswerLeaseRequest(now, waiter.cluster, waiter.max, waiter.lease_request);
   if (!leases.ok()) {
     waiter.respond(http::ErrorResponse(waiter.request, leases.status()));
     return true;
@@ -262,15 +260,6 @@ bool OrchestratorService::Impl::Try(Waiter& waiter, bool expired) {
   waiter.respond(
       http::JsonTextResponse(waiter.request, bhttp::status::ok, wire::EncodeLeases(*leases)));
   return true;
-}
-
-Result<LeaseAnswer> OrchestratorService::Impl::Leases(Micros now, const std::string& cluster,
-                                                      uint32_t max, uint64_t request) {
-  LeaseAnswer answer;
-  WEFT_ASSIGN_OR_RETURN(answer.leases, core.RequestLeases(now, cluster, max, request));
-  answer.latest_version =
-      core.Inspect([](const OrchestratorCore& c) { return c.latest_version(); });
-  return answer;
 }
 
 void OrchestratorService::Impl::Poll() {
@@ -547,7 +536,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       if (action == "leases") {
         Result<wire::LeaseRequest> r = wire::DecodeLeaseRequest(body);
         if (!r.ok()) return error(r.status());
-        Result<LeaseAnswer> leases = Leases(now, id, r->max, r->request);
+        Result<LeaseAnswer> leases = core.AnswerLeaseRequest(now, id, r->max, r->request);
         if (!leases.ok()) return error(leases.status());
         if (!leases->leases.empty() || r->wait.count() == 0)
           return answer(wire::EncodeLeases(*leases));
