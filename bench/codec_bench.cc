@@ -36,8 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/real_step_workload.h"
 #include "common/parallel.h"
-#include "examples/real_steps.h"
 #include "examples/synthetic_adam.h"
 #include "sync/served_model.h"
 
@@ -217,41 +217,26 @@ std::unique_ptr<Case> MakeCase(const std::string& name, DType dtype, double lr,
   return c;
 }
 
-// Real optimiser steps of a small transformer trained here: the master weights one step apart.
+// Real optimiser steps of a small transformer trained here: the master weights one step apart,
+// after ten fine-tuning steps and after eleven.
 void AddRealCases(bool quick, int threads, std::vector<std::unique_ptr<Case>>* cases) {
-  examples::RealStepsOptions options;
-  options.model.d_model = 128;
-  options.model.d_ff = 512;
-  options.threads = threads;
-  options.warmup_steps = quick ? 100 : 300;
-  std::fprintf(stderr, "codec_bench: warming up the real-steps model (%d steps)...\n",
-               options.warmup_steps);
-  Result<std::vector<float>> warm = examples::WarmUpWeights(options);
-  if (!warm.ok()) {
-    std::fprintf(stderr, "codec_bench: real steps: %s\n", warm.status().ToString().c_str());
-    std::exit(1);
-  }
-  // BF16 at 1-3% density; FP8's coarser grid needs a larger step for the same.
-  for (double lr : {1e-6, 3e-6, 3e-5}) {
-    options.optimizer_config.learning_rate = lr;
-    auto steps = examples::RealSteps::Create(options, *warm);
-    if (!steps.ok()) std::exit(1);
-    for (int i = 0; i < 10; ++i) (void)(*steps)->Step();
+  const bench::RealStepWorkload workload =
+      bench::MakeRealStepWorkload("codec_bench", quick, 128, threads, 10, 2);
+  for (const bench::RealStepVersions& run : workload.rates) {
     std::vector<examples::SyntheticTensor> shapes;
     std::vector<std::vector<float>> before, after;
-    for (const MasterTensor& m : (*steps)->Master()) {
+    for (const MasterTensor& m : workload.layout.Master(run.weights[0])) {
       shapes.push_back({m.name, m.shape});
       before.emplace_back(m.weights.f32().begin(), m.weights.f32().end());
     }
-    (void)(*steps)->Step();
-    for (const MasterTensor& m : (*steps)->Master()) {
+    for (const MasterTensor& m : workload.layout.Master(run.weights[1])) {
       after.emplace_back(m.weights.f32().begin(), m.weights.f32().end());
     }
     for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
       char name[64];
       std::snprintf(name, sizeof(name), "real %s lr=%.0e",
-                    dtype == DType::kBF16 ? "bf16" : "fp8-b128", lr);
-      cases->push_back(MakeCase(name, dtype, lr, shapes, before, after, threads));
+                    dtype == DType::kBF16 ? "bf16" : "fp8-b128", run.learning_rate);
+      cases->push_back(MakeCase(name, dtype, run.learning_rate, shapes, before, after, threads));
       cases->back()->timed = false;
     }
   }

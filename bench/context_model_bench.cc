@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/real_step_workload.h"
 #include "common/parallel.h"
-#include "examples/real_steps.h"
 #include "sync/served_model.h"
 
 namespace {
@@ -256,39 +256,20 @@ Sizes Measure(const ServedModel& p, const ServedModel& a, const ServedModel& b) 
 }
 
 int Run(bool quick, int d_model) {
-  examples::RealStepsOptions options;
-  options.model.d_model = d_model;
-  options.model.d_ff = 4 * d_model;
-  options.threads = HardwareThreads();
-  options.warmup_steps = quick ? 100 : 300;
-  std::fprintf(stderr, "context_model_bench: warming up the real-steps model (%d steps)...\n",
-               options.warmup_steps);
-  Result<std::vector<float>> warm = examples::WarmUpWeights(options);
-  if (!warm.ok()) {
-    std::fprintf(stderr, "context_model_bench: %s\n", warm.status().ToString().c_str());
-    return 1;
-  }
+  const int threads = HardwareThreads();
+  const bench::RealStepWorkload workload =
+      bench::MakeRealStepWorkload("context_model_bench", quick, d_model, threads, 9, 3);
   std::printf(
       "Bits per changed element: adaptive code lengths of each idea (positions + signs + "
       "magnitudes), the independent-positions floor, and what weft writes for the same step.\n");
-  for (double lr : {1e-6, 3e-6, 3e-5}) {
-    options.optimizer_config.learning_rate = lr;
-    auto steps = examples::RealSteps::Create(options, *warm);
-    if (!steps.ok()) {
-      std::fprintf(stderr, "context_model_bench: %s\n", steps.status().ToString().c_str());
-      return 1;
-    }
-    for (int i = 0; i < 9; ++i) (void)(*steps)->Step();
-    std::vector<std::vector<float>> versions;
-    for (int v = 0; v < 3; ++v) {
-      if (v > 0) (void)(*steps)->Step();
-      versions.push_back((*steps)->weights());
-    }
+  for (const bench::RealStepVersions& run : workload.rates) {
+    const double lr = run.learning_rate;
+    const std::vector<std::vector<float>>& versions = run.weights;
     for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
       const ServingPlan plan{dtype, 128, Saturation::kSaturateFinite};
       std::vector<ServedModel> served;
       for (const auto& w : versions) {
-        auto model = ServedModel::FromMaster((*steps)->layout().Master(w), plan, options.threads);
+        auto model = ServedModel::FromMaster(workload.layout.Master(w), plan, threads);
         if (!model.ok()) {
           std::fprintf(stderr, "context_model_bench: %s\n", model.status().ToString().c_str());
           return 1;
@@ -300,10 +281,9 @@ int Run(bool quick, int d_model) {
       std::array<DeltaStats, 2> weft;
       for (DeltaMode mode : {DeltaMode::kPlain, DeltaMode::kContext}) {
         ServedModel publisher = std::move(
-            ServedModel::FromMaster((*steps)->layout().Master(versions[1]), plan, options.threads)
-                .value());
-        auto delta = publisher.Update((*steps)->layout().Master(versions[2]),
-                                      {kDefaultChunkLog2, options.threads, mode});
+            ServedModel::FromMaster(workload.layout.Master(versions[1]), plan, threads).value());
+        auto delta = publisher.Update(workload.layout.Master(versions[2]),
+                                      {kDefaultChunkLog2, threads, mode});
         if (!delta.ok()) {
           std::fprintf(stderr, "context_model_bench: %s\n", delta.status().ToString().c_str());
           return 1;
