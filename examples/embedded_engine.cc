@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "common/parallel.h"
 #include "examples/arithmetic_task.h"
 #include "sync/convert.h"
 
@@ -103,6 +104,30 @@ Result<std::vector<rollout_worker::Completion>> EmbeddedEngine::Generate(
   for (rollout_worker::Completion& c : completions)
     c.text = CompletionText(c.tokens, sampling.stop_token);
   return completions;
+}
+
+Result<rollout_worker::Engine::Scores> EmbeddedEngine::Score(
+    const std::vector<int>& prompt, const std::vector<std::vector<int>>& targets) {
+  const std::shared_ptr<const VersionedWeights> weights = Current();
+  if (!weights) return Unavailable("the engine has no weights yet");
+  Scores scores;
+  scores.version = weights->version;
+  scores.logprobs.resize(targets.size());
+  std::vector<Status> failed(targets.size(), Status::Ok());
+  const Decoder decoder(layout_, weights->values);
+  ParallelFor(targets.size(), threads_, [&](size_t i) {
+    std::vector<int> tokens(prompt);
+    tokens.insert(tokens.end(), targets[i].begin(), targets[i].end());
+    Result<std::vector<float>> all = decoder.Score(tokens);  // of tokens 1 to the end
+    if (!all.ok()) {
+      failed[i] = all.status().WithContext("target " + std::to_string(i));
+      return;
+    }
+    scores.logprobs[i].assign(all->end() - static_cast<std::ptrdiff_t>(targets[i].size()),
+                              all->end());
+  });
+  for (const Status& s : failed) WEFT_RETURN_IF_ERROR(s);
+  return scores;
 }
 
 rollout_worker::EngineHealth EmbeddedEngine::Health() const {

@@ -34,6 +34,9 @@ class EmbeddedEngine : public rollout_worker::Engine {
       const std::vector<rollout_worker::Prompt>& prompts,
       const rollout_worker::Sampling& sampling) override;
   rollout_worker::EngineHealth Health() const override;
+  // A forward pass over each target after the prompt, at the weights current when it starts.
+  Result<Scores> Score(const std::vector<int>& prompt,
+                       const std::vector<std::vector<int>>& targets) override;
 
   const TinyLmLayout& layout() const { return layout_; }
 

@@ -70,12 +70,13 @@ std::string OrchestratorClient::TokenFor(const std::string& cluster) {
 }
 
 Status OrchestratorClient::Register(const std::string& cluster, const std::string& region,
-                                    uint32_t capacity) {
+                                    uint32_t capacity, const ModelRef& model) {
   // One registration at a time: each hands out a new token, and the token kept must be the one
   // the orchestrator saw last (two threads registering at once could otherwise keep the other's).
   MutexLock registering(register_mutex_);
-  Result<std::string> answer = Call(
-      "POST", "/v1/clusters", wire::Encode(wire::Registration{cluster, region, capacity}), true);
+  Result<std::string> answer =
+      Call("POST", "/v1/clusters",
+           wire::Encode(wire::Registration{cluster, region, capacity, model}), true);
   WEFT_ASSIGN_OR_RETURN(
       wire::ClusterAnswer registered,
       ClusterAnswered(answer, wire::ClusterEvent::kRegistered, "registering " + cluster));

@@ -47,8 +47,9 @@ class OrchestratorClient : public ClusterApi {
 
   // Workers. Registration (with the worker token) returns a token for the cluster, which this
   // client then sends with every call naming that cluster.
-  Status Register(const std::string& cluster, const std::string& region,
-                  uint32_t capacity) override;
+  using ClusterApi::Register;
+  Status Register(const std::string& cluster, const std::string& region, uint32_t capacity,
+                  const ModelRef& model) override;
   Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
                    const SyncReport* sync = nullptr) override;
   Result<LeaseAnswer> RequestLeases(const std::string& cluster, uint32_t max,

@@ -21,8 +21,13 @@ namespace weft::orchestrator {
 class ClusterApi {
  public:
   virtual ~ClusterApi() = default;
-  virtual Status Register(const std::string& cluster, const std::string& region,
-                          uint32_t capacity) = 0;
+  // `model`: what the cluster serves (the policy, or a fixed model by name and digest).
+  virtual Status Register(const std::string& cluster, const std::string& region, uint32_t capacity,
+                          const ModelRef& model) = 0;
+  // A cluster serving the run's policy.
+  Status Register(const std::string& cluster, const std::string& region, uint32_t capacity) {
+    return Register(cluster, region, capacity, ModelRef{});
+  }
   // `sync`: the worker's weight-sync counters, shown in /v1/status.
   virtual Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
                            const SyncReport* sync = nullptr) = 0;

@@ -26,15 +26,50 @@ uint64_t OrchestratorCore::admissible_version() const {
   return *latest_ >= config_.max_staleness ? *latest_ - config_.max_staleness : 0;
 }
 
+bool OrchestratorCore::Eligible(const Cluster& c) const {
+  if (c.gone || c.draining || !c.ready_version) return false;
+  return !c.model.empty() || (latest_ && *c.ready_version >= admissible_version());
+}
+
 Status OrchestratorCore::Register(Micros now, const std::string& cluster, const std::string& region,
-                                  uint32_t capacity, const std::string& credential) {
+                                  uint32_t capacity, const std::string& credential,
+                                  const ModelRef& model) {
   WEFT_RETURN_IF_ERROR(CheckName(cluster, "cluster id"));
   WEFT_RETURN_IF_ERROR(CheckName(region, "cluster " + cluster + ": region"));
   if (capacity == 0 || capacity > 1'000'000)
     return InvalidArgument("cluster " + cluster + ": capacity must be 1 to 1000000");
+  if (model.fixed()) {
+    WEFT_RETURN_IF_ERROR(CheckName(model.name, "cluster " + cluster + ": model"));
+    if (model.digest.empty())
+      return InvalidArgument("cluster " + cluster + ": fixed model " + model.name +
+                             " needs the digest of its weights");
+    auto known = fixed_models_.find(model.name);
+    if (known != fixed_models_.end() && known->second != model.digest) {
+      return Conflict("cluster " + cluster + ": model " + model.name +
+                      " is served in this run with digest " + known->second + ", not " +
+                      model.digest);
+    }
+  } else if (!model.digest.empty()) {
+    return InvalidArgument("cluster " + cluster +
+                           ": a digest is given for fixed models only, not for the policy");
+  }
+  if (model.fixed()) fixed_models_.emplace(model.name, model.digest);
   Cluster& c = clusters_[cluster];
+  if (c.model != model.name) {
+    // Another model now: what it held was leased for the old one.
+    std::vector<uint64_t> held(c.jobs.begin(), c.jobs.end());
+    for (uint64_t job : held) {
+      Requeue(job);
+      ++counters_.leases_handed_back;
+    }
+    capacity_sum_[c.model] -= c.capacity;
+    c.capacity = 0;
+    c.ready_version.reset();
+    c.max_ready_version = 0;
+    c.model = model.name;
+  }
   c.region = region;
-  capacity_sum_ = capacity_sum_ - c.capacity + capacity;
+  capacity_sum_[c.model] = capacity_sum_[c.model] - c.capacity + capacity;
   c.capacity = capacity;
   c.draining = false;
   c.gone = false;
@@ -48,7 +83,7 @@ Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster,
   Cluster* c = FindCluster(cluster);
   if (c == nullptr) return NotFound("cluster " + cluster + " is not registered");
   if (c->gone) return NotFound(Gone(cluster));
-  if (ready_version && (!latest_ || *ready_version > *latest_)) {
+  if (ready_version && c->model.empty() && (!latest_ || *ready_version > *latest_)) {
     // A conflict, not a malformed request: the store can be ahead of the announcements for a
     // moment (a version published and not yet announced); the worker then says it is alive
     // without claiming a version.
@@ -58,7 +93,7 @@ Status OrchestratorCore::Heartbeat(Micros now, const std::string& cluster,
   }
   c->last_heartbeat = now;
   c->ready_version = ready_version;
-  if (ready_version && observer_ != nullptr)
+  if (ready_version && c->model.empty() && observer_ != nullptr)
     observer_->Proved(now, cluster, c->region, *ready_version);
   if (ready_version) c->max_ready_version = std::max(c->max_ready_version, *ready_version);
   for (uint64_t job : c->jobs) jobs_[job].deadline = now + config_.lease_duration;
@@ -117,7 +152,8 @@ void OrchestratorCore::Requeue(uint64_t job) {
     ++counters_.jobs_given_up;
     return;
   }
-  queue_.push_front(job);  // it waited already: first in line
+  queues_[j.model].push_front(job);  // it waited already: first in line
+  ++queued_;
 }
 
 Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std::string& cluster,
@@ -138,24 +174,24 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
     }
     return leases;
   }
-  if (c->draining || !latest_ || !c->ready_version || *c->ready_version < admissible_version())
-    return leases;
+  if (!Eligible(*c)) return leases;
+  auto queue_of = queues_.find(c->model);
+  if (queue_of == queues_.end()) return leases;
+  std::deque<uint64_t>& queue = queue_of->second;
   const uint64_t in_flight = leases_.size() + buffer_.size() + outstanding_items_;
   uint64_t grant = std::min<uint64_t>(
-      {max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue_.size(),
+      {max, c->capacity - std::min<uint64_t>(c->capacity, c->jobs.size()), queue.size(),
        config_.max_in_flight - std::min(config_.max_in_flight, in_flight)});
   if (grant == 0) return leases;  // (the sharing below can only lower it)
   // Sharing matters only when fewer jobs are queued than there are free slots. With at least as
-  // many queued as all clusters' capacity together it cannot, and the walks over every cluster
-  // (a thousand clusters asking at once would make them quadratic) are skipped.
-  if (config_.dispatch == DispatchPolicy::kWeighted && queue_.size() < capacity_sum_) {
+  // many queued as the capacity of the model's clusters together it cannot, and the walks over
+  // every cluster (a thousand clusters asking at once would make them quadratic) are skipped.
+  if (config_.dispatch == DispatchPolicy::kWeighted && queue.size() < capacity_sum_[c->model]) {
     // When there are fewer queued jobs than free slots, share them by free slots, counting clusters
     // at the latest version twice (they waste nothing when the bound moves on) and weighing each by
     // its recent throughput against the others' (4 at the mean, from 1 to 8): work goes where it
-    // will be done soonest.
-    auto eligible = [&](const Cluster& x) {
-      return !x.gone && !x.draining && x.ready_version && *x.ready_version >= admissible_version();
-    };
+    // will be done soonest. Only the clusters serving the same model share.
+    auto eligible = [&](const Cluster& x) { return x.model == c->model && Eligible(x); };
     double throughput_sum = 0;
     int measured = 0;
     for (const auto& [id, other] : clusters_) {
@@ -174,24 +210,26 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
         speed = static_cast<uint64_t>(
             std::clamp(std::llround(4 * x.throughput / mean_throughput), 1LL, 8LL));
       }
-      return free * (*x.ready_version >= *latest_ ? 2 : 1) * speed;
+      return free * (!x.model.empty() || *x.ready_version >= *latest_ ? 2 : 1) * speed;
     };
     uint64_t total_free = 0;
     for (const auto& [id, other] : clusters_) {
+      if (other.model != c->model) continue;
       total_weight += weight(other);
       total_free += other.capacity - std::min<uint64_t>(other.capacity, other.jobs.size());
     }
-    if (queue_.size() < total_free && total_weight > 0) {
-      const uint64_t share = (queue_.size() * weight(*c) + total_weight - 1) / total_weight;
+    if (queue.size() < total_free && total_weight > 0) {
+      const uint64_t share = (queue.size() * weight(*c) + total_weight - 1) / total_weight;
       grant = std::min(grant, std::max<uint64_t>(share, 1));
     }
   }
   for (uint64_t i = 0; i < grant; ++i) {
-    const uint64_t job = queue_.front();
-    queue_.pop_front();
+    const uint64_t job = queue.front();
+    queue.pop_front();
+    --queued_;
     Job& j = jobs_[job];
     j.holders.push_back(cluster);
-    j.min_versions.push_back(admissible_version());
+    j.min_versions.push_back(j.model.empty() ? admissible_version() : 0);
     j.leased_to = cluster;
     j.deadline = now + config_.lease_duration;
     c->jobs.insert(job);
@@ -266,16 +304,17 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
   if (s.tokens > 0 && s.segments.back().second >= s.tokens) {
     return reject(InvalidArgument(what + ": a segment starts past the last token"));
   }
+  const bool policy = j.model.empty();  // a fixed model's versions are its own, never announced
   if (s.version_start < j.min_versions[s.attempt - 1]) {
     return reject(InvalidArgument(what + ": version_start " + std::to_string(s.version_start) +
                                   " is below the lease's minimum " +
                                   std::to_string(j.min_versions[s.attempt - 1])));
   }
-  if (!latest_ || s.version_end > *latest_) {
+  if (policy && (!latest_ || s.version_end > *latest_)) {
     return reject(InvalidArgument(what + ": version_end " + std::to_string(s.version_end) +
                                   " was never announced"));
   }
-  if (c == nullptr || s.version_end > c->max_ready_version) {
+  if (c == nullptr || c->model != j.model || s.version_end > c->max_ready_version) {
     return reject(InvalidArgument(what + ": version_end " + std::to_string(s.version_end) +
                                   " is newer than any version cluster " + s.cluster +
                                   " proved it was ready at"));
@@ -286,10 +325,14 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
     if (Cluster* holder = FindCluster(*j.leased_to)) holder->jobs.erase(s.job);
     leases_.erase(s.job);
   } else {
-    queue_.erase(std::remove(queue_.begin(), queue_.end(), s.job), queue_.end());
+    std::deque<uint64_t>& queue = queues_[j.model];
+    queue.erase(std::remove(queue.begin(), queue.end(), s.job), queue.end());
+    --queued_;
   }
   // The job is forgotten but for its completing attempt (done_); its metadata goes with the group.
   std::string metadata = std::move(j.metadata);
+  std::string model = std::move(j.model);
+  const JobKind kind = j.kind;
   jobs_.erase(found);
   done_[s.job] = s.attempt;
   while (done_.size() > std::max<uint64_t>(1, config_.remember_done)) done_.erase(done_.begin());
@@ -303,7 +346,7 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
   }
   ++counters_.submissions_accepted;
   ++counters_.jobs_done;
-  buffer_.push_back({std::move(s), false, std::move(metadata)});
+  buffer_.push_back({std::move(s), false, std::move(metadata), std::move(model), kind});
   Progress(now);
   return SubmitResult::kAccepted;
 }
@@ -332,11 +375,15 @@ std::vector<uint64_t> OrchestratorCore::AddJobs(Micros now, const std::vector<Jo
     j.prompt = job.prompt;
     j.samples = std::max<uint32_t>(1, job.samples);
     j.metadata = job.metadata;
-    queue_.push_back(id);
+    j.model = job.model;
+    j.kind = job.kind;
+    j.targets = job.targets;
+    queues_[j.model].push_back(id);
+    ++queued_;
     ids.push_back(id);
     ++counters_.jobs_added;
   }
-  if (!ids.empty() && queue_.size() == ids.size() && leases_.empty())
+  if (!ids.empty() && queued_ == ids.size() && leases_.empty())
     Progress(now);  // work arrives after idling
   return ids;
 }
@@ -357,12 +404,12 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
     std::vector<Delivered>& items = outstanding_.begin()->second;
     std::vector<Delivered> kept;
     for (Delivered& d : items) {
-      if (!d.stale && d.group.version_start < admissible_version()) {
+      if (!d.stale && d.model.empty() && d.group.version_start < admissible_version()) {
         --counters_.delivered_fresh;
         if (config_.stale_policy == StalePolicy::kDrop) {
           ++counters_.dropped_stale;
           --outstanding_items_;
-          Observe(now, d.group, true, true);
+          Observe(now, d, true, true);
           continue;
         }
         ++counters_.delivered_stale;
@@ -380,14 +427,14 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
   while (!buffer_.empty() && batch.items.size() < max) {
     Delivered d = std::move(buffer_.front());
     buffer_.pop_front();
-    d.stale = d.group.version_start < admissible_version();
+    d.stale = d.model.empty() && d.group.version_start < admissible_version();
     if (d.stale && config_.stale_policy == StalePolicy::kDrop) {
       ++counters_.dropped_stale;
-      Observe(now, d.group, true);
+      Observe(now, d, true);
       continue;
     }
     ++(d.stale ? counters_.delivered_stale : counters_.delivered_fresh);
-    Observe(now, d.group, false);
+    Observe(now, d, false);
     batch.items.push_back(std::move(d));
   }
   if (!batch.items.empty()) {
@@ -400,13 +447,14 @@ Batch OrchestratorCore::TakeBatch(Micros now, size_t max, std::optional<uint64_t
   return batch;
 }
 
-void OrchestratorCore::Observe(Micros now, const TrajectoryGroup& group, bool dropped,
+void OrchestratorCore::Observe(Micros now, const Delivered& d, bool dropped,
                                bool redelivered) const {
   if (observer_ == nullptr) return;
-  auto found = clusters_.find(group.cluster);
-  const uint64_t latest = latest_.value_or(0);
+  auto found = clusters_.find(d.group.cluster);
+  // A fixed model's groups lag nothing: it has no versions to fall behind.
+  const uint64_t latest = d.model.empty() ? latest_.value_or(0) : 0;
   observer_->Taken(now, found != clusters_.end() ? found->second.region : std::string(),
-                   latest > group.version_start ? latest - group.version_start : 0, dropped,
+                   latest > d.group.version_start ? latest - d.group.version_start : 0, dropped,
                    redelivered);
 }
 
@@ -458,7 +506,8 @@ ClusterView OrchestratorCore::ViewOf(const std::string& id, const Cluster& c) {
           static_cast<uint32_t>(c.jobs.size()),
           c.completed,
           c.throughput,
-          c.last_heartbeat};
+          c.last_heartbeat,
+          c.model};
 }
 
 const char* DispatchName(DispatchPolicy policy) {
@@ -483,25 +532,56 @@ std::map<uint64_t, uint64_t> OrchestratorCore::buffered_versions() const {
   return histogram;
 }
 
+std::vector<ModelView> OrchestratorCore::models() const {
+  std::map<std::string, ModelView> views;
+  auto view = [&](const std::string& name) -> ModelView& {
+    ModelView& v = views[name];
+    v.name = name;
+    auto fixed = fixed_models_.find(name);
+    if (fixed != fixed_models_.end()) v.digest = fixed->second;
+    return v;
+  };
+  for (const auto& [name, digest] : fixed_models_) view(name);
+  for (const auto& [name, queue] : queues_) view(name).queued += queue.size();
+  for (uint64_t job : leases_) ++view(jobs_.at(job).model).leased;
+  for (const auto& [id, c] : clusters_) {
+    if (c.gone || c.draining) continue;
+    ModelView& v = view(c.model);
+    ++v.clusters;
+    if (Eligible(c)) ++v.ready;
+  }
+  std::vector<ModelView> out;
+  for (auto& [name, v] : views) out.push_back(std::move(v));
+  return out;
+}
+
 std::vector<std::string> OrchestratorCore::Alerts(Micros now) const {
   std::vector<std::string> alerts;
-  const bool work = !queue_.empty() || !leases_.empty();
-  if (work && !latest_) alerts.push_back("no policy version announced yet: nothing can be leased");
-  size_t ready = 0;
-  for (const auto& [id, c] : clusters_) {
-    if (!c.gone && !c.draining && c.ready_version && *c.ready_version >= admissible_version())
-      ++ready;
-  }
-  if (!queue_.empty() && latest_ && ready == 0) {
-    alerts.push_back(std::to_string(queue_.size()) +
-                     " jobs queued and no cluster is ready at version " +
-                     std::to_string(admissible_version()) + " or newer");
+  const bool work = queued_ > 0 || !leases_.empty();
+  auto policy_queue = queues_.find("");
+  const size_t policy_queued = policy_queue == queues_.end() ? 0 : policy_queue->second.size();
+  bool policy_leased = false;
+  for (uint64_t job : leases_) policy_leased = policy_leased || jobs_.at(job).model.empty();
+  if ((policy_queued > 0 || policy_leased) && !latest_)
+    alerts.push_back("no policy version announced yet: nothing can be leased");
+  for (const ModelView& m : models()) {
+    if (m.queued == 0 || m.ready > 0) continue;
+    if (m.name.empty() && latest_) {
+      alerts.push_back(std::to_string(m.queued) +
+                       " jobs queued and no cluster is ready at version " +
+                       std::to_string(admissible_version()) + " or newer");
+    } else if (!m.name.empty()) {
+      alerts.push_back(std::to_string(m.queued) + " jobs queued for model " + m.name +
+                       (m.clusters == 0 ? " and no cluster serves it"
+                                        : " and none of the " + std::to_string(m.clusters) +
+                                              " clusters serving it has proved its weights yet"));
+    }
   }
   if (work && now - last_progress_ >= config_.stall_after) {
     alerts.push_back("stalled: no lease granted, trajectory accepted or batch taken for " +
                      std::to_string((now - last_progress_) / 1'000'000) + " s (" +
-                     std::to_string(queue_.size()) + " jobs queued, " +
-                     std::to_string(leases_.size()) + " leased)");
+                     std::to_string(queued_) + " jobs queued, " + std::to_string(leases_.size()) +
+                     " leased)");
   }
   return alerts;
 }

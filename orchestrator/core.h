@@ -21,6 +21,12 @@
 //     yet (and the newer lease is cancelled), otherwise rejected with the reason.
 //   - Every job ends done or stays queued or leased; every accepted submission is delivered to
 //     the trainer once or counted dropped.
+//   - Models: each cluster serves one model, the run's policy or a fixed model (name and digest,
+//     one digest per name in a run), and a job is leased only to clusters serving the model it
+//     names. Versions, readiness against the latest and the staleness bound are the policy's: a
+//     fixed model never changes, so its clusters are eligible once they proved the version they
+//     serve, and its groups are never stale. A job for a model no cluster serves waits, and an
+//     alert says so.
 //   - A job's metadata (JobSpec) stays with it while it is open (each lease carries it to the
 //     worker), moves to its group when the group
 //     is accepted and is delivered with it; it is forgotten when the job is given up, its group is
@@ -77,6 +83,7 @@ struct ClusterView {
   uint64_t completed = 0;
   double throughput = 0;  // accepted submissions per second, smoothed
   Micros last_heartbeat = 0;
+  std::string model = {};  // "" the policy
 };
 
 struct Counters {
@@ -86,6 +93,15 @@ struct Counters {
   uint64_t delivered_fresh = 0, delivered_stale = 0, dropped_stale = 0;
   uint64_t batches = 0, batches_redelivered = 0;
   uint64_t clusters_lost = 0;
+};
+
+// One model of the run, as /v1/status shows it: every model jobs name or clusters serve.
+struct ModelView {
+  std::string name;    // "" the policy
+  std::string digest;  // a fixed model's, as registered ("" the policy, or none registered yet)
+  uint64_t queued = 0, leased = 0;
+  uint64_t clusters = 0;  // serving it, neither draining nor gone
+  uint64_t ready = 0;     // ... of which may take its jobs now
 };
 
 class OrchestratorCore;
@@ -120,13 +136,16 @@ class OrchestratorCore {
   // --- Clusters ---
   // Registers (or re-registers after a restart: leases it held stay until they expire).
   // `credential` identifies the token the registration handed out (the service stores a hash of
-  // it and checks it on every call naming the cluster); registering again replaces it.
+  // it and checks it on every call naming the cluster); registering again replaces it. `model`:
+  // what it serves; a fixed model's name registered before with another digest is kConflict.
+  // Registering again with another model hands back the leases it held.
   Status Register(Micros now, const std::string& cluster, const std::string& region,
-                  uint32_t capacity, const std::string& credential = "");
+                  uint32_t capacity, const std::string& credential = "",
+                  const ModelRef& model = {});
   // Proof of life; `ready_version` is the version whose digests the cluster has matched (nullopt
-  // while it has none; never above the latest announced: kConflict). Extends the deadline of every
-  // lease the cluster holds. A cluster that left or was lost gets kNotFound (as for Drain and
-  // RequestLeases) until it registers again.
+  // while it has none; for the policy, never above the latest announced: kConflict). Extends the
+  // deadline of every lease the cluster holds. A cluster that left or was lost gets kNotFound (as
+  // for Drain and RequestLeases) until it registers again.
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
   // Re-queues the listed jobs the cluster hands back (all of its leases when `jobs` is empty) and,
   // with `stop_leasing`, stops leasing to it (a drain; without it, a release: a worker whose engine
@@ -171,7 +190,9 @@ class OrchestratorCore {
   // The credential of the cluster's registration; nullopt for an unknown cluster ("" when it
   // registered without one).
   std::optional<std::string> credential(const std::string& cluster) const;
-  size_t queued_jobs() const { return queue_.size(); }
+  size_t queued_jobs() const { return queued_; }
+  // Every model jobs were added for or clusters registered with, by name (the policy's first).
+  std::vector<ModelView> models() const;
   size_t leased_jobs() const { return leases_.size(); }
   size_t buffered() const { return buffer_.size(); }
   // Delivered in batches the trainer has not acknowledged yet.
@@ -194,7 +215,10 @@ class OrchestratorCore {
   struct Job {
     std::string prompt;
     uint32_t samples = 1;
-    std::string metadata;                  // JSON text, "" when none (JobSpec)
+    std::string metadata;  // JSON text, "" when none (JobSpec)
+    std::string model;     // "" the policy (JobSpec)
+    JobKind kind = JobKind::kGenerate;
+    std::string targets;                   // a score job's completions (JobSpec)
     std::vector<std::string> holders;      // the cluster of each attempt (attempt i at i - 1)
     std::vector<uint64_t> min_versions;    // the minimum version of each attempt's lease
     std::optional<std::string> leased_to;  // cluster of the current lease
@@ -202,6 +226,7 @@ class OrchestratorCore {
   };
   struct Cluster {
     std::string region;
+    std::string model;  // "" the policy; else a fixed model (its digest: fixed_models_)
     uint32_t capacity = 0;
     std::optional<uint64_t> ready_version;
     uint64_t max_ready_version = 0;  // the newest version it was ever ready at
@@ -221,23 +246,30 @@ class OrchestratorCore {
   static ClusterView ViewOf(const std::string& id, const Cluster& c);
   // The lease of `job`'s attempt `attempt` (1-based), as handed to its cluster.
   static Lease LeaseOf(uint64_t job, const Job& j, uint32_t attempt) {
-    return {job, attempt, j.deadline, j.min_versions[attempt - 1], j.prompt, j.samples, j.metadata};
+    return {job,      attempt,   j.deadline, j.min_versions[attempt - 1],
+            j.prompt, j.samples, j.metadata, j.model,
+            j.kind,   j.targets};
   }
+  // Whether `c` may take jobs of its model now: proved a version (for the policy, one within the
+  // staleness bound), neither draining nor gone.
+  bool Eligible(const Cluster& c) const;
   // Ends the current lease of `job` (if any) and puts the job back at the front of the queue, or
   // gives it up after max_attempts.
   void Requeue(uint64_t job);
   void Progress(Micros now) { last_progress_ = now; }
   // Tells the observer (if any) that `group` was taken for the trainer.
-  void Observe(Micros now, const TrajectoryGroup& group, bool dropped,
-               bool redelivered = false) const;
+  void Observe(Micros now, const Delivered& d, bool dropped, bool redelivered = false) const;
 
   CoreConfig config_;
   std::optional<uint64_t> latest_;
   uint64_t next_job_ = 1;
-  std::map<uint64_t, Job> jobs_;       // open jobs (queued or leased)
-  std::deque<uint64_t> queue_;         // queued jobs, in dispatch order
-  std::set<uint64_t> leases_;          // leased jobs
-  std::map<uint64_t, uint32_t> done_;  // job -> the attempt that completed it
+  std::map<uint64_t, Job> jobs_;  // open jobs (queued or leased)
+  // Queued jobs per model ("" the policy), each in dispatch order; queued_ counts them all.
+  std::map<std::string, std::deque<uint64_t>> queues_;
+  size_t queued_ = 0;
+  std::map<std::string, std::string> fixed_models_;  // name -> digest, as first registered
+  std::set<uint64_t> leases_;                        // leased jobs
+  std::map<uint64_t, uint32_t> done_;                // job -> the attempt that completed it
   // Accepted, not yet taken by the trainer, each with its job's metadata (`stale` is decided when
   // it is taken).
   std::deque<Delivered> buffer_;
@@ -245,7 +277,7 @@ class OrchestratorCore {
   size_t outstanding_items_ = 0;
   uint64_t next_batch_ = 1;
   std::map<std::string, Cluster> clusters_;
-  uint64_t capacity_sum_ = 0;  // of every cluster in clusters_
+  std::map<std::string, uint64_t> capacity_sum_;  // per model, of every cluster in clusters_
   Counters counters_;
   Micros last_progress_ = 0;
   CoreObserver* observer_ = nullptr;

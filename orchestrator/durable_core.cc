@@ -10,6 +10,7 @@
 #include "common/byte_io.h"
 #include "common/json_fields.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "orchestrator/wire.h"
 
 namespace weft::orchestrator {
@@ -31,6 +32,7 @@ struct Register {
   std::string cluster, region;
   uint32_t capacity = 0;
   std::string credential;
+  ModelRef model;
 };
 struct Heartbeat {
   std::string cluster;
@@ -99,6 +101,10 @@ std::string DurableCore::EventText(const Event& event) {
                         {"region", r.region},
                         {"capacity", r.capacity}};
                    if (!r.credential.empty()) e["credential"] = r.credential;
+                   if (r.model.fixed()) {
+                     e["model"] = r.model.name;
+                     e["model_digest"] = r.model.digest;
+                   }
                  },
                  [&](const events::Heartbeat& h) {
                    e = {{"e", "heartbeat"}, {"cluster", h.cluster}, {"ready", Optional(h.ready)}};
@@ -126,7 +132,13 @@ std::string DurableCore::EventText(const Event& event) {
                    Json prompts = Json::array();
                    for (const JobSpec& job : j.jobs) {
                      Json entry = {job.prompt, job.samples};
-                     if (!job.metadata.empty()) entry.push_back(job.metadata);
+                     const bool more = !job.model.empty() || job.kind != JobKind::kGenerate;
+                     if (!job.metadata.empty() || more) entry.push_back(job.metadata);
+                     if (more) {
+                       entry.push_back(job.model);
+                       entry.push_back(wire::JobKindName(job.kind));
+                       entry.push_back(job.targets);
+                     }
                      prompts.push_back(std::move(entry));
                    }
                    e = {{"e", "jobs"}, {"prompts", std::move(prompts)}};
@@ -166,8 +178,12 @@ Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
       return InvalidArgument("journal event at time " + std::to_string(event.now) +
                              ", out of range");
     if (kind == "register") {
-      event.what = events::Register{e["cluster"], e["region"], e["capacity"].get<uint32_t>(),
-                                    e.value("credential", std::string())};
+      events::Register r{e["cluster"], e["region"], e["capacity"].get<uint32_t>(),
+                         e.value("credential", std::string()), ModelRef{}};
+      if (e.contains("model")) {  // older journals: the policy only
+        r.model = {e["model"].get<std::string>(), e["model_digest"].get<std::string>()};
+      }
+      event.what = std::move(r);
     } else if (kind == "heartbeat") {
       std::optional<uint64_t> ready;
       if (!e["ready"].is_null()) ready = e["ready"].get<uint64_t>();
@@ -195,13 +211,23 @@ Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
       if (!e.at("prompts").is_array())
         return InvalidArgument("journal event 'jobs': prompts is not an array");
       for (const Json& entry : e.at("prompts")) {
-        // [prompt, samples], and the job's metadata when it has some (none in older journals).
-        if (!entry.is_array() || entry.size() < 2 || entry.size() > 3)
-          return InvalidArgument("journal event 'jobs': a job is not [prompt, samples, metadata]");
+        // [prompt, samples], the job's metadata when it has some (none in older journals), and
+        // its model, kind and targets when not the policy's generate job (older: never).
+        if (!entry.is_array() || (entry.size() != 2 && entry.size() != 3 && entry.size() != 6))
+          return InvalidArgument(
+              "journal event 'jobs': a job is not [prompt, samples, metadata, model, kind, "
+              "targets]");
         JobSpec job{entry[0].get<std::string>(), entry[1].get<uint32_t>()};
-        if (entry.size() == 3) {
+        if (entry.size() >= 3 && !entry[2].get<std::string>().empty()) {
           job.metadata = entry[2].get<std::string>();
           WEFT_RETURN_IF_ERROR(wire::CheckMetadata(job.metadata, "journal event 'jobs': metadata"));
+        }
+        if (entry.size() == 6) {
+          job.model = entry[3].get<std::string>();
+          if (!job.model.empty())
+            WEFT_RETURN_IF_ERROR(CheckName(job.model, "journal event 'jobs': model"));
+          WEFT_ASSIGN_OR_RETURN(job.kind, wire::ParseJobKind(entry[4].get<std::string>()));
+          job.targets = entry[5].get<std::string>();
         }
         jobs.jobs.push_back(std::move(job));
       }
@@ -227,7 +253,7 @@ Status DurableCore::Apply(Event event, Outcome* out) {
   return std::visit(
       Overloaded{
           [&](events::Register& r) {
-            return core->Register(now, r.cluster, r.region, r.capacity, r.credential);
+            return core->Register(now, r.cluster, r.region, r.capacity, r.credential, r.model);
           },
           [&](events::Heartbeat& h) { return core->Heartbeat(now, h.cluster, h.ready); },
           [&](events::Drain& d) { return core->Drain(now, d.cluster, d.jobs, d.stop_leasing); },
@@ -467,9 +493,10 @@ void DurableCore::SubmitAsync(Micros now, TrajectoryGroup group,
 }
 
 Status DurableCore::Register(Micros now, const std::string& cluster, const std::string& region,
-                             uint32_t capacity, const std::string& credential, Durable durable) {
+                             uint32_t capacity, const std::string& credential, Durable durable,
+                             const ModelRef& model) {
   Outcome out;
-  return Record({now, events::Register{cluster, region, capacity, credential}}, &out, true,
+  return Record({now, events::Register{cluster, region, capacity, credential, model}}, &out, true,
                 std::move(durable));
 }
 

@@ -56,7 +56,8 @@ class DurableCore {
   // `durable` is called with Ok (group commit without a thread waiting on the disk). An event the
   // core refuses returns its error, and `durable` is never called.
   Status Register(Micros now, const std::string& cluster, const std::string& region,
-                  uint32_t capacity, const std::string& credential = "", Durable durable = nullptr);
+                  uint32_t capacity, const std::string& credential = "", Durable durable = nullptr,
+                  const ModelRef& model = {});
   Status Heartbeat(Micros now, const std::string& cluster, std::optional<uint64_t> ready_version);
   Status Drain(Micros now, const std::string& cluster, const std::vector<uint64_t>& jobs,
                bool stop_leasing = true, Durable durable = nullptr);

@@ -3,8 +3,8 @@
 namespace weft::orchestrator {
 
 Status LocalClusterApi::Register(const std::string& cluster, const std::string& region,
-                                 uint32_t capacity) {
-  return core_.Register(env_.WallMicros(), cluster, region, capacity);
+                                 uint32_t capacity, const ModelRef& model) {
+  return core_.Register(env_.WallMicros(), cluster, region, capacity, "", nullptr, model);
 }
 
 Status LocalClusterApi::Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,

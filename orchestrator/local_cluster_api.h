@@ -24,8 +24,9 @@ class LocalClusterApi : public ClusterApi {
                   std::chrono::microseconds poll = std::chrono::milliseconds(2))
       : core_(core), env_(env), poll_(poll) {}
 
-  Status Register(const std::string& cluster, const std::string& region,
-                  uint32_t capacity) override;
+  using ClusterApi::Register;
+  Status Register(const std::string& cluster, const std::string& region, uint32_t capacity,
+                  const ModelRef& model) override;
   Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
                    const SyncReport* sync = nullptr) override;
   Result<LeaseAnswer> RequestLeases(const std::string& cluster, uint32_t max,

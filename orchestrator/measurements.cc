@@ -37,7 +37,7 @@ void Measurements::Announced(Micros now, uint64_t version, const OrchestratorCor
   record.version = version;
   record.announced = now;
   for (const ClusterView& c : core.clusters()) {
-    if (c.gone || c.draining) continue;
+    if (c.gone || c.draining || !c.model.empty()) continue;  // a fixed model gets no versions
     RegionReadiness& r = record.regions[c.region];
     r.waiting.insert(c.id);
     ++r.population;

@@ -500,7 +500,7 @@ Response OrchestratorService::Impl::Route(const Request& request, Role role, Res
       if (!token.ok()) return error(token.status());
       auto pending = std::make_shared<DurableAnswer>(request);
       weft::Status done = core.Register(now, r->cluster, r->region, r->capacity,
-                                        CredentialOf(*token), pending->OnDurable());
+                                        CredentialOf(*token), pending->OnDurable(), r->model);
       if (!done.ok()) return error(done);
       Wake();
       return once_durable(pending, answer(wire::Encode(wire::ClusterAnswer{
@@ -614,13 +614,19 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
   return core.Inspect([&](const OrchestratorCore& c) {
     const Counters& n = c.counters();
     wire::StatusPage page;
-    std::map<uint64_t, std::map<std::string, std::string>>
-        digests;  // version -> digest -> a cluster
+    // (model, version) -> digest -> a cluster
+    std::map<std::pair<std::string, uint64_t>, std::map<std::string, std::string>> digests;
+    std::map<std::string, std::string> fixed_digests;  // a fixed model's name -> its digest
+    for (const ModelView& m : c.models()) {
+      if (!m.name.empty()) fixed_digests[m.name] = m.digest;
+      page.models.push_back({m.name, m.digest, m.queued, m.leased, m.clusters, m.ready});
+    }
     const std::vector<ClusterView> views = c.clusters();
     for (const ClusterView& v : views) {
       wire::StatusPage::Cluster& cluster = page.clusters.emplace_back();
       cluster.id = v.id;
       cluster.region = v.region;
+      cluster.model = v.model;
       cluster.capacity = v.capacity;
       cluster.ready_version = v.ready_version;
       cluster.state = v.gone            ? "gone"
@@ -638,7 +644,7 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
         region.sync.Add(r);
         if (!v.gone && v.ready_version && !r.digest.empty() &&
             r.newest_version == v.ready_version) {
-          digests[*v.ready_version].emplace(r.digest, v.id);
+          digests[{v.model, *v.ready_version}].emplace(r.digest, v.id);
         }
       }
       ++region.clusters;
@@ -651,7 +657,17 @@ wire::StatusPage OrchestratorService::Impl::StatusPage() const {
     }
     // Clusters ready at the same version must serve the same state: say so loudly if not.
     page.alerts = c.Alerts(now);
-    for (const auto& [version, seen] : digests) {
+    for (const auto& [at, seen] : digests) {
+      const auto& [model, version] = at;
+      if (!model.empty()) {
+        // A fixed model's clusters must serve the weights it was registered with.
+        for (const auto& [digest, cluster] : seen) {
+          if (digest != fixed_digests[model])
+            page.alerts.push_back("cluster " + cluster + " serves " + digest + " as model " +
+                                  model + ", registered with digest " + fixed_digests[model]);
+        }
+        continue;
+      }
       if (seen.size() < 2) continue;
       std::string text =
           "clusters ready at version " + std::to_string(version) + " serve different states:";

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "common/json_fields.h"
+#include "common/names.h"
 #include "orchestrator/core.h"
 #include "orchestrator/wire.h"
 
@@ -50,6 +51,8 @@ Json GroupJson(const Delivered& d, std::string* samples) {
   Json fields = wire::GroupFields(d.group);
   fields["samples_bytes"] = d.group.trajectories.size();
   if (!d.metadata.empty()) fields["metadata"] = d.metadata;
+  if (!d.model.empty()) fields["model"] = d.model;
+  if (d.kind != JobKind::kGenerate) fields["kind"] = wire::JobKindName(d.kind);
   return fields;
 }
 
@@ -60,6 +63,20 @@ std::string MetadataOf(const Json& text, const std::string& where) {
   Status checked = wire::CheckMetadata(metadata, where);
   if (!checked.ok()) throw std::invalid_argument(checked.message());
   return metadata;
+}
+
+// A job's or group's model name and kind (absent in older snapshots: the policy, generate).
+std::string ModelOf(const Json& name, const std::string& where) {
+  std::string model = name.get<std::string>();
+  if (Status checked = CheckName(model, where + ": model"); !checked.ok())
+    throw std::invalid_argument(checked.message());
+  return model;
+}
+
+JobKind KindOf(const Json& name, const std::string& where) {
+  Result<JobKind> kind = wire::ParseJobKind(name.get<std::string>());
+  if (!kind.ok()) throw std::invalid_argument(where + ": " + kind.status().message());
+  return *kind;
 }
 
 // The inverse of GroupJson, taking the samples from `samples` at `*offset`; `stale` is left false.
@@ -75,6 +92,8 @@ Delivered GroupOf(const Json& fields, std::string_view samples, size_t* offset) 
   *offset += size;
   if (fields.contains("metadata"))
     d.metadata = MetadataOf(fields["metadata"], "the metadata of a buffered group");
+  if (fields.contains("model")) d.model = ModelOf(fields["model"], "a buffered group");
+  if (fields.contains("kind")) d.kind = KindOf(fields["kind"], "a buffered group");
   return d;
 }
 
@@ -94,17 +113,29 @@ std::string OrchestratorCore::Snapshot() const {
   for (const auto& [id, j] : jobs_) {
     Json job = {id,        j.prompt, j.samples, j.holders, j.min_versions, Optional(j.leased_to),
                 j.deadline};
-    if (!j.metadata.empty()) job.push_back(j.metadata);
+    const bool more = !j.model.empty() || j.kind != JobKind::kGenerate;
+    if (!j.metadata.empty() || more) job.push_back(j.metadata);
+    if (more) {
+      job.push_back(j.model);
+      job.push_back(wire::JobKindName(j.kind));
+      job.push_back(j.targets);
+    }
     jobs.push_back(std::move(job));
   }
   doc["jobs"] = std::move(jobs);
-  doc["queue"] = queue_;
+  // Each model's queue in its order, the models one after another.
+  Json queue = Json::array();
+  for (const auto& [model, ids] : queues_)
+    for (uint64_t id : ids) queue.push_back(id);
+  doc["queue"] = std::move(queue);
+  if (!fixed_models_.empty()) doc["models"] = fixed_models_;
   doc["done"] = done_;
   Json clusters = Json::array();
   for (const auto& [id, c] : clusters_) {
     clusters.push_back({id, c.region, c.capacity, Optional(c.ready_version), c.max_ready_version,
                         c.draining, c.gone, c.last_heartbeat, c.completed, c.throughput,
                         c.last_completion, c.last_request, c.last_granted, c.credential});
+    if (!c.model.empty()) clusters.back().push_back(c.model);
   }
   doc["clusters"] = std::move(clusters);
   Json buffer = Json::array();
@@ -154,13 +185,23 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
     core.last_progress_ = time(doc.at("last_progress"));
     for (const auto& [name, field] : kCounterFields)
       core.counters_.*field = doc.at("counters").at(name).get<uint64_t>();
+    if (doc.contains("models")) {
+      for (const auto& [name, digest] : doc.at("models").items()) {
+        ModelOf(name, "the snapshot's models");
+        core.fixed_models_[name] = digest.get<std::string>();
+      }
+    }
     for (const Json& c : doc.at("clusters")) {
       const std::string id = c.at(0).get<std::string>();
       if (core.clusters_.count(id)) return DataLoss("core snapshot: cluster " + id + " twice");
       Cluster& cluster = core.clusters_[id];
       cluster.region = c.at(1).get<std::string>();
       cluster.capacity = c.at(2).get<uint32_t>();
-      core.capacity_sum_ += cluster.capacity;
+      if (c.size() > 14) cluster.model = c.at(14).get<std::string>();  // older: the policy
+      if (!cluster.model.empty() && !core.fixed_models_.count(cluster.model))
+        return DataLoss("core snapshot: cluster " + id + " serves model " + cluster.model +
+                        ", whose digest it does not hold");
+      core.capacity_sum_[cluster.model] += cluster.capacity;
       cluster.ready_version = GetOptional<uint64_t>(c.at(3));
       cluster.max_ready_version = c.at(4).get<uint64_t>();
       cluster.draining = c.at(5).get<bool>();
@@ -184,8 +225,14 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
       job.min_versions = j.at(4).get<std::vector<uint64_t>>();
       job.leased_to = GetOptional<std::string>(j.at(5));
       job.deadline = time(j.at(6));
-      if (j.size() > 7)  // older snapshots: no metadata
+      if (j.size() > 7 && !j.at(7).get<std::string>().empty())  // older snapshots: no metadata
         job.metadata = MetadataOf(j.at(7), "the metadata of job " + std::to_string(id));
+      if (j.size() > 8) {  // older snapshots: the policy's generate jobs only
+        job.model = j.at(8).get<std::string>();
+        if (!job.model.empty()) ModelOf(j.at(8), "job " + std::to_string(id));
+        job.kind = KindOf(j.at(9), "job " + std::to_string(id));
+        job.targets = j.at(10).get<std::string>();
+      }
       if (job.holders.size() != job.min_versions.size() ||
           (job.leased_to && (job.holders.empty() || job.holders.back() != *job.leased_to)))
         return DataLoss("core snapshot: job " + std::to_string(id) + " is inconsistent");
@@ -198,13 +245,14 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
         core.leases_.insert(id);
       }
     }
-    core.queue_ = doc.at("queue").get<std::deque<uint64_t>>();
     std::set<uint64_t> queued;
-    for (uint64_t id : core.queue_) {
+    for (uint64_t id : doc.at("queue").get<std::vector<uint64_t>>()) {
       auto job = core.jobs_.find(id);
       if (job == core.jobs_.end() || job->second.leased_to || !queued.insert(id).second)
         return DataLoss("core snapshot: the queue holds job " + std::to_string(id) +
                         ", which is not an open job waiting for a lease");
+      core.queues_[job->second.model].push_back(id);
+      ++core.queued_;
     }
     if (queued.size() + core.leases_.size() != core.jobs_.size())
       return DataLoss("core snapshot: an open job is neither queued nor leased");

@@ -29,6 +29,20 @@ inline constexpr size_t kMaxJobMetadataBytes = size_t{64} << 10;
 // duration stays far from overflowing.
 inline constexpr Micros kMaxMicros = Micros{1} << 62;
 
+// What a job asks of a cluster (docs/api.md, jobs): `generate` samples completions of its prompt;
+// `score` computes the log-probability the model gives each token of given completions
+// (`JobSpec::targets`) after the prompt, as a teacher does for a student's samples.
+enum class JobKind { kGenerate, kScore };
+
+// The model a cluster serves (docs/api.md, clusters): the run's policy, whose versions the trainer
+// announces (`name` empty), or a fixed model, which never changes, by its name and the state digest
+// of its weights (hex, as a heartbeat's sync report gives it). In one run a name means one digest.
+struct ModelRef {
+  std::string name;
+  std::string digest;
+  bool fixed() const { return !name.empty(); }
+};
+
 // One trajectory group: every sample of one attempt at one job, with the versions that generated
 // its tokens. Workers submit it, the orchestrator buffers and journals it, the trainer receives it.
 struct TrajectoryGroup {
@@ -55,6 +69,9 @@ struct Lease {
   std::string prompt;        // the job's prompt as JSON text (a string or token ids)
   uint32_t samples = 1;
   std::string metadata = {};  // the job's metadata as JSON text (JobSpec), "" when it has none
+  std::string model = {};     // the model it needs ("" the policy), as JobSpec
+  JobKind kind = JobKind::kGenerate;
+  std::string targets = {};  // a score job's completions (JobSpec)
 };
 
 // What a lease request is answered with: the leases granted, and the newest version the trainer
@@ -73,6 +90,13 @@ struct JobSpec {
   // sent to workers with its leases and handed back with its group. Empty: none. (Initialised, like
   // the members of Delivered, so that `{prompt, samples}` stays a complete initialiser.)
   std::string metadata = {};
+  // The model whose clusters may take it: "" the run's policy (leased within the staleness bound),
+  // or a fixed model's name (leased to any cluster that proved it serves that model).
+  std::string model = {};
+  JobKind kind = JobKind::kGenerate;
+  // A score job's completions as JSON text: an array of arrays of token ids, one per sample, each
+  // scored after the prompt (which is then token ids). Empty for a generate job.
+  std::string targets = {};
 };
 
 // A trajectory group handed to the trainer; `stale` only under the deliver-flagged policy.
@@ -80,6 +104,8 @@ struct Delivered {
   TrajectoryGroup group;
   bool stale = false;
   std::string metadata = {};  // the metadata of the group's job (JobSpec), "" when it had none
+  std::string model = {};     // the model of the group's job ("" the policy)
+  JobKind kind = JobKind::kGenerate;
 };
 
 // What the trainer gets: a numbered batch of groups, oldest first (docs/api.md, batches). It stays

@@ -51,6 +51,36 @@ Result<Json> ParseAnswer(std::string_view answer, const Skip& skip = {}) {
   return ParseObject(answer, "the answer", skip);
 }
 
+// What a score job needs (docs/api.md, jobs): token ids as its prompt, `targets` 1 to 4096 arrays
+// of 1 to 65536 token ids, and `samples`, if given, their number. A generate job has no targets.
+Status CheckScoreJob(const Json& job, const std::string& where, JobKind kind) {
+  auto token_ids = [](const Json& list, size_t most) {
+    if (!list.is_array() || list.empty() || list.size() > most) return false;
+    return std::all_of(list.begin(), list.end(), [](const Json& t) {
+      return t.is_number_unsigned() && t.get<uint64_t>() <= 0x7FFFFFFF;
+    });
+  };
+  if (kind == JobKind::kGenerate) {
+    if (job.contains("targets")) return InvalidArgument(where + ".targets is for score jobs only");
+    return Status::Ok();
+  }
+  if (!token_ids(job["prompt"], 1 << 20))
+    return InvalidArgument(where + ".prompt of a score job must be token ids (0 to 2^31-1)");
+  if (!job.contains("targets") || !job["targets"].is_array() || job["targets"].empty() ||
+      job["targets"].size() > 4096)
+    return InvalidArgument(where + ".targets must be 1 to 4096 completions to score");
+  for (size_t t = 0; t < job["targets"].size(); ++t) {
+    if (!token_ids(job["targets"][t], 65536))
+      return InvalidArgument(where + ".targets[" + std::to_string(t) +
+                             "] is not 1 to 65536 token ids (0 to 2^31-1)");
+  }
+  if (job.contains("samples") && (!job["samples"].is_number_unsigned() ||
+                                  job["samples"].get<uint64_t>() != job["targets"].size()))
+    return InvalidArgument(where + ".samples must be the number of targets, " +
+                           std::to_string(job["targets"].size()));
+  return Status::Ok();
+}
+
 // A job's metadata sits three levels down in a jobs body and in a batch answer (inside the top
 // object, an array and one of its objects), and those bodies nest at most 64 deep: so may it,
 // less those three.
@@ -163,15 +193,43 @@ const std::set<std::string> kGroupFields = {"job",         "attempt",  "cluster"
 
 }  // namespace
 
+const char* JobKindName(JobKind kind) { return kind == JobKind::kScore ? "score" : "generate"; }
+
+Result<JobKind> ParseJobKind(const std::string& name) {
+  if (name == "generate") return JobKind::kGenerate;
+  if (name == "score") return JobKind::kScore;
+  return InvalidArgument("'" + name + "' is not a job kind (generate or score)");
+}
+
+Status CheckModelDigest(const std::string& digest, const std::string& where) {
+  if (digest.size() < 16 || digest.size() > 128 || !IsLowerHex(digest))
+    return InvalidArgument(where + " is not 16 to 128 lowercase hex digits");
+  return Status::Ok();
+}
+
 std::string Encode(const Registration& r) {
-  return Json{{"cluster", r.cluster}, {"region", r.region}, {"capacity", r.capacity}}.dump();
+  Json body{{"cluster", r.cluster}, {"region", r.region}, {"capacity", r.capacity}};
+  if (r.model.fixed()) {
+    body["model"] = r.model.name;
+    body["model_digest"] = r.model.digest;
+  }
+  return body.dump();
 }
 
 Result<Registration> DecodeRegistration(std::string_view body) {
   WEFT_ASSIGN_OR_RETURN(Json json, ParseRequest(body));
   const std::string where = "cluster";
-  WEFT_RETURN_IF_ERROR(CheckFields(json, where, {"cluster", "region", "capacity"}));
+  WEFT_RETURN_IF_ERROR(
+      CheckFields(json, where, {"cluster", "region", "capacity"}, {"model", "model_digest"}));
   Registration r;
+  if (json.contains("model") != json.contains("model_digest"))
+    return InvalidArgument(where + ": a fixed model needs both 'model' and 'model_digest'");
+  if (json.contains("model")) {
+    WEFT_ASSIGN_OR_RETURN(r.model.name, GetString(json, "model", where));
+    WEFT_ASSIGN_OR_RETURN(r.model.digest, GetString(json, "model_digest", where));
+    WEFT_RETURN_IF_ERROR(CheckName(r.model.name, where + ".model"));
+    WEFT_RETURN_IF_ERROR(CheckModelDigest(r.model.digest, where + ".model_digest"));
+  }
   WEFT_ASSIGN_OR_RETURN(r.cluster, GetString(json, "cluster", where));
   WEFT_ASSIGN_OR_RETURN(r.region, GetString(json, "region", where));
   WEFT_RETURN_IF_ERROR(CheckName(r.cluster, where + ".cluster"));
@@ -365,6 +423,9 @@ std::string EncodeLeases(const LeaseAnswer& answer) {
                     {"prompt", l.prompt},
                     {"samples", l.samples}});
     if (!l.metadata.empty()) list.back()["metadata"] = Json::parse(l.metadata);
+    if (!l.model.empty()) list.back()["model"] = l.model;
+    if (l.kind != JobKind::kGenerate) list.back()["kind"] = JobKindName(l.kind);
+    if (!l.targets.empty()) list.back()["targets"] = Json::parse(l.targets);
   }
   Json body = {{"leases", list}};
   if (answer.latest_version) body["latest_version"] = *answer.latest_version;
@@ -388,6 +449,12 @@ Result<LeaseAnswer> DecodeLeases(std::string_view text) {
                         l.at("prompt").get<std::string>(), l.at("samples").get<uint32_t>(),
                         l.contains("metadata") && !l["metadata"].is_null() ? l["metadata"].dump()
                                                                            : std::string()});
+      Lease& lease = leases.back();
+      if (l.contains("model")) lease.model = l["model"].get<std::string>();
+      if (l.contains("kind")) {
+        WEFT_ASSIGN_OR_RETURN(lease.kind, ParseJobKind(l["kind"].get<std::string>()));
+      }
+      if (l.contains("targets")) lease.targets = l["targets"].dump();
     }
   } catch (const Json::exception& error) {
     return InvalidArgument(std::string("malformed lease: ") + error.what());
@@ -512,6 +579,10 @@ std::string EncodeJobs(const std::vector<JobSpec>& jobs) {
     if (i > 0) body += ',';
     body += "{\"prompt\":" + jobs[i].prompt + ",\"samples\":" + std::to_string(jobs[i].samples);
     if (!jobs[i].metadata.empty()) body += ",\"metadata\":" + jobs[i].metadata;
+    if (!jobs[i].model.empty()) body += ",\"model\":" + Json(jobs[i].model).dump();
+    if (jobs[i].kind != JobKind::kGenerate)
+      body += ",\"kind\":\"" + std::string(JobKindName(jobs[i].kind)) + "\"";
+    if (!jobs[i].targets.empty()) body += ",\"targets\":" + jobs[i].targets;
     body += '}';
   }
   return body + "]}";
@@ -538,8 +609,20 @@ Result<std::vector<JobSpec>> DecodeJobs(std::string_view body) {
   jobs.reserve(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string where = "jobs.prompts[" + std::to_string(i) + "]";
-    WEFT_RETURN_IF_ERROR(CheckFields(prompts[i], where, {"prompt"}, {"samples"}));
+    WEFT_RETURN_IF_ERROR(
+        CheckFields(prompts[i], where, {"prompt"}, {"samples", "model", "kind", "targets"}));
     JobSpec job;
+    if (prompts[i].contains("model")) {
+      WEFT_ASSIGN_OR_RETURN(job.model, GetString(prompts[i], "model", where));
+      WEFT_RETURN_IF_ERROR(CheckName(job.model, where + ".model"));
+    }
+    if (prompts[i].contains("kind")) {
+      WEFT_ASSIGN_OR_RETURN(std::string kind, GetString(prompts[i], "kind", where));
+      Result<JobKind> parsed = ParseJobKind(kind);
+      if (!parsed.ok()) return InvalidArgument(where + ".kind: " + parsed.status().message());
+      job.kind = *parsed;
+    }
+    WEFT_RETURN_IF_ERROR(CheckScoreJob(prompts[i], where, job.kind));
     if (prompts[i].contains("samples")) {
       Result<uint64_t> samples = GetBounded(prompts[i], "samples", where, 1, 4096);
       if (!samples.ok()) return InvalidArgument(where + ".samples must be 1 to 4096");
@@ -547,6 +630,10 @@ Result<std::vector<JobSpec>> DecodeJobs(std::string_view body) {
     }
     // A prompt is token ids or text, kept as the JSON the trainer sent.
     job.prompt = prompts[i]["prompt"].dump();
+    if (job.kind == JobKind::kScore) {
+      job.targets = prompts[i]["targets"].dump();
+      job.samples = static_cast<uint32_t>(prompts[i]["targets"].size());
+    }
     if (metadata) {
       job.metadata = MetadataAt(*prompts_text, starts[i]);
       WEFT_RETURN_IF_ERROR(CheckMetadataSize(job.metadata.size(), where + ".metadata"));
@@ -601,6 +688,8 @@ std::string Encode(const Batch& batch) {
   for (const Delivered& d : batch.items) {
     Json fields = GroupFields(d.group);
     fields["stale"] = d.stale;
+    if (!d.model.empty()) fields["model"] = d.model;
+    if (d.kind != JobKind::kGenerate) fields["kind"] = JobKindName(d.kind);
     if (items.size() > 1) items += ',';
     if (d.metadata.empty()) {
       items += WithTrajectories(fields, d.group.trajectories);
@@ -650,6 +739,14 @@ Result<Batch> DecodeBatch(std::string_view answer) {
       return InvalidArgument(where + ".stale is not true or false");
     }
     d.stale = item["stale"].get<bool>();
+    if (item.contains("model")) {
+      if (!item["model"].is_string()) return InvalidArgument(where + ".model is not a string");
+      d.model = item["model"].get<std::string>();
+    }
+    if (item.contains("kind")) {
+      if (!item["kind"].is_string()) return InvalidArgument(where + ".kind is not a string");
+      WEFT_ASSIGN_OR_RETURN(d.kind, ParseJobKind(item["kind"].get<std::string>()));
+    }
     std::optional<std::string_view> samples =
         json_text::Member(*items_text, starts[i], "trajectories");
     if (!samples) return InvalidArgument(where + " lacks the field 'trajectories'");
@@ -717,7 +814,17 @@ std::string Encode(const StatusPage& page) {
                     {"throughput_per_s", c.throughput_per_s},
                     {"seconds_since_heartbeat", c.seconds_since_heartbeat}};
     if (c.sync) cluster["sync"] = SyncReportJson(*c.sync);
+    if (!c.model.empty()) cluster["model"] = c.model;
     clusters.push_back(std::move(cluster));
+  }
+  Json models = Json::array();  // (left out when empty, as older orchestrators do)
+  for (const StatusPage::Model& m : page.models) {
+    models.push_back({{"name", m.name},
+                      {"digest", m.digest},
+                      {"queued", m.queued},
+                      {"leased", m.leased},
+                      {"clusters", m.clusters},
+                      {"ready", m.ready}});
   }
   Json regions = Json::object();
   for (const auto& [name, r] : page.regions) {
@@ -761,58 +868,58 @@ std::string Encode(const StatusPage& page) {
   const StatusPage::LeaseCounts& l = page.leases;
   const StatusPage::TrajectoryCounts& t = page.trajectories;
   const StatusPage::Journal& journal = page.journal;
-  const Json body = {
-      {"run", page.run},
-      {"latest_version", Optional(page.latest_version)},
-      {"admissible_version", page.admissible_version},
-      {"max_staleness", page.max_staleness},
-      {"jobs",
-       {{"queued", j.queued},
-        {"leased", j.leased},
-        {"added", j.added},
-        {"done", j.done},
-        {"given_up", j.given_up}}},
-      {"leases",
-       {{"granted", l.granted},
-        {"expired", l.expired},
-        {"handed_back", l.handed_back},
-        {"cancelled", l.cancelled}}},
-      {"clusters_lost", page.clusters_lost},
-      {"trajectories",
-       {{"buffered", t.buffered},
-        {"outstanding", t.outstanding},
-        {"accepted", t.accepted},
-        {"duplicate", t.duplicate},
-        {"rejected", t.rejected},
-        {"delivered_fresh", t.delivered_fresh},
-        {"delivered_stale", t.delivered_stale},
-        {"dropped_stale", t.dropped_stale}}},
-      {"batches",
-       {{"delivered", page.batches.delivered}, {"redelivered", page.batches.redelivered}}},
-      {"buffered_by_version_start", histogram_json(page.buffered_by_version_start)},
-      {"clusters", std::move(clusters)},
-      {"regions", std::move(regions)},
-      {"alerts", page.alerts},
-      {"journal",
-       {{"records", journal.records},
-        {"syncs", journal.syncs},
-        {"bytes", journal.bytes},
-        {"generation", journal.generation},
-        {"compactions", journal.compactions},
-        {"remembered_done", journal.remembered_done}}},
-      {"versions", std::move(versions)},
-      {"trainer",
-       {{"steps_reported", trainer.steps_reported},
-        {"wait_seconds_total", trainer.wait_seconds_total},
-        {"recent_wait_seconds", trainer.recent_wait_seconds},
-        {"publishes_reported", trainer.publishes_reported},
-        {"publish_seconds_total", trainer.publish_seconds_total}}},
-      {"rates",
-       {{"window_seconds", rates.window_seconds},
-        {"accepted_per_s", rates.accepted_per_s},
-        {"delivered_per_s", rates.delivered_per_s},
-        {"leases_per_s", rates.leases_per_s}}},
-      {"staleness", histogram_json(page.staleness)}};
+  Json body = {{"run", page.run},
+               {"latest_version", Optional(page.latest_version)},
+               {"admissible_version", page.admissible_version},
+               {"max_staleness", page.max_staleness},
+               {"jobs",
+                {{"queued", j.queued},
+                 {"leased", j.leased},
+                 {"added", j.added},
+                 {"done", j.done},
+                 {"given_up", j.given_up}}},
+               {"leases",
+                {{"granted", l.granted},
+                 {"expired", l.expired},
+                 {"handed_back", l.handed_back},
+                 {"cancelled", l.cancelled}}},
+               {"clusters_lost", page.clusters_lost},
+               {"trajectories",
+                {{"buffered", t.buffered},
+                 {"outstanding", t.outstanding},
+                 {"accepted", t.accepted},
+                 {"duplicate", t.duplicate},
+                 {"rejected", t.rejected},
+                 {"delivered_fresh", t.delivered_fresh},
+                 {"delivered_stale", t.delivered_stale},
+                 {"dropped_stale", t.dropped_stale}}},
+               {"batches",
+                {{"delivered", page.batches.delivered}, {"redelivered", page.batches.redelivered}}},
+               {"buffered_by_version_start", histogram_json(page.buffered_by_version_start)},
+               {"clusters", std::move(clusters)},
+               {"regions", std::move(regions)},
+               {"alerts", page.alerts},
+               {"journal",
+                {{"records", journal.records},
+                 {"syncs", journal.syncs},
+                 {"bytes", journal.bytes},
+                 {"generation", journal.generation},
+                 {"compactions", journal.compactions},
+                 {"remembered_done", journal.remembered_done}}},
+               {"versions", std::move(versions)},
+               {"trainer",
+                {{"steps_reported", trainer.steps_reported},
+                 {"wait_seconds_total", trainer.wait_seconds_total},
+                 {"recent_wait_seconds", trainer.recent_wait_seconds},
+                 {"publishes_reported", trainer.publishes_reported},
+                 {"publish_seconds_total", trainer.publish_seconds_total}}},
+               {"rates",
+                {{"window_seconds", rates.window_seconds},
+                 {"accepted_per_s", rates.accepted_per_s},
+                 {"delivered_per_s", rates.delivered_per_s},
+                 {"leases_per_s", rates.leases_per_s}}},
+               {"staleness", histogram_json(page.staleness)}};
+  if (!models.empty()) body["models"] = std::move(models);
   // As any answer of the service: a byte that is not UTF-8 is replaced, never thrown over.
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -916,10 +1023,13 @@ Result<StatusPage::Cluster> DecodeStatusCluster(const Json& json, const std::str
   WEFT_RETURN_IF_ERROR(CheckFields(json, where,
                                    {"id", "region", "capacity", "ready_version", "state", "leases",
                                     "completed", "throughput_per_s", "seconds_since_heartbeat"},
-                                   {"sync"}));
+                                   {"sync", "model"}));
   StatusPage::Cluster c;
   WEFT_ASSIGN_OR_RETURN(c.id, GetString(json, "id", where));
   WEFT_ASSIGN_OR_RETURN(c.region, GetString(json, "region", where));
+  if (json.contains("model")) {
+    WEFT_ASSIGN_OR_RETURN(c.model, GetString(json, "model", where));
+  }
   WEFT_ASSIGN_OR_RETURN(c.capacity, GetCount32(json, "capacity", where));
   WEFT_ASSIGN_OR_RETURN(c.ready_version, GetOptionalVersion(json, "ready_version", where));
   WEFT_ASSIGN_OR_RETURN(c.state, GetString(json, "state", where));
@@ -965,7 +1075,8 @@ Result<StatusPage> DecodeStatusPage(std::string_view answer, const std::string& 
       json, where,
       {"run", "latest_version", "admissible_version", "max_staleness", "jobs", "leases",
        "clusters_lost", "trajectories", "batches", "buffered_by_version_start", "clusters",
-       "regions", "alerts", "journal", "versions", "trainer", "rates", "staleness"}));
+       "regions", "alerts", "journal", "versions", "trainer", "rates", "staleness"},
+      {"models"}));
   StatusPage page;
   WEFT_ASSIGN_OR_RETURN(page.run, GetString(json, "run", where));
   WEFT_ASSIGN_OR_RETURN(page.latest_version, GetOptionalVersion(json, "latest_version", where));
@@ -1050,6 +1161,23 @@ Result<StatusPage> DecodeStatusPage(std::string_view answer, const std::string& 
   for (const auto& [name, region] : regions.items()) {
     WEFT_ASSIGN_OR_RETURN(page.regions[name],
                           DecodeStatusRegion(region, where + ".regions." + name));
+  }
+  if (json.contains("models")) {
+    const Json& models = json["models"];
+    if (!models.is_array()) return InvalidArgument(where + ".models is not an array");
+    for (size_t i = 0; i < models.size(); ++i) {
+      const std::string at = where + ".models[" + std::to_string(i) + "]";
+      WEFT_RETURN_IF_ERROR(
+          CheckFields(models[i], at, {"name", "digest", "queued", "leased", "clusters", "ready"}));
+      StatusPage::Model m;
+      WEFT_ASSIGN_OR_RETURN(m.name, GetString(models[i], "name", at));
+      WEFT_ASSIGN_OR_RETURN(m.digest, GetString(models[i], "digest", at));
+      WEFT_ASSIGN_OR_RETURN(m.queued, GetUnsigned(models[i], "queued", at));
+      WEFT_ASSIGN_OR_RETURN(m.leased, GetUnsigned(models[i], "leased", at));
+      WEFT_ASSIGN_OR_RETURN(m.clusters, GetUnsigned(models[i], "clusters", at));
+      WEFT_ASSIGN_OR_RETURN(m.ready, GetUnsigned(models[i], "ready", at));
+      page.models.push_back(std::move(m));
+    }
   }
   const Json& alerts = json["alerts"];
   if (!alerts.is_array() ||

@@ -42,11 +42,20 @@ std::string Encode(const ClusterAnswer& answer);
 // (the cluster, the event's flag, a cluster token that is not a string).
 Result<ClusterAnswer> DecodeClusterAnswer(std::string_view answer, ClusterEvent event);
 
+// A job kind's name on the wire ("generate", "score"), and back (kInvalidArgument naming the
+// value).
+const char* JobKindName(JobKind kind);
+Result<JobKind> ParseJobKind(const std::string& name);
+
+// A fixed model's digest: 16 to 128 lowercase hex digits (a heartbeat's "sync.digest" is 32).
+Status CheckModelDigest(const std::string& digest, const std::string& where);
+
 // POST /v1/clusters
 struct Registration {
   std::string cluster;
   std::string region;
   uint32_t capacity = 1;  // 1 to 10^6
+  ModelRef model = {};    // "model" and "model_digest", absent for the policy
 };
 std::string Encode(const Registration& registration);
 Result<Registration> DecodeRegistration(std::string_view body);
@@ -99,10 +108,12 @@ Result<uint64_t> DecodeAnnouncement(std::string_view body,
                                     std::optional<double>* publish_seconds = nullptr);
 
 // POST /v1/jobs (samples 1 to 4096 each, at most 100000 jobs), and the ids of the jobs added. A
-// job's "metadata" (optional; null is none) is any JSON value of at most kMaxJobMetadataBytes of
-// text: encoding splices JobSpec::metadata into the body as it is (it must be JSON text, or
-// empty), decoding cuts the value's text out of the body, byte for byte, as it does a
-// submission's samples.
+// job may name its "model" (absent: the policy) and "kind" ("generate", the default, or "score",
+// whose "prompt" is token ids and whose "targets" are the completions to score, 1 to 4096 arrays of
+// 1 to 65536 token ids; "samples", if given, must be their number). A job's "metadata" (optional;
+// null is none) is any JSON value of at most kMaxJobMetadataBytes of text: encoding splices
+// JobSpec::metadata into the body as it is (it must be JSON text, or empty), decoding cuts the
+// value's text out of the body, byte for byte, as it does a submission's samples.
 std::string EncodeJobs(const std::vector<JobSpec>& jobs);
 Result<std::vector<JobSpec>> DecodeJobs(std::string_view body);
 // Checks that `text` is a job's metadata as the jobs route admits it: one JSON value (json_text
@@ -153,6 +164,7 @@ struct StatusPage {
     double throughput_per_s = 0;
     double seconds_since_heartbeat = 0;
     std::optional<SyncReport> sync;  // its last report, if it sent one since the service started
+    std::string model = {};          // a fixed model's name ("model", absent for the policy)
   };
   struct Region {
     uint64_t clusters = 0, ready = 0, leases = 0;
@@ -192,6 +204,12 @@ struct StatusPage {
     double window_seconds = 0;  // what the rates are measured over (0: not yet)
     double accepted_per_s = 0, delivered_per_s = 0, leases_per_s = 0;
   };
+  // Each model jobs name or clusters serve (OrchestratorCore::models): "name" ("" the policy),
+  // "digest" (a fixed model's), "queued", "leased", "clusters" and "ready".
+  struct Model {
+    std::string name, digest;
+    uint64_t queued = 0, leased = 0, clusters = 0, ready = 0;
+  };
   struct Journal {
     uint64_t records = 0, syncs = 0, bytes = 0, generation = 0, compactions = 0;
     uint64_t remembered_done = 0;
@@ -208,6 +226,7 @@ struct StatusPage {
   BatchCounts batches;
   std::map<uint64_t, uint64_t> buffered_by_version_start;  // version_start -> groups buffered
   std::vector<Cluster> clusters;
+  std::vector<Model> models;              // "models" (absent from older orchestrators: empty)
   std::map<std::string, Region> regions;  // by name
   std::vector<std::string> alerts;
   Journal journal;

@@ -2,11 +2,13 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
+#include "common/byte_io.h"
 #include "common/hex.h"
 #include "common/json_fields.h"
 #include "common/names.h"
@@ -310,6 +312,19 @@ std::string Sha256::HexDigest() {
   EVP_DigestFinal_ex(context_, digest, &length);
   Reset();
   return HexEncode({digest, length});
+}
+
+std::string StateDigest(std::vector<std::pair<std::string, std::string>> named) {
+  std::sort(named.begin(), named.end());
+  std::string text;
+  for (const auto& [name, hex] : named) text += name + '\0' + hex + '\0';
+  return Sha256Hex(TextBytes(text)).substr(0, 32);
+}
+
+std::string StateDigest(const Manifest& manifest) {
+  std::vector<std::pair<std::string, std::string>> named;
+  for (const ManifestTensor& t : manifest.tensors) named.emplace_back(t.name, t.digest.ToHex());
+  return StateDigest(std::move(named));
 }
 
 bool IsSha256Hex(std::string_view text) { return text.size() == 64 && IsLowerHex(text); }

@@ -141,6 +141,12 @@ class Sha256 {
  private:
   ::evp_md_ctx_st* context_;  // OpenSSL's EVP_MD_CTX
 };
+// The state digest of a served model (docs/api.md, heartbeats): SHA-256 over each tensor's name
+// and digest (hex), in name order, first 32 hex digits. Of a manifest, the state its version's
+// readers prove they serve; of (name, digest hex) pairs, any copy's.
+std::string StateDigest(std::vector<std::pair<std::string, std::string>> named);
+std::string StateDigest(const Manifest& manifest);
+
 // Whether `text` is a SHA-256 as Sha256Hex writes it: 64 lowercase hex digits.
 bool IsSha256Hex(std::string_view text);
 

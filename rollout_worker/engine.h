@@ -81,6 +81,17 @@ class Engine {
                                                    const Sampling& sampling) = 0;
 
   virtual EngineHealth Health() const = 0;
+
+  // The log-probability the weights give each token of each target, following `prompt` and the
+  // target's tokens before it (teacher forcing): what a teacher tells of a student's samples. The
+  // version is the one that scored them all. kUnavailable as for Generate; an engine that cannot
+  // score refuses with kInvalidArgument.
+  struct Scores {
+    std::vector<std::vector<float>> logprobs;  // one per target token
+    uint64_t version = 0;
+  };
+  virtual Result<Scores> Score(const std::vector<int>& prompt,
+                               const std::vector<std::vector<int>>& targets);
 };
 
 }  // namespace weft::rollout_worker

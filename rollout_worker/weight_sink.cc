@@ -60,10 +60,7 @@ Result<sync::TensorStorage> FilePlacement::Storage(const sync::TensorSpec& spec,
 std::string HostWeightSink::StateDigest() const {
   std::vector<std::pair<std::string, std::string>> named;
   for (const auto& t : copy_.tensors()) named.emplace_back(t.spec.name, t.digest.ToHex());
-  std::sort(named.begin(), named.end());
-  std::string text;
-  for (const auto& [name, hex] : named) text += name + '\0' + hex + '\0';
-  return policy_store::Sha256Hex(TextBytes(text)).substr(0, 32);
+  return policy_store::StateDigest(std::move(named));
 }
 
 }  // namespace weft::rollout_worker

@@ -28,12 +28,44 @@ uint32_t RolloutWorker::total_capacity() const {
   return options_.capacity * static_cast<uint32_t>(std::max(1, engine_.Health().replicas));
 }
 
+Result<Engine::Scores> Engine::Score(const std::vector<int>&,
+                                     const std::vector<std::vector<int>>&) {
+  return InvalidArgument("this engine cannot score tokens (score jobs)");
+}
+
+bool RolloutWorker::PinFixedModel() {
+  policy_store::StoreReader reader(store_, options_.run_id, 1);
+  bool told = false;
+  while (true) {
+    Result<uint64_t> latest = reader.Latest();
+    Result<policy_store::Manifest> manifest =
+        latest.ok() ? reader.GetManifest(*latest) : Result<policy_store::Manifest>(latest.status());
+    if (manifest.ok()) {
+      model_ = {options_.model, policy_store::StateDigest(*manifest)};
+      pinned_ = manifest->version;
+      return true;
+    }
+    if (!told) {
+      WEFT_LOG(kInfo) << "cluster " << options_.cluster << ": waiting for model " << options_.model
+                      << " (run " << options_.run_id
+                      << ") to be published: " << manifest.status().message();
+      told = true;
+    }
+    if (Sleep(std::chrono::milliseconds(500))) return false;
+  }
+}
+
 Status RolloutWorker::Run() {
   const uint32_t capacity = total_capacity();
-  WEFT_RETURN_IF_ERROR(orchestrator_.Register(options_.cluster, options_.region, capacity)
+  if (!options_.model.empty() && !PinFixedModel()) return Status::Ok();  // stopped meanwhile
+  WEFT_RETURN_IF_ERROR(orchestrator_.Register(options_.cluster, options_.region, capacity, model_)
                            .WithContext("registering cluster " + options_.cluster));
   WEFT_LOG(kInfo) << "cluster " << options_.cluster << " (region " << options_.region
-                  << ", capacity " << capacity << ") registered";
+                  << ", capacity " << capacity << ") registered"
+                  << (model_.fixed()
+                          ? ", serving model " + model_.name + " version " +
+                                std::to_string(*pinned_) + " (digest " + model_.digest + ")"
+                          : std::string());
   std::vector<std::thread> threads;
   threads.emplace_back([this] { SyncLoop(); });
   threads.emplace_back([this] { HeartbeatLoop(); });
@@ -142,6 +174,11 @@ void RolloutWorker::SyncLoop() {
   reader.DropCopyForKeyframe(true);
   reader.SpillDeltas(options_.spill_dir);
   bool watch = false;  // the next round waits for the store's latest to change
+  while (pinned_) {
+    // A fixed model: its one version, proved again every verify_interval.
+    SyncOnce(reader, *pinned_);
+    if (SleepForSync(options_.sync_interval)) return;
+  }
   while (true) {
     std::chrono::milliseconds wait(0);
     if (watch) {
@@ -364,7 +401,7 @@ bool RolloutWorker::SendHeartbeat(bool quiet) {
     report = report_;
   }
   const HeartbeatOutcome outcome = rollout_worker::SendHeartbeat(
-      orchestrator_, options_.cluster, options_.region, total_capacity(), ready, &report);
+      orchestrator_, options_.cluster, options_.region, total_capacity(), ready, &report, model_);
   if (outcome.registered_again) {
     // The orchestrator did not know this cluster (it was lost after a long silence): it joins
     // again (a failure shows below).
@@ -458,6 +495,57 @@ std::chrono::milliseconds RolloutWorker::BackOffLeasing() {
       std::chrono::microseconds(core_.BackOffLeasing(Now())));
 }
 
+Status RolloutWorker::ScoreJob(const orchestrator::Lease& lease, const Json& prompt,
+                               orchestrator::wire::Trajectories* trajectories,
+                               std::vector<Completion>* completions, bool* unavailable) {
+  // The job's tokens were checked by the orchestrator when the trainer added it (docs/api.md,
+  // jobs); they are checked again here, since any orchestrator may answer.
+  auto token_ids = [](const Json& list, std::vector<int>* out) {
+    if (!list.is_array() || list.empty()) return false;
+    for (const Json& t : list) {
+      if (!t.is_number_unsigned() || t.get<uint64_t>() > 0x7FFFFFFF) return false;
+      out->push_back(t.get<int>());
+    }
+    return true;
+  };
+  std::vector<int> context;
+  if (!token_ids(prompt, &context))
+    return InvalidArgument("a score job's prompt must be token ids");
+  const Json targets = Json::parse(lease.targets, nullptr, false);
+  if (!targets.is_array() || targets.empty())
+    return InvalidArgument("a score job needs targets: an array of token id arrays");
+  std::vector<std::vector<int>> scored(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (!token_ids(targets[i], &scored[i]))
+      return InvalidArgument("target " + std::to_string(i) + " is not token ids");
+  }
+  Result<Engine::Scores> scores = engine_.Score(context, scored);
+  if (!scores.ok()) {
+    *unavailable = scores.status().code() == StatusCode::kUnavailable;
+    return scores.status();
+  }
+  if (scores->logprobs.size() != scored.size())
+    return Internal("the engine scored " + std::to_string(scores->logprobs.size()) + " of " +
+                    std::to_string(scored.size()) + " targets");
+  for (size_t i = 0; i < scored.size(); ++i) {
+    if (scores->logprobs[i].size() != scored[i].size())
+      return Internal("the engine scored " + std::to_string(scores->logprobs[i].size()) + " of " +
+                      std::to_string(scored[i].size()) + " tokens of target " + std::to_string(i));
+    Completion c;
+    c.tokens = std::move(scored[i]);
+    c.logprobs = std::move(scores->logprobs[i]);
+    c.version_start = c.version_end = scores->version;
+    c.segments = {{scores->version, 0}};
+    orchestrator::wire::TrajectorySample sample;
+    sample.tokens = c.tokens;
+    sample.logprobs = c.logprobs;
+    sample.segments = c.segments;
+    trajectories->samples.push_back(std::move(sample));
+    completions->push_back(std::move(c));
+  }
+  return Status::Ok();
+}
+
 void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   const std::string what =
       "job " + std::to_string(lease.job) + " attempt " + std::to_string(lease.attempt);
@@ -491,10 +579,6 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   const Json metadata =
       lease.metadata.empty() ? Json() : Json::parse(lease.metadata, nullptr, false);
   if (metadata.is_discarded()) return fail(InvalidArgument("the job's metadata is not JSON"));
-  Result<Prompt> encoded = task_.Encode(prompt);
-  if (!encoded.ok()) return fail(encoded.status());
-  Sampling sampling = options_.sampling;
-  sampling.seed = lease.job * 0x9E3779B97F4A7C15ull + lease.attempt * 0xBF58476D1CE4E5B9ull;
   // A lease that arrived while the engine was failing (a long poll already waiting) waits out the
   // backoff before trying (its lease stays alive with the heartbeats), rather than coming straight
   // back and using up the job's attempts.
@@ -506,40 +590,56 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
                         [this]() REQUIRES(mutex_) { return stop_; });
     }
   }
-  Result<std::vector<Completion>> completions =
-      engine_.Generate(std::vector<Prompt>(lease.samples, *encoded), sampling);
-  if (!completions.ok() && completions.status().code() == StatusCode::kUnavailable)
-    return hand_back("the engine is unavailable", completions.status());
-  if (!completions.ok()) {
-    // A refusal (a bad request, a malformed answer) would fail every job the same way: back off
-    // before leasing the next.
-    BackOffLeasing();
-    return fail(completions.status());
-  }
-
   orchestrator::TrajectoryGroup group;
   group.job = lease.job;
   group.attempt = lease.attempt;
   group.cluster = options_.cluster;
-  SetGroupVersions(*completions, &group);
-  if (group.segments.empty()) return fail(Internal("the engine returned no completion"));
   orchestrator::wire::Trajectories trajectories;
   trajectories.prompt = prompt;
+  std::vector<Completion> completions;
   double rewards = 0;
-  for (const Completion& c : *completions) {
-    Result<std::optional<double>> reward = task_.Reward(prompt, metadata, c);
-    // A reward service that is down: the job goes back like one the engine cannot generate.
-    if (!reward.ok() && reward.status().code() == StatusCode::kUnavailable)
-      return hand_back("the reward is unavailable", reward.status());
-    if (!reward.ok()) return fail(reward.status());
-    orchestrator::wire::TrajectorySample sample;
-    sample.tokens = c.tokens;
-    sample.logprobs = c.logprobs;
-    sample.segments = c.segments;
-    if (!c.text.empty()) sample.text = c.text;
-    sample.reward = *reward;  // none: the trainer scores it
-    if (*reward) rewards += **reward;
-    trajectories.samples.push_back(std::move(sample));
+  if (lease.kind == orchestrator::JobKind::kScore) {
+    bool unavailable = false;
+    Status scored = ScoreJob(lease, prompt, &trajectories, &completions, &unavailable);
+    if (unavailable) return hand_back("the engine is unavailable", scored);
+    if (!scored.ok()) {
+      BackOffLeasing();
+      return fail(scored);
+    }
+    SetGroupVersions(completions, &group);
+  } else {
+    Result<Prompt> encoded = task_.Encode(prompt);
+    if (!encoded.ok()) return fail(encoded.status());
+    Sampling sampling = options_.sampling;
+    sampling.seed = lease.job * 0x9E3779B97F4A7C15ull + lease.attempt * 0xBF58476D1CE4E5B9ull;
+    Result<std::vector<Completion>> generated =
+        engine_.Generate(std::vector<Prompt>(lease.samples, *encoded), sampling);
+    if (!generated.ok() && generated.status().code() == StatusCode::kUnavailable)
+      return hand_back("the engine is unavailable", generated.status());
+    if (!generated.ok()) {
+      // A refusal (a bad request, a malformed answer) would fail every job the same way: back off
+      // before leasing the next.
+      BackOffLeasing();
+      return fail(generated.status());
+    }
+    completions = std::move(*generated);
+    SetGroupVersions(completions, &group);
+    if (group.segments.empty()) return fail(Internal("the engine returned no completion"));
+    for (const Completion& c : completions) {
+      Result<std::optional<double>> reward = task_.Reward(prompt, metadata, c);
+      // A reward service that is down: the job goes back like one the engine cannot generate.
+      if (!reward.ok() && reward.status().code() == StatusCode::kUnavailable)
+        return hand_back("the reward is unavailable", reward.status());
+      if (!reward.ok()) return fail(reward.status());
+      orchestrator::wire::TrajectorySample sample;
+      sample.tokens = c.tokens;
+      sample.logprobs = c.logprobs;
+      sample.segments = c.segments;
+      if (!c.text.empty()) sample.text = c.text;
+      sample.reward = *reward;  // none: the trainer scores it
+      if (*reward) rewards += **reward;
+      trajectories.samples.push_back(std::move(sample));
+    }
   }
   // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
   // for the heartbeat that follows a commit landing mid-generation (a rolling load of many
@@ -567,7 +667,7 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   MutexLock lock(mutex_);
   core_.Submitted();  // the engine and the rewards work again
   ++stats_.jobs;
-  stats_.samples += completions->size();
+  stats_.samples += completions.size();
   stats_.tokens += group.tokens;
   stats_.reward_sum += rewards;
 }

@@ -52,6 +52,11 @@ struct WorkerOptions {
   std::string cluster;
   std::string region;
   std::string run_id;
+  // Empty: the worker serves the run's policy, following every version published. Otherwise it
+  // serves a fixed model of this name (docs/api.md, clusters): the version of `run_id` that is
+  // the latest when it starts (it waits for one), registered with that version's state digest and
+  // never left for a later one, and it takes that model's jobs, generate and score.
+  std::string model;
   uint32_t capacity = 1;  // jobs generated at once per engine replica
   Sampling sampling;  // temperature, top_p, max_tokens, stop token (the seed comes from the job)
   std::chrono::milliseconds heartbeat_interval{1000};
@@ -149,6 +154,14 @@ class RolloutWorker {
   void ClaimVersion();
   // Generates, scores and submits one leased job.
   void RunJob(const orchestrator::Lease& lease);
+  // A score job's part of RunJob: the engine's log-probabilities of the lease's targets as the
+  // group's samples; OK, or why not (`unavailable`: the engine could not serve now).
+  Status ScoreJob(const orchestrator::Lease& lease, const nlohmann::json& prompt,
+                  orchestrator::wire::Trajectories* trajectories,
+                  std::vector<Completion>* completions, bool* unavailable);
+  // For a fixed model: waits until its run has a version and pins it (model_, pinned_); false
+  // when stopped first.
+  bool PinFixedModel();
   // Waits until `stop_` or `period` has passed; returns whether stopping.
   bool Sleep(std::chrono::milliseconds period);
   // The Env's monotonic clock, in the worker core's unit.
@@ -184,6 +197,10 @@ class RolloutWorker {
   orchestrator::SyncReport report_ GUARDED_BY(mutex_);
   WorkerStats stats_ GUARDED_BY(mutex_);
   std::vector<uint64_t> to_hand_back_ GUARDED_BY(mutex_);
+  // What the cluster registers as serving (the policy, or a fixed model with its digest), and a
+  // fixed model's pinned version; set before the threads start.
+  orchestrator::ModelRef model_;
+  std::optional<uint64_t> pinned_;
 };
 
 }  // namespace weft::rollout_worker

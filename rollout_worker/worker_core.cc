@@ -84,12 +84,13 @@ void AddSampleVersions(const VersionSegments& segments, uint64_t tokens,
 HeartbeatOutcome SendHeartbeat(orchestrator::ClusterApi& api, const std::string& cluster,
                                const std::string& region, uint32_t capacity,
                                std::optional<uint64_t> ready,
-                               const orchestrator::SyncReport* report) {
+                               const orchestrator::SyncReport* report,
+                               const orchestrator::ModelRef& model) {
   HeartbeatOutcome outcome;
   outcome.status = api.Heartbeat(cluster, ready, report);
   if (outcome.status.code() == StatusCode::kNotFound) {
     outcome.registered_again = true;
-    outcome.status = api.Register(cluster, region, capacity);
+    outcome.status = api.Register(cluster, region, capacity, model);
     if (outcome.status.ok()) outcome.status = api.Heartbeat(cluster, ready, report);
   }
   if (outcome.status.code() == StatusCode::kConflict && ready) {

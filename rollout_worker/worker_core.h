@@ -120,11 +120,12 @@ struct HeartbeatOutcome {
 };
 
 // One heartbeat claiming `ready` with the sync counters `report`. A cluster the orchestrator does
-// not know (lost after a long silence) registers again with `capacity` and heartbeats again; a
-// version published but not announced yet is left out (alive, not ready, until it is).
+// not know (lost after a long silence) registers again with `capacity` and `model` and heartbeats
+// again; a version published but not announced yet is left out (alive, not ready, until it is).
 HeartbeatOutcome SendHeartbeat(orchestrator::ClusterApi& api, const std::string& cluster,
                                const std::string& region, uint32_t capacity,
                                std::optional<uint64_t> ready,
-                               const orchestrator::SyncReport* report);
+                               const orchestrator::SyncReport* report,
+                               const orchestrator::ModelRef& model = {});
 
 }  // namespace weft::rollout_worker

@@ -9,7 +9,7 @@
 namespace weft::sim::internal {
 
 Status Simulation::Api::Register(const std::string& cluster, const std::string& region,
-                                 uint32_t capacity) {
+                                 uint32_t capacity, const orchestrator::ModelRef&) {
   Simulation& sim = sim_;
   ClusterState& c = Cluster(cluster);
   Status s = sim.Timed([&] { return sim.core_.Register(sim.now_, cluster, region, capacity); });

@@ -280,8 +280,9 @@ class Simulation {
   class Api final : public orchestrator::ClusterApi {
    public:
     explicit Api(Simulation& sim) : sim_(sim) {}
-    Status Register(const std::string& cluster, const std::string& region,
-                    uint32_t capacity) override;
+    using orchestrator::ClusterApi::Register;
+    Status Register(const std::string& cluster, const std::string& region, uint32_t capacity,
+                    const orchestrator::ModelRef& model) override;
     Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
                      const orchestrator::SyncReport* sync) override;
     Result<orchestrator::LeaseAnswer> RequestLeases(const std::string& cluster, uint32_t max,

@@ -746,3 +746,103 @@ TEST_CASE("core: cluster ids and regions follow one strict rule") {
 
 }  // namespace
 }  // namespace weft::orchestrator
+
+namespace weft::orchestrator {
+namespace {
+
+const std::string kTeacherDigest = "0123456789abcdef0123456789abcdef";
+
+TEST_CASE(
+    "core: jobs go only to clusters serving their model; a fixed model needs no announcement and "
+    "is never stale") {
+  CoreConfig config;
+  config.max_staleness = 0;
+  OrchestratorCore core(config);
+  REQUIRE(core.Register(0, "student", "eu", 2).ok());
+  REQUIRE(core.Register(0, "teacher-1", "us", 2, "", {"teacher", kTeacherDigest}).ok());
+  // One name, one digest: another digest under the same name is refused and changes nothing.
+  Status other = core.Register(0, "teacher-2", "us", 2, "", {"teacher", "ffff" + kTeacherDigest});
+  CHECK(other.code() == StatusCode::kConflict);
+  CHECK(other.message().find("digest " + kTeacherDigest) != std::string::npos);
+  CHECK(!core.cluster("teacher-2"));
+  CHECK(core.Register(0, "x", "us", 2, "", {"", kTeacherDigest}).code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(core.Register(0, "x", "us", 2, "", {"teacher", ""}).code() == StatusCode::kInvalidArgument);
+
+  JobSpec score{"[1,2]", 2};
+  score.model = "teacher";
+  score.kind = JobKind::kScore;
+  score.targets = "[[3],[4]]";
+  JobSpec missing{"[1]", 1};
+  missing.model = "nobody";
+  const std::vector<uint64_t> ids = core.AddJobs(0, {{"p", 1}, score, missing});
+  // The fixed model's cluster proves its weights (its own version, never announced) and leases
+  // the score job at once; no announcement is needed.
+  REQUIRE(core.Heartbeat(1, "teacher-1", 7).ok());
+  auto teacher = core.RequestLeases(2, "teacher-1", 5);
+  REQUIRE(teacher->size() == 1);
+  CHECK((*teacher)[0].job == ids[1]);
+  CHECK((*teacher)[0].kind == JobKind::kScore);
+  CHECK((*teacher)[0].model == "teacher");
+  CHECK((*teacher)[0].targets == "[[3],[4]]");
+  // The policy's job waits for the policy's announcement and its clusters.
+  CHECK(core.RequestLeases(2, "student", 5)->empty());
+  REQUIRE(core.AnnounceVersion(3, 1).ok());
+  REQUIRE(core.Heartbeat(3, "student", 1).ok());
+  auto student = core.RequestLeases(4, "student", 5);
+  REQUIRE(student->size() == 1);
+  CHECK((*student)[0].job == ids[0]);
+  // The job for a model no cluster serves waits, and an alert names it.
+  CHECK(core.queued_jobs() == 1);
+  bool named = false;
+  for (const std::string& alert : core.Alerts(5))
+    named = named || alert.find("model nobody and no cluster serves it") != std::string::npos;
+  CHECK(named);
+  const std::vector<ModelView> models = core.models();
+  REQUIRE(models.size() == 3);
+  CHECK(models[0].name.empty());
+  CHECK(models[1].name == "nobody");
+  CHECK(models[1].queued == 1);
+  CHECK(models[2].name == "teacher");
+  CHECK(models[2].digest == kTeacherDigest);
+  CHECK(models[2].leased == 1);
+  CHECK(models[2].ready == 1);
+
+  // A score group is tagged with the fixed model's version, which the policy never announced, and
+  // stays fresh however far the policy moves on.
+  CHECK(core.Submit(5, Make((*teacher)[0], "teacher-1", 7, 7)).value() == SubmitResult::kAccepted);
+  CHECK(core.Submit(5, Make((*student)[0], "student", 1, 1)).value() == SubmitResult::kAccepted);
+  REQUIRE(core.AnnounceVersion(6, 9).ok());
+  Batch batch = core.TakeBatch(7, 10);
+  REQUIRE(batch.items.size() == 1);
+  CHECK(batch.items[0].model == "teacher");
+  CHECK(batch.items[0].kind == JobKind::kScore);
+  CHECK(!batch.items[0].stale);
+  CHECK(core.counters().dropped_stale == 1);  // the policy's group, 8 versions behind at k = 0
+
+  // The whole state survives a snapshot, models included.
+  Result<OrchestratorCore> restored = OrchestratorCore::Restore(config, core.Snapshot());
+  REQUIRE(restored.ok());
+  CHECK(restored->Snapshot() == core.Snapshot());
+  CHECK(
+      restored->Register(8, "teacher-3", "us", 1, "", {"teacher", "ab" + kTeacherDigest}).code() ==
+      StatusCode::kConflict);
+}
+
+TEST_CASE("core: a cluster registering again with another model hands back what it held") {
+  OrchestratorCore core(CoreConfig{});
+  REQUIRE(core.Register(0, "c", "eu", 2, "", {"teacher", kTeacherDigest}).ok());
+  JobSpec job{"[1]", 1};
+  job.model = "teacher";
+  core.AddJobs(0, {job});
+  REQUIRE(core.Heartbeat(1, "c", 0).ok());
+  REQUIRE(core.RequestLeases(2, "c", 1)->size() == 1);
+  REQUIRE(core.Register(3, "c", "eu", 2).ok());  // now the policy's
+  CHECK(core.leased_jobs() == 0);
+  CHECK(core.queued_jobs() == 1);
+  CHECK(!core.cluster("c")->ready_version);
+  CHECK(core.cluster("c")->model.empty());
+}
+
+}  // namespace
+}  // namespace weft::orchestrator

@@ -522,3 +522,36 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace weft::orchestrator
+
+namespace weft::orchestrator {
+namespace {
+
+TEST_CASE("durable core: models, fixed digests and score jobs come back from the journal") {
+  const std::string path = TempPath("durable_models");
+  const std::string digest = "00112233445566778899aabbccddeeff";
+  std::string before;
+  {
+    auto durable = std::move(DurableCore::Open(path, CoreConfig{})).value();
+    REQUIRE(durable->Register(0, "t", "us", 2, "", nullptr, {"teacher", digest}).ok());
+    JobSpec score{"[1,2]", 2, "{\"group\":7}"};
+    score.model = "teacher";
+    score.kind = JobKind::kScore;
+    score.targets = "[[3],[4]]";
+    JobSpec plain{"[5]", 1};
+    plain.model = "teacher";
+    REQUIRE(durable->AddJobs(1, {score, plain, {"\"p\"", 1}}).ok());
+    REQUIRE(durable->Heartbeat(2, "t", 0).ok());
+    auto leases = std::move(durable->RequestLeases(3, "t", 1)).value();
+    REQUIRE(leases.size() == 1);
+    CHECK(leases[0].targets == "[[3],[4]]");
+    before = durable->Inspect([](const OrchestratorCore& core) { return core.Snapshot(); });
+  }
+  auto reopened = std::move(DurableCore::Open(path, CoreConfig{})).value();
+  CHECK(reopened->Inspect([](const OrchestratorCore& core) { return core.Snapshot(); }) == before);
+  CHECK(reopened->Register(4, "u", "us", 2, "", nullptr, {"teacher", "ff" + digest}).code() ==
+        StatusCode::kConflict);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace weft::orchestrator

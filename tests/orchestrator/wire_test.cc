@@ -538,3 +538,82 @@ TEST_CASE("wire: the golden status body is the encoder's, and its broken copies 
 
 }  // namespace
 }  // namespace weft::orchestrator::wire
+
+namespace weft::orchestrator::wire {
+namespace {
+
+TEST_CASE("wire: models and score jobs: round trips, and refusals that name the field") {
+  const std::string digest = "0123456789abcdef0123456789abcdef";
+  Registration r{"t", "us", 2, {"teacher", digest}};
+  Result<Registration> back = DecodeRegistration(Encode(r));
+  REQUIRE(back.ok());
+  CHECK(back->model.name == "teacher");
+  CHECK(back->model.digest == digest);
+  CHECK(DecodeRegistration(R"({"cluster": "c", "region": "r", "capacity": 1, "model": "t"})")
+            .status()
+            .message() == "cluster: a fixed model needs both 'model' and 'model_digest'");
+  CHECK(DecodeRegistration(
+            R"({"cluster": "c", "region": "r", "capacity": 1, "model": "t", "model_digest": "XY"})")
+            .status()
+            .message() == "cluster.model_digest is not 16 to 128 lowercase hex digits");
+
+  JobSpec score{"[1,2]", 2};
+  score.model = "teacher";
+  score.kind = JobKind::kScore;
+  score.targets = "[[3,4],[5]]";
+  Result<std::vector<JobSpec>> jobs = DecodeJobs(EncodeJobs({{"\"p\"", 3}, score}));
+  REQUIRE(jobs.ok());
+  CHECK((*jobs)[0].kind == JobKind::kGenerate);
+  CHECK((*jobs)[0].model.empty());
+  CHECK((*jobs)[1].kind == JobKind::kScore);
+  CHECK((*jobs)[1].model == "teacher");
+  CHECK((*jobs)[1].targets == "[[3,4],[5]]");
+  CHECK((*jobs)[1].samples == 2);
+  auto refused = [](const std::string& body) { return DecodeJobs(body).status().message(); };
+  CHECK(refused(R"({"prompts": [{"prompt": "a", "kind": "score", "targets": [[1]]}]})") ==
+        "jobs.prompts[0].prompt of a score job must be token ids (0 to 2^31-1)");
+  CHECK(refused(R"({"prompts": [{"prompt": [1], "kind": "score"}]})") ==
+        "jobs.prompts[0].targets must be 1 to 4096 completions to score");
+  CHECK(refused(R"({"prompts": [{"prompt": [1], "kind": "score", "targets": [[1], []]}]})") ==
+        "jobs.prompts[0].targets[1] is not 1 to 65536 token ids (0 to 2^31-1)");
+  CHECK(refused(
+            R"({"prompts": [{"prompt": [1], "kind": "score", "targets": [[1]], "samples": 2}]})") ==
+        "jobs.prompts[0].samples must be the number of targets, 1");
+  CHECK(refused(R"({"prompts": [{"prompt": "a", "targets": [[1]]}]})") ==
+        "jobs.prompts[0].targets is for score jobs only");
+  CHECK(refused(R"({"prompts": [{"prompt": "a", "kind": "rank"}]})") ==
+        "jobs.prompts[0].kind: 'rank' is not a job kind (generate or score)");
+
+  // Leases and batches carry the model and kind; the policy's generate jobs carry neither.
+  Lease lease{1, 1, 5, 0, "[1,2]", 2};
+  lease.model = "teacher";
+  lease.kind = JobKind::kScore;
+  lease.targets = "[[3,4],[5]]";
+  Result<LeaseAnswer> leases =
+      DecodeLeases(EncodeLeases({{lease, Lease{2, 1, 5, 0, "\"p\"", 1}}, std::nullopt}));
+  REQUIRE(leases.ok());
+  CHECK(leases->leases[0].kind == JobKind::kScore);
+  CHECK(leases->leases[0].targets == "[[3,4],[5]]");
+  CHECK(leases->leases[0].model == "teacher");
+  CHECK(leases->leases[1].kind == JobKind::kGenerate);
+  CHECK(EncodeLeases({{Lease{2, 1, 5, 0, "\"p\"", 1}}, std::nullopt}).find("kind") ==
+        std::string::npos);
+  Batch batch;
+  batch.id = 3;
+  Delivered d;
+  d.group.job = 1;
+  d.group.attempt = 1;
+  d.group.cluster = "t";
+  d.group.segments = {{0, 0}};
+  d.group.trajectories = "{}";
+  d.model = "teacher";
+  d.kind = JobKind::kScore;
+  batch.items.push_back(d);
+  Result<Batch> decoded = DecodeBatch(Encode(batch));
+  REQUIRE(decoded.ok());
+  CHECK(decoded->items[0].model == "teacher");
+  CHECK(decoded->items[0].kind == JobKind::kScore);
+}
+
+}  // namespace
+}  // namespace weft::orchestrator::wire

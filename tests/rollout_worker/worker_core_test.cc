@@ -154,8 +154,9 @@ class ScriptedApi : public orchestrator::ClusterApi {
   std::deque<Status> heartbeats, registrations;
   std::vector<std::string> calls;
 
-  Status Register(const std::string& cluster, const std::string& region,
-                  uint32_t capacity) override {
+  using orchestrator::ClusterApi::Register;
+  Status Register(const std::string& cluster, const std::string& region, uint32_t capacity,
+                  const orchestrator::ModelRef&) override {
     calls.push_back("register " + cluster + " " + region + " " + std::to_string(capacity));
     return Next(registrations);
   }

@@ -483,9 +483,10 @@ struct InProcessRun {
 class HeartbeatWatch : public ClusterApi {
  public:
   explicit HeartbeatWatch(ClusterApi& inner) : inner_(inner) {}
-  Status Register(const std::string& cluster, const std::string& region,
-                  uint32_t capacity) override {
-    return inner_.Register(cluster, region, capacity);
+  using ClusterApi::Register;
+  Status Register(const std::string& cluster, const std::string& region, uint32_t capacity,
+                  const orchestrator::ModelRef& model) override {
+    return inner_.Register(cluster, region, capacity, model);
   }
   Status Heartbeat(const std::string& cluster, std::optional<uint64_t> ready_version,
                    const SyncReport* sync) override {
@@ -641,6 +642,75 @@ TEST_CASE(
   }));
   CHECK(sink.proofs.load() >= 2);
   CHECK(worker.sync_report().keyframe_pulls == 2);
+  worker.Stop();
+  running.join();
+  CHECK(ran.ok());
+}
+
+}  // namespace
+}  // namespace weft::rollout_worker
+
+namespace weft::rollout_worker {
+namespace {
+
+TEST_CASE(
+    "rollout worker: a fixed model's worker registers its digest, keeps its version and answers "
+    "score jobs with the engine's log-probabilities") {
+  InProcessRun run("worker_fixed_model");
+  DurableCore* core = run.core.get();
+  // What the scores must be: a second engine serving the same version 0.
+  examples::EmbeddedEngine reference(run.model, 1);
+  REQUIRE(reference.Stage(run.publisher->served(), 0).ok());
+  REQUIRE(reference.Commit().ok());
+  const policy_store::Manifest v0 = run.publisher->last();
+  WorkerOptions options =
+      SmallWorker(1, std::chrono::milliseconds(50), std::chrono::milliseconds(100));
+  options.model = "teacher";
+  RolloutWorker worker(options, run.api, *run.store, run.engine, run.verifier);
+  Status ran = Internal("not finished");
+  std::thread running([&] { ran = worker.Run(); });
+  REQUIRE(WaitFor([&] { return worker.ready_version() == std::optional<uint64_t>(0); }));
+  // A later version of its run is not followed: the model is fixed.
+  std::vector<float> weights = run.layout.Initialize(3);
+  for (float& w : weights) w *= 1.05f;
+  REQUIRE(run.publisher->Publish(run.layout.Master(weights)).ok());
+  const std::vector<int> prompt = {examples::ArithmeticTask::kBegin, 1, 2};
+  const std::vector<std::vector<int>> targets = {{3, 4}, {5}};
+  JobSpec score{"[" + std::to_string(prompt[0]) + ",1,2]", 2};
+  score.model = "teacher";
+  score.kind = JobKind::kScore;
+  score.targets = "[[3,4],[5]]";
+  // A job of the policy's waits: no cluster serving the policy is there.
+  REQUIRE(core->AddJobs(WallMicros(), {score, {"\"1+2=\"", 1}}).ok());
+  std::vector<Delivered> delivered;
+  REQUIRE(WaitFor([&] {
+    Result<Batch> batch = core->TakeBatch(WallMicros(), 10);
+    REQUIRE(batch.ok());
+    for (Delivered& d : batch->items) delivered.push_back(std::move(d));
+    return !delivered.empty();
+  }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(run.engine.version() == std::optional<uint64_t>(0));
+  REQUIRE(delivered.size() == 1);
+  CHECK(delivered[0].model == "teacher");
+  CHECK(delivered[0].kind == JobKind::kScore);
+  Result<trainer_adapter::ReceivedGroup> group = trainer_adapter::ParseGroup(delivered[0], 0);
+  REQUIRE_MESSAGE(group.ok(), group.status().ToString());
+  Result<Engine::Scores> expected = reference.Score(prompt, targets);
+  REQUIRE(expected.ok());
+  REQUIRE(group->samples.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(group->samples[i].tokens == targets[i]);
+    CHECK(group->samples[i].logprobs == expected->logprobs[i]);
+    CHECK(!group->samples[i].reward.has_value());
+  }
+  CHECK(core->Inspect([&](const OrchestratorCore& c) {
+    for (const ModelView& m : c.models()) {
+      if (m.name == "teacher") return m.digest == policy_store::StateDigest(v0);
+    }
+    return false;
+  }));
+  CHECK(core->Inspect([](const OrchestratorCore& c) { return c.queued_jobs(); }) == 1);
   worker.Stop();
   running.join();
   CHECK(ran.ok());
