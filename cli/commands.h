@@ -52,6 +52,7 @@ void RegisterOrchestrator(CLI::App& app, Action* action);
 void RegisterWorker(CLI::App& app, Action* action);
 void RegisterTrain(CLI::App& app, Action* action);
 void RegisterRun(CLI::App& app, Action* action);
+void RegisterGenerate(CLI::App& app, Action* action);
 void RegisterSim(CLI::App& app, Action* action);
 void RegisterDeploy(CLI::App& app, Action* action);
 void RegisterStatus(CLI::App& app, Action* action);

@@ -34,6 +34,22 @@ Result<examples::ExampleTrainerOptions> ExampleTrainerOptionsFor(const RunConfig
   options.optimizer_kind = *optimizer;
   options.optimizer.learning_rate = t.learning_rate;
   options.policy_gradient.truncation = t.truncation;
+  options.algorithm = t.algorithm == "rft"       ? examples::Algorithm::kRft
+                      : t.algorithm == "distill" ? examples::Algorithm::kDistill
+                                                 : examples::Algorithm::kGrpo;
+  options.rft_threshold = t.rft_threshold;
+  if (const FixedModelConfig* teacher = config.FindFixedModel(t.teacher)) {
+    options.teacher.name = teacher->name;
+    options.teacher.run = teacher->run;
+    options.teacher.model.vocab = teacher->shape.vocab;
+    options.teacher.model.d_model = teacher->shape.d_model;
+    options.teacher.model.layers = teacher->shape.layers;
+    options.teacher.model.heads = teacher->shape.heads;
+    options.teacher.model.d_ff = teacher->shape.d_ff;
+    options.teacher.warmup_steps = t.teacher_warmup_steps;
+    options.teacher.warmup_batch = t.teacher_warmup_batch;
+    options.teacher.warmup_learning_rate = t.teacher_warmup_learning_rate;
+  }
   options.eval_problems = t.eval_problems;
   options.publisher.keyframes.interval = t.keyframe_interval;
   options.publisher.keyframes.delta_budget = t.keyframe_budget;

@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
   weft::cli::RegisterRelay(app, &action);
   weft::cli::RegisterOrchestrator(app, &action);
   weft::cli::RegisterRun(app, &action);
+  weft::cli::RegisterGenerate(app, &action);
   weft::cli::RegisterDeploy(app, &action);
   weft::cli::RegisterSim(app, &action);
   weft::cli::RegisterStatus(app, &action);

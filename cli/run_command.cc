@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/example_trainer_config.h"
 #include "cli/run_config.h"
+#include "cli/run_processes.h"
 #include "cli/run_report.h"
 #include "cli/supervisor.h"
 #include "cli/trainer_channel.h"
@@ -89,6 +90,14 @@ Status RunRun(const std::string& config_path) {
             Builtins().MakeEngine(config.worker.engine, component, *task).status());
       }
     }
+    for (const FixedModelConfig& m : config.fixed_models) {  // in its own shape
+      rollout_worker::ComponentConfig own{FixedModelDocument(config, m), config.path, 1};
+      own.cluster = m.name;
+      WEFT_RETURN_IF_ERROR(Builtins()
+                               .MakeEngine(config.worker.engine, own, *task)
+                               .status()
+                               .WithContext("fixed model " + m.name));
+    }
   }
   // The trainer's program, found before anything starts (on the PATH it will have).
   std::string trainer_program;
@@ -118,17 +127,6 @@ Status RunRun(const std::string& config_path) {
   if (error) return Internal("cannot create " + (dir / "logs").string() + ": " + error.message());
   std::ofstream(dir / kMarker) << "made by weft run\n";
   if (config.store_uri.empty()) fs::create_directories(dir / "store");
-  // The orchestrator's own config: the section, with the journal inside the run directory.
-  {
-    YAML::Node section = YAML::Clone(config.orchestrator_section);
-    section["journal"] = (dir / "orchestrator.journal").string();
-    YAML::Node root;
-    root["orchestrator"] = section;
-    YAML::Emitter out;
-    out << root;
-    WEFT_RETURN_IF_ERROR(
-        WriteTextFileAtomic((dir / "orchestrator.yaml").string(), std::string(out.c_str()) + "\n"));
-  }
   const std::string config_abs = fs::absolute(config_path).string();
   // What the trainer reads (docs/run.md, "The trainer"): its settings, resolved.
   WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(TrainerSettingsPath(dir.string()),
@@ -136,46 +134,10 @@ Status RunRun(const std::string& config_path) {
   const std::string progress_path = TrainerProgressPath(dir.string());
   WEFT_ASSIGN_OR_RETURN(const std::string self, ThisProgramPath());
 
-  std::vector<Child> children;
+  WEFT_ASSIGN_OR_RETURN(RunProcesses processes, PlanRunProcesses(config, dir, config_abs));
+  std::vector<Child>& children = processes.children;
+  const size_t first_worker = processes.first_worker;
   const std::string listen_orchestrator = config.orchestrator_listen();
-  if (config.store_uri.empty()) {
-    children.push_back(MakeChild("store",
-                                 {"store", "serve", "--store", (dir / "store").string(), "--listen",
-                                  config.store_listen, "--threads", "4"},
-                                 true, config.store_listen));
-  }
-  children.push_back(MakeChild("orchestrator",
-                               {"orchestrator", "--config", (dir / "orchestrator.yaml").string()},
-                               true, listen_orchestrator));
-  for (const RegionConfig& r : config.regions) {
-    std::vector<std::string> args = {"relay",
-                                     "--upstream",
-                                     config.store_url(),
-                                     "--cache",
-                                     (dir / "relays" / r.name).string(),
-                                     "--listen",
-                                     r.relay_listen,
-                                     "--threads",
-                                     "16"};
-    if (r.bandwidth > 0)
-      args.insert(args.end(), {"--shape-bandwidth", std::to_string(r.bandwidth)});
-    if (r.latency.count() > 0)
-      args.insert(args.end(), {"--shape-latency", std::to_string(r.latency.count()) + "us"});
-    children.push_back(MakeChild("relay-" + r.name, args, true, r.relay_listen));
-  }
-  const size_t first_worker = children.size();
-  for (const RegionConfig& r : config.regions) {
-    for (int i = 1; i <= r.workers; ++i) {
-      const std::string name = r.name + "-" + std::to_string(i);
-      std::vector<std::string> args = {"worker", "--config", config_abs, "--cluster",
-                                       name,     "--region", r.name};
-      if (!r.worker_engines.empty()) {
-        for (const std::string& url : r.worker_engines[i - 1])
-          args.insert(args.end(), {"--engine-url", url});
-      }
-      children.push_back(MakeChild("worker-" + name, args, false));
-    }
-  }
   const size_t trainer_index = children.size();
   if (config.trainer_command.empty()) {
     children.push_back(MakeChild("trainer",
@@ -197,28 +159,11 @@ Status RunRun(const std::string& config_path) {
   Supervisor supervisor(self, (dir / "logs").string());
   // The workers (and the trainer) first: they drain, handing back jobs, and deregister. Then the
   // relays, the orchestrator and the store, in the reverse of their start.
-  auto stop_workers = [&] {
-    std::vector<Child*> workers;
-    for (size_t i = first_worker; i < children.size(); ++i) workers.push_back(&children[i]);
-    supervisor.Stop(workers, std::chrono::seconds(20));
-  };
-  auto stop_infrastructure = [&] {
-    std::vector<Child*> infrastructure;
-    for (size_t i = first_worker; i-- > 0;) infrastructure.push_back(&children[i]);
-    supervisor.Stop(infrastructure, std::chrono::seconds(10));
-  };
+  auto stop_workers = [&] { StopWorkers(supervisor, children, first_worker); };
+  auto stop_infrastructure = [&] { StopInfrastructure(supervisor, children, first_worker); };
   std::printf("weft run %s: run %s in %s (logs in %s/logs)\n", config_path.c_str(),
               config.run_id.c_str(), dir.string().c_str(), dir.string().c_str());
-  for (size_t i = 0; i < first_worker; ++i) {
-    WEFT_RETURN_IF_ERROR(supervisor.Start(children[i]));
-    if (!WaitForPort(children[i].listen, std::chrono::seconds(20), children[i])) {
-      stop_infrastructure();
-      return Unavailable(children[i].name + " did not start listening on " + children[i].listen +
-                         " (see " + dir.string() + "/logs/" + children[i].name + ".log)");
-    }
-  }
-  for (size_t i = first_worker; i < children.size(); ++i)
-    WEFT_RETURN_IF_ERROR(supervisor.Start(children[i]));
+  WEFT_RETURN_IF_ERROR(StartRunProcesses(supervisor, children, first_worker, dir));
   const std::string own_store =
       config.store_uri.empty() ? "the store (" + config.store_listen + "), " : "";
   const std::string shared_store =
@@ -250,25 +195,11 @@ Status RunRun(const std::string& config_path) {
       break;
     }
     bool trainer_done = false;
-    for (Child* ended : supervisor.Reap(children)) {
+    for (Child* ended : ReapRunProcesses(supervisor, children, dir, tty, &failure)) {
       if (ended == &children[trainer_index]) {
         trainer_done = true;
         if (ended->exit_code != 0)
           failure = "the trainer " + ended->ended + " (see " + dir.string() + "/logs/trainer.log)";
-      } else if (ended->restart) {
-        std::printf("%s%s %s; restarting it\n", tty ? "\n" : "", ended->name.c_str(),
-                    ended->ended.c_str());
-        ++ended->restarts;
-        if (ended->restarts > 5) {
-          failure =
-              ended->name + " keeps dying (see " + dir.string() + "/logs/" + ended->name + ".log)";
-          break;
-        }
-        Status restarted = supervisor.Start(*ended);
-        if (!restarted.ok()) failure = restarted.message();
-      } else {
-        std::printf("%s%s %s; its jobs go to the other workers\n", tty ? "\n" : "",
-                    ended->name.c_str(), ended->ended.c_str());
       }
     }
     if (!failure.empty() || trainer_done) break;

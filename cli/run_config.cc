@@ -8,6 +8,7 @@
 
 #include "cli/builtins.h"
 #include "cli/trainer_channel.h"
+#include "common/names.h"
 #include "common/yaml_fields.h"
 #include "policy_store/manifest.h"
 #include "policy_store/object_store.h"
@@ -116,9 +117,10 @@ std::optional<std::string> KnownOptimizer(const std::string& name) {
 }
 
 Status ParseSections(const YAML::Node& root, RunConfig& c) {
-  WEFT_RETURN_IF_ERROR(CheckKeys(root, "(top level)",
-                                 {"run", "store", "orchestrator", "regions", "worker", "engine",
-                                  "model", "task", "trainer", "deploy"}));
+  WEFT_RETURN_IF_ERROR(
+      CheckKeys(root, "(top level)",
+                {"run", "store", "orchestrator", "regions", "worker", "engine", "model", "task",
+                 "trainer", "deploy", "fixed_models", "generate"}));
   if (const YAML::Node run = root["run"]) {
     WEFT_RETURN_IF_ERROR(CheckKeys(run, "run", {"id", "dir", "time_limit"}));
     WEFT_RETURN_IF_ERROR(ReadString(run, "run", "id", &c.run_id));
@@ -177,7 +179,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     const std::string where = "regions[" + std::to_string(i) + "]";
     const YAML::Node r = regions[i];
     WEFT_RETURN_IF_ERROR(CheckKeys(
-        r, where, {"name", "relay", "bandwidth", "latency", "workers", "worker_engines"}));
+        r, where,
+        {"name", "relay", "bandwidth", "latency", "workers", "worker_engines", "models"}));
     RegionConfig region;
     WEFT_RETURN_IF_ERROR(ReadString(r, where, "name", &region.name));
     if (region.name.empty() || region.name.find_first_not_of(
@@ -219,7 +222,77 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
         region.worker_engines.push_back(std::move(list));
       }
     }
+    if (const YAML::Node models = r["models"]) {
+      if (!models.IsMap())
+        return InvalidArgument(where + ".models must map fixed models to worker counts" +
+                               LineOf(models));
+      for (const auto& entry : models) {
+        const std::string name = entry.first.as<std::string>("");
+        int count = 0;
+        WEFT_RETURN_IF_ERROR(ReadInt(models, where + ".models", name, &count, 0, 64));
+        region.model_workers[name] = count;
+      }
+    }
     c.regions.push_back(region);
+  }
+  // Fixed models: the names regions and the trainer refer to.
+  if (const YAML::Node fixed = root["fixed_models"]) {
+    if (!fixed.IsSequence()) return InvalidArgument("fixed_models must be a list" + LineOf(fixed));
+    for (size_t i = 0; i < fixed.size(); ++i) {
+      const std::string where = "fixed_models[" + std::to_string(i) + "]";
+      WEFT_RETURN_IF_ERROR(CheckKeys(fixed[i], where, {"name", "run", "model"}));
+      FixedModelConfig m;
+      WEFT_RETURN_IF_ERROR(ReadString(fixed[i], where, "name", &m.name));
+      WEFT_RETURN_IF_ERROR(CheckName(m.name, where + ".name"));
+      m.run = m.name;
+      WEFT_RETURN_IF_ERROR(ReadString(fixed[i], where, "run", &m.run));
+      WEFT_RETURN_IF_ERROR(policy_store::ValidateRunId(m.run).WithContext(where + ".run"));
+      if (m.run == c.run_id)
+        return InvalidArgument(where + ".run: '" + m.run +
+                               "' is the policy's run (run.id); a fixed model needs its own");
+      if (c.FindFixedModel(m.name) != nullptr)
+        return InvalidArgument(where + ".name: model '" + m.name + "' appears twice");
+      m.model = fixed[i]["model"] ? YAML::Clone(fixed[i]["model"]) : YAML::Clone(root["model"]);
+      WEFT_RETURN_IF_ERROR(ParseModelSection(m.model, &m.shape).WithContext(where));
+      c.fixed_models.push_back(std::move(m));
+    }
+  }
+  if (const YAML::Node g = root["generate"]) {
+    GenerateSettings& s = c.generate;
+    s.present = true;
+    WEFT_RETURN_IF_ERROR(CheckKeys(g, "generate",
+                                   {"model", "checkpoint", "dataset", "samples", "output",
+                                    "shard_records", "min_reward", "jobs_ahead"}));
+    WEFT_RETURN_IF_ERROR(ReadString(g, "generate", "model", &s.model));
+    if (c.FindFixedModel(s.model) == nullptr)
+      return InvalidArgument("generate.model: '" + s.model + "' is not one of fixed_models" +
+                             LineOf(g["model"]));
+    WEFT_RETURN_IF_ERROR(ReadString(g, "generate", "checkpoint", &s.checkpoint));
+    WEFT_RETURN_IF_ERROR(ReadString(g, "generate", "dataset", &s.dataset));
+    if (s.dataset.empty()) return InvalidArgument("generate.dataset is needed" + LineOf(g));
+    WEFT_RETURN_IF_ERROR(ReadString(g, "generate", "output", &s.output));
+    if (s.output.empty()) return InvalidArgument("generate.output is needed" + LineOf(g));
+    int samples = static_cast<int>(s.samples);
+    WEFT_RETURN_IF_ERROR(ReadInt(g, "generate", "samples", &samples, 1, 4096));
+    s.samples = static_cast<uint32_t>(samples);
+    int shard = static_cast<int>(std::min<uint64_t>(s.shard_records, 1 << 30));
+    WEFT_RETURN_IF_ERROR(ReadInt(g, "generate", "shard_records", &shard, 1, 1 << 30));
+    s.shard_records = static_cast<uint64_t>(shard);
+    int ahead = static_cast<int>(s.jobs_ahead);
+    WEFT_RETURN_IF_ERROR(ReadInt(g, "generate", "jobs_ahead", &ahead, 1, 100000));
+    s.jobs_ahead = static_cast<uint32_t>(ahead);
+    if (g["min_reward"]) {
+      double min_reward = 0;
+      WEFT_RETURN_IF_ERROR(ReadDouble(g, "generate", "min_reward", &min_reward));
+      s.min_reward = min_reward;
+    }
+  }
+  for (const RegionConfig& region : c.regions) {
+    for (const auto& [name, count] : region.model_workers) {
+      if (c.FindFixedModel(name) == nullptr)
+        return InvalidArgument("regions: region " + region.name + " runs workers of model '" +
+                               name + "', which fixed_models does not name");
+    }
   }
 
   if (const YAML::Node w = root["worker"]) {
@@ -266,12 +339,53 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   // From here on model.context is the model's positions, resolved.
   WEFT_ASSIGN_OR_RETURN(t.model.context, ModelPositions(t.model, c.task_limits));
   if (const YAML::Node tr = root["trainer"]) {
-    WEFT_RETURN_IF_ERROR(
-        CheckKeys(tr, "trainer",
-                  {"seed", "threads", "warmup", "steps", "prompts_per_step", "samples_per_prompt",
-                   "steps_ahead", "optimizer", "learning_rate", "truncation", "eval_problems",
-                   "keyframe_interval", "keyframe_budget", "delta_mode", "stall_after",
-                   "min_step_time", "command", "env"}));
+    WEFT_RETURN_IF_ERROR(CheckKeys(tr, "trainer",
+                                   {"seed",
+                                    "threads",
+                                    "warmup",
+                                    "steps",
+                                    "prompts_per_step",
+                                    "samples_per_prompt",
+                                    "steps_ahead",
+                                    "optimizer",
+                                    "learning_rate",
+                                    "truncation",
+                                    "eval_problems",
+                                    "keyframe_interval",
+                                    "keyframe_budget",
+                                    "delta_mode",
+                                    "stall_after",
+                                    "min_step_time",
+                                    "command",
+                                    "env",
+                                    "algorithm",
+                                    "rft_threshold",
+                                    "teacher"}));
+    WEFT_RETURN_IF_ERROR(ReadString(tr, "trainer", "algorithm", &t.algorithm));
+    if (t.algorithm != "grpo" && t.algorithm != "rft" && t.algorithm != "distill")
+      return InvalidArgument("trainer.algorithm: '" + t.algorithm +
+                             "' is not grpo, rft or distill" + LineOf(tr["algorithm"]));
+    if (tr["rft_threshold"]) {
+      WEFT_RETURN_IF_ERROR(ReadPositive(tr, "trainer", "rft_threshold", &t.rft_threshold, 1e9));
+    }
+    if (const YAML::Node teacher = tr["teacher"]) {
+      WEFT_RETURN_IF_ERROR(CheckKeys(teacher, "trainer.teacher", {"model", "warmup"}));
+      WEFT_RETURN_IF_ERROR(ReadString(teacher, "trainer.teacher", "model", &t.teacher));
+      if (c.FindFixedModel(t.teacher) == nullptr)
+        return InvalidArgument("trainer.teacher.model: '" + t.teacher +
+                               "' is not one of fixed_models" + LineOf(teacher["model"]));
+      if (const YAML::Node warmup = teacher["warmup"]) {
+        const std::string at = "trainer.teacher.warmup";
+        WEFT_RETURN_IF_ERROR(CheckKeys(warmup, at, {"steps", "batch", "learning_rate"}));
+        WEFT_RETURN_IF_ERROR(ReadInt(warmup, at, "steps", &t.teacher_warmup_steps, 0, 1000000));
+        WEFT_RETURN_IF_ERROR(ReadInt(warmup, at, "batch", &t.teacher_warmup_batch, 1, 65536));
+        WEFT_RETURN_IF_ERROR(
+            ReadPositive(warmup, at, "learning_rate", &t.teacher_warmup_learning_rate, 1.0));
+      }
+    }
+    if (t.algorithm == "distill" && t.teacher.empty())
+      return InvalidArgument("trainer.algorithm distill needs trainer.teacher.model" +
+                             LineOf(tr["algorithm"]));
     WEFT_RETURN_IF_ERROR(ReadCommand(tr, &c.trainer_command));
     WEFT_RETURN_IF_ERROR(ReadEnvironment(tr, &c.trainer_env));
     WEFT_RETURN_IF_ERROR(ReadUnsigned(tr, "trainer", "seed", &t.seed));
@@ -339,6 +453,21 @@ Status RunConfig::NeedTokens(bool worker, bool trainer, bool admin) const {
     }
   }
   return Status::Ok();
+}
+
+YAML::Node FixedModelDocument(const RunConfig& config, const FixedModelConfig& model) {
+  YAML::Node document = YAML::Clone(config.document);
+  document["model"] = YAML::Clone(model.model);
+  // Its positions are the policy's: it scores the policy's sequences.
+  if (!document["model"]["context"]) document["model"]["context"] = config.model_positions();
+  return document;
+}
+
+const FixedModelConfig* RunConfig::FindFixedModel(const std::string& name) const {
+  for (const FixedModelConfig& m : fixed_models) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
 }
 
 const RegionConfig* RunConfig::FindRegion(const std::string& name) const {

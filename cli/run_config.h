@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,18 @@ struct RegionConfig {
   int workers = 2;
   // Per worker, the engine replicas it drives (empty: engine.urls; docs/run.md, "Configuration").
   std::vector<std::vector<std::string>> worker_engines;
+  // models: workers serving each fixed model (fixed_models), by its name, beside `workers`.
+  std::map<std::string, int> model_workers;
+};
+
+// A fixed model of the run (fixed_models: in docs/run.md): a model that never changes, which
+// clusters serve beside the policy and jobs name (a teacher, or the model `weft generate` runs).
+struct FixedModelConfig {
+  std::string name;  // as its clusters register it and jobs name it
+  std::string run;   // the store run that holds it (its latest version when a worker starts)
+  // Its engine's `model` section (the top-level one when not given) and that section read.
+  YAML::Node model;
+  ModelSection shape;
 };
 
 struct WorkerSettings {
@@ -73,6 +86,32 @@ struct TrainerSettings {
   sync::DeltaMode delta_mode = sync::DeltaMode::kPlain;
   std::chrono::milliseconds stall_after{300000};
   std::chrono::milliseconds min_step_time{0};
+  // The learning rule: grpo, rft (rejection sampling: a supervised step on the samples whose
+  // reward is at least rft_threshold) or distill (on-policy distillation from `teacher`, a fixed
+  // model, by its per-token log-probabilities of the policy's samples).
+  std::string algorithm = "grpo";
+  double rft_threshold = 1.0;
+  std::string teacher;  // trainer.teacher.model: a fixed model's name
+  // trainer.teacher.warmup: how the built-in trainer makes the teacher when its run has no
+  // version yet (supervised steps of the example policy in the fixed model's shape).
+  int teacher_warmup_steps = 2000;
+  int teacher_warmup_batch = 64;
+  double teacher_warmup_learning_rate = 3e-3;
+};
+
+// The generate: section (`weft generate`; docs/run.md, "Generating datasets"): a run with no
+// trainer, in which a fixed model's workers sample completions of a dataset's prompts.
+struct GenerateSettings {
+  bool present = false;
+  std::string model;       // a fixed model's name (fixed_models)
+  std::string checkpoint;  // safetensors published as the model's run when it has no version
+  std::string dataset;     // JSONL prompts, each with an id
+  uint32_t samples = 1;    // per prompt (a line's own `samples` overrides it)
+  std::string output;      // the directory the records go to
+  uint64_t shard_records = 100000;  // records per shard file
+  std::optional<double>
+      min_reward;             // the filter: a sample is kept when its reward is at least this
+  uint32_t jobs_ahead = 256;  // jobs queued at the orchestrator at once
 };
 
 struct RunConfig {
@@ -87,6 +126,7 @@ struct RunConfig {
   YAML::Node orchestrator_section;  // passed on to `weft orchestrator`
   orchestrator::OrchestratorConfig orchestrator;
   std::vector<RegionConfig> regions;
+  std::vector<FixedModelConfig> fixed_models;
   WorkerSettings worker;
   std::string task = "arithmetic";         // task.kind, by name (rollout_worker/registry.h)
   rollout_worker::TaskLimits task_limits;  // the lengths the task gives workers
@@ -95,8 +135,9 @@ struct RunConfig {
   // trainer.env: variables added to its environment.
   std::vector<std::string> trainer_command;
   std::map<std::string, std::string> trainer_env;
-  YAML::Node document;  // the whole file, for the engine's and task's factories
-  DeployConfig deploy;  // the deploy: section (weft deploy; weft run ignores it)
+  YAML::Node document;        // the whole file, for the engine's and task's factories
+  DeployConfig deploy;        // the deploy: section (weft deploy; weft run ignores it)
+  GenerateSettings generate;  // the generate: section (weft generate; weft run ignores it)
 
   std::string orchestrator_listen() const;  // ADDRESS:PORT
   std::string orchestrator_url() const { return "http://" + orchestrator_listen(); }
@@ -107,6 +148,7 @@ struct RunConfig {
     return store_uri.empty() ? run_dir + "/store" : store_uri;
   }
   const RegionConfig* FindRegion(const std::string& name) const;
+  const FixedModelConfig* FindFixedModel(const std::string& name) const;
   // Ok when the config (or WEFT_*_TOKEN in the environment) gives the role tokens asked for:
   // `weft run` and the orchestrator need all three, a worker its own, a trainer its own.
   Status NeedTokens(bool worker, bool trainer, bool admin) const;
@@ -118,6 +160,11 @@ struct RunConfig {
 };
 
 Result<RunConfig> LoadRunConfig(const std::string& path);
+
+// The run's document as a fixed model's workers read it: its `model` section in place of the
+// policy's, so that the engine a worker makes has the fixed model's shape (and, unless the section
+// says otherwise, the policy's positions, model.context).
+YAML::Node FixedModelDocument(const RunConfig& config, const FixedModelConfig& model);
 
 // Whether `name` is an environment variable's name as the shell takes it: letters, digits and
 // '_', not starting with a digit.

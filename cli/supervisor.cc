@@ -90,7 +90,9 @@ Status Supervisor::Start(Child& child) {
     // The child: its own process group (a Ctrl-C reaches only weft run, which stops everything
     // in order), output to its log, signals unblocked.
     setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);  // weft run killed outright: its processes stop too
+    // weft run (or generate) killed outright: its processes die too, at once. (A SIGTERM would
+    // have its workers drain towards an orchestrator that is gone, for minutes of deadlines.)
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(fd, 1);
     dup2(fd, 2);
     sigprocmask(SIG_SETMASK, &none, nullptr);

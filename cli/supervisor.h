@@ -1,9 +1,10 @@
-// The process supervisor of `weft run`: starts this binary's subcommands (or another program, the
-// trainer a run config names) as child processes, each in its own process group with its output
-// in a log file, notices when they end, and stops them (SIGTERM, then SIGKILL after a grace
-// period, to the whole process group). A child dies with its supervisor (the kernel sends it
-// SIGTERM). Children run in the supervisor's working directory, with its environment plus their
-// own variables. Not thread-safe: one supervising loop.
+// The process supervisor of `weft run` and `weft generate`: starts this binary's subcommands (or
+// another program, the trainer a run config names) as child processes, each in its own process
+// group with its output in a log file, notices when they end, and stops them (SIGTERM, then
+// SIGKILL after a grace period, to the whole process group). A child dies with its supervisor (the
+// kernel kills it; the thread that started it must live as long). Children run in the supervisor's
+// working directory, with its environment plus their own variables. Not thread-safe: one
+// supervising loop.
 #pragma once
 
 #include <sys/types.h>

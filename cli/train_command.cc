@@ -13,15 +13,53 @@
 #include "common/logging.h"
 #include "examples/example_trainer.h"
 #include "policy_store/manifest.h"
+#include "sync/safetensors.h"
+#include "sync/served_model.h"
 
 namespace weft::cli {
 namespace {
 
 struct TrainFlags {
-  std::string config;    // or $WEFT_CONFIG
-  std::string store;     // or $WEFT_STORE; default: <run dir>/store
-  std::string progress;  // or $WEFT_PROGRESS; default: <run dir>/trainer.json
+  std::string config;      // or $WEFT_CONFIG
+  std::string store;       // or $WEFT_STORE; default: <run dir>/store
+  std::string progress;    // or $WEFT_PROGRESS; default: <run dir>/trainer.json
+  std::string checkpoint;  // --checkpoint: only the warm-up, saved there
 };
+
+// weft train --checkpoint PATH: the config's policy after its supervised warm-up
+// (trainer.warmup), saved as a served checkpoint (BF16 safetensors): a fixed model for
+// `weft generate` or a teacher, made without a run.
+Status SaveCheckpoint(const RunConfig& config, const examples::ExampleTrainerOptions& options,
+                      const std::string& path) {
+  examples::TinyLmConfig shape = options.model;
+  const examples::ArithmeticTask task(options.digits);
+  shape.max_seq = options.sequence_length > 0 ? options.sequence_length : task.max_length();
+  const examples::TinyLmLayout layout(shape);
+  WEFT_ASSIGN_OR_RETURN(std::vector<float> weights,
+                        examples::SupervisedPolicy(
+                            layout, task, options.seed, options.warmup_steps, options.warmup_batch,
+                            options.warmup_learning_rate, options.threads, "checkpoint"));
+  WEFT_ASSIGN_OR_RETURN(
+      sync::ServedModel served,
+      sync::ServedModel::FromMaster(layout.Master(weights), sync::ServingPlan{}, options.threads));
+  WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(path, served.AsTensorsToWrite()));
+  WEFT_ASSIGN_OR_RETURN(double accuracy, examples::GreedyAccuracy(
+                                             layout, weights, task,
+                                             [&] {
+                                               std::vector<std::string> problems;
+                                               std::mt19937_64 rng(options.seed ^ 0xE7A1);
+                                               for (int i = 0; i < options.eval_problems; ++i)
+                                                 problems.push_back(task.Problem(rng));
+                                               return problems;
+                                             }(),
+                                             options.threads));
+  std::printf(
+      "saved %s: the %s policy of %s after %d supervised steps (%zu parameters, greedy "
+      "accuracy %.3f)\n",
+      path.c_str(), config.run_id.c_str(), config.path.c_str(), options.warmup_steps, layout.size(),
+      accuracy);
+  return Status::Ok();
+}
 
 // The settings the channel's variables give, over the config's.
 Status ApplyChannel(examples::ExampleTrainerOptions& options) {
@@ -50,6 +88,7 @@ Status ApplyChannel(examples::ExampleTrainerOptions& options) {
 Status RunTrain(const TrainFlags& flags) {
   WEFT_ASSIGN_OR_RETURN(RunConfig config, LoadRunConfig(flags.config));
   WEFT_ASSIGN_OR_RETURN(examples::ExampleTrainerOptions options, ExampleTrainerOptionsFor(config));
+  if (!flags.checkpoint.empty()) return SaveCheckpoint(config, options, flags.checkpoint);
   WEFT_RETURN_IF_ERROR(ApplyChannel(options));
   if (options.trainer_token.empty()) {
     return InvalidArgument(flags.config +
@@ -87,6 +126,9 @@ void RegisterTrain(CLI::App& app, Action* action) {
       ->check(CLI::ExistingFile);
   t->add_option("--store", flags->store, "the store it publishes to (default: <run dir>/store)")
       ->envname(kStoreVariable);
+  t->add_option("--checkpoint", flags->checkpoint,
+                "only warm the policy up (trainer.warmup) and save it here as a served checkpoint "
+                "(safetensors); no run");
   t->add_option("--progress", flags->progress,
                 "JSON file rewritten after every step (default: <run dir>/trainer.json)")
       ->envname(kProgressVariable);

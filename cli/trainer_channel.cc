@@ -122,7 +122,8 @@ Json TrainerSettingsJson(const RunConfig& config) {
                 {"keyframe_budget", t.keyframe_budget},
                 {"delta_mode", std::string(sync::DeltaModeName(t.delta_mode))},
                 {"stall_after_s", seconds(t.stall_after)},
-                {"min_step_time_s", seconds(t.min_step_time)}}}};
+                {"min_step_time_s", seconds(t.min_step_time)},
+                {"algorithm", t.algorithm}}}};
 }
 
 std::string TrainerDescription(const RunConfig& config) {
@@ -144,14 +145,20 @@ Result<Json> CheckProgress(const Json& progress) {
                            phase.dump());
   }
   checked["phase"] = phase;
-  for (const char* key :
-       {"warmup_step", "warmup_steps", "steps_total", "versions_published", "served_bytes",
-        "parameters", "bytes_published", "groups_stale_delivered", "staleness_violations"}) {
+  for (const char* key : {"warmup_step", "warmup_steps", "steps_total", "versions_published",
+                          "served_bytes", "parameters", "bytes_published", "groups_stale_delivered",
+                          "staleness_violations", "groups_scored"}) {
     WEFT_RETURN_IF_ERROR(CopyCount(progress, checked, key, ""));
   }
-  for (const char* key : {"warmup_loss", "eval_accuracy_before", "eval_accuracy_after",
-                          "random_policy_reward", "initial_reward", "final_reward"}) {
+  for (const char* key :
+       {"warmup_loss", "eval_accuracy_before", "eval_accuracy_after", "random_policy_reward",
+        "initial_reward", "final_reward", "teacher_accuracy"}) {
     WEFT_RETURN_IF_ERROR(CopyNumber(progress, checked, key, ""));
+  }
+  if (progress.contains("algorithm")) {
+    if (!progress["algorithm"].is_string())
+      return InvalidArgument("algorithm must be a string, not " + progress["algorithm"].dump());
+    checked["algorithm"] = progress["algorithm"];
   }
   if (!progress.contains("steps")) return InvalidArgument("steps is missing");
   if (!progress["steps"].is_array()) return InvalidArgument("steps must be an array");
@@ -169,8 +176,8 @@ Result<Json> CheckProgress(const Json& progress) {
          {"groups", "samples", "max_lag", "delta_bytes", "keyframe_bytes", "changed_elements"}) {
       WEFT_RETURN_IF_ERROR(CopyCount(step, record, key, where));
     }
-    for (const char* key :
-         {"mean_lag", "density", "mean_ratio", "truncated", "seconds", "wait_seconds"})
+    for (const char* key : {"mean_lag", "density", "mean_ratio", "truncated", "seconds",
+                            "wait_seconds", "survivors", "reverse_kl"})
       WEFT_RETURN_IF_ERROR(CopyNumber(step, record, key, where));
     checked["steps"].push_back(std::move(record));
   }

@@ -22,6 +22,7 @@ struct WorkerFlags {
   std::string orchestrator;              // default: the config's orchestrator
   std::string store;                     // default: the region's relay
   std::vector<std::string> engine_urls;  // default: the region's worker_engines, or engine.urls
+  std::string model;                     // a fixed model of the config's (default: the policy)
 };
 
 // A worker may start before its orchestrator answers (a scheduler starts them together, or the
@@ -84,7 +85,16 @@ Status RunWorker(const WorkerFlags& flags) {
   orchestrator::OrchestratorClient client(orchestrator_url,
                                           config.orchestrator.service.worker_token, http);
 
-  rollout_worker::ComponentConfig component{config.document, config.path, config.worker.threads};
+  // A fixed model's worker serves its run, its engine shaped by its own `model` section.
+  const FixedModelConfig* fixed = nullptr;
+  if (!flags.model.empty()) {
+    fixed = config.FindFixedModel(flags.model);
+    if (fixed == nullptr)
+      return InvalidArgument("--model: '" + flags.model + "' is not one of the fixed_models of " +
+                             flags.config);
+  }
+  YAML::Node document = fixed != nullptr ? FixedModelDocument(config, *fixed) : config.document;
+  rollout_worker::ComponentConfig component{document, config.path, config.worker.threads};
   component.cluster = flags.cluster;
   component.engine_urls = flags.engine_urls;
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<rollout_worker::Task> task,
@@ -96,7 +106,8 @@ Status RunWorker(const WorkerFlags& flags) {
   rollout_worker::WorkerOptions options;
   options.cluster = flags.cluster;
   options.region = flags.region;
-  options.run_id = config.run_id;
+  options.run_id = fixed != nullptr ? fixed->run : config.run_id;
+  options.model = flags.model;
   options.capacity = config.worker.capacity;
   options.heartbeat_interval = config.worker.heartbeat;
   options.push = config.worker.push;
@@ -183,6 +194,8 @@ void RegisterWorker(CLI::App& app, Action* action) {
                 "orchestrator URL (default: from the config)");
   w->add_option("--store", flags->store,
                 "where weights come from (default: the region's relay from the config)");
+  w->add_option("--model", flags->model,
+                "serve this fixed model of the config's fixed_models (default: the run's policy)");
   w->add_option("--engine-url", flags->engine_urls,
                 "an engine replica this worker drives (repeat for several; default: engine.urls "
                 "from the config)");

@@ -8,6 +8,7 @@
 #include "examples/embedded_engine.h"
 #include "orchestrator/client.h"
 #include "policy_store/object_store.h"
+#include "policy_store/reader.h"
 #include "trainer_adapter/batch_client.h"
 #include "trainer_adapter/dataset.h"
 #include "trainer_adapter/received_group.h"
@@ -65,6 +66,80 @@ Result<Group> ToGroup(const trainer_adapter::ReceivedGroup& received, const Arit
   return group;
 }
 
+// The teacher of a distillation: published as `teacher.run`'s first version unless that run has
+// one already (made by an earlier run, or published by hand). Returns its greedy accuracy on
+// `eval` when made here.
+Result<std::optional<double>> MakeTeacher(const TeacherOptions& teacher, int max_seq,
+                                          const ArithmeticTask& task,
+                                          const std::vector<std::string>& eval,
+                                          const ExampleTrainerOptions& options,
+                                          policy_store::ObjectStore& store) {
+  policy_store::StoreReader reader(store, teacher.run, 1);
+  Result<uint64_t> latest = reader.Latest();
+  if (latest.ok()) {
+    WEFT_LOG(kInfo) << "trainer: the teacher " << teacher.name << " is run " << teacher.run
+                    << " version " << *latest << " of the store, as published before";
+    return std::optional<double>();
+  }
+  if (latest.status().code() != StatusCode::kNotFound)
+    return latest.status().WithContext("reading the teacher's run " + teacher.run);
+  TinyLmConfig shape = teacher.model;
+  shape.max_seq = max_seq;
+  const TinyLmLayout layout(shape);
+  WEFT_ASSIGN_OR_RETURN(
+      std::vector<float> weights,
+      SupervisedPolicy(layout, task, options.seed ^ 0x7EAC4E2ull, teacher.warmup_steps,
+                       teacher.warmup_batch, teacher.warmup_learning_rate, options.threads,
+                       "teacher " + teacher.name));
+  WEFT_ASSIGN_OR_RETURN(double accuracy,
+                        GreedyAccuracy(layout, weights, task, eval, options.threads));
+  WEFT_ASSIGN_OR_RETURN(
+      std::unique_ptr<trainer_adapter::Publisher> publisher,
+      trainer_adapter::Publisher::Start(store, teacher.run, layout.Master(weights),
+                                        sync::ServingPlan{}, options.publisher));
+  WEFT_LOG(kInfo) << "trainer: the teacher " << teacher.name << " (" << layout.size()
+                  << " parameters, greedy accuracy " << accuracy << ") is published as run "
+                  << teacher.run << " version 0";
+  return std::optional<double>(accuracy);
+}
+
+// A score job for the teacher: `group`'s samples after its prompt.
+orchestrator::NewJob ScoreJobFor(const Group& group, const std::string& teacher) {
+  orchestrator::NewJob job;
+  job.prompt = group.prompt;
+  job.targets = Json::array();
+  for (const Sample& s : group.samples) job.targets.push_back(s.tokens);
+  job.samples = static_cast<uint32_t>(group.samples.size());
+  job.model = teacher;
+  job.kind = orchestrator::JobKind::kScore;
+  return job;
+}
+
+// A teacher's scores (a score group, `d`) joined to the policy's group waiting for them, which
+// then goes to `take` with its lag; errors name the job.
+Status AttachTeacher(const orchestrator::Delivered& d, uint64_t version,
+                     std::map<uint64_t, std::pair<Group, uint64_t>>* awaiting,
+                     const std::function<void(Group, uint64_t)>& take) {
+  const std::string what = "score job " + std::to_string(d.group.job);
+  auto found = awaiting->find(d.group.job);
+  if (found == awaiting->end()) return NotFound(what + ": no group of this trainer's waits for it");
+  std::pair<Group, uint64_t> waiting = std::move(found->second);
+  awaiting->erase(found);
+  WEFT_ASSIGN_OR_RETURN(trainer_adapter::ReceivedGroup received,
+                        trainer_adapter::ParseGroup(d, version));
+  std::vector<Sample>& samples = waiting.first.samples;
+  if (received.samples.size() != samples.size())
+    return DataLoss(what + ": " + std::to_string(received.samples.size()) + " samples scored of " +
+                    std::to_string(samples.size()));
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (received.samples[i].tokens != samples[i].tokens)
+      return DataLoss(what + ": sample " + std::to_string(i) + " came back with other tokens");
+    samples[i].teacher_logprobs = received.samples[i].logprobs;
+  }
+  take(std::move(waiting.first), waiting.second);
+  return Status::Ok();
+}
+
 double MeanReward(const std::vector<StepRecord>& steps, size_t from, size_t to) {
   if (from >= to) return 0;
   double sum = 0;
@@ -77,6 +152,37 @@ double MeanReward(const std::vector<StepRecord>& steps, size_t from, size_t to) 
 }
 
 }  // namespace
+
+Result<std::vector<float>> SupervisedPolicy(const TinyLmLayout& layout, const ArithmeticTask& task,
+                                            uint64_t seed, int steps, int batch,
+                                            double learning_rate, int threads,
+                                            const std::string& name) {
+  std::vector<float> weights = layout.Initialize(seed);
+  std::mt19937_64 rng(seed);
+  AdamWConfig warmup;
+  warmup.learning_rate = learning_rate;
+  AdamW optimizer(layout, warmup);
+  for (int step = 1; step <= steps; ++step) {
+    WEFT_ASSIGN_OR_RETURN(double loss,
+                          SupervisedStep(layout, weights, optimizer, task, rng, batch, threads));
+    if (step % 250 == 0 || step == steps) {
+      WEFT_LOG(kInfo) << name << ": supervised step " << step << " loss " << loss;
+    }
+  }
+  return weights;
+}
+
+const char* AlgorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kRft:
+      return "rft";
+    case Algorithm::kDistill:
+      return "distill";
+    case Algorithm::kGrpo:
+      break;
+  }
+  return "grpo";
+}
 
 Json TrainerSummary::ToJson() const {
   Json records = Json::array();
@@ -95,7 +201,9 @@ Json TrainerSummary::ToJson() const {
                        {"mean_ratio", r.mean_ratio},
                        {"truncated", r.truncated},
                        {"seconds", r.seconds},
-                       {"wait_seconds", r.wait_seconds}});
+                       {"wait_seconds", r.wait_seconds},
+                       {"survivors", r.survivors},
+                       {"reverse_kl", r.reverse_kl}});
   }
   return Json{{"phase", phase},
               {"warmup_step", warmup_step},
@@ -115,6 +223,9 @@ Json TrainerSummary::ToJson() const {
               {"staleness_violations", staleness_violations},
               {"groups_with_metadata", groups_with_metadata},
               {"rewards_computed", rewards_computed},
+              {"algorithm", algorithm},
+              {"teacher_accuracy", teacher_accuracy ? Json(*teacher_accuracy) : Json(nullptr)},
+              {"groups_scored", groups_scored},
               {"steps", records}};
 }
 
@@ -162,6 +273,19 @@ Result<TrainerSummary> RunExampleTrainer(
     summary.random_policy_reward /= std::max<size_t>(1, eval.size());
   }
 
+  summary.algorithm = AlgorithmName(options.algorithm);
+  policy_store::OpenOptions open;
+  open.create = true;  // the run's first version may start the store
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store,
+                        policy_store::OpenStore(options.store, open));
+  // 0. Distillation's teacher, first: its clusters get ready while the policy warms up.
+  if (options.algorithm == Algorithm::kDistill) {
+    if (options.teacher.name.empty() || options.teacher.run.empty())
+      return InvalidArgument("trainer: distillation needs a teacher (a fixed model)");
+    WEFT_ASSIGN_OR_RETURN(summary.teacher_accuracy, MakeTeacher(options.teacher, config.max_seq,
+                                                                task, eval, options, *store));
+  }
+
   // 1. Supervised warm-up, locally.
   summary.phase = "warm-up";
   {
@@ -180,10 +304,6 @@ Result<TrainerSummary> RunExampleTrainer(
                         GreedyAccuracy(layout, weights, task, eval, options.threads));
 
   // 2. Version 0: the warm-started policy.
-  policy_store::OpenOptions open;
-  open.create = true;  // the run's first version may start the store
-  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store,
-                        policy_store::OpenStore(options.store, open));
   WEFT_ASSIGN_OR_RETURN(
       std::unique_ptr<trainer_adapter::Publisher> publisher,
       trainer_adapter::Publisher::Start(*store, options.run_id, layout.Master(weights),
@@ -210,7 +330,12 @@ Result<TrainerSummary> RunExampleTrainer(
   // Queues prompts until `want` jobs are queued, leased or buffered at the orchestrator.
   auto top_up = [&](size_t want) -> Status {
     WEFT_ASSIGN_OR_RETURN(orchestrator::wire::StatusPage status, client.GetStatus());
-    const size_t pending = status.jobs.queued + status.jobs.leased + status.trajectories.buffered;
+    // The policy's jobs (a teacher's score jobs are not prompts).
+    size_t queued = status.jobs.queued + status.jobs.leased;
+    for (const orchestrator::wire::StatusPage::Model& m : status.models) {
+      if (m.name.empty()) queued = m.queued + m.leased;
+    }
+    const size_t pending = queued + status.trajectories.buffered;
     if (pending >= want) return Status::Ok();
     const auto samples = static_cast<uint32_t>(options.samples_per_prompt);
     Status added = Status::Ok();
@@ -237,6 +362,9 @@ Result<TrainerSummary> RunExampleTrainer(
     }
     return added.WithContext("queueing prompts");
   };
+  // Distillation: the policy's groups waiting for the teacher's scores, by their score job, with
+  // their lag when they arrived.
+  std::map<uint64_t, std::pair<Group, uint64_t>> awaiting;
   for (int step = 1; step <= options.steps; ++step) {
     const auto step_started = Clock::now();
     // Keep `steps_ahead` steps of prompts queued, leased or waiting (and no more than the
@@ -264,7 +392,24 @@ Result<TrainerSummary> RunExampleTrainer(
       } else {
         last_arrival = Clock::now();
       }
+      std::vector<orchestrator::NewJob> scoring;  // distillation: this batch's groups
+      std::vector<std::pair<Group, uint64_t>> to_score;
+      auto take = [&](Group group, uint64_t lag) {
+        samples += group.samples.size();
+        groups.push_back(std::move(group));
+        lag_sum += lag;
+        record.max_lag = std::max(record.max_lag, lag);
+      };
       for (const orchestrator::Delivered& d : batch) {
+        if (d.kind == orchestrator::JobKind::kScore) {
+          Status scored = AttachTeacher(d, version, &awaiting, take);
+          if (scored.ok()) {
+            ++summary.groups_scored;
+          } else {
+            WEFT_LOG(kError) << "trainer: skipping a teacher's scores: " << scored.message();
+          }
+          continue;
+        }
         size_t computed = 0;
         Result<trainer_adapter::ReceivedGroup> received = trainer_adapter::ParseGroup(d, version);
         Result<Group> group =
@@ -276,11 +421,25 @@ Result<TrainerSummary> RunExampleTrainer(
         }
         summary.rewards_computed += computed;
         if (!d.metadata.empty()) ++summary.groups_with_metadata;
-        samples += group->samples.size();
-        groups.push_back(std::move(*group));
         const uint64_t lag = trainer_adapter::LagOf(d.group, version);
-        lag_sum += lag;
-        record.max_lag = std::max(record.max_lag, lag);
+        if (options.algorithm == Algorithm::kDistill) {
+          scoring.push_back(ScoreJobFor(*group, options.teacher.name));
+          to_score.emplace_back(std::move(*group), lag);
+        } else {
+          take(std::move(*group), lag);
+        }
+      }
+      if (!scoring.empty()) {
+        // The teacher scores them; they join the step when its answers come back.
+        Result<std::vector<uint64_t>> ids = client.AddJobs(scoring);
+        if (!ids.ok() || ids->size() != to_score.size()) {
+          WEFT_LOG(kWarning) << "trainer: asking the teacher to score " << scoring.size()
+                             << " groups failed ("
+                             << (ids.ok() ? "wrong answer" : ids.status().message())
+                             << "); they are dropped";
+        } else {
+          for (size_t i = 0; i < ids->size(); ++i) awaiting[(*ids)[i]] = std::move(to_score[i]);
+        }
       }
       if (Clock::now() - last_arrival > options.stall_after) {
         return Unavailable("trainer: no trajectories for " +
@@ -297,11 +456,26 @@ Result<TrainerSummary> RunExampleTrainer(
     }
     record.reward = samples > 0 ? rewards / static_cast<double>(samples) : 0;
     record.mean_lag = static_cast<double>(lag_sum) / static_cast<double>(groups.size());
-    WEFT_ASSIGN_OR_RETURN(StepStats stats,
-                          PolicyGradientStep(layout, weights, *optimizer, groups,
-                                             options.policy_gradient, options.threads));
+    Result<StepStats> stepped = InvalidArgument("no learning rule");
+    switch (options.algorithm) {
+      case Algorithm::kGrpo:
+        stepped = PolicyGradientStep(layout, weights, *optimizer, groups, options.policy_gradient,
+                                     options.threads);
+        break;
+      case Algorithm::kRft:
+        stepped = RejectionSamplingStep(layout, weights, *optimizer, groups, options.rft_threshold,
+                                        options.threads);
+        break;
+      case Algorithm::kDistill:
+        stepped = DistillationStep(layout, weights, *optimizer, groups, options.policy_gradient,
+                                   options.threads);
+        break;
+    }
+    WEFT_ASSIGN_OR_RETURN(StepStats stats, std::move(stepped));
     record.mean_ratio = stats.mean_ratio;
     record.truncated = stats.truncated;
+    record.survivors = stats.survivors;
+    record.reverse_kl = stats.reverse_kl;
     // Publish the new version.
     const Clock::time_point publishing = Clock::now();
     WEFT_ASSIGN_OR_RETURN(policy_store::Manifest manifest,

@@ -13,6 +13,11 @@
 //     staleness bound the orchestrator enforces) and applies a GRPO step with truncated
 //     importance ratios against the behaviour logprobs (examples/grpo.h) at a fine-tuning
 //     learning rate, with AdamW or Muon (examples/optimizers.h).
+// The learning rule is GRPO, rejection-sampling fine-tuning (a supervised step on the samples the
+// task's verifier accepted) or on-policy distillation: the policy's groups are sent, as score jobs,
+// to a teacher (a fixed model other clusters serve, which this trainer makes by a longer
+// supervised warm-up of a wider policy when its run has no version yet) and learnt from with the
+// teacher's log-probabilities of their tokens (examples/grpo.h).
 // It records per step: the batch's mean reward, the lag of its groups, the bytes of the version's
 // delta and how many served elements changed.
 #pragma once
@@ -20,6 +25,7 @@
 #include <chrono>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +34,20 @@
 #include "trainer_adapter/publisher.h"
 
 namespace weft::examples {
+
+enum class Algorithm { kGrpo, kRft, kDistill };
+const char* AlgorithmName(Algorithm algorithm);
+
+// On-policy distillation's teacher: a fixed model (its clusters register it by `name` and serve
+// its store run `run`), made here when that run has no version: `warmup_steps` supervised steps of
+// the example policy in the shape `model`.
+struct TeacherOptions {
+  std::string name, run;
+  TinyLmConfig model;  // max_seq is set as the policy's
+  int warmup_steps = 2000;
+  int warmup_batch = 64;
+  double warmup_learning_rate = 3e-3;
+};
 
 struct ExampleTrainerOptions {
   TinyLmConfig model;  // max_seq is set from sequence_length
@@ -56,6 +76,9 @@ struct ExampleTrainerOptions {
   OptimizerKind optimizer_kind = OptimizerKind::kAdamW;
   AdamWConfig optimizer{2e-5, 0.9, 0.95, 1e-8, 0.0, 1.0};
   PolicyGradientConfig policy_gradient;
+  Algorithm algorithm = Algorithm::kGrpo;
+  double rft_threshold = 1.0;  // rejection sampling keeps samples rewarded at least this
+  TeacherOptions teacher;      // distillation's
   int eval_problems = 500;
   // Where it publishes and whom it tells.
   std::string store;  // a store URI (directory or http)
@@ -86,6 +109,8 @@ struct StepRecord {
   double truncated = 0;     // fraction of tokens whose ratio was truncated
   double seconds = 0;       // since the RL phase began
   double wait_seconds = 0;  // in next_batch, waiting for the step's trajectories
+  double survivors = 0;     // rejection sampling: the fraction of samples learnt from
+  double reverse_kl = 0;    // distillation: mean over tokens of log mu - log teacher
 };
 
 struct TrainerSummary {
@@ -106,8 +131,21 @@ struct TrainerSummary {
   uint64_t groups_with_metadata = 0;            // groups that came back with their job's metadata
   uint64_t rewards_computed = 0;                // samples that came without a reward, scored here
   double initial_reward = 0, final_reward = 0;  // mean batch reward of the first / last steps
+  std::string algorithm = "grpo";
+  // Distillation: the teacher's greedy accuracy on the evaluation problems (when made here) and
+  // the score jobs it answered.
+  std::optional<double> teacher_accuracy;
+  uint64_t groups_scored = 0;
   nlohmann::json ToJson() const;
 };
+
+// The example policy in `shape` trained by `steps` supervised steps (examples/grpo.h,
+// SupervisedStep) from seed `seed`: how the trainer makes a distillation's teacher, and what
+// `weft train --checkpoint` saves. Logs its loss every 250 steps under `name`.
+Result<std::vector<float>> SupervisedPolicy(const TinyLmLayout& layout, const ArithmeticTask& task,
+                                            uint64_t seed, int steps, int batch,
+                                            double learning_rate, int threads,
+                                            const std::string& name);
 
 // Runs the whole training; `progress` is called after every warm-up report and RL step.
 Result<TrainerSummary> RunExampleTrainer(

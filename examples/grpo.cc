@@ -73,6 +73,116 @@ Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<flo
   return stats;
 }
 
+namespace {
+
+// Checks that every sample has a logprob per token (and, for distillation, a teacher's); errors
+// name the group and sample.
+Status CheckSamples(const std::vector<Group>& groups, bool teacher) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].samples.size(); ++i) {
+      const Sample& s = groups[g].samples[i];
+      const std::string what = "group " + std::to_string(g) + " sample " + std::to_string(i);
+      if (s.tokens.empty() || s.tokens.size() != s.logprobs.size())
+        return InvalidArgument(what + ": " + std::to_string(s.tokens.size()) + " tokens but " +
+                               std::to_string(s.logprobs.size()) +
+                               " logprobs (at least one of each needed)");
+      if (teacher && s.teacher_logprobs.size() != s.tokens.size())
+        return InvalidArgument(what + ": " + std::to_string(s.tokens.size()) + " tokens but " +
+                               std::to_string(s.teacher_logprobs.size()) + " teacher logprobs");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<StepStats> RejectionSamplingStep(const TinyLmLayout& layout, std::vector<float>& weights,
+                                        Optimizer& optimizer, const std::vector<Group>& groups,
+                                        double threshold, int threads) {
+  WEFT_RETURN_IF_ERROR(CheckSamples(groups, false));
+  std::vector<TrainingSequence> batch;
+  StepStats stats;
+  size_t samples = 0;
+  for (const Group& group : groups) {
+    bool used = false;
+    for (const Sample& s : group.samples) {
+      ++samples;
+      if (s.reward < threshold) continue;
+      TrainingSequence sequence{group.prompt, group.prompt.size()};
+      sequence.tokens.insert(sequence.tokens.end(), s.tokens.begin(), s.tokens.end());
+      batch.push_back(std::move(sequence));
+      stats.tokens += s.tokens.size();
+      used = true;
+    }
+    if (used) ++stats.groups_used;
+  }
+  stats.survivors = samples > 0 ? static_cast<double>(batch.size()) / samples : 0;
+  if (batch.empty()) return stats;
+  const auto per_token = static_cast<float>(1.0 / static_cast<double>(stats.tokens));
+  auto weigh = [per_token](size_t, std::span<const float>, std::span<float> out) {
+    std::fill(out.begin(), out.end(), per_token);
+  };
+  std::vector<float> gradient(layout.size(), 0.0f);
+  const Trainer trainer(layout);
+  WEFT_ASSIGN_OR_RETURN(stats.objective,
+                        trainer.Accumulate(weights, batch, weigh, gradient, threads));
+  for (float& g : gradient) g = -g;  // the log-likelihood is maximised
+  stats.gradient_norm = optimizer.Step(weights, gradient);
+  return stats;
+}
+
+Result<StepStats> DistillationStep(const TinyLmLayout& layout, std::vector<float>& weights,
+                                   Optimizer& optimizer, const std::vector<Group>& groups,
+                                   const PolicyGradientConfig& config, int threads) {
+  WEFT_RETURN_IF_ERROR(CheckSamples(groups, true));
+  std::vector<TrainingSequence> batch;
+  std::vector<const Sample*> sources;
+  StepStats stats;
+  double kl = 0;
+  for (const Group& group : groups) {
+    if (!group.samples.empty()) ++stats.groups_used;
+    for (const Sample& s : group.samples) {
+      TrainingSequence sequence{group.prompt, group.prompt.size()};
+      sequence.tokens.insert(sequence.tokens.end(), s.tokens.begin(), s.tokens.end());
+      batch.push_back(std::move(sequence));
+      sources.push_back(&s);
+      stats.tokens += s.tokens.size();
+      for (size_t t = 0; t < s.tokens.size(); ++t)
+        kl += static_cast<double>(s.logprobs[t]) - s.teacher_logprobs[t];
+    }
+  }
+  if (batch.empty()) return stats;
+  const double per_token = 1.0 / static_cast<double>(stats.tokens);
+  stats.reverse_kl = kl * per_token;
+  std::vector<double> ratio_sums(batch.size(), 0), truncated(batch.size(), 0),
+      max_log(batch.size(), 0);
+  auto weigh = [&](size_t i, std::span<const float> logprobs, std::span<float> out) {
+    const Sample& s = *sources[i];
+    for (size_t t = 0; t < logprobs.size(); ++t) {
+      const double log_ratio = static_cast<double>(logprobs[t]) - s.logprobs[t];
+      const double ratio = std::exp(std::min(log_ratio, 50.0));
+      ratio_sums[i] += ratio;
+      max_log[i] = std::max(max_log[i], std::fabs(log_ratio));
+      if (ratio > config.truncation) truncated[i] += 1;
+      // The reverse KL's per-token advantage: how much likelier the teacher finds the token.
+      const double advantage = static_cast<double>(s.teacher_logprobs[t]) - s.logprobs[t];
+      out[t] = static_cast<float>(advantage * std::min(ratio, config.truncation) * per_token);
+    }
+  };
+  std::vector<float> gradient(layout.size(), 0.0f);
+  const Trainer trainer(layout);
+  WEFT_ASSIGN_OR_RETURN(stats.objective,
+                        trainer.Accumulate(weights, batch, weigh, gradient, threads));
+  for (float& g : gradient) g = -g;
+  stats.gradient_norm = optimizer.Step(weights, gradient);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    stats.mean_ratio += ratio_sums[i] * per_token;
+    stats.truncated += truncated[i] * per_token;
+    stats.max_log_ratio = std::max(stats.max_log_ratio, max_log[i]);
+  }
+  return stats;
+}
+
 Result<double> SupervisedStep(const TinyLmLayout& layout, std::vector<float>& weights,
                               Optimizer& optimizer, const ArithmeticTask& task,
                               std::mt19937_64& rng, int batch_size, int threads) {

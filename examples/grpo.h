@@ -1,5 +1,7 @@
-// The example trainer's learning rules, apart from any transport: the supervised warm-up step and
-// a GRPO-style policy-gradient step that corrects for off-policy samples.
+// The example trainer's learning rules, apart from any transport: the supervised warm-up step, a
+// GRPO-style policy-gradient step that corrects for off-policy samples, a rejection-sampling step
+// (a supervised step on the samples a verifier accepted) and an on-policy distillation step (the
+// reverse KL to a teacher, per token, from the teacher's log-probabilities of the samples).
 //
 // Policy gradient (per group of samples for one prompt): each sample's advantage is its reward
 // minus the group's mean, divided by the group's standard deviation (groups where every sample got
@@ -28,6 +30,7 @@ struct Sample {
   std::vector<int> tokens;
   std::vector<float> logprobs;
   double reward = 0;
+  std::vector<float> teacher_logprobs = {};  // a teacher's of each token (distillation), or none
 };
 
 struct Group {
@@ -48,6 +51,8 @@ struct StepStats {
   double mean_ratio = 0;     // importance ratio pi/mu, averaged over tokens (before truncation)
   double truncated = 0;      // fraction of tokens whose ratio was truncated
   double max_log_ratio = 0;  // the largest |log(pi/mu)| seen
+  double survivors = 0;      // rejection sampling: the fraction of samples kept
+  double reverse_kl = 0;     // distillation: mean over tokens of log mu - log teacher
 };
 
 // One policy-gradient step on `groups` (weights updated in place by `optimizer`). Errors name the
@@ -55,6 +60,22 @@ struct StepStats {
 Result<StepStats> PolicyGradientStep(const TinyLmLayout& layout, std::vector<float>& weights,
                                      Optimizer& optimizer, const std::vector<Group>& groups,
                                      const PolicyGradientConfig& config, int threads);
+
+// Rejection-sampling fine-tuning (expert iteration): one supervised step, the mean negative
+// log-likelihood per token, on the samples whose reward is at least `threshold` (the others are
+// dropped; a batch without survivors changes nothing). Samples of older versions are taken as they
+// are: the loss is supervised, not an estimate under the current policy.
+Result<StepStats> RejectionSamplingStep(const TinyLmLayout& layout, std::vector<float>& weights,
+                                        Optimizer& optimizer, const std::vector<Group>& groups,
+                                        double threshold, int threads);
+
+// On-policy distillation: one step against the reverse KL(pi || teacher) per token, on samples the
+// policy generated (behaviour logprobs mu) and the teacher scored. Each token's weight is its
+// advantage log teacher - log mu, times the truncated importance ratio min(pi / mu, truncation) as
+// in PolicyGradientStep, averaged per token over the batch. Every sample needs teacher_logprobs.
+Result<StepStats> DistillationStep(const TinyLmLayout& layout, std::vector<float>& weights,
+                                   Optimizer& optimizer, const std::vector<Group>& groups,
+                                   const PolicyGradientConfig& config, int threads);
 
 // One supervised step: `batch` random problems of `task` with their answers, cross-entropy on the
 // answer tokens. Returns the mean negative log-likelihood per answer token.

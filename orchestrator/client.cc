@@ -164,6 +164,9 @@ Result<std::vector<uint64_t>> OrchestratorClient::AddJobs(std::span<const NewJob
     try {  // (printing a string that is not UTF-8 throws)
       spec.prompt = jobs[i].prompt.dump();
       if (!jobs[i].metadata.is_null()) spec.metadata = jobs[i].metadata.dump();
+      spec.model = jobs[i].model;
+      spec.kind = jobs[i].kind;
+      if (!jobs[i].targets.is_null()) spec.targets = jobs[i].targets.dump();
     } catch (const Json::exception& error) {
       return InvalidArgument("adding jobs: job " + std::to_string(i) + ": " + error.what());
     }

@@ -37,6 +37,11 @@ struct NewJob {
   // orchestrator with the job and handed back with its trajectory group (Delivered::metadata,
   // as the text this client sent); each lease of the job carries it to the worker. Null: none.
   nlohmann::json metadata = nullptr;
+  // The model it needs ("" the policy) and its kind; a score job's completions to score (an array
+  // of token id arrays; null for a generate job), whose number is then its `samples`.
+  std::string model = {};
+  JobKind kind = JobKind::kGenerate;
+  nlohmann::json targets = nullptr;
 };
 
 class OrchestratorClient : public ClusterApi {

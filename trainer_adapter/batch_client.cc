@@ -66,10 +66,16 @@ Result<std::vector<orchestrator::Delivered>> BatchClient::Take(size_t want, bool
       return taken.status();
     }
     for (orchestrator::Delivered& d : *taken) {
-      const uint64_t lag = LagOf(d.group, trainer_version);
       const size_t count = SampleCount(d.group);
       ++stats_.groups;
       stats_.samples += count;
+      held += in_samples ? count : 1;
+      if (!d.model.empty()) {
+        // A fixed model's group (a teacher's scores): its versions are its own, and no lag.
+        groups.push_back(std::move(d));
+        continue;
+      }
+      const uint64_t lag = LagOf(d.group, trainer_version);
       ++stats_.lag_histogram[lag];
       stats_.max_lag = std::max(stats_.max_lag, lag);
       if (d.stale) {
@@ -77,7 +83,6 @@ Result<std::vector<orchestrator::Delivered>> BatchClient::Take(size_t want, bool
       } else if (lag > max_staleness_) {
         ++stats_.violations;
       }
-      held += in_samples ? count : 1;
       groups.push_back(std::move(d));
     }
     if (Clock::now() >= deadline) break;

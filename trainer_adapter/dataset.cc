@@ -30,8 +30,19 @@ Result<DatasetPrompt> ParseLine(std::string_view line, const std::string& where)
     return InvalidArgument(where + ": a line is a JSON object {\"prompt\": ...}, not " +
                            std::string(row.type_name()));
   WEFT_RETURN_IF_ERROR(
-      CheckFields(row, "the line", {"prompt"}, {"samples", "metadata"}).WithContext(where));
+      CheckFields(row, "the line", {"prompt"}, {"samples", "metadata", "id"}).WithContext(where));
   DatasetPrompt entry;
+  if (row.contains("id")) {
+    const Json& id = row["id"];
+    if (!(id.is_string() && !id.get<std::string>().empty() &&
+          id.get<std::string>().size() <= 1024) &&
+        !id.is_number_unsigned())
+      return InvalidArgument(where +
+                             ": id must be a non-empty string (at most 1024 bytes) or a "
+                             "non-negative integer, not " +
+                             id.dump());
+    entry.id = id;
+  }
   entry.prompt = std::move(row["prompt"]);
   const Json& prompt = entry.prompt;
   if (prompt.is_string()) {

@@ -1,8 +1,9 @@
 // A JSONL prompt dataset (docs/formats.md, "Prompt datasets"): one JSON object per line,
-// {"prompt": text or [token ids], "samples": n, "metadata": any JSON}, `samples` and `metadata`
-// optional, blank lines ignored. A trainer reads it once and queues its prompts as jobs, with their
-// metadata, in the file's order. Everything is checked as it is read, so that a bad line fails
-// before any job is queued; errors name the file and the line ("prompts.jsonl:7: ...").
+// {"prompt": text or [token ids], "samples": n, "metadata": any JSON, "id": string or integer},
+// all but `prompt` optional (`weft generate` needs the id), blank lines ignored. A trainer reads it
+// once and queues its prompts as jobs, with their metadata, in the file's order. Everything is
+// checked as it is read, so that a bad line fails before any job is queued; errors name the file
+// and the line ("prompts.jsonl:7: ...").
 #pragma once
 
 #include <cstdint>
@@ -21,11 +22,16 @@ struct DatasetPrompt {
   nlohmann::json prompt;            // a non-empty string, or a non-empty array of token ids
   std::optional<uint32_t> samples;  // 1 to 4096; absent: the trainer's own number
   nlohmann::json metadata;          // null: none
+  nlohmann::json id;                // a string or non-negative integer; null: none
   size_t line = 0;                  // its line in the file, from 1
 
   // The job to queue, with `default_samples` when the line gives none.
   orchestrator::NewJob Job(uint32_t default_samples) const {
-    return {prompt, samples.value_or(default_samples), metadata};
+    orchestrator::NewJob job;
+    job.prompt = prompt;
+    job.samples = samples.value_or(default_samples);
+    job.metadata = metadata;
+    return job;
   }
 };
 

@@ -24,7 +24,7 @@ Result<ReceivedGroup> ParseGroup(const orchestrator::Delivered& delivered,
   out.version_end = g.version_end;
   out.segments = g.segments;
   out.stale = delivered.stale;
-  out.lag = LagOf(g, trainer_version);
+  out.lag = delivered.model.empty() ? LagOf(g, trainer_version) : 0;  // a fixed model: no lag
   // The group's segments count the samples' tokens end to end.
   bool ordered =
       !g.segments.empty() && g.segments.front().second == 0 && g.segments.back().second <= g.tokens;

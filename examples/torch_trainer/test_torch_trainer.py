@@ -515,6 +515,8 @@ def test_settings() -> None:
     (lambda d: d["trainer"]["warmup"].update(steps="5"),
      'trainer.warmup.steps must be int, not "5"'),
     (lambda d: d["trainer"].update(steps=True), "trainer.steps must be int, not true"),
+    (lambda d: d["trainer"].update(algorithm="rft"), "trainer.algorithm is 'rft'; this trainer "
+     "has grpo only"),
     (lambda d: d["trainer"].update(optimizer="muon"), "trainer.optimizer is 'muon'; this trainer "
                                                       "has adamw only"),
     (lambda d: d["task"].update(kind="chess"), "task.kind is 'chess'"),

@@ -201,6 +201,10 @@ def parse_settings(document: Any) -> Settings:
     if optimizer != "adamw":
         raise SettingsError(f"settings: trainer.optimizer is '{optimizer}'; this trainer has adamw "
                             f"only")
+    algorithm = _read(t, "algorithm", str, "trainer", default="grpo")
+    if algorithm != "grpo":
+        raise SettingsError(f"settings: trainer.algorithm is '{algorithm}'; this trainer has grpo "
+                            f"only (the built-in trainer also has rft and distill)")
     delta_mode = _read(t, "delta_mode", str, "trainer", default=TrainerSettings.delta_mode)
     if delta_mode not in ("plain", "context"):
         raise SettingsError(f"settings: trainer.delta_mode is '{delta_mode}', not plain or context")
@@ -287,6 +291,8 @@ class StepRecord:
     truncated: float = 0.0  # fraction of tokens whose ratio was truncated
     seconds: float = 0.0  # since the RL phase began
     wait_seconds: float = 0.0  # in next_batch, waiting for the step's trajectories
+    survivors: float = 0.0  # rejection sampling's (this trainer has GRPO only)
+    reverse_kl: float = 0.0  # distillation's (this trainer has GRPO only)
 
 
 @dataclass
@@ -333,6 +339,9 @@ class TrainerSummary:
                 "staleness_violations": self.staleness_violations,
                 "groups_with_metadata": self.groups_with_metadata,
                 "rewards_computed": self.rewards_computed,
+                "algorithm": "grpo",
+                "teacher_accuracy": None,
+                "groups_scored": 0,
                 "steps": [asdict(r) for r in self.steps],
                 "trainer": "pytorch"}
 

@@ -32,6 +32,7 @@ class DatasetPrompt:
     samples: Optional[int]  # 1 to 4096; None: the trainer's own number
     metadata: Any  # None: none
     line: int  # its line in the file, from 1
+    id: Any = None  # a non-empty str or a non-negative int (weft generate needs one); None: none
 
     def job(self, samples: int = 1) -> Dict[str, Any]:
         """The line as an entry of :meth:`weft.Orchestrator.add_jobs`, with ``samples`` when the
@@ -79,7 +80,7 @@ def _parse_line(text: str, where: str) -> DatasetPrompt:
                               f"{type(row).__name__}")
     if _depth(row) > _MAX_LINE_DEPTH:
         raise InvalidArgument(f"{where}: not valid JSON: nested more than {_MAX_LINE_DEPTH} deep")
-    unknown = sorted(set(row) - {"prompt", "samples", "metadata"})
+    unknown = sorted(set(row) - {"prompt", "samples", "metadata", "id"})
     if unknown:
         raise InvalidArgument(f"{where}: the line has an unknown field '{unknown[0]}'")
     if "prompt" not in row:
@@ -107,7 +108,12 @@ def _parse_line(text: str, where: str) -> DatasetPrompt:
         if size > _MAX_METADATA_BYTES:
             raise InvalidArgument(f"{where}: metadata is {size} bytes of JSON text; at most "
                                   f"{_MAX_METADATA_BYTES} (64 KiB)")
-    return DatasetPrompt(prompt=prompt, samples=samples, metadata=metadata, line=0)
+    prompt_id = row.get("id")
+    if "id" in row and not ((isinstance(prompt_id, str) and 0 < len(prompt_id.encode()) <= 1024)
+                            or (_is_int(prompt_id) and prompt_id >= 0)):
+        raise InvalidArgument(f"{where}: id must be a non-empty string (at most 1024 bytes) or a "
+                              f"non-negative integer, not {json.dumps(prompt_id)}")
+    return DatasetPrompt(prompt=prompt, samples=samples, metadata=metadata, line=0, id=prompt_id)
 
 
 MAX_LINE_BYTES = 4 << 20

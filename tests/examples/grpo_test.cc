@@ -113,3 +113,60 @@ TEST_CASE("supervised warm-up step and greedy accuracy") {
 
 }  // namespace
 }  // namespace weft::examples
+
+namespace weft::examples {
+namespace {
+
+TEST_CASE("rejection sampling: only the accepted samples are learnt; none accepted, no change") {
+  const TinyLmLayout layout = SmallLayout();
+  std::vector<float> w = layout.Initialize(5);
+  AdamWConfig adam;
+  adam.learning_rate = 1e-2;
+  AdamW optimizer(layout, adam);
+  const std::vector<int> prompt = {13, 1, 10, 2, 11}, good = {3, 12}, bad = {4, 12};
+  Group group{prompt,
+              {OnPolicy(layout, w, prompt, good, 1.0), OnPolicy(layout, w, prompt, bad, 0.0)}};
+  const std::vector<float> before = w;
+  Group rejected{prompt, {OnPolicy(layout, w, prompt, bad, 0.0)}};
+  StepStats none = RejectionSamplingStep(layout, w, optimizer, {rejected}, 1.0, 1).value();
+  CHECK(none.survivors == 0.0);
+  CHECK(w == before);
+  const double good_before = LogProb(layout, w, prompt, good);
+  StepStats stats = RejectionSamplingStep(layout, w, optimizer, {group}, 1.0, 2).value();
+  CHECK(stats.survivors == 0.5);
+  CHECK(stats.tokens == 2);
+  CHECK(stats.groups_used == 1);
+  CHECK(LogProb(layout, w, prompt, good) > good_before);
+}
+
+TEST_CASE("distillation: tokens the teacher finds likelier gain; the reverse KL is measured") {
+  const TinyLmLayout layout = SmallLayout();
+  std::vector<float> w = layout.Initialize(5);
+  AdamWConfig adam;
+  adam.learning_rate = 1e-2;
+  AdamW optimizer(layout, adam);
+  const std::vector<int> prompt = {13, 1, 10, 2, 11}, liked = {3, 12}, disliked = {4, 12};
+  Sample a = OnPolicy(layout, w, prompt, liked, 0.0), b = OnPolicy(layout, w, prompt, disliked, 0);
+  // The teacher: the first sample's tokens far likelier than the policy finds them, the second's
+  // far less likely.
+  for (float lp : a.logprobs) a.teacher_logprobs.push_back(lp + 1.0f);
+  for (float lp : b.logprobs) b.teacher_logprobs.push_back(lp - 1.0f);
+  const double liked_before = LogProb(layout, w, prompt, liked),
+               disliked_before = LogProb(layout, w, prompt, disliked);
+  StepStats stats =
+      DistillationStep(layout, w, optimizer, {Group{prompt, {a, b}}}, PolicyGradientConfig{}, 2)
+          .value();
+  CHECK(stats.reverse_kl == doctest::Approx(0.0).epsilon(1e-6));  // +1 and -1 per token
+  CHECK(stats.mean_ratio == doctest::Approx(1.0).epsilon(1e-4));
+  CHECK(LogProb(layout, w, prompt, liked) > liked_before);
+  CHECK(LogProb(layout, w, prompt, disliked) < disliked_before);
+  // A sample without the teacher's logprobs is named.
+  Sample unscored = OnPolicy(layout, w, prompt, liked, 0.0);
+  CHECK(
+      DistillationStep(layout, w, optimizer, {Group{prompt, {unscored}}}, PolicyGradientConfig{}, 1)
+          .status()
+          .message() == "group 0 sample 0: 2 tokens but 0 teacher logprobs");
+}
+
+}  // namespace
+}  // namespace weft::examples
