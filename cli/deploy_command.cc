@@ -89,6 +89,14 @@ Status RunDeploy(const DeployFlags& flags) {
   }
   if (flags.submit && !slurm)
     return InvalidArgument("--submit: Kubernetes manifests are applied with kubectl apply -f");
+  // The schedulers' files start the policy's workers only: a config whose fixed models would have
+  // no workers is refused rather than deployed without them.
+  for (const RegionConfig& r : config.regions) {
+    if (!r.model_workers.empty())
+      return InvalidArgument(flags.config + ": regions: region " + r.name +
+                             " runs workers of fixed models (models:), which weft deploy does not "
+                             "deploy yet; start them with weft worker --model");
+  }
   DeployContext context;
   context.config_path = fs::absolute(flags.config).lexically_normal().string();
   if (slurm) {
