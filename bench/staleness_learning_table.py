@@ -2,10 +2,11 @@
 """The table of bench/staleness_learning.sh: reads OUT/runs/TRAINER-kK-sSEED/ (each run's
 report.json, wall_seconds, rc and run.log) and OUT/sim/*/seedS/report.json, prints a markdown
 table per trainer and the simulator's prediction per k, and writes OUT/results.tsv (one row per
-run), OUT/results.json (runs, per-k summaries, simulations) and OUT/table.md.
+run), OUT/results.json (runs, per-k summaries, simulations) and the table as OUT/table.markdown.
 
 Per run, from its report.json:
-  acc_before, acc_after   eval_accuracy_before / _after (greedy, on eval_problems held-out problems)
+  acc_before, acc_after   eval_accuracy_before / _after (greedy, on eval_problems held-out problems;
+                          the table also gives the gain, after - before, per k)
   final_reward_10         mean of per_step[].reward over the last 10 RL steps
   final_reward_5          the report's final_reward (the last 5 steps' batches)
   wait_s                  trainer_wait.total_seconds
@@ -176,9 +177,9 @@ def main():
                   "regions[].groups_dropped_stale. Mean lag: per_step mean_lag weighted by groups. "
                   "sim: `weft sim` calibrated on this trainer's reference run (mean over seeds).\n")
         seed_cols = " | ".join(f"acc s{s}" for s in seeds)
-        md.append(f"| k | runs ok | acc before | {seed_cols} | acc after (mean) | final reward (last 10) "
+        md.append(f"| k | runs ok | acc before | {seed_cols} | acc after (mean) | gain (after - before) | final reward (last 10) "
                   "| idle s | idle frac | stale drops | mean lag | wall s | sim idle frac | sim mean lag | sim stale drops |")
-        md.append("|" + "---|" * (12 + len(seeds)))
+        md.append("|" + "---|" * (13 + len(seeds)))
         for k in ks:
             kr = [r for r in trs if r["k"] == k]
             ok = [r for r in kr if r.get("completed") and r.get("rc") == 0]
@@ -191,6 +192,8 @@ def main():
                 "trainer": t, "k": k, "runs": len(kr), "completed": len(ok),
                 "acc_before": [r.get("acc_before") for r in ok],
                 "acc_after": [r.get("acc_after") for r in ok],
+                "acc_gain": [r["acc_after"] - r["acc_before"] for r in ok
+                             if r.get("acc_after") is not None and r.get("acc_before") is not None],
                 "final_reward_10": [r.get("final_reward_10") for r in ok],
                 "idle_frac": [r.get("idle_frac") for r in ok],
                 "wait_s": [r.get("wait_s") for r in ok],
@@ -202,7 +205,8 @@ def main():
             }
             summaries.append(summary)
             md.append(f"| {k} | {len(ok)}/{len(kr)} | {mean_sd(summary['acc_before'])} | {per_seed} | "
-                      f"{mean_sd(summary['acc_after'])} | {mean_sd(summary['final_reward_10'])} | "
+                      f"{mean_sd(summary['acc_after'])} | {mean_sd(summary['acc_gain'])} | "
+                      f"{mean_sd(summary['final_reward_10'])} | "
                       f"{mean_sd(summary['wait_s'], 1)} | {mean_sd(summary['idle_frac'])} | "
                       f"{mean_sd(summary['dropped_stale'], 1)} | {mean_sd(summary['mean_lag'], 2)} | "
                       f"{mean_sd(summary['wall_s'], 0)} | {fmt(c.get('idle_frac'))} | "
@@ -238,7 +242,7 @@ def main():
     text = "\n".join(md) + "\n"
     print(text)
 
-    with open(os.path.join(a.out, "table.md"), "w") as f:
+    with open(os.path.join(a.out, "table.markdown"), "w") as f:
         f.write(text)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump({"runs": runs, "summaries": summaries, "sims": sims}, f, indent=1)
