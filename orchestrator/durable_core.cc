@@ -228,6 +228,8 @@ Result<DurableCore::Event> DurableCore::ParseEvent(std::string_view text) {
             WEFT_RETURN_IF_ERROR(CheckName(job.model, "journal event 'jobs': model"));
           WEFT_ASSIGN_OR_RETURN(job.kind, wire::ParseJobKind(entry[4].get<std::string>()));
           job.targets = entry[5].get<std::string>();
+          WEFT_RETURN_IF_ERROR(
+              wire::CheckTargets(job.targets, job.kind, "journal event 'jobs': targets"));
         }
         jobs.jobs.push_back(std::move(job));
       }

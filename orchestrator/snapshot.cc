@@ -232,6 +232,9 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
         if (!job.model.empty()) ModelOf(j.at(8), "job " + std::to_string(id));
         job.kind = KindOf(j.at(9), "job " + std::to_string(id));
         job.targets = j.at(10).get<std::string>();
+        Status targets =
+            wire::CheckTargets(job.targets, job.kind, "the targets of job " + std::to_string(id));
+        if (!targets.ok()) throw std::invalid_argument(targets.message());
       }
       if (job.holders.size() != job.min_versions.size() ||
           (job.leased_to && (job.holders.empty() || job.holders.back() != *job.leased_to)))

@@ -643,6 +643,18 @@ Result<std::vector<JobSpec>> DecodeJobs(std::string_view body) {
   return jobs;
 }
 
+Status CheckTargets(std::string_view targets, JobKind kind, const std::string& where) {
+  if (kind == JobKind::kGenerate) {
+    if (!targets.empty()) return InvalidArgument(where + ": a generate job has no targets");
+    return Status::Ok();
+  }
+  const Json parsed = Json::parse(targets, nullptr, false);
+  if (parsed.is_discarded()) return InvalidArgument(where + ": the targets are not JSON");
+  // As the jobs route checks them (a prompt of one token id stands in for the job's own).
+  return CheckScoreJob(Json{{"prompt", Json::array({uint64_t{0}})}, {"targets", parsed}}, where,
+                       kind);
+}
+
 Status CheckMetadata(std::string_view text, const std::string& where) {
   WEFT_RETURN_IF_ERROR(CheckMetadataSize(text.size(), where));
   // It is spliced into answers as it is: a byte order mark would be one inside a JSON text.

@@ -116,6 +116,10 @@ Result<uint64_t> DecodeAnnouncement(std::string_view body,
 // value's text out of the body, byte for byte, as it does a submission's samples.
 std::string EncodeJobs(const std::vector<JobSpec>& jobs);
 Result<std::vector<JobSpec>> DecodeJobs(std::string_view body);
+// Checks that `targets` is what a job of `kind` holds as the jobs route admits it: for a score job,
+// the JSON text of 1 to 4096 arrays of 1 to 65536 token ids; for a generate job, empty. For text
+// read back from the journal or a snapshot.
+Status CheckTargets(std::string_view targets, JobKind kind, const std::string& where);
 // Checks that `text` is a job's metadata as the jobs route admits it: one JSON value (json_text
 // rules) of at most kMaxJobMetadataBytes. For text read back from the journal or a snapshot.
 Status CheckMetadata(std::string_view text, const std::string& where);

@@ -584,6 +584,15 @@ TEST_CASE("wire: models and score jobs: round trips, and refusals that name the 
   CHECK(refused(R"({"prompts": [{"prompt": "a", "kind": "rank"}]})") ==
         "jobs.prompts[0].kind: 'rank' is not a job kind (generate or score)");
 
+  // What the journal and snapshots hold is checked as the route checks it.
+  CHECK(CheckTargets("", JobKind::kGenerate, "t").ok());
+  CHECK(CheckTargets("[[1,2]]", JobKind::kScore, "t").ok());
+  CHECK(CheckTargets("[[1]]", JobKind::kGenerate, "t").message() ==
+        "t: a generate job has no targets");
+  CHECK(CheckTargets("[[1],", JobKind::kScore, "t").message() == "t: the targets are not JSON");
+  CHECK(CheckTargets("[[-1]]", JobKind::kScore, "t").message() ==
+        "t.targets[0] is not 1 to 65536 token ids (0 to 2^31-1)");
+
   // Leases and batches carry the model and kind; the policy's generate jobs carry neither.
   Lease lease{1, 1, 5, 0, "[1,2]", 2};
   lease.model = "teacher";
