@@ -188,36 +188,11 @@ for t in $trainers; do
   fi
   [ -n "$ref" ] || { echo "== no completed $t run to calibrate the simulation on"; continue; }
   echo "$ref" > "$out/sim/calibrated-$t.reference"
-  step_seconds=$(jq '.per_step[-1].seconds / .steps' "$ref")
-  slots=$(jq '[.orchestrator.clusters[] | .capacity] | add' "$ref")
-  prompts=$(jq '.per_step[0].groups' "$ref")
-  samples=$(jq '.per_step[0].samples / .per_step[0].groups' "$ref")
   for k in $ks; do
     d=$out/sim/calibrated-$t-k$k
     mkdir -p "$d"
-    cat > "$d/sim.yaml" <<YAML
-extends: $out/sim/plain-k$k/sim.yaml
-name: calibrated-$t-k$k
-trainer:
-  step_time: $(jq -n "$step_seconds / 2 * 1000 | floor")ms
-  prompts_per_step: $prompts
-  samples_per_prompt: $samples
-  steps: $(jq '.steps' "$ref")
-  upload_bandwidth: 1GB
-model:
-  parameters: $(jq '.parameters' "$ref")
-  format: bf16
-  densities_from: $ref
-  bits_per_change: $(jq '([.per_step[].delta_bytes] | add) * 8 / ([.per_step[].changed_elements] | add)' "$ref")
-  keyframe_interval: 1000
-  delta_budget: 1000
-  apply_throughput: 1GB
-  load_throughput: 1GB
-  encode_throughput: 1GB
-generation:
-  response_tokens: {median: 10, sigma: 0.3}
-  tokens_per_second: {median: $(jq -n "10 / ($step_seconds / 2 * $slots / $prompts)"), sigma: 0.2}
-YAML
+    bash "$repo/tests/sim/calibrated_sim.sh" "$ref" "$out/sim/plain-k$k/sim.yaml" \
+      "calibrated-$t-k$k" > "$d/sim.yaml"
     for s in $seeds; do sim_one "calibrated-$t" "$k" "$s" "$d/sim.yaml"; done
   done
 done

@@ -5,41 +5,13 @@
 #     within 1.5 versions of the real run's;
 #   - WAN bytes per region: what the simulated relay fetched within a factor of 3 of what the real
 #     relay fetched upstream (the real figure also holds manifests, and blobs fetched again).
-# The simulation extends BASE (the run's shape: orchestrator, regions, clusters) with what the real
-# run measured: the model's parameters, each version's density and the bytes per changed element,
-# and the pace (half of a step's time training, the other half generating).
+# The simulation extends BASE (the run's shape) with what the real run measured
+# (tests/sim/calibrated_sim.sh).
 # Usage: crosscheck.sh WEFT REAL_REPORT BASE_SIM_YAML K WORKDIR   (exit 1 outside the tolerances)
 set -euo pipefail
 weft=$1 real=$(realpath "$2") base=$(realpath "$3") k=$4 work=$5
 mkdir -p "$work"
-steps=$(jq '.steps' "$real")
-step_seconds=$(jq '.per_step[-1].seconds / .steps' "$real")
-slots=$(jq '[.orchestrator.clusters[] | .capacity] | add' "$real")
-prompts=$(jq '.per_step[0].groups' "$real")
-samples=$(jq '.per_step[0].samples / .per_step[0].groups' "$real")
-cat > "$work/sim.yaml" <<YAML
-extends: $base
-name: crosscheck
-trainer:
-  step_time: $(jq -n "$step_seconds / 2 * 1000 | floor")ms
-  prompts_per_step: $prompts
-  samples_per_prompt: $samples
-  steps: $steps
-  upload_bandwidth: 1GB
-model:
-  parameters: $(jq '.parameters' "$real")
-  format: bf16
-  densities_from: $real
-  bits_per_change: $(jq '([.per_step[].delta_bytes] | add) * 8 / ([.per_step[].changed_elements] | add)' "$real")
-  keyframe_interval: 1000
-  delta_budget: 1000
-  apply_throughput: 1GB
-  load_throughput: 1GB
-  encode_throughput: 1GB
-generation:
-  response_tokens: {median: 10, sigma: 0.3}
-  tokens_per_second: {median: $(jq -n "10 / ($step_seconds / 2 * $slots / $prompts)"), sigma: 0.2}
-YAML
+bash "$(dirname "${BASH_SOURCE[0]}")/calibrated_sim.sh" "$real" "$base" crosscheck > "$work/sim.yaml"
 "$weft" sim "$work/sim.yaml" --out "$work/out" > "$work/sim.out"
 sim=$work/out/report.json
 failed=0
