@@ -39,6 +39,11 @@ def test_a_dataset_is_read_in_order_with_samples_and_metadata(tmp_path):
     assert rows[1].job(8)["samples"] == 3
 
 
+def test_a_dataset_line_may_carry_an_id(tmp_path):
+    path = write(tmp_path, '{"id": "a-1", "prompt": "1+1="}\n{"prompt": "2+2=", "id": 7}\n')
+    assert [r.id for r in weft.read_dataset(str(path))] == ["a-1", 7]
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"prompt": "1+1="', "not valid JSON"),
     ('{"prompt": "1+1=", "prompt": "2+2="}', 'a key repeated: "prompt"'),
@@ -57,6 +62,8 @@ def test_a_dataset_is_read_in_order_with_samples_and_metadata(tmp_path):
     ('{"prompt": "1+1=", "metadata": "' + "x" * 70000 + '"}',
      r"metadata is 70002 bytes of JSON text; at most 65536 \(64 KiB\)"),
     ('{"prompt": "1+1=", "metadata": ' + "[" * 62 + "]" * 62 + "}", "nested more than 62 deep"),
+    ('{"prompt": "1+1=", "id": ""}', 'id must be a non-empty string .* not ""'),
+    ('{"prompt": "1+1=", "id": -3}', "id must be a non-empty string .* not -3"),
 ])
 def test_a_bad_line_is_named_by_file_and_line(tmp_path, line, message):
     path = write(tmp_path, '{"prompt": "1+1="}\n\n' + line + "\n")

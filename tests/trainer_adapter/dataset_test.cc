@@ -71,6 +71,8 @@ TEST_CASE("prompt dataset: a bad line is an error naming the file and the line")
   CHECK(error("{\"samples\": 2}") == "the line lacks the field 'prompt'");
   CHECK(error("{\"prompt\": \"1+1=\", \"answer\": 2}") == "the line has an unknown field 'answer'");
   CHECK(error("{\"prompt\": \"\"}") == "the prompt is empty");
+  CHECK(error("{\"prompt\": \"1+1=\", \"id\": -3}") ==
+        "id must be a non-empty string (at most 1024 bytes) or a non-negative integer, not -3");
   CHECK(error("{\"prompt\": 12}") ==
         "prompt must be text (a non-empty string) or token ids (a non-empty array of "
         "non-negative integers), not number");
@@ -127,6 +129,24 @@ TEST_CASE("prompt dataset: lines and files are read within bounds, whatever the 
   REQUIRE(prompts.size() == 2);
   CHECK(prompts[1].prompt == "b");
   CHECK(prompts[1].line == 2);
+}
+
+}  // namespace
+}  // namespace weft::trainer_adapter
+
+namespace weft::trainer_adapter {
+namespace {
+
+TEST_CASE("prompt dataset: a line may carry an id, a string or a non-negative integer") {
+  const std::string path =
+      Write("dataset_ids.jsonl",
+            "{\"id\": \"a-1\", \"prompt\": \"1+1=\"}\n{\"prompt\": \"2\", \"id\": 7}\n"
+            "{\"prompt\": \"3\"}\n");
+  Result<std::vector<DatasetPrompt>> read = ReadPromptDataset(path);
+  REQUIRE(read.ok());
+  CHECK((*read)[0].id == Json("a-1"));
+  CHECK((*read)[1].id == Json(7));
+  CHECK((*read)[2].id.is_null());
 }
 
 }  // namespace
