@@ -78,9 +78,7 @@ Result<ModelIdentity> PrepareModel(const RunConfig& config, const fs::path& dir)
     WEFT_ASSIGN_OR_RETURN(sync::SafetensorsFile file,
                           sync::SafetensorsFile::Open(config.generate.checkpoint));
     model = sync::ServedModel::FromSafetensors(file, ThreadsOrAll(0));
-    std::vector<std::pair<std::string, std::string>> named;
-    for (const auto& t : model->tensors()) named.emplace_back(t.spec.name, t.digest.ToHex());
-    wanted = policy_store::StateDigest(std::move(named));
+    wanted = policy_store::StateDigest(*model);
   }
   if (!latest.ok()) {
     if (!model) {

@@ -43,16 +43,11 @@ Status SaveCheckpoint(const RunConfig& config, const examples::ExampleTrainerOpt
       sync::ServedModel served,
       sync::ServedModel::FromMaster(layout.Master(weights), sync::ServingPlan{}, options.threads));
   WEFT_RETURN_IF_ERROR(sync::WriteSafetensors(path, served.AsTensorsToWrite()));
-  WEFT_ASSIGN_OR_RETURN(double accuracy, examples::GreedyAccuracy(
-                                             layout, weights, task,
-                                             [&] {
-                                               std::vector<std::string> problems;
-                                               std::mt19937_64 rng(options.seed ^ 0xE7A1);
-                                               for (int i = 0; i < options.eval_problems; ++i)
-                                                 problems.push_back(task.Problem(rng));
-                                               return problems;
-                                             }(),
-                                             options.threads));
+  WEFT_ASSIGN_OR_RETURN(
+      double accuracy,
+      examples::GreedyAccuracy(layout, weights, task,
+                               task.HeldOutProblems(options.seed, options.eval_problems),
+                               options.threads));
   std::printf(
       "saved %s: the %s policy of %s after %d supervised steps (%zu parameters, greedy "
       "accuracy %.3f)\n",

@@ -26,6 +26,13 @@ Result<std::pair<uint64_t, uint64_t>> Operands(const std::string& problem, int d
 
 }  // namespace
 
+std::vector<std::string> ArithmeticTask::HeldOutProblems(uint64_t seed, int count) const {
+  std::mt19937_64 rng(seed ^ 0xE7A1);
+  std::vector<std::string> problems;
+  for (int i = 0; i < count; ++i) problems.push_back(Problem(rng));
+  return problems;
+}
+
 std::string ArithmeticTask::Problem(std::mt19937_64& rng) const {
   const uint64_t limit = static_cast<uint64_t>(std::pow(10, digits_));
   std::uniform_int_distribution<uint64_t> operand(0, limit - 1);

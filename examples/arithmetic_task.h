@@ -29,6 +29,10 @@ class ArithmeticTask {
 
   // A random problem, as text.
   std::string Problem(std::mt19937_64& rng) const;
+  // The held-out problems of a run of seed `seed`: `count` problems from a stream of their own,
+  // apart from the problems the run trains on (what the example trainers and RealSteps evaluate
+  // on).
+  std::vector<std::string> HeldOutProblems(uint64_t seed, int count) const;
   // Text -> token ids (the begin token first); errors name the offending character.
   Result<std::vector<int>> Encode(const std::string& problem) const;
   // The correct answer's tokens (digits, then the end token).

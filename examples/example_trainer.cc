@@ -265,13 +265,9 @@ Result<TrainerSummary> RunExampleTrainer(
   summary.parameters = layout.size();
   summary.warmup_steps = options.warmup_steps;
   summary.steps_total = options.steps;
-  std::vector<std::string> eval;
-  {
-    std::mt19937_64 eval_rng(options.seed ^ 0xE7A1);
-    for (int i = 0; i < options.eval_problems; ++i) eval.push_back(task.Problem(eval_rng));
-    for (const std::string& p : eval) summary.random_policy_reward += task.RandomPolicyReward(p);
-    summary.random_policy_reward /= std::max<size_t>(1, eval.size());
-  }
+  const std::vector<std::string> eval = task.HeldOutProblems(options.seed, options.eval_problems);
+  for (const std::string& p : eval) summary.random_policy_reward += task.RandomPolicyReward(p);
+  summary.random_policy_reward /= std::max<size_t>(1, eval.size());
 
   summary.algorithm = AlgorithmName(options.algorithm);
   policy_store::OpenOptions open;

@@ -7,7 +7,6 @@ namespace {
 
 // Streams of the seed apart from the initial weights' and the warm-up's (which use it as it is).
 constexpr uint64_t kStepStream = 0x5EED'57E9;
-constexpr uint64_t kHeldOutStream = 0xE7A1;
 
 Status CheckOptions(const RealStepsOptions& o) {
   if (o.digits < 1 || o.digits > 6) return InvalidArgument("real steps: digits must be 1 to 6");
@@ -61,9 +60,7 @@ RealSteps::RealSteps(const RealStepsOptions& options, std::vector<float> weights
       optimizer_(
           MakeOptimizer(options.optimizer, layout_, options.optimizer_config, options.threads)),
       rng_(options.seed ^ kStepStream) {
-  std::mt19937_64 held_out_rng(options.seed ^ kHeldOutStream);
-  for (int i = 0; i < options.held_out_problems; ++i)
-    held_out_.push_back(task_.Problem(held_out_rng));
+  held_out_ = task_.HeldOutProblems(options.seed, options.held_out_problems);
 }
 
 Result<std::unique_ptr<RealSteps>> RealSteps::Create(const RealStepsOptions& options,

@@ -558,13 +558,12 @@ std::vector<ModelView> OrchestratorCore::models() const {
 std::vector<std::string> OrchestratorCore::Alerts(Micros now) const {
   std::vector<std::string> alerts;
   const bool work = queued_ > 0 || !leases_.empty();
-  auto policy_queue = queues_.find("");
-  const size_t policy_queued = policy_queue == queues_.end() ? 0 : policy_queue->second.size();
-  bool policy_leased = false;
-  for (uint64_t job : leases_) policy_leased = policy_leased || jobs_.at(job).model.empty();
-  if ((policy_queued > 0 || policy_leased) && !latest_)
-    alerts.push_back("no policy version announced yet: nothing can be leased");
-  for (const ModelView& m : models()) {
+  const std::vector<ModelView> views = models();
+  for (const ModelView& m : views) {
+    if (m.name.empty() && m.queued + m.leased > 0 && !latest_)
+      alerts.push_back("no policy version announced yet: nothing can be leased");
+  }
+  for (const ModelView& m : views) {
     if (m.queued == 0 || m.ready > 0) continue;
     if (m.name.empty() && latest_) {
       alerts.push_back(std::to_string(m.queued) +

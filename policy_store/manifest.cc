@@ -314,17 +314,28 @@ std::string Sha256::HexDigest() {
   return HexEncode({digest, length});
 }
 
-std::string StateDigest(std::vector<std::pair<std::string, std::string>> named) {
+namespace {
+
+// Of (name, digest hex) pairs.
+std::string StateDigestOf(std::vector<std::pair<std::string, std::string>> named) {
   std::sort(named.begin(), named.end());
   std::string text;
   for (const auto& [name, hex] : named) text += name + '\0' + hex + '\0';
   return Sha256Hex(TextBytes(text)).substr(0, 32);
 }
 
+}  // namespace
+
 std::string StateDigest(const Manifest& manifest) {
   std::vector<std::pair<std::string, std::string>> named;
   for (const ManifestTensor& t : manifest.tensors) named.emplace_back(t.name, t.digest.ToHex());
-  return StateDigest(std::move(named));
+  return StateDigestOf(std::move(named));
+}
+
+std::string StateDigest(const sync::ServedModel& model) {
+  std::vector<std::pair<std::string, std::string>> named;
+  for (const auto& t : model.tensors()) named.emplace_back(t.spec.name, t.digest.ToHex());
+  return StateDigestOf(std::move(named));
 }
 
 bool IsSha256Hex(std::string_view text) { return text.size() == 64 && IsLowerHex(text); }

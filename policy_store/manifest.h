@@ -28,6 +28,7 @@
 
 #include "common/status.h"
 #include "sync/delta_codec.h"
+#include "sync/served_model.h"
 
 struct evp_md_ctx_st;
 
@@ -143,9 +144,9 @@ class Sha256 {
 };
 // The state digest of a served model (docs/api.md, heartbeats): SHA-256 over each tensor's name
 // and digest (hex), in name order, first 32 hex digits. Of a manifest, the state its version's
-// readers prove they serve; of (name, digest hex) pairs, any copy's.
-std::string StateDigest(std::vector<std::pair<std::string, std::string>> named);
+// readers prove they serve; of a served model, the state it holds.
 std::string StateDigest(const Manifest& manifest);
+std::string StateDigest(const sync::ServedModel& model);
 
 // Whether `text` is a SHA-256 as Sha256Hex writes it: 64 lowercase hex digits.
 bool IsSha256Hex(std::string_view text);

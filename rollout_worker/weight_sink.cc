@@ -57,10 +57,6 @@ Result<sync::TensorStorage> FilePlacement::Storage(const sync::TensorSpec& spec,
   return file_->Storage(spec);
 }
 
-std::string HostWeightSink::StateDigest() const {
-  std::vector<std::pair<std::string, std::string>> named;
-  for (const auto& t : copy_.tensors()) named.emplace_back(t.spec.name, t.digest.ToHex());
-  return policy_store::StateDigest(std::move(named));
-}
+std::string HostWeightSink::StateDigest() const { return policy_store::StateDigest(copy_); }
 
 }  // namespace weft::rollout_worker
