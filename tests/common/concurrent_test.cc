@@ -28,17 +28,37 @@ TEST_CASE("ForEachConcurrently: every index once, at most `concurrency` at a tim
   CHECK(ForEachConcurrently(0, 4, [](size_t) { return Internal("never called"); }).ok());
 }
 
-TEST_CASE(
-    "ForEachConcurrently: the lowest failing index's error, and nothing new after a failure") {
+TEST_CASE("ForEachConcurrently: nothing new starts after a failure") {
+  // One thread takes the indices in order, so the count is exact: 0 to 7, and nothing after 7.
   std::atomic<size_t> started{0};
-  Status status = ForEachConcurrently(1000, 3, [&](size_t i) -> Status {
+  Status status = ForEachConcurrently(1000, 1, [&](size_t i) -> Status {
     started.fetch_add(1);
-    if (i == 7 || i == 9) return NotFound("index " + std::to_string(i));
+    return i == 7 ? NotFound("index 7") : Status::Ok();
+  });
+  CHECK(status.message() == "index 7");
+  CHECK(started.load() == 8);
+}
+
+TEST_CASE("ForEachConcurrently: the lowest failing index's error, whichever fails first") {
+  // Index 7 fails only once index 9 has failed, so the later failure in time is the one reported.
+  std::atomic<bool> nine_failed{false};
+  Status status = ForEachConcurrently(1000, 3, [&](size_t i) -> Status {
+    if (i == 9) {
+      nine_failed.store(true);
+      return NotFound("index 9");
+    }
+    if (i == 7) {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!nine_failed.load() && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return NotFound("index 7");
+    }
     return Status::Ok();
   });
+  CHECK(nine_failed.load());
   CHECK(status.code() == StatusCode::kNotFound);
   CHECK(status.message() == "index 7");
-  CHECK(started.load() < 1000);
 }
 
 }  // namespace
