@@ -107,6 +107,8 @@ std::vector<Child*> ReapRunProcesses(Supervisor& supervisor, std::vector<Child>&
                   child->name.c_str(), child->ended.c_str());
     }
   }
+  // Said at once: a log file may be all that is left of a process killed next.
+  if (!ended.empty()) std::fflush(stdout);
   return ended;
 }
 
