@@ -162,9 +162,12 @@ Status RunWorker(const WorkerFlags& flags) {
   // Serving engines: what each replica went through.
   if (const auto* http = dynamic_cast<const rollout_worker::HttpEngine*>(engine.get())) {
     const rollout_worker::HttpEngineStats s = http->stats();
-    std::printf("  %llu samples continued after a pause, %llu generated again\n",
-                static_cast<unsigned long long>(s.continued),
-                static_cast<unsigned long long>(s.regenerated));
+    std::printf(
+        "  %llu samples continued after a pause, %llu generated again; %llu targets scored, %llu "
+        "scored again\n",
+        static_cast<unsigned long long>(s.continued),
+        static_cast<unsigned long long>(s.regenerated), static_cast<unsigned long long>(s.scored),
+        static_cast<unsigned long long>(s.rescored));
     for (const rollout_worker::ReplicaStats& r : s.replicas) {
       std::printf(
           "  replica %s: %llu loads (pause max %.1f ms, mean %.1f ms), %llu requests, %llu "

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "common/concurrent.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/yaml_fields.h"
@@ -501,39 +502,52 @@ std::optional<std::vector<std::pair<uint64_t, size_t>>> SpansOf(const ReplicaOut
 
 }  // namespace
 
+template <typename T>
+Result<HttpEngine::Answer<T>> HttpEngine::OnReplica(
+    int attempts, const std::function<Result<T>(ReplicaApi&)>& call) {
+  for (int attempt = 1;; ++attempt) {
+    Answer<T> answer;
+    uint64_t epoch = 0;
+    Replica* r = Acquire(Clock::now() + options_.request_timeout, &epoch, &answer.version);
+    if (r == nullptr) {
+      return Unavailable("no " + options_.api + " replica can take a request (" + Health().detail +
+                         ")");
+    }
+    Result<T> out = call(*r->api);
+    {
+      MutexLock lock(mutex_);
+      answer.pauses = r->epoch - epoch;
+    }
+    const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
+    Release(*r, unreachable, out.status());
+    if (!out.ok()) {
+      // Another replica (or this one, back) may take it; a refusal is final.
+      if (unreachable && attempt < attempts) continue;
+      return out.status();
+    }
+    answer.value = std::move(*out);
+    answer.url = r->api->url();
+    return answer;
+  }
+}
+
 Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling& sampling) {
   Completion c;
   Prompt current = prompt;
   Sampling s = sampling;
   std::vector<int> prompt_ids = prompt.tokens;  // known for a text prompt once the engine says
   std::optional<uint64_t> last_version;         // of the last request that produced the sample
-  int failures = 0;
   for (int round = 0; round < kMaxRounds; ++round) {
-    uint64_t epoch = 0, version = 0;
-    Replica* r = Acquire(Clock::now() + options_.request_timeout, &epoch, &version);
-    if (r == nullptr) {
-      return Unavailable("no " + options_.api + " replica can take a request (" + Health().detail +
-                         ")");
-    }
-    Result<std::vector<ReplicaOutput>> out = r->api->Generate(current, s, 1);
-    uint64_t pauses;
-    {
-      MutexLock lock(mutex_);
-      pauses = r->epoch - epoch;
-    }
-    const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
-    Release(*r, unreachable, out.status());
-    if (!out.ok()) {
-      // Another replica (or this one, back) may take it; a refusal is final.
-      if (unreachable && ++failures < 4) continue;
-      return out.status();
-    }
-    ReplicaOutput& o = out->front();
+    WEFT_ASSIGN_OR_RETURN(Answer<std::vector<ReplicaOutput>> answer,
+                          OnReplica<std::vector<ReplicaOutput>>(
+                              4, [&](ReplicaApi& api) { return api.Generate(current, s, 1); }));
+    const uint64_t version = answer.version;
+    ReplicaOutput& o = answer.value.front();
     if (o.logprobs.size() != o.tokens.size())
-      return Internal(r->api->url() + " returned logprobs for other tokens than it generated");
+      return Internal(answer.url + " returned logprobs for other tokens than it generated");
     if (prompt_ids.empty() && !o.prompt_tokens.empty()) prompt_ids = o.prompt_tokens;
     const std::string version_text = std::to_string(version);
-    if (pauses == 0 && !o.aborted) {
+    if (answer.pauses == 0 && !o.aborted) {
       // No pause overlapped it: all of it is the version the replica served.
       Append(c, o.tokens, o.logprobs, 0, o.tokens.size(), version);
       last_version = version;
@@ -544,9 +558,11 @@ Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling&
         Append(c, o.tokens, o.logprobs, (*runs)[i].second, to, (*runs)[i].first);
       }
       last_version = runs->back().first;
-    } else if (o.aborted && pauses == 1 && (o.version.empty() || o.version == version_text)) {
-      // Cut short by the one pause it overlapped, before that pause's load: every token is the
-      // version it started at (the engine's own version at the abort, when it reports one, agrees).
+    } else if (o.aborted && answer.pauses == 1 &&
+               (o.version.empty() || o.version == version_text)) {
+      // Cut short by the one pause it overlapped, before that pause's load (the engine's own
+      // version at the abort, when it reports one, agrees): every token is the version it started
+      // at.
       Append(c, o.tokens, o.logprobs, 0, o.tokens.size(), version);
       last_version = version;
     } else {
@@ -591,31 +607,22 @@ Result<Completion> HttpEngine::GenerateOne(const Prompt& prompt, const Sampling&
 
 Result<std::vector<Completion>> HttpEngine::GenerateMany(const Prompt& prompt,
                                                          const Sampling& sampling, int n) {
-  const Clock::time_point deadline = Clock::now() + options_.request_timeout;
-  uint64_t epoch = 0, version = 0;
-  Replica* r = Acquire(deadline, &epoch, &version);
-  if (r == nullptr) {
-    return Unavailable("no " + options_.api + " replica can take a request (" + Health().detail +
-                       ")");
-  }
-  Result<std::vector<ReplicaOutput>> out = r->api->Generate(prompt, sampling, n);
-  bool crossed;
-  {
-    MutexLock lock(mutex_);
-    crossed = r->epoch != epoch;
-  }
-  const bool unreachable = !out.ok() && out.status().code() == StatusCode::kUnavailable;
-  Release(*r, unreachable, out.status());
-  if (unreachable) {
+  Result<Answer<std::vector<ReplicaOutput>>> answer = OnReplica<std::vector<ReplicaOutput>>(
+      1, [&](ReplicaApi& api) { return api.Generate(prompt, sampling, n); });
+  const auto others = [&] {
+    const EngineHealth health = Health();
+    return health.ready_replicas + health.loading_replicas > 0;
+  };
+  if (!answer.ok() && answer.status().code() == StatusCode::kUnavailable && others()) {
     // That replica is down: sample by sample, on the others.
-    out = std::vector<ReplicaOutput>(static_cast<size_t>(n));
-    crossed = true;
+    answer = Answer<std::vector<ReplicaOutput>>{std::vector<ReplicaOutput>(static_cast<size_t>(n)),
+                                                0, 1, ""};
   }
-  if (!out.ok()) return out.status();
+  if (!answer.ok()) return answer.status();
   std::vector<Completion> completions;
-  for (size_t i = 0; i < out->size(); ++i) {
-    const ReplicaOutput& o = (*out)[i];
-    if (crossed || o.aborted) {
+  for (size_t i = 0; i < answer->value.size(); ++i) {
+    const ReplicaOutput& o = answer->value[i];
+    if (answer->pauses > 0 || o.aborted) {
       // Across a pause: this sample goes through the one-sample path, which tags it exactly.
       Sampling one = sampling;
       one.seed = sampling.seed + i;
@@ -624,12 +631,12 @@ Result<std::vector<Completion>> HttpEngine::GenerateMany(const Prompt& prompt,
       continue;
     }
     if (o.logprobs.size() != o.tokens.size())
-      return Internal(r->api->url() + " returned logprobs for other tokens than it generated");
+      return Internal(answer->url + " returned logprobs for other tokens than it generated");
     Completion c;
-    Append(c, o.tokens, o.logprobs, 0, o.tokens.size(), version);
-    if (c.segments.empty()) c.segments.emplace_back(version, 0);
+    Append(c, o.tokens, o.logprobs, 0, o.tokens.size(), answer->version);
+    if (c.segments.empty()) c.segments.emplace_back(answer->version, 0);
     c.text = o.text;
-    c.version_start = c.version_end = version;
+    c.version_start = c.version_end = answer->version;
     completions.push_back(std::move(c));
   }
   return completions;
@@ -643,27 +650,82 @@ Result<std::vector<Completion>> HttpEngine::Generate(const std::vector<Prompt>& 
   });
   if (options_.n_per_request && same && prompts.size() > 1)
     return GenerateMany(prompts[0], sampling, static_cast<int>(prompts.size()));
-  std::vector<Result<Completion>> results(prompts.size(), Internal("not generated"));
-  std::atomic<size_t> next{0};
-  auto run = [&] {
-    for (size_t i = next++; i < prompts.size(); i = next++) {
-      Sampling one = sampling;
-      one.seed = sampling.seed + i;
-      results[i] = GenerateOne(prompts[i], one);
-    }
-  };
-  const size_t parallel =
-      std::min(prompts.size(), static_cast<size_t>(std::max(1, options_.max_parallel_requests)));
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < parallel; ++i) threads.emplace_back(run);
-  run();
-  for (std::thread& t : threads) t.join();
-  std::vector<Completion> completions;
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (!results[i].ok()) return results[i].status().WithContext("sample " + std::to_string(i));
-    completions.push_back(std::move(*results[i]));
-  }
+  std::vector<Completion> completions(prompts.size());
+  WEFT_RETURN_IF_ERROR(
+      ForEachConcurrently(prompts.size(), options_.max_parallel_requests, [&](size_t i) -> Status {
+        Sampling one = sampling;
+        one.seed = sampling.seed + i;
+        Result<Completion> c = GenerateOne(prompts[i], one);
+        if (!c.ok()) return c.status().WithContext("sample " + std::to_string(i));
+        completions[i] = std::move(*c);
+        return Status::Ok();
+      }));
   return completions;
+}
+
+Result<std::pair<uint64_t, std::vector<float>>> HttpEngine::ScoreOne(
+    const std::vector<int>& prompt, const std::vector<int>& target) {
+  for (int round = 0; round < kMaxRounds; ++round) {
+    WEFT_ASSIGN_OR_RETURN(
+        Answer<ReplicaOutput> answer,
+        OnReplica<ReplicaOutput>(4, [&](ReplicaApi& api) { return api.Score(prompt, target); }));
+    const ReplicaOutput& o = answer.value;
+    if (answer.pauses == 0 && !o.aborted &&
+        (o.version.empty() || o.version == std::to_string(answer.version))) {
+      if (o.logprobs.size() != target.size()) {
+        return Internal(answer.url + " scored " + std::to_string(o.logprobs.size()) + " of " +
+                        std::to_string(target.size()) + " tokens");
+      }
+      return std::make_pair(answer.version, std::move(answer.value.logprobs));
+    }
+    // Weights may have changed while the prompt was read: scored again, at one version.
+    MutexLock lock(mutex_);
+    ++stats_.rescored;
+  }
+  return Unavailable("no target could be scored within one weight version in " +
+                     std::to_string(kMaxRounds) + " tries");
+}
+
+Result<Engine::Scores> HttpEngine::Score(const std::vector<int>& prompt,
+                                         const std::vector<std::vector<int>>& targets) {
+  std::vector<std::pair<uint64_t, std::vector<float>>> scored(targets.size());
+  std::vector<size_t> pending(targets.size());
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  for (int round = 0; round < kMaxRounds && !pending.empty(); ++round) {
+    WEFT_RETURN_IF_ERROR(ForEachConcurrently(
+        pending.size(), options_.max_parallel_requests, [&](size_t k) -> Status {
+          const size_t i = pending[k];
+          Result<std::pair<uint64_t, std::vector<float>>> one = ScoreOne(prompt, targets[i]);
+          if (!one.ok()) return one.status().WithContext("target " + std::to_string(i));
+          scored[i] = std::move(*one);
+          return Status::Ok();
+        }));
+    // Every target at the newest version any was scored at: the others again.
+    uint64_t newest = 0;
+    for (const auto& s : scored) newest = std::max(newest, s.first);
+    std::vector<size_t> older;
+    for (size_t i = 0; i < scored.size(); ++i) {
+      if (scored[i].first != newest) older.push_back(i);
+    }
+    MutexLock lock(mutex_);
+    stats_.scored += pending.size();
+    stats_.rescored += older.size();
+    pending = std::move(older);
+  }
+  if (!pending.empty()) {
+    return Unavailable("the targets could not all be scored at one weight version in " +
+                       std::to_string(kMaxRounds) + " rounds");
+  }
+  Scores scores;
+  if (targets.empty()) {
+    const std::optional<uint64_t> current = version();
+    if (!current) return Unavailable("the engine has no weights yet");
+    scores.version = *current;
+  } else {
+    scores.version = scored.front().first;
+  }
+  for (auto& s : scored) scores.logprobs.push_back(std::move(s.second));
+  return scores;
 }
 
 void HttpEngine::CheckReplica(Replica& r) {

@@ -23,6 +23,12 @@
 // In `wait` mode (vLLM) a replica gets no new requests and its requests in flight finish before
 // the pause, so none overlaps it.
 //
+// Scoring (score jobs): one request per target (ReplicaApi::Score), on the ready replica with the
+// fewest requests in flight. A request that a pause overlapped, or that the engine aborted or
+// answered at another version, is sent again, so each target's logprobs are one version's; targets
+// scored at an older version than the others are scored again, so that all are the one version
+// Score reports (counted in `rescored`).
+//
 // Health: a monitor checks every replica's health route each `health_interval`. A replica that
 // fails it, or a request to it that cannot connect, is down: it gets no requests, and once it
 // answers again it is loaded with the current version (if it does not serve it already) before it
@@ -36,6 +42,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -97,6 +104,8 @@ struct HttpEngineStats {
   uint64_t commits = 0;
   uint64_t continued = 0;     // samples continued after an abort at a pause
   uint64_t regenerated = 0;   // samples generated again: their weight switch point was unknown
+  uint64_t scored = 0;        // targets scored (score jobs)
+  uint64_t rescored = 0;      // targets scored again: across a pause, or at another version
   double last_commit_ms = 0;  // from the start of a commit until every replica served it
   double max_commit_ms = 0;
   // Into the checkpoint directory by the last stage (none when the copy is the directory's file:
@@ -116,6 +125,8 @@ class HttpEngine : public Engine {
   std::optional<uint64_t> version() const override;
   Result<std::vector<Completion>> Generate(const std::vector<Prompt>& prompts,
                                            const Sampling& sampling) override;
+  Result<Scores> Score(const std::vector<int>& prompt,
+                       const std::vector<std::vector<int>>& targets) override;
   EngineHealth Health() const override;
 
   HttpEngineStats stats() const;
@@ -139,6 +150,22 @@ class HttpEngine : public Engine {
 
   // Loads the checkpoint into `r` as `version` (pause, load, resume, check); the pause in us.
   Result<int64_t> Reload(Replica& r, uint64_t version);
+  // What one request to a replica answered, with the version that replica served when it began,
+  // the pauses that overlapped it, and the replica's URL.
+  template <typename T>
+  struct Answer {
+    T value;
+    uint64_t version = 0;
+    uint64_t pauses = 0;
+    std::string url;
+  };
+  // Sends `call` to a ready replica (Acquire, within the request timeout). A replica that cannot
+  // be reached is marked down, and the request goes to another, `attempts` times in all.
+  template <typename T>
+  Result<Answer<T>> OnReplica(int attempts, const std::function<Result<T>(ReplicaApi&)>& call);
+  // One target's logprobs and the version that scored them all.
+  Result<std::pair<uint64_t, std::vector<float>>> ScoreOne(const std::vector<int>& prompt,
+                                                           const std::vector<int>& target);
   // One sample, tagged by version, continued or generated again across pauses.
   Result<Completion> GenerateOne(const Prompt& prompt, const Sampling& sampling);
   // Several samples in one request (n_per_request).

@@ -146,6 +146,37 @@ Result<int> TokenLimit(const Sampling& sampling, const Prompt& prompt, int64_t c
   return static_cast<int>(std::min<int64_t>(sampling.max_tokens, room));
 }
 
+// What a score request sends (ReplicaApi::Score): prompt + target, checked to fit the context with
+// the one position both engines need past it (SGLang refuses a request whose input reaches the
+// context even with no token to generate; vLLM generates one token).
+Result<std::vector<int>> ScoredInput(const std::vector<int>& prompt, const std::vector<int>& target,
+                                     int64_t context, const std::string& url) {
+  if (prompt.empty())
+    return InvalidArgument(url +
+                           ": cannot score tokens after an empty prompt (nothing to condition "
+                           "the first one on)");
+  const int64_t total = static_cast<int64_t>(prompt.size() + target.size());
+  if (context > 0 && total + 1 > context) {
+    return InvalidArgument(url + ": a prompt of " + std::to_string(prompt.size()) +
+                           " tokens and a target of " + std::to_string(target.size()) +
+                           " tokens do not fit the model's context of " + std::to_string(context) +
+                           " tokens (scoring needs one position past them)");
+  }
+  std::vector<int> input = prompt;
+  input.insert(input.end(), target.begin(), target.end());
+  return input;
+}
+
+// Sampling settings of a score request: temperature 1 (what the logprobs are taken at, whatever the
+// engine's logprobs mode) and `max_tokens` tokens.
+Sampling ScoreSampling(int max_tokens) {
+  Sampling sampling;
+  sampling.temperature = 1.0f;
+  sampling.top_p = 1.0f;
+  sampling.max_tokens = max_tokens;
+  return sampling;
+}
+
 // The logprobs probe (ReplicaApi::Info): the first token after three ordinary token ids, with the
 // best few alternatives' logprobs, at temperature 1 and 1/2 (top-p 1).
 const std::vector<int> kProbePrompt = {1, 2, 3};
@@ -335,6 +366,54 @@ class SglangReplica : public JsonReplica {
       outputs.push_back(std::move(out));
     }
     return outputs;
+  }
+
+  Result<ReplicaOutput> Score(const std::vector<int>& prompt,
+                              const std::vector<int>& target) override {
+    WEFT_ASSIGN_OR_RETURN(const ReplicaInfo info, Info());
+    WEFT_ASSIGN_OR_RETURN(const std::vector<int> input,
+                          ScoredInput(prompt, target, info.context_length, url()));
+    // input_token_logprobs start at logprob_start_len, the first entry always null: from the
+    // prompt's last token on, entries 1.. are the target's.
+    const size_t start = prompt.size() - 1;
+    const Json body = {{"input_ids", input},
+                       {"sampling_params", SamplingFields(ScoreSampling(0), "max_new_tokens")},
+                       {"return_logprob", true},
+                       {"logprob_start_len", start}};
+    WEFT_ASSIGN_OR_RETURN(Json answer, calls_.Call(Channel::kGenerate, "POST", "/generate", &body));
+    if (answer.is_array() && answer.size() == 1) answer = Json(answer[0]);
+    if (!answer.is_object() || !answer.contains("meta_info") || !answer["meta_info"].is_object())
+      return Malformed(url(), "/generate", "a result without meta_info");
+    const Json& meta = answer["meta_info"];
+    ReplicaOutput out;
+    out.tokens = target;
+    if (meta.contains("weight_version") && meta["weight_version"].is_string())
+      out.version = meta["weight_version"].get<std::string>();
+    if (meta.contains("finish_reason") && meta["finish_reason"].is_object() &&
+        meta["finish_reason"].value("type", std::string()) == "abort") {
+      out.aborted = true;  // a pause ended it: scored again
+      return out;
+    }
+    const Json* entries =
+        meta.contains("input_token_logprobs") ? &meta["input_token_logprobs"] : nullptr;
+    if (entries == nullptr || !entries->is_array() || entries->size() != target.size() + 1) {
+      return Malformed(url(), "/generate",
+                       "not " + std::to_string(target.size() + 1) +
+                           " meta_info.input_token_logprobs from logprob_start_len " +
+                           std::to_string(start));
+    }
+    for (size_t i = 0; i < entries->size(); ++i) {
+      // [logprob or null, token id, text or null]
+      const Json& e = (*entries)[i];
+      if (!e.is_array() || e.size() < 2 || !e[1].is_number_integer() ||
+          e[1].get<int64_t>() != input[start + i] || (i > 0 && !e[0].is_number())) {
+        return Malformed(url(), "/generate",
+                         "input_token_logprobs entry " + std::to_string(i) +
+                             " is not [logprob, id] of input token " + std::to_string(start + i));
+      }
+      if (i > 0) out.logprobs.push_back(e[0].get<float>());
+    }
+    return out;
   }
 
  private:
@@ -546,6 +625,50 @@ class VllmReplica : public JsonReplica {
       outputs.push_back(std::move(out));
     }
     return outputs;
+  }
+
+  Result<ReplicaOutput> Score(const std::vector<int>& prompt,
+                              const std::vector<int>& target) override {
+    WEFT_ASSIGN_OR_RETURN(const ReplicaInfo info, Info());
+    WEFT_ASSIGN_OR_RETURN(const std::vector<int> input,
+                          ScoredInput(prompt, target, info.context_length, url()));
+    // prompt_logprobs 0: at each position of the prompt (the first null), the token there by its
+    // id, with no alternatives. The one token generated is not used.
+    Json body = SamplingFields(ScoreSampling(1), "max_tokens");
+    body.update(Json{
+        {"n", 1}, {"prompt", input}, {"prompt_logprobs", 0}, {"return_tokens_as_token_ids", true}});
+    NameModel(body);
+    WEFT_ASSIGN_OR_RETURN(Json answer,
+                          calls_.Call(Channel::kGenerate, "POST", "/v1/completions", &body));
+    if (!answer.is_object() || !answer.contains("choices") || !answer["choices"].is_array() ||
+        answer["choices"].size() != 1 || !answer["choices"][0].is_object()) {
+      return Malformed(url(), "/v1/completions", "not one choice");
+    }
+    const Json& choice = answer["choices"][0];
+    ReplicaOutput out;
+    out.tokens = target;
+    if (choice.value("finish_reason", Json()) == "abort") {
+      out.aborted = true;  // a pause ended it: scored again
+      return out;
+    }
+    const Json* positions =
+        choice.contains("prompt_logprobs") ? &choice["prompt_logprobs"] : nullptr;
+    if (positions == nullptr || !positions->is_array() || positions->size() != input.size())
+      return Malformed(url(), "/v1/completions",
+                       "not " + std::to_string(input.size()) + " prompt_logprobs");
+    for (size_t i = prompt.size(); i < input.size(); ++i) {
+      // {"<token id>": {"logprob": x, "rank": r, "decoded_token": t}, ...}
+      const Json& at = (*positions)[i];
+      const std::string id = std::to_string(input[i]);
+      if (!at.is_object() || !at.contains(id) || !at[id].is_object() ||
+          !at[id].contains("logprob") || !at[id]["logprob"].is_number()) {
+        return Malformed(
+            url(), "/v1/completions",
+            "prompt_logprobs position " + std::to_string(i) + " has no logprob for token " + id);
+      }
+      out.logprobs.push_back(at[id]["logprob"].get<float>());
+    }
+    return out;
   }
 
  private:

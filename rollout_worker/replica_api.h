@@ -1,10 +1,10 @@
 // ReplicaApi: one serving-engine replica's HTTP API, as the HttpEngine (http_engine.h) drives it.
 // Two implementations speak the engines' own routes, unmodified (docs/engines.md):
-//   - SGLang: POST /generate, /pause_generation, /update_weights_from_disk, /continue_generation,
-//     GET /model_info, /health.
-//   - vLLM (OpenAI-compatible server with VLLM_SERVER_DEV_MODE=1): POST /v1/completions, /pause,
-//     /collective_rpc (reload_weights), /reset_prefix_cache, /update_weight_version, /resume,
-//     GET /weight_info, /v1/models, /health.
+//   - SGLang: POST /generate (also to score given tokens), /pause_generation,
+//     /update_weights_from_disk, /continue_generation, GET /model_info, /health.
+//   - vLLM (OpenAI-compatible server with VLLM_SERVER_DEV_MODE=1): POST /v1/completions (also to
+//     score given tokens, with prompt_logprobs), /pause, /collective_rpc (reload_weights),
+//     /reset_prefix_cache, /update_weight_version, /resume, GET /weight_info, /v1/models, /health.
 // Weight versions are the decimal version numbers as strings. Calls are thread-safe; errors say
 // which replica and route failed: kUnavailable when the replica cannot be reached or answers 5xx,
 // kInvalidArgument when it refuses a request.
@@ -110,6 +110,17 @@ class ReplicaApi {
   // and the token limit is cut to what the context leaves after a prompt of token ids.
   virtual Result<std::vector<ReplicaOutput>> Generate(const Prompt& prompt,
                                                       const Sampling& sampling, int n) = 0;
+  // The log-probability at temperature 1 of each token of `target` after `prompt` and the target's
+  // tokens before it, in one prefill of prompt + target that generates nothing of use (SGLang:
+  // /generate with max_new_tokens 0, return_logprob and logprob_start_len at the prompt's last
+  // token, read from meta_info.input_token_logprobs; vLLM: /v1/completions with prompt_logprobs 0
+  // and one token, read from choices[0].prompt_logprobs). The output's tokens are `target`, its
+  // logprobs one per token; `aborted` (and no logprobs) when a pause ended the request, `version`
+  // what SGLang reported. `prompt` must not be empty (its first token has no log-probability to
+  // condition on), and prompt + target must leave one position in the context (kInvalidArgument
+  // naming the lengths otherwise).
+  virtual Result<ReplicaOutput> Score(const std::vector<int>& prompt,
+                                      const std::vector<int>& target) = 0;
 };
 
 // One HTTP engine API, declared once: its name, its pause modes, how to reach a replica of it, and

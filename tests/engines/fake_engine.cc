@@ -385,12 +385,21 @@ struct Sample {
   uint64_t seed = 0;
   int top_n = 0;                 // alternatives reported per token
   int input_logprobs_from = -1;  // SGLang logprob_start_len; -1: none
+  int prompt_logprobs = -1;      // vLLM prompt_logprobs: alternatives per position; -1: none
 
   std::vector<int> tokens;
   std::vector<float> logprobs;
   std::vector<std::string> versions;  // the weight version of each token
   std::vector<std::vector<std::pair<int, float>>> top;
   std::vector<std::optional<float>> input_logprobs;
+  // vLLM prompt_logprobs: per prompt position (none for the first) the token there and the best
+  // alternatives, as (token id, logprob, rank from 1).
+  struct Ranked {
+    int id;
+    float logprob;
+    int rank;
+  };
+  std::vector<std::vector<Ranked>> prompt_ranked;
   Finish finish = Finish::kRunning;
   int matched = -1;
   // Set by an abort (under Impl::mutex); the sample ends before its next token.
@@ -754,6 +763,7 @@ struct FakeEngine::Impl {
     }
     for (Sample& s : job.samples) {
       if (s.input_logprobs_from >= 0) InputLogprobs(s, *w0);
+      if (s.prompt_logprobs >= 0) PromptLogprobs(s, *w0);
     }
     bool first = true;
     while (true) {
@@ -815,6 +825,21 @@ struct FakeEngine::Impl {
         s.input_logprobs.push_back(std::nullopt);
       } else {
         s.input_logprobs.push_back((*scored)[i - 1]);
+      }
+    }
+  }
+
+  // vLLM prompt_logprobs: at each position after the first, the prompt's token (its logprob at
+  // temperature 1, whatever the request's temperature, and its rank) and the best
+  // `prompt_logprobs` alternatives.
+  void PromptLogprobs(Sample& s, const std::vector<float>& w) const {
+    s.prompt_ranked.assign(s.prompt.size(), {});
+    for (size_t i = 1; i < s.prompt.size(); ++i) {
+      const std::vector<std::pair<int, float>> all =
+          Alternatives(w, std::vector<int>(s.prompt.begin(), s.prompt.begin() + i));
+      for (size_t r = 0; r < all.size(); ++r) {
+        if (all[r].first == s.prompt[i] || r < static_cast<size_t>(s.prompt_logprobs))
+          s.prompt_ranked[i].push_back({all[r].first, all[r].second, static_cast<int>(r) + 1});
       }
     }
   }
@@ -2032,10 +2057,9 @@ struct FakeEngine::Impl {
     WEFT_RETURN_IF_ERROR(OnlyDefault(body, "repetition_penalty", where, IsOne));
     for (const char* key : {"stop", "logit_bias"})
       WEFT_RETURN_IF_ERROR(OnlyDefault(body, key, where, IsEmpty));
-    for (const char* key :
-         {"stream_options", "suffix", "allowed_token_ids", "prompt_logprobs", "prompt_embeds",
-          "truncate_prompt_tokens", "response_format", "structured_outputs", "logits_processors",
-          "kv_transfer_params", "vllm_xargs"})
+    for (const char* key : {"stream_options", "suffix", "allowed_token_ids", "prompt_embeds",
+                            "truncate_prompt_tokens", "response_format", "structured_outputs",
+                            "logits_processors", "kv_transfer_params", "vllm_xargs"})
       WEFT_RETURN_IF_ERROR(OnlyDefault(body, key, where, IsNothing));
     WEFT_RETURN_IF_ERROR(OnlyDefault(body, "use_beam_search", where, IsFalse));
     WEFT_RETURN_IF_ERROR(OnlyDefault(body, "priority", where, IsZero));
@@ -2148,6 +2172,17 @@ struct FakeEngine::Impl {
       choice.logprobs = body["logprobs"].get<int>();
       base.top_n = choice.logprobs;
     }
+    if (Has(body, "prompt_logprobs")) {
+      const json& k = body["prompt_logprobs"];
+      if (!k.is_number_integer() || k.get<int64_t>() < -1)
+        return InvalidArgument("`prompt_logprobs` must be a positive value or -1.");
+      if (k.get<int64_t>() > 20) {
+        return InvalidArgument("Requested prompt logprobs of " + k.dump() +
+                               ", which is greater than max allowed: 20");
+      }
+      // -1: every token of the vocabulary.
+      base.prompt_logprobs = k.get<int>() == -1 ? layout.config().vocab : k.get<int>();
+    }
     choice.token_ids_as_text =
         Has(body, "return_tokens_as_token_ids") && body["return_tokens_as_token_ids"].get<bool>();
     choice.return_token_ids = Has(body, "return_token_ids") && body["return_token_ids"].get<bool>();
@@ -2199,6 +2234,27 @@ struct FakeEngine::Impl {
     return as_id ? "token_id:" + std::to_string(id) : examples::ArithmeticTask::Decode({id});
   }
 
+  // choices[i].prompt_logprobs: null when not asked; else per prompt position null (the first) or
+  // {"<token id>": {"logprob", "rank", "decoded_token"}}, -inf clamped to -9999 as vLLM does.
+  static json PromptLogprobsJson(const Sample& s, const VllmChoiceOptions& o) {
+    if (s.prompt_logprobs < 0) return nullptr;
+    json positions = json::array();
+    for (size_t i = 0; i < s.prompt_ranked.size(); ++i) {
+      if (i == 0) {
+        positions.push_back(nullptr);
+        continue;
+      }
+      json at = json::object();
+      for (const Sample::Ranked& r : s.prompt_ranked[i]) {
+        at[std::to_string(r.id)] = {{"logprob", std::max(static_cast<double>(r.logprob), -9999.0)},
+                                    {"rank", r.rank},
+                                    {"decoded_token", VllmTokenText(r.id, o.token_ids_as_text)}};
+      }
+      positions.push_back(at);
+    }
+    return positions;
+  }
+
   json VllmChoice(const Sample& s, size_t index, const VllmChoiceOptions& o) const {
     std::vector<int> shown = s.tokens;
     if (s.finish == Finish::kStop && !o.include_stop && !shown.empty()) shown.pop_back();
@@ -2238,7 +2294,7 @@ struct FakeEngine::Impl {
             {"finish_reason", finish},
             {"stop_reason", s.finish == Finish::kStop ? json(s.matched) : json(nullptr)},
             {"token_ids", o.return_token_ids ? json(s.tokens) : json(nullptr)},
-            {"prompt_logprobs", nullptr},
+            {"prompt_logprobs", PromptLogprobsJson(s, o)},
             {"prompt_token_ids", o.return_token_ids ? json(s.prompt) : json(nullptr)}};
   }
 

@@ -2,9 +2,11 @@
 // examples/tiny_lm.h) on the CPU, so that engine adapters can be tested end to end without a GPU.
 //
 // Each server answers exactly the routes and payloads of its engine that an RL rollout worker uses
-// (generation with token ids and logprobs, loading weights from a directory, pausing and resuming
-// generation, model information, health), with the semantics of the engine around in-flight
-// requests, and refuses what it does not implement instead of ignoring it:
+// (generation with token ids and logprobs, the logprobs of a prompt's own tokens for scoring:
+// SGLang's logprob_start_len with input_token_logprobs, vLLM's prompt_logprobs; loading weights
+// from a directory, pausing and resuming generation, model information, health), with the semantics
+// of the engine around in-flight requests, and refuses what it does not implement instead of
+// ignoring it:
 //
 //   SGLang: POST /generate, /update_weights_from_disk, /pause_generation, /continue_generation,
 //   /update_weight_version, /abort_request, GET|POST /flush_cache, GET /model_info (and its old

@@ -537,6 +537,53 @@ TEST_CASE("vllm /v1/completions: token ids, logprobs, prompt-major choices, usag
   CHECK(Get(*engine, "/v1/models").body["data"][0]["max_model_len"] == Config().max_seq);
 }
 
+TEST_CASE("vllm prompt_logprobs: each prompt token's logprob and rank, and the best alternatives") {
+  auto engine = Launch(Api::kVllm, Model("vl_prompt_logprobs", 4));
+  const std::vector<float> w = *engine->weights();
+  const std::vector<int> prompt = Prompt("12+34=");
+  for (const int k : {0, 2}) {
+    CAPTURE(k);
+    Answer answer = Post(*engine, "/v1/completions",
+                         {{"prompt", prompt},
+                          {"max_tokens", 1},
+                          {"temperature", 0.5},
+                          {"prompt_logprobs", k},
+                          {"return_tokens_as_token_ids", true}});
+    REQUIRE(answer.status == 200);
+    const json& positions = answer.body["choices"][0]["prompt_logprobs"];
+    REQUIRE(positions.size() == prompt.size());
+    CHECK(positions[0].is_null());
+    // At temperature 1 whatever the request's: the model's own log-probabilities.
+    const std::vector<float> expected =
+        Scores(*engine, w, {prompt[0]}, std::vector<int>(prompt.begin() + 1, prompt.end()));
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      CAPTURE(i);
+      const json& at = positions[i];
+      const std::string id = std::to_string(prompt[i]);
+      REQUIRE(at.contains(id));
+      CHECK(at[id]["logprob"].get<float>() == doctest::Approx(expected[i - 1]).epsilon(1e-5));
+      CHECK(at[id]["decoded_token"] == "token_id:" + id);
+      // The token itself, and the best k (which may include it).
+      CHECK(at.size() >= static_cast<size_t>(std::max(k, 1)));
+      CHECK(at.size() <= static_cast<size_t>(k + 1));
+      std::vector<std::pair<int, float>> ranked;  // by rank: the best k are 1 to k, in order
+      for (const auto& [token, entry] : at.items()) {
+        ranked.emplace_back(entry["rank"].get<int>(), entry["logprob"].get<float>());
+        if (token != id) CHECK(ranked.back().first <= k);
+      }
+      std::sort(ranked.begin(), ranked.end());
+      for (size_t r = 0; r < ranked.size(); ++r) {
+        if (r < static_cast<size_t>(k)) CHECK(ranked[r].first == static_cast<int>(r) + 1);
+        if (r > 0) CHECK(ranked[r].second <= ranked[r - 1].second);
+      }
+    }
+  }
+  Answer none = Post(*engine, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}});
+  CHECK(none.body["choices"][0]["prompt_logprobs"].is_null());
+  CHECK(Post(*engine, "/v1/completions", {{"prompt", prompt}, {"prompt_logprobs", 21}}).status ==
+        400);
+}
+
 TEST_CASE("sglang: a weight load changes outputs and version; a failed one changes nothing") {
   const std::string a = Model("sg_load_a", 5), b = Model("sg_load_b", 6);
   examples::TinyLmConfig other = Config();

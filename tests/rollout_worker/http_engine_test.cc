@@ -8,11 +8,13 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "examples/arithmetic_task.h"
@@ -681,6 +683,98 @@ TEST_CASE("replica URL files: comments, blanks, trailing slashes; errors name th
   CHECK(ReadReplicaUrls(file).status().message() == file + ":2: http://a:1 appears twice");
   CHECK(ReadReplicaUrls(dir + "/missing").status().code() == StatusCode::kNotFound);
   std::filesystem::remove_all(dir);
+}
+
+// Every target's logprobs equal the decoder's at `weights` after the prompt and the target's
+// tokens before it.
+void CheckScores(const TinyLmLayout& layout, const std::vector<int>& prompt,
+                 const std::vector<std::vector<int>>& targets,
+                 const std::vector<std::vector<float>>& logprobs,
+                 const std::vector<float>& weights) {
+  REQUIRE(logprobs.size() == targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    CAPTURE(i);
+    std::vector<int> sequence = prompt;
+    sequence.insert(sequence.end(), targets[i].begin(), targets[i].end());
+    auto expected = examples::Decoder(layout, weights).Score(sequence);
+    REQUIRE(expected.ok());
+    REQUIRE(logprobs[i].size() == targets[i].size());
+    for (size_t t = 0; t < targets[i].size(); ++t) {
+      CAPTURE(t);
+      CHECK(logprobs[i][t] == doctest::Approx((*expected)[prompt.size() - 1 + t]).epsilon(1e-4));
+    }
+  }
+}
+
+TEST_CASE("http engine: score jobs through both APIs, each token's logprob the version's own") {
+  for (Api api : {Api::kSglang, Api::kVllm}) {
+    CAPTURE(fake_engine::ApiName(api));
+    Fixture f(api, 2, "http_engine_score", Config(), {}, 4.0f);
+    HttpEngine& engine = f.Make();
+    const std::vector<float> w1 = f.Load(1, 1);
+    f.engines[0]->ClearCalls();
+    // The longest target leaves the one position past it both engines need (context 24).
+    const std::vector<std::vector<int>> targets = {
+        {5, 6, 12}, {1}, {2, 3, 4, 5, 6, 7, 8, 9, 0, 12}, std::vector<int>(16, 3)};
+    Result<Engine::Scores> scores = engine.Score(kPrompt, targets);
+    REQUIRE_MESSAGE(scores.ok(), scores.status().ToString());
+    CHECK(scores->version == 1);
+    CheckScores(f.layout, kPrompt, targets, scores->logprobs, w1);
+    CHECK(engine.stats().scored == targets.size());
+    // The requests the engines' own APIs define for it, and nothing generated.
+    size_t requests = 0;
+    for (const auto& call : f.engines[0]->calls()) {
+      if (call.target != "/generate" && call.target != "/v1/completions") continue;
+      ++requests;
+      const nlohmann::json body = nlohmann::json::parse(call.body);
+      if (api == Api::kSglang) {
+        CHECK(body["logprob_start_len"] == kPrompt.size() - 1);
+        CHECK(body["sampling_params"]["max_new_tokens"] == 0);
+        CHECK(body["sampling_params"]["temperature"] == 1.0);
+      } else {
+        CHECK(body["prompt_logprobs"] == 0);
+        CHECK(body["max_tokens"] == 1);
+      }
+    }
+    CHECK(requests > 0);
+
+    // Too long a target, or an empty prompt, is refused naming what was wrong.
+    Result<Engine::Scores> long_target = engine.Score(kPrompt, {std::vector<int>(17, 3)});
+    CHECK(long_target.status().code() == StatusCode::kInvalidArgument);
+    CHECK(long_target.status().message().find("target 0") != std::string::npos);
+    CHECK(long_target.status().message().find("context of 24 tokens") != std::string::npos);
+    Result<Engine::Scores> no_prompt = engine.Score({}, {{1, 2}});
+    CHECK(no_prompt.status().code() == StatusCode::kInvalidArgument);
+    CHECK(no_prompt.status().message().find("empty prompt") != std::string::npos);
+
+    // Scores taken while the replicas reload one by one: whatever version Score reports, every
+    // target's logprobs are that version's.
+    for (const auto& e : f.engines) e->SetLoadDelay(std::chrono::milliseconds(150));
+    const sync::ServedModel served2 = Served(f.layout, f.layout.Initialize(2));
+    const std::vector<float> w2 = Widened(f.layout, served2);
+    REQUIRE(engine.Stage(served2, 2).ok());
+    std::atomic<bool> done{false};
+    std::thread commit([&] {
+      CHECK(engine.Commit().ok());
+      done = true;
+    });
+    std::set<uint64_t> seen;
+    while (!done) {
+      Result<Engine::Scores> during = engine.Score(kPrompt, targets);
+      REQUIRE_MESSAGE(during.ok(), during.status().ToString());
+      REQUIRE((during->version == 1 || during->version == 2));
+      CheckScores(f.layout, kPrompt, targets, during->logprobs, during->version == 1 ? w1 : w2);
+      seen.insert(during->version);
+    }
+    commit.join();
+    CHECK(seen.count(1));
+    MESSAGE(fake_engine::ApiName(api)
+            << ": " << engine.stats().rescored << " targets scored again across the reload");
+    Result<Engine::Scores> after = engine.Score(kPrompt, targets);
+    REQUIRE(after.ok());
+    CHECK(after->version == 2);
+    CheckScores(f.layout, kPrompt, targets, after->logprobs, w2);
+  }
 }
 
 TEST_CASE("http engine: seeds the engine reads, within its range; limits within the context") {
