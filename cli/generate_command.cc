@@ -21,10 +21,12 @@
 #include "cli/run_config.h"
 #include "cli/run_processes.h"
 #include "cli/supervisor.h"
+#include "common/byte_io.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "orchestrator/client.h"
 #include "policy_store/manifest.h"
+#include "policy_store/object_store.h"
 #include "policy_store/publish.h"
 #include "policy_store/reader.h"
 #include "sync/safetensors.h"
@@ -54,6 +56,65 @@ Result<std::string> FileSha256(const std::string& path) {
   }
   if (in.bad()) return Unavailable("reading " + path + " failed");
   return hash.HexDigest();
+}
+
+// An s3:// URI of one object, or of a prefix, split into the store above it and the last segment:
+// s3://BUCKET/A/B?OPTIONS is the store s3://BUCKET/A?OPTIONS and the name B. `what` names the key
+// in errors.
+struct ObjectUri {
+  std::string store;
+  std::string name;
+};
+
+Result<ObjectUri> SplitObjectUri(const std::string& uri, const std::string& what) {
+  const size_t query = uri.find('?');
+  const std::string path = uri.substr(0, query);
+  const std::string options = query == std::string::npos ? "" : uri.substr(query);
+  const size_t bucket_end = path.find('/', 5);  // after "s3://"
+  const size_t last = path.rfind('/');
+  if (bucket_end == std::string::npos || last == path.size() - 1 || last < bucket_end) {
+    return InvalidArgument(what + ": '" + uri + "' names a bucket, not an object under it (s3://" +
+                           "BUCKET/KEY)");
+  }
+  ObjectUri out{path.substr(0, last) + options, path.substr(last + 1)};
+  WEFT_RETURN_IF_ERROR(policy_store::ValidateKey(out.name).WithContext(what));
+  return out;
+}
+
+bool IsS3(const std::string& location) { return location.rfind("s3://", 0) == 0; }
+
+// Where a download goes: a file written in order (started over when the store reads the object
+// again from its start).
+class DownloadTarget : public BodyTarget {
+ public:
+  explicit DownloadTarget(int fd) : fd_(fd) {}
+  Status Write(std::span<const uint8_t> bytes) override {
+    for (size_t done = 0; done < bytes.size();) {
+      const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Unavailable("writing a download: " + ErrnoText());
+      done += static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  }
+  Status Rewind() override {
+    if (::ftruncate(fd_, 0) != 0 || ::lseek(fd_, 0, SEEK_SET) != 0)
+      return Unavailable("restarting a download: " + ErrnoText());
+    return Status::Ok();
+  }
+
+ private:
+  int fd_;
+};
+
+// Copies object `key` of `store` to the file `path` (replaced), in bounded memory.
+Status Download(policy_store::ObjectStore& store, const std::string& key, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Unavailable("cannot create " + path + ": " + ErrnoText());
+  DownloadTarget target(fd);
+  Result<uint64_t> read = store.ReadTo(key, 0, UINT64_MAX, target);
+  ::close(fd);
+  return read.status().WithContext("reading " + key + " of " + store.Describe());
 }
 
 // The fixed model the run generates with: published from the checkpoint as its run's first
@@ -104,44 +165,49 @@ Result<ModelIdentity> PrepareModel(const RunConfig& config, const fs::path& dir)
   return ModelIdentity{digest, manifest.version};
 }
 
-// The output directory: its records, read back when it is opened, and the shards being written.
+// The output: its records, read back when it is opened, and the shards being written. A directory
+// output is written in place. An s3:// output is written to a staging directory of the run, each
+// record fsynced there before its batch is acknowledged as in a directory, and each shard uploaded
+// whole once it is full (or the run is complete), then removed from the staging directory: the
+// bucket only ever holds complete shards, and on a rerun what is done is the bucket's shards plus
+// the staging directory's.
 class Output {
  public:
-  // `ids`: each prompt's id as its record holds it (JSON text) -> its index; `samples`: how many
-  // each prompt wants.
-  static Result<Output> Open(const std::string& dir, const Json& identity,
-                             const std::map<std::string, size_t>& ids,
+  // `location`: a directory or s3://BUCKET/PREFIX; `run_dir`: where an s3:// output stages its
+  // shards; `ids`: each prompt's id as its record holds it (JSON text) -> its index; `samples`:
+  // how many each prompt wants.
+  static Result<Output> Open(const std::string& location, const fs::path& run_dir,
+                             const Json& identity, const std::map<std::string, size_t>& ids,
                              const std::vector<uint32_t>& samples, uint64_t shard_records) {
     Output out;
-    out.dir_ = dir;
+    out.location_ = location;
+    out.dir_ = location;
     out.shard_records_ = shard_records;
     for (uint32_t n : samples) out.done_.emplace_back(n, false);
+    if (IsS3(location)) {
+      WEFT_ASSIGN_OR_RETURN(const ObjectUri uri, SplitObjectUri(location, "generate.output"));
+      WEFT_ASSIGN_OR_RETURN(out.remote_, policy_store::OpenStore(uri.store));
+      out.prefix_ = uri.name + "/";
+      out.dir_ = (run_dir / "output-staging").string();
+    }
     std::error_code error;
-    fs::create_directories(dir, error);
-    if (error) return Unavailable("cannot create " + dir + ": " + error.message());
-    const std::string marker = dir + "/" + kOutputMarker;
-    Result<std::vector<uint8_t>> held = ReadFile(marker);
-    if (held.ok()) {
-      const Json theirs = Json::parse(held->begin(), held->end(), nullptr, false);
-      if (theirs != identity) {
-        return InvalidArgument(
-            "generate.output " + dir + " holds another run's records (its " + kOutputMarker + ": " +
-            (theirs.is_discarded() ? std::string("not JSON") : theirs.dump()) +
-            "; this run: " + identity.dump() + "); give another output directory");
+    fs::create_directories(out.dir_, error);
+    if (error) return Unavailable("cannot create " + out.dir_ + ": " + error.message());
+    if (out.remote_) {
+      WEFT_RETURN_IF_ERROR(out.ClaimRemote(identity));
+      // The staging directory holds this output's records only: another output's (the config
+      // changed since) were never uploaded, and belong to nothing now.
+      const Json staged = {{"output", location}, {"identity", identity}};
+      const std::string marker = out.dir_ + "/" + kOutputMarker;
+      Result<std::vector<uint8_t>> held = ReadFile(marker);
+      if (!held.ok() || Json::parse(held->begin(), held->end(), nullptr, false) != staged) {
+        for (const auto& entry : fs::directory_iterator(out.dir_)) fs::remove_all(entry.path());
+        WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(marker, staged.dump() + "\n"));
       }
-    } else if (held.status().code() != StatusCode::kNotFound) {
-      return held.status();
     } else {
-      for (const auto& entry : fs::directory_iterator(dir)) {
-        return InvalidArgument("generate.output " + dir + " holds " +
-                               entry.path().filename().string() +
-                               ", which weft generate did not write; give an empty directory");
-      }
-      WEFT_RETURN_IF_ERROR(WriteTextFileAtomic(marker, identity.dump() + "\n"));
+      WEFT_RETURN_IF_ERROR(out.ClaimDirectory(identity));
     }
-    for (const char* kind : {"part", "rejected"}) {
-      WEFT_RETURN_IF_ERROR(out.Recover(kind, ids));
-    }
+    for (const char* kind : {"part", "rejected"}) WEFT_RETURN_IF_ERROR(out.Recover(kind, ids));
     return out;
   }
 
@@ -157,21 +223,16 @@ class Output {
   }
   uint64_t records() const { return records_; }
   uint64_t kept() const { return kept_; }
+  uint64_t uploaded() const { return uploaded_; }
+  // Where the records are, for messages: the directory, or the s3:// prefix.
+  const std::string& location() const { return location_; }
 
   // Appends the records (each one line of JSON, with `prompt` and `sample` its place) to the
   // current shard of `kind`; Sync makes them durable.
   Status Add(const char* kind, size_t prompt, uint32_t sample, const std::string& line) {
     Shard& shard = shards_[kind];
-    if (shard.fd >= 0 && shard.records >= shard_records_) {  // full: the next shard
-      WEFT_RETURN_IF_ERROR(Flush(kind, shard));
-      ::close(shard.fd);
-      shard.fd = -1;
-    }
+    if (shard.records >= shard_records_) WEFT_RETURN_IF_ERROR(Seal(kind, shard));
     if (shard.fd < 0) {
-      if (shard.records >= shard_records_) {
-        ++shard.number;
-        shard.records = 0;
-      }
       const std::string path = ShardPath(kind, shard.number);
       shard.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (shard.fd < 0) return Unavailable("cannot open " + path + ": " + ErrnoText());
@@ -192,20 +253,90 @@ class Output {
     return Status::Ok();
   }
 
+  // Every record is there: an s3:// output uploads its last shards, which are not full.
+  Status Finish() {
+    WEFT_RETURN_IF_ERROR(Sync());
+    for (auto& [kind, shard] : shards_) {
+      if (shard.records > 0) WEFT_RETURN_IF_ERROR(Seal(kind.c_str(), shard));
+    }
+    return Status::Ok();
+  }
+
  private:
   struct Shard {
-    int number = 0;
-    uint64_t records = 0;  // in the current file
+    int number = 0;        // the shard being written
+    uint64_t records = 0;  // in it
     int fd = -1;
     std::string pending;  // added, not written yet
   };
 
   Output() = default;
 
-  std::string ShardPath(const std::string& kind, int number) const {
+  static std::string ShardName(const std::string& kind, int number) {
     char name[64];
     std::snprintf(name, sizeof(name), "%s-%05d.jsonl", kind.c_str(), number);
-    return dir_ + "/" + name;
+    return name;
+  }
+  std::string ShardPath(const std::string& kind, int number) const {
+    return dir_ + "/" + ShardName(kind, number);
+  }
+  // The shard numbers of `kind` among `names`, sorted.
+  static std::vector<int> ShardNumbers(const std::string& kind,
+                                       const std::vector<std::string>& names) {
+    std::vector<int> numbers;
+    for (const std::string& name : names) {
+      int number = -1;
+      if (name.size() == kind.size() + 12 && name.rfind(kind + "-", 0) == 0 &&
+          std::sscanf(name.c_str() + kind.size() + 1, "%5d", &number) == 1 &&
+          ShardName(kind, number) == name) {
+        numbers.push_back(number);
+      }
+    }
+    std::sort(numbers.begin(), numbers.end());
+    return numbers;
+  }
+
+  // A directory output: its marker says whose records it holds; a new one must be empty.
+  Status ClaimDirectory(const Json& identity) {
+    const std::string marker = dir_ + "/" + kOutputMarker;
+    Result<std::vector<uint8_t>> held = ReadFile(marker);
+    if (held.ok()) return CheckIdentity(*held, identity);
+    if (held.status().code() != StatusCode::kNotFound) return held.status();
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      return InvalidArgument("generate.output " + location_ + " holds " +
+                             entry.path().filename().string() +
+                             ", which weft generate did not write; give an empty directory");
+    }
+    return WriteTextFileAtomic(marker, identity.dump() + "\n");
+  }
+
+  // An s3:// output: the same, with the marker an object under the prefix.
+  Status ClaimRemote(const Json& identity) {
+    const std::string marker = prefix_ + kOutputMarker;
+    Result<std::vector<uint8_t>> held = remote_->Get(marker);
+    if (held.ok()) return CheckIdentity(*held, identity);
+    if (held.status().code() != StatusCode::kNotFound) return held.status();
+    WEFT_ASSIGN_OR_RETURN(const std::vector<std::string> keys, remote_->List(prefix_));
+    if (!keys.empty()) {
+      return InvalidArgument("generate.output " + location_ + " holds " + keys.front() +
+                             ", which weft generate did not write; give an empty prefix");
+    }
+    const std::string text = identity.dump() + "\n";
+    Status put = remote_->PutImmutable(marker, TextBytes(text));
+    if (put.code() == StatusCode::kConflict) {  // another run claimed it meanwhile
+      WEFT_ASSIGN_OR_RETURN(held, remote_->Get(marker));
+      return CheckIdentity(*held, identity);
+    }
+    return put;
+  }
+
+  Status CheckIdentity(const std::vector<uint8_t>& held, const Json& identity) const {
+    const Json theirs = Json::parse(held.begin(), held.end(), nullptr, false);
+    if (theirs == identity) return Status::Ok();
+    return InvalidArgument("generate.output " + location_ + " holds another run's records (its " +
+                           kOutputMarker + ": " +
+                           (theirs.is_discarded() ? std::string("not JSON") : theirs.dump()) +
+                           "; this run: " + identity.dump() + "); give another output");
   }
 
   Status Flush(const char* kind, Shard& shard) {
@@ -223,62 +354,145 @@ class Output {
     return Status::Ok();
   }
 
-  // Reads the shards of `kind` back: every complete line must be a record of this run's prompts,
-  // each (prompt, sample) once; a last line the crash left without its end is cut off (it was
-  // never acknowledged), anything else damaged is refused, naming the file and line.
+  // The current shard is complete: written and closed, uploaded for an s3:// output, and the
+  // next one begins.
+  Status Seal(const char* kind, Shard& shard) {
+    if (shard.fd >= 0) {
+      WEFT_RETURN_IF_ERROR(Flush(kind, shard));
+      ::close(shard.fd);
+      shard.fd = -1;
+    }
+    if (remote_) WEFT_RETURN_IF_ERROR(Upload(kind, shard.number));
+    ++shard.number;
+    shard.records = 0;
+    return Status::Ok();
+  }
+
+  // Uploads a complete staged shard under the prefix and removes it from the staging directory.
+  // Uploading the same bytes again (a crash after the upload, before the removal) is harmless.
+  Status Upload(const std::string& kind, int number) {
+    const std::string path = ShardPath(kind, number);
+    const std::string key = prefix_ + ShardName(kind, number);
+    {
+      WEFT_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+      Status put = remote_->PutImmutable(key, file.bytes());
+      if (put.code() == StatusCode::kConflict) {
+        return DataLoss(location_ + "/" + ShardName(kind, number) + " holds other records than " +
+                        path + " (written by another run?)");
+      }
+      WEFT_RETURN_IF_ERROR(put.WithContext("uploading " + path));
+    }
+    ++uploaded_;
+    std::error_code error;
+    fs::remove(path, error);
+    if (error) return Unavailable("cannot remove " + path + ": " + error.message());
+    return SyncParentDirectory(path);
+  }
+
+  // Reads the shards of `kind` back: the uploaded ones (an s3:// output), then the staged or
+  // written ones. Every complete line must be a record of this run's prompts, each (prompt,
+  // sample) once; the last local shard's last line, when a crash left it without its end, is cut
+  // off (it was never acknowledged); anything else damaged is refused, naming the shard and line.
   Status Recover(const std::string& kind, const std::map<std::string, size_t>& ids) {
     Shard& shard = shards_[kind];
-    for (int number = 0;; ++number) {
-      const std::string path = ShardPath(kind, number);
-      if (!fs::exists(path)) break;
-      std::ifstream in(path, std::ios::binary);
-      std::string line;
-      uint64_t line_number = 0, complete_bytes = 0, records = 0;
-      while (std::getline(in, line)) {
-        ++line_number;
-        if (in.eof()) {
-          // No newline: the write a crash cut short. Only the last shard may end so.
-          if (fs::exists(ShardPath(kind, number + 1)))
-            return DataLoss(path + ":" + std::to_string(line_number) +
-                            ": a record cut short in a shard that is not the last");
-          std::printf("%s:%llu: a record cut short by a crash; cut off and generated again\n",
-                      path.c_str(), static_cast<unsigned long long>(line_number));
-          fs::resize_file(path, complete_bytes);
-          break;
-        }
-        complete_bytes += line.size() + 1;
-        const std::string where = path + ":" + std::to_string(line_number);
-        const Json record = Json::parse(line, nullptr, false);
-        if (record.is_discarded() || !record.is_object() || !record.contains("prompt_id") ||
-            !record.contains("sample") || !record["sample"].is_number_unsigned())
-          return DataLoss(where + ": not a record of weft generate (damaged?)");
-        auto id = ids.find(record["prompt_id"].dump());
-        if (id == ids.end())
-          return DataLoss(where + ": prompt id " + record["prompt_id"].dump() +
-                          " is not in the dataset");
-        const uint64_t sample = record["sample"].get<uint64_t>();
-        if (sample >= done_[id->second].size())
-          return DataLoss(where + ": sample " + std::to_string(sample) + " of prompt " +
-                          record["prompt_id"].dump() + " is beyond its " +
-                          std::to_string(done_[id->second].size()) + " samples");
-        if (done_[id->second][sample])
-          return DataLoss(where + ": prompt " + record["prompt_id"].dump() + " sample " +
-                          std::to_string(sample) + " is there twice");
-        done_[id->second][sample] = true;
-        ++records_;
-        if (kind == "part") ++kept_;
-        ++records;
+    std::vector<int> remote_numbers;
+    if (remote_) {
+      WEFT_ASSIGN_OR_RETURN(std::vector<std::string> keys, remote_->List(prefix_));
+      for (std::string& key : keys) key.erase(0, prefix_.size());
+      remote_numbers = ShardNumbers(kind, keys);
+      const std::string copy = dir_ + "/.download";
+      for (int number : remote_numbers) {
+        WEFT_RETURN_IF_ERROR(Download(*remote_, prefix_ + ShardName(kind, number), copy));
+        uint64_t records = 0;
+        WEFT_RETURN_IF_ERROR(
+            ReadShard(kind, copy, location_ + "/" + ShardName(kind, number), false, ids, &records));
       }
-      shard.number = number;
+      fs::remove(copy);
+    }
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_))
+      names.push_back(entry.path().filename().string());
+    std::vector<int> local_numbers;
+    for (int number : ShardNumbers(kind, names)) {
+      if (std::binary_search(remote_numbers.begin(), remote_numbers.end(), number)) {
+        // Uploaded before a crash that left it here: the bucket's copy counts.
+        fs::remove(ShardPath(kind, number));
+        continue;
+      }
+      local_numbers.push_back(number);
+    }
+    for (size_t i = 0; i < local_numbers.size(); ++i) {
+      const std::string path = ShardPath(kind, local_numbers[i]);
+      uint64_t records = 0;
+      WEFT_RETURN_IF_ERROR(
+          ReadShard(kind, path, path, i + 1 == local_numbers.size(), ids, &records));
+      shard.number = local_numbers[i];
       shard.records = records;
+      // Staged shards before the last, or a full last one, were not uploaded yet.
+      if (remote_ && (i + 1 < local_numbers.size() || records >= shard_records_))
+        WEFT_RETURN_IF_ERROR(Seal(kind.c_str(), shard));
+    }
+    if (!remote_numbers.empty() && remote_numbers.back() >= shard.number) {
+      shard.number = remote_numbers.back() + 1;  // the bucket's last shard is complete
+      shard.records = 0;
     }
     return Status::Ok();
   }
 
-  std::string dir_;
+  // The records of one shard file (`name` in messages) into done_; `may_tear`: its last line may
+  // lack its end (cut off in the file).
+  Status ReadShard(const std::string& kind, const std::string& path, const std::string& name,
+                   bool may_tear, const std::map<std::string, size_t>& ids, uint64_t* records) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Unavailable("cannot read " + path);
+    std::string line;
+    uint64_t line_number = 0, complete_bytes = 0;
+    while (std::getline(in, line)) {
+      ++line_number;
+      if (in.eof()) {
+        // No newline: the write a crash cut short.
+        if (!may_tear)
+          return DataLoss(name + ":" + std::to_string(line_number) +
+                          ": a record cut short in a shard that is not the last");
+        std::printf("%s:%llu: a record cut short by a crash; cut off and generated again\n",
+                    name.c_str(), static_cast<unsigned long long>(line_number));
+        in.close();
+        fs::resize_file(path, complete_bytes);
+        break;
+      }
+      complete_bytes += line.size() + 1;
+      const std::string where = name + ":" + std::to_string(line_number);
+      const Json record = Json::parse(line, nullptr, false);
+      if (record.is_discarded() || !record.is_object() || !record.contains("prompt_id") ||
+          !record.contains("sample") || !record["sample"].is_number_unsigned())
+        return DataLoss(where + ": not a record of weft generate (damaged?)");
+      auto id = ids.find(record["prompt_id"].dump());
+      if (id == ids.end())
+        return DataLoss(where + ": prompt id " + record["prompt_id"].dump() +
+                        " is not in the dataset");
+      const uint64_t sample = record["sample"].get<uint64_t>();
+      if (sample >= done_[id->second].size())
+        return DataLoss(where + ": sample " + std::to_string(sample) + " of prompt " +
+                        record["prompt_id"].dump() + " is beyond its " +
+                        std::to_string(done_[id->second].size()) + " samples");
+      if (done_[id->second][sample])
+        return DataLoss(where + ": prompt " + record["prompt_id"].dump() + " sample " +
+                        std::to_string(sample) + " is there twice");
+      done_[id->second][sample] = true;
+      ++records_;
+      if (kind == "part") ++kept_;
+      ++*records;
+    }
+    return Status::Ok();
+  }
+
+  std::string location_;  // generate.output
+  std::string dir_;       // where shards are written: the output directory, or the staging one
+  std::unique_ptr<policy_store::ObjectStore> remote_;  // an s3:// output's store
+  std::string prefix_;                                 // its key prefix, ending in '/'
   uint64_t shard_records_ = 0;
   std::vector<std::vector<bool>> done_;
-  uint64_t records_ = 0, kept_ = 0;
+  uint64_t records_ = 0, kept_ = 0, uploaded_ = 0;
   std::map<std::string, Shard> shards_;
 };
 
@@ -299,26 +513,6 @@ Status RunGenerate(const std::string& config_path) {
   const GenerateSettings& g = config.generate;
   if (!g.present) return InvalidArgument(config_path + " has no generate: section");
   WEFT_RETURN_IF_ERROR(config.NeedTokens(true, true, true));
-  // The dataset: every line checked, each with an id of its own.
-  WEFT_ASSIGN_OR_RETURN(std::vector<trainer_adapter::DatasetPrompt> dataset,
-                        trainer_adapter::ReadPromptDataset(g.dataset));
-  std::map<std::string, size_t> ids;
-  std::vector<uint32_t> wanted;
-  uint64_t total = 0;
-  for (size_t i = 0; i < dataset.size(); ++i) {
-    const trainer_adapter::DatasetPrompt& p = dataset[i];
-    const std::string where = g.dataset + ":" + std::to_string(p.line);
-    if (p.id.is_null())
-      return InvalidArgument(where + ": the prompt has no id (weft generate needs one per line)");
-    auto [at, added] = ids.emplace(p.id.dump(), i);
-    if (!added)
-      return InvalidArgument(where + ": id " + p.id.dump() + " is also the id of line " +
-                             std::to_string(dataset[at->second].line));
-    wanted.push_back(p.samples.value_or(g.samples));
-    total += wanted.back();
-  }
-  WEFT_ASSIGN_OR_RETURN(std::string dataset_sha, FileSha256(g.dataset));
-
   // The run directory: kept between runs (the store holds the model), but the orchestrator starts
   // afresh: what is done is what the output holds.
   const fs::path dir = fs::absolute(config.dir);
@@ -338,6 +532,43 @@ Status RunGenerate(const std::string& config_path) {
   if (config.store_uri.empty()) fs::create_directories(dir / "store", error);
   std::ofstream(dir / kRunMarker) << "made by weft generate\n";
 
+  // The dataset: every line checked, each with an id of its own.
+  // One on s3:// is copied to the run directory first (a piece at a time), then read as a file.
+  std::string dataset_path = g.dataset;
+  if (IsS3(g.dataset)) {
+    WEFT_ASSIGN_OR_RETURN(const ObjectUri uri, SplitObjectUri(g.dataset, "generate.dataset"));
+    WEFT_ASSIGN_OR_RETURN(std::unique_ptr<policy_store::ObjectStore> store,
+                          policy_store::OpenStore(uri.store));
+    dataset_path = (dir / "dataset.jsonl").string();
+    WEFT_RETURN_IF_ERROR(Download(*store, uri.name, dataset_path).WithContext("generate.dataset"));
+  }
+  Result<std::vector<trainer_adapter::DatasetPrompt>> read =
+      trainer_adapter::ReadPromptDataset(dataset_path);
+  if (!read.ok()) {
+    // Named as the config names it.
+    std::string message = read.status().message();
+    if (dataset_path != g.dataset && message.rfind(dataset_path, 0) == 0)
+      message = g.dataset + message.substr(dataset_path.size());
+    return Status(read.status().code(), message);
+  }
+  std::vector<trainer_adapter::DatasetPrompt> dataset = std::move(*read);
+  std::map<std::string, size_t> ids;
+  std::vector<uint32_t> wanted;
+  uint64_t total = 0;
+  for (size_t i = 0; i < dataset.size(); ++i) {
+    const trainer_adapter::DatasetPrompt& p = dataset[i];
+    const std::string where = g.dataset + ":" + std::to_string(p.line);
+    if (p.id.is_null())
+      return InvalidArgument(where + ": the prompt has no id (weft generate needs one per line)");
+    auto [at, added] = ids.emplace(p.id.dump(), i);
+    if (!added)
+      return InvalidArgument(where + ": id " + p.id.dump() + " is also the id of line " +
+                             std::to_string(dataset[at->second].line));
+    wanted.push_back(p.samples.value_or(g.samples));
+    total += wanted.back();
+  }
+  WEFT_ASSIGN_OR_RETURN(std::string dataset_sha, FileSha256(dataset_path));
+
   WEFT_ASSIGN_OR_RETURN(ModelIdentity model, PrepareModel(config, dir));
   const Json identity = {{"model", g.model},
                          {"model_digest", model.digest},
@@ -345,7 +576,7 @@ Status RunGenerate(const std::string& config_path) {
                          {"samples", g.samples},
                          {"min_reward", g.min_reward ? Json(*g.min_reward) : Json(nullptr)}};
   WEFT_ASSIGN_OR_RETURN(Output output,
-                        Output::Open(g.output, identity, ids, wanted, g.shard_records));
+                        Output::Open(g.output, dir, identity, ids, wanted, g.shard_records));
   const uint64_t done_before = output.records();
   // What is left: each prompt's missing samples, in the dataset's order.
   std::deque<size_t> queue;
@@ -517,7 +748,10 @@ Status RunGenerate(const std::string& config_path) {
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   const double steady =
       first_record ? std::chrono::duration<double>(Clock::now() - *first_record).count() : 0;
-  if (output.records() == total) (void)client.AcknowledgeBatches();
+  if (output.records() == total) {
+    (void)client.AcknowledgeBatches();
+    WEFT_RETURN_IF_ERROR(output.Finish());
+  }
   StopWorkers(supervisor, children, processes.first_worker);
   StopInfrastructure(supervisor, children, processes.first_worker);
   Json restarts = Json::object();
@@ -525,7 +759,8 @@ Status RunGenerate(const std::string& config_path) {
     if (c.restarts > 0) restarts[c.name] = c.restarts;
   }
   const Json report = {{"config", config_abs},
-                       {"output", fs::absolute(g.output).string()},
+                       {"output", IsS3(g.output) ? g.output : fs::absolute(g.output).string()},
+                       {"shards_uploaded", output.uploaded()},
                        {"model", g.model},
                        {"model_digest", model.digest},
                        {"model_version", model.version},

@@ -12,7 +12,8 @@
 #      was, nothing half-written is visible, a rerun completes, and `store gc` aborts the parts
 #      the killed publisher left;
 #   7. `weft run` with `store.uri` on S3: the trainer publishes there, the relay reads from it;
-#   8. the Python package's publisher on S3.
+#   8. the Python package's publisher on S3;
+#   9. `weft generate` with its dataset and output on S3, killed with kill -9 and run again.
 # Usage: s3_test.sh WEFT SERVICE_TESTS STORE_TESTS MAKE_TEST_MODEL WORKDIR
 set -uo pipefail
 weft=$1 service_tests=$2 store_tests=$3 make_model=$4 work=$5
@@ -218,6 +219,102 @@ PY
 else
   echo "s3_test: the Python package is not built here; its S3 check is skipped"
 fi
+
+# --- 9. weft generate with its dataset and output on S3 -----------------------------------------
+# The dataset is read from the bucket; records are staged in the run directory and each shard is
+# uploaded whole once full. weft generate is killed with kill -9 mid-run and run again: every
+# (prompt, sample) is in the bucket once, in complete shards only.
+gbase=$((port + 500))
+prompts=4000 samples=2
+gtotal=$((prompts * samples))
+python3 - "$prompts" > prompts.jsonl <<'PY'
+import random, sys
+rng = random.Random(5)
+for i in range(int(sys.argv[1])):
+    print('{"id": %d, "prompt": "%d+%d="}' % (i, rng.randrange(10), rng.randrange(10)))
+PY
+s3_put() {  # s3_put FILE KEY
+  curl -sf --aws-sigv4 "aws:amz:us-east-1:s3" --user WEFTTESTKEY:WEFTTESTSECRET \
+    -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -T "$1" "$endpoint/weft-test/$2"
+}
+s3_keys() { s3_get "/weft-test?list-type=2&prefix=${1//\//%2F}" | grep -o "<Key>[^<]*</Key>" | sed 's/<[^>]*>//g'; }
+s3_put prompts.jsonl data/prompts.jsonl && ok || fail "could not put the dataset in the bucket"
+gen_config() {  # gen_config SAMPLES OUTPUT
+  cat <<YAML
+run: {id: gen-s3, dir: $work/gen-run, time_limit: 300s}
+store: {listen: 127.0.0.1:$gbase}
+orchestrator:
+  listen: 127.0.0.1:$((gbase + 1))
+  cluster_timeout: 3s
+  tick: 50ms
+  max_wait: 2s
+  tokens: {worker: w, trainer: t, admin: a}
+regions:
+  - {name: near, relay: 127.0.0.1:$((gbase + 2)), workers: 0, models: {adder: 1}}
+fixed_models:
+  - {name: adder, run: adder}
+worker: {capacity: 1, heartbeat: 300ms}
+model: {d_model: 32, layers: 2, heads: 2, d_ff: 64}
+task: {digits: 1}
+trainer: {warmup: {steps: 10, batch: 16}, eval_problems: 20, threads: 1}
+generate:
+  model: adder
+  checkpoint: $work/adder.safetensors
+  dataset: s3://weft-test/data/prompts.jsonl
+  samples: $1
+  output: $2
+  shard_records: 1000
+  min_reward: 1.0
+  jobs_ahead: 64
+YAML
+}
+gen_config $samples s3://weft-test/gen-out > gen.yaml
+expect_ok "$weft" train --config gen.yaml --checkpoint adder.safetensors
+"$weft" generate gen.yaml > gen1.out 2>&1 &
+gen=$!
+for _ in $(seq 1 600); do
+  [[ $(s3_keys gen-out/ | grep -c jsonl) -ge 2 ]] && break
+  kill -0 $gen 2> /dev/null || break
+  sleep 0.05
+done
+[[ $(s3_keys gen-out/ | grep -c jsonl) -ge 2 ]] && ok || fail "no shard was uploaded: $(tail -3 gen1.out)"
+kill -9 $gen
+wait $gen 2> /dev/null
+for _ in $(seq 1 300); do pgrep -f -- "$work/gen" > /dev/null || break; sleep 0.1; done
+pkill -9 -f -- "$work/gen" 2> /dev/null
+if "$weft" generate gen.yaml > gen2.out 2>&1; then ok; else fail "the rerun on S3 failed: $(tail -5 gen2.out)"; fi
+before=$(grep -o "^weft generate gen.yaml: [0-9]* of" gen2.out | grep -o "[0-9]* of" | cut -d' ' -f1)
+[[ -n $before && $before -gt 0 && $before -lt $gtotal ]] && ok ||
+  fail "the rerun did not resume from what the first run wrote: $(head -2 gen2.out)"
+rm -rf gen-out && mkdir gen-out
+for key in $(s3_keys gen-out/); do s3_get "/weft-test/$key" > "gen-out/$(basename "$key")"; done
+cat gen-out/part-*.jsonl gen-out/rejected-*.jsonl | jq -r '"\(.prompt_id) \(.sample)"' | sort > pairs.txt
+python3 - "$prompts" "$samples" <<'PY' | sort > expected.txt
+import sys
+for i in range(int(sys.argv[1])):
+    for s in range(int(sys.argv[2])):
+        print("%d %d" % (i, s))
+PY
+cmp -s expected.txt pairs.txt && ok ||
+  fail "the bucket does not hold every (prompt, sample) once: $(wc -l < pairs.txt) records, $(uniq -d pairs.txt | wc -l) twice"
+[[ -z $(ls gen-run/output-staging | grep jsonl) ]] && ok ||
+  fail "shards left in the staging directory: $(ls gen-run/output-staging)"
+jq -e '.completed and .shards_uploaded > 0 and .output == "s3://weft-test/gen-out"' \
+  gen-run/generate-report.json > /dev/null && ok || fail "report: $(cat gen-run/generate-report.json)"
+# A complete output is left as it is, even with a shard still staged that was uploaded (a crash
+# between its upload and its removal): the bucket's copy counts. Another run's output, or a prefix
+# with other objects, is refused.
+cp gen-out/rejected-00000.jsonl gen-run/output-staging/
+expect_ok "$weft" generate gen.yaml
+grep -q "$gtotal of $gtotal samples already in" out.txt && ok || fail "the complete rerun: $(head -2 out.txt)"
+[[ ! -e gen-run/output-staging/rejected-00000.jsonl ]] && ok || fail "the uploaded shard stays staged"
+gen_config 3 s3://weft-test/gen-out > gen3.yaml
+expect_error "holds another run's records" "$weft" generate gen3.yaml
+s3_put prompts.jsonl other/notes.txt
+gen_config $samples s3://weft-test/other > gen4.yaml
+expect_error "holds other/notes.txt, which weft generate did not write" "$weft" generate gen4.yaml
+gen_config $samples s3://weft-test > gen5.yaml
+expect_error "names a bucket, not an object under it" "$weft" generate gen5.yaml
 
 echo "s3_test: $passed passed, $failed failed"
 [[ $failed == 0 ]]
