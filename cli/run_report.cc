@@ -94,8 +94,10 @@ std::string ProgressLine(const Json& trainer, const orchestrator::wire::StatusPa
   std::ostringstream line;
   char buffer[256];
   const std::string phase = trainer.is_object() ? trainer.value("phase", "starting") : "starting";
-  if (phase == "warm-up") {
-    std::snprintf(buffer, sizeof(buffer), "warm-up %llu/%llu", trainer.value("warmup_step", 0ULL),
+  if (phase == "warm-up" || phase == "teacher") {
+    std::snprintf(buffer, sizeof(buffer), "%s %llu/%llu",
+                  phase == "teacher" ? "training the teacher" : "warm-up",
+                  trainer.value("warmup_step", 0ULL),
                   CountOr(trainer, "warmup_steps", config.trainer.warmup_steps));
     line << buffer;
     if (trainer.contains("warmup_loss")) line << Figure(trainer["warmup_loss"], " loss %.3f");

@@ -139,10 +139,11 @@ Result<Json> CheckProgress(const Json& progress) {
   Json checked = Json::object();
   if (!progress.contains("phase")) return InvalidArgument("phase is missing");
   const Json& phase = progress["phase"];
-  if (!phase.is_string() ||
-      (phase != "starting" && phase != "warm-up" && phase != "rl" && phase != "done")) {
-    return InvalidArgument("phase must be \"starting\", \"warm-up\", \"rl\" or \"done\", not " +
-                           phase.dump());
+  if (!phase.is_string() || (phase != "starting" && phase != "teacher" && phase != "warm-up" &&
+                             phase != "rl" && phase != "done")) {
+    return InvalidArgument(
+        "phase must be \"starting\", \"teacher\", \"warm-up\", \"rl\" or \"done\", not " +
+        phase.dump());
   }
   checked["phase"] = phase;
   for (const char* key : {"warmup_step", "warmup_steps", "steps_total", "versions_published",

@@ -73,7 +73,8 @@ Result<std::optional<double>> MakeTeacher(const TeacherOptions& teacher, int max
                                           const ArithmeticTask& task,
                                           const std::vector<std::string>& eval,
                                           const ExampleTrainerOptions& options,
-                                          policy_store::ObjectStore& store) {
+                                          policy_store::ObjectStore& store,
+                                          const std::function<void(int, double)>& on_step) {
   policy_store::StoreReader reader(store, teacher.run, 1);
   Result<uint64_t> latest = reader.Latest();
   if (latest.ok()) {
@@ -90,7 +91,7 @@ Result<std::optional<double>> MakeTeacher(const TeacherOptions& teacher, int max
       std::vector<float> weights,
       SupervisedPolicy(layout, task, options.seed ^ 0x7EAC4E2ull, teacher.warmup_steps,
                        teacher.warmup_batch, teacher.warmup_learning_rate, options.threads,
-                       "teacher " + teacher.name));
+                       "teacher " + teacher.name, on_step));
   WEFT_ASSIGN_OR_RETURN(double accuracy,
                         GreedyAccuracy(layout, weights, task, eval, options.threads));
   WEFT_ASSIGN_OR_RETURN(
@@ -156,7 +157,8 @@ double MeanReward(const std::vector<StepRecord>& steps, size_t from, size_t to) 
 Result<std::vector<float>> SupervisedPolicy(const TinyLmLayout& layout, const ArithmeticTask& task,
                                             uint64_t seed, int steps, int batch,
                                             double learning_rate, int threads,
-                                            const std::string& name) {
+                                            const std::string& name,
+                                            const std::function<void(int, double)>& on_step) {
   std::vector<float> weights = layout.Initialize(seed);
   std::mt19937_64 rng(seed);
   AdamWConfig warmup;
@@ -168,6 +170,7 @@ Result<std::vector<float>> SupervisedPolicy(const TinyLmLayout& layout, const Ar
     if (step % 250 == 0 || step == steps) {
       WEFT_LOG(kInfo) << name << ": supervised step " << step << " loss " << loss;
     }
+    if (on_step) on_step(step, loss);
   }
   return weights;
 }
@@ -278,8 +281,19 @@ Result<TrainerSummary> RunExampleTrainer(
   if (options.algorithm == Algorithm::kDistill) {
     if (options.teacher.name.empty() || options.teacher.run.empty())
       return InvalidArgument("trainer: distillation needs a teacher (a fixed model)");
-    WEFT_ASSIGN_OR_RETURN(summary.teacher_accuracy, MakeTeacher(options.teacher, config.max_seq,
-                                                                task, eval, options, *store));
+    // Reported as the teacher's phase, in the warm-up's fields.
+    summary.phase = "teacher";
+    summary.warmup_steps = options.teacher.warmup_steps;
+    WEFT_ASSIGN_OR_RETURN(summary.teacher_accuracy,
+                          MakeTeacher(options.teacher, config.max_seq, task, eval, options, *store,
+                                      [&](int step, double loss) {
+                                        summary.warmup_step = step;
+                                        summary.warmup_loss = loss;
+                                        if (step % 25 == 0 || step == options.teacher.warmup_steps)
+                                          progress(summary);
+                                      }));
+    summary.warmup_step = 0;
+    summary.warmup_steps = options.warmup_steps;
   }
 
   // 1. Supervised warm-up, locally.

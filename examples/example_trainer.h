@@ -141,11 +141,12 @@ struct TrainerSummary {
 
 // The example policy in `shape` trained by `steps` supervised steps (examples/grpo.h,
 // SupervisedStep) from seed `seed`: how the trainer makes a distillation's teacher, and what
-// `weft train --checkpoint` saves. Logs its loss every 250 steps under `name`.
-Result<std::vector<float>> SupervisedPolicy(const TinyLmLayout& layout, const ArithmeticTask& task,
-                                            uint64_t seed, int steps, int batch,
-                                            double learning_rate, int threads,
-                                            const std::string& name);
+// `weft train --checkpoint` saves. Logs its loss every 250 steps under `name`; `on_step`, when
+// given, is called with the step and its loss after every step.
+Result<std::vector<float>> SupervisedPolicy(
+    const TinyLmLayout& layout, const ArithmeticTask& task, uint64_t seed, int steps, int batch,
+    double learning_rate, int threads, const std::string& name,
+    const std::function<void(int step, double loss)>& on_step = nullptr);
 
 // Runs the whole training; `progress` is called after every warm-up report and RL step.
 Result<TrainerSummary> RunExampleTrainer(
