@@ -92,11 +92,25 @@ Status RunRun(const std::string& config_path) {
     }
     for (const FixedModelConfig& m : config.fixed_models) {  // in its own shape
       rollout_worker::ComponentConfig own{FixedModelDocument(config, m), config.path, 1};
-      own.cluster = m.name;
-      WEFT_RETURN_IF_ERROR(Builtins()
-                               .MakeEngine(config.worker.engine, own, *task)
-                               .status()
-                               .WithContext("fixed model " + m.name));
+      auto check = [&](const std::string& cluster, const std::vector<std::string>& urls) {
+        own.cluster = cluster;
+        own.engine_urls = urls;
+        return Builtins()
+            .MakeEngine(config.worker.engine, own, *task)
+            .status()
+            .WithContext("fixed model " + m.name);
+      };
+      bool own_engines = false;  // its workers' engines are given per worker (model_engines)
+      for (const RegionConfig& r : config.regions) {
+        const auto engines = r.model_engines.find(m.name);
+        if (engines == r.model_engines.end()) continue;
+        own_engines = true;
+        for (size_t i = 0; i < engines->second.size(); ++i) {
+          WEFT_RETURN_IF_ERROR(
+              check(r.name + "-" + m.name + "-" + std::to_string(i + 1), engines->second[i]));
+        }
+      }
+      if (!own_engines) WEFT_RETURN_IF_ERROR(check(m.name, {}));
     }
   }
   // The trainer's program, found before anything starts (on the PATH it will have).

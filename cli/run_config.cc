@@ -116,6 +116,33 @@ std::optional<std::string> KnownOptimizer(const std::string& name) {
   return std::nullopt;
 }
 
+// One non-empty list of engine replica URLs per worker, `workers` of them (`at` names the key).
+Result<std::vector<std::vector<std::string>>> ReadEngineLists(const YAML::Node& engines,
+                                                              const std::string& at, int workers) {
+  if (!engines.IsSequence() || engines.size() != static_cast<size_t>(workers)) {
+    return InvalidArgument(at + " must list one list of engine URLs per worker (" +
+                           std::to_string(workers) + ")" + LineOf(engines));
+  }
+  std::vector<std::vector<std::string>> lists;
+  for (size_t w = 0; w < engines.size(); ++w) {
+    const YAML::Node urls = engines[w];
+    if (!urls.IsSequence() || urls.size() == 0) {
+      return InvalidArgument(at + "[" + std::to_string(w) + "] must be a non-empty list of URLs" +
+                             LineOf(urls));
+    }
+    std::vector<std::string> list;
+    for (size_t u = 0; u < urls.size(); ++u) {
+      if (!urls[u].IsScalar()) {
+        return InvalidArgument(at + "[" + std::to_string(w) + "][" + std::to_string(u) +
+                               "] must be a URL" + LineOf(urls[u]));
+      }
+      list.push_back(urls[u].Scalar());
+    }
+    lists.push_back(std::move(list));
+  }
+  return lists;
+}
+
 Status ParseSections(const YAML::Node& root, RunConfig& c) {
   WEFT_RETURN_IF_ERROR(
       CheckKeys(root, "(top level)",
@@ -178,9 +205,9 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
   for (size_t i = 0; i < regions.size(); ++i) {
     const std::string where = "regions[" + std::to_string(i) + "]";
     const YAML::Node r = regions[i];
-    WEFT_RETURN_IF_ERROR(CheckKeys(
-        r, where,
-        {"name", "relay", "bandwidth", "latency", "workers", "worker_engines", "models"}));
+    WEFT_RETURN_IF_ERROR(CheckKeys(r, where,
+                                   {"name", "relay", "bandwidth", "latency", "workers",
+                                    "worker_engines", "models", "model_engines"}));
     RegionConfig region;
     WEFT_RETURN_IF_ERROR(ReadString(r, where, "name", &region.name));
     if (region.name.empty() || region.name.find_first_not_of(
@@ -200,27 +227,8 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
     // worker_engines: one list of engine replica URLs per worker of the region (engine.urls
     // otherwise serves every worker).
     if (const YAML::Node engines = r["worker_engines"]) {
-      const std::string at = where + ".worker_engines";
-      if (!engines.IsSequence() || engines.size() != static_cast<size_t>(region.workers)) {
-        return InvalidArgument(at + " must list one list of engine URLs per worker (" +
-                               std::to_string(region.workers) + ")" + LineOf(engines));
-      }
-      for (size_t w = 0; w < engines.size(); ++w) {
-        const YAML::Node urls = engines[w];
-        if (!urls.IsSequence() || urls.size() == 0) {
-          return InvalidArgument(at + "[" + std::to_string(w) +
-                                 "] must be a non-empty list of URLs" + LineOf(urls));
-        }
-        std::vector<std::string> list;
-        for (size_t u = 0; u < urls.size(); ++u) {
-          if (!urls[u].IsScalar()) {
-            return InvalidArgument(at + "[" + std::to_string(w) + "][" + std::to_string(u) +
-                                   "] must be a URL" + LineOf(urls[u]));
-          }
-          list.push_back(urls[u].Scalar());
-        }
-        region.worker_engines.push_back(std::move(list));
-      }
+      WEFT_ASSIGN_OR_RETURN(region.worker_engines,
+                            ReadEngineLists(engines, where + ".worker_engines", region.workers));
     }
     if (const YAML::Node models = r["models"]) {
       if (!models.IsMap())
@@ -231,6 +239,24 @@ Status ParseSections(const YAML::Node& root, RunConfig& c) {
         int count = 0;
         WEFT_RETURN_IF_ERROR(ReadInt(models, where + ".models", name, &count, 0, 64));
         region.model_workers[name] = count;
+      }
+    }
+    // model_engines: the same, per fixed model, for the workers `models` starts.
+    if (const YAML::Node engines = r["model_engines"]) {
+      if (!engines.IsMap())
+        return InvalidArgument(where + ".model_engines must map fixed models to lists of engine " +
+                               "URLs per worker" + LineOf(engines));
+      for (const auto& entry : engines) {
+        const std::string name = entry.first.as<std::string>("");
+        const auto count = region.model_workers.find(name);
+        if (count == region.model_workers.end()) {
+          return InvalidArgument(where + ".model_engines." + name + ": the region runs no " +
+                                 "workers of model '" + name + "' (models:)" +
+                                 LineOf(entry.second));
+        }
+        WEFT_ASSIGN_OR_RETURN(
+            region.model_engines[name],
+            ReadEngineLists(entry.second, where + ".model_engines." + name, count->second));
       }
     }
     c.regions.push_back(region);

@@ -34,6 +34,9 @@ struct RegionConfig {
   std::vector<std::vector<std::string>> worker_engines;
   // models: workers serving each fixed model (fixed_models), by its name, beside `workers`.
   std::map<std::string, int> model_workers;
+  // model_engines: per fixed model, per worker of it, the engine replicas it drives (a model
+  // without: engine.urls).
+  std::map<std::string, std::vector<std::vector<std::string>>> model_engines;
 };
 
 // A fixed model of the run (fixed_models: in docs/run.md): a model that never changes, which

@@ -60,12 +60,16 @@ Result<RunProcesses> PlanRunProcesses(const RunConfig& config, const fs::path& d
       children.push_back(MakeChild("worker-" + name, args, false));
     }
     for (const auto& [model, count] : r.model_workers) {
+      const auto engines = r.model_engines.find(model);
       for (int i = 1; i <= count; ++i) {
         const std::string name = r.name + "-" + model + "-" + std::to_string(i);
-        children.push_back(MakeChild("worker-" + name,
-                                     {"worker", "--config", config_abs, "--cluster", name,
-                                      "--region", r.name, "--model", model},
-                                     false));
+        std::vector<std::string> args = {"worker",   "--config", config_abs, "--cluster", name,
+                                         "--region", r.name,     "--model",  model};
+        if (engines != r.model_engines.end()) {
+          for (const std::string& url : engines->second[i - 1])
+            args.insert(args.end(), {"--engine-url", url});
+        }
+        children.push_back(MakeChild("worker-" + name, args, false));
       }
     }
   }

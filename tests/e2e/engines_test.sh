@@ -12,6 +12,8 @@
 #     publication (its manifest written) to all replicas of a worker serving it.
 #   - weft run's SIGTERM drains each worker (its summary line printed), and no replica is left
 #     paused;
+#   - on-policy distillation with the teacher on an engine of its own: every group learnt from is
+#     scored through that engine's API;
 # The SGLang run keeps each worker's copy of the weights in the served checkpoint file
 # (engine.copy: file, the default), the vLLM run in host memory (engine.copy: memory).
 # Usage: engines_test.sh WEFT WEFT_FAKE_ENGINE WORKDIR
@@ -26,7 +28,7 @@ source "$here/../test_lib.sh"
 
 # Fixed ports below the ephemeral range (32768 and up), where only listeners bind.
 # Its own slice of ports, so that tests run in parallel (ctest -j2) never pick the same ones.
-base=$((20000 + RANDOM % 2200))
+base=$((20000 + RANDOM % 2000))  # up to base + 311
 declare -A servers  # port -> pid of the test server listening there
 cleanup() { for pid in "${servers[@]}"; do kill "$pid" 2> /dev/null; done; }
 trap cleanup EXIT
@@ -208,8 +210,84 @@ PY
   servers=()
 }
 
+# On-policy distillation through the engines: the student's worker drives one engine, the
+# teacher's worker (regions[].models, its engine from regions[].model_engines) another, and every
+# group the trainer learns from is scored by the teacher's engine (score jobs: SGLang's
+# input_token_logprobs, vLLM's prompt_logprobs).
+run_distill() {  # run_distill API PORT_BASE
+  local api=$1 b=$2
+  serve "$api" $((b + 10)) "$work/$api-student-engine.log"
+  serve "$api" $((b + 11)) "$work/$api-teacher-engine.log"
+  local student=http://127.0.0.1:$((b + 10)) teacher=http://127.0.0.1:$((b + 11))
+  distill_config() {  # distill_config MODEL_ENGINES
+    cat <<YAML
+run: {id: distill-$api, dir: $work/$api-distill, time_limit: 240s}
+store: {listen: 127.0.0.1:$b}
+orchestrator:
+  listen: 127.0.0.1:$((b + 1))
+  max_staleness: 4
+  lease: 20s
+  cluster_timeout: 5s
+  tick: 50ms
+  max_wait: 2s
+  tokens: {worker: w, trainer: t, admin: a}
+regions:
+  - name: near
+    relay: 127.0.0.1:$((b + 2))
+    workers: 1
+    worker_engines: [[$student]]
+    models: {teacher: 1}
+    model_engines: {teacher: $1}
+fixed_models:
+  - {name: teacher, run: distill-$api-teacher}
+worker: {engine: $api, capacity: 2, heartbeat: 300ms}
+engine:
+  checkpoint_dir: $work/$api-distill-served/{cluster}
+  health_interval: 200ms
+  request_timeout: 60s
+model: {d_model: 32, layers: 2, heads: 2, d_ff: 128, context: 9}
+task: {kind: arithmetic, digits: 1}
+trainer:
+  algorithm: distill
+  teacher: {model: teacher, warmup: {steps: 300, batch: 32, learning_rate: 3e-3}}
+  threads: 1
+  seed: 3
+  warmup: {steps: 60, batch: 32, learning_rate: 3e-3}
+  steps: 8
+  prompts_per_step: 8
+  samples_per_prompt: 4
+  learning_rate: 1e-4
+  eval_problems: 50
+YAML
+  }
+  # One list of engines per teacher worker, or the run is refused before anything starts.
+  distill_config "[[$teacher], [$teacher]]" > "$api-distill.yaml"
+  expect_error "model_engines.teacher must list one list of engine URLs per worker (1)" \
+    "$weft" run "$api-distill.yaml"
+  distill_config "[[$teacher]]" > "$api-distill.yaml"
+  if "$weft" run "$api-distill.yaml" > "$api-distill.out" 2>&1; then ok; else
+    fail "$api: the distillation run failed: $(tail -5 "$api-distill.out")"
+  fi
+  local report=$work/$api-distill/report.json logs=$work/$api-distill/logs
+  jq -e '.completed and .algorithm == "distill" and .steps == 8 and .staleness_violations == 0
+         and .digest_mismatches == 0 and .groups_scored >= ([.per_step[] | .groups] | add)
+         and ([.per_step[] | .reverse_kl] | all(. != 0))' "$report" > /dev/null && ok ||
+    fail "$api: distillation report: $(jq -c '{completed, steps, groups_scored, failure}' "$report")"
+  grep -q "serving model teacher version 0 (digest" "$logs/worker-near-teacher-1.log" && ok ||
+    fail "$api: the teacher's worker did not register the model"
+  # The teacher's engine scored them (the worker's summary when it stops), the student's none.
+  grep -Eq "; [1-9][0-9]* targets scored" "$logs/worker-near-teacher-1.log" && ok ||
+    fail "$api: the teacher's worker scored nothing: $(grep -h "targets scored" "$logs/worker-near-teacher-1.log")"
+  grep -q "; 0 targets scored" "$logs/worker-near-1.log" && ok ||
+    fail "$api: the student's worker scored: $(grep -h "targets scored" "$logs/worker-near-1.log")"
+  cleanup
+  servers=()
+}
+
 run_api sglang $base file
 run_api vllm $((base + 100)) memory
+run_distill sglang $((base + 200))
+run_distill vllm $((base + 300))
 cat "$work/measurements.txt"
 echo "engines e2e: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
