@@ -47,6 +47,22 @@ serve() {
 "$fake" init --dir "$work/launch" --d-model 32 --layers 2 --heads 2 --d-ff 128 --max-seq 9 \
   --dtype bf16 > init.out 2>&1 || fail "writing the launch model failed: $(cat init.out)"
 
+# The store and orchestrator sections of a run on ports B and B + 1.
+services() {  # services B
+  cat <<YAML
+store: {listen: 127.0.0.1:$1}
+orchestrator:
+  listen: 127.0.0.1:$(($1 + 1))
+  max_staleness: 4
+  lease: 20s
+  cluster_timeout: 5s
+  max_in_flight: 128
+  tick: 50ms
+  max_wait: 2s
+  tokens: {worker: w, trainer: t, admin: a}
+YAML
+}
+
 run_api() {  # run_api API PORT_BASE COPY (engine.copy: where each worker keeps its copy)
   local api=$1 b=$2 copy=$3
   local urls=()
@@ -56,16 +72,7 @@ run_api() {  # run_api API PORT_BASE COPY (engine.copy: where each worker keeps 
   done
   cat > "$api.yaml" <<YAML
 run: {id: engines-$api, dir: $work/$api-run, time_limit: 240s}
-store: {listen: 127.0.0.1:$b}
-orchestrator:
-  listen: 127.0.0.1:$((b + 1))
-  max_staleness: 4
-  lease: 20s
-  cluster_timeout: 5s
-  max_in_flight: 128
-  tick: 50ms
-  max_wait: 2s
-  tokens: {worker: w, trainer: t, admin: a}
+$(services $b)
 regions:
   - name: near
     relay: 127.0.0.1:$((b + 2))
@@ -222,15 +229,7 @@ run_distill() {  # run_distill API PORT_BASE
   distill_config() {  # distill_config MODEL_ENGINES
     cat <<YAML
 run: {id: distill-$api, dir: $work/$api-distill, time_limit: 240s}
-store: {listen: 127.0.0.1:$b}
-orchestrator:
-  listen: 127.0.0.1:$((b + 1))
-  max_staleness: 4
-  lease: 20s
-  cluster_timeout: 5s
-  tick: 50ms
-  max_wait: 2s
-  tokens: {worker: w, trainer: t, admin: a}
+$(services $b)
 regions:
   - name: near
     relay: 127.0.0.1:$((b + 2))
