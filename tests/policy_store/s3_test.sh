@@ -272,7 +272,7 @@ gen_config $samples s3://weft-test/gen-out > gen.yaml
 expect_ok "$weft" train --config gen.yaml --checkpoint adder.safetensors
 "$weft" generate gen.yaml > gen1.out 2>&1 &
 gen=$!
-for _ in $(seq 1 600); do
+for _ in $(seq 1 1200); do  # a minute at most
   [[ $(s3_keys gen-out/ | grep -c jsonl) -ge 2 ]] && break
   kill -0 $gen 2> /dev/null || break
   sleep 0.05
