@@ -89,13 +89,7 @@ class DownloadTarget : public BodyTarget {
  public:
   explicit DownloadTarget(int fd) : fd_(fd) {}
   Status Write(std::span<const uint8_t> bytes) override {
-    for (size_t done = 0; done < bytes.size();) {
-      const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return Unavailable("writing a download: " + ErrnoText());
-      done += static_cast<size_t>(n);
-    }
-    return Status::Ok();
+    return WriteAll(fd_, bytes, "writing a download");
   }
   Status Rewind() override {
     if (::ftruncate(fd_, 0) != 0 || ::lseek(fd_, 0, SEEK_SET) != 0)
@@ -193,8 +187,13 @@ class Output {
     std::error_code error;
     fs::create_directories(out.dir_, error);
     if (error) return Unavailable("cannot create " + out.dir_ + ": " + error.message());
+    // What the output holds, listed once: the names under the prefix (for an s3:// output), and
+    // the files of the directory written to (after the claim, which may empty it).
+    std::vector<std::string> remote_names;
     if (out.remote_) {
-      WEFT_RETURN_IF_ERROR(out.ClaimRemote(identity));
+      WEFT_ASSIGN_OR_RETURN(remote_names, out.remote_->List(out.prefix_));
+      for (std::string& key : remote_names) key.erase(0, out.prefix_.size());
+      WEFT_RETURN_IF_ERROR(out.ClaimRemote(identity, remote_names));
       // The staging directory holds this output's records only: another output's (the config
       // changed since) were never uploaded, and belong to nothing now.
       const Json staged = {{"output", location}, {"identity", identity}};
@@ -207,7 +206,11 @@ class Output {
     } else {
       WEFT_RETURN_IF_ERROR(out.ClaimDirectory(identity));
     }
-    for (const char* kind : {"part", "rejected"}) WEFT_RETURN_IF_ERROR(out.Recover(kind, ids));
+    std::vector<std::string> local_names;
+    for (const auto& entry : fs::directory_iterator(out.dir_))
+      local_names.push_back(entry.path().filename().string());
+    for (const char* kind : {"part", "rejected"})
+      WEFT_RETURN_IF_ERROR(out.Recover(kind, ids, remote_names, local_names));
     return out;
   }
 
@@ -224,8 +227,6 @@ class Output {
   uint64_t records() const { return records_; }
   uint64_t kept() const { return kept_; }
   uint64_t uploaded() const { return uploaded_; }
-  // Where the records are, for messages: the directory, or the s3:// prefix.
-  const std::string& location() const { return location_; }
 
   // Appends the records (each one line of JSON, with `prompt` and `sample` its place) to the
   // current shard of `kind`; Sync makes them durable.
@@ -310,15 +311,15 @@ class Output {
     return WriteTextFileAtomic(marker, identity.dump() + "\n");
   }
 
-  // An s3:// output: the same, with the marker an object under the prefix.
-  Status ClaimRemote(const Json& identity) {
+  // An s3:// output: the same, with the marker an object under the prefix (`names`: what the
+  // prefix holds, relative to it).
+  Status ClaimRemote(const Json& identity, const std::vector<std::string>& names) {
     const std::string marker = prefix_ + kOutputMarker;
     Result<std::vector<uint8_t>> held = remote_->Get(marker);
     if (held.ok()) return CheckIdentity(*held, identity);
     if (held.status().code() != StatusCode::kNotFound) return held.status();
-    WEFT_ASSIGN_OR_RETURN(const std::vector<std::string> keys, remote_->List(prefix_));
-    if (!keys.empty()) {
-      return InvalidArgument("generate.output " + location_ + " holds " + keys.front() +
+    if (!names.empty()) {
+      return InvalidArgument("generate.output " + location_ + " holds " + prefix_ + names.front() +
                              ", which weft generate did not write; give an empty prefix");
     }
     const std::string text = identity.dump() + "\n";
@@ -340,14 +341,8 @@ class Output {
   }
 
   Status Flush(const char* kind, Shard& shard) {
-    size_t at = 0;
-    while (at < shard.pending.size()) {
-      const ssize_t n = ::write(shard.fd, shard.pending.data() + at, shard.pending.size() - at);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        return Unavailable("writing " + ShardPath(kind, shard.number) + ": " + ErrnoText());
-      at += static_cast<size_t>(n);
-    }
+    WEFT_RETURN_IF_ERROR(
+        WriteAll(shard.fd, TextBytes(shard.pending), "writing " + ShardPath(kind, shard.number)));
     shard.pending.clear();
     if (shard.fd >= 0 && ::fsync(shard.fd) != 0)
       return Unavailable("fsync of " + ShardPath(kind, shard.number) + ": " + ErrnoText());
@@ -393,13 +388,13 @@ class Output {
   // written ones. Every complete line must be a record of this run's prompts, each (prompt,
   // sample) once; the last local shard's last line, when a crash left it without its end, is cut
   // off (it was never acknowledged); anything else damaged is refused, naming the shard and line.
-  Status Recover(const std::string& kind, const std::map<std::string, size_t>& ids) {
+  // `remote_names` and `local_names`: what the prefix and the directory written to hold.
+  Status Recover(const std::string& kind, const std::map<std::string, size_t>& ids,
+                 const std::vector<std::string>& remote_names,
+                 const std::vector<std::string>& local_names) {
     Shard& shard = shards_[kind];
-    std::vector<int> remote_numbers;
+    const std::vector<int> remote_numbers = ShardNumbers(kind, remote_names);
     if (remote_) {
-      WEFT_ASSIGN_OR_RETURN(std::vector<std::string> keys, remote_->List(prefix_));
-      for (std::string& key : keys) key.erase(0, prefix_.size());
-      remote_numbers = ShardNumbers(kind, keys);
       const std::string copy = dir_ + "/.download";
       for (int number : remote_numbers) {
         WEFT_RETURN_IF_ERROR(Download(*remote_, prefix_ + ShardName(kind, number), copy));
@@ -409,11 +404,8 @@ class Output {
       }
       fs::remove(copy);
     }
-    std::vector<std::string> names;
-    for (const auto& entry : fs::directory_iterator(dir_))
-      names.push_back(entry.path().filename().string());
     std::vector<int> local_numbers;
-    for (int number : ShardNumbers(kind, names)) {
+    for (int number : ShardNumbers(kind, local_names)) {
       if (std::binary_search(remote_numbers.begin(), remote_numbers.end(), number)) {
         // Uploaded before a crash that left it here: the bucket's copy counts.
         fs::remove(ShardPath(kind, number));
