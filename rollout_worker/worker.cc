@@ -496,7 +496,6 @@ std::chrono::milliseconds RolloutWorker::BackOffLeasing() {
 }
 
 Status RolloutWorker::ScoreJob(const orchestrator::Lease& lease, const Json& prompt,
-                               orchestrator::wire::Trajectories* trajectories,
                                std::vector<Completion>* completions, bool* unavailable) {
   // The job's tokens were checked by the orchestrator when the trainer added it (docs/api.md,
   // jobs); they are checked again here, since any orchestrator may answer.
@@ -536,11 +535,6 @@ Status RolloutWorker::ScoreJob(const orchestrator::Lease& lease, const Json& pro
     c.logprobs = std::move(scores->logprobs[i]);
     c.version_start = c.version_end = scores->version;
     c.segments = {{scores->version, 0}};
-    orchestrator::wire::TrajectorySample sample;
-    sample.tokens = c.tokens;
-    sample.logprobs = c.logprobs;
-    sample.segments = c.segments;
-    trajectories->samples.push_back(std::move(sample));
     completions->push_back(std::move(c));
   }
   return Status::Ok();
@@ -598,15 +592,15 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
   trajectories.prompt = prompt;
   std::vector<Completion> completions;
   double rewards = 0;
-  if (lease.kind == orchestrator::JobKind::kScore) {
+  const bool score = lease.kind == orchestrator::JobKind::kScore;
+  if (score) {
     bool unavailable = false;
-    Status scored = ScoreJob(lease, prompt, &trajectories, &completions, &unavailable);
+    Status scored = ScoreJob(lease, prompt, &completions, &unavailable);
     if (unavailable) return hand_back("the engine is unavailable", scored);
     if (!scored.ok()) {
       BackOffLeasing();
       return fail(scored);
     }
-    SetGroupVersions(completions, &group);
   } else {
     Result<Prompt> encoded = task_.Encode(prompt);
     if (!encoded.ok()) return fail(encoded.status());
@@ -623,23 +617,25 @@ void RolloutWorker::RunJob(const orchestrator::Lease& lease) {
       return fail(generated.status());
     }
     completions = std::move(*generated);
-    SetGroupVersions(completions, &group);
-    if (group.segments.empty()) return fail(Internal("the engine returned no completion"));
-    for (const Completion& c : completions) {
+  }
+  SetGroupVersions(completions, &group);
+  if (group.segments.empty()) return fail(Internal("the engine returned no completion"));
+  for (const Completion& c : completions) {
+    orchestrator::wire::TrajectorySample sample;
+    sample.tokens = c.tokens;
+    sample.logprobs = c.logprobs;
+    sample.segments = c.segments;
+    if (!c.text.empty()) sample.text = c.text;
+    if (!score) {  // a score job's samples have no reward
       Result<std::optional<double>> reward = task_.Reward(prompt, metadata, c);
       // A reward service that is down: the job goes back like one the engine cannot generate.
       if (!reward.ok() && reward.status().code() == StatusCode::kUnavailable)
         return hand_back("the reward is unavailable", reward.status());
       if (!reward.ok()) return fail(reward.status());
-      orchestrator::wire::TrajectorySample sample;
-      sample.tokens = c.tokens;
-      sample.logprobs = c.logprobs;
-      sample.segments = c.segments;
-      if (!c.text.empty()) sample.text = c.text;
       sample.reward = *reward;  // none: the trainer scores it
       if (*reward) rewards += **reward;
-      trajectories.samples.push_back(std::move(sample));
     }
+    trajectories.samples.push_back(std::move(sample));
   }
   // The orchestrator accepts tokens of a version only once it knows the cluster proved it: wait
   // for the heartbeat that follows a commit landing mid-generation (a rolling load of many

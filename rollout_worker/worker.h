@@ -154,10 +154,9 @@ class RolloutWorker {
   void ClaimVersion();
   // Generates, scores and submits one leased job.
   void RunJob(const orchestrator::Lease& lease);
-  // A score job's part of RunJob: the engine's log-probabilities of the lease's targets as the
-  // group's samples; OK, or why not (`unavailable`: the engine could not serve now).
+  // A score job's part of RunJob: the engine's log-probabilities of the lease's targets, one
+  // completion per target; OK, or why not (`unavailable`: the engine could not serve now).
   Status ScoreJob(const orchestrator::Lease& lease, const nlohmann::json& prompt,
-                  orchestrator::wire::Trajectories* trajectories,
                   std::vector<Completion>* completions, bool* unavailable);
   // For a fixed model: waits until its run has a version and pins it (model_, pinned_); false
   // when stopped first.
