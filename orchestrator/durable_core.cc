@@ -132,13 +132,7 @@ std::string DurableCore::EventText(const Event& event) {
                    Json prompts = Json::array();
                    for (const JobSpec& job : j.jobs) {
                      Json entry = {job.prompt, job.samples};
-                     const bool more = !job.model.empty() || job.kind != JobKind::kGenerate;
-                     if (!job.metadata.empty() || more) entry.push_back(job.metadata);
-                     if (more) {
-                       entry.push_back(job.model);
-                       entry.push_back(wire::JobKindName(job.kind));
-                       entry.push_back(job.targets);
-                     }
+                     wire::AppendJobTail(entry, job.metadata, job.model, job.kind, job.targets);
                      prompts.push_back(std::move(entry));
                    }
                    e = {{"e", "jobs"}, {"prompts", std::move(prompts)}};

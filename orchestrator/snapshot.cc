@@ -113,13 +113,7 @@ std::string OrchestratorCore::Snapshot() const {
   for (const auto& [id, j] : jobs_) {
     Json job = {id,        j.prompt, j.samples, j.holders, j.min_versions, Optional(j.leased_to),
                 j.deadline};
-    const bool more = !j.model.empty() || j.kind != JobKind::kGenerate;
-    if (!j.metadata.empty() || more) job.push_back(j.metadata);
-    if (more) {
-      job.push_back(j.model);
-      job.push_back(wire::JobKindName(j.kind));
-      job.push_back(j.targets);
-    }
+    wire::AppendJobTail(job, j.metadata, j.model, j.kind, j.targets);
     jobs.push_back(std::move(job));
   }
   doc["jobs"] = std::move(jobs);

@@ -201,6 +201,16 @@ Result<JobKind> ParseJobKind(const std::string& name) {
   return InvalidArgument("'" + name + "' is not a job kind (generate or score)");
 }
 
+void AppendJobTail(nlohmann::json& fields, const std::string& metadata, const std::string& model,
+                   JobKind kind, const std::string& targets) {
+  const bool more = !model.empty() || kind != JobKind::kGenerate;
+  if (!metadata.empty() || more) fields.push_back(metadata);
+  if (!more) return;
+  fields.push_back(model);
+  fields.push_back(JobKindName(kind));
+  fields.push_back(targets);
+}
+
 Status CheckModelDigest(const std::string& digest, const std::string& where) {
   if (digest.size() < 16 || digest.size() > 128 || !IsLowerHex(digest))
     return InvalidArgument(where + " is not 16 to 128 lowercase hex digits");

@@ -123,6 +123,12 @@ Status CheckTargets(std::string_view targets, JobKind kind, const std::string& w
 // Checks that `text` is a job's metadata as the jobs route admits it: one JSON value (json_text
 // rules) of at most kMaxJobMetadataBytes. For text read back from the journal or a snapshot.
 Status CheckMetadata(std::string_view text, const std::string& where);
+// How the journal's jobs event and the core snapshot store a job's optional fields after its
+// fixed ones: nothing for the policy's generate job without metadata; [metadata] when it has
+// metadata; [metadata, model, kind, targets] for any other model or kind (older journals and
+// snapshots have only the first two forms).
+void AppendJobTail(nlohmann::json& fields, const std::string& metadata, const std::string& model,
+                   JobKind kind, const std::string& targets);
 std::string EncodeJobIds(const std::vector<uint64_t>& ids);
 Result<std::vector<uint64_t>> DecodeJobIds(std::string_view answer);
 
