@@ -34,9 +34,13 @@ Result<examples::ExampleTrainerOptions> ExampleTrainerOptionsFor(const RunConfig
   options.optimizer_kind = *optimizer;
   options.optimizer.learning_rate = t.learning_rate;
   options.policy_gradient.truncation = t.truncation;
-  options.algorithm = t.algorithm == "rft"       ? examples::Algorithm::kRft
-                      : t.algorithm == "distill" ? examples::Algorithm::kDistill
-                                                 : examples::Algorithm::kGrpo;
+  const std::optional<examples::Algorithm> algorithm = examples::AlgorithmFromName(t.algorithm);
+  if (!algorithm) {
+    // As for the optimiser: the schema names only algorithms the example has.
+    return InvalidArgument(config.path + ": trainer.algorithm: the built-in trainer has no '" +
+                           t.algorithm + "'");
+  }
+  options.algorithm = *algorithm;
   options.rft_threshold = t.rft_threshold;
   if (const FixedModelConfig* teacher = config.FindFixedModel(t.teacher)) {
     options.teacher.name = teacher->name;

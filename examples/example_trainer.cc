@@ -187,6 +187,13 @@ const char* AlgorithmName(Algorithm algorithm) {
   return "grpo";
 }
 
+std::optional<Algorithm> AlgorithmFromName(std::string_view name) {
+  for (Algorithm a : {Algorithm::kGrpo, Algorithm::kRft, Algorithm::kDistill}) {
+    if (name == AlgorithmName(a)) return a;
+  }
+  return std::nullopt;
+}
+
 Json TrainerSummary::ToJson() const {
   Json records = Json::array();
   for (const StepRecord& r : steps) {

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "examples/grpo.h"
@@ -36,7 +37,9 @@
 namespace weft::examples {
 
 enum class Algorithm { kGrpo, kRft, kDistill };
+// "grpo", "rft", "distill": the names the run config uses (trainer.algorithm).
 const char* AlgorithmName(Algorithm algorithm);
+std::optional<Algorithm> AlgorithmFromName(std::string_view name);
 
 // On-policy distillation's teacher: a fixed model (its clusters register it by `name` and serve
 // its store run `run`), made here when that run has no version: `warmup_steps` supervised steps of
