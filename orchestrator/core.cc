@@ -153,7 +153,6 @@ void OrchestratorCore::Requeue(uint64_t job) {
     return;
   }
   queues_[j.model].push_front(job);  // it waited already: first in line
-  ++queued_;
 }
 
 Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std::string& cluster,
@@ -226,7 +225,6 @@ Result<std::vector<Lease>> OrchestratorCore::RequestLeases(Micros now, const std
   for (uint64_t i = 0; i < grant; ++i) {
     const uint64_t job = queue.front();
     queue.pop_front();
-    --queued_;
     Job& j = jobs_[job];
     j.holders.push_back(cluster);
     j.min_versions.push_back(j.model.empty() ? admissible_version() : 0);
@@ -327,7 +325,6 @@ Result<SubmitResult> OrchestratorCore::Submit(Micros now, TrajectoryGroup s) {
   } else {
     std::deque<uint64_t>& queue = queues_[j.model];
     queue.erase(std::remove(queue.begin(), queue.end(), s.job), queue.end());
-    --queued_;
   }
   // The job is forgotten but for its completing attempt (done_); its metadata goes with the group.
   std::string metadata = std::move(j.metadata);
@@ -379,11 +376,10 @@ std::vector<uint64_t> OrchestratorCore::AddJobs(Micros now, const std::vector<Jo
     j.kind = job.kind;
     j.targets = job.targets;
     queues_[j.model].push_back(id);
-    ++queued_;
     ids.push_back(id);
     ++counters_.jobs_added;
   }
-  if (!ids.empty() && queued_ == ids.size() && leases_.empty())
+  if (!ids.empty() && queued_jobs() == ids.size() && leases_.empty())
     Progress(now);  // work arrives after idling
   return ids;
 }
@@ -532,6 +528,12 @@ std::map<uint64_t, uint64_t> OrchestratorCore::buffered_versions() const {
   return histogram;
 }
 
+size_t OrchestratorCore::queued_jobs() const {
+  size_t queued = 0;
+  for (const auto& [model, queue] : queues_) queued += queue.size();
+  return queued;
+}
+
 std::vector<ModelView> OrchestratorCore::models() const {
   std::map<std::string, ModelView> views;
   auto view = [&](const std::string& name) -> ModelView& {
@@ -557,7 +559,7 @@ std::vector<ModelView> OrchestratorCore::models() const {
 
 std::vector<std::string> OrchestratorCore::Alerts(Micros now) const {
   std::vector<std::string> alerts;
-  const bool work = queued_ > 0 || !leases_.empty();
+  const bool work = queued_jobs() > 0 || !leases_.empty();
   const std::vector<ModelView> views = models();
   for (const ModelView& m : views) {
     if (m.name.empty() && m.queued + m.leased > 0 && !latest_)
@@ -579,8 +581,8 @@ std::vector<std::string> OrchestratorCore::Alerts(Micros now) const {
   if (work && now - last_progress_ >= config_.stall_after) {
     alerts.push_back("stalled: no lease granted, trajectory accepted or batch taken for " +
                      std::to_string((now - last_progress_) / 1'000'000) + " s (" +
-                     std::to_string(queued_) + " jobs queued, " + std::to_string(leases_.size()) +
-                     " leased)");
+                     std::to_string(queued_jobs()) + " jobs queued, " +
+                     std::to_string(leases_.size()) + " leased)");
   }
   return alerts;
 }

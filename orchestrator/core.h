@@ -190,7 +190,7 @@ class OrchestratorCore {
   // The credential of the cluster's registration; nullopt for an unknown cluster ("" when it
   // registered without one).
   std::optional<std::string> credential(const std::string& cluster) const;
-  size_t queued_jobs() const { return queued_; }
+  size_t queued_jobs() const;
   // Every model jobs were added for or clusters registered with, by name (the policy's first).
   std::vector<ModelView> models() const;
   size_t leased_jobs() const { return leases_.size(); }
@@ -264,9 +264,8 @@ class OrchestratorCore {
   std::optional<uint64_t> latest_;
   uint64_t next_job_ = 1;
   std::map<uint64_t, Job> jobs_;  // open jobs (queued or leased)
-  // Queued jobs per model ("" the policy), each in dispatch order; queued_ counts them all.
+  // Queued jobs per model ("" the policy), each in dispatch order.
   std::map<std::string, std::deque<uint64_t>> queues_;
-  size_t queued_ = 0;
   std::map<std::string, std::string> fixed_models_;  // name -> digest, as first registered
   std::set<uint64_t> leases_;                        // leased jobs
   std::map<uint64_t, uint32_t> done_;                // job -> the attempt that completed it

@@ -249,7 +249,6 @@ Result<OrchestratorCore> OrchestratorCore::Restore(CoreConfig config, std::strin
         return DataLoss("core snapshot: the queue holds job " + std::to_string(id) +
                         ", which is not an open job waiting for a lease");
       core.queues_[job->second.model].push_back(id);
-      ++core.queued_;
     }
     if (queued.size() + core.leases_.size() != core.jobs_.size())
       return DataLoss("core snapshot: an open job is neither queued nor leased");
