@@ -31,10 +31,8 @@ struct TrainFlags {
 // `weft generate` or a teacher, made without a run.
 Status SaveCheckpoint(const RunConfig& config, const examples::ExampleTrainerOptions& options,
                       const std::string& path) {
-  examples::TinyLmConfig shape = options.model;
   const examples::ArithmeticTask task(options.digits);
-  shape.max_seq = options.sequence_length > 0 ? options.sequence_length : task.max_length();
-  const examples::TinyLmLayout layout(shape);
+  const examples::TinyLmLayout layout(options.PolicyShape());
   WEFT_ASSIGN_OR_RETURN(std::vector<float> weights,
                         examples::SupervisedPolicy(
                             layout, task, options.seed, options.warmup_steps, options.warmup_batch,

@@ -239,6 +239,12 @@ Json TrainerSummary::ToJson() const {
               {"steps", records}};
 }
 
+TinyLmConfig ExampleTrainerOptions::PolicyShape() const {
+  TinyLmConfig shape = model;
+  shape.max_seq = sequence_length > 0 ? sequence_length : ArithmeticTask(digits).max_length();
+  return shape;
+}
+
 Result<TrainerSummary> RunExampleTrainer(
     const ExampleTrainerOptions& options,
     const std::function<void(const TrainerSummary&)>& progress) {
@@ -249,8 +255,7 @@ Result<TrainerSummary> RunExampleTrainer(
         "at least 2");
   }
   const ArithmeticTask task(options.digits);
-  TinyLmConfig config = options.model;
-  config.max_seq = options.sequence_length > 0 ? options.sequence_length : task.max_length();
+  TinyLmConfig config = options.PolicyShape();
   if (config.max_seq < task.max_length()) {
     return InvalidArgument(
         "trainer: the workers' task gives sequences of " + std::to_string(config.max_seq) +

@@ -95,6 +95,10 @@ struct ExampleTrainerOptions {
   // Each RL step takes at least this long (the trainer waits before taking the next batch):
   // emulates a model whose optimiser step is slow, for tests that need the run to last. 0: off.
   std::chrono::milliseconds min_step_time{0};
+
+  // The policy's shape: `model` with max_seq from sequence_length (or the task's longest problem
+  // and answer).
+  TinyLmConfig PolicyShape() const;
 };
 
 struct StepRecord {
