@@ -748,8 +748,9 @@ TEST_CASE("http engine: score jobs through both APIs, each token's logprob the v
     CHECK(no_prompt.status().message().find("empty prompt") != std::string::npos);
 
     // Scores taken while the replicas reload one by one: whatever version Score reports, every
-    // target's logprobs are that version's.
-    for (const auto& e : f.engines) e->SetLoadDelay(std::chrono::milliseconds(150));
+    // target's logprobs are that version's. While the first replica is paused for its (slow) load,
+    // the other still serves version 1, and scores there are version 1's.
+    for (const auto& e : f.engines) e->SetLoadDelay(std::chrono::milliseconds(1000));
     const sync::ServedModel served2 = Served(f.layout, f.layout.Initialize(2));
     const std::vector<float> w2 = Widened(f.layout, served2);
     REQUIRE(engine.Stage(served2, 2).ok());
@@ -758,6 +759,14 @@ TEST_CASE("http engine: score jobs through both APIs, each token's logprob the v
       CHECK(engine.Commit().ok());
       done = true;
     });
+    auto one_paused = [&] {
+      for (const auto& e : f.engines) {
+        if (e->state().paused) return true;
+      }
+      return false;
+    };
+    for (int i = 0; i < 2000 && !one_paused(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::set<uint64_t> seen;
     while (!done) {
       Result<Engine::Scores> during = engine.Score(kPrompt, targets);
